@@ -1,0 +1,63 @@
+// Scaled dot-product attention: softmax(Q Kᵀ · scale + mask) V — the
+// article's "soft lookup", with the options of SPEC "Semantics".
+//
+// Shapes: q (..., n_q, d), k (..., n_k, d), v (..., n_k, d_v), all of one rank.
+// Rank 2 is a single head. At rank >= 3, axis -3 is heads: q has Hq heads and
+// k, v have Hkv heads, Hq a multiple of Hkv (GQA/MQA: query head h reads
+// key/value head h / (Hq / Hkv)). Leading axes are batch axes and must match.
+// out is (..., Hq, n_q, d_v); weights, when asked for, (..., Hq, n_q, n_k).
+//
+// float32 runs the fast kernel; float64 runs the double-precision reference.
+// Any view may be strided (including the transposed head slices that
+// multi_head() passes); out and weights must not overlap the inputs.
+#pragma once
+
+#include <optional>
+
+#include "attn/mask.hpp"
+#include "attn/tensor.hpp"
+
+namespace attn {
+
+struct AttentionOptions {
+  std::optional<double> scale;  // default 1/sqrt(d) (1 when d == 0)
+  Causal causal = Causal::None;
+  Window window;                // combines with causal and mask by intersection
+  double softcap = 0;           // > 0: logits = softcap * tanh(logits / softcap)
+};
+
+// The shapes attention() produces for these inputs (validating them).
+Shape attention_output_shape(const Shape& q, const Shape& k, const Shape& v);
+Shape attention_weights_shape(const Shape& q, const Shape& k, const Shape& v);
+
+// Writes into out (and weights unless it is an empty view).
+void attention(TensorView<const float> q, TensorView<const float> k,
+               TensorView<const float> v, TensorView<float> out,
+               const AttentionOptions& options = {}, const Mask& mask = {},
+               TensorView<float> weights = {});
+void attention(TensorView<const double> q, TensorView<const double> k,
+               TensorView<const double> v, TensorView<double> out,
+               const AttentionOptions& options = {}, const Mask& mask = {},
+               TensorView<double> weights = {});
+
+// Allocating forms.
+template <class T>
+struct AttentionResult {
+  Tensor<T> out;
+  Tensor<T> weights;
+};
+Tensor<float> attention(TensorView<const float> q, TensorView<const float> k,
+                        TensorView<const float> v,
+                        const AttentionOptions& options = {}, const Mask& mask = {});
+Tensor<double> attention(TensorView<const double> q, TensorView<const double> k,
+                         TensorView<const double> v,
+                         const AttentionOptions& options = {}, const Mask& mask = {});
+AttentionResult<float> attention_with_weights(
+    TensorView<const float> q, TensorView<const float> k, TensorView<const float> v,
+    const AttentionOptions& options = {}, const Mask& mask = {});
+AttentionResult<double> attention_with_weights(
+    TensorView<const double> q, TensorView<const double> k,
+    TensorView<const double> v, const AttentionOptions& options = {},
+    const Mask& mask = {});
+
+}  // namespace attn

@@ -1,0 +1,10 @@
+// attn: multi-head attention and positional encodings in C++.
+#pragma once
+
+#include "attn/attention.hpp"
+#include "attn/error.hpp"
+#include "attn/mask.hpp"
+#include "attn/multi_head.hpp"
+#include "attn/positional.hpp"
+#include "attn/softmax.hpp"
+#include "attn/tensor.hpp"

@@ -1,0 +1,28 @@
+// Errors raised by attn. Every invalid input is reported with one of these,
+// with a message that names the argument and the shapes or values involved.
+#pragma once
+
+#include <stdexcept>
+#include <string>
+
+namespace attn {
+
+// Base of every error attn throws on purpose.
+class Error : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// A value or shape is invalid (Python: ValueError).
+class ValueError : public Error {
+ public:
+  using Error::Error;
+};
+
+// An argument has the wrong kind, e.g. an unsupported dtype (Python: TypeError).
+class TypeError : public Error {
+ public:
+  using Error::Error;
+};
+
+}  // namespace attn

@@ -1,0 +1,44 @@
+// Positional encodings: attention is blind to word order, so position is
+// added to (sinusoidal) or rotated into (RoPE) the vectors.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+
+#include "attn/tensor.hpp"
+
+namespace attn {
+
+// The article's table, (n, d): angle[p, i] = p / base^(2*(i/2)/d),
+// sin(angle) at even i, cos(angle) at odd i. Any n >= 0, d >= 1 (odd too);
+// angles in double.
+// T is float or double.
+template <class T = float>
+Tensor<T> sinusoidal_encoding(int64_t n, int64_t d, double base = 10000.0);
+
+struct RopeOptions {
+  double base = 10000.0;
+  // false: half-split pairs (i, i + r/2), the rotate_half form of GPT-NeoX and
+  // LLaMA in Hugging Face; true: pairs (2i, 2i+1), GPT-J and Meta's LLaMA.
+  bool interleaved = false;
+  std::optional<int64_t> rotary_dim;  // rotate the first r features; default all, even
+  int64_t offset = 0;                 // positions are offset + 0..n-1 when none are given
+};
+
+// Rotary position embedding of x (..., n, d) into out (same shape; may alias
+// x exactly). Pair k of the rotated features turns by pos * base^(-2k/r),
+// angles in double. positions, when given, holds integers broadcastable to
+// (..., n) (any sign); otherwise position of row t is options.offset + t.
+void apply_rope(TensorView<const float> x, TensorView<float> out,
+                const RopeOptions& options = {},
+                TensorView<const int64_t> positions = {});
+void apply_rope(TensorView<const double> x, TensorView<double> out,
+                const RopeOptions& options = {},
+                TensorView<const int64_t> positions = {});
+
+Tensor<float> apply_rope(TensorView<const float> x, const RopeOptions& options = {},
+                         TensorView<const int64_t> positions = {});
+Tensor<double> apply_rope(TensorView<const double> x, const RopeOptions& options = {},
+                          TensorView<const int64_t> positions = {});
+
+}  // namespace attn

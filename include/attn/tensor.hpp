@@ -1,0 +1,201 @@
+// Strided views over caller memory, and a small owning tensor.
+//
+// A TensorView is a pointer plus shape and strides (in elements, not bytes,
+// NumPy-style but element-based; a stride may be 0 for broadcasting or
+// negative). It never owns memory. Tensor<T> owns a C-contiguous buffer and
+// hands out views of it.
+#pragma once
+
+#include <cstdint>
+#include <initializer_list>
+#include <memory>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "attn/error.hpp"
+
+namespace attn {
+
+using Shape = std::vector<int64_t>;
+using Strides = std::vector<int64_t>;
+
+// "(2, 3, 4)": the form used in every error message.
+std::string shape_str(const Shape& shape);
+
+// Product of the dimensions. Throws ValueError naming `what` if a dimension is
+// negative or the byte count of `elem_size`-byte elements overflows.
+int64_t checked_numel(const Shape& shape, size_t elem_size, const char* what);
+
+// Strides of a C-contiguous array of this shape.
+Strides contiguous_strides(const Shape& shape);
+
+// NumPy broadcasting: the strides that make an array of (shape, strides) read
+// as an array of `target` shape (stride 0 on broadcast axes). Throws
+// ValueError naming `what` when shape does not broadcast to target.
+Strides broadcast_strides(const Shape& shape, const Strides& strides,
+                          const Shape& target, const char* what);
+
+// Resolves a possibly negative axis against `rank`; throws ValueError naming
+// `what` when out of range.
+int normalize_axis(int64_t axis, int rank, const char* what);
+
+template <class T>
+class TensorView {
+ public:
+  TensorView() = default;
+  TensorView(T* data, Shape shape, Strides strides)
+      : data_(data), shape_(std::move(shape)), strides_(std::move(strides)) {
+    if (shape_.size() != strides_.size())
+      throw ValueError("TensorView: shape " + shape_str(shape_) + " and " +
+                       std::to_string(strides_.size()) +
+                       " strides differ in rank");
+    for (int64_t n : shape_)
+      if (n < 0)
+        throw ValueError("TensorView: negative dimension in shape " +
+                         shape_str(shape_));
+  }
+  // A C-contiguous view.
+  TensorView(T* data, Shape shape)
+      : TensorView(data, shape, contiguous_strides(shape)) {}
+
+  // A view of mutable data converts to a view of const data.
+  template <class U, class = std::enable_if_t<std::is_same_v<const U, T> &&
+                                              !std::is_same_v<U, T>>>
+  TensorView(const TensorView<U>& other)  // NOLINT(google-explicit-constructor)
+      : data_(other.data()), shape_(other.shape()), strides_(other.strides()) {}
+
+  T* data() const { return data_; }
+  const Shape& shape() const { return shape_; }
+  const Strides& strides() const { return strides_; }
+  int rank() const { return static_cast<int>(shape_.size()); }
+  bool empty_view() const { return data_ == nullptr && shape_.empty(); }
+  // Negative axes count from the end, as in NumPy.
+  int64_t dim(int axis) const { return shape_[axis < 0 ? axis + rank() : axis]; }
+  int64_t stride(int axis) const {
+    return strides_[axis < 0 ? axis + rank() : axis];
+  }
+  int64_t numel() const {
+    int64_t n = 1;
+    for (int64_t d : shape_) n *= d;
+    return n;
+  }
+  bool is_contiguous() const { return strides_ == contiguous_strides(shape_); }
+
+  // Element at a full multi-index (no bounds checks: callers validate shapes).
+  T& at(std::initializer_list<int64_t> index) const {
+    int64_t off = 0;
+    int a = 0;
+    for (int64_t i : index) off += i * strides_[a++];
+    return data_[off];
+  }
+  T& at(const int64_t* index) const {
+    int64_t off = 0;
+    for (int a = 0; a < rank(); ++a) off += index[a] * strides_[a];
+    return data_[off];
+  }
+
+  // Exchanges two axes without moving data.
+  TensorView transpose(int a, int b) const {
+    TensorView t = *this;
+    a = normalize_axis(a, rank(), "axis");
+    b = normalize_axis(b, rank(), "axis");
+    std::swap(t.shape_[a], t.shape_[b]);
+    std::swap(t.strides_[a], t.strides_[b]);
+    return t;
+  }
+
+ private:
+  T* data_ = nullptr;
+  Shape shape_;
+  Strides strides_;
+};
+
+// Owning, C-contiguous. The size is validated (and the allocation failure
+// turned into a ValueError) before any memory is touched.
+template <class T>
+class Tensor {
+ public:
+  Tensor() = default;
+  explicit Tensor(Shape shape) : shape_(std::move(shape)) {
+    const int64_t n = checked_numel(shape_, sizeof(T), "Tensor");
+    try {
+      data_.reset(new T[static_cast<size_t>(n)]());
+    } catch (const std::bad_alloc&) {
+      throw ValueError("Tensor: cannot allocate " +
+                       std::to_string(n * static_cast<int64_t>(sizeof(T))) +
+                       " bytes for shape " + shape_str(shape_));
+    }
+  }
+  Tensor(Shape shape, std::initializer_list<T> values) : Tensor(std::move(shape)) {
+    if (static_cast<int64_t>(values.size()) != numel())
+      throw ValueError("Tensor: " + std::to_string(values.size()) +
+                       " values for shape " + shape_str(shape_));
+    std::copy(values.begin(), values.end(), data_.get());
+  }
+  Tensor(const Tensor& other) : Tensor(other.shape_) {
+    std::copy(other.data(), other.data() + numel(), data_.get());
+  }
+  Tensor& operator=(const Tensor& other) {
+    if (this != &other) *this = Tensor(other);
+    return *this;
+  }
+  Tensor(Tensor&&) noexcept = default;
+  Tensor& operator=(Tensor&&) noexcept = default;
+
+  T* data() { return data_.get(); }
+  const T* data() const { return data_.get(); }
+  const Shape& shape() const { return shape_; }
+  int rank() const { return static_cast<int>(shape_.size()); }
+  int64_t dim(int axis) const { return shape_[axis < 0 ? axis + rank() : axis]; }
+  int64_t numel() const {
+    int64_t n = 1;
+    for (int64_t d : shape_) n *= d;
+    return n;
+  }
+  T& operator[](int64_t i) { return data_[i]; }
+  const T& operator[](int64_t i) const { return data_[i]; }
+  T& at(std::initializer_list<int64_t> index) { return view().at(index); }
+  const T& at(std::initializer_list<int64_t> index) const {
+    return view().at(index);
+  }
+
+  TensorView<T> view() { return {data_.get(), shape_}; }
+  TensorView<const T> view() const { return {data_.get(), shape_}; }
+
+ private:
+  Shape shape_;
+  std::unique_ptr<T[]> data_;
+};
+
+}  // namespace attn
+
+namespace attn {
+
+// Element-wise copy between views of one shape (any strides), converting the
+// element type. Throws ValueError if the shapes differ.
+template <class Src, class Dst>
+void copy(TensorView<const Src> src, TensorView<Dst> dst) {
+  if (src.shape() != dst.shape())
+    throw ValueError("copy: source shape " + shape_str(src.shape()) +
+                     " differs from destination shape " + shape_str(dst.shape()));
+  const int64_t n = src.numel();
+  std::vector<int64_t> index(src.rank(), 0);
+  for (int64_t e = 0; e < n; ++e) {
+    dst.at(index.data()) = static_cast<Dst>(src.at(index.data()));
+    for (int a = src.rank() - 1; a >= 0; --a) {
+      if (++index[a] < src.dim(a)) break;
+      index[a] = 0;
+    }
+  }
+}
+
+// A C-contiguous copy of a view.
+template <class T>
+Tensor<std::remove_const_t<T>> contiguous(TensorView<T> src) {
+  Tensor<std::remove_const_t<T>> t(src.shape());
+  copy<std::remove_const_t<T>>(src, t.view());
+  return t;
+}
+
+}  // namespace attn

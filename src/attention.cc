@@ -1,0 +1,253 @@
+// attention(): validates the arguments, normalizes them into an
+// AttentionProblem and dispatches: float32 to the SIMD kernel, float64 to the
+// double-precision reference.
+#include "attn/attention.hpp"
+
+#include <cmath>
+#include <limits>
+#include <string>
+
+#include "attention_problem.hpp"
+#include "kernels/attention_kernel.hpp"
+
+namespace attn {
+namespace detail {
+namespace {
+
+[[noreturn]] void fail(const std::string& msg) { throw ValueError("attention: " + msg); }
+
+struct Dims {
+  Shape batch;  // leading axes
+  int64_t heads_q, heads_kv, n_q, n_k, d, d_v;
+};
+
+Dims check_shapes(const Shape& q, const Shape& k, const Shape& v) {
+  const auto shapes = "q " + shape_str(q) + ", k " + shape_str(k) + ", v " + shape_str(v);
+  if (q.size() < 2)
+    fail("q must have rank >= 2 (..., n_q, d), got shape " + shape_str(q));
+  if (k.size() != q.size() || v.size() != q.size())
+    fail("q, k and v must have the same rank, got " + shapes);
+  const size_t r = q.size();
+  Dims s;
+  s.batch.assign(q.begin(), q.end() - std::min<size_t>(r, 3));
+  for (size_t a = 0; a + 3 < r; ++a)
+    if (k[a] != q[a] || v[a] != q[a])
+      fail("batch axes must match, got " + shapes);
+  s.heads_q = r >= 3 ? q[r - 3] : 1;
+  s.heads_kv = r >= 3 ? k[r - 3] : 1;
+  if (r >= 3 && v[r - 3] != k[r - 3])
+    fail("k and v must have the same number of heads (axis -3), got " + shapes);
+  if (s.heads_kv == 0 ? s.heads_q != 0 : s.heads_q % s.heads_kv != 0)
+    fail("query heads (" + std::to_string(s.heads_q) +
+         ") must be a multiple of key/value heads (" + std::to_string(s.heads_kv) +
+         "), got " + shapes);
+  s.n_q = q[r - 2];
+  s.d = q[r - 1];
+  s.n_k = k[r - 2];
+  s.d_v = v[r - 1];
+  if (k[r - 1] != s.d)
+    fail("q and k must have the same head dimension (last axis), got " + shapes);
+  if (v[r - 2] != s.n_k)
+    fail("k and v must have the same number of keys (axis -2), got " + shapes);
+  return s;
+}
+
+Shape with_tail(const Dims& s, bool heads, int64_t a, int64_t b) {
+  Shape out = s.batch;
+  if (heads) out.push_back(s.heads_q);
+  out.push_back(a);
+  out.push_back(b);
+  return out;
+}
+
+// Sees a view of shape (batch..., [heads,] rows, cols) as an Operand.
+template <class T>
+Operand<T> operand(const TensorView<T>& t, const Shape& batch) {
+  Operand<T> o;
+  o.data = t.data();
+  const int r = t.rank();
+  o.row_stride = t.stride(r - 2);
+  o.col_stride = t.stride(r - 1);
+  o.head_stride = r >= 3 ? t.stride(r - 3) : 0;
+  const int nb = static_cast<int>(batch.size());
+  int64_t count = 1;
+  for (int64_t n : batch) count *= n;
+  o.batch_offset.resize(static_cast<size_t>(count));
+  std::vector<int64_t> index(nb, 0);
+  for (int64_t b = 0; b < count; ++b) {
+    int64_t off = 0;
+    for (int a = 0; a < nb; ++a) off += index[a] * t.stride(a);
+    o.batch_offset[b] = off;
+    for (int a = nb - 1; a >= 0; --a) {
+      if (++index[a] < batch[a]) break;
+      index[a] = 0;
+    }
+  }
+  return o;
+}
+
+template <class M>
+Operand<const M> mask_operand(const TensorView<const M>& m, const Shape& target,
+                              const Shape& batch) {
+  const Strides s = broadcast_strides(m.shape(), m.strides(), target, "attention: mask");
+  return operand(TensorView<const M>(m.data(), target, s), batch);
+}
+
+}  // namespace
+
+double MaskOperand::value(int64_t b, int64_t h, int64_t i, int64_t j) const {
+  if (boolean)
+    return boolean.row(b, h, i)[j * boolean.col_stride]
+               ? 0.0
+               : -std::numeric_limits<double>::infinity();
+  if (f32) return f32.row(b, h, i)[j * f32.col_stride];
+  if (f64) return f64.row(b, h, i)[j * f64.col_stride];
+  return 0.0;
+}
+
+template <class T>
+AttentionProblem<T> make_problem(TensorView<const T> q, TensorView<const T> k,
+                                 TensorView<const T> v, TensorView<T> out,
+                                 const AttentionOptions& options, const Mask& mask,
+                                 TensorView<T> weights) {
+  const Dims s = check_shapes(q.shape(), k.shape(), v.shape());
+  const bool heads = q.rank() >= 3;
+  const Shape out_shape = with_tail(s, heads, s.n_q, s.d_v);
+  const Shape weights_shape = with_tail(s, heads, s.n_q, s.n_k);
+  if (out.shape() != out_shape)
+    fail("out has shape " + shape_str(out.shape()) + ", expected " + shape_str(out_shape));
+  if (!weights.empty_view() && weights.shape() != weights_shape)
+    fail("weights has shape " + shape_str(weights.shape()) + ", expected " +
+         shape_str(weights_shape));
+
+  if (options.scale && !std::isfinite(*options.scale))
+    fail("scale must be finite, got " + std::to_string(*options.scale));
+  if (!(options.softcap >= 0) || !std::isfinite(options.softcap))
+    fail("softcap must be a finite number >= 0 (0 = off), got " +
+         std::to_string(options.softcap));
+  if (options.window.left < -1 || options.window.right < -1)
+    fail("window sizes must be >= 0, or -1 for unbounded, got (" +
+         std::to_string(options.window.left) + ", " +
+         std::to_string(options.window.right) + ")");
+
+  AttentionProblem<T> p;
+  p.batch = 1;
+  for (int64_t n : s.batch) p.batch *= n;
+  p.heads_q = s.heads_q;
+  p.heads_kv = s.heads_kv;
+  p.n_q = s.n_q;
+  p.n_k = s.n_k;
+  p.d = s.d;
+  p.d_v = s.d_v;
+  p.q = operand(q, s.batch);
+  p.k = operand(k, s.batch);
+  p.v = operand(v, s.batch);
+  p.out = operand(out, s.batch);
+  if (!weights.empty_view()) p.weights = operand(weights, s.batch);
+  if (const auto* m = std::get_if<TensorView<const bool>>(&mask))
+    p.mask.boolean = mask_operand(*m, weights_shape, s.batch);
+  if (const auto* m = std::get_if<TensorView<const float>>(&mask))
+    p.mask.f32 = mask_operand(*m, weights_shape, s.batch);
+  if (const auto* m = std::get_if<TensorView<const double>>(&mask))
+    p.mask.f64 = mask_operand(*m, weights_shape, s.batch);
+  p.scale = options.scale ? *options.scale : (s.d > 0 ? 1.0 / std::sqrt(double(s.d)) : 1.0);
+  p.causal = options.causal;
+  p.window = options.window;
+  p.softcap = options.softcap;
+  return p;
+}
+
+template AttentionProblem<float> make_problem(TensorView<const float>, TensorView<const float>,
+                                              TensorView<const float>, TensorView<float>,
+                                              const AttentionOptions&, const Mask&,
+                                              TensorView<float>);
+template AttentionProblem<double> make_problem(TensorView<const double>,
+                                               TensorView<const double>,
+                                               TensorView<const double>, TensorView<double>,
+                                               const AttentionOptions&, const Mask&,
+                                               TensorView<double>);
+
+}  // namespace detail
+
+Shape attention_output_shape(const Shape& q, const Shape& k, const Shape& v) {
+  const auto s = detail::check_shapes(q, k, v);
+  return detail::with_tail(s, q.size() >= 3, s.n_q, s.d_v);
+}
+
+Shape attention_weights_shape(const Shape& q, const Shape& k, const Shape& v) {
+  const auto s = detail::check_shapes(q, k, v);
+  return detail::with_tail(s, q.size() >= 3, s.n_q, s.n_k);
+}
+
+void attention(TensorView<const double> q, TensorView<const double> k,
+               TensorView<const double> v, TensorView<double> out,
+               const AttentionOptions& options, const Mask& mask,
+               TensorView<double> weights) {
+  detail::reference_attention(detail::make_problem(q, k, v, out, options, mask, weights));
+}
+
+void attention(TensorView<const float> q, TensorView<const float> k,
+               TensorView<const float> v, TensorView<float> out,
+               const AttentionOptions& options, const Mask& mask,
+               TensorView<float> weights) {
+  // Validate first, so that errors name the caller's arguments.
+  (void)detail::make_problem(q, k, v, out, options, mask, weights);
+  // The kernel reads and writes rows with unit stride; other layouts go
+  // through contiguous copies.
+  const auto unit = [](const auto& t) { return t.rank() == 0 || t.stride(-1) == 1 || t.dim(-1) <= 1; };
+  Tensor<float> qc, kc, vc, oc;
+  if (!unit(q)) q = (qc = contiguous(q)).view();
+  if (!unit(k)) k = (kc = contiguous(k)).view();
+  if (!unit(v)) v = (vc = contiguous(v)).view();
+  TensorView<float> o = out;
+  if (!unit(out)) o = (oc = Tensor<float>(out.shape())).view();
+  detail::attention_f32(detail::make_problem(q, k, v, o, options, mask, weights));
+  if (o.data() != out.data()) copy<float>(oc.view(), out);
+}
+
+namespace {
+template <class T>
+Tensor<T> attention_alloc(TensorView<const T> q, TensorView<const T> k,
+                          TensorView<const T> v, const AttentionOptions& options,
+                          const Mask& mask, Tensor<T>* weights) {
+  Tensor<T> out(attention_output_shape(q.shape(), k.shape(), v.shape()));
+  TensorView<T> w;
+  if (weights) {
+    *weights = Tensor<T>(attention_weights_shape(q.shape(), k.shape(), v.shape()));
+    w = weights->view();
+  }
+  attention(q, k, v, out.view(), options, mask, w);
+  return out;
+}
+}  // namespace
+
+Tensor<float> attention(TensorView<const float> q, TensorView<const float> k,
+                        TensorView<const float> v, const AttentionOptions& options,
+                        const Mask& mask) {
+  return attention_alloc<float>(q, k, v, options, mask, nullptr);
+}
+Tensor<double> attention(TensorView<const double> q, TensorView<const double> k,
+                         TensorView<const double> v, const AttentionOptions& options,
+                         const Mask& mask) {
+  return attention_alloc<double>(q, k, v, options, mask, nullptr);
+}
+AttentionResult<float> attention_with_weights(TensorView<const float> q,
+                                              TensorView<const float> k,
+                                              TensorView<const float> v,
+                                              const AttentionOptions& options,
+                                              const Mask& mask) {
+  AttentionResult<float> r;
+  r.out = attention_alloc<float>(q, k, v, options, mask, &r.weights);
+  return r;
+}
+AttentionResult<double> attention_with_weights(TensorView<const double> q,
+                                               TensorView<const double> k,
+                                               TensorView<const double> v,
+                                               const AttentionOptions& options,
+                                               const Mask& mask) {
+  AttentionResult<double> r;
+  r.out = attention_alloc<double>(q, k, v, options, mask, &r.weights);
+  return r;
+}
+
+}  // namespace attn

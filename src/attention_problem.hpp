@@ -1,0 +1,62 @@
+// Internal: an attention call validated and normalized to (batch, head, row,
+// col) operands, the one form both the reference and the fast kernel consume.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "attn/attention.hpp"
+
+namespace attn::detail {
+
+// One operand seen as (batch, head, row, col). Leading batch axes of any
+// stride are flattened through a per-batch offset table.
+template <class T>
+struct Operand {
+  T* data = nullptr;
+  std::vector<int64_t> batch_offset;  // element offset of flattened batch index b
+  int64_t head_stride = 0, row_stride = 0, col_stride = 0;
+
+  T* row(int64_t b, int64_t h, int64_t i) const {
+    return data + batch_offset[b] + h * head_stride + i * row_stride;
+  }
+  explicit operator bool() const { return data != nullptr; }
+};
+
+// The mask broadcast to (batch, Hq, n_q, n_k); reads as an additive value
+// (a boolean false reads as -inf).
+struct MaskOperand {
+  Operand<const bool> boolean;
+  Operand<const float> f32;
+  Operand<const double> f64;
+
+  double value(int64_t b, int64_t h, int64_t i, int64_t j) const;
+  bool present() const { return boolean || f32 || f64; }
+};
+
+template <class T>
+struct AttentionProblem {
+  int64_t batch = 1, heads_q = 1, heads_kv = 1, n_q = 0, n_k = 0, d = 0, d_v = 0;
+  Operand<const T> q, k, v;
+  Operand<T> out, weights;  // weights.data == nullptr when not requested
+  MaskOperand mask;
+  double scale = 1;
+  Causal causal = Causal::None;
+  Window window;
+  double softcap = 0;
+
+  int64_t group() const { return heads_q / heads_kv; }  // query heads per kv head
+};
+
+// Validates the arguments of attention() and builds the problem; every error
+// names the argument and its shape.
+template <class T>
+AttentionProblem<T> make_problem(TensorView<const T> q, TensorView<const T> k,
+                                 TensorView<const T> v, TensorView<T> out,
+                                 const AttentionOptions& options, const Mask& mask,
+                                 TensorView<T> weights);
+
+// The double-precision oracle: plain loops, accumulation in double.
+void reference_attention(const AttentionProblem<double>& p);
+
+}  // namespace attn::detail

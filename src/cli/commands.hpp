@@ -1,0 +1,8 @@
+// The subcommands of the `attn` command-line tool.
+#pragma once
+
+namespace attn::cli {
+
+int run_demo();
+
+}  // namespace attn::cli

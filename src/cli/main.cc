@@ -1,0 +1,31 @@
+// `attn`: the command-line tool. A thin layer over the library: parse flags
+// (CLI11), call one subcommand, turn errors into one line on stderr.
+// Exit status: 0 ok, 1 runtime error, 2 usage error.
+#include <CLI/CLI.hpp>
+
+#include <cstdio>
+#include <exception>
+
+#include "attn/error.hpp"
+#include "cli/commands.hpp"
+
+int main(int argc, char** argv) {
+  CLI::App app{"attn: multi-head attention and positional encodings"};
+  app.require_subcommand(1);
+  auto* demo = app.add_subcommand("demo", "walk through the article, step by step");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::Success& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    std::fprintf(stderr, "attn: %s\n", e.what());
+    return 2;
+  }
+  try {
+    if (*demo) return attn::cli::run_demo();
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "attn: error: %s\n", e.what());
+    return 1;
+  }
+  return 2;
+}

@@ -1,0 +1,126 @@
+#include "attn/positional.hpp"
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+namespace attn {
+namespace {
+
+void check_base(double base, const char* what) {
+  if (!(base > 0) || !std::isfinite(base))
+    throw ValueError(std::string(what) + ": base must be a finite number > 0, got " +
+                     std::to_string(base));
+}
+
+template <class T>
+void rope_impl(TensorView<const T> x, TensorView<T> out, const RopeOptions& opt,
+               TensorView<const int64_t> positions) {
+  if (x.rank() < 2)
+    throw ValueError("rope: x must have shape (..., n, d), got " + shape_str(x.shape()));
+  if (out.shape() != x.shape())
+    throw ValueError("rope: out has shape " + shape_str(out.shape()) +
+                     ", expected x's shape " + shape_str(x.shape()));
+  check_base(opt.base, "rope");
+  const int64_t d = x.dim(-1);
+  const int64_t r = opt.rotary_dim.value_or(d);
+  if (r < 0 || r > d || r % 2 != 0)
+    throw ValueError("rope: rotary_dim must be even and in [0, d=" + std::to_string(d) +
+                     "], got " + std::to_string(r) +
+                     (opt.rotary_dim ? "" : " (the default, all of d); pass an even rotary_dim"));
+  // Positions are read through a view broadcast to x's shape minus the last axis.
+  const Shape rows_shape(x.shape().begin(), x.shape().end() - 1);
+  TensorView<const int64_t> pos;
+  if (!positions.empty_view())
+    pos = TensorView<const int64_t>(
+        positions.data(), rows_shape,
+        broadcast_strides(positions.shape(), positions.strides(), rows_shape,
+                          "rope: positions"));
+
+  // Angles in double: exact enough at position 1e6 and beyond.
+  const int64_t half = r / 2;
+  std::vector<double> inv_freq(half), c(half), s(half);
+  for (int64_t k = 0; k < half; ++k)
+    inv_freq[k] = std::pow(opt.base, -2.0 * double(k) / double(r));
+
+  const int lead = x.rank() - 1;
+  int64_t rows = 1;
+  for (int a = 0; a < lead; ++a) rows *= x.dim(a);
+  const int64_t sx = x.stride(-1), so = out.stride(-1);
+  std::vector<int64_t> index(lead + 1, 0);
+  bool have_angles = false;
+  int64_t last = 0;
+  for (int64_t row = 0; row < rows; ++row) {
+    const int64_t p = pos.data() ? pos.at(index.data()) : opt.offset + index[lead - 1];
+    if (!have_angles || p != last) {
+      for (int64_t k = 0; k < half; ++k) {
+        const double theta = double(p) * inv_freq[k];
+        c[k] = std::cos(theta);
+        s[k] = std::sin(theta);
+      }
+      have_angles = true;
+      last = p;
+    }
+    const T* xr = &x.at(index.data());
+    T* yr = &out.at(index.data());
+    for (int64_t k = 0; k < half; ++k) {
+      const int64_t a = opt.interleaved ? 2 * k : k;
+      const int64_t b = opt.interleaved ? 2 * k + 1 : k + half;
+      const double xa = xr[a * sx], xb = xr[b * sx];
+      yr[a * so] = static_cast<T>(xa * c[k] - xb * s[k]);
+      yr[b * so] = static_cast<T>(xb * c[k] + xa * s[k]);
+    }
+    for (int64_t f = r; f < d; ++f) yr[f * so] = xr[f * sx];
+    for (int a = lead - 1; a >= 0; --a) {
+      if (++index[a] < x.dim(a)) break;
+      index[a] = 0;
+    }
+  }
+}
+
+template <class T>
+Tensor<T> rope_alloc(TensorView<const T> x, const RopeOptions& opt,
+                     TensorView<const int64_t> positions) {
+  Tensor<T> out(x.shape());
+  rope_impl<T>(x, out.view(), opt, positions);
+  return out;
+}
+
+}  // namespace
+
+template <class T>
+Tensor<T> sinusoidal_encoding(int64_t n, int64_t d, double base) {
+  if (n < 0) throw ValueError("positional_encoding: n must be >= 0, got " + std::to_string(n));
+  if (d < 1) throw ValueError("positional_encoding: d must be >= 1, got " + std::to_string(d));
+  check_base(base, "positional_encoding");
+  Tensor<T> pe({n, d});
+  for (int64_t i = 0; i < d; ++i) {
+    const double denom = std::pow(base, double(2 * (i / 2)) / double(d));
+    for (int64_t p = 0; p < n; ++p) {
+      const double angle = double(p) / denom;
+      pe[p * d + i] = static_cast<T>(i % 2 == 0 ? std::sin(angle) : std::cos(angle));
+    }
+  }
+  return pe;
+}
+template Tensor<float> sinusoidal_encoding<float>(int64_t, int64_t, double);
+template Tensor<double> sinusoidal_encoding<double>(int64_t, int64_t, double);
+
+void apply_rope(TensorView<const float> x, TensorView<float> out, const RopeOptions& options,
+                TensorView<const int64_t> positions) {
+  rope_impl<float>(x, out, options, positions);
+}
+void apply_rope(TensorView<const double> x, TensorView<double> out,
+                const RopeOptions& options, TensorView<const int64_t> positions) {
+  rope_impl<double>(x, out, options, positions);
+}
+Tensor<float> apply_rope(TensorView<const float> x, const RopeOptions& options,
+                         TensorView<const int64_t> positions) {
+  return rope_alloc<float>(x, options, positions);
+}
+Tensor<double> apply_rope(TensorView<const double> x, const RopeOptions& options,
+                          TensorView<const int64_t> positions) {
+  return rope_alloc<double>(x, options, positions);
+}
+
+}  // namespace attn

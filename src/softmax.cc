@@ -1,0 +1,71 @@
+#include "attn/softmax.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+namespace attn {
+namespace {
+
+template <class T>
+void softmax_impl(TensorView<const T> a, TensorView<T> out, int64_t axis) {
+  if (a.shape() != out.shape())
+    throw ValueError("softmax: out has shape " + shape_str(out.shape()) +
+                     ", expected the input's " + shape_str(a.shape()));
+  if (a.rank() == 0) throw ValueError("softmax: input must have rank >= 1, got a scalar");
+  const int ax = normalize_axis(axis, a.rank(), "softmax: axis");
+  // Move the softmax axis last, then walk every row.
+  a = a.transpose(ax, a.rank() - 1);
+  out = out.transpose(ax, out.rank() - 1);
+  const int lead = a.rank() - 1;
+  const int64_t n = a.dim(-1), sa = a.stride(-1), so = out.stride(-1);
+  int64_t rows = 1;
+  for (int d = 0; d < lead; ++d) rows *= a.dim(d);
+  if (n == 0) return;
+  const T inf = std::numeric_limits<T>::infinity();
+  std::vector<int64_t> index(lead + 1, 0);
+  std::vector<T> e(n);
+  for (int64_t r = 0; r < rows; ++r) {
+    const T* x = &a.at(index.data());
+    T* y = &out.at(index.data());
+    T max = -inf;
+    for (int64_t j = 0; j < n; ++j) max = std::fmax(max, x[j * sa]);
+    T sum = 0;
+    for (int64_t j = 0; j < n; ++j) {
+      if (max == -inf) e[j] = 0;  // every entry masked: zeros, not NaN
+      else if (max == inf) e[j] = x[j * sa] == inf ? 1 : 0;
+      else e[j] = std::exp(x[j * sa] - max);
+      sum += e[j];
+    }
+    for (int64_t j = 0; j < n; ++j) y[j * so] = sum > 0 ? e[j] / sum : 0;
+    for (int d = lead - 1; d >= 0; --d) {
+      if (++index[d] < a.dim(d)) break;
+      index[d] = 0;
+    }
+  }
+}
+
+template <class T>
+Tensor<T> softmax_alloc(TensorView<const T> a, int64_t axis) {
+  Tensor<T> out(a.shape());
+  softmax_impl<T>(a, out.view(), axis);
+  return out;
+}
+
+}  // namespace
+
+void softmax(TensorView<const float> a, TensorView<float> out, int64_t axis) {
+  softmax_impl<float>(a, out, axis);
+}
+void softmax(TensorView<const double> a, TensorView<double> out, int64_t axis) {
+  softmax_impl<double>(a, out, axis);
+}
+Tensor<float> softmax(TensorView<const float> a, int64_t axis) {
+  return softmax_alloc<float>(a, axis);
+}
+Tensor<double> softmax(TensorView<const double> a, int64_t axis) {
+  return softmax_alloc<double>(a, axis);
+}
+
+}  // namespace attn

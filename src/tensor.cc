@@ -1,0 +1,76 @@
+#include "attn/tensor.hpp"
+
+#include <limits>
+
+namespace attn {
+
+std::string shape_str(const Shape& shape) {
+  std::string s = "(";
+  for (size_t i = 0; i < shape.size(); ++i) {
+    if (i) s += ", ";
+    s += std::to_string(shape[i]);
+  }
+  if (shape.size() == 1) s += ",";
+  return s + ")";
+}
+
+int64_t checked_numel(const Shape& shape, size_t elem_size, const char* what) {
+  // Largest byte count we hand to an allocator: ptrdiff_t must hold it.
+  const int64_t max_bytes = std::numeric_limits<int64_t>::max();
+  int64_t n = 1;
+  bool zero = false;
+  for (int64_t d : shape) {
+    if (d < 0)
+      throw ValueError(std::string(what) + ": negative dimension in shape " +
+                       shape_str(shape));
+    if (d == 0) zero = true;
+  }
+  if (zero) return 0;
+  for (int64_t d : shape) {
+    if (n > max_bytes / static_cast<int64_t>(elem_size) / d)
+      throw ValueError(std::string(what) + ": shape " + shape_str(shape) +
+                       " needs more than " + std::to_string(max_bytes) +
+                       " bytes; refusing to allocate");
+    n *= d;
+  }
+  return n;
+}
+
+Strides contiguous_strides(const Shape& shape) {
+  Strides s(shape.size());
+  int64_t step = 1;
+  for (size_t a = shape.size(); a-- > 0;) {
+    s[a] = step;
+    step *= shape[a] > 0 ? shape[a] : 1;
+  }
+  return s;
+}
+
+Strides broadcast_strides(const Shape& shape, const Strides& strides,
+                          const Shape& target, const char* what) {
+  const auto fail = [&] {
+    return ValueError(std::string(what) + " of shape " + shape_str(shape) +
+                      " does not broadcast to " + shape_str(target));
+  };
+  if (shape.size() > target.size()) throw fail();
+  Strides out(target.size(), 0);
+  const size_t lead = target.size() - shape.size();
+  for (size_t a = 0; a < shape.size(); ++a) {
+    if (shape[a] == target[lead + a])
+      out[lead + a] = shape[a] == 1 ? 0 : strides[a];
+    else if (shape[a] == 1)
+      out[lead + a] = 0;
+    else
+      throw fail();
+  }
+  return out;
+}
+
+int normalize_axis(int64_t axis, int rank, const char* what) {
+  if (axis < -rank || axis >= rank)
+    throw ValueError(std::string(what) + " " + std::to_string(axis) +
+                     " is out of range for an array of rank " + std::to_string(rank));
+  return static_cast<int>(axis < 0 ? axis + rank : axis);
+}
+
+}  // namespace attn

@@ -1,0 +1,61 @@
+// Test helpers: seeded random tensors, conversions and error measures.
+#pragma once
+
+#include <cmath>
+#include <random>
+
+#include "attn/attn.hpp"
+
+namespace attn::test {
+
+inline Tensor<double> random_tensor(const Shape& shape, std::mt19937& rng,
+                                    double lo = -1.0, double hi = 1.0) {
+  Tensor<double> t(shape);
+  std::uniform_real_distribution<double> u(lo, hi);
+  for (int64_t i = 0; i < t.numel(); ++i) t[i] = u(rng);
+  return t;
+}
+
+template <class To, class From>
+Tensor<To> cast(const Tensor<From>& t) {
+  Tensor<To> out(t.shape());
+  for (int64_t i = 0; i < t.numel(); ++i) out[i] = static_cast<To>(t[i]);
+  return out;
+}
+
+// ||a - b|| / ||b|| (Frobenius); 0 when both are zero.
+template <class A, class B>
+double rel_error(const Tensor<A>& a, const Tensor<B>& b) {
+  EXPECT_EQ(a.shape(), b.shape());
+  long double num = 0, den = 0;
+  for (int64_t i = 0; i < b.numel(); ++i) {
+    const long double d = static_cast<long double>(a[i]) - static_cast<long double>(b[i]);
+    num += d * d;
+    den += static_cast<long double>(b[i]) * b[i];
+  }
+  if (den == 0) return std::sqrt(static_cast<double>(num));
+  return std::sqrt(static_cast<double>(num / den));
+}
+
+template <class A, class B>
+double max_abs_diff(const Tensor<A>& a, const Tensor<B>& b) {
+  EXPECT_EQ(a.shape(), b.shape());
+  double m = 0;
+  for (int64_t i = 0; i < b.numel(); ++i)
+    m = std::fmax(m, std::fabs(static_cast<double>(a[i]) - static_cast<double>(b[i])));
+  return m;
+}
+
+// Expects `stmt` to throw E with a message containing `needle`.
+#define EXPECT_THROW_MSG(stmt, E, needle)                                       \
+  do {                                                                          \
+    try {                                                                       \
+      stmt;                                                                     \
+      ADD_FAILURE() << "expected " #E " from: " #stmt;                          \
+    } catch (const E& e) {                                                      \
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos)          \
+          << "message: " << e.what() << "\nmissing: " << (needle);              \
+    }                                                                           \
+  } while (0)
+
+}  // namespace attn::test

@@ -1,0 +1,395 @@
+// attention(): the float32 kernel against the double reference over a sweep of
+// shapes and options, and the reference itself against closed forms.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "helpers.hpp"
+
+namespace attn {
+namespace {
+
+using test::cast;
+using test::max_abs_diff;
+using test::random_tensor;
+using test::rel_error;
+
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
+// ---------------------------------------------------------------------------
+// The reference against closed forms.
+
+TEST(Reference, OneKeyReturnsItsValue) {
+  std::mt19937 rng(3);
+  const auto q = random_tensor({4, 6}, rng), k = random_tensor({1, 6}, rng),
+             v = random_tensor({1, 5}, rng);
+  const auto r = attention_with_weights(q.view(), k.view(), v.view());
+  for (int64_t i = 0; i < 4; ++i) {
+    EXPECT_EQ(r.weights[i], 1.0);
+    for (int64_t c = 0; c < 5; ++c) EXPECT_NEAR(r.out[i * 5 + c], v[c], 1e-15);
+  }
+}
+
+TEST(Reference, TwoKeysGiveALogisticWeight) {
+  // w0 = 1 / (1 + exp(s1 - s0)), s = q·k * scale, optionally softcapped.
+  const Tensor<double> q({1, 2}, {0.3, -1.2}), k({2, 2}, {1.5, 0.5, -0.7, 2.0}),
+      v({2, 1}, {10.0, -4.0});
+  for (double cap : {0.0, 0.5}) {
+    AttentionOptions o;
+    o.scale = 0.8;
+    o.softcap = cap;
+    double s0 = (0.3 * 1.5 - 1.2 * 0.5) * 0.8, s1 = (0.3 * -0.7 - 1.2 * 2.0) * 0.8;
+    if (cap > 0) s0 = cap * std::tanh(s0 / cap), s1 = cap * std::tanh(s1 / cap);
+    const double w0 = 1.0 / (1.0 + std::exp(s1 - s0));
+    const auto r = attention_with_weights(q.view(), k.view(), v.view(), o);
+    EXPECT_NEAR(r.weights[0], w0, 1e-15);
+    EXPECT_NEAR(r.out[0], w0 * 10.0 + (1 - w0) * -4.0, 1e-13);
+  }
+}
+
+// With q = 0 every logit is 0, so the output is the plain mean of the values
+// of the allowed keys: a closed form for causal masks and windows.
+struct RangeCase {
+  int64_t n_q, n_k;
+  Causal causal;
+  Window window;
+};
+
+bool allowed_by_spec(const RangeCase& c, int64_t i, int64_t j) {
+  const int64_t p = i + (c.n_k - c.n_q);
+  bool ok = true;
+  if (c.causal == Causal::BottomRight) ok = ok && j <= p;
+  if (c.causal == Causal::TopLeft) ok = ok && j <= i;
+  if (c.window.left >= 0) ok = ok && p - c.window.left <= j;
+  if (c.window.right >= 0) ok = ok && j <= p + c.window.right;
+  return ok;
+}
+
+TEST(Reference, CausalAndWindowSelectTheSpecifiedKeys) {
+  std::mt19937 rng(4);
+  const std::vector<RangeCase> cases = {
+      {5, 5, Causal::BottomRight, {}}, {3, 7, Causal::BottomRight, {}},
+      {7, 3, Causal::BottomRight, {}}, {3, 7, Causal::TopLeft, {}},
+      {7, 3, Causal::TopLeft, {}},     {6, 6, Causal::None, {2, 1}},
+      {4, 9, Causal::BottomRight, {3, -1}}, {4, 9, Causal::TopLeft, {-1, 0}},
+      {9, 4, Causal::None, {0, 0}},    {5, 8, Causal::None, {-1, 2}},
+  };
+  for (const auto& c : cases) {
+    const auto v = random_tensor({c.n_k, 3}, rng);
+    const Tensor<double> q({c.n_q, 4}), k = random_tensor({c.n_k, 4}, rng);
+    AttentionOptions o;
+    o.causal = c.causal;
+    o.window = c.window;
+    const auto out = attention(q.view(), k.view(), v.view(), o);
+    for (int64_t i = 0; i < c.n_q; ++i)
+      for (int64_t ch = 0; ch < 3; ++ch) {
+        double sum = 0;
+        int count = 0;
+        for (int64_t j = 0; j < c.n_k; ++j)
+          if (allowed_by_spec(c, i, j)) sum += v[j * 3 + ch], ++count;
+        const double expected = count ? sum / count : 0.0;  // no key: zeros
+        EXPECT_NEAR(out[i * 3 + ch], expected, 1e-14)
+            << "n_q=" << c.n_q << " n_k=" << c.n_k << " i=" << i;
+      }
+  }
+}
+
+TEST(Reference, BooleanMaskEqualsZeroMinusInfAdditiveMask) {
+  std::mt19937 rng(5);
+  const auto q = random_tensor({2, 3, 4, 5}, rng), k = random_tensor({2, 3, 6, 5}, rng),
+             v = random_tensor({2, 3, 6, 2}, rng);
+  Tensor<bool> allow({4, 6});
+  Tensor<double> add({4, 6});
+  for (int64_t i = 0; i < allow.numel(); ++i) {
+    allow[i] = rng() % 3 != 0;
+    add[i] = allow[i] ? 0.0 : -kInf;
+  }
+  const auto a = attention(q.view(), k.view(), v.view(), {}, TensorView<const bool>(allow.view()));
+  const auto b = attention(q.view(), k.view(), v.view(), {}, TensorView<const double>(add.view()));
+  EXPECT_EQ(max_abs_diff(a, b), 0.0);
+}
+
+TEST(Reference, BroadcastMaskEqualsExpandedMask) {
+  std::mt19937 rng(6);
+  const auto q = random_tensor({2, 3, 4, 5}, rng), k = random_tensor({2, 3, 6, 5}, rng),
+             v = random_tensor({2, 3, 6, 2}, rng);
+  const auto small = random_tensor({3, 1, 6}, rng, -2, 2);
+  Tensor<double> full({2, 3, 4, 6});
+  for (int64_t b = 0; b < 2; ++b)
+    for (int64_t h = 0; h < 3; ++h)
+      for (int64_t i = 0; i < 4; ++i)
+        for (int64_t j = 0; j < 6; ++j) full.at({b, h, i, j}) = small.at({h, 0, j});
+  const auto a = attention(q.view(), k.view(), v.view(), {}, TensorView<const double>(small.view()));
+  const auto b = attention(q.view(), k.view(), v.view(), {}, TensorView<const double>(full.view()));
+  EXPECT_EQ(max_abs_diff(a, b), 0.0);
+}
+
+TEST(Reference, ScaleMultipliesTheLogits) {
+  std::mt19937 rng(7);
+  auto q = random_tensor({3, 4}, rng);
+  const auto k = random_tensor({5, 4}, rng), v = random_tensor({5, 2}, rng);
+  AttentionOptions o;
+  o.scale = 0.37;
+  const auto a = attention(q.view(), k.view(), v.view(), o);
+  for (int64_t i = 0; i < q.numel(); ++i) q[i] *= 0.37;
+  o.scale = 1.0;
+  EXPECT_LT(rel_error(a, attention(q.view(), k.view(), v.view(), o)), 1e-14);
+  // default: 1/sqrt(d) with d = 4
+  o.scale = 0.5;
+  EXPECT_EQ(max_abs_diff(attention(q.view(), k.view(), v.view(), o),
+                         attention(q.view(), k.view(), v.view())), 0.0);
+}
+
+TEST(Reference, GroupedQueryAttentionEqualsRepeatedHeads) {
+  std::mt19937 rng(8);
+  const int64_t hq = 6, hkv = 2;
+  const auto q = random_tensor({2, hq, 3, 4}, rng), k = random_tensor({2, hkv, 5, 4}, rng),
+             v = random_tensor({2, hkv, 5, 3}, rng);
+  Tensor<double> kr({2, hq, 5, 4}), vr({2, hq, 5, 3});
+  for (int64_t b = 0; b < 2; ++b)
+    for (int64_t h = 0; h < hq; ++h)
+      for (int64_t j = 0; j < 5; ++j) {
+        for (int64_t c = 0; c < 4; ++c) kr.at({b, h, j, c}) = k.at({b, h / (hq / hkv), j, c});
+        for (int64_t c = 0; c < 3; ++c) vr.at({b, h, j, c}) = v.at({b, h / (hq / hkv), j, c});
+      }
+  const auto a = attention(q.view(), k.view(), v.view());
+  const auto b = attention(q.view(), kr.view(), vr.view());
+  EXPECT_EQ(max_abs_diff(a, b), 0.0);
+}
+
+// ---------------------------------------------------------------------------
+// The float32 kernel against the double reference.
+
+enum class MaskKind { None, Bool, Float };
+
+struct Case {
+  Shape batch;  // leading axes; empty with heads < 0 means rank 2
+  int64_t hq, hkv, n_q, n_k, d, d_v;
+  Causal causal = Causal::None;
+  Window window = {};
+  double softcap = 0;
+  std::optional<double> scale;
+  MaskKind mask = MaskKind::None;
+  Shape mask_shape = {};
+};
+
+Shape shape_of(const Case& c, int64_t h, int64_t n, int64_t d) {
+  Shape s = c.batch;
+  if (h >= 0) s.push_back(h);
+  s.push_back(n);
+  s.push_back(d);
+  return s;
+}
+
+std::string describe(const Case& c) {
+  return "batch " + shape_str(c.batch) + " hq=" + std::to_string(c.hq) +
+         " hkv=" + std::to_string(c.hkv) + " n_q=" + std::to_string(c.n_q) +
+         " n_k=" + std::to_string(c.n_k) + " d=" + std::to_string(c.d) +
+         " d_v=" + std::to_string(c.d_v) + " causal=" + std::to_string(int(c.causal)) +
+         " window=(" + std::to_string(c.window.left) + "," + std::to_string(c.window.right) +
+         ") softcap=" + std::to_string(c.softcap) + " mask=" + std::to_string(int(c.mask)) +
+         shape_str(c.mask_shape);
+}
+
+void check_against_reference(const Case& c, std::mt19937& rng) {
+  SCOPED_TRACE(describe(c));
+  const auto q = random_tensor(shape_of(c, c.hq, c.n_q, c.d), rng);
+  const auto k = random_tensor(shape_of(c, c.hkv, c.n_k, c.d), rng);
+  const auto v = random_tensor(shape_of(c, c.hkv, c.n_k, c.d_v), rng);
+  AttentionOptions o;
+  o.causal = c.causal;
+  o.window = c.window;
+  o.softcap = c.softcap;
+  o.scale = c.scale;
+  Tensor<bool> mb;
+  Tensor<float> mf;
+  Tensor<double> md;
+  Mask m32, m64;
+  if (c.mask == MaskKind::Bool) {
+    mb = Tensor<bool>(c.mask_shape);
+    for (int64_t i = 0; i < mb.numel(); ++i) mb[i] = rng() % 4 != 0;
+    m32 = m64 = TensorView<const bool>(mb.view());
+  } else if (c.mask == MaskKind::Float) {
+    md = random_tensor(c.mask_shape, rng, -3, 1);
+    for (int64_t i = 0; i < md.numel(); i += 5) md[i] = -kInf;
+    mf = cast<float>(md);
+    m32 = TensorView<const float>(mf.view());
+    m64 = TensorView<const double>(md.view());
+  }
+  const auto ref = attention_with_weights(q.view(), k.view(), v.view(), o, m64);
+  const auto fast = attention_with_weights(cast<float>(q).view(), cast<float>(k).view(),
+                                           cast<float>(v).view(), o, m32);
+  // float32 logits carry ~d·2^-24 relative error; outputs are convex
+  // combinations, so 1e-5 relative (Frobenius) is ample and still catches
+  // any wrong key, mask or scale.
+  EXPECT_LT(rel_error(fast.out, ref.out), 1e-5);
+  EXPECT_LT(rel_error(fast.weights, ref.weights), 1e-5);
+  EXPECT_LT(max_abs_diff(fast.weights, ref.weights), 1e-5);
+}
+
+TEST(Attention, Float32KernelMatchesReferenceOnShapes) {
+  std::mt19937 rng(10);
+  const std::vector<Case> cases = {
+      {{}, -1, -1, 1, 1, 1, 1},          // rank 2, single everything
+      {{}, -1, -1, 5, 5, 8, 8},          // the article's size
+      {{}, -1, -1, 3, 11, 7, 5},         // n_q != n_k, odd d
+      {{}, -1, -1, 13, 2, 1, 3},         // d = 1
+      {{}, 4, 4, 9, 9, 16, 16},          // heads
+      {{2}, 3, 3, 4, 17, 33, 9},         // batch, d not a multiple of a vector
+      {{2, 3}, 2, 2, 6, 5, 64, 64},      // two batch axes
+      {{2}, 8, 2, 7, 19, 32, 16},        // GQA
+      {{}, 6, 1, 5, 40, 24, 24},         // MQA
+      {{1}, 2, 2, 1, 300, 128, 128},     // one query, many keys
+  };
+  for (const auto& c : cases) check_against_reference(c, rng);
+}
+
+TEST(Attention, Float32KernelMatchesReferenceOnOptions) {
+  std::mt19937 rng(11);
+  for (Causal causal : {Causal::None, Causal::BottomRight, Causal::TopLeft})
+    for (Window w : {Window{}, Window{2, 0}, Window{3, 1}, Window{-1, 2}, Window{0, 0}})
+      for (auto [n_q, n_k] : {std::pair<int64_t, int64_t>{6, 6}, {4, 9}, {9, 4}})
+        for (double cap : {0.0, 0.75}) {
+          Case c{{2}, 2, 1, n_q, n_k, 12, 10, causal, w, cap};
+          check_against_reference(c, rng);
+        }
+}
+
+TEST(Attention, Float32KernelMatchesReferenceOnMasks) {
+  std::mt19937 rng(12);
+  const std::vector<Shape> mask_shapes = {
+      {7}, {5, 7}, {1, 7}, {5, 1}, {3, 5, 7}, {3, 1, 7}, {2, 1, 5, 7}, {2, 3, 5, 7}, {}};
+  for (MaskKind kind : {MaskKind::Bool, MaskKind::Float})
+    for (const Shape& ms : mask_shapes) {
+      Case c{{2}, 3, 3, 5, 7, 8, 4};
+      c.mask = kind;
+      c.mask_shape = ms;
+      check_against_reference(c, rng);
+      c.causal = Causal::BottomRight;
+      c.scale = 0.3;
+      check_against_reference(c, rng);
+    }
+}
+
+TEST(Attention, RowsWithNoAllowedKeyAreZero) {
+  std::mt19937 rng(13);
+  const auto q = random_tensor({5, 4}, rng), k = random_tensor({3, 4}, rng),
+             v = random_tensor({3, 2}, rng);
+  // top-left causal with n_q > n_k: fine; bottom-right: queries 0 and 1 see nothing.
+  AttentionOptions o;
+  o.causal = Causal::BottomRight;
+  Tensor<bool> none({5, 3});  // all false: no key allowed anywhere
+  for (bool use_mask : {false, true}) {
+    const Mask m = use_mask ? Mask(TensorView<const bool>(none.view())) : Mask();
+    const auto r64 = attention_with_weights(q.view(), k.view(), v.view(), o, m);
+    const auto r32 = attention_with_weights(cast<float>(q).view(), cast<float>(k).view(),
+                                            cast<float>(v).view(), o, m);
+    const int64_t empty_rows = use_mask ? 5 : 2;
+    for (int64_t i = 0; i < empty_rows; ++i) {
+      for (int64_t c = 0; c < 2; ++c) {
+        EXPECT_EQ(r64.out[i * 2 + c], 0.0);
+        EXPECT_EQ(r32.out[i * 2 + c], 0.0f);
+      }
+      for (int64_t j = 0; j < 3; ++j) {
+        EXPECT_EQ(r64.weights[i * 3 + j], 0.0);
+        EXPECT_EQ(r32.weights[i * 3 + j], 0.0f);
+      }
+    }
+  }
+  // n_k = 0: every row is empty
+  const Tensor<float> k0({0, 4}), v0({0, 2});
+  const auto out = attention(cast<float>(q).view(), k0.view(), v0.view());
+  EXPECT_EQ(out.shape(), (Shape{5, 2}));
+  for (int64_t i = 0; i < out.numel(); ++i) EXPECT_EQ(out[i], 0.0f);
+}
+
+TEST(Attention, StridedViewsEqualContiguousCopies) {
+  std::mt19937 rng(14);
+  // (heads, n, d) stored as (n, heads, d): the layout multi_head() passes.
+  const auto q = cast<float>(random_tensor({6, 3, 8}, rng));
+  const auto k = cast<float>(random_tensor({6, 3, 8}, rng));
+  const auto v = cast<float>(random_tensor({6, 3, 8}, rng));
+  const auto qt = q.view().transpose(0, 1), kt = k.view().transpose(0, 1),
+             vt = v.view().transpose(0, 1);
+  const auto a = attention(qt, kt, vt);
+  const auto b = attention(contiguous(qt).view(), contiguous(kt).view(), contiguous(vt).view());
+  EXPECT_EQ(max_abs_diff(a, b), 0.0);
+  // last axis strided: columns read backwards through a negative stride
+  const TensorView<const float> qrev(q.data() + 7, {18, 8}, {8, -1});
+  const TensorView<const float> krev(k.data() + 7, {18, 8}, {8, -1});
+  const TensorView<const float> vflat(v.data(), {18, 8});
+  Tensor<float> out_t({8, 18});
+  attention(qrev, krev, vflat, out_t.view().transpose(0, 1));
+  const auto expect = attention(contiguous(qrev).view(), contiguous(krev).view(), vflat);
+  EXPECT_EQ(max_abs_diff(contiguous(out_t.view().transpose(0, 1)), expect), 0.0);
+}
+
+// ---------------------------------------------------------------------------
+// Errors name the argument and the shapes.
+
+TEST(Attention, ErrorsNameTheArgumentAndShapes) {
+  Tensor<float> q({2, 4, 5, 8}), k({2, 4, 6, 8}), v({2, 4, 6, 3}), out({2, 4, 5, 3});
+  Tensor<float> k7({2, 4, 6, 7}), v5({2, 4, 5, 3}), k3h({2, 3, 6, 8}), v3h({2, 3, 6, 3});
+  Tensor<float> kb({3, 4, 6, 8}), r3({4, 6, 8}), q1({8});
+  EXPECT_THROW_MSG(attention(q.view(), k7.view(), v.view()), ValueError,
+                   "same head dimension (last axis), got q (2, 4, 5, 8), k (2, 4, 6, 7)");
+  EXPECT_THROW_MSG(attention(q.view(), k.view(), v5.view()), ValueError,
+                   "same number of keys");
+  EXPECT_THROW_MSG(attention(q.view(), k3h.view(), v3h.view()), ValueError,
+                   "query heads (4) must be a multiple of key/value heads (3)");
+  EXPECT_THROW_MSG(attention(q.view(), k.view(), v3h.view()), ValueError,
+                   "k and v must have the same number of heads");
+  EXPECT_THROW_MSG(attention(q.view(), kb.view(), v.view()), ValueError, "batch axes must match");
+  EXPECT_THROW_MSG(attention(q.view(), r3.view(), v.view()), ValueError, "same rank");
+  EXPECT_THROW_MSG(attention(q1.view(), q1.view(), q1.view()), ValueError, "rank >= 2");
+  Tensor<float> bad_out({2, 4, 5, 4});
+  EXPECT_THROW_MSG(attention(q.view(), k.view(), v.view(), bad_out.view()), ValueError,
+                   "out has shape (2, 4, 5, 4), expected (2, 4, 5, 3)");
+  Tensor<float> bad_w({2, 4, 5, 5});
+  EXPECT_THROW_MSG(attention(q.view(), k.view(), v.view(), out.view(), {}, {}, bad_w.view()),
+                   ValueError, "weights has shape (2, 4, 5, 5), expected (2, 4, 5, 6)");
+}
+
+TEST(Attention, MasksMustBroadcastNeverPad) {
+  Tensor<float> q({4, 5, 8}), k({4, 6, 8}), v({4, 6, 3});
+  Tensor<bool> short_mask({5, 5});  // one key short
+  EXPECT_THROW_MSG(attention(q.view(), k.view(), v.view(), {}, TensorView<const bool>(short_mask.view())),
+                   ValueError, "mask of shape (5, 5) does not broadcast to (4, 5, 6)");
+  Tensor<double> too_many({2, 4, 5, 6});
+  EXPECT_THROW_MSG(attention(q.view(), k.view(), v.view(), {}, TensorView<const double>(too_many.view())),
+                   ValueError, "does not broadcast");
+}
+
+TEST(Attention, InvalidOptionsAreRefused) {
+  Tensor<float> q({5, 8});
+  AttentionOptions o;
+  o.softcap = -1;
+  EXPECT_THROW_MSG(attention(q.view(), q.view(), q.view(), o), ValueError, "softcap");
+  o = {};
+  o.softcap = std::nan("");
+  EXPECT_THROW_MSG(attention(q.view(), q.view(), q.view(), o), ValueError, "softcap");
+  o = {};
+  o.window = {-2, 0};
+  EXPECT_THROW_MSG(attention(q.view(), q.view(), q.view(), o), ValueError, "window");
+  o = {};
+  o.scale = kInf;
+  EXPECT_THROW_MSG(attention(q.view(), q.view(), q.view(), o), ValueError, "scale");
+}
+
+TEST(Attention, HugeWindowsDoNotOverflow) {
+  std::mt19937 rng(15);
+  const auto q = random_tensor({4, 3}, rng), k = random_tensor({6, 3}, rng),
+             v = random_tensor({6, 2}, rng);
+  AttentionOptions o;
+  o.window = {std::numeric_limits<int64_t>::max(), std::numeric_limits<int64_t>::max()};
+  const auto a = attention(cast<float>(q).view(), cast<float>(k).view(), cast<float>(v).view(), o);
+  const auto b = attention(q.view(), k.view(), v.view());
+  EXPECT_LT(rel_error(a, b), 1e-5);
+}
+
+}  // namespace
+}  // namespace attn

@@ -1,0 +1,61 @@
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <limits>
+
+#include "helpers.hpp"
+
+namespace attn {
+namespace {
+
+TEST(Tensor, ShapeStringMatchesPython) {
+  EXPECT_EQ(shape_str({}), "()");
+  EXPECT_EQ(shape_str({5}), "(5,)");
+  EXPECT_EQ(shape_str({2, 3, 4}), "(2, 3, 4)");
+}
+
+TEST(Tensor, ContiguousStrides) {
+  EXPECT_EQ(contiguous_strides({2, 3, 4}), (Strides{12, 4, 1}));
+  EXPECT_EQ(contiguous_strides({}), Strides{});
+}
+
+TEST(Tensor, OverflowingSizeIsRefusedBeforeAllocating) {
+  const int64_t big = int64_t{1} << 40;
+  EXPECT_THROW_MSG(Tensor<float>({big, big}), ValueError, "(1099511627776, 1099511627776)");
+  EXPECT_THROW_MSG(checked_numel({std::numeric_limits<int64_t>::max() / 2, 3}, 1, "x"),
+                   ValueError, "refusing to allocate");
+  EXPECT_THROW_MSG(checked_numel({2, -1}, 4, "x"), ValueError, "negative dimension");
+  EXPECT_EQ(checked_numel({0, std::numeric_limits<int64_t>::max()}, 8, "x"), 0);
+}
+
+TEST(Tensor, UnallocatableSizeIsAClearError) {
+  // 2^44 floats = 64 TiB: representable, but no machine here has it.
+  EXPECT_THROW_MSG(Tensor<float>({int64_t{1} << 44}), ValueError, "cannot allocate");
+}
+
+TEST(Tensor, BroadcastStrides) {
+  EXPECT_EQ(broadcast_strides({3}, {1}, {2, 4, 3}, "m"), (Strides{0, 0, 1}));
+  EXPECT_EQ(broadcast_strides({4, 1}, {1, 1}, {2, 4, 3}, "m"), (Strides{0, 1, 0}));
+  EXPECT_THROW_MSG(broadcast_strides({2}, {1}, {4, 3}, "mask"), ValueError,
+                   "mask of shape (2,) does not broadcast to (4, 3)");
+  EXPECT_THROW_MSG(broadcast_strides({1, 4, 3}, {12, 3, 1}, {4, 3}, "mask"), ValueError,
+                   "does not broadcast");
+}
+
+TEST(Tensor, CopyFollowsStrides) {
+  Tensor<double> a({2, 3}, {1, 2, 3, 4, 5, 6});
+  Tensor<float> t({3, 2});
+  copy<double>(a.view().transpose(0, 1), t.view());
+  const Tensor<float> expected({3, 2}, {1, 4, 2, 5, 3, 6});
+  EXPECT_EQ(test::max_abs_diff(t, expected), 0.0);
+  EXPECT_THROW_MSG(copy<double>(a.view(), t.view()), ValueError, "differs");
+}
+
+TEST(Tensor, ViewRejectsMismatchedStrides) {
+  float x[4];
+  EXPECT_THROW_MSG(TensorView<float>(x, {2, 2}, {1}), ValueError, "rank");
+  EXPECT_THROW_MSG(TensorView<float>(x, {2, -2}), ValueError, "negative");
+}
+
+}  // namespace
+}  // namespace attn
