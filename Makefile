@@ -7,8 +7,10 @@ PYTHON := /usr/bin/python3
 
 # Build needs: compiler, CMake, Highway (SIMD with runtime dispatch), CLI11.
 BUILD_DEBS := g++ cmake make libhwy-dev libcli11-dev
-# Test needs on top: GoogleTest.
-TEST_DEBS  := libgtest-dev
+# Python module: pybind11 and NumPy under Debian's /usr/bin/python3.
+PY_DEBS    := python3-dev python3-pybind11 python3-numpy
+# Test needs on top: GoogleTest, pytest, and PyTorch as a test-only reference.
+TEST_DEBS  := libgtest-dev python3-pytest python3-torch
 
 .PHONY: all build configure demo test deps test-deps clean
 
@@ -18,7 +20,7 @@ deps:
 	@tools/install-deps.sh $(BUILD_DEBS)
 
 test-deps:
-	@tools/install-deps.sh $(BUILD_DEBS) $(TEST_DEBS)
+	@tools/install-deps.sh $(BUILD_DEBS) $(PY_DEBS) $(TEST_DEBS)
 
 # Configuring again each time is cheap and picks up packages installed since.
 configure:

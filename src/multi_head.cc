@@ -21,8 +21,8 @@ TensorView<T> split_heads(TensorView<T> x, int64_t heads) {
 }
 
 template <class T>
-Tensor<T> multi_head_impl(TensorView<const T> x, int64_t heads,
-                          const AttentionOptions& options) {
+void multi_head_impl(TensorView<const T> x, TensorView<T> out, int64_t heads,
+                     const AttentionOptions& options) {
   if (x.rank() < 2)
     throw ValueError("multi_head: x must have shape (..., n, d), got " + shape_str(x.shape()));
   if (heads < 1)
@@ -31,21 +31,38 @@ Tensor<T> multi_head_impl(TensorView<const T> x, int64_t heads,
     throw ValueError("multi_head: heads (" + std::to_string(heads) +
                      ") must divide the model dimension d (" + std::to_string(x.dim(-1)) +
                      ") of x " + shape_str(x.shape()));
-  Tensor<T> out(x.shape());
+  if (out.shape() != x.shape())
+    throw ValueError("multi_head: out has shape " + shape_str(out.shape()) +
+                     ", expected x's shape " + shape_str(x.shape()));
   const auto s = split_heads(x, heads);
-  attention(s, s, s, split_heads(out.view(), heads), options);
+  attention(s, s, s, split_heads(out, heads), options);
+}
+
+template <class T>
+Tensor<T> multi_head_alloc(TensorView<const T> x, int64_t heads,
+                           const AttentionOptions& options) {
+  Tensor<T> out(x.shape());
+  multi_head_impl<T>(x, out.view(), heads, options);
   return out;
 }
 
 }  // namespace
 
+void multi_head(TensorView<const float> x, TensorView<float> out, int64_t heads,
+                const AttentionOptions& options) {
+  multi_head_impl<float>(x, out, heads, options);
+}
+void multi_head(TensorView<const double> x, TensorView<double> out, int64_t heads,
+                const AttentionOptions& options) {
+  multi_head_impl<double>(x, out, heads, options);
+}
 Tensor<float> multi_head(TensorView<const float> x, int64_t heads,
                          const AttentionOptions& options) {
-  return multi_head_impl<float>(x, heads, options);
+  return multi_head_alloc<float>(x, heads, options);
 }
 Tensor<double> multi_head(TensorView<const double> x, int64_t heads,
                           const AttentionOptions& options) {
-  return multi_head_impl<double>(x, heads, options);
+  return multi_head_alloc<double>(x, heads, options);
 }
 
 }  // namespace attn

@@ -12,6 +12,12 @@ namespace attn {
 // x (..., n, d) -> (..., n, d). d must be divisible by heads (the article's
 // code silently drops the remainder columns; attn refuses instead). Each
 // head is scaled by 1/sqrt(d / heads), as the article's attention() does.
+// Into out, of x's shape (must not overlap x).
+void multi_head(TensorView<const float> x, TensorView<float> out, int64_t heads = 4,
+                const AttentionOptions& options = {});
+void multi_head(TensorView<const double> x, TensorView<double> out, int64_t heads = 4,
+                const AttentionOptions& options = {});
+
 Tensor<float> multi_head(TensorView<const float> x, int64_t heads = 4,
                          const AttentionOptions& options = {});
 Tensor<double> multi_head(TensorView<const double> x, int64_t heads = 4,

@@ -1,0 +1,73 @@
+// NumPy arrays <-> attn views for the Python module: zero-copy where the
+// dtype already matches, conversion otherwise, and the dtype rules of SPEC.
+#pragma once
+
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+
+#include <string>
+
+#include "attn/error.hpp"
+#include "attn/tensor.hpp"
+
+namespace attn::python {
+
+namespace py = pybind11;
+
+// Any array-like as an ndarray; refuses non-numeric dtypes with a TypeError
+// that names the argument.
+inline py::array as_numeric_array(const py::handle& obj, const char* name) {
+  py::array a = py::array::ensure(obj);
+  if (!a) throw TypeError(std::string(name) + " must be an array, got " +
+                          std::string(py::str(py::type::of(obj))));
+  const char kind = a.dtype().kind();
+  if (kind != 'f' && kind != 'i' && kind != 'u' && kind != 'b')
+    throw TypeError(std::string(name) + " must be a numeric array, got dtype " +
+                    std::string(py::str(a.dtype())));
+  return a;
+}
+
+inline bool is_float64(const py::array& a) { return a.dtype().is(py::dtype::of<double>()); }
+
+// The array converted to T when needed (no copy when it already is T). The
+// result keeps its strides, so a non-contiguous view is still used in place.
+template <class T>
+py::array_t<T> as(const py::array& a) {
+  if (py::isinstance<py::array_t<T>>(a) && a.dtype().is(py::dtype::of<T>()))
+    return py::reinterpret_borrow<py::array_t<T>>(a);
+  return py::array_t<T>::ensure(a);
+}
+
+// A view of the array's memory; byte strides that are not whole elements
+// (rare, e.g. fields of a structured array) go through a contiguous copy.
+template <class T>
+TensorView<T> view_of(py::array_t<std::remove_const_t<T>>& a) {
+  Shape shape(a.shape(), a.shape() + a.ndim());
+  Strides strides(a.ndim());
+  for (py::ssize_t i = 0; i < a.ndim(); ++i) {
+    if (a.strides(i) % static_cast<py::ssize_t>(sizeof(T)) != 0) {
+      a = py::array_t<std::remove_const_t<T>, py::array::c_style>::ensure(a);
+      return view_of<T>(a);
+    }
+    strides[i] = a.strides(i) / static_cast<py::ssize_t>(sizeof(T));
+  }
+  if constexpr (std::is_const_v<T>)
+    return TensorView<T>(a.data(), shape, strides);
+  else
+    return TensorView<T>(a.mutable_data(), shape, strides);
+}
+
+// A new C-contiguous array of this shape.
+template <class T>
+py::array_t<T> empty(const Shape& shape) {
+  const int64_t n = checked_numel(shape, sizeof(T), "output");
+  try {
+    return py::array_t<T>(std::vector<py::ssize_t>(shape.begin(), shape.end()));
+  } catch (const py::error_already_set& e) {
+    if (!e.matches(PyExc_MemoryError)) throw;
+    throw ValueError("cannot allocate " + std::to_string(n * int64_t(sizeof(T))) +
+                     " bytes for an output of shape " + shape_str(shape));
+  }
+}
+
+}  // namespace attn::python

@@ -1,0 +1,228 @@
+// `import attn`: the SPEC's Python API over the C++ library. Arrays are read
+// in place (float32 and float64 with any strides); other numeric dtypes are
+// converted to float32. The GIL is released while computing.
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <optional>
+#include <string>
+
+#include "arrays.hpp"
+#include "attn/attn.hpp"
+#include "docstrings.hpp"
+
+namespace attn::python {
+namespace {
+
+Causal causal_from(const py::object& c) {
+  if (c.is_none()) return Causal::None;
+  if (py::isinstance<py::bool_>(c)) return c.cast<bool>() ? Causal::BottomRight : Causal::None;
+  if (py::isinstance<py::str>(c)) return parse_causal(c.cast<std::string>());
+  throw TypeError("causal must be False, True, 'bottom_right' or 'top_left', got " +
+                  std::string(py::repr(c)));
+}
+
+Window window_from(const py::object& w) {
+  if (w.is_none()) return {};
+  const auto side = [](const py::handle& h) -> int64_t {
+    if (h.is_none()) return -1;
+    if (!py::isinstance<py::int_>(h) || py::isinstance<py::bool_>(h))
+      throw TypeError("window sizes must be integers or None, got " + std::string(py::repr(h)));
+    return h.cast<int64_t>();
+  };
+  if (!py::isinstance<py::sequence>(w) || py::isinstance<py::str>(w) || py::len(w) != 2)
+    throw TypeError("window must be None or a pair (left, right), got " +
+                    std::string(py::repr(w)));
+  return {side(w[py::int_(0)]), side(w[py::int_(1)])};
+}
+
+std::optional<double> optional_float(const py::object& o, const char* name) {
+  if (o.is_none()) return std::nullopt;
+  try {
+    return o.cast<double>();
+  } catch (const py::cast_error&) {
+    throw TypeError(std::string(name) + " must be a number or None, got " +
+                    std::string(py::repr(o)));
+  }
+}
+
+// ---------------------------------------------------------------------------
+
+template <class T>
+py::array softmax_t(const py::array& a_in, int64_t axis) {
+  auto a = as<T>(a_in);
+  auto in = view_of<const T>(a);
+  auto out = empty<T>(in.shape());
+  auto o = view_of<T>(out);
+  py::gil_scoped_release nogil;
+  softmax(in, o, axis);
+  return out;
+}
+
+py::array py_softmax(const py::object& a_obj, int64_t axis) {
+  const auto a = as_numeric_array(a_obj, "a");
+  return is_float64(a) ? softmax_t<double>(a, axis) : softmax_t<float>(a, axis);
+}
+
+template <class T>
+py::object attention_t(const py::array& q_in, const py::array& k_in, const py::array& v_in,
+                       const py::object& mask_obj, const AttentionOptions& opt,
+                       bool return_weights) {
+  auto qa = as<T>(q_in), ka = as<T>(k_in), va = as<T>(v_in);
+  const auto q = view_of<const T>(qa), k = view_of<const T>(ka), v = view_of<const T>(va);
+  auto out = empty<T>(attention_output_shape(q.shape(), k.shape(), v.shape()));
+  py::array_t<T> weights;
+  TensorView<T> w;
+  if (return_weights) {
+    weights = empty<T>(attention_weights_shape(q.shape(), k.shape(), v.shape()));
+    w = view_of<T>(weights);
+  }
+  // The mask: boolean (True = may attend) or additive in float32/float64.
+  Mask mask;
+  py::array_t<bool> mb;
+  py::array_t<float> mf;
+  py::array_t<double> md;
+  if (!mask_obj.is_none()) {
+    const auto m = as_numeric_array(mask_obj, "mask");
+    if (m.dtype().kind() == 'b')
+      mb = as<bool>(m), mask = view_of<const bool>(mb);
+    else if (is_float64(m))
+      md = as<double>(m), mask = view_of<const double>(md);
+    else
+      mf = as<float>(m), mask = view_of<const float>(mf);
+  }
+  auto o = view_of<T>(out);
+  {
+    py::gil_scoped_release nogil;
+    attention(q, k, v, o, opt, mask, w);
+  }
+  if (return_weights) return py::make_tuple(out, weights);
+  return out;
+}
+
+py::object py_attention(const py::object& q_obj, const py::object& k_obj,
+                        const py::object& v_obj, const py::object& mask,
+                        const py::object& causal, const py::object& scale,
+                        const py::object& softcap, const py::object& window,
+                        bool return_weights) {
+  const auto q = as_numeric_array(q_obj, "q"), k = as_numeric_array(k_obj, "k"),
+             v = as_numeric_array(v_obj, "v");
+  AttentionOptions opt;
+  opt.causal = causal_from(causal);
+  opt.scale = optional_float(scale, "scale");
+  opt.softcap = optional_float(softcap, "softcap").value_or(0.0);
+  opt.window = window_from(window);
+  if (is_float64(q) || is_float64(k) || is_float64(v))
+    return attention_t<double>(q, k, v, mask, opt, return_weights);
+  return attention_t<float>(q, k, v, mask, opt, return_weights);
+}
+
+template <class T>
+py::array multi_head_t(const py::array& x_in, int64_t heads) {
+  auto xa = as<T>(x_in);
+  const auto x = view_of<const T>(xa);
+  auto out = empty<T>(x.shape());
+  auto o = view_of<T>(out);
+  py::gil_scoped_release nogil;
+  multi_head(x, o, heads);
+  return out;
+}
+
+py::array py_multi_head(const py::object& x_obj, int64_t heads) {
+  const auto x = as_numeric_array(x_obj, "x");
+  return is_float64(x) ? multi_head_t<double>(x, heads) : multi_head_t<float>(x, heads);
+}
+
+py::array py_positional_encoding(int64_t n, int64_t d, double base, const py::object& dtype) {
+  const py::dtype dt = py::dtype::from_args(dtype);
+  const auto fill = [&](auto tag) -> py::array {
+    using T = decltype(tag);
+    Tensor<T> pe;
+    {
+      py::gil_scoped_release nogil;
+      pe = sinusoidal_encoding<T>(n, d, base);
+    }
+    auto out = empty<T>(pe.shape());
+    std::copy(pe.data(), pe.data() + pe.numel(), out.mutable_data());
+    return out;
+  };
+  if (dt.is(py::dtype::of<float>())) return fill(float{});
+  if (dt.is(py::dtype::of<double>())) return fill(double{});
+  throw TypeError("positional_encoding: dtype must be float32 or float64, got " +
+                  std::string(py::str(static_cast<const py::handle&>(dt))));
+}
+
+template <class T>
+py::array rope_t(const py::array& x_in, const py::object& positions, const RopeOptions& opt) {
+  auto xa = as<T>(x_in);
+  const auto x = view_of<const T>(xa);
+  py::array_t<int64_t> pa;
+  TensorView<const int64_t> pos;
+  if (!positions.is_none()) {
+    const py::array p = py::array::ensure(positions);
+    const char kind = p ? p.dtype().kind() : '?';
+    if (kind != 'i' && kind != 'u')
+      throw TypeError("rope: positions must be an integer array, got " +
+                      (p ? "dtype " + std::string(py::str(p.dtype()))
+                         : std::string(py::str(py::type::of(positions)))));
+    pa = as<int64_t>(p);
+    pos = view_of<const int64_t>(pa);
+  }
+  auto out = empty<T>(x.shape());
+  auto o = view_of<T>(out);
+  {
+    py::gil_scoped_release nogil;
+    apply_rope(x, o, opt, pos);
+  }
+  return out;
+}
+
+py::array py_rope(const py::object& x_obj, const py::object& positions, double base,
+                  bool interleaved, const py::object& rotary_dim) {
+  const auto x = as_numeric_array(x_obj, "x");
+  RopeOptions opt;
+  opt.base = base;
+  opt.interleaved = interleaved;
+  if (!rotary_dim.is_none()) {
+    if (!py::isinstance<py::int_>(rotary_dim))
+      throw TypeError("rope: rotary_dim must be an integer or None, got " +
+                      std::string(py::repr(rotary_dim)));
+    opt.rotary_dim = rotary_dim.cast<int64_t>();
+  }
+  return is_float64(x) ? rope_t<double>(x, positions, opt) : rope_t<float>(x, positions, opt);
+}
+
+}  // namespace
+}  // namespace attn::python
+
+PYBIND11_MODULE(attn, m) {
+  using namespace attn::python;
+  namespace py = pybind11;
+  using py::arg;
+  m.doc() = docs::kModule;
+  py::register_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (const attn::TypeError& e) {
+      PyErr_SetString(PyExc_TypeError, e.what());
+    } catch (const attn::ValueError& e) {
+      PyErr_SetString(PyExc_ValueError, e.what());
+    } catch (const attn::Error& e) {
+      PyErr_SetString(PyExc_ValueError, e.what());
+    }
+  });
+
+  m.def("softmax", &py_softmax, arg("a"), arg("axis") = -1, docs::kSoftmax);
+  m.def("attention", &py_attention, arg("q"), arg("k"), arg("v"), arg("mask") = py::none(),
+        py::kw_only(), arg("causal") = false, arg("scale") = py::none(),
+        arg("softcap") = py::none(), arg("window") = py::none(),
+        arg("return_weights") = false, docs::kAttention);
+  m.def("multi_head", &py_multi_head, arg("x"), arg("heads") = 4, docs::kMultiHead);
+  m.def("positional_encoding", &py_positional_encoding, arg("n"), arg("d"), py::kw_only(),
+        arg("base") = 10000.0, arg("dtype") = py::module_::import("numpy").attr("float32"),
+        docs::kPositionalEncoding);
+  m.def("rope", &py_rope, arg("x"), arg("positions") = py::none(), py::kw_only(),
+        arg("base") = 10000.0, arg("interleaved") = false, arg("rotary_dim") = py::none(),
+        docs::kRope);
+}
