@@ -17,7 +17,7 @@ TEST_DEBS  := libgtest-dev python3-pytest python3-torch
 all: build
 
 deps:
-	@tools/install-deps.sh $(BUILD_DEBS)
+	@tools/install-deps.sh $(BUILD_DEBS) $(PY_DEBS)
 
 test-deps:
 	@tools/install-deps.sh $(BUILD_DEBS) $(PY_DEBS) $(TEST_DEBS)
