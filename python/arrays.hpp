@@ -71,3 +71,17 @@ py::array_t<T> empty(const Shape& shape) {
 }
 
 }  // namespace attn::python
+
+namespace attn::python {
+
+// Hands a Tensor's buffer to NumPy without copying; the array owns it.
+template <class T>
+py::array_t<T> to_numpy(Tensor<T>&& t) {
+  auto* owner = new Tensor<T>(std::move(t));
+  py::capsule free_when_done(owner, [](void* p) { delete static_cast<Tensor<T>*>(p); });
+  const Shape& s = owner->shape();
+  return py::array_t<T>(std::vector<py::ssize_t>(s.begin(), s.end()), owner->data(),
+                        free_when_done);
+}
+
+}  // namespace attn::python

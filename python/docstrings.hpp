@@ -104,3 +104,72 @@ so position 1,000,000 is still accurate. Returns an array of x's shape.
 )";
 
 }  // namespace attn::python::docs
+
+namespace attn::python::docs {
+
+inline constexpr const char* kMultiHeadAttention = R"(MultiHeadAttention(embed_dim, num_heads, *, num_kv_heads=None, kdim=None, vdim=None,
+                   bias=True, rope=False, rope_base=10000.0, rope_interleaved=False, seed=0)
+
+The learnable multi-head attention layer: q = query Wqᵀ + bq, k = key Wkᵀ + bk,
+v = value Wvᵀ + bv, split into heads, attention per head, heads concatenated,
+out = concat Woᵀ + bo. A drop-in for torch.nn.MultiheadAttention(batch_first=True):
+the same parameter names and shapes (state_dict / load_state_dict) and the same
+mask conventions, so a model trained in PyTorch runs with its weights unchanged.
+
+num_kv_heads: fewer key/value heads than query heads (GQA; 1 = MQA); must divide
+num_heads. kdim, vdim: widths of key and value inputs (cross-attention).
+rope=True rotates q and k per head after projection, over the whole head dim,
+at positions cache length + 0..n-1. Weights are initialised as PyTorch does
+(Xavier-uniform, zero biases), reproducibly from `seed`.
+
+Parameters are stored in float32, PyTorch's default. float64 input is computed
+in double precision (with those parameters) and returns float64.
+)";
+
+inline constexpr const char* kMhaForward = R"(forward(query, key=None, value=None, *, key_padding_mask=None, attn_mask=None,
+        causal=False, need_weights=False, average_attn_weights=True, cache=None)
+
+query (batch, n_q, embed_dim) or unbatched (n_q, embed_dim); key (.., n_k, kdim)
+defaults to query and value (.., n_k, vdim) to key (self-attention).
+
+Masks use nn.MultiheadAttention's convention (the opposite of attn.attention's
+boolean convention):
+    attn_mask: boolean True = NOT allowed, or float added to the logits;
+               (n_q, n_k) or per head (batch * num_heads, n_q, n_k).
+    key_padding_mask: (batch, n_k) ((n_k,) unbatched); boolean True = padding.
+causal: False, True (= 'bottom_right') or 'top_left'.
+A query row with no allowed key gets zero attention output, so only the output
+projection's bias (PyTorch gives NaN there).
+
+cache: from new_cache(); this call's keys and values are appended and the
+queries attend to everything cached. Feeding a sequence chunk by chunk with
+causal=True equals one causal forward over the whole sequence.
+
+Returns (out, weights): out like query; weights (batch, n_q, n_k) averaged over
+heads, or (batch, num_heads, n_q, n_k) with average_attn_weights=False, when
+need_weights=True, else None.
+)";
+
+inline constexpr const char* kKVCache = R"(KVCache: the keys and values a MultiHeadAttention has seen, for incremental
+decoding. Make one with MultiHeadAttention.new_cache(); len(cache) is the number
+of cached positions. It takes the dtype of its first input.
+)";
+
+inline constexpr const char* kNewCache = R"(new_cache() -> KVCache: an empty key/value cache for forward(..., cache=c).)";
+
+inline constexpr const char* kStateDict = R"(state_dict() -> dict of float32 numpy arrays with PyTorch's names:
+in_proj_weight (3E, E) (or q_proj_weight, k_proj_weight, v_proj_weight when kdim/vdim
+differ from E or num_kv_heads is given), in_proj_bias, out_proj.weight, out_proj.bias.
+)";
+
+inline constexpr const char* kLoadStateDict = R"(load_state_dict(state_dict): load parameters by PyTorch's names. Every expected
+name must be present with its shape, and no other (ValueError naming the key).
+Accepts numpy arrays or anything numpy.asarray accepts (e.g. CPU torch tensors).
+)";
+
+inline constexpr const char* kSave = R"(save(path): write the parameters and configuration to a safetensors file.)";
+
+inline constexpr const char* kLoad = R"(MultiHeadAttention.load(path): a layer from a safetensors file written by save()
+or tools/export_torch_mha.py.)";
+
+}  // namespace attn::python::docs

@@ -10,10 +10,10 @@
 
 #include "arrays.hpp"
 #include "attn/attn.hpp"
+#include "bindings.hpp"
 #include "docstrings.hpp"
 
 namespace attn::python {
-namespace {
 
 Causal causal_from(const py::object& c) {
   if (c.is_none()) return Causal::None;
@@ -22,6 +22,8 @@ Causal causal_from(const py::object& c) {
   throw TypeError("causal must be False, True, 'bottom_right' or 'top_left', got " +
                   std::string(py::repr(c)));
 }
+
+namespace {
 
 Window window_from(const py::object& w) {
   if (w.is_none()) return {};
@@ -208,6 +210,8 @@ PYBIND11_MODULE(attn, m) {
       PyErr_SetString(PyExc_TypeError, e.what());
     } catch (const attn::ValueError& e) {
       PyErr_SetString(PyExc_ValueError, e.what());
+    } catch (const attn::IOError& e) {
+      PyErr_SetString(PyExc_OSError, e.what());
     } catch (const attn::Error& e) {
       PyErr_SetString(PyExc_ValueError, e.what());
     }
@@ -225,4 +229,5 @@ PYBIND11_MODULE(attn, m) {
   m.def("rope", &py_rope, arg("x"), arg("positions") = py::none(), py::kw_only(),
         arg("base") = 10000.0, arg("interleaved") = false, arg("rotary_dim") = py::none(),
         docs::kRope);
+  bind_mha(m);
 }

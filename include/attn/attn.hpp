@@ -3,8 +3,11 @@
 
 #include "attn/attention.hpp"
 #include "attn/error.hpp"
+#include "attn/io.hpp"
+#include "attn/kv_cache.hpp"
 #include "attn/mask.hpp"
 #include "attn/multi_head.hpp"
+#include "attn/multi_head_attention.hpp"
 #include "attn/positional.hpp"
 #include "attn/softmax.hpp"
 #include "attn/tensor.hpp"

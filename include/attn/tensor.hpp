@@ -163,6 +163,17 @@ class Tensor {
   TensorView<T> view() { return {data_.get(), shape_}; }
   TensorView<const T> view() const { return {data_.get(), shape_}; }
 
+  // The same elements under another shape of equal size (no copy).
+  Tensor reshape(Shape shape) && {
+    if (checked_numel(shape, sizeof(T), "reshape") != numel())
+      throw ValueError("reshape: cannot view " + shape_str(shape_) + " as " + shape_str(shape));
+    Tensor t;
+    t.shape_ = std::move(shape);
+    t.data_ = std::move(data_);
+    shape_.clear();
+    return t;
+  }
+
  private:
   Shape shape_;
   std::unique_ptr<T[]> data_;

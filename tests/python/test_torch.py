@@ -9,7 +9,6 @@ import torch
 import attn
 from util import rel_err
 
-torch.set_default_dtype(torch.float64)
 
 
 def torch_attention(q, k, v, mask=None, causal=False, scale=None, softcap=None, window=None):

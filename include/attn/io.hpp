@@ -1,0 +1,47 @@
+// Files: NumPy .npy arrays and safetensors weights.
+//
+// Readers validate everything before trusting it (magic, header length,
+// dtype, shape, byte counts, offsets) and report a corrupt or lying file as
+// ValueError naming the file and the problem; a missing file is IOError.
+#pragma once
+
+#include <map>
+#include <string>
+#include <variant>
+
+#include "attn/error.hpp"
+#include "attn/tensor.hpp"
+
+namespace attn {
+
+// A file could not be opened, read or written (Python: OSError).
+class IOError : public Error {
+ public:
+  using Error::Error;
+};
+
+// .npy, format versions 1-3, little-endian float32 ('<f4') or float64
+// ('<f8'), C order. Fortran order, other dtypes and malformed or truncated
+// files are errors.
+using NpyArray = std::variant<Tensor<float>, Tensor<double>>;
+NpyArray read_npy(const std::string& path);
+void write_npy(const std::string& path, TensorView<const float> array);
+void write_npy(const std::string& path, TensorView<const double> array);
+
+// safetensors: 8-byte little-endian header length, a JSON header mapping
+// names to {dtype, shape, data_offsets}, optional "__metadata__" (string to
+// string), then the data. F32, F16 and BF16 tensors are read (as float32).
+struct Safetensors {
+  std::map<std::string, Tensor<float>> tensors;
+  std::map<std::string, std::string> metadata;
+};
+Safetensors read_safetensors(const std::string& path);
+
+enum class StorageDtype { F32, F16, BF16 };
+// Writes every tensor in `dtype` (rounding to nearest even for 16-bit types).
+void write_safetensors(const std::string& path,
+                       const std::map<std::string, TensorView<const float>>& tensors,
+                       const std::map<std::string, std::string>& metadata = {},
+                       StorageDtype dtype = StorageDtype::F32);
+
+}  // namespace attn

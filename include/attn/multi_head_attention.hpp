@@ -1,0 +1,101 @@
+// The learnable multi-head attention layer the article announces: Q, K, V
+// are the inputs times learned weights Wq, Wk, Wv; the heads' outputs are
+// concatenated and multiplied by Wo. A drop-in for PyTorch's
+// nn.MultiheadAttention(batch_first=True): the same parameter names and
+// shapes, the same mask conventions, plus GQA/MQA, RoPE and a KV cache.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+
+#include "attn/io.hpp"
+#include "attn/kv_cache.hpp"
+#include "attn/mask.hpp"
+#include "attn/tensor.hpp"
+
+namespace attn {
+
+struct MultiHeadAttentionConfig {
+  int64_t embed_dim = 0;
+  int64_t num_heads = 1;
+  std::optional<int64_t> num_kv_heads;  // default num_heads; must divide it
+  std::optional<int64_t> kdim, vdim;    // key / value input widths, default embed_dim
+  bool bias = true;
+  bool rope = false;                    // rotate q and k per head after projection
+  double rope_base = 10000.0;
+  bool rope_interleaved = false;
+
+  int64_t head_dim() const { return embed_dim / num_heads; }
+  int64_t kv_heads() const { return num_kv_heads.value_or(num_heads); }
+  int64_t key_dim() const { return kdim.value_or(embed_dim); }
+  int64_t value_dim() const { return vdim.value_or(embed_dim); }
+  // PyTorch packs q, k, v weights into in_proj_weight only in this case.
+  bool packed() const {
+    return !num_kv_heads && key_dim() == embed_dim && value_dim() == embed_dim;
+  }
+  // Throws ValueError naming the offending field.
+  void validate() const;
+};
+
+// Masks in nn.MultiheadAttention's convention (the opposite of attention()'s
+// boolean convention, by history):
+//   attn_mask: boolean true = NOT allowed, or float added to the logits;
+//              (n_q, n_k), or per head (batch * num_heads, n_q, n_k).
+//   key_padding_mask: (batch, n_k) ((n_k) unbatched); boolean true = padding
+//              (ignored), or float added.
+template <class T>
+struct MhaForwardOptions {
+  Mask attn_mask;
+  Mask key_padding_mask;
+  Causal causal = Causal::None;
+  bool need_weights = false;
+  bool average_attn_weights = true;  // weights (batch, n_q, n_k) instead of per head
+  KVCache<T>* cache = nullptr;       // append this call's keys/values and attend all
+};
+
+template <class T>
+struct MhaOutput {
+  Tensor<T> out;                     // (batch, n_q, embed_dim) or (n_q, embed_dim)
+  std::optional<Tensor<T>> weights;  // (batch, [heads,] n_q, n_k) when need_weights
+};
+
+template <class T>
+class MultiHeadAttention {
+ public:
+  // Weights Xavier-uniform, biases zero, out_proj.weight uniform(±1/sqrt(E)):
+  // PyTorch's initialisation, drawn reproducibly from `seed`.
+  explicit MultiHeadAttention(const MultiHeadAttentionConfig& config, uint64_t seed = 0);
+
+  const MultiHeadAttentionConfig& config() const { return config_; }
+
+  // query (batch, n_q, E) or unbatched (n_q, E); key (.., n_k, kdim) defaults
+  // to query, value (.., n_k, vdim) to key. With RoPE, q and k are rotated at
+  // positions cache length + 0..n-1.
+  MhaOutput<T> forward(TensorView<const T> query, TensorView<const T> key = {},
+                       TensorView<const T> value = {},
+                       const MhaForwardOptions<T>& options = {}) const;
+
+  KVCache<T> new_cache() const { return {}; }
+
+  // PyTorch's names: in_proj_weight (3E, E) / q_proj_weight, k_proj_weight,
+  // v_proj_weight; in_proj_bias; out_proj.weight; out_proj.bias.
+  std::map<std::string, Tensor<T>> state_dict() const;
+  // Every expected name must be present with its shape, and no other.
+  void load_state_dict(const std::map<std::string, Tensor<T>>& state);
+
+  // safetensors with the configuration in __metadata__.
+  void save(const std::string& path, StorageDtype dtype = StorageDtype::F32) const;
+  static MultiHeadAttention load(const std::string& path);
+
+ private:
+  MultiHeadAttentionConfig config_;
+  Tensor<T> wq_, wk_, wv_, wo_;  // (out, in), as nn.Linear
+  Tensor<T> bq_, bk_, bv_, bo_;  // empty when !bias
+};
+
+extern template class MultiHeadAttention<float>;
+extern template class MultiHeadAttention<double>;
+
+}  // namespace attn

@@ -1,0 +1,221 @@
+// attn.MultiHeadAttention and attn.KVCache: the learnable layer in Python,
+// a drop-in for torch.nn.MultiheadAttention(batch_first=True).
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <optional>
+#include <string>
+#include <variant>
+
+#include "arrays.hpp"
+#include "attn/attn.hpp"
+#include "bindings.hpp"
+#include "docstrings.hpp"
+
+namespace attn::python {
+namespace {
+
+// A cache takes the dtype of the first input it sees.
+struct PyKVCache {
+  std::variant<std::monostate, KVCache<float>, KVCache<double>> cache;
+
+  template <class T>
+  KVCache<T>* get() {
+    if (std::holds_alternative<std::monostate>(cache)) cache = KVCache<T>();
+    if (auto* c = std::get_if<KVCache<T>>(&cache)) return c;
+    throw TypeError(std::string("this cache holds ") +
+                    (std::holds_alternative<KVCache<float>>(cache) ? "float32" : "float64") +
+                    " keys and values; feed it input of the same dtype");
+  }
+  int64_t length() const {
+    return std::visit([](const auto& c) -> int64_t {
+      if constexpr (std::is_same_v<std::decay_t<decltype(c)>, std::monostate>) return 0;
+      else return c.length();
+    }, cache);
+  }
+};
+
+struct PyMha {
+  MultiHeadAttention<float> f32;
+  std::optional<MultiHeadAttention<double>> f64;  // built on the first float64 call
+
+  template <class T>
+  const MultiHeadAttention<T>& layer() {
+    if constexpr (std::is_same_v<T, float>) {
+      return f32;
+    } else {
+      if (!f64) {
+        f64.emplace(f32.config());
+        std::map<std::string, Tensor<double>> s;
+        for (auto& [name, t] : f32.state_dict()) {
+          Tensor<double> d(t.shape());
+          std::copy(t.data(), t.data() + t.numel(), d.data());
+          s.emplace(name, std::move(d));
+        }
+        f64->load_state_dict(s);
+      }
+      return *f64;
+    }
+  }
+};
+
+std::optional<int64_t> optional_int(const py::object& o, const char* name) {
+  if (o.is_none()) return std::nullopt;
+  if (!py::isinstance<py::int_>(o) || py::isinstance<py::bool_>(o))
+    throw TypeError(std::string(name) + " must be an integer or None, got " +
+                    std::string(py::repr(o)));
+  return o.cast<int64_t>();
+}
+
+// Keeps converted mask arrays alive while the layer reads them.
+struct MaskArg {
+  py::array_t<bool> b;
+  py::array_t<float> f;
+  py::array_t<double> d;
+  Mask mask;
+
+  MaskArg(const py::object& obj, const char* name) {
+    if (obj.is_none()) return;
+    const auto m = as_numeric_array(obj, name);
+    if (m.dtype().kind() == 'b')
+      b = as<bool>(m), mask = view_of<const bool>(b);
+    else if (is_float64(m))
+      d = as<double>(m), mask = view_of<const double>(d);
+    else
+      f = as<float>(m), mask = view_of<const float>(f);
+  }
+};
+
+template <class T>
+py::tuple forward_t(PyMha& self, const py::array& q_in, const py::object& k_obj,
+                    const py::object& v_obj, const MaskArg& kpm, const MaskArg& am,
+                    Causal causal, bool need_weights, bool average, PyKVCache* cache) {
+  const auto& layer = self.layer<T>();
+  auto qa = as<T>(q_in);
+  py::array_t<T> ka, va;
+  TensorView<const T> q = view_of<const T>(qa), k, v;
+  if (!k_obj.is_none()) ka = as<T>(as_numeric_array(k_obj, "key")), k = view_of<const T>(ka);
+  if (!v_obj.is_none()) va = as<T>(as_numeric_array(v_obj, "value")), v = view_of<const T>(va);
+  MhaForwardOptions<T> opt;
+  opt.key_padding_mask = kpm.mask;
+  opt.attn_mask = am.mask;
+  opt.causal = causal;
+  opt.need_weights = need_weights;
+  opt.average_attn_weights = average;
+  opt.cache = cache ? cache->get<T>() : nullptr;
+  MhaOutput<T> r;
+  {
+    py::gil_scoped_release nogil;
+    r = layer.forward(q, k, v, opt);
+  }
+  py::object w = py::none();
+  if (r.weights) w = to_numpy(std::move(*r.weights));
+  return py::make_tuple(to_numpy(std::move(r.out)), w);
+}
+
+py::tuple py_forward(PyMha& self, const py::object& query, const py::object& key,
+                     const py::object& value, const py::object& key_padding_mask,
+                     const py::object& attn_mask, const py::object& causal, bool need_weights,
+                     bool average_attn_weights, const py::object& cache) {
+  const auto q = as_numeric_array(query, "query");
+  PyKVCache* c = nullptr;
+  if (!cache.is_none()) {
+    if (!py::isinstance<PyKVCache>(cache))
+      throw TypeError("cache must come from MultiHeadAttention.new_cache(), got " +
+                      std::string(py::repr(cache)));
+    c = cache.cast<PyKVCache*>();
+  }
+  const MaskArg kpm(key_padding_mask, "key_padding_mask"), am(attn_mask, "attn_mask");
+  const Causal cz = causal_from(causal);
+  const bool f64 = is_float64(q) ||
+                   (!key.is_none() && is_float64(as_numeric_array(key, "key"))) ||
+                   (!value.is_none() && is_float64(as_numeric_array(value, "value")));
+  if (f64) return forward_t<double>(self, q, key, value, kpm, am, cz, need_weights,
+                                    average_attn_weights, c);
+  return forward_t<float>(self, q, key, value, kpm, am, cz, need_weights, average_attn_weights, c);
+}
+
+py::dict py_state_dict(const PyMha& self) {
+  py::dict d;
+  for (auto& [name, t] : self.f32.state_dict()) d[py::str(name)] = to_numpy(std::move(t));
+  return d;
+}
+
+void py_load_state_dict(PyMha& self, const py::dict& d) {
+  std::map<std::string, Tensor<float>> s;
+  for (const auto& [key, value] : d) {
+    const std::string name = py::str(key);
+    auto a = as<float>(as_numeric_array(value, ("state_dict['" + name + "']").c_str()));
+    s.emplace(name, contiguous(view_of<const float>(a)));
+  }
+  self.f32.load_state_dict(s);
+  self.f64.reset();
+}
+
+}  // namespace
+
+void bind_mha(py::module_& m) {
+  using py::arg;
+  py::class_<PyKVCache>(m, "KVCache", docs::kKVCache)
+      .def_property_readonly("length", &PyKVCache::length)
+      .def("__len__", &PyKVCache::length)
+      .def("__repr__", [](const PyKVCache& c) {
+        return "attn.KVCache(length=" + std::to_string(c.length()) + ")";
+      });
+
+  py::class_<PyMha>(m, "MultiHeadAttention", docs::kMultiHeadAttention)
+      .def(py::init([](int64_t embed_dim, int64_t num_heads, const py::object& num_kv_heads,
+                       const py::object& kdim, const py::object& vdim, bool bias, bool rope,
+                       double rope_base, bool rope_interleaved, uint64_t seed) {
+             MultiHeadAttentionConfig c;
+             c.embed_dim = embed_dim;
+             c.num_heads = num_heads;
+             c.num_kv_heads = optional_int(num_kv_heads, "num_kv_heads");
+             c.kdim = optional_int(kdim, "kdim");
+             c.vdim = optional_int(vdim, "vdim");
+             c.bias = bias;
+             c.rope = rope;
+             c.rope_base = rope_base;
+             c.rope_interleaved = rope_interleaved;
+             return PyMha{MultiHeadAttention<float>(c, seed), std::nullopt};
+           }),
+           arg("embed_dim"), arg("num_heads"), py::kw_only(), arg("num_kv_heads") = py::none(),
+           arg("kdim") = py::none(), arg("vdim") = py::none(), arg("bias") = true,
+           arg("rope") = false, arg("rope_base") = 10000.0, arg("rope_interleaved") = false,
+           arg("seed") = 0)
+      .def("forward", &py_forward, arg("query"), arg("key") = py::none(),
+           arg("value") = py::none(), py::kw_only(), arg("key_padding_mask") = py::none(),
+           arg("attn_mask") = py::none(), arg("causal") = false, arg("need_weights") = false,
+           arg("average_attn_weights") = true, arg("cache") = py::none(), docs::kMhaForward)
+      .def("__call__", &py_forward, arg("query"), arg("key") = py::none(),
+           arg("value") = py::none(), py::kw_only(), arg("key_padding_mask") = py::none(),
+           arg("attn_mask") = py::none(), arg("causal") = false, arg("need_weights") = false,
+           arg("average_attn_weights") = true, arg("cache") = py::none(), docs::kMhaForward)
+      .def("new_cache", [](const PyMha&) { return PyKVCache{}; }, docs::kNewCache)
+      .def("state_dict", &py_state_dict, docs::kStateDict)
+      .def("load_state_dict", &py_load_state_dict, arg("state_dict"), docs::kLoadStateDict)
+      .def("save", [](const PyMha& self, const std::string& path) { self.f32.save(path); },
+           arg("path"), docs::kSave)
+      .def_static("load", [](const std::string& path) {
+             return PyMha{MultiHeadAttention<float>::load(path), std::nullopt};
+           }, arg("path"), docs::kLoad)
+      .def_property_readonly("embed_dim", [](const PyMha& s) { return s.f32.config().embed_dim; })
+      .def_property_readonly("num_heads", [](const PyMha& s) { return s.f32.config().num_heads; })
+      .def_property_readonly("num_kv_heads", [](const PyMha& s) { return s.f32.config().kv_heads(); })
+      .def_property_readonly("head_dim", [](const PyMha& s) { return s.f32.config().head_dim(); })
+      .def_property_readonly("kdim", [](const PyMha& s) { return s.f32.config().key_dim(); })
+      .def_property_readonly("vdim", [](const PyMha& s) { return s.f32.config().value_dim(); })
+      .def_property_readonly("bias", [](const PyMha& s) { return s.f32.config().bias; })
+      .def_property_readonly("rope", [](const PyMha& s) { return s.f32.config().rope; })
+      .def("__repr__", [](const PyMha& s) {
+        const auto& c = s.f32.config();
+        return "attn.MultiHeadAttention(embed_dim=" + std::to_string(c.embed_dim) +
+               ", num_heads=" + std::to_string(c.num_heads) +
+               ", num_kv_heads=" + std::to_string(c.kv_heads()) +
+               ", kdim=" + std::to_string(c.key_dim()) + ", vdim=" + std::to_string(c.value_dim()) +
+               ", bias=" + (c.bias ? "True" : "False") + ", rope=" + (c.rope ? "True" : "False") + ")";
+      });
+}
+
+}  // namespace attn::python

@@ -1,0 +1,26 @@
+// `attn mha`: run a saved MultiHeadAttention layer on a .npy array.
+#include <variant>
+
+#include "attn/attn.hpp"
+#include "cli/commands.hpp"
+
+namespace attn::cli {
+namespace {
+
+template <class T>
+void run(const MhaArgs& args, const Tensor<T>& x) {
+  const auto layer = MultiHeadAttention<T>::load(args.weights);
+  MhaForwardOptions<T> opt;
+  if (args.causal) opt.causal = Causal::BottomRight;
+  const auto y = layer.forward(x.view(), {}, {}, opt);
+  write_npy(args.out, y.out.view());
+}
+
+}  // namespace
+
+int run_mha(const MhaArgs& args) {
+  std::visit([&](const auto& x) { run(args, x); }, read_npy(args.input));
+  return 0;
+}
+
+}  // namespace attn::cli

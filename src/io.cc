@@ -1,0 +1,257 @@
+#include "attn/io.hpp"
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <bit>
+#include <cstring>
+#include <fstream>
+#include <regex>
+#include <vector>
+
+#include "attn/half.hpp"
+
+namespace attn {
+namespace {
+
+// Files are little-endian; so is every CPU attn targets (x86-64, Arm64).
+static_assert(std::endian::native == std::endian::little);
+static_assert(sizeof(float) == 4 && sizeof(double) == 8);
+
+std::string read_file(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) throw IOError(path + ": cannot open for reading");
+  std::string data((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  if (f.bad()) throw IOError(path + ": read failed");
+  return data;
+}
+
+void write_file(const std::string& path, const std::string& head, const char* data,
+                size_t size) {
+  std::ofstream f(path, std::ios::binary | std::ios::trunc);
+  if (!f) throw IOError(path + ": cannot open for writing");
+  f.write(head.data(), static_cast<std::streamsize>(head.size()));
+  f.write(data, static_cast<std::streamsize>(size));
+  if (!f) throw IOError(path + ": write failed");
+}
+
+uint64_t read_le(const std::string& s, size_t at, int bytes) {
+  uint64_t v = 0;
+  for (int i = bytes - 1; i >= 0; --i) v = (v << 8) | static_cast<uint8_t>(s[at + i]);
+  return v;
+}
+
+std::string le_bytes(uint64_t v, int bytes) {
+  std::string s(bytes, '\0');
+  for (int i = 0; i < bytes; ++i) s[i] = static_cast<char>((v >> (8 * i)) & 0xff);
+  return s;
+}
+
+// ---------------------------------------------------------------------------
+// .npy
+
+[[noreturn]] void npy_fail(const std::string& path, const std::string& what) {
+  throw ValueError(path + ": not a valid .npy file: " + what);
+}
+
+template <class T>
+Tensor<T> npy_payload(const std::string& path, const std::string& bytes, size_t offset,
+                      const Shape& shape) {
+  const int64_t n = checked_numel(shape, sizeof(T), (path + ": shape").c_str());
+  const uint64_t need = static_cast<uint64_t>(n) * sizeof(T);
+  if (bytes.size() - offset != need)
+    npy_fail(path, "shape " + shape_str(shape) + " needs " + std::to_string(need) +
+                       " bytes of data, the file has " + std::to_string(bytes.size() - offset));
+  Tensor<T> t(shape);
+  std::memcpy(t.data(), bytes.data() + offset, need);
+  return t;
+}
+
+template <class T>
+void npy_write(const std::string& path, TensorView<const T> a, const char* descr) {
+  std::string dict = std::string("{'descr': '") + descr + "', 'fortran_order': False, 'shape': (";
+  for (int i = 0; i < a.rank(); ++i) dict += std::to_string(a.dim(i)) + (a.rank() == 1 ? "," : i + 1 < a.rank() ? ", " : "");
+  dict += "), }";
+  // Pad so that the data starts on a 64-byte boundary; the header ends with '\n'.
+  // Version 1 stores the header length in 2 bytes, version 2 in 4.
+  const bool v1 = (10 + dict.size() + 1 + 63) / 64 * 64 - 10 <= 65535;
+  const size_t prefix = v1 ? 10 : 12;
+  const size_t total = (prefix + dict.size() + 1 + 63) / 64 * 64;
+  dict.append(total - prefix - dict.size() - 1, ' ');
+  dict += '\n';
+  std::string head = "\x93NUMPY";
+  head += v1 ? std::string("\x01\x00", 2) : std::string("\x02\x00", 2);
+  head += le_bytes(dict.size(), v1 ? 2 : 4);
+  head += dict;
+  const Tensor<T> c = contiguous(a);
+  write_file(path, head, reinterpret_cast<const char*>(c.data()), c.numel() * sizeof(T));
+}
+
+// ---------------------------------------------------------------------------
+// safetensors
+
+[[noreturn]] void st_fail(const std::string& path, const std::string& what) {
+  throw ValueError(path + ": not a valid safetensors file: " + what);
+}
+
+size_t dtype_size(const std::string& dtype) {
+  if (dtype == "F32") return 4;
+  if (dtype == "F16" || dtype == "BF16") return 2;
+  return 0;
+}
+
+}  // namespace
+
+NpyArray read_npy(const std::string& path) {
+  const std::string b = read_file(path);
+  if (b.size() < 6 || b.compare(0, 6, "\x93NUMPY") != 0) npy_fail(path, "missing the \\x93NUMPY magic");
+  if (b.size() < 8) npy_fail(path, "truncated header");
+  const int major = static_cast<uint8_t>(b[6]);
+  if (major < 1 || major > 3) npy_fail(path, "unsupported format version " + std::to_string(major));
+  const size_t len_bytes = major == 1 ? 2 : 4;
+  if (b.size() < 8 + len_bytes) npy_fail(path, "truncated header");
+  const uint64_t header_len = read_le(b, 8, static_cast<int>(len_bytes));
+  const size_t offset = 8 + len_bytes;
+  if (header_len > b.size() - offset)
+    npy_fail(path, "header length " + std::to_string(header_len) + " runs past the end of the file");
+  const std::string header = b.substr(offset, header_len);
+
+  // The header is a Python dict literal; accept exactly its three keys.
+  static const std::regex descr_re(R"('descr'\s*:\s*'([^']*)')");
+  static const std::regex order_re(R"('fortran_order'\s*:\s*(True|False))");
+  static const std::regex shape_re(R"('shape'\s*:\s*\(([^)]*)\))");
+  std::smatch m;
+  if (!std::regex_search(header, m, descr_re)) npy_fail(path, "header has no 'descr'");
+  const std::string descr = m[1];
+  if (!std::regex_search(header, m, order_re)) npy_fail(path, "header has no 'fortran_order'");
+  if (m[1] == "True") npy_fail(path, "Fortran-order arrays are not supported; save a C-order array");
+  if (!std::regex_search(header, m, shape_re)) npy_fail(path, "header has no 'shape'");
+  Shape shape;
+  static const std::regex dim_re(R"(^\s*(\d{1,18})\s*$)");
+  const std::string dims = m[1];
+  size_t start = 0;
+  while (start <= dims.size()) {
+    const size_t comma = std::min(dims.find(',', start), dims.size());
+    const std::string part = dims.substr(start, comma - start);
+    std::smatch dm;
+    if (std::regex_match(part, dm, dim_re)) shape.push_back(std::stoll(dm[1]));
+    else if (part.find_first_not_of(" \t") != std::string::npos || comma < dims.size())
+      npy_fail(path, "malformed shape (" + dims + ")");
+    start = comma + 1;
+  }
+  const size_t data_at = offset + header_len;
+  if (descr == "<f4") return npy_payload<float>(path, b, data_at, shape);
+  if (descr == "<f8") return npy_payload<double>(path, b, data_at, shape);
+  throw ValueError(path + ": unsupported .npy dtype '" + descr +
+                   "'; attn reads little-endian float32 ('<f4') or float64 ('<f8')");
+}
+
+void write_npy(const std::string& path, TensorView<const float> a) { npy_write(path, a, "<f4"); }
+void write_npy(const std::string& path, TensorView<const double> a) { npy_write(path, a, "<f8"); }
+
+Safetensors read_safetensors(const std::string& path) {
+  const std::string b = read_file(path);
+  if (b.size() < 8) st_fail(path, "shorter than its 8-byte header length");
+  const uint64_t n = read_le(b, 0, 8);
+  constexpr uint64_t kMaxHeader = 100 << 20;  // as the reference implementation
+  if (n > kMaxHeader) st_fail(path, "header length " + std::to_string(n) + " exceeds 100 MiB");
+  if (n > b.size() - 8)
+    st_fail(path, "header length " + std::to_string(n) + " runs past the end of the file (" +
+                      std::to_string(b.size()) + " bytes)");
+  nlohmann::json header;
+  try {
+    header = nlohmann::json::parse(b.begin() + 8, b.begin() + 8 + static_cast<int64_t>(n));
+  } catch (const nlohmann::json::exception& e) {
+    st_fail(path, std::string("header is not JSON: ") + e.what());
+  }
+  if (!header.is_object()) st_fail(path, "header is not a JSON object");
+  const uint64_t data_size = b.size() - 8 - n;
+  const char* data = b.data() + 8 + n;
+
+  Safetensors out;
+  std::vector<std::pair<uint64_t, uint64_t>> ranges;
+  for (const auto& [name, entry] : header.items()) {
+    if (name == "__metadata__") {
+      if (!entry.is_object()) st_fail(path, "__metadata__ is not an object");
+      for (const auto& [key, value] : entry.items()) {
+        if (!value.is_string()) st_fail(path, "__metadata__ value of '" + key + "' is not a string");
+        out.metadata[key] = value.get<std::string>();
+      }
+      continue;
+    }
+    const auto bad = [&](const std::string& what) { st_fail(path, "tensor '" + name + "': " + what); };
+    if (!entry.is_object() || !entry.contains("dtype") || !entry.contains("shape") ||
+        !entry.contains("data_offsets"))
+      bad("needs dtype, shape and data_offsets");
+    if (!entry["dtype"].is_string()) bad("dtype is not a string");
+    const std::string dtype = entry["dtype"];
+    const size_t esize = dtype_size(dtype);
+    if (!esize) bad("unsupported dtype " + dtype + " (attn reads F32, F16, BF16)");
+    Shape shape;
+    if (!entry["shape"].is_array()) bad("shape is not an array");
+    for (const auto& d : entry["shape"]) {
+      if (!d.is_number_unsigned()) bad("shape has a non-integer or negative dimension");
+      const uint64_t dim = d.get<uint64_t>();
+      if (dim > static_cast<uint64_t>(INT64_MAX)) bad("dimension too large");
+      shape.push_back(static_cast<int64_t>(dim));
+    }
+    const auto& off = entry["data_offsets"];
+    if (!off.is_array() || off.size() != 2 || !off[0].is_number_unsigned() ||
+        !off[1].is_number_unsigned())
+      bad("data_offsets must be two non-negative integers");
+    const uint64_t begin = off[0], end = off[1];
+    if (begin > end || end > data_size)
+      bad("data_offsets [" + std::to_string(begin) + ", " + std::to_string(end) +
+          "] are outside the " + std::to_string(data_size) + "-byte data section");
+    const int64_t count = checked_numel(shape, esize, (path + ": tensor '" + name + "'").c_str());
+    if (end - begin != static_cast<uint64_t>(count) * esize)
+      bad("shape " + shape_str(shape) + " of " + dtype + " needs " +
+          std::to_string(count * static_cast<int64_t>(esize)) + " bytes, data_offsets give " +
+          std::to_string(end - begin));
+    ranges.emplace_back(begin, end);
+    Tensor<float> t(shape);
+    const char* src = data + begin;
+    for (int64_t i = 0; i < count; ++i) {
+      if (dtype == "F32") {
+        std::memcpy(&t[i], src + 4 * i, 4);
+      } else {
+        uint16_t h;
+        std::memcpy(&h, src + 2 * i, 2);
+        t[i] = dtype == "F16" ? fp16_to_float(h) : bf16_to_float(h);
+      }
+    }
+    out.tensors.emplace(name, std::move(t));
+  }
+  std::sort(ranges.begin(), ranges.end());
+  for (size_t i = 1; i < ranges.size(); ++i)
+    if (ranges[i].first < ranges[i - 1].second)
+      st_fail(path, "tensors overlap in the data section at byte " + std::to_string(ranges[i].first));
+  return out;
+}
+
+void write_safetensors(const std::string& path,
+                       const std::map<std::string, TensorView<const float>>& tensors,
+                       const std::map<std::string, std::string>& metadata, StorageDtype dtype) {
+  const char* dname = dtype == StorageDtype::F32 ? "F32" : dtype == StorageDtype::F16 ? "F16" : "BF16";
+  nlohmann::json header = nlohmann::json::object();
+  if (!metadata.empty()) header["__metadata__"] = metadata;
+  std::string data;
+  for (const auto& [name, view] : tensors) {
+    const Tensor<float> c = contiguous(view);
+    const uint64_t begin = data.size();
+    for (int64_t i = 0; i < c.numel(); ++i) {
+      if (dtype == StorageDtype::F32) {
+        data.append(reinterpret_cast<const char*>(&c[i]), 4);
+      } else {
+        const uint16_t h = dtype == StorageDtype::F16 ? float_to_fp16(c[i]) : float_to_bf16(c[i]);
+        data += le_bytes(h, 2);
+      }
+    }
+    header[name] = {{"dtype", dname}, {"shape", view.shape()}, {"data_offsets", {begin, data.size()}}};
+  }
+  std::string json = header.dump();
+  json.append((8 - json.size() % 8) % 8, ' ');  // align the data section to 8 bytes
+  write_file(path, le_bytes(json.size(), 8) + json, data.data(), data.size());
+}
+
+}  // namespace attn

@@ -1,0 +1,433 @@
+#include "attn/multi_head_attention.hpp"
+
+#include <cmath>
+#include <limits>
+#include <random>
+#include <set>
+
+#include "attn/attention.hpp"
+#include "attn/positional.hpp"
+#include "linear.hpp"
+
+namespace attn {
+namespace {
+
+[[noreturn]] void fail(const std::string& msg) {
+  throw ValueError("MultiHeadAttention: " + msg);
+}
+
+// Uniform in [-bound, bound) from the top 53 bits of a 64-bit Mersenne
+// twister: the same numbers on every platform (std distributions are not).
+template <class T>
+Tensor<T> uniform(Shape shape, double bound, std::mt19937_64& rng) {
+  Tensor<T> t(std::move(shape));
+  for (int64_t i = 0; i < t.numel(); ++i) {
+    const double u = static_cast<double>(rng() >> 11) * 0x1.0p-53;
+    t[i] = static_cast<T>((2 * u - 1) * bound);
+  }
+  return t;
+}
+
+// Xavier-uniform, as torch.nn.init.xavier_uniform_: bound sqrt(6 / (fan_in + fan_out)).
+template <class T>
+Tensor<T> xavier(int64_t rows, int64_t cols, std::mt19937_64& rng) {
+  return uniform<T>({rows, cols}, std::sqrt(6.0 / double(rows + cols)), rng);
+}
+
+// y (B, n, out) = x (B, n, in) Wᵀ + b. x is read in place when its rows are
+// evenly strided with unit column stride, else through a contiguous copy.
+template <class T>
+Tensor<T> project(TensorView<const T> x, const Tensor<T>& w, const Tensor<T>& b) {
+  const int64_t B = x.dim(0), n = x.dim(1), in = x.dim(2), out = w.dim(0);
+  Tensor<T> y({B, n, out});
+  Tensor<T> xc;
+  const int64_t row_stride = n == 1 ? x.stride(0) : x.stride(1);
+  const bool even = (x.stride(2) == 1 || in <= 1) &&
+                    (B == 1 || n == 1 || x.stride(0) == n * x.stride(1));
+  const TensorView<const T> rows =
+      even ? TensorView<const T>(x.data(), {B * n, in}, {row_stride, 1})
+           : TensorView<const T>((xc = contiguous(x)).data(), {B * n, in});
+  detail::linear(rows, w.data(), b.rank() ? b.data() : nullptr,
+                 TensorView<T>(y.data(), {B * n, out}));
+  return y;
+}
+
+// (B, n, H*dh) seen as (B, H, n, dh) without copying.
+template <class T>
+TensorView<T> heads_view(Tensor<T>& t, int64_t heads) {
+  const int64_t B = t.dim(0), n = t.dim(1), width = t.dim(2), dh = heads ? width / heads : 0;
+  return TensorView<T>(t.data(), {B, heads, n, dh}, {n * width, dh, width, 1});
+}
+
+// A (batch, n, width) view of an input: unbatched (n, width) gets batch 1.
+template <class T>
+TensorView<const T> batched(const TensorView<const T>& x) {
+  if (x.rank() == 3) return x;
+  Shape s{1, x.dim(0), x.dim(1)};
+  Strides st{0, x.stride(0), x.stride(1)};
+  return TensorView<const T>(x.data(), s, st);
+}
+
+// Adds a mask in PyTorch's convention (boolean true = blocked) into `sum`
+// (B, H, n_q, n_k); map[a] is the mask's stride along sum's axis a.
+template <class T>
+void add_mask(const Mask& mask, const Strides& map, Tensor<T>& sum) {
+  std::visit(
+      [&](const auto& m) {
+        using V = std::decay_t<decltype(m)>;
+        if constexpr (!std::is_same_v<V, std::monostate>) {
+          using M = std::remove_const_t<std::remove_pointer_t<decltype(m.data())>>;
+          const int64_t B = sum.dim(0), H = sum.dim(1), nq = sum.dim(2), nk = sum.dim(3);
+          for (int64_t b = 0; b < B; ++b)
+            for (int64_t h = 0; h < H; ++h)
+              for (int64_t i = 0; i < nq; ++i)
+                for (int64_t j = 0; j < nk; ++j) {
+                  const auto* p = m.data() + b * map[0] + h * map[1] + i * map[2] + j * map[3];
+                  double v;
+                  if constexpr (std::is_same_v<M, bool>) v = *p ? -INFINITY : 0.0;
+                  else v = static_cast<double>(*p);
+                  sum.at({b, h, i, j}) += static_cast<T>(v);
+                }
+        }
+      },
+      mask);
+}
+
+}  // namespace
+
+void MultiHeadAttentionConfig::validate() const {
+  if (embed_dim < 1) fail("embed_dim must be >= 1, got " + std::to_string(embed_dim));
+  if (num_heads < 1) fail("num_heads must be >= 1, got " + std::to_string(num_heads));
+  if (embed_dim % num_heads != 0)
+    fail("embed_dim (" + std::to_string(embed_dim) + ") must be divisible by num_heads (" +
+         std::to_string(num_heads) + ")");
+  if (kv_heads() < 1 || num_heads % kv_heads() != 0)
+    fail("num_kv_heads (" + std::to_string(kv_heads()) + ") must divide num_heads (" +
+         std::to_string(num_heads) + ")");
+  if (key_dim() < 1) fail("kdim must be >= 1, got " + std::to_string(key_dim()));
+  if (value_dim() < 1) fail("vdim must be >= 1, got " + std::to_string(value_dim()));
+  if (rope && head_dim() % 2 != 0)
+    fail("rope needs an even head dim, got embed_dim / num_heads = " + std::to_string(head_dim()));
+  if (!(rope_base > 0) || !std::isfinite(rope_base))
+    fail("rope_base must be a finite number > 0, got " + std::to_string(rope_base));
+}
+
+template <class T>
+MultiHeadAttention<T>::MultiHeadAttention(const MultiHeadAttentionConfig& config, uint64_t seed)
+    : config_(config) {
+  config_.validate();
+  std::mt19937_64 rng(seed);
+  const int64_t E = config_.embed_dim, kv = config_.kv_heads() * config_.head_dim();
+  if (config_.packed()) {
+    // one Xavier draw over the packed (3E, E) matrix, as PyTorch does
+    Tensor<T> w = xavier<T>(3 * E, E, rng);
+    wq_ = Tensor<T>({E, E});
+    wk_ = Tensor<T>({E, E});
+    wv_ = Tensor<T>({E, E});
+    std::copy(w.data(), w.data() + E * E, wq_.data());
+    std::copy(w.data() + E * E, w.data() + 2 * E * E, wk_.data());
+    std::copy(w.data() + 2 * E * E, w.data() + 3 * E * E, wv_.data());
+  } else {
+    wq_ = xavier<T>(E, E, rng);
+    wk_ = xavier<T>(kv, config_.key_dim(), rng);
+    wv_ = xavier<T>(kv, config_.value_dim(), rng);
+  }
+  // out_proj: nn.Linear's default, kaiming_uniform(a=sqrt(5)) = uniform(±1/sqrt(fan_in))
+  wo_ = uniform<T>({E, E}, 1.0 / std::sqrt(double(E)), rng);
+  if (config_.bias) {
+    bq_ = Tensor<T>({E});
+    bk_ = Tensor<T>({kv});
+    bv_ = Tensor<T>({kv});
+    bo_ = Tensor<T>({E});
+  }
+}
+
+template <class T>
+MhaOutput<T> MultiHeadAttention<T>::forward(TensorView<const T> query, TensorView<const T> key,
+                                            TensorView<const T> value,
+                                            const MhaForwardOptions<T>& opt) const {
+  const auto& c = config_;
+  if (key.empty_view()) key = query;
+  if (value.empty_view()) value = key;
+  const auto shapes = "query " + shape_str(query.shape()) + ", key " + shape_str(key.shape()) +
+                      ", value " + shape_str(value.shape());
+  if (query.rank() != 2 && query.rank() != 3)
+    fail("query must be (batch, n, embed_dim) or unbatched (n, embed_dim), got " +
+         shape_str(query.shape()));
+  if (key.rank() != query.rank() || value.rank() != query.rank())
+    fail("query, key and value must all be batched or all unbatched, got " + shapes);
+  if (query.dim(-1) != c.embed_dim)
+    fail("query's last axis must be embed_dim=" + std::to_string(c.embed_dim) + ", got " + shapes);
+  if (key.dim(-1) != c.key_dim())
+    fail("key's last axis must be kdim=" + std::to_string(c.key_dim()) + ", got " + shapes);
+  if (value.dim(-1) != c.value_dim())
+    fail("value's last axis must be vdim=" + std::to_string(c.value_dim()) + ", got " + shapes);
+  if (key.dim(-2) != value.dim(-2))
+    fail("key and value must have the same length (axis -2), got " + shapes);
+  const bool is_batched = query.rank() == 3;
+  if (is_batched && (key.dim(0) != query.dim(0) || value.dim(0) != query.dim(0)))
+    fail("query, key and value must have the same batch size, got " + shapes);
+
+  const auto q_in = batched(query), k_in = batched(key), v_in = batched(value);
+  const int64_t B = q_in.dim(0), n_q = q_in.dim(1), H = c.num_heads, Hkv = c.kv_heads();
+
+  Tensor<T> q = project(q_in, wq_, bq_), k = project(k_in, wk_, bk_), v = project(v_in, wv_, bv_);
+  auto qh = heads_view(q, H), kh = heads_view(k, Hkv), vh = heads_view(v, Hkv);
+
+  KVCache<T>* cache = opt.cache;
+  if (c.rope) {
+    RopeOptions ro;
+    ro.base = c.rope_base;
+    ro.interleaved = c.rope_interleaved;
+    ro.offset = cache ? cache->length() : 0;
+    apply_rope(TensorView<const T>(qh), qh, ro);
+    apply_rope(TensorView<const T>(kh), kh, ro);
+  }
+  TensorView<const T> K = kh, V = vh;
+  if (cache) {
+    cache->append(kh, vh);
+    K = cache->keys();
+    V = cache->values();
+  }
+  const int64_t n_k = K.dim(2);
+
+  // Both PyTorch masks folded into one additive mask (batch or 1, heads or 1, n_q, n_k).
+  Tensor<T> mask;
+  const bool has_attn = has_mask(opt.attn_mask), has_kpm = has_mask(opt.key_padding_mask);
+  if (has_attn || has_kpm) {
+    const bool per_head = has_attn && std::visit([](const auto& m) {
+      if constexpr (std::is_same_v<std::decay_t<decltype(m)>, std::monostate>) return false;
+      else return m.rank() == 3;
+    }, opt.attn_mask);
+    mask = Tensor<T>({(per_head || has_kpm) ? B : 1, per_head ? H : 1, n_q, n_k});
+    const auto shape_of = [](const Mask& m) {
+      return std::visit([](const auto& v) -> std::pair<Shape, Strides> {
+        if constexpr (std::is_same_v<std::decay_t<decltype(v)>, std::monostate>) return {};
+        else return {v.shape(), v.strides()};
+      }, m);
+    };
+    if (has_attn) {
+      const auto [s, st] = shape_of(opt.attn_mask);
+      Strides map(4, 0);
+      if (s.size() == 2 && s[0] == n_q && s[1] == n_k) {
+        map = {0, 0, st[0], st[1]};
+      } else if (s.size() == 3 && s[0] == B * H && s[1] == n_q && s[2] == n_k) {
+        map = {H * st[0], st[0], st[1], st[2]};
+      } else {
+        fail("attn_mask must be (n_q, n_k) = (" + std::to_string(n_q) + ", " +
+             std::to_string(n_k) + ") or (batch * num_heads, n_q, n_k) = (" +
+             std::to_string(B * H) + ", " + std::to_string(n_q) + ", " + std::to_string(n_k) +
+             "), got " + shape_str(s));
+      }
+      add_mask(opt.attn_mask, map, mask);
+    }
+    if (has_kpm) {
+      const auto [s, st] = shape_of(opt.key_padding_mask);
+      Strides map(4, 0);
+      if (is_batched && s.size() == 2 && s[0] == B && s[1] == n_k) map = {st[0], 0, 0, st[1]};
+      else if (!is_batched && s.size() == 1 && s[0] == n_k) map = {0, 0, 0, st[0]};
+      else
+        fail("key_padding_mask must be " +
+             (is_batched ? "(batch, n_k) = (" + std::to_string(B) + ", " : std::string("(")) +
+             std::to_string(n_k) + (is_batched ? ")" : ",)") + ", got " + shape_str(s));
+      add_mask(opt.key_padding_mask, map, mask);
+    }
+  }
+
+  Tensor<T> ctx({B, n_q, H * c.head_dim()});
+  Tensor<T> weights;
+  if (opt.need_weights) weights = Tensor<T>({B, H, n_q, n_k});
+  AttentionOptions ao;
+  ao.causal = opt.causal;
+  const Mask m = mask.rank() ? Mask(TensorView<const T>(mask.view())) : Mask();
+  attention(TensorView<const T>(qh), K, V, heads_view(ctx, H), ao, m,
+            opt.need_weights ? weights.view() : TensorView<T>());
+
+  MhaOutput<T> result;
+  result.out = project(TensorView<const T>(ctx.view()), wo_, bo_);
+  if (!is_batched) result.out = std::move(result.out).reshape({n_q, c.embed_dim});
+  if (opt.need_weights) {
+    if (opt.average_attn_weights) {
+      Tensor<T> avg({B, n_q, n_k});
+      for (int64_t b = 0; b < B; ++b)
+        for (int64_t h = 0; h < H; ++h)
+          for (int64_t i = 0; i < n_q * n_k; ++i)
+            avg[b * n_q * n_k + i] += weights[(b * H + h) * n_q * n_k + i] / static_cast<T>(H);
+      weights = std::move(avg);
+    }
+    if (!is_batched) {
+      Shape s(weights.shape().begin() + 1, weights.shape().end());
+      weights = std::move(weights).reshape(s);
+    }
+    result.weights = std::move(weights);
+  }
+  return result;
+}
+
+template <class T>
+std::map<std::string, Tensor<T>> MultiHeadAttention<T>::state_dict() const {
+  std::map<std::string, Tensor<T>> s;
+  const auto cat = [](std::initializer_list<const Tensor<T>*> parts, Shape shape) {
+    Tensor<T> t(std::move(shape));
+    T* p = t.data();
+    for (const auto* part : parts) p = std::copy(part->data(), part->data() + part->numel(), p);
+    return t;
+  };
+  if (config_.packed()) {
+    s["in_proj_weight"] = cat({&wq_, &wk_, &wv_}, {3 * config_.embed_dim, config_.embed_dim});
+  } else {
+    s["q_proj_weight"] = wq_;
+    s["k_proj_weight"] = wk_;
+    s["v_proj_weight"] = wv_;
+  }
+  if (config_.bias) {
+    s["in_proj_bias"] = cat({&bq_, &bk_, &bv_}, {bq_.numel() + bk_.numel() + bv_.numel()});
+    s["out_proj.bias"] = bo_;
+  }
+  s["out_proj.weight"] = wo_;
+  return s;
+}
+
+template <class T>
+void MultiHeadAttention<T>::load_state_dict(const std::map<std::string, Tensor<T>>& state) {
+  const auto expected = state_dict();  // names and shapes of this configuration
+  for (const auto& [name, t] : state)
+    if (!expected.count(name)) {
+      std::string names;
+      for (const auto& [n, e] : expected) names += (names.empty() ? "" : ", ") + n;
+      fail("load_state_dict: unexpected key '" + name + "' (expected " + names + ")");
+    }
+  for (const auto& [name, e] : expected) {
+    const auto it = state.find(name);
+    if (it == state.end()) fail("load_state_dict: missing key '" + name + "'");
+    if (it->second.shape() != e.shape())
+      fail("load_state_dict: '" + name + "' has shape " + shape_str(it->second.shape()) +
+           ", expected " + shape_str(e.shape()));
+  }
+  const auto split = [](const Tensor<T>& src, std::initializer_list<Tensor<T>*> parts) {
+    const T* p = src.data();
+    for (auto* part : parts) {
+      std::copy(p, p + part->numel(), part->data());
+      p += part->numel();
+    }
+  };
+  if (config_.packed()) {
+    split(state.at("in_proj_weight"), {&wq_, &wk_, &wv_});
+  } else {
+    wq_ = state.at("q_proj_weight");
+    wk_ = state.at("k_proj_weight");
+    wv_ = state.at("v_proj_weight");
+  }
+  if (config_.bias) {
+    split(state.at("in_proj_bias"), {&bq_, &bk_, &bv_});
+    bo_ = state.at("out_proj.bias");
+  }
+  wo_ = state.at("out_proj.weight");
+}
+
+namespace {
+
+std::map<std::string, std::string> to_metadata(const MultiHeadAttentionConfig& c) {
+  std::map<std::string, std::string> m{
+      {"format", "attn.MultiHeadAttention"},
+      {"embed_dim", std::to_string(c.embed_dim)},
+      {"num_heads", std::to_string(c.num_heads)},
+      {"kdim", std::to_string(c.key_dim())},
+      {"vdim", std::to_string(c.value_dim())},
+      {"bias", c.bias ? "true" : "false"},
+      {"rope", c.rope ? "true" : "false"},
+      {"rope_interleaved", c.rope_interleaved ? "true" : "false"},
+  };
+  char base[64];
+  std::snprintf(base, sizeof base, "%.17g", c.rope_base);
+  m["rope_base"] = base;
+  if (c.num_kv_heads) m["num_kv_heads"] = std::to_string(*c.num_kv_heads);
+  return m;
+}
+
+MultiHeadAttentionConfig from_metadata(const std::string& path,
+                                       const std::map<std::string, std::string>& m) {
+  const auto bad = [&](const std::string& what) {
+    throw ValueError(path + ": " + what);
+  };
+  const auto get_int = [&](const char* key) -> std::optional<int64_t> {
+    const auto it = m.find(key);
+    if (it == m.end()) return std::nullopt;
+    size_t used = 0;
+    int64_t v = 0;
+    try {
+      v = std::stoll(it->second, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    if (used == 0 || used != it->second.size())
+      bad("metadata '" + std::string(key) + "' is not an integer: '" + it->second + "'");
+    return v;
+  };
+  const auto get_bool = [&](const char* key, bool dflt) {
+    const auto it = m.find(key);
+    if (it == m.end()) return dflt;
+    if (it->second == "true" || it->second == "True" || it->second == "1") return true;
+    if (it->second == "false" || it->second == "False" || it->second == "0") return false;
+    bad("metadata '" + std::string(key) + "' is not a boolean: '" + it->second + "'");
+    return dflt;
+  };
+  MultiHeadAttentionConfig c;
+  const auto e = get_int("embed_dim"), h = get_int("num_heads");
+  if (!e || !h)
+    bad("no embed_dim and num_heads in the safetensors __metadata__; write the file with "
+        "MultiHeadAttention.save or tools/export_torch_mha.py");
+  c.embed_dim = *e;
+  c.num_heads = *h;
+  c.num_kv_heads = get_int("num_kv_heads");
+  const auto kd = get_int("kdim"), vd = get_int("vdim");
+  if (kd && *kd != c.embed_dim) c.kdim = kd;
+  if (vd && *vd != c.embed_dim) c.vdim = vd;
+  c.bias = get_bool("bias", true);
+  c.rope = get_bool("rope", false);
+  c.rope_interleaved = get_bool("rope_interleaved", false);
+  if (const auto it = m.find("rope_base"); it != m.end()) {
+    char* end = nullptr;
+    c.rope_base = std::strtod(it->second.c_str(), &end);
+    if (end == it->second.c_str() || *end) bad("metadata 'rope_base' is not a number");
+  }
+  return c;
+}
+
+}  // namespace
+
+template <class T>
+void MultiHeadAttention<T>::save(const std::string& path, StorageDtype dtype) const {
+  std::map<std::string, Tensor<float>> f32;
+  for (auto& [name, t] : state_dict()) {
+    Tensor<float> f(t.shape());
+    std::copy(t.data(), t.data() + t.numel(), f.data());
+    f32.emplace(name, std::move(f));
+  }
+  std::map<std::string, TensorView<const float>> views;
+  for (const auto& [name, t] : f32) views.emplace(name, t.view());
+  write_safetensors(path, views, to_metadata(config_), dtype);
+}
+
+template <class T>
+MultiHeadAttention<T> MultiHeadAttention<T>::load(const std::string& path) {
+  Safetensors file = read_safetensors(path);
+  MultiHeadAttention layer(from_metadata(path, file.metadata));
+  std::map<std::string, Tensor<T>> state;
+  for (auto& [name, t] : file.tensors) {
+    Tensor<T> c(t.shape());
+    std::copy(t.data(), t.data() + t.numel(), c.data());
+    state.emplace(name, std::move(c));
+  }
+  try {
+    layer.load_state_dict(state);
+  } catch (const ValueError& e) {
+    throw ValueError(path + ": " + e.what());
+  }
+  return layer;
+}
+
+template class MultiHeadAttention<float>;
+template class MultiHeadAttention<double>;
+
+}  // namespace attn

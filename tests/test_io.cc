@@ -1,0 +1,244 @@
+// .npy and safetensors: round trips, and every kind of corrupt file refused
+// with a clear error.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+
+#include "attn/half.hpp"
+#include "attn/io.hpp"
+#include "helpers.hpp"
+
+namespace attn {
+namespace {
+
+namespace fs = std::filesystem;
+
+struct TempDir {
+  fs::path path;
+  TempDir() {
+    path = fs::temp_directory_path() /
+           ("attn_io_test_" + std::to_string(::testing::UnitTest::GetInstance()->random_seed()) +
+            "_" + ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::create_directories(path);
+  }
+  ~TempDir() { fs::remove_all(path); }
+  std::string file(const std::string& name) const { return (path / name).string(); }
+};
+
+void write_bytes(const std::string& path, const std::string& bytes) {
+  std::ofstream(path, std::ios::binary) << bytes;
+}
+
+std::string le(uint64_t v, int n) {
+  std::string s(n, '\0');
+  for (int i = 0; i < n; ++i) s[i] = char((v >> (8 * i)) & 0xff);
+  return s;
+}
+
+// ---------------------------------------------------------------------------
+// 16-bit floats, against the compiler's _Float16 and the definition of
+// round-to-nearest-even for bfloat16.
+
+TEST(Half, Fp16ToFloatIsExactForAllValues) {
+  for (uint32_t h = 0; h < 65536; ++h) {
+    _Float16 ref;
+    const uint16_t bits = static_cast<uint16_t>(h);
+    std::memcpy(&ref, &bits, 2);
+    const float got = fp16_to_float(bits);
+    if (std::isnan(static_cast<float>(ref))) {
+      EXPECT_TRUE(std::isnan(got)) << h;
+    } else {
+      EXPECT_EQ(got, static_cast<float>(ref)) << h;
+      EXPECT_EQ(float_to_fp16(got), bits) << h;  // round trip
+    }
+  }
+}
+
+TEST(Half, FloatToFp16RoundsToNearestEven) {
+  std::mt19937 rng(40);
+  for (int i = 0; i < 200000; ++i) {
+    uint32_t bits = rng();
+    float f;
+    std::memcpy(&f, &bits, 4);
+    if (std::isnan(f)) continue;
+    // concentrate on the half range: scale the exponent down
+    int e;
+    if (i % 2) f = std::ldexp(std::frexp(f, &e), int(rng() % 50) - 30);
+    const _Float16 ref = static_cast<_Float16>(f);
+    uint16_t ref_bits;
+    std::memcpy(&ref_bits, &ref, 2);
+    ASSERT_EQ(float_to_fp16(f), ref_bits) << f;
+  }
+}
+
+TEST(Half, Bf16IsTheNearestEvenBfloat) {
+  std::mt19937 rng(41);
+  for (int i = 0; i < 200000; ++i) {
+    uint32_t bits = rng();
+    float f;
+    std::memcpy(&f, &bits, 4);
+    if (std::isnan(f) || std::isinf(f)) continue;
+    const uint16_t b = float_to_bf16(f);
+    const double got = bf16_to_float(b);
+    const double lo = bf16_to_float(static_cast<uint16_t>(bits >> 16));
+    const double hi = bf16_to_float(static_cast<uint16_t>((bits >> 16) + 1));
+    const double dlo = std::fabs(f - lo), dhi = std::fabs(f - hi);
+    if (std::isinf(hi)) continue;
+    const double expected = dlo < dhi ? lo : dhi < dlo ? hi : ((bits >> 16) & 1 ? hi : lo);
+    ASSERT_EQ(got, expected) << f;
+  }
+  EXPECT_TRUE(std::isnan(bf16_to_float(float_to_bf16(std::nanf("")))));
+}
+
+// ---------------------------------------------------------------------------
+// .npy
+
+TEST(Npy, RoundTrip) {
+  TempDir dir;
+  std::mt19937 rng(42);
+  for (const Shape& shape : {Shape{}, Shape{0}, Shape{7}, Shape{3, 4}, Shape{2, 3, 5}}) {
+    const auto a = test::random_tensor(shape, rng);
+    write_npy(dir.file("a.npy"), a.view());
+    const auto back = std::get<Tensor<double>>(read_npy(dir.file("a.npy")));
+    EXPECT_EQ(back.shape(), shape);
+    EXPECT_EQ(test::max_abs_diff(back, a), 0.0);
+    const auto f = test::cast<float>(a);
+    write_npy(dir.file("f.npy"), f.view());
+    const auto fb = std::get<Tensor<float>>(read_npy(dir.file("f.npy")));
+    EXPECT_EQ(test::max_abs_diff(fb, f), 0.0);
+  }
+}
+
+TEST(Npy, ReadsVersionsTwoAndThree) {
+  TempDir dir;
+  const std::string dict = "{'descr': '<f4', 'fortran_order': False, 'shape': (2,), }";
+  std::string pad(64 - (12 + dict.size() + 1) % 64, ' ');
+  const float data[2] = {1.5f, -2.0f};
+  for (char version : {'\x02', '\x03'}) {
+    std::string bytes = std::string("\x93NUMPY", 6) + version + '\0' +
+                        le(dict.size() + pad.size() + 1, 4) + dict + pad + "\n" +
+                        std::string(reinterpret_cast<const char*>(data), 8);
+    write_bytes(dir.file("v.npy"), bytes);
+    const auto t = std::get<Tensor<float>>(read_npy(dir.file("v.npy")));
+    EXPECT_EQ(t.shape(), Shape{2});
+    EXPECT_EQ(t[0], 1.5f);
+    EXPECT_EQ(t[1], -2.0f);
+  }
+}
+
+std::string npy_v1(const std::string& dict, const std::string& data) {
+  return std::string("\x93NUMPY\x01\x00", 8) + le(dict.size() + 1, 2) + dict + "\n" + data;
+}
+
+TEST(Npy, CorruptFilesAreClearErrors) {
+  TempDir dir;
+  const std::string f = dir.file("bad.npy");
+  const std::string ok = "{'descr': '<f4', 'fortran_order': False, 'shape': (2, 2), }";
+  const std::string data16(16, '\0');
+  struct Case {
+    std::string bytes, needle;
+  };
+  const std::vector<Case> cases = {
+      {"", "magic"},
+      {"PK\x03\x04 not numpy at all", "magic"},
+      {std::string("\x93NUMPY\x01\x00", 8), "truncated header"},
+      {std::string("\x93NUMPY\x09\x00", 8) + le(4, 2) + "{}  ", "version 9"},
+      {std::string("\x93NUMPY\x01\x00", 8) + le(5000, 2) + "{}", "runs past the end"},
+      {npy_v1(ok, data16.substr(0, 15)), "needs 16 bytes of data, the file has 15"},
+      {npy_v1(ok, data16 + "x"), "the file has 17"},
+      {npy_v1("{'descr': '<f4', 'fortran_order': True, 'shape': (2, 2), }", data16), "Fortran"},
+      {npy_v1("{'descr': '<i4', 'fortran_order': False, 'shape': (2, 2), }", data16),
+       "unsupported .npy dtype '<i4'"},
+      {npy_v1("{'descr': '>f4', 'fortran_order': False, 'shape': (2, 2), }", data16),
+       "unsupported .npy dtype '>f4'"},
+      {npy_v1("{'fortran_order': False, 'shape': (2, 2), }", data16), "no 'descr'"},
+      {npy_v1("{'descr': '<f4', 'fortran_order': False, 'shape': (2, x), }", data16),
+       "malformed shape"},
+      {npy_v1("{'descr': '<f4', 'fortran_order': False, 'shape': (-2, 2), }", data16),
+       "malformed shape"},
+      {npy_v1("{'descr': '<f4', 'fortran_order': False, 'shape': "
+              "(999999999999, 999999999999, 999999999999), }", data16),
+       "refusing to allocate"},
+  };
+  for (const auto& c : cases) {
+    write_bytes(f, c.bytes);
+    EXPECT_THROW_MSG(read_npy(f), ValueError, c.needle);
+  }
+  EXPECT_THROW_MSG(read_npy(dir.file("missing.npy")), IOError, "cannot open");
+}
+
+// ---------------------------------------------------------------------------
+// safetensors
+
+TEST(Safetensors, RoundTripInEveryDtype) {
+  TempDir dir;
+  std::mt19937 rng(43);
+  const auto w = test::cast<float>(test::random_tensor({3, 5}, rng));
+  const auto b = test::cast<float>(test::random_tensor({5}, rng));
+  const Tensor<float> empty({0, 4});
+  for (auto [dtype, tol] : {std::pair{StorageDtype::F32, 0.0}, {StorageDtype::F16, 1e-3},
+                            {StorageDtype::BF16, 8e-3}}) {
+    write_safetensors(dir.file("w.safetensors"),
+                      {{"weight", w.view()}, {"bias", b.view()}, {"empty", empty.view()}},
+                      {{"embed_dim", "5"}, {"note", "猫咬狗"}}, dtype);
+    const auto st = read_safetensors(dir.file("w.safetensors"));
+    EXPECT_EQ(st.metadata.at("embed_dim"), "5");
+    EXPECT_EQ(st.metadata.at("note"), "猫咬狗");
+    EXPECT_LE(test::max_abs_diff(st.tensors.at("weight"), w), tol);
+    EXPECT_LE(test::max_abs_diff(st.tensors.at("bias"), b), tol);
+    EXPECT_EQ(st.tensors.at("empty").shape(), (Shape{0, 4}));
+  }
+}
+
+std::string st_file(const std::string& json, const std::string& data) {
+  return le(json.size(), 8) + json + data;
+}
+
+TEST(Safetensors, CorruptFilesAreClearErrors) {
+  TempDir dir;
+  const std::string f = dir.file("bad.safetensors");
+  const std::string d8(8, '\0');
+  struct Case {
+    std::string bytes, needle;
+  };
+  const std::vector<Case> cases = {
+      {"", "shorter than its 8-byte header length"},
+      {le(1ull << 40, 8), "exceeds 100 MiB"},
+      {le(64, 8) + "{}", "runs past the end of the file"},
+      {st_file("{not json", ""), "not JSON"},
+      {st_file("[1, 2]", ""), "not a JSON object"},
+      {st_file(R"({"w": {"dtype": "F32", "shape": [2]}})", d8), "needs dtype, shape and data_offsets"},
+      {st_file(R"({"w": {"dtype": "I64", "shape": [1], "data_offsets": [0, 8]}})", d8),
+       "unsupported dtype I64"},
+      {st_file(R"({"w": {"dtype": "F32", "shape": [-2], "data_offsets": [0, 8]}})", d8),
+       "non-integer or negative dimension"},
+      {st_file(R"({"w": {"dtype": "F32", "shape": [2.5], "data_offsets": [0, 8]}})", d8),
+       "non-integer or negative dimension"},
+      {st_file(R"({"w": {"dtype": "F32", "shape": [2], "data_offsets": [0, 16]}})", d8),
+       "outside the 8-byte data section"},
+      {st_file(R"({"w": {"dtype": "F32", "shape": [2], "data_offsets": [8, 0]}})", d8),
+       "outside"},
+      {st_file(R"({"w": {"dtype": "F32", "shape": [3], "data_offsets": [0, 8]}})", d8),
+       "shape (3,) of F32 needs 12 bytes, data_offsets give 8"},
+      {st_file(R"({"w": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]},)"
+               R"( "v": {"dtype": "F32", "shape": [1], "data_offsets": [2, 6]}})", d8),
+       "overlap"},
+      {st_file(R"({"w": {"dtype": "F32", "shape": [4294967296, 4294967296, 4294967296],)"
+               R"( "data_offsets": [0, 8]}})", d8),
+       "refusing to allocate"},
+      {st_file(R"({"__metadata__": {"n": 5}})", ""), "is not a string"},
+  };
+  for (const auto& c : cases) {
+    write_bytes(f, c.bytes);
+    EXPECT_THROW_MSG(read_safetensors(f), ValueError, c.needle);
+  }
+  EXPECT_THROW_MSG(read_safetensors(dir.file("missing.safetensors")), IOError, "cannot open");
+}
+
+}  // namespace
+}  // namespace attn

@@ -1,0 +1,240 @@
+// The MultiHeadAttention layer and its KV cache. (Parity with PyTorch's
+// nn.MultiheadAttention is tested in tests/python/test_mha.py.)
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+
+#include "helpers.hpp"
+
+namespace attn {
+namespace {
+
+using test::cast;
+using test::max_abs_diff;
+using test::random_tensor;
+using test::rel_error;
+
+TEST(KVCache, AppendsChunksAndGrowsGeometrically) {
+  std::mt19937 rng(50);
+  const auto all_k = random_tensor({2, 3, 100, 4}, rng), all_v = random_tensor({2, 3, 100, 5}, rng);
+  KVCache<double> cache;
+  int reallocations = 0;
+  int64_t last_capacity = 0;
+  for (int64_t at = 0; at < 100;) {
+    const int64_t n = std::min<int64_t>(1 + at % 7, 100 - at);
+    const auto slice = [&](const Tensor<double>& t) {
+      const int64_t d = t.dim(3);
+      return TensorView<const double>(t.data() + at * d, {2, 3, n, d}, {300 * d, 100 * d, d, 1});
+    };
+    cache.append(slice(all_k), slice(all_v));
+    at += n;
+    if (cache.capacity() != last_capacity) ++reallocations, last_capacity = cache.capacity();
+  }
+  EXPECT_EQ(cache.length(), 100);
+  EXPECT_LE(reallocations, 4);  // 16, 32, 64, 128: amortised O(chunk) appends
+  EXPECT_EQ(max_abs_diff(contiguous(cache.keys()), all_k), 0.0);
+  EXPECT_EQ(max_abs_diff(contiguous(cache.values()), all_v), 0.0);
+  const Tensor<double> wrong({2, 4, 1, 4});
+  EXPECT_THROW_MSG(cache.append(wrong.view(), wrong.view()), ValueError, "the cache holds batch 2, heads 3");
+}
+
+MultiHeadAttentionConfig config(int64_t E, int64_t H) {
+  MultiHeadAttentionConfig c;
+  c.embed_dim = E;
+  c.num_heads = H;
+  return c;
+}
+
+// Feeding 37 tokens in chunks equals one causal forward over all of them.
+template <class T>
+void check_chunks(const MultiHeadAttentionConfig& c, double tol) {
+  std::mt19937 rng(51);
+  const MultiHeadAttention<T> layer(c, 7);
+  const auto x = cast<T>(random_tensor({2, 37, c.embed_dim}, rng));
+  MhaForwardOptions<T> causal;
+  causal.causal = Causal::BottomRight;
+  const auto full = layer.forward(x.view(), {}, {}, causal).out;
+  for (int64_t chunk : {1, 5, 31}) {
+    auto cache = layer.new_cache();
+    MhaForwardOptions<T> opt = causal;
+    opt.cache = &cache;
+    Tensor<T> got(full.shape());
+    for (int64_t at = 0; at < 37; at += chunk) {
+      const int64_t n = std::min<int64_t>(chunk, 37 - at);
+      const TensorView<const T> part(x.data() + at * c.embed_dim, {2, n, c.embed_dim},
+                                     {37 * c.embed_dim, c.embed_dim, 1});
+      const auto y = layer.forward(part, {}, {}, opt).out;
+      for (int64_t b = 0; b < 2; ++b)
+        std::copy(y.data() + b * n * c.embed_dim, y.data() + (b + 1) * n * c.embed_dim,
+                  got.data() + (b * 37 + at) * c.embed_dim);
+    }
+    EXPECT_EQ(cache.length(), 37);
+    EXPECT_LT(rel_error(got, full), tol) << "chunk " << chunk;
+  }
+}
+
+TEST(MultiHeadAttention, KVCacheChunksEqualTheFullCausalForward) {
+  auto c = config(32, 4);
+  check_chunks<float>(c, 1e-5);
+  check_chunks<double>(c, 1e-12);
+  c.rope = true;
+  check_chunks<float>(c, 1e-5);
+  check_chunks<double>(c, 1e-12);
+  c.num_kv_heads = 2;
+  c.rope_interleaved = true;
+  check_chunks<float>(c, 1e-5);
+}
+
+TEST(MultiHeadAttention, FloatAndDoubleLayersAgree) {
+  std::mt19937 rng(52);
+  auto c = config(24, 6);
+  c.num_kv_heads = 2;
+  c.kdim = 10;
+  c.vdim = 7;
+  const MultiHeadAttention<float> f(c, 3);
+  const MultiHeadAttention<double> d(c, 3);  // same seed: same weights up to rounding
+  const auto q = random_tensor({3, 5, 24}, rng), k = random_tensor({3, 9, 10}, rng),
+             v = random_tensor({3, 9, 7}, rng);
+  MhaForwardOptions<float> of;
+  of.need_weights = true;
+  MhaForwardOptions<double> od;
+  od.need_weights = true;
+  const auto rf = f.forward(cast<float>(q).view(), cast<float>(k).view(), cast<float>(v).view(), of);
+  const auto rd = d.forward(q.view(), k.view(), v.view(), od);
+  EXPECT_LT(rel_error(rf.out, rd.out), 1e-5);
+  EXPECT_LT(rel_error(*rf.weights, *rd.weights), 1e-5);
+  EXPECT_EQ(rd.weights->shape(), (Shape{3, 5, 9}));
+}
+
+TEST(MultiHeadAttention, UnbatchedEqualsBatchOfOne) {
+  std::mt19937 rng(53);
+  const MultiHeadAttention<double> layer(config(16, 4), 1);
+  const auto x = random_tensor({6, 16}, rng);
+  MhaForwardOptions<double> opt;
+  opt.need_weights = true;
+  opt.average_attn_weights = false;
+  const auto a = layer.forward(x.view(), {}, {}, opt);
+  const auto b = layer.forward(TensorView<const double>(x.data(), {1, 6, 16}), {}, {}, opt);
+  EXPECT_EQ(a.out.shape(), (Shape{6, 16}));
+  EXPECT_EQ(a.weights->shape(), (Shape{4, 6, 6}));
+  EXPECT_EQ(max_abs_diff(a.out, std::move(Tensor<double>(b.out)).reshape({6, 16})), 0.0);
+}
+
+TEST(MultiHeadAttention, StateDictNamesShapesAndRoundTrip) {
+  auto c = config(8, 2);
+  const MultiHeadAttention<float> packed(c);
+  auto s = packed.state_dict();
+  EXPECT_EQ(s.size(), 4u);
+  EXPECT_EQ(s.at("in_proj_weight").shape(), (Shape{24, 8}));
+  EXPECT_EQ(s.at("in_proj_bias").shape(), (Shape{24}));
+  EXPECT_EQ(s.at("out_proj.weight").shape(), (Shape{8, 8}));
+  EXPECT_EQ(s.at("out_proj.bias").shape(), (Shape{8}));
+
+  c.num_kv_heads = 1;
+  c.kdim = 5;
+  c.bias = false;
+  MultiHeadAttention<float> separate(c, 9);
+  const auto s2 = separate.state_dict();
+  EXPECT_EQ(s2.size(), 4u);
+  EXPECT_EQ(s2.at("q_proj_weight").shape(), (Shape{8, 8}));
+  EXPECT_EQ(s2.at("k_proj_weight").shape(), (Shape{4, 5}));
+  EXPECT_EQ(s2.at("v_proj_weight").shape(), (Shape{4, 8}));
+  EXPECT_FALSE(s2.count("in_proj_bias"));
+
+  MultiHeadAttention<float> other(c, 10);
+  other.load_state_dict(s2);
+  for (const auto& [name, t] : other.state_dict()) EXPECT_EQ(max_abs_diff(t, s2.at(name)), 0.0) << name;
+
+  auto missing = s2;
+  missing.erase("k_proj_weight");
+  EXPECT_THROW_MSG(other.load_state_dict(missing), ValueError, "missing key 'k_proj_weight'");
+  auto extra = s2;
+  extra.emplace("bias_k", Tensor<float>({1, 1, 8}));
+  EXPECT_THROW_MSG(other.load_state_dict(extra), ValueError, "unexpected key 'bias_k'");
+  auto wrong = s2;
+  wrong["k_proj_weight"] = Tensor<float>({5, 4});
+  EXPECT_THROW_MSG(other.load_state_dict(wrong), ValueError,
+                   "'k_proj_weight' has shape (5, 4), expected (4, 5)");
+}
+
+TEST(MultiHeadAttention, SeededXavierInitialisation) {
+  auto c = config(64, 4);
+  const auto a = MultiHeadAttention<double>(c, 1).state_dict();
+  const auto b = MultiHeadAttention<double>(c, 1).state_dict();
+  const auto d = MultiHeadAttention<double>(c, 2).state_dict();
+  const auto& w = a.at("in_proj_weight");
+  EXPECT_EQ(max_abs_diff(w, b.at("in_proj_weight")), 0.0);
+  EXPECT_GT(max_abs_diff(w, d.at("in_proj_weight")), 0.1);
+  // Xavier-uniform over (3E, E): U(-bound, bound), bound = sqrt(6 / (4E));
+  // its standard deviation is bound / sqrt(3).
+  const double bound = std::sqrt(6.0 / (4 * 64));
+  double m = 0, ss = 0;
+  for (int64_t i = 0; i < w.numel(); ++i) m = std::fmax(m, std::fabs(w[i])), ss += w[i] * w[i];
+  EXPECT_LE(m, bound);
+  EXPECT_GT(m, 0.99 * bound);
+  EXPECT_NEAR(std::sqrt(ss / w.numel()), bound / std::sqrt(3.0), 0.02 * bound);
+  for (int64_t i = 0; i < 3 * 64; ++i) EXPECT_EQ(a.at("in_proj_bias")[i], 0.0);
+}
+
+TEST(MultiHeadAttention, SaveAndLoad) {
+  const auto path = (std::filesystem::temp_directory_path() / "attn_mha_test.safetensors").string();
+  std::mt19937 rng(54);
+  auto c = config(12, 3);
+  c.num_kv_heads = 1;
+  c.vdim = 6;
+  c.rope = true;
+  c.rope_base = 500000.0;
+  c.rope_interleaved = true;
+  const MultiHeadAttention<float> layer(c, 4);
+  layer.save(path);
+  const auto loaded = MultiHeadAttention<float>::load(path);
+  EXPECT_EQ(loaded.config().num_kv_heads, std::optional<int64_t>(1));
+  EXPECT_EQ(loaded.config().value_dim(), 6);
+  EXPECT_TRUE(loaded.config().rope && loaded.config().rope_interleaved);
+  EXPECT_EQ(loaded.config().rope_base, 500000.0);
+  const auto q = cast<float>(random_tensor({2, 4, 12}, rng)), v = cast<float>(random_tensor({2, 4, 6}, rng));
+  EXPECT_EQ(max_abs_diff(layer.forward(q.view(), q.view(), v.view()).out,
+                         loaded.forward(q.view(), q.view(), v.view()).out), 0.0);
+  layer.save(path, StorageDtype::BF16);
+  const auto bf = MultiHeadAttention<float>::load(path);
+  EXPECT_LT(rel_error(bf.forward(q.view(), q.view(), v.view()).out,
+                      layer.forward(q.view(), q.view(), v.view()).out), 2e-2);
+  write_safetensors(path, {{"in_proj_weight", layer.state_dict().at("q_proj_weight").view()}});
+  EXPECT_THROW_MSG(MultiHeadAttention<float>::load(path), ValueError, "no embed_dim and num_heads");
+  write_safetensors(path, {}, {{"embed_dim", "12x"}, {"num_heads", "3"}});
+  EXPECT_THROW_MSG(MultiHeadAttention<float>::load(path), ValueError, "'embed_dim' is not an integer");
+  write_safetensors(path, {}, {{"embed_dim", "12"}, {"num_heads", "3"}});
+  EXPECT_THROW_MSG(MultiHeadAttention<float>::load(path), ValueError, "missing key");
+  std::filesystem::remove(path);
+}
+
+TEST(MultiHeadAttention, InvalidConfigurationsAndInputs) {
+  auto c = config(10, 4);
+  EXPECT_THROW_MSG(MultiHeadAttention<float>{c}, ValueError,
+                   "embed_dim (10) must be divisible by num_heads (4)");
+  c = config(12, 4);
+  c.num_kv_heads = 3;
+  EXPECT_THROW_MSG(MultiHeadAttention<float>{c}, ValueError, "num_kv_heads (3) must divide num_heads (4)");
+  c = config(12, 4);
+  c.rope = true;
+  EXPECT_THROW_MSG(MultiHeadAttention<float>{c}, ValueError, "rope needs an even head dim");
+
+  const MultiHeadAttention<float> layer(config(8, 2));
+  const Tensor<float> x({2, 5, 8}), bad({2, 5, 7}), k3({3, 5, 8});
+  EXPECT_THROW_MSG(layer.forward(bad.view()), ValueError, "query's last axis must be embed_dim=8");
+  EXPECT_THROW_MSG(layer.forward(x.view(), k3.view()), ValueError, "same batch size");
+  MhaForwardOptions<float> opt;
+  const Tensor<bool> m({5, 4});
+  opt.attn_mask = TensorView<const bool>(m.view());
+  EXPECT_THROW_MSG(layer.forward(x.view(), {}, {}, opt), ValueError,
+                   "attn_mask must be (n_q, n_k) = (5, 5) or (batch * num_heads, n_q, n_k) = (4, 5, 5), got (5, 4)");
+  opt = {};
+  const Tensor<bool> kpm({5});
+  opt.key_padding_mask = TensorView<const bool>(kpm.view());
+  EXPECT_THROW_MSG(layer.forward(x.view(), {}, {}, opt), ValueError,
+                   "key_padding_mask must be (batch, n_k) = (2, 5), got (5,)");
+}
+
+}  // namespace
+}  // namespace attn
