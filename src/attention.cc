@@ -201,7 +201,7 @@ void attention(TensorView<const float> q, TensorView<const float> k,
   if (!unit(v)) v = (vc = contiguous(v)).view();
   TensorView<float> o = out;
   if (!unit(out)) o = (oc = Tensor<float>(out.shape())).view();
-  detail::attention_f32(detail::make_problem(q, k, v, o, options, mask, weights));
+  detail::flash_forward(detail::make_problem(q, k, v, o, options, mask, weights));
   if (o.data() != out.data()) copy<float>(oc.view(), out);
 }
 

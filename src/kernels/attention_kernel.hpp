@@ -1,12 +1,15 @@
-// Internal: the float32 attention kernel, dispatched at run time to the best
-// SIMD target of this CPU (AVX-512, AVX2, NEON, SVE, ...).
+// Internal: the float32 attention kernels, each compiled for every SIMD target
+// and dispatched at run time to the best one this CPU supports.
 #pragma once
 
 #include "attention_problem.hpp"
 
 namespace attn::detail {
 
-// Requires col_stride == 1 for q, k, v and out (attention() arranges it).
-void attention_f32(const AttentionProblem<float>& p);
+// Both require col_stride == 1 for q, k, v and out (attention() arranges it).
+
+// Tiled online-softmax attention (flash style), any shape; writes weights
+// when p.weights is set.
+void flash_forward(const AttentionProblem<float>& p);
 
 }  // namespace attn::detail

@@ -1,0 +1,106 @@
+// `attn bench`: time the kernels and compare them with this machine's
+// ceilings, measured in the same process at the same thread count.
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <random>
+#include <vector>
+
+#include "attn/attn.hpp"
+#include "attn/machine.hpp"
+#include "attn/threads.hpp"
+#include "cli/commands.hpp"
+
+namespace attn::cli {
+namespace {
+
+Tensor<float> random_tensor(const Shape& shape, uint32_t seed) {
+  Tensor<float> t(shape);
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  for (int64_t i = 0; i < t.numel(); ++i) t[i] = u(rng);
+  return t;
+}
+
+// Median wall time in ms of fn(), after one warm-up call; at least 3 runs and
+// about a second of work.
+template <class Fn>
+double median_ms(Fn fn) {
+  using Clock = std::chrono::steady_clock;
+  fn();
+  std::vector<double> ms;
+  const auto start = Clock::now();
+  while (ms.size() < 3 || (ms.size() < 50 && Clock::now() - start < std::chrono::seconds(1))) {
+    const auto t0 = Clock::now();
+    fn();
+    ms.push_back(std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
+  }
+  std::nth_element(ms.begin(), ms.begin() + ms.size() / 2, ms.end());
+  return ms[ms.size() / 2];
+}
+
+}  // namespace
+
+int run_bench(const BenchArgs& a) {
+  if (a.threads > 0) set_num_threads(a.threads);
+  const int threads = num_threads();
+  const int64_t hkv = a.kv_heads > 0 ? a.kv_heads : a.heads;
+  if (a.kind == "attention") {
+    const Shape qs{a.batch, a.heads, a.n, a.head_dim}, ks{a.batch, hkv, a.n, a.head_dim};
+    const auto q = random_tensor(qs, 1), k = random_tensor(ks, 2), v = random_tensor(ks, 3);
+    Tensor<float> out(qs);
+    AttentionOptions opt;
+    if (a.causal) opt.causal = Causal::BottomRight;
+    const double ms = median_ms([&] { attention(q.view(), k.view(), v.view(), out.view(), opt); });
+    const double pairs = a.causal ? a.n * (a.n + 1) / 2.0 : double(a.n) * a.n;
+    const double flop = 4.0 * double(a.n) * a.n * a.head_dim * a.heads * a.batch;
+    const double flop_unmasked = 4.0 * pairs * a.head_dim * a.heads * a.batch;
+    const double gflops = flop / ms * 1e-6, gflops_unmasked = flop_unmasked / ms * 1e-6;
+    const double peak = measure_fma_peak_gflops(threads);
+    const double ratio = (a.causal ? gflops_unmasked : gflops) / peak;
+    if (a.json) {
+      std::printf("{\"kind\": \"attention\", \"n\": %lld, \"heads\": %lld, \"kv_heads\": %lld, "
+                  "\"head_dim\": %lld, \"batch\": %lld, \"causal\": %s, \"threads\": %d, "
+                  "\"median_ms\": %.4f, \"gflops\": %.2f, \"gflops_unmasked\": %.2f, "
+                  "\"peak_gflops\": %.2f, \"ratio_to_peak\": %.4f}\n",
+                  (long long)a.n, (long long)a.heads, (long long)hkv, (long long)a.head_dim,
+                  (long long)a.batch, a.causal ? "true" : "false", threads, ms, gflops,
+                  gflops_unmasked, peak, ratio);
+    } else {
+      std::printf("attention n=%lld heads=%lld kv_heads=%lld head_dim=%lld batch=%lld causal=%s "
+                  "threads=%d\n  median %.3f ms, %.1f GFLOP/s (4·n²·d·H)%s, FMA peak %.1f GFLOP/s "
+                  "-> %.1f%% of peak\n",
+                  (long long)a.n, (long long)a.heads, (long long)hkv, (long long)a.head_dim,
+                  (long long)a.batch, a.causal ? "yes" : "no", threads, ms, gflops,
+                  a.causal ? (", " + std::to_string(int(gflops_unmasked)) +
+                              " GFLOP/s on unmasked pairs").c_str()
+                           : "",
+                  peak, 100 * ratio);
+    }
+    return 0;
+  }
+  // decode: a few queries against a long key/value cache
+  const Shape qs{a.batch, a.heads, a.queries, a.head_dim}, ks{a.batch, hkv, a.kv_len, a.head_dim};
+  const auto q = random_tensor(qs, 1), k = random_tensor(ks, 2), v = random_tensor(ks, 3);
+  Tensor<float> out(qs);
+  const double ms = median_ms([&] { attention(q.view(), k.view(), v.view(), out.view()); });
+  const double bytes = 2.0 * k.numel() * sizeof(float);
+  const double gbps = bytes / ms * 1e-6;
+  const double peak = measure_read_bandwidth_gbps(threads);
+  if (a.json) {
+    std::printf("{\"kind\": \"decode\", \"kv_len\": %lld, \"heads\": %lld, \"kv_heads\": %lld, "
+                "\"head_dim\": %lld, \"batch\": %lld, \"queries\": %lld, \"threads\": %d, "
+                "\"median_ms\": %.4f, \"gbps\": %.2f, \"peak_gbps\": %.2f, \"ratio_to_peak\": %.4f}\n",
+                (long long)a.kv_len, (long long)a.heads, (long long)hkv, (long long)a.head_dim,
+                (long long)a.batch, (long long)a.queries, threads, ms, gbps, peak, gbps / peak);
+  } else {
+    std::printf("decode kv_len=%lld heads=%lld kv_heads=%lld head_dim=%lld batch=%lld queries=%lld "
+                "threads=%d\n  median %.3f ms, %.1f GB/s of K/V read, read bandwidth %.1f GB/s "
+                "-> %.1f%% of peak\n",
+                (long long)a.kv_len, (long long)a.heads, (long long)hkv, (long long)a.head_dim,
+                (long long)a.batch, (long long)a.queries, threads, ms, gbps, peak, 100 * gbps / peak);
+  }
+  return 0;
+}
+
+}  // namespace attn::cli

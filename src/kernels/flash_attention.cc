@@ -1,0 +1,349 @@
+// float32 attention, flash style: tiles of queries × keys with an online
+// softmax, so memory grows with n, never n².
+//
+// Per (batch, kv head, query tile) work item, for each query head sharing the
+// kv head (GQA), and each key tile in the causal/window range:
+//   S = scale · Q_tile K_tileᵀ   register-blocked: kRows query rows × kVecs
+//                                vectors of keys, K pre-packed transposed
+//                                ([tile][d][key]) so keys are contiguous lanes
+//   S → softcap, masks          only on tiles that need it
+//   m' = max(m, rowmax S); P = exp(S − m'); l = l·e^(m−m') + rowsum P;
+//   O = O·e^(m−m') + P V        register-blocked: kRows rows × kVecs vectors
+//                                of value columns, V read in place
+// and finally out = O / l (0 for a row with no allowed key).
+//
+// Arithmetic: with d = 64 a tile pair costs kBlockQ·kBlockK·d FMAs in each of
+// the two products and kBlockQ·kBlockK exps; the K tile (d·kBlockK·4 = 16 KiB)
+// and V tile (16 KiB) stay in L1/L2 while every query head of the group and
+// every row block reuse them. Tiles wholly outside the causal or window range
+// are skipped; work items start with the most expensive query tiles so the
+// causal triangle balances across threads. Items and the order of arithmetic
+// inside them do not depend on the thread count, so results are bitwise equal
+// for any number of threads.
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "kernels/flash_attention.cc"
+#include <hwy/foreach_target.h>  // IWYU pragma: keep
+#include <hwy/highway.h>
+
+#include <hwy/aligned_allocator.h>
+#include <hwy/contrib/math/math-inl.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "kernels/attention_kernel.hpp"
+#include "thread_pool.hpp"
+
+#ifndef ATTN_FLASH_ONCE
+#define ATTN_FLASH_ONCE
+namespace attn::detail {
+// Tile sizes (all targets). kBlockK must be a multiple of kVecs × lanes on
+// every target (64 = 4 × 16 for AVX-512).
+constexpr int64_t kBlockQ = 128;
+constexpr int64_t kBlockK = 64;
+
+// Grow-only aligned scratch, reused across calls (first touch of fresh pages
+// is expensive: ~10 µs per 4 KiB here).
+struct Buffer {
+  hwy::AlignedFreeUniquePtr<float[]> data;
+  size_t size = 0;
+  float* get(size_t n) {
+    if (n > size) {
+      data = hwy::AllocateAligned<float>(n);
+      if (!data) throw ValueError("attention: cannot allocate " + std::to_string(n * 4) + " bytes of scratch");
+      size = n;
+    }
+    return data.get();
+  }
+};
+}  // namespace attn::detail
+#endif
+
+HWY_BEFORE_NAMESPACE();
+namespace attn::detail {
+namespace HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+using DF = hn::ScalableTag<float>;
+using VF = hn::Vec<DF>;
+
+constexpr int kRows = 4;
+#if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
+constexpr int kVecs = 4;  // 16 accumulators of 32 registers
+#else
+constexpr int kVecs = 2;  // 8 accumulators, room left on 16-register targets
+#endif
+
+// s[r][0 .. kVecs·N) = scale · (q_r · kt[:, 0 .. kVecs·N)) for r < MR.
+// kt is a packed K tile at the wanted column offset: row c holds feature c of
+// kBlockK keys.
+template <int MR>
+HWY_INLINE void ScoreBlock(DF d, const float* const* q, int64_t D, const float* kt,
+                           float scale, float* s) {
+  const size_t N = hn::Lanes(d);
+  VF acc[MR][kVecs];
+  for (int r = 0; r < MR; ++r)
+    for (int v = 0; v < kVecs; ++v) acc[r][v] = hn::Zero(d);
+  for (int64_t c = 0; c < D; ++c) {
+    VF kv[kVecs];
+    for (int v = 0; v < kVecs; ++v) kv[v] = hn::Load(d, kt + c * kBlockK + v * N);
+    for (int r = 0; r < MR; ++r) {
+      const VF qb = hn::Set(d, q[r][c]);
+      for (int v = 0; v < kVecs; ++v) acc[r][v] = hn::MulAdd(qb, kv[v], acc[r][v]);
+    }
+  }
+  const VF sc = hn::Set(d, scale);
+  for (int r = 0; r < MR; ++r)
+    for (int v = 0; v < kVecs; ++v) hn::Store(hn::Mul(acc[r][v], sc), d, s + r * kBlockK + v * N);
+}
+
+// o[r][0 .. kVecs·N) += Σ_j p[r][j] · v_j[0 .. kVecs·N) for r < MR, j < count.
+template <int MR>
+HWY_INLINE void ValueBlock(DF d, const float* p, int64_t count, const float* v0,
+                           int64_t v_stride, float* o, int64_t o_stride) {
+  const size_t N = hn::Lanes(d);
+  VF acc[MR][kVecs];
+  for (int r = 0; r < MR; ++r)
+    for (int v = 0; v < kVecs; ++v) acc[r][v] = hn::Load(d, o + r * o_stride + v * N);
+  for (int64_t j = 0; j < count; ++j) {
+    VF vv[kVecs];
+    for (int v = 0; v < kVecs; ++v) vv[v] = hn::LoadU(d, v0 + j * v_stride + v * N);
+    for (int r = 0; r < MR; ++r) {
+      const VF pb = hn::Set(d, p[r * kBlockK + j]);
+      for (int v = 0; v < kVecs; ++v) acc[r][v] = hn::MulAdd(pb, vv[v], acc[r][v]);
+    }
+  }
+  for (int r = 0; r < MR; ++r)
+    for (int v = 0; v < kVecs; ++v) hn::Store(acc[r][v], d, o + r * o_stride + v * N);
+}
+
+// The same for the last value columns [c, d_v) that do not fill kVecs vectors:
+// one vector at a time, loads masked to the real columns.
+HWY_INLINE void ValueTail(DF d, int rows, const float* p, int64_t count, const float* v0,
+                          int64_t v_stride, int64_t c, int64_t d_v, float* o, int64_t o_stride) {
+  const size_t N = hn::Lanes(d);
+  for (; c < d_v; c += static_cast<int64_t>(N)) {
+    const auto mask = hn::FirstN(d, static_cast<size_t>(d_v - c));
+    for (int r = 0; r < rows; ++r) {
+      VF acc = hn::Load(d, o + r * o_stride + c);
+      for (int64_t j = 0; j < count; ++j)
+        acc = hn::MulAdd(hn::Set(d, p[r * kBlockK + j]), hn::MaskedLoad(mask, d, v0 + j * v_stride + c), acc);
+      hn::Store(acc, d, o + r * o_stride + c);
+    }
+  }
+}
+
+template <int MR>
+HWY_INLINE void ValueRows(DF d, const float* p, int64_t count, const float* v0, int64_t v_stride,
+                          int64_t d_v, float* o, int64_t o_stride) {
+  const int64_t W = kVecs * static_cast<int64_t>(hn::Lanes(d));
+  int64_t c = 0;
+  for (; c + W <= d_v; c += W) ValueBlock<MR>(d, p, count, v0 + c, v_stride, o + c, o_stride);
+  if (c < d_v) ValueTail(d, MR, p, count, v0, v_stride, c, d_v, o, o_stride);
+}
+
+// Everything one work item needs to see.
+struct Item {
+  const AttentionProblem<float>& p;
+  const float* kpack;  // this (batch, kv head)'s packed K tiles
+  int64_t b, hkv, i0, rows;
+};
+
+// S = masked, softcapped scores of query rows i0.. (head h) against key tile kt.
+void Scores(DF d, const Item& it, int64_t h, int64_t kt, float* s) {
+  const auto& p = it.p;
+  const int64_t j0 = kt * kBlockK, jn = std::min(kBlockK, p.n_k - j0);
+  const float* kp = it.kpack + kt * p.d * kBlockK;
+  const float* q[kRows];
+  const int64_t W = kVecs * static_cast<int64_t>(hn::Lanes(d));
+  for (int64_t r0 = 0; r0 < it.rows; r0 += kRows) {
+    const int mr = static_cast<int>(std::min<int64_t>(kRows, it.rows - r0));
+    for (int r = 0; r < mr; ++r) q[r] = p.q.row(it.b, h, it.i0 + r0 + r);
+    const float scale = static_cast<float>(p.scale);
+    for (int64_t jv = 0; jv < kBlockK; jv += W) {
+      float* sb = s + r0 * kBlockK + jv;
+      switch (mr) {
+        case 4: ScoreBlock<4>(d, q, p.d, kp + jv, scale, sb); break;
+        case 3: ScoreBlock<3>(d, q, p.d, kp + jv, scale, sb); break;
+        case 2: ScoreBlock<2>(d, q, p.d, kp + jv, scale, sb); break;
+        default: ScoreBlock<1>(d, q, p.d, kp + jv, scale, sb); break;
+      }
+    }
+  }
+  const size_t N = hn::Lanes(d);
+  if (p.softcap > 0) {
+    const VF cap = hn::Set(d, static_cast<float>(p.softcap));
+    const VF inv = hn::Set(d, static_cast<float>(1.0 / p.softcap));
+    for (int64_t e = 0; e < it.rows * kBlockK; e += static_cast<int64_t>(N))
+      hn::Store(hn::Mul(cap, hn::Tanh(d, hn::Mul(hn::Load(d, s + e), inv))), d, s + e);
+  }
+  // Causal/window ranges: only tiles not wholly inside every row's range.
+  const float ninf = -std::numeric_limits<float>::infinity();
+  const KeyRange first = allowed_keys(it.i0, p.n_q, p.n_k, p.causal, p.window);
+  const KeyRange last = allowed_keys(it.i0 + it.rows - 1, p.n_q, p.n_k, p.causal, p.window);
+  const bool inside = jn == kBlockK && j0 >= last.begin && j0 + kBlockK <= first.end;
+  for (int64_t r = 0; r < it.rows; ++r) {
+    float* sr = s + r * kBlockK;
+    if (!inside) {
+      const KeyRange kr = allowed_keys(it.i0 + r, p.n_q, p.n_k, p.causal, p.window);
+      const int64_t a = std::clamp(kr.begin - j0, int64_t{0}, jn);
+      const int64_t z = std::clamp(kr.end - j0, a, jn);
+      std::fill(sr, sr + a, ninf);
+      std::fill(sr + z, sr + kBlockK, ninf);
+    }
+    const int64_t i = it.i0 + r;
+    const auto& m = p.mask;
+    if (m.boolean) {
+      const bool* mr = m.boolean.row(it.b, h, i) + j0 * m.boolean.col_stride;
+      for (int64_t j = 0; j < jn; ++j)
+        if (!mr[j * m.boolean.col_stride]) sr[j] = ninf;
+    } else if (m.f32) {
+      const float* mr = m.f32.row(it.b, h, i) + j0 * m.f32.col_stride;
+      for (int64_t j = 0; j < jn; ++j) sr[j] += mr[j * m.f32.col_stride];
+    } else if (m.f64) {
+      const double* mr = m.f64.row(it.b, h, i) + j0 * m.f64.col_stride;
+      for (int64_t j = 0; j < jn; ++j) sr[j] += static_cast<float>(mr[j * m.f64.col_stride]);
+    }
+  }
+}
+
+// Online softmax of one row of S against running max m and sum l: turns the
+// row into P = exp(S - m') and returns the factor e^(m - m') that rescales the
+// row's accumulated output (1 when nothing changes).
+HWY_INLINE float SoftmaxStep(DF d, float* s, float& m, float& l) {
+  const size_t N = hn::Lanes(d);
+  const float ninf = -std::numeric_limits<float>::infinity();
+  VF vmax = hn::Set(d, ninf);
+  for (int64_t j = 0; j < kBlockK; j += static_cast<int64_t>(N)) vmax = hn::Max(vmax, hn::Load(d, s + j));
+  const float m_new = std::max(m, hn::GetLane(hn::MaxOfLanes(d, vmax)));
+  if (m_new == ninf) {  // nothing allowed yet
+    std::fill(s, s + kBlockK, 0.0f);
+    return 1.0f;
+  }
+  const VF vm = hn::Set(d, m_new);
+  VF sum = hn::Zero(d);
+  for (int64_t j = 0; j < kBlockK; j += static_cast<int64_t>(N)) {
+    const VF e = hn::Exp(d, hn::Sub(hn::Load(d, s + j), vm));
+    hn::Store(e, d, s + j);
+    sum = hn::Add(sum, e);
+  }
+  const float alpha = m == m_new ? 1.0f : std::exp(m - m_new);
+  l = l * alpha + hn::GetLane(hn::SumOfLanes(d, sum));
+  m = m_new;
+  return alpha;
+}
+
+thread_local Buffer tls_scores, tls_out;
+
+void ProcessItem(DF d, const Item& it) {
+  const auto& p = it.p;
+  const size_t N = hn::Lanes(d);
+  const int64_t dvp = (p.d_v + static_cast<int64_t>(N) - 1) / static_cast<int64_t>(N) * static_cast<int64_t>(N);
+  float* s = tls_scores.get(kBlockQ * kBlockK);
+  float* o = tls_out.get(static_cast<size_t>(kBlockQ * std::max<int64_t>(dvp, 1)));
+  const int64_t n_tiles = (p.n_k + kBlockK - 1) / kBlockK;
+  const KeyRange first = allowed_keys(it.i0, p.n_q, p.n_k, p.causal, p.window);
+  const KeyRange last = allowed_keys(it.i0 + it.rows - 1, p.n_q, p.n_k, p.causal, p.window);
+  const int64_t t_begin = first.begin / kBlockK;
+  const int64_t t_end = std::min(n_tiles, (last.end + kBlockK - 1) / kBlockK);
+  float m[kBlockQ], l[kBlockQ];
+  const float ninf = -std::numeric_limits<float>::infinity();
+
+  for (int64_t g = 0; g < p.group(); ++g) {
+    const int64_t h = it.hkv * p.group() + g;
+    std::fill(m, m + it.rows, ninf);
+    std::fill(l, l + it.rows, 0.0f);
+    std::fill(o, o + it.rows * dvp, 0.0f);
+    for (int64_t kt = t_begin; kt < t_end; ++kt) {
+      Scores(d, it, h, kt, s);
+      for (int64_t r = 0; r < it.rows; ++r) {
+        const float alpha = SoftmaxStep(d, s + r * kBlockK, m[r], l[r]);
+        if (alpha != 1.0f) {
+          const VF a = hn::Set(d, alpha);
+          for (int64_t c = 0; c < dvp; c += static_cast<int64_t>(N))
+            hn::Store(hn::Mul(hn::Load(d, o + r * dvp + c), a), d, o + r * dvp + c);
+        }
+      }
+      const int64_t j0 = kt * kBlockK, jn = std::min(kBlockK, p.n_k - j0);
+      const float* v0 = p.v.row(it.b, it.hkv, j0);
+      for (int64_t r0 = 0; r0 < it.rows; r0 += kRows) {
+        const float* pr = s + r0 * kBlockK;
+        float* orow = o + r0 * dvp;
+        switch (std::min<int64_t>(kRows, it.rows - r0)) {
+          case 4: ValueRows<4>(d, pr, jn, v0, p.v.row_stride, p.d_v, orow, dvp); break;
+          case 3: ValueRows<3>(d, pr, jn, v0, p.v.row_stride, p.d_v, orow, dvp); break;
+          case 2: ValueRows<2>(d, pr, jn, v0, p.v.row_stride, p.d_v, orow, dvp); break;
+          default: ValueRows<1>(d, pr, jn, v0, p.v.row_stride, p.d_v, orow, dvp); break;
+        }
+      }
+    }
+    for (int64_t r = 0; r < it.rows; ++r) {
+      float* out = p.out.row(it.b, h, it.i0 + r);
+      const float inv = l[r] > 0 ? 1.0f / l[r] : 0.0f;
+      for (int64_t c = 0; c < p.d_v; ++c) out[c] = o[r * dvp + c] * inv;
+    }
+    if (!p.weights) continue;
+    // Weights: a second sweep now that each row's max and sum are final.
+    for (int64_t r = 0; r < it.rows; ++r) {
+      float* w = p.weights.row(it.b, h, it.i0 + r);
+      for (int64_t j = 0; j < p.n_k; ++j) w[j * p.weights.col_stride] = 0.0f;
+    }
+    for (int64_t kt = t_begin; kt < t_end; ++kt) {
+      Scores(d, it, h, kt, s);
+      const int64_t j0 = kt * kBlockK, jn = std::min(kBlockK, p.n_k - j0);
+      for (int64_t r = 0; r < it.rows; ++r) {
+        if (!(l[r] > 0)) continue;
+        float* w = p.weights.row(it.b, h, it.i0 + r);
+        const float inv = 1.0f / l[r];
+        for (int64_t j = 0; j < jn; ++j)
+          w[(j0 + j) * p.weights.col_stride] = std::exp(s[r * kBlockK + j] - m[r]) * inv;
+      }
+    }
+  }
+}
+
+// K tile kt of (b, hkv), transposed: dst[c * kBlockK + j] = k[j0 + j][c]; keys
+// past n_k are zero (their scores are masked anyway).
+void PackK(const AttentionProblem<float>& p, int64_t b, int64_t hkv, int64_t kt, float* dst) {
+  const int64_t j0 = kt * kBlockK, jn = std::min(kBlockK, p.n_k - j0);
+  for (int64_t j = 0; j < jn; ++j) {
+    const float* k = p.k.row(b, hkv, j0 + j);
+    for (int64_t c = 0; c < p.d; ++c) dst[c * kBlockK + j] = k[c];
+  }
+  for (int64_t c = 0; c < p.d; ++c) std::fill(dst + c * kBlockK + jn, dst + (c + 1) * kBlockK, 0.0f);
+}
+
+thread_local Buffer tls_kpack;
+
+void FlashForward(const AttentionProblem<float>& p) {
+  const DF d;
+  const int64_t n_tiles = (p.n_k + kBlockK - 1) / kBlockK;
+  const int64_t head_pack = n_tiles * p.d * kBlockK;
+  const int64_t heads = p.batch * p.heads_kv;
+  float* kpack = tls_kpack.get(static_cast<size_t>(std::max<int64_t>(heads * head_pack, 1)));
+  parallel_for(heads * n_tiles, [&](int64_t item) {
+    const int64_t bh = item / n_tiles, kt = item % n_tiles;
+    PackK(p, bh / p.heads_kv, bh % p.heads_kv, kt, kpack + bh * head_pack + kt * p.d * kBlockK);
+  });
+  // The most expensive (last, under causal masking) query tiles go first.
+  const int64_t n_qt = (p.n_q + kBlockQ - 1) / kBlockQ;
+  parallel_for(heads * n_qt, [&](int64_t item) {
+    const int64_t qt = n_qt - 1 - item / heads, bh = item % heads;
+    const int64_t i0 = qt * kBlockQ;
+    const Item it{p, kpack + bh * head_pack, bh / p.heads_kv, bh % p.heads_kv, i0,
+                  std::min(kBlockQ, p.n_q - i0)};
+    ProcessItem(d, it);
+  });
+}
+
+}  // namespace HWY_NAMESPACE
+}  // namespace attn::detail
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+namespace attn::detail {
+HWY_EXPORT(FlashForward);
+
+void flash_forward(const AttentionProblem<float>& p) { HWY_DYNAMIC_DISPATCH(FlashForward)(p); }
+}  // namespace attn::detail
+#endif
