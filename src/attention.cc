@@ -201,7 +201,11 @@ void attention(TensorView<const float> q, TensorView<const float> k,
   if (!unit(v)) v = (vc = contiguous(v)).view();
   TensorView<float> o = out;
   if (!unit(out)) o = (oc = Tensor<float>(out.shape())).view();
-  detail::flash_forward(detail::make_problem(q, k, v, o, options, mask, weights));
+  const auto p = detail::make_problem(q, k, v, o, options, mask, weights);
+  if (detail::use_decode(p))
+    detail::decode_forward(p);
+  else
+    detail::flash_forward(p);
   if (o.data() != out.data()) copy<float>(oc.view(), out);
 }
 

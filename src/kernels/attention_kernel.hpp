@@ -12,4 +12,12 @@ namespace attn::detail {
 // when p.weights is set.
 void flash_forward(const AttentionProblem<float>& p);
 
+// A few queries against a long key/value cache: keys split into fixed chunks
+// processed in parallel, partial softmax results merged exactly. No weights.
+void decode_forward(const AttentionProblem<float>& p);
+
+// Whether decode_forward is the better kernel for p (n_q <= 8, n_k beyond
+// one chunk, no weights asked for).
+bool use_decode(const AttentionProblem<float>& p);
+
 }  // namespace attn::detail

@@ -42,6 +42,10 @@ namespace attn::detail {
 // every target (64 = 4 × 16 for AVX-512).
 constexpr int64_t kBlockQ = 128;
 constexpr int64_t kBlockK = 64;
+// Decode (few queries, long cache): keys are split into chunks of this many,
+// processed in parallel and merged exactly; fixed, so results do not depend
+// on the thread count.
+constexpr int64_t kDecodeChunk = 512;
 
 // Grow-only aligned scratch, reused across calls (first touch of fresh pages
 // is expensive: ~10 µs per 4 KiB here).
@@ -97,10 +101,11 @@ HWY_INLINE void ScoreBlock(DF d, const float* const* q, int64_t D, const float* 
     for (int v = 0; v < kVecs; ++v) hn::Store(hn::Mul(acc[r][v], sc), d, s + r * kBlockK + v * N);
 }
 
-// o[r][0 .. kVecs·N) += Σ_j p[r][j] · v_j[0 .. kVecs·N) for r < MR, j < count.
+// o[r][0 .. kVecs·N) += Σ_j p[r][j] · v_j[0 .. kVecs·N) for r < MR, j < count
+// (row r of p starts at p + r · p_stride).
 template <int MR>
-HWY_INLINE void ValueBlock(DF d, const float* p, int64_t count, const float* v0,
-                           int64_t v_stride, float* o, int64_t o_stride) {
+HWY_INLINE void ValueBlock(DF d, const float* p, int64_t p_stride, int64_t count,
+                           const float* v0, int64_t v_stride, float* o, int64_t o_stride) {
   const size_t N = hn::Lanes(d);
   VF acc[MR][kVecs];
   for (int r = 0; r < MR; ++r)
@@ -109,7 +114,7 @@ HWY_INLINE void ValueBlock(DF d, const float* p, int64_t count, const float* v0,
     VF vv[kVecs];
     for (int v = 0; v < kVecs; ++v) vv[v] = hn::LoadU(d, v0 + j * v_stride + v * N);
     for (int r = 0; r < MR; ++r) {
-      const VF pb = hn::Set(d, p[r * kBlockK + j]);
+      const VF pb = hn::Set(d, p[r * p_stride + j]);
       for (int v = 0; v < kVecs; ++v) acc[r][v] = hn::MulAdd(pb, vv[v], acc[r][v]);
     }
   }
@@ -117,29 +122,88 @@ HWY_INLINE void ValueBlock(DF d, const float* p, int64_t count, const float* v0,
     for (int v = 0; v < kVecs; ++v) hn::Store(acc[r][v], d, o + r * o_stride + v * N);
 }
 
+// The first n < lanes floats at p, zero-padded. (MaskedLoad would do, but on
+// some targets it reads the whole vector, past the end of the array.)
+HWY_INLINE VF LoadTail(DF d, const float* p, int64_t n) {
+  alignas(HWY_MAX_BYTES) float buf[HWY_MAX_BYTES / sizeof(float)] = {};
+  std::copy(p, p + n, buf);
+  return hn::Load(d, buf);
+}
+
 // The same for the last value columns [c, d_v) that do not fill kVecs vectors:
 // one vector at a time, loads masked to the real columns.
-HWY_INLINE void ValueTail(DF d, int rows, const float* p, int64_t count, const float* v0,
-                          int64_t v_stride, int64_t c, int64_t d_v, float* o, int64_t o_stride) {
+HWY_INLINE void ValueTail(DF d, int rows, const float* p, int64_t p_stride, int64_t count,
+                          const float* v0, int64_t v_stride, int64_t c, int64_t d_v, float* o,
+                          int64_t o_stride) {
   const size_t N = hn::Lanes(d);
   for (; c < d_v; c += static_cast<int64_t>(N)) {
-    const auto mask = hn::FirstN(d, static_cast<size_t>(d_v - c));
+    const int64_t n = std::min<int64_t>(static_cast<int64_t>(N), d_v - c);
     for (int r = 0; r < rows; ++r) {
       VF acc = hn::Load(d, o + r * o_stride + c);
       for (int64_t j = 0; j < count; ++j)
-        acc = hn::MulAdd(hn::Set(d, p[r * kBlockK + j]), hn::MaskedLoad(mask, d, v0 + j * v_stride + c), acc);
+        acc = hn::MulAdd(hn::Set(d, p[r * p_stride + j]), LoadTail(d, v0 + j * v_stride + c, n), acc);
       hn::Store(acc, d, o + r * o_stride + c);
     }
   }
 }
 
 template <int MR>
-HWY_INLINE void ValueRows(DF d, const float* p, int64_t count, const float* v0, int64_t v_stride,
-                          int64_t d_v, float* o, int64_t o_stride) {
+HWY_INLINE void ValueRows(DF d, const float* p, int64_t p_stride, int64_t count, const float* v0,
+                          int64_t v_stride, int64_t d_v, float* o, int64_t o_stride) {
   const int64_t W = kVecs * static_cast<int64_t>(hn::Lanes(d));
   int64_t c = 0;
-  for (; c + W <= d_v; c += W) ValueBlock<MR>(d, p, count, v0 + c, v_stride, o + c, o_stride);
-  if (c < d_v) ValueTail(d, MR, p, count, v0, v_stride, c, d_v, o, o_stride);
+  for (; c + W <= d_v; c += W)
+    ValueBlock<MR>(d, p, p_stride, count, v0 + c, v_stride, o + c, o_stride);
+  if (c < d_v) ValueTail(d, MR, p, p_stride, count, v0, v_stride, c, d_v, o, o_stride);
+}
+
+// O (rows × o_stride) += P (rows × count, row stride p_stride) · V rows.
+void AccumulateValues(DF d, int64_t rows, const float* p, int64_t p_stride, int64_t count,
+                      const float* v0, int64_t v_stride, int64_t d_v, float* o, int64_t o_stride) {
+  for (int64_t r0 = 0; r0 < rows; r0 += kRows) {
+    const float* pr = p + r0 * p_stride;
+    float* orow = o + r0 * o_stride;
+    switch (std::min<int64_t>(kRows, rows - r0)) {
+      case 4: ValueRows<4>(d, pr, p_stride, count, v0, v_stride, d_v, orow, o_stride); break;
+      case 3: ValueRows<3>(d, pr, p_stride, count, v0, v_stride, d_v, orow, o_stride); break;
+      case 2: ValueRows<2>(d, pr, p_stride, count, v0, v_stride, d_v, orow, o_stride); break;
+      default: ValueRows<1>(d, pr, p_stride, count, v0, v_stride, d_v, orow, o_stride); break;
+    }
+  }
+}
+
+// Masks keys j0 .. j0 + count of query row i (head h) in s: -inf outside the
+// causal/window range (when check_range), then the explicit mask.
+void MaskRow(const AttentionProblem<float>& p, int64_t b, int64_t h, int64_t i, int64_t j0,
+             int64_t count, bool check_range, float* s) {
+  const float ninf = -std::numeric_limits<float>::infinity();
+  if (check_range) {
+    const KeyRange kr = allowed_keys(i, p.n_q, p.n_k, p.causal, p.window);
+    const int64_t a = std::clamp(kr.begin - j0, int64_t{0}, count);
+    const int64_t z = std::clamp(kr.end - j0, a, count);
+    std::fill(s, s + a, ninf);
+    std::fill(s + z, s + count, ninf);
+  }
+  const auto& m = p.mask;
+  if (m.boolean) {
+    const bool* mr = m.boolean.row(b, h, i) + j0 * m.boolean.col_stride;
+    for (int64_t j = 0; j < count; ++j)
+      if (!mr[j * m.boolean.col_stride]) s[j] = ninf;
+  } else if (m.f32) {
+    const float* mr = m.f32.row(b, h, i) + j0 * m.f32.col_stride;
+    for (int64_t j = 0; j < count; ++j) s[j] += mr[j * m.f32.col_stride];
+  } else if (m.f64) {
+    const double* mr = m.f64.row(b, h, i) + j0 * m.f64.col_stride;
+    for (int64_t j = 0; j < count; ++j) s[j] += static_cast<float>(mr[j * m.f64.col_stride]);
+  }
+}
+
+// softcap · tanh(s / softcap) over n entries (n a multiple of the lanes).
+void Softcap(DF d, double softcap, float* s, int64_t n) {
+  const VF cap = hn::Set(d, static_cast<float>(softcap));
+  const VF inv = hn::Set(d, static_cast<float>(1.0 / softcap));
+  for (int64_t e = 0; e < n; e += static_cast<int64_t>(hn::Lanes(d)))
+    hn::Store(hn::Mul(cap, hn::Tanh(d, hn::Mul(hn::Load(d, s + e), inv))), d, s + e);
 }
 
 // Everything one work item needs to see.
@@ -170,13 +234,7 @@ void Scores(DF d, const Item& it, int64_t h, int64_t kt, float* s) {
       }
     }
   }
-  const size_t N = hn::Lanes(d);
-  if (p.softcap > 0) {
-    const VF cap = hn::Set(d, static_cast<float>(p.softcap));
-    const VF inv = hn::Set(d, static_cast<float>(1.0 / p.softcap));
-    for (int64_t e = 0; e < it.rows * kBlockK; e += static_cast<int64_t>(N))
-      hn::Store(hn::Mul(cap, hn::Tanh(d, hn::Mul(hn::Load(d, s + e), inv))), d, s + e);
-  }
+  if (p.softcap > 0) Softcap(d, p.softcap, s, it.rows * kBlockK);
   // Causal/window ranges: only tiles not wholly inside every row's range.
   const float ninf = -std::numeric_limits<float>::infinity();
   const KeyRange first = allowed_keys(it.i0, p.n_q, p.n_k, p.causal, p.window);
@@ -184,45 +242,28 @@ void Scores(DF d, const Item& it, int64_t h, int64_t kt, float* s) {
   const bool inside = jn == kBlockK && j0 >= last.begin && j0 + kBlockK <= first.end;
   for (int64_t r = 0; r < it.rows; ++r) {
     float* sr = s + r * kBlockK;
-    if (!inside) {
-      const KeyRange kr = allowed_keys(it.i0 + r, p.n_q, p.n_k, p.causal, p.window);
-      const int64_t a = std::clamp(kr.begin - j0, int64_t{0}, jn);
-      const int64_t z = std::clamp(kr.end - j0, a, jn);
-      std::fill(sr, sr + a, ninf);
-      std::fill(sr + z, sr + kBlockK, ninf);
-    }
-    const int64_t i = it.i0 + r;
-    const auto& m = p.mask;
-    if (m.boolean) {
-      const bool* mr = m.boolean.row(it.b, h, i) + j0 * m.boolean.col_stride;
-      for (int64_t j = 0; j < jn; ++j)
-        if (!mr[j * m.boolean.col_stride]) sr[j] = ninf;
-    } else if (m.f32) {
-      const float* mr = m.f32.row(it.b, h, i) + j0 * m.f32.col_stride;
-      for (int64_t j = 0; j < jn; ++j) sr[j] += mr[j * m.f32.col_stride];
-    } else if (m.f64) {
-      const double* mr = m.f64.row(it.b, h, i) + j0 * m.f64.col_stride;
-      for (int64_t j = 0; j < jn; ++j) sr[j] += static_cast<float>(mr[j * m.f64.col_stride]);
-    }
+    std::fill(sr + jn, sr + kBlockK, ninf);  // keys past n_k
+    if (!inside || p.mask.present()) MaskRow(p, it.b, h, it.i0 + r, j0, jn, !inside, sr);
   }
 }
 
 // Online softmax of one row of S against running max m and sum l: turns the
 // row into P = exp(S - m') and returns the factor e^(m - m') that rescales the
 // row's accumulated output (1 when nothing changes).
-HWY_INLINE float SoftmaxStep(DF d, float* s, float& m, float& l) {
+// n is a multiple of the lanes.
+HWY_INLINE float SoftmaxStep(DF d, float* s, int64_t n, float& m, float& l) {
   const size_t N = hn::Lanes(d);
   const float ninf = -std::numeric_limits<float>::infinity();
   VF vmax = hn::Set(d, ninf);
-  for (int64_t j = 0; j < kBlockK; j += static_cast<int64_t>(N)) vmax = hn::Max(vmax, hn::Load(d, s + j));
+  for (int64_t j = 0; j < n; j += static_cast<int64_t>(N)) vmax = hn::Max(vmax, hn::Load(d, s + j));
   const float m_new = std::max(m, hn::GetLane(hn::MaxOfLanes(d, vmax)));
   if (m_new == ninf) {  // nothing allowed yet
-    std::fill(s, s + kBlockK, 0.0f);
+    std::fill(s, s + n, 0.0f);
     return 1.0f;
   }
   const VF vm = hn::Set(d, m_new);
   VF sum = hn::Zero(d);
-  for (int64_t j = 0; j < kBlockK; j += static_cast<int64_t>(N)) {
+  for (int64_t j = 0; j < n; j += static_cast<int64_t>(N)) {
     const VF e = hn::Exp(d, hn::Sub(hn::Load(d, s + j), vm));
     hn::Store(e, d, s + j);
     sum = hn::Add(sum, e);
@@ -257,7 +298,7 @@ void ProcessItem(DF d, const Item& it) {
     for (int64_t kt = t_begin; kt < t_end; ++kt) {
       Scores(d, it, h, kt, s);
       for (int64_t r = 0; r < it.rows; ++r) {
-        const float alpha = SoftmaxStep(d, s + r * kBlockK, m[r], l[r]);
+        const float alpha = SoftmaxStep(d, s + r * kBlockK, kBlockK, m[r], l[r]);
         if (alpha != 1.0f) {
           const VF a = hn::Set(d, alpha);
           for (int64_t c = 0; c < dvp; c += static_cast<int64_t>(N))
@@ -265,17 +306,8 @@ void ProcessItem(DF d, const Item& it) {
         }
       }
       const int64_t j0 = kt * kBlockK, jn = std::min(kBlockK, p.n_k - j0);
-      const float* v0 = p.v.row(it.b, it.hkv, j0);
-      for (int64_t r0 = 0; r0 < it.rows; r0 += kRows) {
-        const float* pr = s + r0 * kBlockK;
-        float* orow = o + r0 * dvp;
-        switch (std::min<int64_t>(kRows, it.rows - r0)) {
-          case 4: ValueRows<4>(d, pr, jn, v0, p.v.row_stride, p.d_v, orow, dvp); break;
-          case 3: ValueRows<3>(d, pr, jn, v0, p.v.row_stride, p.d_v, orow, dvp); break;
-          case 2: ValueRows<2>(d, pr, jn, v0, p.v.row_stride, p.d_v, orow, dvp); break;
-          default: ValueRows<1>(d, pr, jn, v0, p.v.row_stride, p.d_v, orow, dvp); break;
-        }
-      }
+      AccumulateValues(d, it.rows, s, kBlockK, jn, p.v.row(it.b, it.hkv, j0), p.v.row_stride,
+                       p.d_v, o, dvp);
     }
     for (int64_t r = 0; r < it.rows; ++r) {
       float* out = p.out.row(it.b, h, it.i0 + r);
@@ -336,6 +368,121 @@ void FlashForward(const AttentionProblem<float>& p) {
   });
 }
 
+
+// ---------------------------------------------------------------------------
+// Decode: a few query rows against a long key/value cache (flash-decoding).
+// Each (batch, kv head, key chunk) item reads its K and V rows once, in place,
+// for every query row of the group, and leaves a partial result (row max m,
+// sum l, unnormalised output); a merge per (batch, kv head) combines the
+// chunks in order: M = max m_c, out = Σ e^(m_c − M) O_c / Σ e^(m_c − M) l_c.
+
+// s[r · s_stride] = scale · q_r · k for r < MR.
+template <int MR>
+HWY_INLINE void DotRows(DF d, const float* const* q, const float* k, int64_t D, float scale,
+                        float* s, int64_t s_stride) {
+  const size_t N = hn::Lanes(d);
+  VF acc[MR];
+  for (int r = 0; r < MR; ++r) acc[r] = hn::Zero(d);
+  int64_t c = 0;
+  for (; c + static_cast<int64_t>(N) <= D; c += static_cast<int64_t>(N)) {
+    const VF kv = hn::LoadU(d, k + c);
+    for (int r = 0; r < MR; ++r) acc[r] = hn::MulAdd(hn::LoadU(d, q[r] + c), kv, acc[r]);
+  }
+  if (c < D) {
+    const VF kv = LoadTail(d, k + c, D - c);
+    for (int r = 0; r < MR; ++r) acc[r] = hn::MulAdd(LoadTail(d, q[r] + c, D - c), kv, acc[r]);
+  }
+  for (int r = 0; r < MR; ++r) s[r * s_stride] = hn::GetLane(hn::SumOfLanes(d, acc[r])) * scale;
+}
+
+thread_local Buffer tls_decode_scores;
+
+// Partial result of one chunk for R rows: O[R][dvp] (aligned), then m[R], l[R].
+void DecodeChunk(DF d, const AttentionProblem<float>& p, int64_t b, int64_t hkv, int64_t chunk,
+                 int64_t dvp, float* part) {
+  const int64_t R = p.group() * p.n_q;
+  float* o = part;
+  float* m = part + R * dvp;
+  float* l = m + R;
+  const float ninf = -std::numeric_limits<float>::infinity();
+  std::fill(m, m + R, ninf);
+  std::fill(l, l + R, 0.0f);
+  std::fill(o, o + R * dvp, 0.0f);
+  const int64_t j0 = chunk * kDecodeChunk, jn = std::min(kDecodeChunk, p.n_k - j0);
+  // The chunk's place in the rows' causal/window ranges (monotone in the row).
+  const KeyRange first = allowed_keys(0, p.n_q, p.n_k, p.causal, p.window);
+  const KeyRange last = allowed_keys(p.n_q - 1, p.n_q, p.n_k, p.causal, p.window);
+  if (j0 >= last.end || j0 + jn <= first.begin) return;
+  const bool inside = j0 >= last.begin && j0 + jn <= first.end;
+
+  float* s = tls_decode_scores.get(static_cast<size_t>(R * kDecodeChunk));
+  const float* q[kRows];
+  const auto row_head = [&](int64_t r) { return hkv * p.group() + r / p.n_q; };
+  for (int64_t j = 0; j < jn; ++j) {
+    const float* k = p.k.row(b, hkv, j0 + j);
+    for (int64_t r0 = 0; r0 < R; r0 += kRows) {
+      const int mr = static_cast<int>(std::min<int64_t>(kRows, R - r0));
+      for (int r = 0; r < mr; ++r) q[r] = p.q.row(b, row_head(r0 + r), (r0 + r) % p.n_q);
+      float* sj = s + r0 * kDecodeChunk + j;
+      const float scale = static_cast<float>(p.scale);
+      switch (mr) {
+        case 4: DotRows<4>(d, q, k, p.d, scale, sj, kDecodeChunk); break;
+        case 3: DotRows<3>(d, q, k, p.d, scale, sj, kDecodeChunk); break;
+        case 2: DotRows<2>(d, q, k, p.d, scale, sj, kDecodeChunk); break;
+        default: DotRows<1>(d, q, k, p.d, scale, sj, kDecodeChunk); break;
+      }
+    }
+  }
+  if (p.softcap > 0) Softcap(d, p.softcap, s, R * kDecodeChunk);
+  for (int64_t r = 0; r < R; ++r) {
+    float* sr = s + r * kDecodeChunk;
+    std::fill(sr + jn, sr + kDecodeChunk, ninf);
+    if (!inside || p.mask.present())
+      MaskRow(p, b, row_head(r), r % p.n_q, j0, jn, !inside, sr);
+    SoftmaxStep(d, sr, kDecodeChunk, m[r], l[r]);
+  }
+  AccumulateValues(d, R, s, kDecodeChunk, jn, p.v.row(b, hkv, j0), p.v.row_stride, p.d_v, o, dvp);
+}
+
+thread_local Buffer tls_partials;
+
+void DecodeForward(const AttentionProblem<float>& p) {
+  const DF d;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(d));
+  const int64_t dvp = (p.d_v + N - 1) / N * N;
+  const int64_t R = p.group() * p.n_q;
+  const int64_t chunks = (p.n_k + kDecodeChunk - 1) / kDecodeChunk;
+  const int64_t heads = p.batch * p.heads_kv;
+  const int64_t part_size = (R * (dvp + 2) + N - 1) / N * N;  // keeps each O aligned
+  float* parts = tls_partials.get(static_cast<size_t>(std::max<int64_t>(heads * chunks * part_size, 1)));
+  parallel_for(heads * chunks, [&](int64_t item) {
+    const int64_t bh = item / chunks;
+    DecodeChunk(d, p, bh / p.heads_kv, bh % p.heads_kv, item % chunks, dvp, parts + item * part_size);
+  });
+  parallel_for(heads, [&](int64_t bh) {
+    const int64_t b = bh / p.heads_kv, hkv = bh % p.heads_kv;
+    const float* first = parts + bh * chunks * part_size;
+    for (int64_t r = 0; r < R; ++r) {
+      float mx = -std::numeric_limits<float>::infinity();
+      for (int64_t c = 0; c < chunks; ++c) mx = std::max(mx, first[c * part_size + R * dvp + r]);
+      float* out = p.out.row(b, hkv * p.group() + r / p.n_q, r % p.n_q);
+      std::fill(out, out + p.d_v, 0.0f);
+      if (mx == -std::numeric_limits<float>::infinity()) continue;  // no allowed key
+      float l = 0;
+      for (int64_t c = 0; c < chunks; ++c) {
+        const float* part = first + c * part_size;
+        const float m_c = part[R * dvp + r], l_c = part[R * dvp + R + r];
+        if (l_c == 0) continue;
+        const float w = std::exp(m_c - mx);
+        l += w * l_c;
+        const float* o = part + r * dvp;
+        for (int64_t col = 0; col < p.d_v; ++col) out[col] += w * o[col];
+      }
+      for (int64_t col = 0; col < p.d_v; ++col) out[col] /= l;
+    }
+  });
+}
+
 }  // namespace HWY_NAMESPACE
 }  // namespace attn::detail
 HWY_AFTER_NAMESPACE();
@@ -343,7 +490,12 @@ HWY_AFTER_NAMESPACE();
 #if HWY_ONCE
 namespace attn::detail {
 HWY_EXPORT(FlashForward);
+HWY_EXPORT(DecodeForward);
 
 void flash_forward(const AttentionProblem<float>& p) { HWY_DYNAMIC_DISPATCH(FlashForward)(p); }
+void decode_forward(const AttentionProblem<float>& p) { HWY_DYNAMIC_DISPATCH(DecodeForward)(p); }
+bool use_decode(const AttentionProblem<float>& p) {
+  return !p.weights && p.n_q <= 8 && p.n_k > kDecodeChunk;
+}
 }  // namespace attn::detail
 #endif

@@ -1,0 +1,140 @@
+// The float32 kernels (flash and decode) against the double reference, on
+// shapes that force every tile case, for every SIMD target this CPU can run
+// (forced one at a time), and at several thread counts.
+#include <gtest/gtest.h>
+
+#include <hwy/targets.h>
+
+#include <cstring>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "attn/threads.hpp"
+#include "helpers.hpp"
+
+namespace attn {
+namespace {
+
+using test::cast;
+using test::random_tensor;
+using test::rel_error;
+
+struct KernelCase {
+  int64_t batch, hq, hkv, n_q, n_k, d, d_v;
+  Causal causal;
+  Window window;
+  double softcap;
+  int mask;  // 0 none, 1 bool (n_q, n_k), 2 float (hq, 1, n_k)
+};
+
+std::string describe(const KernelCase& c) {
+  return "b=" + std::to_string(c.batch) + " hq=" + std::to_string(c.hq) + " hkv=" +
+         std::to_string(c.hkv) + " n_q=" + std::to_string(c.n_q) + " n_k=" +
+         std::to_string(c.n_k) + " d=" + std::to_string(c.d) + " d_v=" + std::to_string(c.d_v) +
+         " causal=" + std::to_string(int(c.causal)) + " window=(" +
+         std::to_string(c.window.left) + "," + std::to_string(c.window.right) +
+         ") softcap=" + std::to_string(c.softcap) + " mask=" + std::to_string(c.mask);
+}
+
+// Checks out (and weights when asked) against the reference; returns out.
+Tensor<float> check(const KernelCase& c, bool weights, uint32_t seed) {
+  SCOPED_TRACE(describe(c));
+  std::mt19937 rng(seed);
+  const auto q = random_tensor({c.batch, c.hq, c.n_q, c.d}, rng);
+  const auto k = random_tensor({c.batch, c.hkv, c.n_k, c.d}, rng);
+  const auto v = random_tensor({c.batch, c.hkv, c.n_k, c.d_v}, rng);
+  AttentionOptions o;
+  o.causal = c.causal;
+  o.window = c.window;
+  o.softcap = c.softcap;
+  Tensor<bool> mb({c.n_q, c.n_k});
+  Tensor<double> md = random_tensor({c.hq, 1, c.n_k}, rng, -2, 1);
+  for (int64_t i = 0; i < mb.numel(); ++i) mb[i] = rng() % 5 != 0;
+  for (int64_t i = 0; i < md.numel(); i += 7) md[i] = -std::numeric_limits<double>::infinity();
+  const Tensor<float> mf = cast<float>(md);
+  Mask m32, m64;
+  if (c.mask == 1) m32 = m64 = TensorView<const bool>(mb.view());
+  if (c.mask == 2) m32 = TensorView<const float>(mf.view()), m64 = TensorView<const double>(md.view());
+  const auto ref = attention_with_weights(q.view(), k.view(), v.view(), o, m64);
+  if (weights) {
+    const auto got = attention_with_weights(cast<float>(q).view(), cast<float>(k).view(),
+                                            cast<float>(v).view(), o, m32);
+    EXPECT_LT(rel_error(got.out, ref.out), 1e-5);
+    EXPECT_LT(rel_error(got.weights, ref.weights), 1e-5);
+    return Tensor<float>(got.out);
+  }
+  auto got = attention(cast<float>(q).view(), cast<float>(k).view(), cast<float>(v).view(), o, m32);
+  EXPECT_LT(rel_error(got, ref.out), 1e-5);
+  return got;
+}
+
+std::vector<KernelCase> flash_cases() {
+  // n_q and n_k straddle the 128-row query tiles and 64-key tiles.
+  std::vector<KernelCase> cases;
+  for (Causal causal : {Causal::None, Causal::BottomRight, Causal::TopLeft})
+    cases.push_back({1, 2, 1, 300, 260, 64, 64, causal, {}, 0, 0});
+  cases.push_back({2, 4, 2, 129, 65, 32, 48, Causal::BottomRight, {}, 0, 0});
+  cases.push_back({1, 2, 2, 200, 333, 40, 24, Causal::None, {70, 10}, 0, 1});
+  cases.push_back({1, 3, 3, 150, 150, 16, 20, Causal::TopLeft, {}, 30.0, 2});
+  cases.push_back({1, 1, 1, 64, 64, 128, 128, Causal::None, {}, 0, 0});
+  cases.push_back({1, 1, 1, 257, 500, 7, 5, Causal::BottomRight, {0, -1}, 0, 0});
+  return cases;
+}
+
+std::vector<KernelCase> decode_cases() {
+  // n_q <= 8 and n_k beyond one 512-key chunk: the split-KV path.
+  return {
+      {1, 8, 8, 1, 1500, 128, 128, Causal::None, {}, 0, 0},
+      {2, 8, 2, 3, 1025, 64, 64, Causal::BottomRight, {}, 0, 0},
+      {1, 4, 1, 8, 2048, 32, 40, Causal::None, {600, -1}, 0, 1},
+      {1, 2, 2, 2, 700, 20, 12, Causal::TopLeft, {}, 15.0, 2},
+      {1, 2, 2, 1, 513, 64, 64, Causal::None, {100, 0}, 0, 0},
+  };
+}
+
+TEST(Kernels, FlashMatchesReferenceAcrossTiles) {
+  uint32_t seed = 100;
+  for (const auto& c : flash_cases()) check(c, false, seed++);
+  for (const auto& c : flash_cases()) check(c, true, seed++);
+}
+
+TEST(Kernels, DecodeMatchesReference) {
+  uint32_t seed = 200;
+  for (const auto& c : decode_cases()) check(c, false, seed++);
+}
+
+TEST(Kernels, EverySimdTarget) {
+  const auto targets = hwy::SupportedAndGeneratedTargets();
+  ASSERT_FALSE(targets.empty());
+  for (int64_t target : targets) {
+    SCOPED_TRACE(hwy::TargetName(target));
+    hwy::SetSupportedTargetsForTest(target);
+    hwy::GetChosenTarget().Update(hwy::SupportedTargets());
+    uint32_t seed = 300;
+    for (const auto& c : flash_cases()) check(c, false, seed++);
+    for (const auto& c : decode_cases()) check(c, false, seed++);
+  }
+  hwy::SetSupportedTargetsForTest(0);
+  hwy::GetChosenTarget().Update(hwy::SupportedTargets());
+}
+
+TEST(Kernels, BitwiseIdenticalForAnyThreadCount) {
+  const int saved = num_threads();
+  std::vector<KernelCase> cases = flash_cases();
+  for (const auto& c : decode_cases()) cases.push_back(c);
+  for (const auto& c : cases) {
+    set_num_threads(1);
+    const auto one = check(c, false, 7);
+    for (int t : {2, 3, 8}) {
+      set_num_threads(t);
+      const auto many = check(c, false, 7);
+      EXPECT_EQ(std::memcmp(one.data(), many.data(), one.numel() * sizeof(float)), 0)
+          << describe(c) << " threads=" << t;
+    }
+  }
+  set_num_threads(saved);
+}
+
+}  // namespace
+}  // namespace attn
