@@ -105,9 +105,9 @@ double MaskOperand::value(int64_t b, int64_t h, int64_t i, int64_t j) const {
   return 0.0;
 }
 
-template <class T>
-AttentionProblem<T> make_problem(TensorView<const T> q, TensorView<const T> k,
-                                 TensorView<const T> v, TensorView<T> out,
+template <class T, class KV>
+AttentionProblem<T> make_problem(TensorView<const T> q, TensorView<const KV> k,
+                                 TensorView<const KV> v, TensorView<T> out,
                                  const AttentionOptions& options, const Mask& mask,
                                  TensorView<T> weights) {
   const Dims s = check_shapes(q.shape(), k.shape(), v.shape());
@@ -140,8 +140,19 @@ AttentionProblem<T> make_problem(TensorView<const T> q, TensorView<const T> k,
   p.d = s.d;
   p.d_v = s.d_v;
   p.q = operand(q, s.batch);
-  p.k = operand(k, s.batch);
-  p.v = operand(v, s.batch);
+  if constexpr (std::is_same_v<KV, T>) {
+    p.k = operand(k, s.batch);
+    p.v = operand(v, s.batch);
+  } else {
+    static_assert(sizeof(KV) == sizeof(uint16_t));
+    const auto bits = [](const TensorView<const KV>& t) {
+      return TensorView<const uint16_t>(reinterpret_cast<const uint16_t*>(t.data()), t.shape(),
+                                        t.strides());
+    };
+    p.kv = std::is_same_v<KV, bfloat16> ? KVStorage::BF16 : KVStorage::F16;
+    p.k16 = operand(bits(k), s.batch);
+    p.v16 = operand(bits(v), s.batch);
+  }
   p.out = operand(out, s.batch);
   if (!weights.empty_view()) p.weights = operand(weights, s.batch);
   if (const auto* m = std::get_if<TensorView<const bool>>(&mask))
@@ -157,10 +168,6 @@ AttentionProblem<T> make_problem(TensorView<const T> q, TensorView<const T> k,
   return p;
 }
 
-template AttentionProblem<float> make_problem(TensorView<const float>, TensorView<const float>,
-                                              TensorView<const float>, TensorView<float>,
-                                              const AttentionOptions&, const Mask&,
-                                              TensorView<float>);
 template AttentionProblem<double> make_problem(TensorView<const double>,
                                                TensorView<const double>,
                                                TensorView<const double>, TensorView<double>,
@@ -186,16 +193,19 @@ void attention(TensorView<const double> q, TensorView<const double> k,
   detail::reference_attention(detail::make_problem(q, k, v, out, options, mask, weights));
 }
 
-void attention(TensorView<const float> q, TensorView<const float> k,
-               TensorView<const float> v, TensorView<float> out,
-               const AttentionOptions& options, const Mask& mask,
-               TensorView<float> weights) {
+namespace {
+
+// The float32 entry: the kernels read and write rows with unit stride; other
+// layouts go through contiguous copies.
+template <class KV>
+void attention_f32(TensorView<const float> q, TensorView<const KV> k, TensorView<const KV> v,
+                   TensorView<float> out, const AttentionOptions& options, const Mask& mask,
+                   TensorView<float> weights) {
   // Validate first, so that errors name the caller's arguments.
   (void)detail::make_problem(q, k, v, out, options, mask, weights);
-  // The kernel reads and writes rows with unit stride; other layouts go
-  // through contiguous copies.
   const auto unit = [](const auto& t) { return t.rank() == 0 || t.stride(-1) == 1 || t.dim(-1) <= 1; };
-  Tensor<float> qc, kc, vc, oc;
+  Tensor<float> qc, oc;
+  Tensor<KV> kc, vc;
   if (!unit(q)) q = (qc = contiguous(q)).view();
   if (!unit(k)) k = (kc = contiguous(k)).view();
   if (!unit(v)) v = (vc = contiguous(v)).view();
@@ -207,6 +217,25 @@ void attention(TensorView<const float> q, TensorView<const float> k,
   else
     detail::flash_forward(p);
   if (o.data() != out.data()) copy<float>(oc.view(), out);
+}
+
+}  // namespace
+
+void attention(TensorView<const float> q, TensorView<const float> k,
+               TensorView<const float> v, TensorView<float> out,
+               const AttentionOptions& options, const Mask& mask,
+               TensorView<float> weights) {
+  attention_f32(q, k, v, out, options, mask, weights);
+}
+void attention(TensorView<const float> q, TensorView<const bfloat16> k,
+               TensorView<const bfloat16> v, TensorView<float> out,
+               const AttentionOptions& options, const Mask& mask, TensorView<float> weights) {
+  attention_f32(q, k, v, out, options, mask, weights);
+}
+void attention(TensorView<const float> q, TensorView<const float16> k,
+               TensorView<const float16> v, TensorView<float> out,
+               const AttentionOptions& options, const Mask& mask, TensorView<float> weights) {
+  attention_f32(q, k, v, out, options, mask, weights);
 }
 
 namespace {

@@ -34,10 +34,15 @@ struct MaskOperand {
   bool present() const { return boolean || f32 || f64; }
 };
 
+// How keys and values are stored (float32 problems only).
+enum class KVStorage { Native, BF16, F16 };
+
 template <class T>
 struct AttentionProblem {
   int64_t batch = 1, heads_q = 1, heads_kv = 1, n_q = 0, n_k = 0, d = 0, d_v = 0;
-  Operand<const T> q, k, v;
+  Operand<const T> q, k, v;            // k, v unset when kv != Native
+  KVStorage kv = KVStorage::Native;
+  Operand<const uint16_t> k16, v16;    // bfloat16 or fp16 bits when kv != Native
   Operand<T> out, weights;  // weights.data == nullptr when not requested
   MaskOperand mask;
   double scale = 1;
@@ -50,9 +55,10 @@ struct AttentionProblem {
 
 // Validates the arguments of attention() and builds the problem; every error
 // names the argument and its shape.
-template <class T>
-AttentionProblem<T> make_problem(TensorView<const T> q, TensorView<const T> k,
-                                 TensorView<const T> v, TensorView<T> out,
+// KV is T, or bfloat16 / float16 with T = float.
+template <class T, class KV>
+AttentionProblem<T> make_problem(TensorView<const T> q, TensorView<const KV> k,
+                                 TensorView<const KV> v, TensorView<T> out,
                                  const AttentionOptions& options, const Mask& mask,
                                  TensorView<T> weights);
 

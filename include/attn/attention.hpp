@@ -14,6 +14,7 @@
 
 #include <optional>
 
+#include "attn/half.hpp"
 #include "attn/mask.hpp"
 #include "attn/tensor.hpp"
 
@@ -39,6 +40,17 @@ void attention(TensorView<const double> q, TensorView<const double> k,
                TensorView<const double> v, TensorView<double> out,
                const AttentionOptions& options = {}, const Mask& mask = {},
                TensorView<double> weights = {});
+
+// Keys and values stored as bfloat16 or fp16 (half the memory and bandwidth);
+// computation is float32.
+void attention(TensorView<const float> q, TensorView<const bfloat16> k,
+               TensorView<const bfloat16> v, TensorView<float> out,
+               const AttentionOptions& options = {}, const Mask& mask = {},
+               TensorView<float> weights = {});
+void attention(TensorView<const float> q, TensorView<const float16> k,
+               TensorView<const float16> v, TensorView<float> out,
+               const AttentionOptions& options = {}, const Mask& mask = {},
+               TensorView<float> weights = {});
 
 // Allocating forms.
 template <class T>

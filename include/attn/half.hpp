@@ -1,11 +1,20 @@
-// IEEE half (fp16) and bfloat16 <-> float32, round to nearest even. Used for
-// 16-bit weights in safetensors files.
+// 16-bit floats: IEEE half (fp16) and bfloat16, as storage types (keys and
+// values of attention, safetensors weights), and their conversions to and
+// from float32 (round to nearest even).
 #pragma once
 
 #include <cstdint>
 #include <cstring>
 
 namespace attn {
+
+// Storage only: arithmetic happens in float32.
+struct bfloat16 {
+  uint16_t bits;
+};
+struct float16 {
+  uint16_t bits;
+};
 
 inline float bf16_to_float(uint16_t h) {
   const uint32_t bits = static_cast<uint32_t>(h) << 16;

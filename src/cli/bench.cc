@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "attn/attn.hpp"
+#include "attn/half.hpp"
 #include "attn/machine.hpp"
 #include "attn/threads.hpp"
 #include "cli/commands.hpp"
@@ -39,6 +40,35 @@ double median_ms(Fn fn) {
   return ms[ms.size() / 2];
 }
 
+template <class H>
+Tensor<H> to_16bit(const Tensor<float>& t, uint16_t (*to_bits)(float)) {
+  Tensor<H> out(t.shape());
+  for (int64_t i = 0; i < t.numel(); ++i) out[i].bits = to_bits(t[i]);
+  return out;
+}
+
+// attention() with keys and values stored as `kv_dtype`; returns the bytes
+// per stored element.
+struct Attend {
+  const Tensor<float>& q;
+  Tensor<float> k, v;
+  Tensor<bfloat16> kb, vb;
+  Tensor<float16> kh, vh;
+  std::string dtype;
+
+  Attend(const Tensor<float>& q_, Tensor<float> k_, Tensor<float> v_, std::string kv_dtype)
+      : q(q_), k(std::move(k_)), v(std::move(v_)), dtype(std::move(kv_dtype)) {
+    if (dtype == "bf16") kb = to_16bit<bfloat16>(k, float_to_bf16), vb = to_16bit<bfloat16>(v, float_to_bf16);
+    if (dtype == "f16") kh = to_16bit<float16>(k, float_to_fp16), vh = to_16bit<float16>(v, float_to_fp16);
+  }
+  int element_bytes() const { return dtype == "f32" ? 4 : 2; }
+  void operator()(Tensor<float>& out, const AttentionOptions& opt) const {
+    if (dtype == "bf16") attention(q.view(), kb.view(), vb.view(), out.view(), opt);
+    else if (dtype == "f16") attention(q.view(), kh.view(), vh.view(), out.view(), opt);
+    else attention(q.view(), k.view(), v.view(), out.view(), opt);
+  }
+};
+
 }  // namespace
 
 int run_bench(const BenchArgs& a) {
@@ -47,11 +77,12 @@ int run_bench(const BenchArgs& a) {
   const int64_t hkv = a.kv_heads > 0 ? a.kv_heads : a.heads;
   if (a.kind == "attention") {
     const Shape qs{a.batch, a.heads, a.n, a.head_dim}, ks{a.batch, hkv, a.n, a.head_dim};
-    const auto q = random_tensor(qs, 1), k = random_tensor(ks, 2), v = random_tensor(ks, 3);
+    const auto q = random_tensor(qs, 1);
+    const Attend attend(q, random_tensor(ks, 2), random_tensor(ks, 3), a.kv_dtype);
     Tensor<float> out(qs);
     AttentionOptions opt;
     if (a.causal) opt.causal = Causal::BottomRight;
-    const double ms = median_ms([&] { attention(q.view(), k.view(), v.view(), out.view(), opt); });
+    const double ms = median_ms([&] { attend(out, opt); });
     const double pairs = a.causal ? a.n * (a.n + 1) / 2.0 : double(a.n) * a.n;
     const double flop = 4.0 * double(a.n) * a.n * a.head_dim * a.heads * a.batch;
     const double flop_unmasked = 4.0 * pairs * a.head_dim * a.heads * a.batch;
@@ -60,18 +91,18 @@ int run_bench(const BenchArgs& a) {
     const double ratio = (a.causal ? gflops_unmasked : gflops) / peak;
     if (a.json) {
       std::printf("{\"kind\": \"attention\", \"n\": %lld, \"heads\": %lld, \"kv_heads\": %lld, "
-                  "\"head_dim\": %lld, \"batch\": %lld, \"causal\": %s, \"threads\": %d, "
-                  "\"median_ms\": %.4f, \"gflops\": %.2f, \"gflops_unmasked\": %.2f, "
+                  "\"head_dim\": %lld, \"batch\": %lld, \"causal\": %s, \"kv_dtype\": \"%s\", "
+                  "\"threads\": %d, \"median_ms\": %.4f, \"gflops\": %.2f, \"gflops_unmasked\": %.2f, "
                   "\"peak_gflops\": %.2f, \"ratio_to_peak\": %.4f}\n",
                   (long long)a.n, (long long)a.heads, (long long)hkv, (long long)a.head_dim,
-                  (long long)a.batch, a.causal ? "true" : "false", threads, ms, gflops,
+                  (long long)a.batch, a.causal ? "true" : "false", a.kv_dtype.c_str(), threads, ms, gflops,
                   gflops_unmasked, peak, ratio);
     } else {
       std::printf("attention n=%lld heads=%lld kv_heads=%lld head_dim=%lld batch=%lld causal=%s "
-                  "threads=%d\n  median %.3f ms, %.1f GFLOP/s (4·n²·d·H)%s, FMA peak %.1f GFLOP/s "
+                  "kv_dtype=%s threads=%d\n  median %.3f ms, %.1f GFLOP/s (4·n²·d·H)%s, FMA peak %.1f GFLOP/s "
                   "-> %.1f%% of peak\n",
                   (long long)a.n, (long long)a.heads, (long long)hkv, (long long)a.head_dim,
-                  (long long)a.batch, a.causal ? "yes" : "no", threads, ms, gflops,
+                  (long long)a.batch, a.causal ? "yes" : "no", a.kv_dtype.c_str(), threads, ms, gflops,
                   a.causal ? (", " + std::to_string(int(gflops_unmasked)) +
                               " GFLOP/s on unmasked pairs").c_str()
                            : "",
@@ -81,24 +112,28 @@ int run_bench(const BenchArgs& a) {
   }
   // decode: a few queries against a long key/value cache
   const Shape qs{a.batch, a.heads, a.queries, a.head_dim}, ks{a.batch, hkv, a.kv_len, a.head_dim};
-  const auto q = random_tensor(qs, 1), k = random_tensor(ks, 2), v = random_tensor(ks, 3);
+  const auto q = random_tensor(qs, 1);
+  const Attend attend(q, random_tensor(ks, 2), random_tensor(ks, 3), a.kv_dtype);
   Tensor<float> out(qs);
-  const double ms = median_ms([&] { attention(q.view(), k.view(), v.view(), out.view()); });
-  const double bytes = 2.0 * k.numel() * sizeof(float);
+  const double ms = median_ms([&] { attend(out, {}); });
+  const double bytes = 2.0 * attend.k.numel() * attend.element_bytes();
   const double gbps = bytes / ms * 1e-6;
   const double peak = measure_read_bandwidth_gbps(threads);
   if (a.json) {
     std::printf("{\"kind\": \"decode\", \"kv_len\": %lld, \"heads\": %lld, \"kv_heads\": %lld, "
-                "\"head_dim\": %lld, \"batch\": %lld, \"queries\": %lld, \"threads\": %d, "
-                "\"median_ms\": %.4f, \"gbps\": %.2f, \"peak_gbps\": %.2f, \"ratio_to_peak\": %.4f}\n",
+                "\"head_dim\": %lld, \"batch\": %lld, \"queries\": %lld, \"kv_dtype\": \"%s\", "
+                "\"threads\": %d, \"median_ms\": %.4f, \"gbps\": %.2f, \"peak_gbps\": %.2f, "
+                "\"ratio_to_peak\": %.4f}\n",
                 (long long)a.kv_len, (long long)a.heads, (long long)hkv, (long long)a.head_dim,
-                (long long)a.batch, (long long)a.queries, threads, ms, gbps, peak, gbps / peak);
+                (long long)a.batch, (long long)a.queries, a.kv_dtype.c_str(), threads, ms, gbps, peak,
+                gbps / peak);
   } else {
     std::printf("decode kv_len=%lld heads=%lld kv_heads=%lld head_dim=%lld batch=%lld queries=%lld "
-                "threads=%d\n  median %.3f ms, %.1f GB/s of K/V read, read bandwidth %.1f GB/s "
+                "kv_dtype=%s threads=%d\n  median %.3f ms, %.1f GB/s of K/V read, read bandwidth %.1f GB/s "
                 "-> %.1f%% of peak\n",
                 (long long)a.kv_len, (long long)a.heads, (long long)hkv, (long long)a.head_dim,
-                (long long)a.batch, (long long)a.queries, threads, ms, gbps, peak, 100 * gbps / peak);
+                (long long)a.batch, (long long)a.queries, a.kv_dtype.c_str(), threads, ms, gbps, peak,
+                100 * gbps / peak);
   }
   return 0;
 }

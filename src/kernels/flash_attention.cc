@@ -32,6 +32,7 @@
 #include <cmath>
 #include <limits>
 
+#include "attn/half.hpp"
 #include "kernels/attention_kernel.hpp"
 #include "thread_pool.hpp"
 
@@ -78,6 +79,32 @@ constexpr int kVecs = 4;  // 16 accumulators of 32 registers
 constexpr int kVecs = 2;  // 8 accumulators, room left on 16-register targets
 #endif
 
+// Keys and values may be stored as float32, bfloat16 or fp16; arithmetic is
+// float32 (a 16-bit load is promoted).
+inline float ToFloat(float x) { return x; }
+inline float ToFloat(hwy::bfloat16_t x) { return bf16_to_float(x.bits); }
+inline float ToFloat(hwy::float16_t x) { return fp16_to_float(x.bits); }
+
+template <class KV>
+HWY_INLINE VF LoadKV(DF d, const KV* p) {
+  if constexpr (std::is_same_v<KV, float>) {
+    return hn::LoadU(d, p);
+  } else {
+    const hn::Rebind<KV, DF> d16;
+    return hn::PromoteTo(d, hn::LoadU(d16, p));
+  }
+}
+
+// The first n < lanes values at p as floats, zero-padded. (MaskedLoad would
+// do, but on some targets it reads the whole vector, past the end of the
+// array.)
+template <class KV>
+HWY_INLINE VF LoadTail(DF d, const KV* p, int64_t n) {
+  alignas(HWY_MAX_BYTES) float buf[HWY_MAX_BYTES / sizeof(float)] = {};
+  for (int64_t i = 0; i < n; ++i) buf[i] = ToFloat(p[i]);
+  return hn::Load(d, buf);
+}
+
 // s[r][0 .. kVecs·N) = scale · (q_r · kt[:, 0 .. kVecs·N)) for r < MR.
 // kt is a packed K tile at the wanted column offset: row c holds feature c of
 // kBlockK keys.
@@ -103,16 +130,16 @@ HWY_INLINE void ScoreBlock(DF d, const float* const* q, int64_t D, const float* 
 
 // o[r][0 .. kVecs·N) += Σ_j p[r][j] · v_j[0 .. kVecs·N) for r < MR, j < count
 // (row r of p starts at p + r · p_stride).
-template <int MR>
+template <int MR, class KV>
 HWY_INLINE void ValueBlock(DF d, const float* p, int64_t p_stride, int64_t count,
-                           const float* v0, int64_t v_stride, float* o, int64_t o_stride) {
+                           const KV* v0, int64_t v_stride, float* o, int64_t o_stride) {
   const size_t N = hn::Lanes(d);
   VF acc[MR][kVecs];
   for (int r = 0; r < MR; ++r)
     for (int v = 0; v < kVecs; ++v) acc[r][v] = hn::Load(d, o + r * o_stride + v * N);
   for (int64_t j = 0; j < count; ++j) {
     VF vv[kVecs];
-    for (int v = 0; v < kVecs; ++v) vv[v] = hn::LoadU(d, v0 + j * v_stride + v * N);
+    for (int v = 0; v < kVecs; ++v) vv[v] = LoadKV(d, v0 + j * v_stride + v * N);
     for (int r = 0; r < MR; ++r) {
       const VF pb = hn::Set(d, p[r * p_stride + j]);
       for (int v = 0; v < kVecs; ++v) acc[r][v] = hn::MulAdd(pb, vv[v], acc[r][v]);
@@ -122,18 +149,11 @@ HWY_INLINE void ValueBlock(DF d, const float* p, int64_t p_stride, int64_t count
     for (int v = 0; v < kVecs; ++v) hn::Store(acc[r][v], d, o + r * o_stride + v * N);
 }
 
-// The first n < lanes floats at p, zero-padded. (MaskedLoad would do, but on
-// some targets it reads the whole vector, past the end of the array.)
-HWY_INLINE VF LoadTail(DF d, const float* p, int64_t n) {
-  alignas(HWY_MAX_BYTES) float buf[HWY_MAX_BYTES / sizeof(float)] = {};
-  std::copy(p, p + n, buf);
-  return hn::Load(d, buf);
-}
-
 // The same for the last value columns [c, d_v) that do not fill kVecs vectors:
 // one vector at a time, loads masked to the real columns.
+template <class KV>
 HWY_INLINE void ValueTail(DF d, int rows, const float* p, int64_t p_stride, int64_t count,
-                          const float* v0, int64_t v_stride, int64_t c, int64_t d_v, float* o,
+                          const KV* v0, int64_t v_stride, int64_t c, int64_t d_v, float* o,
                           int64_t o_stride) {
   const size_t N = hn::Lanes(d);
   for (; c < d_v; c += static_cast<int64_t>(N)) {
@@ -147,8 +167,8 @@ HWY_INLINE void ValueTail(DF d, int rows, const float* p, int64_t p_stride, int6
   }
 }
 
-template <int MR>
-HWY_INLINE void ValueRows(DF d, const float* p, int64_t p_stride, int64_t count, const float* v0,
+template <int MR, class KV>
+HWY_INLINE void ValueRows(DF d, const float* p, int64_t p_stride, int64_t count, const KV* v0,
                           int64_t v_stride, int64_t d_v, float* o, int64_t o_stride) {
   const int64_t W = kVecs * static_cast<int64_t>(hn::Lanes(d));
   int64_t c = 0;
@@ -158,8 +178,9 @@ HWY_INLINE void ValueRows(DF d, const float* p, int64_t p_stride, int64_t count,
 }
 
 // O (rows × o_stride) += P (rows × count, row stride p_stride) · V rows.
+template <class KV>
 void AccumulateValues(DF d, int64_t rows, const float* p, int64_t p_stride, int64_t count,
-                      const float* v0, int64_t v_stride, int64_t d_v, float* o, int64_t o_stride) {
+                      const KV* v0, int64_t v_stride, int64_t d_v, float* o, int64_t o_stride) {
   for (int64_t r0 = 0; r0 < rows; r0 += kRows) {
     const float* pr = p + r0 * p_stride;
     float* orow = o + r0 * o_stride;
@@ -345,9 +366,53 @@ void PackK(const AttentionProblem<float>& p, int64_t b, int64_t hkv, int64_t kt,
   for (int64_t c = 0; c < p.d; ++c) std::fill(dst + c * kBlockK + jn, dst + (c + 1) * kBlockK, 0.0f);
 }
 
-thread_local Buffer tls_kpack;
+thread_local Buffer tls_kpack, tls_k32, tls_v32;
 
-void FlashForward(const AttentionProblem<float>& p) {
+// 16-bit keys/values converted once to float32 rows (O(n) work, against the
+// O(n²) of the attention itself), as an operand over `dst`.
+template <class KV>
+Operand<const float> Widen(const AttentionProblem<float>& p, const Operand<const uint16_t>& src,
+                           int64_t width, float* dst) {
+  const DF d;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(d));
+  const int64_t rows = p.batch * p.heads_kv * p.n_k;
+  parallel_for((rows + 255) / 256, [&](int64_t block) {
+    for (int64_t r = block * 256; r < std::min(rows, (block + 1) * 256); ++r) {
+      const int64_t bh = r / p.n_k;
+      const KV* in = reinterpret_cast<const KV*>(src.row(bh / p.heads_kv, bh % p.heads_kv, r % p.n_k));
+      float* out = dst + r * width;
+      int64_t c = 0;
+      for (; c + N <= width; c += N) hn::StoreU(LoadKV(d, in + c), d, out + c);
+      for (; c < width; ++c) out[c] = ToFloat(in[c]);
+    }
+  });
+  Operand<const float> o;
+  o.data = dst;
+  o.batch_offset.resize(static_cast<size_t>(p.batch));
+  for (int64_t b = 0; b < p.batch; ++b) o.batch_offset[b] = b * p.heads_kv * p.n_k * width;
+  o.head_stride = p.n_k * width;
+  o.row_stride = width;
+  o.col_stride = 1;
+  return o;
+}
+
+void FlashForward(const AttentionProblem<float>& p_in) {
+  if (p_in.kv != KVStorage::Native) {
+    AttentionProblem<float> p = p_in;
+    const auto size = [&](int64_t w) { return static_cast<size_t>(std::max<int64_t>(p.batch * p.heads_kv * p.n_k * w, 1)); };
+    float* k = tls_k32.get(size(p.d));
+    float* v = tls_v32.get(size(p.d_v));
+    if (p.kv == KVStorage::BF16) {
+      p.k = Widen<hwy::bfloat16_t>(p, p.k16, p.d, k);
+      p.v = Widen<hwy::bfloat16_t>(p, p.v16, p.d_v, v);
+    } else {
+      p.k = Widen<hwy::float16_t>(p, p.k16, p.d, k);
+      p.v = Widen<hwy::float16_t>(p, p.v16, p.d_v, v);
+    }
+    p.kv = KVStorage::Native;
+    return FlashForward(p);
+  }
+  const AttentionProblem<float>& p = p_in;
   const DF d;
   const int64_t n_tiles = (p.n_k + kBlockK - 1) / kBlockK;
   const int64_t head_pack = n_tiles * p.d * kBlockK;
@@ -376,16 +441,31 @@ void FlashForward(const AttentionProblem<float>& p) {
 // sum l, unnormalised output); a merge per (batch, kv head) combines the
 // chunks in order: M = max m_c, out = Σ e^(m_c − M) O_c / Σ e^(m_c − M) l_c.
 
+// Row j of K or V of (b, hkv), in its storage type, and the row stride.
+template <class KV>
+const KV* KeyRow(const AttentionProblem<float>& p, int64_t b, int64_t h, int64_t j) {
+  if constexpr (std::is_same_v<KV, float>) return p.k.row(b, h, j);
+  else return reinterpret_cast<const KV*>(p.k16.row(b, h, j));
+}
+template <class KV>
+const KV* ValueRow(const AttentionProblem<float>& p, int64_t b, int64_t h, int64_t j) {
+  if constexpr (std::is_same_v<KV, float>) return p.v.row(b, h, j);
+  else return reinterpret_cast<const KV*>(p.v16.row(b, h, j));
+}
+inline int64_t ValueStride(const AttentionProblem<float>& p) {
+  return p.kv == KVStorage::Native ? p.v.row_stride : p.v16.row_stride;
+}
+
 // s[r · s_stride] = scale · q_r · k for r < MR.
-template <int MR>
-HWY_INLINE void DotRows(DF d, const float* const* q, const float* k, int64_t D, float scale,
+template <int MR, class KV>
+HWY_INLINE void DotRows(DF d, const float* const* q, const KV* k, int64_t D, float scale,
                         float* s, int64_t s_stride) {
   const size_t N = hn::Lanes(d);
   VF acc[MR];
   for (int r = 0; r < MR; ++r) acc[r] = hn::Zero(d);
   int64_t c = 0;
   for (; c + static_cast<int64_t>(N) <= D; c += static_cast<int64_t>(N)) {
-    const VF kv = hn::LoadU(d, k + c);
+    const VF kv = LoadKV(d, k + c);
     for (int r = 0; r < MR; ++r) acc[r] = hn::MulAdd(hn::LoadU(d, q[r] + c), kv, acc[r]);
   }
   if (c < D) {
@@ -398,6 +478,7 @@ HWY_INLINE void DotRows(DF d, const float* const* q, const float* k, int64_t D, 
 thread_local Buffer tls_decode_scores;
 
 // Partial result of one chunk for R rows: O[R][dvp] (aligned), then m[R], l[R].
+template <class KV>
 void DecodeChunk(DF d, const AttentionProblem<float>& p, int64_t b, int64_t hkv, int64_t chunk,
                  int64_t dvp, float* part) {
   const int64_t R = p.group() * p.n_q;
@@ -419,7 +500,7 @@ void DecodeChunk(DF d, const AttentionProblem<float>& p, int64_t b, int64_t hkv,
   const float* q[kRows];
   const auto row_head = [&](int64_t r) { return hkv * p.group() + r / p.n_q; };
   for (int64_t j = 0; j < jn; ++j) {
-    const float* k = p.k.row(b, hkv, j0 + j);
+    const KV* k = KeyRow<KV>(p, b, hkv, j0 + j);
     for (int64_t r0 = 0; r0 < R; r0 += kRows) {
       const int mr = static_cast<int>(std::min<int64_t>(kRows, R - r0));
       for (int r = 0; r < mr; ++r) q[r] = p.q.row(b, row_head(r0 + r), (r0 + r) % p.n_q);
@@ -441,12 +522,14 @@ void DecodeChunk(DF d, const AttentionProblem<float>& p, int64_t b, int64_t hkv,
       MaskRow(p, b, row_head(r), r % p.n_q, j0, jn, !inside, sr);
     SoftmaxStep(d, sr, kDecodeChunk, m[r], l[r]);
   }
-  AccumulateValues(d, R, s, kDecodeChunk, jn, p.v.row(b, hkv, j0), p.v.row_stride, p.d_v, o, dvp);
+  AccumulateValues(d, R, s, kDecodeChunk, jn, ValueRow<KV>(p, b, hkv, j0), ValueStride(p), p.d_v,
+                   o, dvp);
 }
 
 thread_local Buffer tls_partials;
 
-void DecodeForward(const AttentionProblem<float>& p) {
+template <class KV>
+void DecodeForwardT(const AttentionProblem<float>& p) {
   const DF d;
   const int64_t N = static_cast<int64_t>(hn::Lanes(d));
   const int64_t dvp = (p.d_v + N - 1) / N * N;
@@ -457,7 +540,8 @@ void DecodeForward(const AttentionProblem<float>& p) {
   float* parts = tls_partials.get(static_cast<size_t>(std::max<int64_t>(heads * chunks * part_size, 1)));
   parallel_for(heads * chunks, [&](int64_t item) {
     const int64_t bh = item / chunks;
-    DecodeChunk(d, p, bh / p.heads_kv, bh % p.heads_kv, item % chunks, dvp, parts + item * part_size);
+    DecodeChunk<KV>(d, p, bh / p.heads_kv, bh % p.heads_kv, item % chunks, dvp,
+                    parts + item * part_size);
   });
   parallel_for(heads, [&](int64_t bh) {
     const int64_t b = bh / p.heads_kv, hkv = bh % p.heads_kv;
@@ -481,6 +565,14 @@ void DecodeForward(const AttentionProblem<float>& p) {
       for (int64_t col = 0; col < p.d_v; ++col) out[col] /= l;
     }
   });
+}
+
+void DecodeForward(const AttentionProblem<float>& p) {
+  switch (p.kv) {
+    case KVStorage::BF16: return DecodeForwardT<hwy::bfloat16_t>(p);
+    case KVStorage::F16: return DecodeForwardT<hwy::float16_t>(p);
+    default: return DecodeForwardT<float>(p);
+  }
 }
 
 }  // namespace HWY_NAMESPACE
