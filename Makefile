@@ -13,7 +13,7 @@ PY_DEBS    := python3-dev python3-pybind11 python3-numpy
 # Test needs on top: GoogleTest, pytest, and PyTorch as a test-only reference.
 TEST_DEBS  := libgtest-dev python3-pytest python3-torch
 
-.PHONY: all build configure demo test deps test-deps clean
+.PHONY: all build configure demo test bench deps test-deps clean
 
 all: build
 
@@ -36,6 +36,12 @@ demo: build
 test: test-deps configure
 	cmake --build $(BUILD) -j $(JOBS)
 	ctest --test-dir $(BUILD) --output-on-failure -j $(JOBS)
+
+# Performance against peers (bench/compare.py). PyTorch at its best: AVX-512
+# kernels and OpenBLAS's own CPU detection, for this command only.
+bench: test-deps build
+	env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE ATEN_CPU_CAPABILITY=avx512 \
+	    $(PYTHON) bench/compare.py
 
 clean:
 	rm -rf $(BUILD)

@@ -10,6 +10,7 @@
 
 #include "arrays.hpp"
 #include "attn/attn.hpp"
+#include "attn/threads.hpp"
 #include "bindings.hpp"
 #include "docstrings.hpp"
 
@@ -229,5 +230,10 @@ PYBIND11_MODULE(attn, m) {
   m.def("rope", &py_rope, arg("x"), arg("positions") = py::none(), py::kw_only(),
         arg("base") = 10000.0, arg("interleaved") = false, arg("rotary_dim") = py::none(),
         docs::kRope);
+  m.def("num_threads", &attn::num_threads,
+        "num_threads() -> int: threads the kernels use (default: ATTN_NUM_THREADS, else all "
+        "cores). Results do not depend on it.");
+  m.def("set_num_threads", &attn::set_num_threads, arg("n"),
+        "set_num_threads(n): use n >= 1 threads from the next call on.");
   bind_mha(m);
 }

@@ -1,0 +1,116 @@
+#!/usr/bin/python3
+"""attn against its peers on one machine, in one run.
+
+The article's self-attention (multi_head: each head's slice of x is its own
+query, key and value) at n tokens, model width 512, 8 heads of 64, through:
+  - attn (float32 fast path, all cores)
+  - the article's NumPy code, verbatim
+  - PyTorch 1.13 at its best: torch.set_num_threads(cores), AVX-512 kernels,
+    matmul + softmax per head batch
+  - attn's double-precision reference (float64 input)
+and the learnable layer: attn.MultiHeadAttention against torch.nn.MultiheadAttention
+with the same weights.
+
+Run it through `make bench`, which sets ATEN_CPU_CAPABILITY=avx512 and lets
+OpenBLAS detect the CPU itself (unsets OPENBLAS_CORETYPE / OPENBLAS_L2_SIZE)
+for this command only.
+"""
+import argparse
+import os
+import platform
+import statistics
+import sys
+import time
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "build", "python"))
+sys.path.insert(0, os.path.join(HERE, "..", "tests", "python"))
+import attn  # noqa: E402
+import article  # noqa: E402
+import torch  # noqa: E402
+
+
+def median_seconds(fn, repeats, min_seconds=1.0):
+    fn()  # warm up
+    times = []
+    start = time.perf_counter()
+    while len(times) < repeats or (time.perf_counter() - start < min_seconds and len(times) < 20):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def torch_multi_head(x, heads):
+    n, d = x.shape
+    s = x.view(n, heads, d // heads).transpose(0, 1)  # (heads, n, dh)
+    w = torch.softmax(s @ s.transpose(1, 2) / (d // heads) ** 0.5, dim=-1)
+    return (w @ s).transpose(0, 1).reshape(n, d)
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--n", type=int, default=4096)
+    p.add_argument("--width", type=int, default=512)
+    p.add_argument("--heads", type=int, default=8)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--skip-reference", action="store_true", help="skip the slow float64 path")
+    args = p.parse_args()
+    n, d, h = args.n, args.width, args.heads
+    cores = os.cpu_count()
+    torch.set_num_threads(cores)
+    flop = 4.0 * n * n * d  # 4·n²·dh·heads
+
+    rng = np.random.default_rng(0)
+    x = rng.random((n, d), dtype=np.float32)
+    xt = torch.from_numpy(x)
+    rows = []
+
+    def add(name, seconds, note=""):
+        rows.append((name, seconds, note))
+
+    with torch.no_grad():
+        add("attn.multi_head (float32)", median_seconds(lambda: attn.multi_head(x, h), args.repeats),
+            f"{attn_threads()} threads")
+        add("article NumPy multi_head", median_seconds(lambda: article.multi_head(x, h), args.repeats),
+            "float32 input")
+        add("PyTorch matmul + softmax", median_seconds(lambda: torch_multi_head(xt, h), args.repeats),
+            f"{torch.get_num_threads()} threads, ATEN_CPU_CAPABILITY="
+            f"{os.environ.get('ATEN_CPU_CAPABILITY', 'default')}")
+        if not args.skip_reference:
+            x64 = x.astype(np.float64)
+            add("attn reference (float64)", median_seconds(lambda: attn.multi_head(x64, h), 1, 0),
+                "plain double loops")
+
+        torch.manual_seed(0)
+        mha = torch.nn.MultiheadAttention(d, h, batch_first=True).eval()
+        layer = attn.MultiHeadAttention(d, h)
+        layer.load_state_dict({k: v.numpy() for k, v in mha.state_dict().items()})
+        xb = x[None]
+        xbt = torch.from_numpy(xb)
+        t_layer = median_seconds(lambda: layer(xb), args.repeats)
+        t_mha = median_seconds(lambda: mha(xbt, xbt, xbt, need_weights=False), args.repeats)
+
+    base = rows[0][1]
+    print(f"# attn vs peers: self-attention n={n}, width {d}, {h} heads of {d // h}")
+    print(f"machine: {platform.processor() or platform.machine()}, {cores} cores; "
+          f"torch {torch.__version__}, numpy {np.__version__}\n")
+    print("| implementation | median ms | GFLOP/s | attn speedup | notes |")
+    print("|---|---:|---:|---:|---|")
+    for name, s, note in rows:
+        print(f"| {name} | {s * 1e3:.1f} | {flop / s * 1e-9:.1f} | {s / base:.1f}× | {note} |")
+    layer_flop = flop + 2.0 * n * d * d * 4  # + q, k, v, out projections
+    print(f"| attn.MultiHeadAttention | {t_layer * 1e3:.1f} | {layer_flop / t_layer * 1e-9:.1f} "
+          f"| 1.0× | projections included |")
+    print(f"| torch.nn.MultiheadAttention | {t_mha * 1e3:.1f} | {layer_flop / t_mha * 1e-9:.1f} "
+          f"| {t_mha / t_layer:.1f}× | same weights |")
+
+
+def attn_threads():
+    return getattr(attn, "num_threads", lambda: os.cpu_count())()
+
+
+if __name__ == "__main__":
+    main()
