@@ -389,10 +389,6 @@ void write_svg(const std::string& path, const std::vector<HeatMap>& maps,
   if (!f.flush()) throw IOError("write_svg: cannot write '" + path + "'");
 }
 
-bool is_picture_path(const std::string& path) {
-  return has_extension(path, ".png") || has_extension(path, ".svg");
-}
-
 void write_picture(const std::string& path, const std::vector<HeatMap>& maps,
                    const PictureOptions& options) {
   if (has_extension(path, ".png")) return write_png(path, maps, options);

@@ -66,7 +66,6 @@ void write_svg(const std::string& path, const std::vector<HeatMap>& maps,
 
 // Picks the format by the extension of path, ".png" or ".svg" (any case);
 // another extension is a ValueError.
-bool is_picture_path(const std::string& path);
 void write_picture(const std::string& path, const std::vector<HeatMap>& maps,
                    const PictureOptions& options = {});
 
