@@ -21,21 +21,27 @@ TensorView<T> split_heads(TensorView<T> x, int64_t heads) {
 }
 
 template <class T>
-void multi_head_impl(TensorView<const T> x, TensorView<T> out, int64_t heads,
-                     const AttentionOptions& options) {
+void check_heads(const char* what, TensorView<const T> x, int64_t heads) {
+  const std::string w(what);
   if (x.rank() < 2)
-    throw ValueError("multi_head: x must have shape (..., n, d), got " + shape_str(x.shape()));
-  if (heads < 1)
-    throw ValueError("multi_head: heads must be >= 1, got " + std::to_string(heads));
+    throw ValueError(w + ": x must have shape (..., n, d), got " + shape_str(x.shape()));
+  if (heads < 1) throw ValueError(w + ": heads must be >= 1, got " + std::to_string(heads));
   if (x.dim(-1) % heads != 0)
-    throw ValueError("multi_head: heads (" + std::to_string(heads) +
+    throw ValueError(w + ": heads (" + std::to_string(heads) +
                      ") must divide the model dimension d (" + std::to_string(x.dim(-1)) +
                      ") of x " + shape_str(x.shape()));
+}
+
+// weights: an empty view, or (..., heads, n, n) to receive each head's weights.
+template <class T>
+void multi_head_impl(TensorView<const T> x, TensorView<T> out, int64_t heads,
+                     const AttentionOptions& options, TensorView<T> weights = {}) {
+  check_heads("multi_head", x, heads);
   if (out.shape() != x.shape())
     throw ValueError("multi_head: out has shape " + shape_str(out.shape()) +
                      ", expected x's shape " + shape_str(x.shape()));
   const auto s = split_heads(x, heads);
-  attention(s, s, s, split_heads(out, heads), options);
+  attention(s, s, s, split_heads(out, heads), options, {}, weights);
 }
 
 template <class T>
@@ -43,6 +49,29 @@ Tensor<T> multi_head_alloc(TensorView<const T> x, int64_t heads,
                            const AttentionOptions& options) {
   Tensor<T> out(x.shape());
   multi_head_impl<T>(x, out.view(), heads, options);
+  return out;
+}
+
+template <class T>
+AttentionResult<T> multi_head_with_weights_impl(TensorView<const T> x, int64_t heads,
+                                                const AttentionOptions& options) {
+  check_heads("multi_head", x, heads);
+  const auto s = split_heads(x, heads);
+  AttentionResult<T> r{Tensor<T>(x.shape()),
+                       Tensor<T>(attention_weights_shape(s.shape(), s.shape(), s.shape()))};
+  multi_head_impl<T>(x, r.out.view(), heads, options, r.weights.view());
+  return r;
+}
+
+template <class T>
+Tensor<T> rope_per_head_impl(TensorView<const T> x, int64_t heads, const RopeOptions& options) {
+  check_heads("apply_rope_per_head", x, heads);
+  if (!options.rotary_dim && x.dim(-1) / heads % 2 != 0)
+    throw ValueError("apply_rope_per_head: RoPE rotates pairs, so the head dimension d / heads = " +
+                     std::to_string(x.dim(-1)) + " / " + std::to_string(heads) +
+                     " must be even");
+  Tensor<T> out(x.shape());
+  apply_rope(split_heads(x, heads), split_heads(out.view(), heads), options);
   return out;
 }
 
@@ -63,6 +92,22 @@ Tensor<float> multi_head(TensorView<const float> x, int64_t heads,
 Tensor<double> multi_head(TensorView<const double> x, int64_t heads,
                           const AttentionOptions& options) {
   return multi_head_alloc<double>(x, heads, options);
+}
+AttentionResult<float> multi_head_with_weights(TensorView<const float> x, int64_t heads,
+                                               const AttentionOptions& options) {
+  return multi_head_with_weights_impl<float>(x, heads, options);
+}
+AttentionResult<double> multi_head_with_weights(TensorView<const double> x, int64_t heads,
+                                                const AttentionOptions& options) {
+  return multi_head_with_weights_impl<double>(x, heads, options);
+}
+Tensor<float> apply_rope_per_head(TensorView<const float> x, int64_t heads,
+                                  const RopeOptions& options) {
+  return rope_per_head_impl<float>(x, heads, options);
+}
+Tensor<double> apply_rope_per_head(TensorView<const double> x, int64_t heads,
+                                   const RopeOptions& options) {
+  return rope_per_head_impl<double>(x, heads, options);
 }
 
 }  // namespace attn

@@ -14,14 +14,21 @@ using test::cast;
 using test::max_abs_diff;
 using test::random_tensor;
 
+// Columns [h*dh, (h+1)*dh) of x (n, d), copied out.
+Tensor<double> head_slice(const Tensor<double>& x, int64_t h, int64_t dh) {
+  const int64_t n = x.dim(0), d = x.dim(1);
+  Tensor<double> s({n, dh});
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t c = 0; c < dh; ++c) s[i * dh + c] = x[i * d + h * dh + c];
+  return s;
+}
+
 // The article's loop: slice columns, attention(s, s, s), concatenate.
 Tensor<double> multi_head_by_slices(const Tensor<double>& x, int64_t heads) {
   const int64_t n = x.dim(0), d = x.dim(1), dh = d / heads;
   Tensor<double> out({n, d});
   for (int64_t h = 0; h < heads; ++h) {
-    Tensor<double> s({n, dh});
-    for (int64_t i = 0; i < n; ++i)
-      for (int64_t c = 0; c < dh; ++c) s[i * dh + c] = x[i * d + h * dh + c];
+    const auto s = head_slice(x, h, dh);
     const auto o = attention(s.view(), s.view(), s.view());
     for (int64_t i = 0; i < n; ++i)
       for (int64_t c = 0; c < dh; ++c) out[i * d + h * dh + c] = o[i * dh + c];
@@ -58,6 +65,59 @@ TEST(MultiHead, BatchAxesAreIndependent) {
   }
 }
 
+TEST(MultiHead, WeightsAreEachSlicesAttentionWeights) {
+  std::mt19937 rng(25);
+  for (auto [n, d, heads] : std::vector<std::array<int64_t, 3>>{
+           {3, 8, 4}, {5, 6, 3}, {1, 4, 1}, {7, 12, 2}}) {
+    const auto x = random_tensor({n, d}, rng);
+    for (bool causal : {false, true}) {
+      AttentionOptions opt;
+      if (causal) opt.causal = Causal::BottomRight;
+      const auto r = multi_head_with_weights(x.view(), heads, opt);
+      EXPECT_EQ(r.weights.shape(), (Shape{heads, n, n}));
+      EXPECT_LE(max_abs_diff(r.out, multi_head(x.view(), heads, opt)), 0);
+      for (int64_t h = 0; h < heads; ++h) {
+        const auto s = head_slice(x, h, d / heads);
+        const auto ref = attention_with_weights(s.view(), s.view(), s.view(), opt).weights;
+        for (int64_t i = 0; i < n * n; ++i)
+          EXPECT_NEAR(r.weights[h * n * n + i], ref[i], 1e-12) << "head " << h << " n " << n;
+      }
+    }
+    const auto r32 = multi_head_with_weights(cast<float>(x).view(), heads);
+    for (int64_t row = 0; row < heads * n; ++row) {  // each row a distribution
+      double sum = 0;
+      for (int64_t j = 0; j < n; ++j) sum += r32.weights[row * n + j];
+      EXPECT_NEAR(sum, 1.0, 1e-5);
+    }
+  }
+}
+
+TEST(MultiHead, WeightsOfBatchedInputAreBatched) {
+  std::mt19937 rng(26);
+  const auto x = random_tensor({2, 5, 8}, rng);
+  const auto r = multi_head_with_weights(x.view(), 2);
+  EXPECT_EQ(r.weights.shape(), (Shape{2, 2, 5, 5}));
+  Tensor<double> second({5, 8});
+  std::copy(x.data() + 40, x.data() + 80, second.data());
+  const auto ref = multi_head_with_weights(second.view(), 2).weights;
+  for (int64_t i = 0; i < ref.numel(); ++i) EXPECT_EQ(r.weights[ref.numel() + i], ref[i]);
+}
+
+TEST(MultiHead, RopePerHeadRotatesEachSliceOnItsOwn) {
+  std::mt19937 rng(27);
+  const int64_t n = 6, d = 12, heads = 3, dh = 4;
+  const auto x = random_tensor({n, d}, rng);
+  const auto y = apply_rope_per_head(x.view(), heads);
+  for (int64_t h = 0; h < heads; ++h) {
+    const auto ref = apply_rope(head_slice(x, h, dh).view());
+    EXPECT_LE(max_abs_diff(head_slice(y, h, dh), ref), 0) << "head " << h;
+  }
+  EXPECT_THROW_MSG(apply_rope_per_head(x.view(), 4), ValueError,
+                   "head dimension d / heads = 12 / 4 must be even");
+  EXPECT_THROW_MSG(apply_rope_per_head(x.view(), 5), ValueError,
+                   "heads (5) must divide the model dimension d (12)");
+}
+
 TEST(MultiHead, HeadsMustDivideTheModelDimension) {
   Tensor<float> x({5, 8});
   EXPECT_THROW_MSG(multi_head(x.view(), 3), ValueError,
@@ -65,6 +125,8 @@ TEST(MultiHead, HeadsMustDivideTheModelDimension) {
   EXPECT_THROW_MSG(multi_head(x.view(), 0), ValueError, "heads must be >= 1");
   Tensor<float> flat({8});
   EXPECT_THROW_MSG(multi_head(flat.view(), 2), ValueError, "(..., n, d)");
+  EXPECT_THROW_MSG(multi_head_with_weights(x.view(), 3), ValueError,
+                   "heads (3) must divide the model dimension d (8) of x (5, 8)");
 }
 
 // ---------------------------------------------------------------------------

@@ -8,6 +8,7 @@
 #include "attn/mask.hpp"
 #include "attn/multi_head.hpp"
 #include "attn/multi_head_attention.hpp"
+#include "attn/picture.hpp"
 #include "attn/positional.hpp"
 #include "attn/softmax.hpp"
 #include "attn/tensor.hpp"

@@ -6,6 +6,7 @@
 #include <cstdint>
 
 #include "attn/attention.hpp"
+#include "attn/positional.hpp"
 
 namespace attn {
 
@@ -22,5 +23,20 @@ Tensor<float> multi_head(TensorView<const float> x, int64_t heads = 4,
                          const AttentionOptions& options = {});
 Tensor<double> multi_head(TensorView<const double> x, int64_t heads = 4,
                           const AttentionOptions& options = {});
+
+// The same, also returning each head's attention weights, (..., heads, n, n):
+// weights[..., h, i, j] is how much word i attends to word j in head h.
+AttentionResult<float> multi_head_with_weights(TensorView<const float> x, int64_t heads = 4,
+                                               const AttentionOptions& options = {});
+AttentionResult<double> multi_head_with_weights(TensorView<const double> x, int64_t heads = 4,
+                                                const AttentionOptions& options = {});
+
+// RoPE as a multi-head model applies it: on each head's slice of x (..., n, d)
+// separately (positions 0..n-1), so that every head sees rotated vectors of
+// its own dimension d / heads (which must be even).
+Tensor<float> apply_rope_per_head(TensorView<const float> x, int64_t heads,
+                                  const RopeOptions& options = {});
+Tensor<double> apply_rope_per_head(TensorView<const double> x, int64_t heads,
+                                   const RopeOptions& options = {});
 
 }  // namespace attn

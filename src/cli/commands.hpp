@@ -1,17 +1,38 @@
 // The subcommands of the `attn` command-line tool.
 #pragma once
 
+#include <cstdint>
 #include <string>
+
+#include "cli/positions.hpp"
 
 namespace attn::cli {
 
-int run_demo();
+struct DemoArgs {
+  std::string out;  // folder for the walkthrough's pictures; empty: none
+};
+int run_demo(const DemoArgs& args);
 
 struct MhaArgs {
   std::string weights, input, out;
   bool causal = false;
 };
 int run_mha(const MhaArgs& args);
+
+struct PeArgs {
+  int64_t n = 0, d = 0;
+  double base = 10000.0;
+  std::string out;  // .npy, .csv, .png or .svg
+};
+int run_pe(const PeArgs& args);
+
+struct AttendArgs {
+  std::string input, out, weights, tokens;
+  int64_t heads = 4;
+  PositionalEncoding pe = PositionalEncoding::None;
+  bool causal = false;
+};
+int run_attend(const AttendArgs& args);
 
 struct BenchArgs {
   std::string kind;  // "attention" or "decode"

@@ -3,17 +3,20 @@
 
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "attn/attn.hpp"
+#include "cli/heat_maps.hpp"
 
 namespace attn::cli {
 namespace {
 
 constexpr int64_t kDim = 8;
 constexpr int64_t kHeads = 4;
+constexpr int64_t kTableRows = 50, kTableDim = 64;  // the pictured table: enough to show its stripes
 
 // Fixed word vectors (8 dims): any distinct values would do.
 const char* const kWords[] = {"猫", "咬", "狗"};
@@ -38,24 +41,12 @@ float row_diff(const Tensor<float>& a, int64_t row_a, const Tensor<float>& b, in
   return m;
 }
 
-// RoPE on each head's slice, as a multi-head model applies it: x (n, d) seen
-// as (heads, n, d/heads) without copying.
-Tensor<float> rope_per_head(const Tensor<float>& x) {
-  const int64_t n = x.dim(0), dh = kDim / kHeads;
-  Tensor<float> out(x.shape());
-  const Shape shape{kHeads, n, dh};
-  const Strides strides{dh, kDim, 1};
-  apply_rope(TensorView<const float>(x.data(), shape, strides),
-             TensorView<float>(out.data(), shape, strides));
-  return out;
-}
+const std::vector<int> kCatBitesDog{0, 1, 2}, kDogBitesCat{2, 1, 0};
 
-// The outputs of 猫 咬 狗 and 狗 咬 猫 after `encode`, compared word by word.
-template <class Encode>
-void compare_sentences(const char* title, Encode encode) {
-  const std::vector<int> s1{0, 1, 2}, s2{2, 1, 0};
-  const auto y1 = multi_head(encode(sentence(s1)).view(), kHeads);
-  const auto y2 = multi_head(encode(sentence(s2)).view(), kHeads);
+// The outputs of 猫 咬 狗 and 狗 咬 猫 with positions encoded, compared word by word.
+void compare_sentences(const char* title, PositionalEncoding encoding) {
+  const auto y1 = multi_head(with_positions(sentence(kCatBitesDog), encoding, kHeads).view(), kHeads);
+  const auto y2 = multi_head(with_positions(sentence(kDogBitesCat), encoding, kHeads).view(), kHeads);
   std::printf("%s\n", title);
   for (int w = 0; w < 3; ++w) {
     const int64_t in1 = w, in2 = 2 - w;  // positions of word w in s1 and s2
@@ -65,9 +56,41 @@ void compare_sentences(const char* title, Encode encode) {
   }
 }
 
+// The walkthrough's pictures, each as .png and .svg, into `folder`.
+void write_pictures(const std::string& folder) {
+  namespace fs = std::filesystem;
+  std::error_code error;
+  fs::create_directories(folder, error);
+  if (error)
+    throw IOError("demo: cannot create the folder '" + folder + "': " + error.message());
+  auto both = [&](const std::string& name, auto draw) {
+    for (const char* ext : {".png", ".svg"}) draw((fs::path(folder) / (name + ext)).string());
+    std::printf("   %s.png, .svg\n", (fs::path(folder) / name).string().c_str());
+  };
+  std::printf("5. Pictures (the .svg files name the words and show each weight on hover):\n");
+  std::printf("   the sinusoidal table, n=%lld, d=%lld (fast stripes left, slow right):\n",
+              static_cast<long long>(kTableRows), static_cast<long long>(kTableDim));
+  const auto table = sinusoidal_encoding<float>(kTableRows, kTableDim);
+  both("positional_encoding", [&](const std::string& path) { draw_encoding(path, table); });
+  std::printf("   the weights of each head (row: the word attending; column: the word attended to):\n");
+  for (const auto& [name, words] : {std::pair{"cat_bites_dog", kCatBitesDog},
+                                    std::pair{"dog_bites_cat", kDogBitesCat}}) {
+    std::vector<std::string> tokens;
+    for (int w : words) tokens.emplace_back(kWords[w]);
+    for (const auto& [encoding_name, encoding] : kPositionalEncodings) {
+      const auto x = with_positions(sentence(words), encoding, kHeads);
+      const auto weights = multi_head_with_weights(x.view(), kHeads).weights;
+      both(std::string("weights_") + name + "_" + encoding_name,
+           [&](const std::string& path) { draw_weights(path, weights, tokens); });
+    }
+  }
+  std::printf("   -> without positions, 狗 咬 猫's weights are 猫 咬 狗's with rows and columns\n"
+              "      reversed; with positions they are not.\n");
+}
+
 }  // namespace
 
-int run_demo() {
+int run_demo(const DemoArgs& args) {
   std::printf("attn demo — the article, step by step\n\n");
 
   std::printf("1. Multi-head attention = attention on slices of the model dimension.\n");
@@ -81,17 +104,13 @@ int run_demo() {
 
   std::printf("2. Attention is blind to word order: 猫 咬 狗 (cat bites dog) vs 狗 咬 猫.\n");
   compare_sentences("   without positional encoding (each word's output is the same):",
-                    [](Tensor<float> s) { return s; });
+                    PositionalEncoding::None);
   std::printf("   -> only float rounding (~1e-7): the two sentences are indistinguishable.\n\n");
 
   std::printf("3. Positional encoding fixes it.\n");
-  compare_sentences("   sinusoidal encoding added (x + pe):", [](Tensor<float> s) {
-    const auto pe = sinusoidal_encoding<float>(s.dim(0), kDim);
-    for (int64_t i = 0; i < s.numel(); ++i) s[i] += pe[i];
-    return s;
-  });
+  compare_sentences("   sinusoidal encoding added (x + pe):", PositionalEncoding::Sinusoidal);
   compare_sentences("   RoPE applied (each head's vectors rotated by position):",
-                    [](Tensor<float> s) { return rope_per_head(s); });
+                    PositionalEncoding::Rope);
   std::printf("   -> the same word now comes out differently in the two sentences.\n\n");
 
   std::printf("4. The sinusoidal table, first rows (n=5, d=8): pe[p, i] = sin/cos(p / 10000^(2*(i//2)/d))\n");
@@ -100,6 +119,10 @@ int run_demo() {
     std::printf("   p=%lld:", static_cast<long long>(p));
     for (int64_t i = 0; i < kDim; ++i) std::printf(" %+.4f", pe[p * kDim + i]);
     std::printf("\n");
+  }
+  if (!args.out.empty()) {
+    std::printf("\n");
+    write_pictures(args.out);
   }
   std::printf("\nNext (the article's next post): Q, K, V come from learnable weights Wq, Wk, Wv.\n");
   return 0;

@@ -5,15 +5,78 @@
 
 #include <cstdio>
 #include <exception>
+#include <utility>
+#include <string>
+#include <vector>
 
 #include "attn/error.hpp"
 #include "cli/commands.hpp"
+#include "cli/files.hpp"
+
+namespace {
+
+// A usage error (exit 2) unless the file name ends in one of `extensions`.
+CLI::Validator extension_in(const std::vector<std::string>& extensions) {
+  std::string list;
+  for (const auto& e : extensions) list += (list.empty() ? "" : ", ") + e;
+  return CLI::Validator(
+      [extensions, list](std::string& path) -> std::string {
+        for (const auto& e : extensions)
+          if (attn::cli::lower_extension(path) == e) return "";
+        return "'" + path + "' must end in " + list;
+      },
+      "FILE (" + list + ")");
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{"attn: multi-head attention and positional encodings"};
   app.require_subcommand(1);
 
+  attn::cli::DemoArgs demo_args;
   auto* demo = app.add_subcommand("demo", "walk through the article, step by step");
+  demo->add_option("--out", demo_args.out,
+                   "also write the walkthrough's pictures (.png and .svg) into this folder");
+
+  attn::cli::PeArgs pe_args;
+  auto* pe = app.add_subcommand("pe", "write the sinusoidal positional-encoding table");
+  pe->add_option("--n", pe_args.n, "number of positions (rows)")
+      ->required()
+      ->check(CLI::NonNegativeNumber);
+  pe->add_option("--d", pe_args.d, "model dimension (columns)")
+      ->required()
+      ->check(CLI::PositiveNumber);
+  pe->add_option("--base", pe_args.base, "base of the wavelengths")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  pe->add_option("--out", pe_args.out,
+                 "output file: .npy (float32), .csv, .png or .svg (a heat map)")
+      ->required()
+      ->check(extension_in({".npy", ".csv", ".png", ".svg"}));
+
+  attn::cli::AttendArgs attend_args;
+  auto* attend = app.add_subcommand(
+      "attend", "run the article's multi_head on a .npy array; draw the weights per head");
+  attend->add_option("input", attend_args.input, "input .npy, (n, d) or (batch, n, d)")
+      ->required();
+  attend->add_option("--heads", attend_args.heads, "number of heads; must divide d")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  std::string attend_pe = "none";
+  attend->add_option("--pe", attend_pe,
+                     "positions: none, sinusoidal (the table added) or rope (per head)")
+      ->capture_default_str()
+      ->check(CLI::IsMember(attn::cli::kPositionalEncodings));
+  attend->add_flag("--causal", attend_args.causal, "each word attends only to itself and earlier ones");
+  attend->add_option("--out", attend_args.out, "output .npy, the input's shape and dtype")
+      ->required()
+      ->check(extension_in({".npy"}));
+  attend->add_option("--weights", attend_args.weights,
+                     "draw the attention weights, one heat map per head (.png or .svg)")
+      ->check(extension_in({".png", ".svg"}));
+  attend->add_option("--tokens", attend_args.tokens,
+                     "labels for the n rows, separated by spaces, e.g. \"猫 咬 狗\"");
 
   attn::cli::MhaArgs mha_args;
   auto* mha = app.add_subcommand(
@@ -52,6 +115,20 @@ int main(int argc, char** argv) {
       ->check(CLI::PositiveNumber);
   common(bench_decode);
 
+  // CLI11 alone would only say that a subcommand is required: name the word.
+  if (argc > 1 && argv[1][0] != '-') {
+    std::string known;
+    bool found = false;
+    for (const CLI::App* sub : std::as_const(app).get_subcommands({})) {
+      known += (known.empty() ? "" : ", ") + sub->get_name();
+      found = found || sub->get_name() == argv[1];
+    }
+    if (!found) {
+      std::fprintf(stderr, "attn: unknown subcommand '%s'; the subcommands are %s (see attn --help)\n",
+                   argv[1], known.c_str());
+      return 2;
+    }
+  }
   try {
     app.parse(argc, argv);
   } catch (const CLI::Success& e) {
@@ -61,7 +138,12 @@ int main(int argc, char** argv) {
     return 2;
   }
   try {
-    if (*demo) return attn::cli::run_demo();
+    if (*demo) return attn::cli::run_demo(demo_args);
+    if (*pe) return attn::cli::run_pe(pe_args);
+    if (*attend) {
+      attend_args.pe = attn::cli::kPositionalEncodings.at(attend_pe);
+      return attn::cli::run_attend(attend_args);
+    }
     if (*mha) return attn::cli::run_mha(mha_args);
     if (*bench) {
       bench_args.kind = *bench_attention ? "attention" : "decode";

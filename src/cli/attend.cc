@@ -1,0 +1,41 @@
+// `attn attend`: the article's multi_head on the user's own array, optionally
+// with positions encoded and a causal mask; the weights drawn head by head.
+#include <variant>
+
+#include "attn/attn.hpp"
+#include "cli/commands.hpp"
+#include "cli/heat_maps.hpp"
+
+namespace attn::cli {
+namespace {
+
+template <class T>
+void attend(const AttendArgs& args, Tensor<T> x) {
+  if (x.rank() != 2 && x.rank() != 3)
+    throw ValueError("attend: " + args.input + " has shape " + shape_str(x.shape()) +
+                     "; expected (n, d) or (batch, n, d)");
+  const auto tokens = split_tokens(args.tokens);
+  if (!tokens.empty() && static_cast<int64_t>(tokens.size()) != x.dim(-2))
+    throw ValueError("attend: --tokens gives " + std::to_string(tokens.size()) +
+                     " tokens, but " + args.input + " of shape " + shape_str(x.shape()) +
+                     " has n = " + std::to_string(x.dim(-2)) + " rows");
+  x = with_positions(std::move(x), args.pe, args.heads);
+  AttentionOptions options;
+  if (args.causal) options.causal = Causal::BottomRight;  // n_q == n_k: the lower triangle
+  if (args.weights.empty()) {
+    write_npy(args.out, multi_head(x.view(), args.heads, options).view());
+    return;
+  }
+  const auto result = multi_head_with_weights(x.view(), args.heads, options);
+  write_npy(args.out, result.out.view());
+  draw_weights(args.weights, result.weights, tokens);
+}
+
+}  // namespace
+
+int run_attend(const AttendArgs& args) {
+  std::visit([&](auto&& x) { attend(args, std::move(x)); }, read_npy(args.input));
+  return 0;
+}
+
+}  // namespace attn::cli

@@ -1,0 +1,265 @@
+"""The command line: `attn pe` against the article's formula, `attn attend` against
+attn.multi_head and NumPy, the pictures parsed back, and every bad input."""
+import os
+import struct
+import subprocess
+import xml.etree.ElementTree as ET
+
+import numpy as np
+import pytest
+
+import article
+import attn
+from util import rel_err
+
+ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
+CLI = os.environ.get("ATTN_CLI", os.path.join(ROOT, "build", "bin", "attn"))
+SVG = "{http://www.w3.org/2000/svg}"
+
+
+def run(*args):
+    return subprocess.run([CLI, *map(str, args)], capture_output=True, text=True, timeout=120)
+
+
+def ok(*args):
+    r = run(*args)
+    assert r.returncode == 0, r.stderr
+    return r
+
+
+def png_size(path):
+    """Width and height from the PNG signature and IHDR chunk."""
+    with open(path, "rb") as f:
+        head = f.read(24)
+    assert head[:8] == b"\x89PNG\r\n\x1a\n" and head[12:16] == b"IHDR"
+    return struct.unpack(">II", head[16:24])
+
+
+def svg_maps(path):
+    """Per heat map: title, column labels, row labels, cell tooltips."""
+    root = ET.parse(path).getroot()
+    assert root.tag == SVG + "svg"
+    maps = []
+    for g in root.iter(SVG + "g"):
+        if g.get("class") != "heatmap":
+            continue
+        texts = lambda cls: [t.text for t in g.iter(SVG + "text") if t.get("class") == cls]
+        cells = [r for r in g.iter(SVG + "rect") if r.get("class") == "cell"]
+        maps.append(dict(title=texts("title")[0], cols=texts("col-label"),
+                         rows=texts("row-label"),
+                         tips=[c.find(SVG + "title").text for c in cells]))
+    return root, maps
+
+
+# ---------------------------------------------------------------------------
+# attn pe
+
+@pytest.mark.parametrize("n,d", [(5, 8), (50, 64), (7, 5), (1, 1), (0, 4)])
+def test_pe_npy_is_the_articles_formula(tmp_path, n, d):
+    out = tmp_path / "pe.npy"
+    ok("pe", "--n", n, "--d", d, "--out", out)
+    pe = np.load(out)
+    assert pe.dtype == np.float32 and pe.shape == (n, d)
+    np.testing.assert_allclose(pe, article.positional_encoding(n, d), rtol=0, atol=1e-6)
+
+
+def test_pe_base_and_csv(tmp_path):
+    out = tmp_path / "pe.csv"
+    ok("pe", "--n", 9, "--d", 6, "--base", 100, "--out", out)
+    pos, i = np.arange(9)[:, None], np.arange(6)[None, :]
+    angle = pos / np.power(100.0, (2 * (i // 2)) / 6)
+    expected = np.where(i % 2 == 0, np.sin(angle), np.cos(angle))
+    np.testing.assert_allclose(np.loadtxt(out, delimiter=","), expected, rtol=0, atol=1e-6)
+
+
+def test_pe_pictures(tmp_path):
+    ok("pe", "--n", 12, "--d", 10, "--out", tmp_path / "pe.svg")
+    _, maps = svg_maps(tmp_path / "pe.svg")
+    assert len(maps) == 1 and len(maps[0]["tips"]) == 12 * 10
+    assert "n=12, d=10" in maps[0]["title"]
+    # The tooltip of position 3, dimension 4 holds that entry of the table.
+    tip = maps[0]["tips"][3 * 10 + 4]
+    assert tip.startswith("position 3, dimension 4: ")
+    assert float(tip.split(": ")[1]) == pytest.approx(article.positional_encoding(12, 10)[3, 4],
+                                                      abs=1e-4)
+    ok("pe", "--n", 12, "--d", 10, "--out", tmp_path / "PE.PNG")
+    width, height = png_size(tmp_path / "PE.PNG")
+    assert width > 10 and height > 12
+
+
+# ---------------------------------------------------------------------------
+# attn attend
+
+def np_multi_head(x, heads, causal=False):
+    """The article's multi_head in NumPy, with an optional causal mask, batched."""
+    if x.ndim == 3:
+        return np.stack([np_multi_head(b, heads, causal) for b in x])
+    if not causal:
+        return article.multi_head(x.astype(np.float64), heads)
+    n, d = x.shape
+    dh = d // heads
+    outs = []
+    for h in range(heads):
+        s = x[:, h * dh:(h + 1) * dh].astype(np.float64)
+        logits = s @ s.T / np.sqrt(dh)
+        logits[np.triu(np.ones((n, n), bool), 1)] = -np.inf
+        outs.append(article.softmax(logits) @ s)
+    return np.concatenate(outs, axis=-1)
+
+
+def np_rope_per_head(x, heads, base=10000.0):
+    """RoPE (half-split pairs) on each head's slice, at positions 0..n-1."""
+    n, d = x.shape[-2:]
+    dh, half = d // heads, d // heads // 2
+    angle = np.arange(n)[:, None] * base ** (-2.0 * np.arange(half) / dh)
+    cos, sin = np.cos(angle), np.sin(angle)
+    out = np.empty_like(x, dtype=np.float64)
+    for h in range(heads):
+        a = x[..., h * dh:h * dh + half].astype(np.float64)
+        b = x[..., h * dh + half:(h + 1) * dh].astype(np.float64)
+        out[..., h * dh:h * dh + half] = a * cos - b * sin
+        out[..., h * dh + half:(h + 1) * dh] = b * cos + a * sin
+    return out
+
+
+@pytest.mark.parametrize("shape,heads", [((5, 8), 4), ((7, 12), 3), ((2, 6, 8), 2), ((1, 4), 1)])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_attend_equals_multi_head(tmp_path, shape, heads, dtype):
+    x = np.random.default_rng(sum(shape)).normal(size=shape).astype(dtype)
+    np.save(tmp_path / "in.npy", x)
+    ok("attend", tmp_path / "in.npy", "--heads", heads, "--out", tmp_path / "out.npy")
+    y = np.load(tmp_path / "out.npy")
+    assert y.dtype == dtype and y.shape == shape
+    np.testing.assert_array_equal(y, attn.multi_head(x, heads))
+    assert rel_err(y, np_multi_head(x, heads)) <= (1e-6 if dtype == np.float32 else 1e-12)
+
+
+@pytest.mark.parametrize("shape", [(6, 8), (3, 5, 8)])
+def test_attend_with_positions_and_causal(tmp_path, shape):
+    heads = 2
+    x = np.random.default_rng(7).normal(size=shape)
+    np.save(tmp_path / "in.npy", x)
+
+    def attend(*flags):
+        ok("attend", tmp_path / "in.npy", "--heads", heads, "--out", tmp_path / "out.npy", *flags)
+        return np.load(tmp_path / "out.npy")
+
+    n, d = shape[-2:]
+    with_pe = x + article.positional_encoding(n, d)
+    assert rel_err(attend("--pe", "sinusoidal"), np_multi_head(with_pe, heads)) <= 1e-12
+    assert rel_err(attend("--pe", "rope"), np_multi_head(np_rope_per_head(x, heads), heads)) <= 1e-12
+    assert rel_err(attend("--causal"), np_multi_head(x, heads, causal=True)) <= 1e-12
+    assert rel_err(attend("--pe", "none"), np_multi_head(x, heads)) <= 1e-12
+    # The first word sees only itself under the causal mask: its output is its input.
+    np.testing.assert_allclose(attend("--causal")[..., 0, :], x[..., 0, :], rtol=1e-12)
+
+
+def test_attend_weights_svg_has_a_cell_per_weight_and_the_labels(tmp_path):
+    x = np.random.default_rng(3).normal(size=(3, 8)).astype(np.float32)
+    np.save(tmp_path / "in.npy", x)
+    ok("attend", tmp_path / "in.npy", "--heads", 4, "--out", tmp_path / "out.npy",
+       "--weights", tmp_path / "w.svg", "--tokens", "猫 咬 狗")
+    root, maps = svg_maps(tmp_path / "w.svg")
+    assert "CJK" in root.get("font-family")
+    assert [m["title"] for m in maps] == ["head 0", "head 1", "head 2", "head 3"]
+    _, weights = attn.attention(*(np.ascontiguousarray(x.reshape(3, 4, 2).transpose(1, 0, 2)),) * 3,
+                                return_weights=True)  # (heads, n, n), from the head slices
+    for h, m in enumerate(maps):
+        assert m["cols"] == ["猫", "咬", "狗"] and m["rows"] == ["猫", "咬", "狗"]
+        assert len(m["tips"]) == 9
+        values = [float(t.rsplit(": ", 1)[1]) for t in m["tips"]]
+        np.testing.assert_allclose(np.reshape(values, (3, 3)), weights[h], atol=1e-4)
+    assert maps[0]["tips"][1] == "query 0 猫, key 1 咬: " + maps[0]["tips"][1].rsplit(": ", 1)[1]
+
+
+def test_attend_weights_of_a_batch(tmp_path):
+    np.save(tmp_path / "in.npy", np.random.default_rng(4).normal(size=(2, 4, 6)))
+    ok("attend", tmp_path / "in.npy", "--heads", 3, "--causal", "--out", tmp_path / "o.npy",
+       "--weights", tmp_path / "w.svg")
+    _, maps = svg_maps(tmp_path / "w.svg")
+    assert len(maps) == 6 and maps[4]["title"] == "batch 1, head 1"
+    assert all(len(m["tips"]) == 16 and m["cols"] == [] for m in maps)
+    # Causal: weights above the diagonal are zero.
+    assert float(maps[0]["tips"][1].rsplit(": ", 1)[1]) == 0
+    ok("attend", tmp_path / "in.npy", "--heads", 3, "--out", tmp_path / "o.npy",
+       "--weights", tmp_path / "w.png")
+    width, height = png_size(tmp_path / "w.png")
+    assert width > 3 * 4 and height > 2 * 4
+
+
+def test_demo_writes_its_pictures(tmp_path):
+    r = ok("demo", "--out", tmp_path / "pics")
+    names = sorted(os.listdir(tmp_path / "pics"))
+    assert len(names) == 14 and "positional_encoding.png" in names
+    for sentence in ("cat_bites_dog", "dog_bites_cat"):
+        for encoding in ("none", "sinusoidal", "rope"):
+            name = f"weights_{sentence}_{encoding}"
+            assert str(tmp_path / "pics" / name) in r.stdout
+            _, maps = svg_maps(tmp_path / "pics" / (name + ".svg"))
+            assert len(maps) == 4 and all(len(m["tips"]) == 9 for m in maps)
+            png_size(tmp_path / "pics" / (name + ".png"))
+    # Without positions the reversed sentence's weights are the reversed weights.
+    _, a = svg_maps(tmp_path / "pics" / "weights_cat_bites_dog_none.svg")
+    _, b = svg_maps(tmp_path / "pics" / "weights_dog_bites_cat_none.svg")
+    value = lambda m: np.reshape([float(t.rsplit(": ", 1)[1]) for t in m["tips"]], (3, 3))
+    np.testing.assert_allclose(value(b[1]), value(a[1])[::-1, ::-1], atol=1e-4)
+
+
+# ---------------------------------------------------------------------------
+# Bad input: one line on stderr, exit 2 for usage and 1 for runtime errors.
+
+def bad_cases(tmp):
+    np.save(tmp / "x.npy", np.zeros((3, 8), np.float32))
+    np.save(tmp / "flat.npy", np.zeros(8, np.float32))
+    np.save(tmp / "rank4.npy", np.zeros((1, 2, 3, 8), np.float32))
+    np.save(tmp / "odd.npy", np.zeros((3, 6), np.float32))
+    (tmp / "junk.npy").write_bytes(b"not an npy file at all")
+    (tmp / "a_file").write_text("")
+    x, out = tmp / "x.npy", tmp / "out.npy"
+    return [
+        ([], 2, "subcommand"),
+        (["nonsense"], 2, "nonsense"),
+        (["pe", "--n", 3, "--d", 4], 2, "--out is required"),
+        (["pe", "--n", 3, "--d", 4, "--out", tmp / "pe.txt"], 2, "must end in .npy, .csv, .png, .svg"),
+        (["pe", "--n", 3, "--d", 0, "--out", tmp / "pe.npy"], 2, "--d"),
+        (["pe", "--n", -1, "--d", 4, "--out", tmp / "pe.npy"], 2, "--n"),
+        (["pe", "--n", "many", "--d", 4, "--out", tmp / "pe.npy"], 2, "--n"),
+        (["pe", "--n", 3, "--d", 4, "--base", 0, "--out", tmp / "pe.npy"], 2, "--base"),
+        (["pe", "--n", 3, "--d", 4, "--out", tmp / "pe.npy", "--bogus"], 2, "--bogus"),
+        (["pe", "--n", 3, "--d", 4, "--out", tmp / "no" / "pe.npy"], 1, "pe.npy"),
+        (["pe", "--n", 3, "--d", 4, "--out", tmp / "no" / "pe.csv"], 1, "cannot open"),
+        (["pe", "--n", 0, "--d", 4, "--out", tmp / "pe.png"], 1, "shape (0, 4)"),
+        (["attend", x, "--out", out, "--heads", 0], 2, "--heads"),
+        (["attend", x, "--out", out, "--pe", "learned"], 2, "learned"),
+        (["attend", x, "--out", tmp / "out.txt"], 2, "must end in .npy"),
+        (["attend", x, "--out", out, "--weights", tmp / "w.jpg"], 2, "must end in .png, .svg"),
+        (["attend", x], 2, "--out is required"),
+        (["attend", "--out", out], 2, "input is required"),
+        (["attend", tmp / "missing.npy", "--out", out], 1, "missing.npy"),
+        (["attend", tmp / "junk.npy", "--out", out], 1, "junk.npy"),
+        (["attend", tmp / "flat.npy", "--out", out], 1, "has shape (8,); expected (n, d) or (batch, n, d)"),
+        (["attend", tmp / "rank4.npy", "--out", out], 1, "expected (n, d) or (batch, n, d)"),
+        (["attend", x, "--out", out, "--heads", 3], 1, "heads (3) must divide the model dimension d (8)"),
+        (["attend", tmp / "odd.npy", "--out", out, "--heads", 2, "--pe", "rope"], 1, "must be even"),
+        (["attend", x, "--out", out, "--tokens", "猫 咬"], 1, "--tokens gives 2 tokens"),
+        (["attend", x, "--out", tmp / "no" / "out.npy"], 1, "out.npy"),
+        (["attend", x, "--out", out, "--weights", tmp / "no" / "w.svg"], 1, "cannot open"),
+        (["demo", "--out", tmp / "a_file"], 1, "cannot create the folder"),
+    ]
+
+
+def test_bad_input_is_one_line_and_the_right_exit_status(tmp_path):
+    for args, status, needle in bad_cases(tmp_path):
+        r = run(*args)
+        what = f"attn {' '.join(map(str, args))}: {r.stderr!r}"
+        assert r.returncode == status, what
+        assert r.stderr.startswith("attn: ") and r.stderr.endswith("\n"), what
+        assert r.stderr.count("\n") == 1, what
+        assert needle in r.stderr, what
+        assert "terminate" not in r.stderr and "Traceback" not in r.stderr, what
+
+
+@pytest.mark.parametrize("sub", ["demo", "pe", "attend", "mha"])
+def test_every_subcommand_has_help(sub):
+    r = ok(sub, "--help")
+    assert "--out" in r.stdout and "Usage" in r.stdout
