@@ -9,6 +9,7 @@
 #include "attn/attention.hpp"
 #include "attn/positional.hpp"
 #include "linear.hpp"
+#include "random.hpp"
 
 namespace attn {
 namespace {
@@ -17,17 +18,7 @@ namespace {
   throw ValueError("MultiHeadAttention: " + msg);
 }
 
-// Uniform in [-bound, bound) from the top 53 bits of a 64-bit Mersenne
-// twister: the same numbers on every platform (std distributions are not).
-template <class T>
-Tensor<T> uniform(Shape shape, double bound, std::mt19937_64& rng) {
-  Tensor<T> t(std::move(shape));
-  for (int64_t i = 0; i < t.numel(); ++i) {
-    const double u = static_cast<double>(rng() >> 11) * 0x1.0p-53;
-    t[i] = static_cast<T>((2 * u - 1) * bound);
-  }
-  return t;
-}
+using detail::uniform;
 
 // Xavier-uniform, as torch.nn.init.xavier_uniform_: bound sqrt(6 / (fan_in + fan_out)).
 template <class T>
