@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <ostream>
 #include <limits>
 
 #include "gradcheck.hpp"
@@ -25,6 +26,7 @@ struct AttentionCase {
   Shape mask_shape;      // empty: no mask
   bool bool_mask = false;
 };
+void PrintTo(const AttentionCase& c, std::ostream* os) { *os << c.name; }
 
 class AttentionBackward : public ::testing::TestWithParam<AttentionCase> {};
 
@@ -195,6 +197,7 @@ struct MhaCase {
   Causal causal = Causal::None;
   bool masks = false;  // a boolean attn_mask and an additive key_padding_mask
 };
+void PrintTo(const MhaCase& c, std::ostream* os) { *os << c.name; }
 
 class MhaBackward : public ::testing::TestWithParam<MhaCase> {};
 

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <ostream>
 
 #include "attn/adam.hpp"
 #include "attn/embedding.hpp"
@@ -41,6 +42,7 @@ struct ModelCase {
   Readout readout;
   int64_t layers;
 };
+void PrintTo(const ModelCase& c, std::ostream* os) { *os << c.name; }
 
 class ClassifierGradients : public ::testing::TestWithParam<ModelCase> {};
 
