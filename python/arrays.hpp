@@ -8,6 +8,7 @@
 #include <string>
 
 #include "attn/error.hpp"
+#include "attn/mask.hpp"
 #include "attn/tensor.hpp"
 
 namespace attn::python {
@@ -83,5 +84,29 @@ py::array_t<T> to_numpy(Tensor<T>&& t) {
   return py::array_t<T>(std::vector<py::ssize_t>(s.begin(), s.end()), owner->data(),
                         free_when_done);
 }
+
+}  // namespace attn::python
+
+namespace attn::python {
+
+// A mask argument: boolean, or additive in float32/float64 (other dtypes
+// become float32). Keeps the converted arrays alive while the library reads them.
+struct MaskArg {
+  py::array_t<bool> b;
+  py::array_t<float> f;
+  py::array_t<double> d;
+  Mask mask;
+
+  MaskArg(const py::object& obj, const char* name) {
+    if (obj.is_none()) return;
+    const auto m = as_numeric_array(obj, name);
+    if (m.dtype().kind() == 'b')
+      b = as<bool>(m), mask = view_of<const bool>(b);
+    else if (is_float64(m))
+      d = as<double>(m), mask = view_of<const double>(d);
+    else
+      f = as<float>(m), mask = view_of<const float>(f);
+  }
+};
 
 }  // namespace attn::python

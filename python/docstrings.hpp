@@ -67,6 +67,20 @@ A query row with no allowed key (including n_k = 0) outputs zeros and zero
 weights, never NaN.
 )";
 
+inline constexpr const char* kAttentionBackward = R"(attention_backward(q, k, v, dout, mask=None, *, causal=False, scale=None,
+                   softcap=None, window=None) -> (dq, dk, dv)
+
+The gradient of attention(q, k, v, mask, ...) with respect to q, k and v,
+given dout = dL/dout of the output's shape (..., Hq, n_q, d_v). Takes the same
+arguments and options as attention() and returns arrays of q's, k's and v's
+shapes. With GQA, a key/value head's gradient sums over the query heads that
+share it. A row with no allowed key contributes zero gradient (never NaN).
+The mask gets no gradient.
+
+Computed in double precision; float32 input is converted and the gradients
+returned as float32 (float64 if any of q, k, v, dout is float64).
+)";
+
 inline constexpr const char* kMultiHead = R"(multi_head(x, heads=4)
 
 The article's multi-head attention: split the last axis of x (..., n, d) into

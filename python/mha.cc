@@ -68,25 +68,6 @@ std::optional<int64_t> optional_int(const py::object& o, const char* name) {
   return o.cast<int64_t>();
 }
 
-// Keeps converted mask arrays alive while the layer reads them.
-struct MaskArg {
-  py::array_t<bool> b;
-  py::array_t<float> f;
-  py::array_t<double> d;
-  Mask mask;
-
-  MaskArg(const py::object& obj, const char* name) {
-    if (obj.is_none()) return;
-    const auto m = as_numeric_array(obj, name);
-    if (m.dtype().kind() == 'b')
-      b = as<bool>(m), mask = view_of<const bool>(b);
-    else if (is_float64(m))
-      d = as<double>(m), mask = view_of<const double>(d);
-    else
-      f = as<float>(m), mask = view_of<const float>(f);
-  }
-};
-
 template <class T>
 py::tuple forward_t(PyMha& self, const py::array& q_in, const py::object& k_obj,
                     const py::object& v_obj, const MaskArg& kpm, const MaskArg& am,

@@ -81,27 +81,24 @@ py::object attention_t(const py::array& q_in, const py::array& k_in, const py::a
     weights = empty<T>(attention_weights_shape(q.shape(), k.shape(), v.shape()));
     w = view_of<T>(weights);
   }
-  // The mask: boolean (True = may attend) or additive in float32/float64.
-  Mask mask;
-  py::array_t<bool> mb;
-  py::array_t<float> mf;
-  py::array_t<double> md;
-  if (!mask_obj.is_none()) {
-    const auto m = as_numeric_array(mask_obj, "mask");
-    if (m.dtype().kind() == 'b')
-      mb = as<bool>(m), mask = view_of<const bool>(mb);
-    else if (is_float64(m))
-      md = as<double>(m), mask = view_of<const double>(md);
-    else
-      mf = as<float>(m), mask = view_of<const float>(mf);
-  }
+  const MaskArg m(mask_obj, "mask");  // boolean: True = may attend
   auto o = view_of<T>(out);
   {
     py::gil_scoped_release nogil;
-    attention(q, k, v, o, opt, mask, w);
+    attention(q, k, v, o, opt, m.mask, w);
   }
   if (return_weights) return py::make_tuple(out, weights);
   return out;
+}
+
+AttentionOptions options_from(const py::object& causal, const py::object& scale,
+                              const py::object& softcap, const py::object& window) {
+  AttentionOptions opt;
+  opt.causal = causal_from(causal);
+  opt.scale = optional_float(scale, "scale");
+  opt.softcap = optional_float(softcap, "softcap").value_or(0.0);
+  opt.window = window_from(window);
+  return opt;
 }
 
 py::object py_attention(const py::object& q_obj, const py::object& k_obj,
@@ -111,14 +108,40 @@ py::object py_attention(const py::object& q_obj, const py::object& k_obj,
                         bool return_weights) {
   const auto q = as_numeric_array(q_obj, "q"), k = as_numeric_array(k_obj, "k"),
              v = as_numeric_array(v_obj, "v");
-  AttentionOptions opt;
-  opt.causal = causal_from(causal);
-  opt.scale = optional_float(scale, "scale");
-  opt.softcap = optional_float(softcap, "softcap").value_or(0.0);
-  opt.window = window_from(window);
+  const AttentionOptions opt = options_from(causal, scale, softcap, window);
   if (is_float64(q) || is_float64(k) || is_float64(v))
     return attention_t<double>(q, k, v, mask, opt, return_weights);
   return attention_t<float>(q, k, v, mask, opt, return_weights);
+}
+
+template <class T>
+py::tuple attention_backward_t(const py::array& q_in, const py::array& k_in,
+                               const py::array& v_in, const py::array& dout_in,
+                               const py::object& mask_obj, const AttentionOptions& opt) {
+  auto qa = as<T>(q_in), ka = as<T>(k_in), va = as<T>(v_in), da = as<T>(dout_in);
+  const auto q = view_of<const T>(qa), k = view_of<const T>(ka), v = view_of<const T>(va),
+             dout = view_of<const T>(da);
+  auto dq = empty<T>(q.shape()), dk = empty<T>(k.shape()), dv = empty<T>(v.shape());
+  auto dqv = view_of<T>(dq), dkv = view_of<T>(dk), dvv = view_of<T>(dv);
+  const MaskArg m(mask_obj, "mask");
+  {
+    py::gil_scoped_release nogil;
+    attention_backward(q, k, v, dout, dqv, dkv, dvv, opt, m.mask);
+  }
+  return py::make_tuple(dq, dk, dv);
+}
+
+py::tuple py_attention_backward(const py::object& q_obj, const py::object& k_obj,
+                                const py::object& v_obj, const py::object& dout_obj,
+                                const py::object& mask, const py::object& causal,
+                                const py::object& scale, const py::object& softcap,
+                                const py::object& window) {
+  const auto q = as_numeric_array(q_obj, "q"), k = as_numeric_array(k_obj, "k"),
+             v = as_numeric_array(v_obj, "v"), dout = as_numeric_array(dout_obj, "dout");
+  const AttentionOptions opt = options_from(causal, scale, softcap, window);
+  if (is_float64(q) || is_float64(k) || is_float64(v) || is_float64(dout))
+    return attention_backward_t<double>(q, k, v, dout, mask, opt);
+  return attention_backward_t<float>(q, k, v, dout, mask, opt);
 }
 
 template <class T>
@@ -223,6 +246,10 @@ PYBIND11_MODULE(attn, m) {
         py::kw_only(), arg("causal") = false, arg("scale") = py::none(),
         arg("softcap") = py::none(), arg("window") = py::none(),
         arg("return_weights") = false, docs::kAttention);
+  m.def("attention_backward", &py_attention_backward, arg("q"), arg("k"), arg("v"),
+        arg("dout"), arg("mask") = py::none(), py::kw_only(), arg("causal") = false,
+        arg("scale") = py::none(), arg("softcap") = py::none(), arg("window") = py::none(),
+        docs::kAttentionBackward);
   m.def("multi_head", &py_multi_head, arg("x"), arg("heads") = 4, docs::kMultiHead);
   m.def("positional_encoding", &py_positional_encoding, arg("n"), arg("d"), py::kw_only(),
         arg("base") = 10000.0, arg("dtype") = py::module_::import("numpy").attr("float32"),

@@ -1,6 +1,7 @@
-// attention(): validates the arguments, normalizes them into an
-// AttentionProblem and dispatches: float32 to the SIMD kernel, float64 to the
-// double-precision reference.
+// attention() and attention_backward(): validate the arguments, normalize
+// them into an AttentionProblem and dispatch: float32 to the SIMD kernel,
+// float64 to the double-precision reference (the backward: the reference for
+// both, for now).
 #include "attn/attention.hpp"
 
 #include <cmath>
@@ -168,6 +169,39 @@ AttentionProblem<T> make_problem(TensorView<const T> q, TensorView<const KV> k,
   return p;
 }
 
+template <class T>
+std::pair<AttentionProblem<T>, GradientOperands<T>> make_backward_problem(
+    TensorView<const T> q, TensorView<const T> k, TensorView<const T> v,
+    TensorView<const T> dout, TensorView<T> dq, TensorView<T> dk, TensorView<T> dv,
+    const AttentionOptions& options, const Mask& mask) {
+  const Dims s = check_shapes(q.shape(), k.shape(), v.shape());
+  const Shape out_shape = with_tail(s, q.rank() >= 3, s.n_q, s.d_v);
+  if (dout.shape() != out_shape)
+    fail("dout has shape " + shape_str(dout.shape()) + ", expected the output's shape " +
+         shape_str(out_shape));
+  const auto check_grad = [](const char* name, const Shape& got, const char* of, const Shape& want) {
+    if (got != want)
+      fail(std::string(name) + " has shape " + shape_str(got) + ", expected " + of +
+           "'s shape " + shape_str(want));
+  };
+  check_grad("dq", dq.shape(), "q", q.shape());
+  check_grad("dk", dk.shape(), "k", k.shape());
+  check_grad("dv", dv.shape(), "v", v.shape());
+  // The forward problem with no output to write (its operand has a null pointer).
+  std::pair<AttentionProblem<T>, GradientOperands<T>> r{
+      make_problem(q, k, v, TensorView<T>(nullptr, out_shape), options, mask, TensorView<T>()),
+      {}};
+  r.second.dout = operand(dout, s.batch);
+  r.second.dq = operand(dq, s.batch);
+  r.second.dk = operand(dk, s.batch);
+  r.second.dv = operand(dv, s.batch);
+  return r;
+}
+
+template std::pair<AttentionProblem<double>, GradientOperands<double>> make_backward_problem(
+    TensorView<const double>, TensorView<const double>, TensorView<const double>,
+    TensorView<const double>, TensorView<double>, TensorView<double>, TensorView<double>,
+    const AttentionOptions&, const Mask&);
 template AttentionProblem<double> make_problem(TensorView<const double>,
                                                TensorView<const double>,
                                                TensorView<const double>, TensorView<double>,
@@ -236,6 +270,63 @@ void attention(TensorView<const float> q, TensorView<const float16> k,
                TensorView<const float16> v, TensorView<float> out,
                const AttentionOptions& options, const Mask& mask, TensorView<float> weights) {
   attention_f32(q, k, v, out, options, mask, weights);
+}
+
+void attention_backward(TensorView<const double> q, TensorView<const double> k,
+                        TensorView<const double> v, TensorView<const double> dout,
+                        TensorView<double> dq, TensorView<double> dk, TensorView<double> dv,
+                        const AttentionOptions& options, const Mask& mask) {
+  const auto [p, g] = detail::make_backward_problem(q, k, v, dout, dq, dk, dv, options, mask);
+  detail::reference_attention_backward(p, g);
+}
+
+void attention_backward(TensorView<const float> q, TensorView<const float> k,
+                        TensorView<const float> v, TensorView<const float> dout,
+                        TensorView<float> dq, TensorView<float> dk, TensorView<float> dv,
+                        const AttentionOptions& options, const Mask& mask) {
+  // No float32 kernel yet (a fast one is planned): compute through the double
+  // reference, converting in and out. The float mask is read as it is.
+  const auto wide = [](TensorView<const float> t) {
+    Tensor<double> d(t.shape());
+    copy<float>(t, d.view());
+    return d;
+  };
+  const Tensor<double> q64 = wide(q), k64 = wide(k), v64 = wide(v), dout64 = wide(dout);
+  Tensor<double> dq64(dq.shape()), dk64(dk.shape()), dv64(dv.shape());
+  attention_backward(q64.view(), k64.view(), v64.view(), dout64.view(), dq64.view(),
+                     dk64.view(), dv64.view(), options, mask);
+  copy<double>(dq64.view(), dq);
+  copy<double>(dk64.view(), dk);
+  copy<double>(dv64.view(), dv);
+}
+
+namespace {
+template <class T>
+AttentionGradients<T> attention_backward_alloc(TensorView<const T> q, TensorView<const T> k,
+                                               TensorView<const T> v, TensorView<const T> dout,
+                                               const AttentionOptions& options,
+                                               const Mask& mask) {
+  AttentionGradients<T> g{Tensor<T>(q.shape()), Tensor<T>(k.shape()), Tensor<T>(v.shape())};
+  attention_backward(q, k, v, dout, g.dq.view(), g.dk.view(), g.dv.view(), options, mask);
+  return g;
+}
+}  // namespace
+
+AttentionGradients<float> attention_backward(TensorView<const float> q,
+                                             TensorView<const float> k,
+                                             TensorView<const float> v,
+                                             TensorView<const float> dout,
+                                             const AttentionOptions& options,
+                                             const Mask& mask) {
+  return attention_backward_alloc<float>(q, k, v, dout, options, mask);
+}
+AttentionGradients<double> attention_backward(TensorView<const double> q,
+                                              TensorView<const double> k,
+                                              TensorView<const double> v,
+                                              TensorView<const double> dout,
+                                              const AttentionOptions& options,
+                                              const Mask& mask) {
+  return attention_backward_alloc<double>(q, k, v, dout, options, mask);
 }
 
 namespace {

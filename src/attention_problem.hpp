@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "attn/attention.hpp"
@@ -62,7 +63,26 @@ AttentionProblem<T> make_problem(TensorView<const T> q, TensorView<const KV> k,
                                  const AttentionOptions& options, const Mask& mask,
                                  TensorView<T> weights);
 
+// The gradients of attention: dout (the output's shape) in, dq, dk, dv (the
+// shapes of q, k, v) out, as (batch, head, row, col) operands.
+template <class T>
+struct GradientOperands {
+  Operand<const T> dout;
+  Operand<T> dq, dk, dv;
+};
+
+// Validates the arguments of attention_backward() and builds the forward
+// problem (without an output to write) and its gradient operands.
+template <class T>
+std::pair<AttentionProblem<T>, GradientOperands<T>> make_backward_problem(
+    TensorView<const T> q, TensorView<const T> k, TensorView<const T> v,
+    TensorView<const T> dout, TensorView<T> dq, TensorView<T> dk, TensorView<T> dv,
+    const AttentionOptions& options, const Mask& mask);
+
 // The double-precision oracle: plain loops, accumulation in double.
 void reference_attention(const AttentionProblem<double>& p);
+// Its backward (dq, dk, dv overwritten), recomputing the weights row by row.
+void reference_attention_backward(const AttentionProblem<double>& p,
+                                  const GradientOperands<double>& g);
 
 }  // namespace attn::detail

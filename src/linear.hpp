@@ -1,5 +1,8 @@
-// Internal: y = x Wᵀ + b, the projections of the multi-head layer.
+// Internal: y = x Wᵀ + b, the projections of the multi-head layer, and its
+// backward.
 #pragma once
+
+#include <cstdint>
 
 #include "attn/tensor.hpp"
 
@@ -9,5 +12,13 @@ namespace attn::detail {
 // null, y (rows, out) with unit column stride.
 void linear(TensorView<const float> x, const float* w, const float* b, TensorView<float> y);
 void linear(TensorView<const double> x, const double* w, const double* b, TensorView<double> y);
+
+// The backward, all arrays contiguous: given dy (rows, out),
+//   dx (rows, in) = dy W       (overwritten; skipped when null)
+//   dw (out, in) += dyᵀ x
+//   db (out)     += the sum of dy's rows (skipped when null)
+template <class T>
+void linear_backward(const T* x, const T* w, const T* dy, int64_t rows, int64_t in, int64_t out,
+                     T* dx, T* dw, T* db);
 
 }  // namespace attn::detail

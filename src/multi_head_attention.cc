@@ -4,10 +4,12 @@
 #include <limits>
 #include <random>
 #include <set>
+#include <utility>
 
 #include "attn/attention.hpp"
 #include "attn/positional.hpp"
 #include "linear.hpp"
+#include "random.hpp"
 
 namespace attn {
 namespace {
@@ -16,17 +18,7 @@ namespace {
   throw ValueError("MultiHeadAttention: " + msg);
 }
 
-// Uniform in [-bound, bound) from the top 53 bits of a 64-bit Mersenne
-// twister: the same numbers on every platform (std distributions are not).
-template <class T>
-Tensor<T> uniform(Shape shape, double bound, std::mt19937_64& rng) {
-  Tensor<T> t(std::move(shape));
-  for (int64_t i = 0; i < t.numel(); ++i) {
-    const double u = static_cast<double>(rng() >> 11) * 0x1.0p-53;
-    t[i] = static_cast<T>((2 * u - 1) * bound);
-  }
-  return t;
-}
+using detail::uniform;
 
 // Xavier-uniform, as torch.nn.init.xavier_uniform_: bound sqrt(6 / (fan_in + fan_out)).
 template <class T>
@@ -143,9 +135,26 @@ MultiHeadAttention<T>::MultiHeadAttention(const MultiHeadAttentionConfig& config
 }
 
 template <class T>
-MhaOutput<T> MultiHeadAttention<T>::forward(TensorView<const T> query, TensorView<const T> key,
-                                            TensorView<const T> value,
-                                            const MhaForwardOptions<T>& opt) const {
+struct MultiHeadAttention<T>::Activations {
+  TensorView<const T> q_in, k_in, v_in;  // the inputs as (batch, n, width)
+  bool is_batched;
+  Tensor<T> q, k, v;                     // projections (batch, n, heads * head_dim); q, k rotated
+  TensorView<const T> K, V;              // the keys and values attended (the cache's, with one)
+  Tensor<T> mask;                        // both PyTorch masks folded, additive; empty when none
+  AttentionOptions attention;
+  RopeOptions rope;
+  Tensor<T> ctx;                         // the heads' outputs concatenated (batch, n_q, E)
+  Tensor<T> weights;                     // (batch, heads, n_q, n_k) when need_weights
+
+  Mask attention_mask() const {
+    return mask.rank() ? Mask(TensorView<const T>(mask.view())) : Mask();
+  }
+};
+
+template <class T>
+typename MultiHeadAttention<T>::Activations MultiHeadAttention<T>::forward_activations(
+    TensorView<const T> query, TensorView<const T> key, TensorView<const T> value,
+    const MhaForwardOptions<T>& opt) const {
   const auto& c = config_;
   if (key.empty_view()) key = query;
   if (value.empty_view()) value = key;
@@ -168,31 +177,32 @@ MhaOutput<T> MultiHeadAttention<T>::forward(TensorView<const T> query, TensorVie
   if (is_batched && (key.dim(0) != query.dim(0) || value.dim(0) != query.dim(0)))
     fail("query, key and value must have the same batch size, got " + shapes);
 
-  const auto q_in = batched(query), k_in = batched(key), v_in = batched(value);
-  const int64_t B = q_in.dim(0), n_q = q_in.dim(1), H = c.num_heads, Hkv = c.kv_heads();
+  Activations a;
+  a.is_batched = is_batched;
+  a.q_in = batched(query), a.k_in = batched(key), a.v_in = batched(value);
+  const int64_t B = a.q_in.dim(0), n_q = a.q_in.dim(1), H = c.num_heads, Hkv = c.kv_heads();
 
-  Tensor<T> q = project(q_in, wq_, bq_), k = project(k_in, wk_, bk_), v = project(v_in, wv_, bv_);
-  auto qh = heads_view(q, H), kh = heads_view(k, Hkv), vh = heads_view(v, Hkv);
+  a.q = project(a.q_in, wq_, bq_), a.k = project(a.k_in, wk_, bk_), a.v = project(a.v_in, wv_, bv_);
+  auto qh = heads_view(a.q, H), kh = heads_view(a.k, Hkv), vh = heads_view(a.v, Hkv);
 
   KVCache<T>* cache = opt.cache;
   if (c.rope) {
-    RopeOptions ro;
-    ro.base = c.rope_base;
-    ro.interleaved = c.rope_interleaved;
-    ro.offset = cache ? cache->length() : 0;
-    apply_rope(TensorView<const T>(qh), qh, ro);
-    apply_rope(TensorView<const T>(kh), kh, ro);
+    a.rope.base = c.rope_base;
+    a.rope.interleaved = c.rope_interleaved;
+    a.rope.offset = cache ? cache->length() : 0;
+    apply_rope(TensorView<const T>(qh), qh, a.rope);
+    apply_rope(TensorView<const T>(kh), kh, a.rope);
   }
-  TensorView<const T> K = kh, V = vh;
+  a.K = kh, a.V = vh;
   if (cache) {
     cache->append(kh, vh);
-    K = cache->keys();
-    V = cache->values();
+    a.K = cache->keys();
+    a.V = cache->values();
   }
-  const int64_t n_k = K.dim(2);
+  const int64_t n_k = a.K.dim(2);
 
   // Both PyTorch masks folded into one additive mask (batch or 1, heads or 1, n_q, n_k).
-  Tensor<T> mask;
+  Tensor<T>& mask = a.mask;
   const bool has_attn = has_mask(opt.attn_mask), has_kpm = has_mask(opt.key_padding_mask);
   if (has_attn || has_kpm) {
     const bool per_head = has_attn && std::visit([](const auto& m) {
@@ -234,18 +244,24 @@ MhaOutput<T> MultiHeadAttention<T>::forward(TensorView<const T> query, TensorVie
     }
   }
 
-  Tensor<T> ctx({B, n_q, H * c.head_dim()});
-  Tensor<T> weights;
-  if (opt.need_weights) weights = Tensor<T>({B, H, n_q, n_k});
-  AttentionOptions ao;
-  ao.causal = opt.causal;
-  const Mask m = mask.rank() ? Mask(TensorView<const T>(mask.view())) : Mask();
-  attention(TensorView<const T>(qh), K, V, heads_view(ctx, H), ao, m,
-            opt.need_weights ? weights.view() : TensorView<T>());
+  a.ctx = Tensor<T>({B, n_q, H * c.head_dim()});
+  if (opt.need_weights) a.weights = Tensor<T>({B, H, n_q, n_k});
+  a.attention.causal = opt.causal;
+  attention(TensorView<const T>(qh), a.K, a.V, heads_view(a.ctx, H), a.attention,
+            a.attention_mask(), opt.need_weights ? a.weights.view() : TensorView<T>());
+  return a;
+}
 
+template <class T>
+MhaOutput<T> MultiHeadAttention<T>::forward(TensorView<const T> query, TensorView<const T> key,
+                                            TensorView<const T> value,
+                                            const MhaForwardOptions<T>& opt) const {
+  Activations a = forward_activations(query, key, value, opt);
+  const int64_t B = a.q_in.dim(0), n_q = a.q_in.dim(1), n_k = a.K.dim(2), H = config_.num_heads;
+  Tensor<T>& weights = a.weights;
   MhaOutput<T> result;
-  result.out = project(TensorView<const T>(ctx.view()), wo_, bo_);
-  if (!is_batched) result.out = std::move(result.out).reshape({n_q, c.embed_dim});
+  result.out = project(TensorView<const T>(a.ctx.view()), wo_, bo_);
+  if (!a.is_batched) result.out = std::move(result.out).reshape({n_q, config_.embed_dim});
   if (opt.need_weights) {
     if (opt.average_attn_weights) {
       Tensor<T> avg({B, n_q, n_k});
@@ -255,13 +271,94 @@ MhaOutput<T> MultiHeadAttention<T>::forward(TensorView<const T> query, TensorVie
             avg[b * n_q * n_k + i] += weights[(b * H + h) * n_q * n_k + i] / static_cast<T>(H);
       weights = std::move(avg);
     }
-    if (!is_batched) {
+    if (!a.is_batched) {
       Shape s(weights.shape().begin() + 1, weights.shape().end());
       weights = std::move(weights).reshape(s);
     }
     result.weights = std::move(weights);
   }
   return result;
+}
+
+template <class T>
+std::vector<const Tensor<T>*> MultiHeadAttention<T>::parameters() const {
+  if (config_.bias) return {&wq_, &wk_, &wv_, &wo_, &bq_, &bk_, &bv_, &bo_};
+  return {&wq_, &wk_, &wv_, &wo_};
+}
+
+template <class T>
+std::vector<Tensor<T>*> MultiHeadAttention<T>::parameters() {
+  std::vector<Tensor<T>*> list;
+  for (const Tensor<T>* p : std::as_const(*this).parameters()) list.push_back(const_cast<Tensor<T>*>(p));
+  return list;
+}
+
+template <class T>
+MhaGradients<T> MultiHeadAttention<T>::backward(TensorView<const T> dout,
+                                                TensorView<const T> query,
+                                                TensorView<const T> key,
+                                                TensorView<const T> value,
+                                                const MhaForwardOptions<T>& opt) const {
+  if (opt.cache) fail("backward: a KV cache is not supported (train on whole sequences)");
+  MhaForwardOptions<T> fwd = opt;
+  fwd.need_weights = false;
+  Activations a = forward_activations(query, key, value, fwd);
+  const auto& c = config_;
+  const int64_t B = a.q_in.dim(0), n_q = a.q_in.dim(1), n_k = a.K.dim(2);
+  const int64_t H = c.num_heads, Hkv = c.kv_heads(), E = c.embed_dim, kv = Hkv * c.head_dim();
+  const Shape out_shape = a.is_batched ? Shape{B, n_q, E} : Shape{n_q, E};
+  if (dout.shape() != out_shape)
+    fail("backward: dout has shape " + shape_str(dout.shape()) + ", expected the output's shape " +
+         shape_str(out_shape));
+  const Tensor<T> dy = contiguous(dout);
+
+  MhaGradients<T> g;
+  for (const Tensor<T>* p : parameters()) g.parameters.emplace_back(p->shape());
+  Tensor<T>&dwq = g.parameters[0], &dwk = g.parameters[1], &dwv = g.parameters[2],
+  &dwo = g.parameters[3];
+  const auto bias_grad = [&](int i) { return c.bias ? g.parameters[4 + i].data() : nullptr; };
+
+  // forward: out = ctx Woᵀ + bo
+  Tensor<T> dctx({B, n_q, E});
+  detail::linear_backward(a.ctx.data(), wo_.data(), dy.data(), B * n_q, E, E, dctx.data(),
+                          dwo.data(), bias_grad(3));
+  // forward: ctx = attention(q, k, v) per head
+  Tensor<T> dq({B, n_q, E}), dk({B, n_k, kv}), dv({B, n_k, kv});
+  auto dqh = heads_view(dq, H), dkh = heads_view(dk, Hkv);
+  attention_backward(TensorView<const T>(heads_view(a.q, H)), a.K, a.V,
+                     TensorView<const T>(heads_view(dctx, H)), dqh, dkh, heads_view(dv, Hkv),
+                     a.attention, a.attention_mask());
+  // forward: q, k rotated by RoPE
+  if (c.rope) {
+    rope_backward(TensorView<const T>(dqh), dqh, a.rope);
+    rope_backward(TensorView<const T>(dkh), dkh, a.rope);
+  }
+  // forward: q = q_in Wqᵀ + bq;  k = k_in Wkᵀ + bk;  v = v_in Wvᵀ + bv
+  const auto input_grad = [&](TensorView<const T> x, const Tensor<T>& w, const Tensor<T>& dproj,
+                              Tensor<T>& dw, T* db) {
+    const Tensor<T> xc = contiguous(x);
+    Tensor<T> dx(xc.shape());
+    detail::linear_backward(xc.data(), w.data(), dproj.data(), x.dim(0) * x.dim(1), x.dim(2),
+                            w.dim(0), dx.data(), dw.data(), db);
+    return dx;
+  };
+  Tensor<T> dq_in = input_grad(a.q_in, wq_, dq, dwq, bias_grad(0));
+  Tensor<T> dk_in = input_grad(a.k_in, wk_, dk, dwk, bias_grad(1));
+  Tensor<T> dv_in = input_grad(a.v_in, wv_, dv, dwv, bias_grad(2));
+  // forward: value defaults to key and key to query, so their gradients add up there
+  const auto add = [](Tensor<T>& to, const Tensor<T>& from) {
+    for (int64_t i = 0; i < to.numel(); ++i) to[i] += from[i];
+  };
+  if (value.empty_view()) add(dk_in, dv_in), dv_in = Tensor<T>();
+  if (key.empty_view()) add(dq_in, dk_in), dk_in = Tensor<T>();
+  const auto unbatch = [&](Tensor<T>&& t) {
+    if (a.is_batched || t.rank() == 0) return std::move(t);
+    return std::move(t).reshape({t.dim(1), t.dim(2)});
+  };
+  g.query = unbatch(std::move(dq_in));
+  g.key = unbatch(std::move(dk_in));
+  g.value = unbatch(std::move(dv_in));
+  return g;
 }
 
 template <class T>

@@ -13,9 +13,11 @@ void check_base(double base, const char* what) {
                      std::to_string(base));
 }
 
+// Rotates pair k of each row by direction * angle: +1 is RoPE, -1 its
+// backward (a rotation's transpose is the rotation by -angle).
 template <class T>
 void rope_impl(TensorView<const T> x, TensorView<T> out, const RopeOptions& opt,
-               TensorView<const int64_t> positions) {
+               TensorView<const int64_t> positions, double direction) {
   if (x.rank() < 2)
     throw ValueError("rope: x must have shape (..., n, d), got " + shape_str(x.shape()));
   if (out.shape() != x.shape())
@@ -56,7 +58,7 @@ void rope_impl(TensorView<const T> x, TensorView<T> out, const RopeOptions& opt,
       for (int64_t k = 0; k < half; ++k) {
         const double theta = double(p) * inv_freq[k];
         c[k] = std::cos(theta);
-        s[k] = std::sin(theta);
+        s[k] = direction * std::sin(theta);
       }
       have_angles = true;
       last = p;
@@ -80,9 +82,9 @@ void rope_impl(TensorView<const T> x, TensorView<T> out, const RopeOptions& opt,
 
 template <class T>
 Tensor<T> rope_alloc(TensorView<const T> x, const RopeOptions& opt,
-                     TensorView<const int64_t> positions) {
+                     TensorView<const int64_t> positions, double direction) {
   Tensor<T> out(x.shape());
-  rope_impl<T>(x, out.view(), opt, positions);
+  rope_impl<T>(x, out.view(), opt, positions, direction);
   return out;
 }
 
@@ -108,19 +110,36 @@ template Tensor<double> sinusoidal_encoding<double>(int64_t, int64_t, double);
 
 void apply_rope(TensorView<const float> x, TensorView<float> out, const RopeOptions& options,
                 TensorView<const int64_t> positions) {
-  rope_impl<float>(x, out, options, positions);
+  rope_impl<float>(x, out, options, positions, 1);
 }
 void apply_rope(TensorView<const double> x, TensorView<double> out,
                 const RopeOptions& options, TensorView<const int64_t> positions) {
-  rope_impl<double>(x, out, options, positions);
+  rope_impl<double>(x, out, options, positions, 1);
 }
 Tensor<float> apply_rope(TensorView<const float> x, const RopeOptions& options,
                          TensorView<const int64_t> positions) {
-  return rope_alloc<float>(x, options, positions);
+  return rope_alloc<float>(x, options, positions, 1);
 }
 Tensor<double> apply_rope(TensorView<const double> x, const RopeOptions& options,
                           TensorView<const int64_t> positions) {
-  return rope_alloc<double>(x, options, positions);
+  return rope_alloc<double>(x, options, positions, 1);
+}
+
+void rope_backward(TensorView<const float> dy, TensorView<float> dx, const RopeOptions& options,
+                   TensorView<const int64_t> positions) {
+  rope_impl<float>(dy, dx, options, positions, -1);
+}
+void rope_backward(TensorView<const double> dy, TensorView<double> dx,
+                   const RopeOptions& options, TensorView<const int64_t> positions) {
+  rope_impl<double>(dy, dx, options, positions, -1);
+}
+Tensor<float> rope_backward(TensorView<const float> dy, const RopeOptions& options,
+                            TensorView<const int64_t> positions) {
+  return rope_alloc<float>(dy, options, positions, -1);
+}
+Tensor<double> rope_backward(TensorView<const double> dy, const RopeOptions& options,
+                             TensorView<const int64_t> positions) {
+  return rope_alloc<double>(dy, options, positions, -1);
 }
 
 }  // namespace attn

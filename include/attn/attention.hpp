@@ -72,4 +72,36 @@ AttentionResult<double> attention_with_weights(
     TensorView<const double> v, const AttentionOptions& options = {},
     const Mask& mask = {});
 
+// The gradient of attention: given dout = dL/dout (the output's shape),
+// writes dq, dk, dv (the shapes of q, k, v; overwritten) for the same inputs
+// and options. With GQA a key/value head's gradient sums over the query heads
+// that share it; a row with no allowed key contributes no gradient; a mask
+// gets none (it is not learned). Computed in double (float32 converts in and
+// out; a fast float32 kernel is future work).
+void attention_backward(TensorView<const float> q, TensorView<const float> k,
+                        TensorView<const float> v, TensorView<const float> dout,
+                        TensorView<float> dq, TensorView<float> dk, TensorView<float> dv,
+                        const AttentionOptions& options = {}, const Mask& mask = {});
+void attention_backward(TensorView<const double> q, TensorView<const double> k,
+                        TensorView<const double> v, TensorView<const double> dout,
+                        TensorView<double> dq, TensorView<double> dk, TensorView<double> dv,
+                        const AttentionOptions& options = {}, const Mask& mask = {});
+
+template <class T>
+struct AttentionGradients {
+  Tensor<T> dq, dk, dv;
+};
+AttentionGradients<float> attention_backward(TensorView<const float> q,
+                                             TensorView<const float> k,
+                                             TensorView<const float> v,
+                                             TensorView<const float> dout,
+                                             const AttentionOptions& options = {},
+                                             const Mask& mask = {});
+AttentionGradients<double> attention_backward(TensorView<const double> q,
+                                              TensorView<const double> k,
+                                              TensorView<const double> v,
+                                              TensorView<const double> dout,
+                                              const AttentionOptions& options = {},
+                                              const Mask& mask = {});
+
 }  // namespace attn

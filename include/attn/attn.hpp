@@ -1,8 +1,11 @@
 // attn: multi-head attention and positional encodings in C++.
 #pragma once
 
+#include "attn/adam.hpp"
 #include "attn/attention.hpp"
+#include "attn/embedding.hpp"
 #include "attn/error.hpp"
+#include "attn/experiments.hpp"
 #include "attn/io.hpp"
 #include "attn/kv_cache.hpp"
 #include "attn/mask.hpp"
@@ -12,3 +15,4 @@
 #include "attn/positional.hpp"
 #include "attn/softmax.hpp"
 #include "attn/tensor.hpp"
+#include "attn/train.hpp"

@@ -9,6 +9,7 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "attn/io.hpp"
 #include "attn/kv_cache.hpp"
@@ -62,6 +63,15 @@ struct MhaOutput {
 };
 
 template <class T>
+struct MhaGradients {
+  // dL/d inputs, the shapes of query, key and value. key (value) is empty
+  // when it defaulted to query (key): its gradient is summed into that one.
+  Tensor<T> query, key, value;
+  // dL/d parameters, in the order of MultiHeadAttention::parameters().
+  std::vector<Tensor<T>> parameters;
+};
+
+template <class T>
 class MultiHeadAttention {
  public:
   // Weights Xavier-uniform, biases zero, out_proj.weight uniform(±1/sqrt(E)):
@@ -77,6 +87,19 @@ class MultiHeadAttention {
                        TensorView<const T> value = {},
                        const MhaForwardOptions<T>& options = {}) const;
 
+  // The backward of forward(query, key, value, options) for dout = dL/dout
+  // (the output's shape): the gradients of the inputs and of every
+  // parameter. It recomputes the forward (nothing is kept between calls);
+  // need_weights is ignored and a KV cache is refused.
+  MhaGradients<T> backward(TensorView<const T> dout, TensorView<const T> query,
+                           TensorView<const T> key = {}, TensorView<const T> value = {},
+                           const MhaForwardOptions<T>& options = {}) const;
+
+  // The learnable tensors: Wq, Wk, Wv, Wo, then (with bias) bq, bk, bv, bo;
+  // matrices (out, in) as nn.Linear. For optimizers and gradient checks.
+  std::vector<Tensor<T>*> parameters();
+  std::vector<const Tensor<T>*> parameters() const;
+
   KVCache<T> new_cache() const { return {}; }
 
   // PyTorch's names: in_proj_weight (3E, E) / q_proj_weight, k_proj_weight,
@@ -90,6 +113,11 @@ class MultiHeadAttention {
   static MultiHeadAttention load(const std::string& path);
 
  private:
+  struct Activations;  // what forward computes before the output projection
+  Activations forward_activations(TensorView<const T> query, TensorView<const T> key,
+                                  TensorView<const T> value,
+                                  const MhaForwardOptions<T>& options) const;
+
   MultiHeadAttentionConfig config_;
   Tensor<T> wq_, wk_, wv_, wo_;  // (out, in), as nn.Linear
   Tensor<T> bq_, bk_, bv_, bo_;  // empty when !bias

@@ -41,4 +41,19 @@ Tensor<float> apply_rope(TensorView<const float> x, const RopeOptions& options =
 Tensor<double> apply_rope(TensorView<const double> x, const RopeOptions& options = {},
                           TensorView<const int64_t> positions = {});
 
+// The backward of apply_rope: dx = dL/dx from dy = dL/dout (same shape; may
+// alias exactly), for the same options and positions. RoPE is a rotation per
+// pair, so its transpose is the rotation by -angle.
+void rope_backward(TensorView<const float> dy, TensorView<float> dx,
+                   const RopeOptions& options = {},
+                   TensorView<const int64_t> positions = {});
+void rope_backward(TensorView<const double> dy, TensorView<double> dx,
+                   const RopeOptions& options = {},
+                   TensorView<const int64_t> positions = {});
+
+Tensor<float> rope_backward(TensorView<const float> dy, const RopeOptions& options = {},
+                            TensorView<const int64_t> positions = {});
+Tensor<double> rope_backward(TensorView<const double> dy, const RopeOptions& options = {},
+                             TensorView<const int64_t> positions = {});
+
 }  // namespace attn

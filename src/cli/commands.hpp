@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include "cli/positions.hpp"
@@ -43,5 +44,21 @@ struct BenchArgs {
   std::string kv_dtype = "f32";
 };
 int run_bench(const BenchArgs& args);
+
+struct OrderArgs {
+  std::optional<int64_t> steps;
+  uint64_t seed = 1;
+  std::string out = "order_weights";
+  bool json = false;
+};
+int run_order_experiment(const OrderArgs& args);
+
+struct HeadsArgs {
+  std::optional<int64_t> steps;
+  uint64_t seed = 1;
+  std::string positional = "sinusoidal";
+  bool json = false;
+};
+int run_heads_experiment(const HeadsArgs& args);
 
 }  // namespace attn::cli

@@ -90,6 +90,31 @@ int main(int argc, char** argv) {
   mha->add_option("--out", mha_args.out, "output .npy, the input's shape and dtype")->required();
   mha->add_flag("--causal", mha_args.causal, "causal self-attention");
 
+  auto* experiment = app.add_subcommand(
+      "experiment", "the article's claims as experiments (see docs/experiments.md)");
+  experiment->require_subcommand(1);
+  attn::cli::OrderArgs order_args;
+  auto* order = experiment->add_subcommand(
+      "order", "attention alone cannot tell 猫咬狗 from 狗咬猫; positional encoding can");
+  order->add_option("--steps", order_args.steps, "training steps per variant (default 600)");
+  order->add_option("--seed", order_args.seed, "seed of data split, weights and batches")
+      ->capture_default_str();
+  order->add_option("--out", order_args.out,
+                    "folder for each variant's head weights on 猫 咬 狗 / 狗 咬 猫 (.npy)")
+      ->capture_default_str();
+  order->add_flag("--json", order_args.json, "print the results as JSON");
+  attn::cli::HeadsArgs heads_args;
+  auto* heads = experiment->add_subcommand(
+      "heads", "1, 2, 4, 8 heads on a task that needs two relations at once");
+  heads->add_option("--steps", heads_args.steps, "training steps per head count (default 1500)");
+  heads->add_option("--seed", heads_args.seed, "seed of weights, batches and test set")
+      ->capture_default_str();
+  heads->add_option("--positional", heads_args.positional,
+                    "positional encoding: none, sinusoidal, learned or rope")
+      ->check(CLI::IsMember({"none", "sinusoidal", "learned", "rope"}))
+      ->capture_default_str();
+  heads->add_flag("--json", heads_args.json, "print the results as JSON");
+
   attn::cli::BenchArgs bench_args;
   auto* bench = app.add_subcommand("bench", "time the kernels against this machine's ceilings");
   bench->require_subcommand(1);
@@ -149,6 +174,8 @@ int main(int argc, char** argv) {
       bench_args.kind = *bench_attention ? "attention" : "decode";
       return attn::cli::run_bench(bench_args);
     }
+    if (*order) return attn::cli::run_order_experiment(order_args);
+    if (*heads) return attn::cli::run_heads_experiment(heads_args);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "attn: error: %s\n", e.what());
     return 1;

@@ -1,0 +1,97 @@
+// A small sequence classifier and its trainer, to show by experiment what
+// the article claims: token embeddings, an optional positional encoding, one
+// or two MultiHeadAttention layers (with residual connections), a pooled
+// summary, a linear read-out, cross-entropy, Adam. Double precision (exact
+// gradients, checked against finite differences); seeded and deterministic.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "attn/multi_head_attention.hpp"
+#include "attn/tensor.hpp"
+
+namespace attn {
+
+enum class Positional {
+  None,        // attention alone: blind to order
+  Sinusoidal,  // the article's table, added to the embeddings (fixed)
+  Learned,     // a learned absolute table, added to the embeddings
+  Rope,        // q and k rotated in every layer
+};
+// "none", "sinusoidal", "learned", "rope"
+Positional parse_positional(const std::string& name);
+std::string positional_name(Positional p);
+
+enum class Readout {
+  Mean,  // mean over the tokens: a summary that has no position of its own
+  Last,  // the last token's vector
+};
+
+struct ClassifierConfig {
+  int64_t vocab_size = 0, max_len = 0, num_classes = 0;
+  int64_t embed_dim = 32, num_heads = 2, num_layers = 1;
+  Positional positional = Positional::None;
+  Readout readout = Readout::Mean;
+};
+
+// Sequences of one length and their classes.
+struct Batch {
+  Tensor<int64_t> tokens;       // (batch, n)
+  std::vector<int64_t> labels;  // (batch)
+};
+
+class Classifier {
+ public:
+  // Embeddings uniform(±1), layers as MultiHeadAttention initialises them,
+  // read-out uniform(±1/sqrt(E)); all from `seed`.
+  Classifier(const ClassifierConfig& config, uint64_t seed);
+  const ClassifierConfig& config() const { return config_; }
+
+  // logits (batch, num_classes) for tokens (batch, n), n <= max_len.
+  Tensor<double> logits(TensorView<const int64_t> tokens) const;
+  // The attention weights of every layer, each (batch, heads, n, n).
+  std::vector<Tensor<double>> attention_weights(TensorView<const int64_t> tokens) const;
+  // The mean cross-entropy over the batch, and (when asked) its gradient for
+  // every parameter, in the order of parameters().
+  double loss(const Batch& batch, std::vector<Tensor<double>>* gradients = nullptr) const;
+  // The fraction of the batch whose largest logit is its label.
+  double accuracy(const Batch& batch) const;
+
+  // Token table, learned positions (Positional::Learned only), every
+  // layer's parameters, read-out weight and bias.
+  std::vector<Tensor<double>*> parameters();
+  std::vector<const Tensor<double>*> parameters() const;
+  int64_t parameter_count() const;
+
+ private:
+  struct Forward;  // the activations the backward needs
+  Forward forward(TensorView<const int64_t> tokens, bool need_weights) const;
+
+  ClassifierConfig config_;
+  Tensor<double> tokens_;                // (vocab, E)
+  Tensor<double> positions_;             // (max_len, E): sinusoidal or learned; empty otherwise
+  std::vector<MultiHeadAttention<double>> layers_;
+  Tensor<double> readout_w_, readout_b_;  // (classes, E), (classes)
+};
+
+struct TrainOptions {
+  int64_t steps = 1000;
+  int64_t batch_size = 64;
+  double learning_rate = 3e-3;
+  uint64_t seed = 0;   // the batches' random stream
+  std::string label;   // shown in the progress bar
+};
+
+// Draws a training batch of the given size.
+using Sampler = std::function<Batch(int64_t batch_size, std::mt19937_64& rng)>;
+
+// Trains with Adam on fresh batches from `sample`; returns the mean loss of
+// the last tenth of the steps. Draws a progress bar on stderr when stderr is
+// a terminal.
+double train(Classifier& model, const Sampler& sample, const TrainOptions& options);
+
+}  // namespace attn

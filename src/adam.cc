@@ -1,0 +1,48 @@
+#include "attn/adam.hpp"
+
+#include <cmath>
+#include <string>
+
+namespace attn {
+
+template <class T>
+Adam<T>::Adam(std::vector<Tensor<T>*> parameters, const AdamOptions& options)
+    : parameters_(std::move(parameters)), options_(options) {
+  if (!(options.learning_rate > 0) || !(options.beta1 >= 0 && options.beta1 < 1) ||
+      !(options.beta2 >= 0 && options.beta2 < 1) || !(options.eps > 0))
+    throw ValueError("Adam: need learning_rate > 0, 0 <= beta1, beta2 < 1 and eps > 0, got " +
+                     std::to_string(options.learning_rate) + ", " +
+                     std::to_string(options.beta1) + ", " + std::to_string(options.beta2) +
+                     ", " + std::to_string(options.eps));
+  for (const Tensor<T>* p : parameters_) {
+    m_.emplace_back(p->shape());
+    v_.emplace_back(p->shape());
+  }
+}
+
+template <class T>
+void Adam<T>::step(const std::vector<Tensor<T>>& gradients) {
+  if (gradients.size() != parameters_.size())
+    throw ValueError("Adam: " + std::to_string(gradients.size()) + " gradients for " +
+                     std::to_string(parameters_.size()) + " parameters");
+  ++t_;
+  const auto& o = options_;
+  const double c1 = 1 - std::pow(o.beta1, double(t_)), c2 = 1 - std::pow(o.beta2, double(t_));
+  for (size_t k = 0; k < parameters_.size(); ++k) {
+    Tensor<T>& p = *parameters_[k];
+    const Tensor<T>& g = gradients[k];
+    if (g.shape() != p.shape())
+      throw ValueError("Adam: gradient " + std::to_string(k) + " has shape " +
+                       shape_str(g.shape()) + ", its parameter " + shape_str(p.shape()));
+    for (int64_t i = 0; i < p.numel(); ++i) {
+      m_[k][i] = o.beta1 * m_[k][i] + (1 - o.beta1) * g[i];
+      v_[k][i] = o.beta2 * v_[k][i] + (1 - o.beta2) * double(g[i]) * g[i];
+      p[i] -= static_cast<T>(o.learning_rate * (m_[k][i] / c1) / (std::sqrt(v_[k][i] / c2) + o.eps));
+    }
+  }
+}
+
+template class Adam<float>;
+template class Adam<double>;
+
+}  // namespace attn

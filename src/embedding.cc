@@ -1,0 +1,59 @@
+#include "attn/embedding.hpp"
+
+#include <string>
+
+namespace attn {
+namespace {
+
+void check(TensorView<const int64_t> tokens, const Shape& table, const Shape* positions) {
+  if (tokens.rank() != 2)
+    throw ValueError("embed: tokens must be (batch, n), got shape " + shape_str(tokens.shape()));
+  if (table.size() != 2)
+    throw ValueError("embed: table must be (vocab, E), got shape " + shape_str(table));
+  if (positions && (positions->size() != 2 || (*positions)[0] < tokens.dim(1) ||
+                    (*positions)[1] != table[1]))
+    throw ValueError("embed: positions must be (>= n, E) = (>= " + std::to_string(tokens.dim(1)) +
+                     ", " + std::to_string(table[1]) + "), got shape " + shape_str(*positions));
+  for (int64_t b = 0; b < tokens.dim(0); ++b)
+    for (int64_t t = 0; t < tokens.dim(1); ++t) {
+      const int64_t id = tokens.at({b, t});
+      if (id < 0 || id >= table[0])
+        throw ValueError("embed: token " + std::to_string(id) + " at (" + std::to_string(b) +
+                         ", " + std::to_string(t) + ") is outside the vocabulary [0, " +
+                         std::to_string(table[0]) + ")");
+    }
+}
+
+}  // namespace
+
+Tensor<double> embed(TensorView<const int64_t> tokens, TensorView<const double> table,
+                     TensorView<const double> positions) {
+  const bool pe = !positions.empty_view();
+  check(tokens, table.shape(), pe ? &positions.shape() : nullptr);
+  const int64_t B = tokens.dim(0), n = tokens.dim(1), E = table.dim(1);
+  Tensor<double> x({B, n, E});
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t t = 0; t < n; ++t)
+      for (int64_t c = 0; c < E; ++c)
+        x.at({b, t, c}) = table.at({tokens.at({b, t}), c}) + (pe ? positions.at({t, c}) : 0.0);
+  return x;
+}
+
+void embed_backward(TensorView<const int64_t> tokens, TensorView<const double> dx,
+                    TensorView<double> dtable, TensorView<double> dpositions) {
+  const bool pe = !dpositions.empty_view();
+  check(tokens, dtable.shape(), pe ? &dpositions.shape() : nullptr);
+  const int64_t B = tokens.dim(0), n = tokens.dim(1), E = dtable.dim(1);
+  if (dx.shape() != Shape{B, n, E})
+    throw ValueError("embed_backward: dx has shape " + shape_str(dx.shape()) + ", expected " +
+                     shape_str({B, n, E}));
+  // forward: x[b, t] = table[tokens[b, t]] + positions[t]
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t t = 0; t < n; ++t)
+      for (int64_t c = 0; c < E; ++c) {
+        dtable.at({tokens.at({b, t}), c}) += dx.at({b, t, c});
+        if (pe) dpositions.at({t, c}) += dx.at({b, t, c});
+      }
+}
+
+}  // namespace attn

@@ -1,0 +1,24 @@
+// Internal: reproducible random numbers (the same on every platform; the
+// std distributions are not).
+#pragma once
+
+#include <random>
+
+#include "attn/tensor.hpp"
+
+namespace attn::detail {
+
+// Uniform in [0, 1) from the top 53 bits of a 64-bit Mersenne twister.
+inline double uniform01(std::mt19937_64& rng) {
+  return static_cast<double>(rng() >> 11) * 0x1.0p-53;
+}
+
+// A tensor of numbers uniform in [-bound, bound).
+template <class T>
+Tensor<T> uniform(Shape shape, double bound, std::mt19937_64& rng) {
+  Tensor<T> t(std::move(shape));
+  for (int64_t i = 0; i < t.numel(); ++i) t[i] = static_cast<T>((2 * uniform01(rng) - 1) * bound);
+  return t;
+}
+
+}  // namespace attn::detail

@@ -1,0 +1,163 @@
+// The order and heads experiments (include/attn/experiments.hpp).
+#include "attn/experiments.hpp"
+
+#include <algorithm>
+#include <array>
+
+namespace attn {
+namespace {
+
+// Vocabulary of the order experiment: nouns first (猫 and 狗 the first two),
+// then verbs (咬 the first).
+const std::vector<std::string> kNouns{"猫", "狗", "鸟", "鱼", "马", "牛", "羊", "猪",
+                                      "鸡", "鸭", "虎", "狮", "熊", "狼", "狐", "兔",
+                                      "鼠", "蛇", "猴", "鹿", "象", "龟"};
+const std::vector<std::string> kVerbs{"咬", "追", "看", "抓", "推", "踢"};
+
+struct Pair {
+  int64_t a, b;
+};
+
+// Sentences "A VERB B" with the subject A as the label.
+Batch sentences(const std::vector<std::array<int64_t, 3>>& rows) {
+  Batch batch;
+  batch.tokens = Tensor<int64_t>({static_cast<int64_t>(rows.size()), 3});
+  for (size_t r = 0; r < rows.size(); ++r) {
+    std::copy(rows[r].begin(), rows[r].end(), batch.tokens.data() + 3 * r);
+    batch.labels.push_back(rows[r][0]);
+  }
+  return batch;
+}
+
+// (heads, n, n): the one layer's weights on one sentence.
+Tensor<double> head_weights(const Classifier& model, std::array<int64_t, 3> sentence) {
+  const Tensor<int64_t> tokens({1, 3}, {sentence[0], sentence[1], sentence[2]});
+  Tensor<double> w = std::move(model.attention_weights(tokens.view()).front());
+  const int64_t H = w.dim(1);
+  return std::move(w).reshape({H, 3, 3});
+}
+
+}  // namespace
+
+OrderExperimentResult run_order_experiment(const OrderExperimentOptions& o) {
+  const int64_t N = static_cast<int64_t>(kNouns.size()), V = static_cast<int64_t>(kVerbs.size());
+  OrderExperimentResult result;
+  result.nouns = kNouns;
+  result.verbs = kVerbs;
+
+  // Unordered noun pairs, a fifth held out (猫/狗 among them, for the display).
+  std::vector<Pair> pairs;
+  for (int64_t a = 0; a < N; ++a)
+    for (int64_t b = a + 1; b < N; ++b) pairs.push_back({a, b});
+  std::mt19937_64 split(o.seed);
+  std::shuffle(pairs.begin() + 1, pairs.end(), split);  // pairs[0] is {猫, 狗}
+  const size_t n_test = pairs.size() / 5;
+  const std::vector<Pair> test(pairs.begin(), pairs.begin() + n_test),
+      train_pairs(pairs.begin() + n_test, pairs.end());
+  result.train_pairs = static_cast<int64_t>(train_pairs.size());
+
+  // Every held-out pair with every verb, in both orders: a sentence and its mirror.
+  std::vector<std::array<int64_t, 3>> test_rows;
+  for (const Pair& p : test)
+    for (int64_t v = 0; v < V; ++v) {
+      test_rows.push_back({p.a, N + v, p.b});
+      test_rows.push_back({p.b, N + v, p.a});
+    }
+  const Batch test_batch = sentences(test_rows);
+  result.test_sentences = static_cast<int64_t>(test_rows.size());
+
+  const Sampler sample = [&](int64_t size, std::mt19937_64& rng) {
+    std::vector<std::array<int64_t, 3>> rows;
+    for (int64_t i = 0; i < size; ++i) {
+      const Pair& p = train_pairs[rng() % train_pairs.size()];
+      const bool mirrored = rng() % 2;
+      rows.push_back({mirrored ? p.b : p.a, N + static_cast<int64_t>(rng() % V), mirrored ? p.a : p.b});
+    }
+    return sentences(rows);
+  };
+
+  for (const Positional pos : o.variants) {
+    ClassifierConfig c;
+    c.vocab_size = N + V;
+    c.max_len = 3;
+    c.num_classes = N;
+    c.embed_dim = o.embed_dim;
+    c.num_heads = o.num_heads;
+    c.positional = pos;
+    c.readout = Readout::Mean;
+    Classifier model(c, o.seed);
+    TrainOptions t;
+    t.steps = o.steps;
+    t.batch_size = o.batch_size;
+    t.learning_rate = o.learning_rate;
+    t.seed = o.seed + 1;
+    t.label = "order/" + positional_name(pos);
+    OrderVariantResult r;
+    r.positional = pos;
+    r.loss = train(model, sample, t);
+    r.accuracy = model.accuracy(test_batch);
+    r.weights_cat_bites_dog = head_weights(model, {0, N, 1});
+    r.weights_dog_bites_cat = head_weights(model, {1, N, 0});
+    result.variants.push_back(std::move(r));
+  }
+  return result;
+}
+
+HeadsExperimentResult run_heads_experiment(const HeadsExperimentOptions& o) {
+  if (o.seq_len < 3 || o.vocab_size < 2)
+    throw ValueError("heads experiment: seq_len must be >= 3 and vocab_size >= 2, got " +
+                     std::to_string(o.seq_len) + ", " + std::to_string(o.vocab_size));
+  const int64_t n = o.seq_len, V = o.vocab_size;
+  // Random sequences; the class is (first token, previous token) of the last position.
+  const Sampler sample = [&](int64_t size, std::mt19937_64& rng) {
+    Batch batch;
+    batch.tokens = Tensor<int64_t>({size, n});
+    for (int64_t i = 0; i < size * n; ++i) batch.tokens[i] = static_cast<int64_t>(rng() % V);
+    for (int64_t b = 0; b < size; ++b)
+      batch.labels.push_back(batch.tokens.at({b, 0}) * V + batch.tokens.at({b, n - 2}));
+    return batch;
+  };
+  std::mt19937_64 test_rng(o.seed + 1000);
+  const Batch test = sample(o.test_size, test_rng);
+
+  HeadsExperimentResult result;
+  result.seq_len = n;
+  result.vocab_size = V;
+  for (const int64_t heads : o.head_counts) {
+    ClassifierConfig c;
+    c.vocab_size = V;
+    c.max_len = n;
+    c.num_classes = V * V;
+    c.embed_dim = o.embed_dim;
+    c.num_heads = heads;
+    c.positional = o.positional;
+    c.readout = Readout::Last;
+    Classifier model(c, o.seed);
+    TrainOptions t;
+    t.steps = o.steps;
+    t.batch_size = o.batch_size;
+    t.learning_rate = o.learning_rate;
+    t.seed = o.seed + 1;
+    t.label = "heads/" + std::to_string(heads);
+    HeadsResult r;
+    r.heads = heads;
+    r.parameters = model.parameter_count();
+    r.loss = train(model, sample, t);
+    r.accuracy = model.accuracy(test);
+    // The last query's mean weight on each key position, per head.
+    const Tensor<double> w = std::move(model.attention_weights(test.tokens.view()).front());
+    for (int64_t h = 0; h < heads; ++h) {
+      std::vector<double> mean(n, 0.0);
+      for (int64_t b = 0; b < test.tokens.dim(0); ++b)
+        for (int64_t j = 0; j < n; ++j)
+          mean[j] += w.at({b, h, n - 1, j}) / double(test.tokens.dim(0));
+      const auto top = std::max_element(mean.begin(), mean.end());
+      r.top_position.push_back(top - mean.begin());
+      r.top_weight.push_back(*top);
+    }
+    result.results.push_back(std::move(r));
+  }
+  return result;
+}
+
+}  // namespace attn

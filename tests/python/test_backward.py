@@ -1,0 +1,119 @@
+"""attn.attention_backward against torch.autograd through the explicit-ops
+reference of test_torch.py (float64), with every option of SPEC."""
+import math
+
+import numpy as np
+import pytest
+import torch
+
+import attn
+from test_torch import qkv
+from util import rel_err
+
+
+def torch_attention(q, k, v, mask=None, causal=False, scale=None, softcap=None, window=None):
+    """SPEC semantics from plain torch ops on float64 tensors (differentiable)."""
+    if q.dim() >= 3 and q.shape[-3] != k.shape[-3]:  # GQA: repeat each kv head
+        rep = q.shape[-3] // k.shape[-3]
+        k, v = k.repeat_interleave(rep, dim=-3), v.repeat_interleave(rep, dim=-3)
+    s = (q @ k.transpose(-1, -2)) * (1 / math.sqrt(q.shape[-1]) if scale is None else scale)
+    if softcap:
+        s = softcap * torch.tanh(s / softcap)
+    n_q, n_k = s.shape[-2:]
+    ones = torch.ones(n_q, n_k, dtype=torch.bool)
+    allowed = ones.clone()
+    if causal is True or causal == "bottom_right":
+        allowed &= ones.tril(diagonal=n_k - n_q)
+    elif causal == "top_left":
+        allowed &= ones.tril(diagonal=0)
+    if window is not None:
+        left, right = window
+        if left >= 0:
+            allowed &= ones.triu(diagonal=n_k - n_q - left)
+        if right >= 0:
+            allowed &= ones.tril(diagonal=n_k - n_q + right)
+    if mask is not None:
+        m = torch.from_numpy(np.asarray(mask))
+        allowed = allowed & m if m.dtype == torch.bool else allowed
+        s = s if m.dtype == torch.bool else s + m.double()
+    allowed = allowed.expand(s.shape)
+    # Rows with no allowed key: attn gives zeros; keep torch's softmax off them (NaN).
+    s = s.masked_fill(~allowed, -math.inf)
+    empty = ~allowed.any(dim=-1, keepdim=True)
+    w = torch.softmax(s.masked_fill(empty, 0.0), dim=-1).masked_fill(empty, 0.0)
+    return w @ v
+
+
+def check(q, k, v, **kw):
+    rng = np.random.default_rng(1)
+    tq, tk, tv = (torch.from_numpy(a).requires_grad_() for a in (q, k, v))
+    out = torch_attention(tq, tk, tv, **kw)
+    dout = rng.normal(size=tuple(out.shape))
+    out.backward(torch.from_numpy(dout))
+    dq, dk, dv = attn.attention_backward(q, k, v, dout, **kw)
+    for got, ref in ((dq, tq.grad), (dk, tk.grad), (dv, tv.grad)):
+        assert got.dtype == np.float64 and got.shape == tuple(ref.shape)
+        assert rel_err(got, ref.numpy()) <= 1e-12
+    # float32 in, float32 out, through the same double computation
+    kw32 = dict(kw)
+    if kw.get("mask") is not None and kw["mask"].dtype != bool:
+        kw32["mask"] = kw["mask"].astype(np.float32)
+    got32 = attn.attention_backward(*(a.astype(np.float32) for a in (q, k, v, dout)), **kw32)
+    for got, ref in zip(got32, (tq.grad, tk.grad, tv.grad)):
+        assert got.dtype == np.float32
+        assert rel_err(got, ref.numpy()) <= 1e-4
+
+
+@pytest.mark.parametrize("batch,hq,hkv,nq,nk,d,dv", [
+    ((), 1, 1, 5, 5, 8, 8), ((2,), 4, 4, 7, 11, 16, 8), ((2,), 4, 2, 6, 6, 8, 8),
+    ((2,), 6, 1, 3, 9, 4, 4)])
+def test_shapes_and_gqa(batch, hq, hkv, nq, nk, d, dv):
+    check(*qkv(np.random.default_rng(hq + nk), batch, hq, hkv, nq, nk, d, dv))
+
+
+@pytest.mark.parametrize("causal", [True, "bottom_right", "top_left"])
+@pytest.mark.parametrize("nq,nk", [(6, 6), (4, 9), (9, 4)])
+def test_causal(causal, nq, nk):
+    check(*qkv(np.random.default_rng(nq * nk), (2,), 4, 2, nq, nk, 8, 8), causal=causal)
+
+
+@pytest.mark.parametrize("window", [(2, 0), (3, 1), (-1, 2), (1, -1)])
+def test_windows(window):
+    check(*qkv(np.random.default_rng(5), (2,), 2, 2, 7, 10, 8, 4), window=window,
+          causal="top_left")
+
+
+@pytest.mark.parametrize("softcap", [None, 0.5, 3.0])
+@pytest.mark.parametrize("scale", [None, 0.3])
+def test_softcap_and_scale(softcap, scale):
+    check(*qkv(np.random.default_rng(6), (), 3, 3, 5, 8, 16, 6), softcap=softcap, scale=scale)
+
+
+@pytest.mark.parametrize("mask_shape", [(8,), (5, 8), (3, 1, 8), (2, 3, 5, 8)])
+@pytest.mark.parametrize("kind", ["bool", "float"])
+def test_masks(mask_shape, kind):
+    rng = np.random.default_rng(len(mask_shape))
+    q, k, v = qkv(rng, (2,), 3, 3, 5, 8, 8, 4)
+    if kind == "bool":
+        mask = rng.random(mask_shape) < 0.7
+    else:
+        mask = rng.normal(size=mask_shape)
+        mask[rng.random(mask_shape) < 0.2] = -np.inf
+    check(q, k, v, mask=mask)
+
+
+def test_rows_with_no_allowed_key_have_zero_gradient():
+    q, k, v = qkv(np.random.default_rng(9), (), 2, 2, 4, 5, 8, 3)
+    mask = np.ones((4, 5), dtype=bool)
+    mask[1] = False
+    check(q, k, v, mask=mask)
+    dq, _, _ = attn.attention_backward(q, k, v, np.ones((2, 4, 3)), mask)
+    assert np.all(dq[:, 1] == 0)
+
+
+def test_errors_name_the_argument():
+    q, k, v = qkv(np.random.default_rng(0), (), 2, 2, 3, 4, 8, 5)
+    with pytest.raises(ValueError, match=r"dout has shape \(2, 3, 4\), expected"):
+        attn.attention_backward(q, k, v, np.zeros((2, 3, 4)))
+    with pytest.raises(TypeError, match="dout must be a numeric array"):
+        attn.attention_backward(q, k, v, "x")
