@@ -28,6 +28,8 @@
 #include <hwy/aligned_allocator.h>
 #include <hwy/contrib/math/math-inl.h>
 
+#include "kernels/matmul-inl.h"
+
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -39,8 +41,7 @@
 #ifndef ATTN_FLASH_ONCE
 #define ATTN_FLASH_ONCE
 namespace attn::detail {
-// Tile sizes (all targets). kBlockK must be a multiple of kVecs × lanes on
-// every target (64 = 4 × 16 for AVX-512).
+// Tile sizes (all targets). A key tile is one panel of matmul-inl.h (64).
 constexpr int64_t kBlockQ = 128;
 constexpr int64_t kBlockK = 64;
 // Decode (few queries, long cache): keys are split into chunks of this many,
@@ -71,13 +72,8 @@ namespace HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 using DF = hn::ScalableTag<float>;
 using VF = hn::Vec<DF>;
+static_assert(kBlockK == kPanel, "a key tile is one packed matmul panel");
 
-constexpr int kRows = 4;
-#if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
-constexpr int kVecs = 4;  // 16 accumulators of 32 registers
-#else
-constexpr int kVecs = 2;  // 8 accumulators, room left on 16-register targets
-#endif
 
 // Keys and values may be stored as float32, bfloat16 or fp16; arithmetic is
 // float32 (a 16-bit load is promoted).
@@ -103,29 +99,6 @@ HWY_INLINE VF LoadTail(DF d, const KV* p, int64_t n) {
   alignas(HWY_MAX_BYTES) float buf[HWY_MAX_BYTES / sizeof(float)] = {};
   for (int64_t i = 0; i < n; ++i) buf[i] = ToFloat(p[i]);
   return hn::Load(d, buf);
-}
-
-// s[r][0 .. kVecs·N) = scale · (q_r · kt[:, 0 .. kVecs·N)) for r < MR.
-// kt is a packed K tile at the wanted column offset: row c holds feature c of
-// kBlockK keys.
-template <int MR>
-HWY_INLINE void ScoreBlock(DF d, const float* const* q, int64_t D, const float* kt,
-                           float scale, float* s) {
-  const size_t N = hn::Lanes(d);
-  VF acc[MR][kVecs];
-  for (int r = 0; r < MR; ++r)
-    for (int v = 0; v < kVecs; ++v) acc[r][v] = hn::Zero(d);
-  for (int64_t c = 0; c < D; ++c) {
-    VF kv[kVecs];
-    for (int v = 0; v < kVecs; ++v) kv[v] = hn::Load(d, kt + c * kBlockK + v * N);
-    for (int r = 0; r < MR; ++r) {
-      const VF qb = hn::Set(d, q[r][c]);
-      for (int v = 0; v < kVecs; ++v) acc[r][v] = hn::MulAdd(qb, kv[v], acc[r][v]);
-    }
-  }
-  const VF sc = hn::Set(d, scale);
-  for (int r = 0; r < MR; ++r)
-    for (int v = 0; v < kVecs; ++v) hn::Store(hn::Mul(acc[r][v], sc), d, s + r * kBlockK + v * N);
 }
 
 // o[r][0 .. kVecs·N) += Σ_j p[r][j] · v_j[0 .. kVecs·N) for r < MR, j < count
@@ -240,20 +213,10 @@ void Scores(DF d, const Item& it, int64_t h, int64_t kt, float* s) {
   const int64_t j0 = kt * kBlockK, jn = std::min(kBlockK, p.n_k - j0);
   const float* kp = it.kpack + kt * p.d * kBlockK;
   const float* q[kRows];
-  const int64_t W = kVecs * static_cast<int64_t>(hn::Lanes(d));
   for (int64_t r0 = 0; r0 < it.rows; r0 += kRows) {
     const int mr = static_cast<int>(std::min<int64_t>(kRows, it.rows - r0));
     for (int r = 0; r < mr; ++r) q[r] = p.q.row(it.b, h, it.i0 + r0 + r);
-    const float scale = static_cast<float>(p.scale);
-    for (int64_t jv = 0; jv < kBlockK; jv += W) {
-      float* sb = s + r0 * kBlockK + jv;
-      switch (mr) {
-        case 4: ScoreBlock<4>(d, q, p.d, kp + jv, scale, sb); break;
-        case 3: ScoreBlock<3>(d, q, p.d, kp + jv, scale, sb); break;
-        case 2: ScoreBlock<2>(d, q, p.d, kp + jv, scale, sb); break;
-        default: ScoreBlock<1>(d, q, p.d, kp + jv, scale, sb); break;
-      }
-    }
+    MatmulPanel(d, q, mr, p.d, kp, static_cast<float>(p.scale), s + r0 * kBlockK, kBlockK);
   }
   if (p.softcap > 0) Softcap(d, p.softcap, s, it.rows * kBlockK);
   // Causal/window ranges: only tiles not wholly inside every row's range.

@@ -1,56 +1,75 @@
-// y = x Wᵀ + b as dot products of rows of x with rows of W (both contiguous),
-// four rows of x per pass so each row of W is loaded once per four outputs.
+// y = x Wᵀ + b with the packed-panel product of matmul-inl.h: W is packed
+// once per call into panels of 64 output columns ([panel][in][64], O(out·in)
+// work against the O(rows·out·in) product), x rows are read in place, and
+// items of (64 rows × 1 panel) run on the thread pool. Each output element is
+// one dot product in a fixed order, so results do not depend on threads.
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "kernels/linear.cc"
 #include <hwy/foreach_target.h>  // IWYU pragma: keep
 #include <hwy/highway.h>
 
+#include <hwy/aligned_allocator.h>
+
+#include <algorithm>
+#include <string>
+
+#include "kernels/matmul-inl.h"
 #include "linear.hpp"
+#include "thread_pool.hpp"
 
 HWY_BEFORE_NAMESPACE();
 namespace attn::detail {
 namespace HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 
+constexpr int64_t kRowBlock = 64;
+
+template <class T>
+struct PackedWeights {
+  hwy::AlignedFreeUniquePtr<T[]> data;
+  size_t size = 0;
+  T* get(size_t n) {
+    if (n > size) {
+      data = hwy::AllocateAligned<T>(n);
+      if (!data) throw std::bad_alloc();
+      size = n;
+    }
+    return data.get();
+  }
+};
+
 template <class T>
 void LinearT(const TensorView<const T>& x, const T* w, const T* b, const TensorView<T>& y) {
   const hn::ScalableTag<T> d;
-  const int64_t N = static_cast<int64_t>(hn::Lanes(d));
   const int64_t rows = x.dim(0), in = x.dim(1), out = y.dim(1);
-  const int64_t sx = x.stride(0), sy = y.stride(0);
-  int64_t r = 0;
-  for (; r + 4 <= rows; r += 4) {
-    const T* x0 = x.data() + r * sx;
-    for (int64_t o = 0; o < out; ++o) {
-      const T* wo = w + o * in;
-      auto a0 = hn::Zero(d), a1 = hn::Zero(d), a2 = hn::Zero(d), a3 = hn::Zero(d);
-      int64_t c = 0;
-      for (; c + N <= in; c += N) {
-        const auto wv = hn::LoadU(d, wo + c);
-        a0 = hn::MulAdd(hn::LoadU(d, x0 + c), wv, a0);
-        a1 = hn::MulAdd(hn::LoadU(d, x0 + sx + c), wv, a1);
-        a2 = hn::MulAdd(hn::LoadU(d, x0 + 2 * sx + c), wv, a2);
-        a3 = hn::MulAdd(hn::LoadU(d, x0 + 3 * sx + c), wv, a3);
+  const int64_t panels = (out + kPanel - 1) / kPanel;
+  thread_local PackedWeights<T> packed;
+  T* wp = packed.get(static_cast<size_t>(std::max<int64_t>(panels * in * kPanel, 1)));
+  parallel_for(panels, [&](int64_t p) {
+    T* dst = wp + p * in * kPanel;
+    const int64_t cols = std::min(kPanel, out - p * kPanel);
+    for (int64_t c = 0; c < in; ++c) {
+      for (int64_t j = 0; j < cols; ++j) dst[c * kPanel + j] = w[(p * kPanel + j) * in + c];
+      std::fill(dst + c * kPanel + cols, dst + (c + 1) * kPanel, T(0));
+    }
+  });
+  const int64_t row_blocks = (rows + kRowBlock - 1) / kRowBlock;
+  parallel_for(row_blocks * panels, [&](int64_t item) {
+    const int64_t r_begin = (item / panels) * kRowBlock, p = item % panels;
+    const int64_t r_end = std::min(rows, r_begin + kRowBlock);
+    const int64_t col0 = p * kPanel, cols = std::min(kPanel, out - col0);
+    alignas(64) T tile[kRows * kPanel];
+    const T* a[kRows];
+    for (int64_t r0 = r_begin; r0 < r_end; r0 += kRows) {
+      const int mr = static_cast<int>(std::min<int64_t>(kRows, r_end - r0));
+      for (int r = 0; r < mr; ++r) a[r] = x.data() + (r0 + r) * x.stride(0);
+      MatmulPanel(d, a, mr, in, wp + p * in * kPanel, T(1), tile, kPanel);
+      for (int r = 0; r < mr; ++r) {
+        T* yr = y.data() + (r0 + r) * y.stride(0) + col0;
+        for (int64_t j = 0; j < cols; ++j) yr[j] = tile[r * kPanel + j] + (b ? b[col0 + j] : T(0));
       }
-      T s[4] = {hn::GetLane(hn::SumOfLanes(d, a0)), hn::GetLane(hn::SumOfLanes(d, a1)),
-                hn::GetLane(hn::SumOfLanes(d, a2)), hn::GetLane(hn::SumOfLanes(d, a3))};
-      for (; c < in; ++c)
-        for (int k = 0; k < 4; ++k) s[k] += x0[k * sx + c] * wo[c];
-      for (int k = 0; k < 4; ++k) y.data()[(r + k) * sy + o] = s[k] + (b ? b[o] : T(0));
     }
-  }
-  for (; r < rows; ++r) {
-    const T* xr = x.data() + r * sx;
-    for (int64_t o = 0; o < out; ++o) {
-      const T* wo = w + o * in;
-      auto a = hn::Zero(d);
-      int64_t c = 0;
-      for (; c + N <= in; c += N) a = hn::MulAdd(hn::LoadU(d, xr + c), hn::LoadU(d, wo + c), a);
-      T s = hn::GetLane(hn::SumOfLanes(d, a));
-      for (; c < in; ++c) s += xr[c] * wo[c];
-      y.data()[r * sy + o] = s + (b ? b[o] : T(0));
-    }
-  }
+  });
 }
 
 void LinearF32(const TensorView<const float>& x, const float* w, const float* b,

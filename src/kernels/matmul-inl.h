@@ -1,0 +1,73 @@
+// The register-blocked product shared by the kernels: rows of A (in place,
+// any row stride) times a packed panel of B, as in S = Q Kᵀ (flash attention)
+// and Y = X Wᵀ (the layer's projections). Highway's per-target include:
+// include after hwy/highway.h inside a file compiled by foreach_target.h.
+#if defined(ATTN_KERNELS_MATMUL_INL_H_) == defined(HWY_TARGET_TOGGLE)
+#ifdef ATTN_KERNELS_MATMUL_INL_H_
+#undef ATTN_KERNELS_MATMUL_INL_H_
+#else
+#define ATTN_KERNELS_MATMUL_INL_H_
+#endif
+
+#include <hwy/highway.h>
+
+#include <cstdint>
+
+HWY_BEFORE_NAMESPACE();
+namespace attn::detail {
+namespace HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+
+// A panel is kPanel columns of B stored transposed: element (c, j) at
+// panel[c * kPanel + j], so the columns are contiguous lanes.
+constexpr int64_t kPanel = 64;
+constexpr int kRows = 4;
+#if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
+constexpr int kVecs = 4;  // 4 × 4 = 16 accumulators of 32 registers
+#else
+constexpr int kVecs = 2;  // 8 accumulators, room left on 16-register targets
+#endif
+
+// c[r][0 .. kVecs·N) = scale · Σ_k a_r[k] · panel[k][0 .. kVecs·N), r < MR.
+// (kVecs·N divides kPanel on every target: 64 = 4 × 16 = 2 × 8 = 2 × 4 · 4.)
+template <int MR, class D, typename T = hn::TFromD<D>>
+HWY_INLINE void MatmulBlock(D d, const T* const* a, int64_t K, const T* panel, T scale, T* c,
+                            int64_t c_stride) {
+  using V = hn::Vec<D>;
+  const size_t N = hn::Lanes(d);
+  V acc[MR][kVecs];
+  for (int r = 0; r < MR; ++r)
+    for (int v = 0; v < kVecs; ++v) acc[r][v] = hn::Zero(d);
+  for (int64_t k = 0; k < K; ++k) {
+    V b[kVecs];
+    for (int v = 0; v < kVecs; ++v) b[v] = hn::Load(d, panel + k * kPanel + v * N);
+    for (int r = 0; r < MR; ++r) {
+      const V ar = hn::Set(d, a[r][k]);
+      for (int v = 0; v < kVecs; ++v) acc[r][v] = hn::MulAdd(ar, b[v], acc[r][v]);
+    }
+  }
+  const V sc = hn::Set(d, scale);
+  for (int r = 0; r < MR; ++r)
+    for (int v = 0; v < kVecs; ++v) hn::StoreU(hn::Mul(acc[r][v], sc), d, c + r * c_stride + v * N);
+}
+
+// All kPanel columns for `rows` rows of A (rows <= kRows).
+template <class D, typename T = hn::TFromD<D>>
+HWY_INLINE void MatmulPanel(D d, const T* const* a, int rows, int64_t K, const T* panel, T scale,
+                            T* c, int64_t c_stride) {
+  const int64_t W = kVecs * static_cast<int64_t>(hn::Lanes(d));
+  for (int64_t j = 0; j < kPanel; j += W) {
+    switch (rows) {
+      case 4: MatmulBlock<4>(d, a, K, panel + j, scale, c + j, c_stride); break;
+      case 3: MatmulBlock<3>(d, a, K, panel + j, scale, c + j, c_stride); break;
+      case 2: MatmulBlock<2>(d, a, K, panel + j, scale, c + j, c_stride); break;
+      default: MatmulBlock<1>(d, a, K, panel + j, scale, c + j, c_stride); break;
+    }
+  }
+}
+
+}  // namespace HWY_NAMESPACE
+}  // namespace attn::detail
+HWY_AFTER_NAMESPACE();
+
+#endif  // ATTN_KERNELS_MATMUL_INL_H_
