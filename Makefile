@@ -12,6 +12,8 @@ BUILD_DEBS := g++ cmake make pkg-config libhwy-dev libcli11-dev nlohmann-json3-d
 PY_DEBS    := python3-dev python3-pybind11 python3-numpy
 # Test needs on top: GoogleTest, pytest, and PyTorch as a test-only reference.
 TEST_DEBS  := libgtest-dev python3-pytest python3-torch
+# Benchmarks: Google Benchmark for the kernel microbenchmarks.
+BENCH_DEBS := libbenchmark-dev
 
 .PHONY: all build configure demo test bench deps test-deps clean
 
@@ -39,7 +41,10 @@ test: test-deps configure
 
 # Performance against peers (bench/compare.py). PyTorch at its best: AVX-512
 # kernels and OpenBLAS's own CPU detection, for this command only.
-bench: test-deps build
+bench: test-deps
+	@tools/install-deps.sh $(BENCH_DEBS)
+	$(MAKE) build
+	$(BUILD)/bin/attn_micro
 	env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE ATEN_CPU_CAPABILITY=avx512 \
 	    $(PYTHON) bench/compare.py
 

@@ -41,7 +41,7 @@ void rope_impl(TensorView<const T> x, TensorView<T> out, const RopeOptions& opt,
 
   // Angles in double: exact enough at position 1e6 and beyond.
   const int64_t half = r / 2;
-  std::vector<double> inv_freq(half), c(half), s(half);
+  std::vector<double> inv_freq(half);
   for (int64_t k = 0; k < half; ++k)
     inv_freq[k] = std::pow(opt.base, -2.0 * double(k) / double(r));
 
@@ -49,17 +49,35 @@ void rope_impl(TensorView<const T> x, TensorView<T> out, const RopeOptions& opt,
   int64_t rows = 1;
   for (int a = 0; a < lead; ++a) rows *= x.dim(a);
   const int64_t sx = x.stride(-1), so = out.stride(-1);
+  const auto fill_angles = [&](int64_t position, double* c, double* s) {
+    for (int64_t k = 0; k < half; ++k) {
+      const double theta = double(position) * inv_freq[k];
+      c[k] = std::cos(theta);
+      s[k] = direction * std::sin(theta);
+    }
+  };
+  // Default positions offset + t repeat for every head and batch entry: one
+  // table of n rows of cos/sin serves them all. Given positions are computed
+  // per row (reused while consecutive rows share a position).
+  const int64_t n = x.dim(-2);
+  std::vector<double> table_c, table_s;
+  if (!pos.data()) {
+    table_c.resize(static_cast<size_t>(n * half));
+    table_s.resize(static_cast<size_t>(n * half));
+    for (int64_t t = 0; t < n; ++t) fill_angles(opt.offset + t, &table_c[t * half], &table_s[t * half]);
+  }
+  std::vector<double> row_c(half), row_s(half);
   std::vector<int64_t> index(lead + 1, 0);
   bool have_angles = false;
   int64_t last = 0;
   for (int64_t row = 0; row < rows; ++row) {
-    const int64_t p = pos.data() ? pos.at(index.data()) : opt.offset + index[lead - 1];
-    if (!have_angles || p != last) {
-      for (int64_t k = 0; k < half; ++k) {
-        const double theta = double(p) * inv_freq[k];
-        c[k] = std::cos(theta);
-        s[k] = direction * std::sin(theta);
-      }
+    const double* c = row_c.data();
+    const double* s = row_s.data();
+    if (!pos.data()) {
+      c = &table_c[index[lead - 1] * half];
+      s = &table_s[index[lead - 1] * half];
+    } else if (const int64_t p = pos.at(index.data()); !have_angles || p != last) {
+      fill_angles(p, row_c.data(), row_s.data());
       have_angles = true;
       last = p;
     }

@@ -1,0 +1,73 @@
+// Google Benchmark microbenchmarks of the kernels: softmax, one attention
+// tile (the Q·Kᵀ and P·V micro-kernels with the vectorised exp), decode,
+// RoPE and the projection GEMM. `build/bin/attn_micro`.
+#include <benchmark/benchmark.h>
+
+#include <random>
+
+#include "attn/attn.hpp"
+#include "linear.hpp"
+
+namespace {
+
+attn::Tensor<float> random_tensor(const attn::Shape& shape) {
+  attn::Tensor<float> t(shape);
+  std::mt19937 rng(1);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  for (int64_t i = 0; i < t.numel(); ++i) t[i] = u(rng);
+  return t;
+}
+
+void BM_Softmax(benchmark::State& state) {
+  const auto a = random_tensor({64, state.range(0)});
+  attn::Tensor<float> out(a.shape());
+  for (auto _ : state) attn::softmax(a.view(), out.view());
+  state.SetItemsProcessed(state.iterations() * a.numel());
+}
+BENCHMARK(BM_Softmax)->Arg(64)->Arg(4096)->UseRealTime();
+
+// One head, n × n: at n = 128 a single query tile against two key tiles.
+void BM_AttentionTile(benchmark::State& state) {
+  const int64_t n = state.range(0), d = state.range(1);
+  const auto q = random_tensor({n, d}), k = random_tensor({n, d}), v = random_tensor({n, d});
+  attn::Tensor<float> out({n, d});
+  for (auto _ : state) attn::attention(q.view(), k.view(), v.view(), out.view());
+  state.counters["GFLOP/s"] = benchmark::Counter(4.0 * n * n * d * state.iterations(),
+                                                 benchmark::Counter::kIsRate,
+                                                 benchmark::Counter::kIs1000);
+}
+BENCHMARK(BM_AttentionTile)->Args({128, 64})->Args({512, 64})->Args({512, 128})->UseRealTime();
+
+void BM_Decode(benchmark::State& state) {
+  const int64_t len = state.range(0);
+  const auto q = random_tensor({8, 1, 128}), k = random_tensor({8, len, 128}),
+             v = random_tensor({8, len, 128});
+  attn::Tensor<float> out({8, 1, 128});
+  for (auto _ : state) attn::attention(q.view(), k.view(), v.view(), out.view());
+  state.SetBytesProcessed(state.iterations() * 2 * k.numel() * 4);
+}
+BENCHMARK(BM_Decode)->Arg(4096)->Arg(32768)->UseRealTime();
+
+void BM_Rope(benchmark::State& state) {
+  const auto x = random_tensor({8, state.range(0), 128});
+  attn::Tensor<float> out(x.shape());
+  for (auto _ : state) attn::apply_rope(x.view(), out.view());
+  state.SetItemsProcessed(state.iterations() * x.numel());
+}
+BENCHMARK(BM_Rope)->Arg(512)->Arg(4096)->UseRealTime();
+
+void BM_Linear(benchmark::State& state) {
+  const int64_t rows = state.range(0), width = state.range(1);
+  const auto x = random_tensor({rows, width}), w = random_tensor({width, width}),
+             b = random_tensor({width});
+  attn::Tensor<float> y({rows, width});
+  for (auto _ : state) attn::detail::linear(x.view(), w.data(), b.data(), y.view());
+  state.counters["GFLOP/s"] = benchmark::Counter(2.0 * rows * width * width * state.iterations(),
+                                                 benchmark::Counter::kIsRate,
+                                                 benchmark::Counter::kIs1000);
+}
+BENCHMARK(BM_Linear)->Args({4096, 512})->Args({64, 512})->UseRealTime();
+
+}  // namespace
+
+BENCHMARK_MAIN();
