@@ -12,8 +12,9 @@ BUILD_DEBS := g++ cmake make pkg-config libhwy-dev libcli11-dev nlohmann-json3-d
 PY_DEBS    := python3-dev python3-pybind11 python3-numpy
 # Test needs on top: GoogleTest, pytest, and PyTorch as a test-only reference.
 TEST_DEBS  := libgtest-dev python3-pytest python3-torch
-# Benchmarks: Google Benchmark for the kernel microbenchmarks.
-BENCH_DEBS := libbenchmark-dev
+# Benchmarks: Google Benchmark for the kernel microbenchmarks; OpenBLAS so
+# that the NumPy and PyTorch baselines run on a fast BLAS.
+BENCH_DEBS := libbenchmark-dev libopenblas0-pthread
 
 .PHONY: all build configure demo test bench deps test-deps clean
 

@@ -234,8 +234,9 @@ void Scores(DF d, const Item& it, int64_t h, int64_t kt, float* s) {
 // Online softmax of one row of S against running max m and sum l: turns the
 // row into P = exp(S - m') and returns the factor e^(m - m') that rescales the
 // row's accumulated output (1 when nothing changes).
-// n is a multiple of the lanes.
-HWY_INLINE float SoftmaxStep(DF d, float* s, int64_t n, float& m, float& l) {
+// n is a multiple of the lanes. The sum is kept per lane (l points at one
+// vector, aligned) and reduced once at the end: no horizontal sum per tile.
+HWY_INLINE float SoftmaxStep(DF d, float* s, int64_t n, float& m, float* l) {
   const size_t N = hn::Lanes(d);
   const float ninf = -std::numeric_limits<float>::infinity();
   VF vmax = hn::Set(d, ninf);
@@ -252,8 +253,8 @@ HWY_INLINE float SoftmaxStep(DF d, float* s, int64_t n, float& m, float& l) {
     hn::Store(e, d, s + j);
     sum = hn::Add(sum, e);
   }
-  const float alpha = m == m_new ? 1.0f : std::exp(m - m_new);
-  l = l * alpha + hn::GetLane(hn::SumOfLanes(d, sum));
+  const float alpha = m == m_new ? 1.0f : hn::GetLane(hn::Exp(d, hn::Set(d, m - m_new)));
+  hn::Store(hn::MulAdd(hn::Load(d, l), hn::Set(d, alpha), sum), d, l);
   m = m_new;
   return alpha;
 }
@@ -272,17 +273,18 @@ void ProcessItem(DF d, const Item& it) {
   const int64_t t_begin = first.begin / kBlockK;
   const int64_t t_end = std::min(n_tiles, (last.end + kBlockK - 1) / kBlockK);
   float m[kBlockQ], l[kBlockQ];
+  alignas(HWY_MAX_BYTES) float l_lanes[kBlockQ * HWY_MAX_BYTES / sizeof(float)];
   const float ninf = -std::numeric_limits<float>::infinity();
 
   for (int64_t g = 0; g < p.group(); ++g) {
     const int64_t h = it.hkv * p.group() + g;
     std::fill(m, m + it.rows, ninf);
-    std::fill(l, l + it.rows, 0.0f);
+    std::fill(l_lanes, l_lanes + it.rows * N, 0.0f);
     std::fill(o, o + it.rows * dvp, 0.0f);
     for (int64_t kt = t_begin; kt < t_end; ++kt) {
       Scores(d, it, h, kt, s);
       for (int64_t r = 0; r < it.rows; ++r) {
-        const float alpha = SoftmaxStep(d, s + r * kBlockK, kBlockK, m[r], l[r]);
+        const float alpha = SoftmaxStep(d, s + r * kBlockK, kBlockK, m[r], l_lanes + r * N);
         if (alpha != 1.0f) {
           const VF a = hn::Set(d, alpha);
           for (int64_t c = 0; c < dvp; c += static_cast<int64_t>(N))
@@ -294,6 +296,7 @@ void ProcessItem(DF d, const Item& it) {
                        p.d_v, o, dvp);
     }
     for (int64_t r = 0; r < it.rows; ++r) {
+      l[r] = hn::GetLane(hn::SumOfLanes(d, hn::Load(d, l_lanes + r * N)));
       float* out = p.out.row(it.b, h, it.i0 + r);
       const float inv = l[r] > 0 ? 1.0f / l[r] : 0.0f;
       for (int64_t c = 0; c < p.d_v; ++c) out[c] = o[r * dvp + c] * inv;
@@ -448,6 +451,8 @@ void DecodeChunk(DF d, const AttentionProblem<float>& p, int64_t b, int64_t hkv,
   float* o = part;
   float* m = part + R * dvp;
   float* l = m + R;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(d));
+  alignas(HWY_MAX_BYTES) float l_lanes[HWY_MAX_BYTES / sizeof(float)];
   const float ninf = -std::numeric_limits<float>::infinity();
   std::fill(m, m + R, ninf);
   std::fill(l, l + R, 0.0f);
@@ -483,7 +488,9 @@ void DecodeChunk(DF d, const AttentionProblem<float>& p, int64_t b, int64_t hkv,
     std::fill(sr + jn, sr + kDecodeChunk, ninf);
     if (!inside || p.mask.present())
       MaskRow(p, b, row_head(r), r % p.n_q, j0, jn, !inside, sr);
-    SoftmaxStep(d, sr, kDecodeChunk, m[r], l[r]);
+    std::fill(l_lanes, l_lanes + N, 0.0f);
+    SoftmaxStep(d, sr, kDecodeChunk, m[r], l_lanes);
+    l[r] = hn::GetLane(hn::SumOfLanes(d, hn::Load(d, l_lanes)));
   }
   AccumulateValues(d, R, s, kDecodeChunk, jn, ValueRow<KV>(p, b, hkv, j0), ValueStride(p), p.d_v,
                    o, dvp);
