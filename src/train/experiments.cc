@@ -7,6 +7,18 @@
 namespace attn {
 namespace {
 
+// The training settings both experiments take from their options.
+template <class Options>
+TrainOptions training(const Options& o, std::string label) {
+  TrainOptions t;
+  t.steps = o.steps;
+  t.batch_size = o.batch_size;
+  t.learning_rate = o.learning_rate;
+  t.seed = o.seed + 1;
+  t.label = std::move(label);
+  return t;
+}
+
 // Vocabulary of the order experiment: nouns first (猫 and 狗 the first two),
 // then verbs (咬 the first).
 const std::vector<std::string> kNouns{"猫", "狗", "鸟", "鱼", "马", "牛", "羊", "猪",
@@ -86,12 +98,7 @@ OrderExperimentResult run_order_experiment(const OrderExperimentOptions& o) {
     c.positional = pos;
     c.readout = Readout::Mean;
     Classifier model(c, o.seed);
-    TrainOptions t;
-    t.steps = o.steps;
-    t.batch_size = o.batch_size;
-    t.learning_rate = o.learning_rate;
-    t.seed = o.seed + 1;
-    t.label = "order/" + positional_name(pos);
+    const TrainOptions t = training(o, "order/" + positional_name(pos));
     OrderVariantResult r;
     r.positional = pos;
     r.loss = train(model, sample, t);
@@ -133,12 +140,7 @@ HeadsExperimentResult run_heads_experiment(const HeadsExperimentOptions& o) {
     c.positional = o.positional;
     c.readout = Readout::Last;
     Classifier model(c, o.seed);
-    TrainOptions t;
-    t.steps = o.steps;
-    t.batch_size = o.batch_size;
-    t.learning_rate = o.learning_rate;
-    t.seed = o.seed + 1;
-    t.label = "heads/" + std::to_string(heads);
+    const TrainOptions t = training(o, "heads/" + std::to_string(heads));
     HeadsResult r;
     r.heads = heads;
     r.parameters = model.parameter_count();

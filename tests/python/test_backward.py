@@ -1,6 +1,5 @@
 """attn.attention_backward against torch.autograd through the explicit-ops
-reference of test_torch.py (float64), with every option of SPEC."""
-import math
+reference of torch_reference.py (float64), with every option of SPEC."""
 
 import numpy as np
 import pytest
@@ -8,46 +7,14 @@ import torch
 
 import attn
 from test_torch import qkv
+from torch_reference import torch_attention
 from util import rel_err
-
-
-def torch_attention(q, k, v, mask=None, causal=False, scale=None, softcap=None, window=None):
-    """SPEC semantics from plain torch ops on float64 tensors (differentiable)."""
-    if q.dim() >= 3 and q.shape[-3] != k.shape[-3]:  # GQA: repeat each kv head
-        rep = q.shape[-3] // k.shape[-3]
-        k, v = k.repeat_interleave(rep, dim=-3), v.repeat_interleave(rep, dim=-3)
-    s = (q @ k.transpose(-1, -2)) * (1 / math.sqrt(q.shape[-1]) if scale is None else scale)
-    if softcap:
-        s = softcap * torch.tanh(s / softcap)
-    n_q, n_k = s.shape[-2:]
-    ones = torch.ones(n_q, n_k, dtype=torch.bool)
-    allowed = ones.clone()
-    if causal is True or causal == "bottom_right":
-        allowed &= ones.tril(diagonal=n_k - n_q)
-    elif causal == "top_left":
-        allowed &= ones.tril(diagonal=0)
-    if window is not None:
-        left, right = window
-        if left >= 0:
-            allowed &= ones.triu(diagonal=n_k - n_q - left)
-        if right >= 0:
-            allowed &= ones.tril(diagonal=n_k - n_q + right)
-    if mask is not None:
-        m = torch.from_numpy(np.asarray(mask))
-        allowed = allowed & m if m.dtype == torch.bool else allowed
-        s = s if m.dtype == torch.bool else s + m.double()
-    allowed = allowed.expand(s.shape)
-    # Rows with no allowed key: attn gives zeros; keep torch's softmax off them (NaN).
-    s = s.masked_fill(~allowed, -math.inf)
-    empty = ~allowed.any(dim=-1, keepdim=True)
-    w = torch.softmax(s.masked_fill(empty, 0.0), dim=-1).masked_fill(empty, 0.0)
-    return w @ v
 
 
 def check(q, k, v, **kw):
     rng = np.random.default_rng(1)
     tq, tk, tv = (torch.from_numpy(a).requires_grad_() for a in (q, k, v))
-    out = torch_attention(tq, tk, tv, **kw)
+    out, _ = torch_attention(tq, tk, tv, **kw)
     dout = rng.normal(size=tuple(out.shape))
     out.backward(torch.from_numpy(dout))
     dq, dk, dv = attn.attention_backward(q, k, v, dout, **kw)

@@ -7,44 +7,13 @@ import pytest
 import torch
 
 import attn
+from torch_reference import torch_attention
 from util import rel_err
 
 
 
-def torch_attention(q, k, v, mask=None, causal=False, scale=None, softcap=None, window=None):
-    """SPEC semantics from plain torch ops, in float64."""
-    q, k, v = (torch.from_numpy(np.asarray(a, dtype=np.float64)) for a in (q, k, v))
-    if q.dim() >= 3 and q.shape[-3] != k.shape[-3]:  # GQA: repeat each kv head
-        rep = q.shape[-3] // k.shape[-3]
-        k, v = k.repeat_interleave(rep, dim=-3), v.repeat_interleave(rep, dim=-3)
-    d = q.shape[-1]
-    s = (q @ k.transpose(-1, -2)) * (1 / math.sqrt(d) if scale is None else scale)
-    if softcap:
-        s = softcap * torch.tanh(s / softcap)
-    n_q, n_k = s.shape[-2:]
-    ones = torch.ones(n_q, n_k, dtype=torch.bool)
-    allowed = ones.clone()
-    if causal is True or causal == "bottom_right":
-        allowed &= ones.tril(diagonal=n_k - n_q)
-    elif causal == "top_left":
-        allowed &= ones.tril(diagonal=0)
-    if window is not None:
-        left, right = window
-        if left >= 0:
-            allowed &= ones.triu(diagonal=n_k - n_q - left)
-        if right >= 0:
-            allowed &= ones.tril(diagonal=n_k - n_q + right)
-    if mask is not None:
-        m = torch.from_numpy(np.asarray(mask))
-        s = s.masked_fill(~m, -math.inf) if m.dtype == torch.bool else s + m.double()
-    s = s.masked_fill(~allowed, -math.inf)
-    w = torch.softmax(s, dim=-1)
-    w = torch.nan_to_num(w, nan=0.0)  # torch: NaN for rows with no allowed key; attn: 0
-    return (w @ v).numpy(), w.numpy()
-
-
 def check(q, k, v, **kw):
-    out_ref, w_ref = torch_attention(q, k, v, **kw)
+    out_ref, w_ref = (t.numpy() for t in torch_attention(q, k, v, **kw))
     out, w = attn.attention(q, k, v, return_weights=True, **kw)
     assert out.dtype == np.float64
     assert rel_err(out, out_ref) <= 1e-12
