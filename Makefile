@@ -16,7 +16,7 @@ TEST_DEBS  := libgtest-dev python3-pytest python3-torch
 # that the NumPy and PyTorch baselines run on a fast BLAS.
 BENCH_DEBS := libbenchmark-dev libopenblas0-pthread
 
-.PHONY: all build configure demo test bench deps test-deps clean
+.PHONY: all build configure demo test bench check-arm deps test-deps clean
 
 all: build
 
@@ -48,6 +48,18 @@ bench: test-deps
 	$(BUILD)/bin/attn_micro
 	env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE ATEN_CPU_CAPABILITY=avx512 \
 	    $(PYTHON) bench/compare.py
+
+# The SIMD kernels compile for Arm too (NEON, SVE, SVE2): build them with
+# Debian's aarch64 cross compiler against the same Highway headers.
+ARM_CXX := aarch64-linux-gnu-g++
+check-arm:
+	@tools/install-deps.sh g++-aarch64-linux-gnu libhwy-dev
+	@mkdir -p $(BUILD)/arm/include && cp -r /usr/include/hwy $(BUILD)/arm/include/
+	@for f in src/kernels/*.cc; do \
+	  $(ARM_CXX) -std=c++20 -O2 -c $$f -Iinclude -Isrc -I$(BUILD)/arm/include \
+	      -o $(BUILD)/arm/$$(basename $$f .cc).o || exit 1; \
+	  echo "$$f: $$(aarch64-linux-gnu-nm -C $(BUILD)/arm/$$(basename $$f .cc).o | \
+	      grep -o 'N_[A-Z0-9_]*::' | sort -u | tr '\n' ' ')"; done
 
 clean:
 	rm -rf $(BUILD)

@@ -31,6 +31,7 @@
 #include "kernels/matmul-inl.h"
 
 #include <algorithm>
+#include <cstring>
 #include <cmath>
 #include <limits>
 
@@ -78,8 +79,15 @@ static_assert(kBlockK == kPanel, "a key tile is one packed matmul panel");
 // Keys and values may be stored as float32, bfloat16 or fp16; arithmetic is
 // float32 (a 16-bit load is promoted).
 inline float ToFloat(float x) { return x; }
-inline float ToFloat(hwy::bfloat16_t x) { return bf16_to_float(x.bits); }
-inline float ToFloat(hwy::float16_t x) { return fp16_to_float(x.bits); }
+// (hwy::float16_t is a struct on x86 and the compiler's __fp16 on Arm: go by bits.)
+template <class H>
+inline uint16_t Bits(H x) {
+  uint16_t b;
+  std::memcpy(&b, &x, sizeof b);
+  return b;
+}
+inline float ToFloat(hwy::bfloat16_t x) { return bf16_to_float(Bits(x)); }
+inline float ToFloat(hwy::float16_t x) { return fp16_to_float(Bits(x)); }
 
 template <class KV>
 HWY_INLINE VF LoadKV(DF d, const KV* p) {
@@ -107,6 +115,16 @@ template <int MR, class KV>
 HWY_INLINE void ValueBlock(DF d, const float* p, int64_t p_stride, int64_t count,
                            const KV* v0, int64_t v_stride, float* o, int64_t o_stride) {
   const size_t N = hn::Lanes(d);
+#if HWY_HAVE_SCALABLE
+  // Sizeless (SVE, RVV) vectors cannot form arrays: one accumulator at a time.
+  for (int r = 0; r < MR; ++r)
+    for (int v = 0; v < kVecs; ++v) {
+      VF acc = hn::Load(d, o + r * o_stride + v * N);
+      for (int64_t j = 0; j < count; ++j)
+        acc = hn::MulAdd(hn::Set(d, p[r * p_stride + j]), LoadKV(d, v0 + j * v_stride + v * N), acc);
+      hn::Store(acc, d, o + r * o_stride + v * N);
+    }
+#else
   VF acc[MR][kVecs];
   for (int r = 0; r < MR; ++r)
     for (int v = 0; v < kVecs; ++v) acc[r][v] = hn::Load(d, o + r * o_stride + v * N);
@@ -120,6 +138,7 @@ HWY_INLINE void ValueBlock(DF d, const float* p, int64_t p_stride, int64_t count
   }
   for (int r = 0; r < MR; ++r)
     for (int v = 0; v < kVecs; ++v) hn::Store(acc[r][v], d, o + r * o_stride + v * N);
+#endif
 }
 
 // The same for the last value columns [c, d_v) that do not fill kVecs vectors:
@@ -427,18 +446,29 @@ template <int MR, class KV>
 HWY_INLINE void DotRows(DF d, const float* const* q, const KV* k, int64_t D, float scale,
                         float* s, int64_t s_stride) {
   const size_t N = hn::Lanes(d);
+  const int64_t full = D / static_cast<int64_t>(N) * static_cast<int64_t>(N);
+#if HWY_HAVE_SCALABLE
+  // Sizeless (SVE, RVV) vectors cannot form arrays: one row at a time.
+  for (int r = 0; r < MR; ++r) {
+    VF acc = hn::Zero(d);
+    for (int64_t c = 0; c < full; c += static_cast<int64_t>(N))
+      acc = hn::MulAdd(hn::LoadU(d, q[r] + c), LoadKV(d, k + c), acc);
+    if (full < D) acc = hn::MulAdd(LoadTail(d, q[r] + full, D - full), LoadTail(d, k + full, D - full), acc);
+    s[r * s_stride] = hn::GetLane(hn::SumOfLanes(d, acc)) * scale;
+  }
+#else
   VF acc[MR];
   for (int r = 0; r < MR; ++r) acc[r] = hn::Zero(d);
-  int64_t c = 0;
-  for (; c + static_cast<int64_t>(N) <= D; c += static_cast<int64_t>(N)) {
+  for (int64_t c = 0; c < full; c += static_cast<int64_t>(N)) {
     const VF kv = LoadKV(d, k + c);
     for (int r = 0; r < MR; ++r) acc[r] = hn::MulAdd(hn::LoadU(d, q[r] + c), kv, acc[r]);
   }
-  if (c < D) {
-    const VF kv = LoadTail(d, k + c, D - c);
-    for (int r = 0; r < MR; ++r) acc[r] = hn::MulAdd(LoadTail(d, q[r] + c, D - c), kv, acc[r]);
+  if (full < D) {
+    const VF kv = LoadTail(d, k + full, D - full);
+    for (int r = 0; r < MR; ++r) acc[r] = hn::MulAdd(LoadTail(d, q[r] + full, D - full), kv, acc[r]);
   }
   for (int r = 0; r < MR; ++r) s[r * s_stride] = hn::GetLane(hn::SumOfLanes(d, acc[r])) * scale;
+#endif
 }
 
 thread_local Buffer tls_decode_scores;

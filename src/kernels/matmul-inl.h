@@ -35,6 +35,17 @@ HWY_INLINE void MatmulBlock(D d, const T* const* a, int64_t K, const T* panel, T
                             int64_t c_stride) {
   using V = hn::Vec<D>;
   const size_t N = hn::Lanes(d);
+  const V sc = hn::Set(d, scale);
+#if HWY_HAVE_SCALABLE
+  // Sizeless (SVE, RVV) vectors cannot form arrays: one accumulator at a time.
+  for (int r = 0; r < MR; ++r)
+    for (int v = 0; v < kVecs; ++v) {
+      V acc = hn::Zero(d);
+      for (int64_t k = 0; k < K; ++k)
+        acc = hn::MulAdd(hn::Set(d, a[r][k]), hn::Load(d, panel + k * kPanel + v * N), acc);
+      hn::StoreU(hn::Mul(acc, sc), d, c + r * c_stride + v * N);
+    }
+#else
   V acc[MR][kVecs];
   for (int r = 0; r < MR; ++r)
     for (int v = 0; v < kVecs; ++v) acc[r][v] = hn::Zero(d);
@@ -46,9 +57,9 @@ HWY_INLINE void MatmulBlock(D d, const T* const* a, int64_t K, const T* panel, T
       for (int v = 0; v < kVecs; ++v) acc[r][v] = hn::MulAdd(ar, b[v], acc[r][v]);
     }
   }
-  const V sc = hn::Set(d, scale);
   for (int r = 0; r < MR; ++r)
     for (int v = 0; v < kVecs; ++v) hn::StoreU(hn::Mul(acc[r][v], sc), d, c + r * c_stride + v * N);
+#endif
 }
 
 // All kPanel columns for `rows` rows of A (rows <= kRows).
