@@ -134,6 +134,10 @@ TEST(Npy, ReadsVersionsTwoAndThree) {
 std::string npy_v1(const std::string& dict, const std::string& data) {
   return std::string("\x93NUMPY\x01\x00", 8) + le(dict.size() + 1, 2) + dict + "\n" + data;
 }
+// Version 2: a 4-byte header length (no alignment padding: attn does not need it).
+std::string npy_v2(const std::string& dict, const std::string& data) {
+  return std::string("\x93NUMPY\x02\x00", 8) + le(dict.size() + 1, 4) + dict + "\n" + data;
+}
 
 TEST(Npy, CorruptFilesAreClearErrors) {
   TempDir dir;
@@ -170,6 +174,29 @@ TEST(Npy, CorruptFilesAreClearErrors) {
     EXPECT_THROW_MSG(read_npy(f), ValueError, c.needle);
   }
   EXPECT_THROW_MSG(read_npy(dir.file("missing.npy")), IOError, "cannot open");
+}
+
+// Regression: the header parser once recursed per character (std::regex)
+// and crashed on a 30 kB header; found by a long-header test for issue 8.
+TEST(Npy, LongHeadersNeitherCrashNorFloodTheMessage) {
+  TempDir dir;
+  const std::string f = dir.file("long.npy");
+  std::string ones;
+  for (int i = 0; i < 100000; ++i) ones += "1, ";
+  write_bytes(f, npy_v2("{'descr': '<f4', 'fortran_order': False, 'shape': (" + ones + "), }",
+                        std::string(4, '\0')));
+  const auto a = read_npy(f);
+  EXPECT_EQ(std::get<Tensor<float>>(a).shape(), Shape(100000, 1));
+  write_bytes(f, npy_v2("{'descr': '" + std::string(1000000, 'a') +
+                            "', 'fortran_order': False, 'shape': (1,), }",
+                        std::string(4, '\0')));
+  try {
+    read_npy(f);
+    ADD_FAILURE() << "a 1 MB dtype was accepted";
+  } catch (const ValueError& e) {
+    EXPECT_LT(std::string(e.what()).size(), 300u);
+    EXPECT_NE(std::string(e.what()).find("unsupported .npy dtype 'aaaa"), std::string::npos);
+  }
 }
 
 // ---------------------------------------------------------------------------
