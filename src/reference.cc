@@ -17,8 +17,9 @@ bool allowed(const AttentionProblem<double>& p, int64_t i, int64_t j) {
   const int64_t pos = i + (p.n_k - p.n_q);
   if (p.causal == Causal::BottomRight && j > pos) return false;
   if (p.causal == Causal::TopLeft && j > i) return false;
-  if (p.window.left >= 0 && j < pos - p.window.left) return false;
-  if (p.window.right >= 0 && j > pos + p.window.right) return false;
+  // (pos - j and j - pos cannot overflow; pos ± a window of up to INT64_MAX can.)
+  if (p.window.left >= 0 && pos - j > p.window.left) return false;
+  if (p.window.right >= 0 && j - pos > p.window.right) return false;
   return true;
 }
 
