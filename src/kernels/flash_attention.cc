@@ -294,7 +294,8 @@ HWY_INLINE float SoftmaxStep(DF d, float* s, int64_t n, float& m, float& l) {
     std::fill(s, s + n, 0.0f);
     return 1.0f;
   }
-  if (m_new == -ninf) {  // exp(s - m') would be exp(inf - inf): count the +inf instead
+  if (m_new == std::numeric_limits<float>::infinity()) {
+    // exp(s - m') would be exp(inf - inf): count the +inf logits instead
     float count = 0;
     for (int64_t j = 0; j < n; ++j) count += s[j] = s[j] == m_new ? 1.0f : 0.0f;
     const float alpha = m == m_new ? 1.0f : 0.0f;
