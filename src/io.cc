@@ -4,9 +4,9 @@
 
 #include <algorithm>
 #include <bit>
+#include <cctype>
 #include <cstring>
 #include <fstream>
-#include <regex>
 #include <vector>
 
 #include "attn/half.hpp"
@@ -87,6 +87,85 @@ void npy_write(const std::string& path, TensorView<const T> a, const char* descr
   write_file(path, head, reinterpret_cast<const char*>(c.data()), c.numel() * sizeof(T));
 }
 
+// The header is a Python dict literal with exactly the keys 'descr',
+// 'fortran_order' and 'shape', e.g. {'descr': '<f4', 'fortran_order': False,
+// 'shape': (2, 3), }. Parsed by hand in one pass: std::regex recursed once per
+// character and overflowed the stack on a 30 kB header.
+struct NpyHeader {
+  std::string descr;
+  bool fortran_order = false;
+  Shape shape;
+};
+
+// At most n characters of s, for error messages about arbitrary input.
+std::string excerpt(const std::string& s, size_t n = 40) {
+  return s.size() <= n ? s : s.substr(0, n) + "...";
+}
+
+NpyHeader parse_npy_header(const std::string& path, const std::string& h) {
+  size_t at = 0;  // never past h.size()
+  const auto fail = [&](const std::string& what) { npy_fail(path, "header " + what); };
+  const auto skip_space = [&] {
+    while (at < h.size() && std::isspace(static_cast<unsigned char>(h[at]))) ++at;
+  };
+  const auto next_is = [&](char c) {
+    skip_space();
+    return at < h.size() && h[at] == c;
+  };
+  const auto expect = [&](char c) {
+    if (!next_is(c)) fail(std::string("expected '") + c + "' at byte " + std::to_string(at));
+    ++at;
+  };
+  const auto quoted = [&] {
+    skip_space();
+    if (at == h.size() || (h[at] != '\'' && h[at] != '"'))
+      fail("expected a quoted string at byte " + std::to_string(at));
+    const size_t close = h.find(h[at], at + 1);
+    if (close == std::string::npos) fail("has an unterminated string");
+    std::string text = h.substr(at + 1, close - at - 1);
+    at = close + 1;
+    return text;
+  };
+  NpyHeader r;
+  bool descr = false, order = false, shape = false;
+  expect('{');
+  while (!next_is('}')) {
+    const std::string key = quoted();
+    expect(':');
+    skip_space();
+    if (key == "descr") {
+      r.descr = quoted();
+      descr = true;
+    } else if (key == "fortran_order") {
+      if (h.compare(at, 4, "True") == 0) r.fortran_order = true, at += 4;
+      else if (h.compare(at, 5, "False") == 0) at += 5;
+      else fail("has a 'fortran_order' that is neither True nor False");
+      order = true;
+    } else if (key == "shape") {
+      expect('(');
+      while (!next_is(')')) {
+        const size_t digits = h.find_first_not_of("0123456789", at);
+        const size_t n = (digits == std::string::npos ? h.size() : digits) - at;
+        if (n == 0 || n > 18) npy_fail(path, "malformed shape at byte " + std::to_string(at));
+        r.shape.push_back(std::stoll(h.substr(at, n)));
+        at += n;
+        if (next_is(',')) ++at;
+        else if (!next_is(')')) npy_fail(path, "malformed shape at byte " + std::to_string(at));
+      }
+      ++at;
+      shape = true;
+    } else {
+      fail("has an unexpected key '" + excerpt(key) + "'");
+    }
+    if (next_is(',')) ++at;
+    else if (!next_is('}')) fail("expected ',' or '}' at byte " + std::to_string(at));
+  }
+  if (!descr) fail("has no 'descr'");
+  if (!order) fail("has no 'fortran_order'");
+  if (!shape) fail("has no 'shape'");
+  return r;
+}
+
 // ---------------------------------------------------------------------------
 // safetensors
 
@@ -116,33 +195,14 @@ NpyArray read_npy(const std::string& path) {
     npy_fail(path, "header length " + std::to_string(header_len) + " runs past the end of the file");
   const std::string header = b.substr(offset, header_len);
 
-  // The header is a Python dict literal; accept exactly its three keys.
-  static const std::regex descr_re(R"('descr'\s*:\s*'([^']*)')");
-  static const std::regex order_re(R"('fortran_order'\s*:\s*(True|False))");
-  static const std::regex shape_re(R"('shape'\s*:\s*\(([^)]*)\))");
-  std::smatch m;
-  if (!std::regex_search(header, m, descr_re)) npy_fail(path, "header has no 'descr'");
-  const std::string descr = m[1];
-  if (!std::regex_search(header, m, order_re)) npy_fail(path, "header has no 'fortran_order'");
-  if (m[1] == "True") npy_fail(path, "Fortran-order arrays are not supported; save a C-order array");
-  if (!std::regex_search(header, m, shape_re)) npy_fail(path, "header has no 'shape'");
-  Shape shape;
-  static const std::regex dim_re(R"(^\s*(\d{1,18})\s*$)");
-  const std::string dims = m[1];
-  size_t start = 0;
-  while (start <= dims.size()) {
-    const size_t comma = std::min(dims.find(',', start), dims.size());
-    const std::string part = dims.substr(start, comma - start);
-    std::smatch dm;
-    if (std::regex_match(part, dm, dim_re)) shape.push_back(std::stoll(dm[1]));
-    else if (part.find_first_not_of(" \t") != std::string::npos || comma < dims.size())
-      npy_fail(path, "malformed shape (" + dims + ")");
-    start = comma + 1;
-  }
+  const NpyHeader h = parse_npy_header(path, header);
+  if (h.fortran_order) npy_fail(path, "Fortran-order arrays are not supported; save a C-order array");
+  const Shape& shape = h.shape;
+  const std::string& descr = h.descr;
   const size_t data_at = offset + header_len;
   if (descr == "<f4") return npy_payload<float>(path, b, data_at, shape);
   if (descr == "<f8") return npy_payload<double>(path, b, data_at, shape);
-  throw ValueError(path + ": unsupported .npy dtype '" + descr +
+  throw ValueError(path + ": unsupported .npy dtype '" + excerpt(descr) +
                    "'; attn reads little-endian float32 ('<f4') or float64 ('<f8')");
 }
 
@@ -170,23 +230,26 @@ Safetensors read_safetensors(const std::string& path) {
 
   Safetensors out;
   std::vector<std::pair<uint64_t, uint64_t>> ranges;
-  for (const auto& [name, entry] : header.items()) {
+  for (const auto& item : header.items()) {
+    // (Not a structured binding: clang 14 cannot capture those in `bad` below.)
+    const std::string& name = item.key();
+    const nlohmann::json& entry = item.value();
     if (name == "__metadata__") {
       if (!entry.is_object()) st_fail(path, "__metadata__ is not an object");
       for (const auto& [key, value] : entry.items()) {
-        if (!value.is_string()) st_fail(path, "__metadata__ value of '" + key + "' is not a string");
+        if (!value.is_string()) st_fail(path, "__metadata__ value of '" + excerpt(key) + "' is not a string");
         out.metadata[key] = value.get<std::string>();
       }
       continue;
     }
-    const auto bad = [&](const std::string& what) { st_fail(path, "tensor '" + name + "': " + what); };
+    const auto bad = [&](const std::string& what) { st_fail(path, "tensor '" + excerpt(name) + "': " + what); };
     if (!entry.is_object() || !entry.contains("dtype") || !entry.contains("shape") ||
         !entry.contains("data_offsets"))
       bad("needs dtype, shape and data_offsets");
     if (!entry["dtype"].is_string()) bad("dtype is not a string");
     const std::string dtype = entry["dtype"];
     const size_t esize = dtype_size(dtype);
-    if (!esize) bad("unsupported dtype " + dtype + " (attn reads F32, F16, BF16)");
+    if (!esize) bad("unsupported dtype " + excerpt(dtype) + " (attn reads F32, F16, BF16)");
     Shape shape;
     if (!entry["shape"].is_array()) bad("shape is not an array");
     for (const auto& d : entry["shape"]) {

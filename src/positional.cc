@@ -1,6 +1,7 @@
 #include "attn/positional.hpp"
 
 #include <cmath>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -30,6 +31,11 @@ void rope_impl(TensorView<const T> x, TensorView<T> out, const RopeOptions& opt,
     throw ValueError("rope: rotary_dim must be even and in [0, d=" + std::to_string(d) +
                      "], got " + std::to_string(r) +
                      (opt.rotary_dim ? "" : " (the default, all of d); pass an even rotary_dim"));
+  const int64_t n = x.dim(-2);
+  if (positions.empty_view() && n > 0 &&
+      opt.offset > std::numeric_limits<int64_t>::max() - (n - 1))
+    throw ValueError("rope: positions offset + 0.." + std::to_string(n - 1) + " overflow int64 (offset " +
+                     std::to_string(opt.offset) + ")");
   // Positions are read through a view broadcast to x's shape minus the last axis.
   const Shape rows_shape(x.shape().begin(), x.shape().end() - 1);
   TensorView<const int64_t> pos;
@@ -59,7 +65,6 @@ void rope_impl(TensorView<const T> x, TensorView<T> out, const RopeOptions& opt,
   // Default positions offset + t repeat for every head and batch entry: one
   // table of n rows of cos/sin serves them all. Given positions are computed
   // per row (reused while consecutive rows share a position).
-  const int64_t n = x.dim(-2);
   std::vector<double> table_c, table_s;
   if (!pos.data()) {
     table_c.resize(static_cast<size_t>(n * half));

@@ -2,6 +2,7 @@
 // gradient, written as plainly as possible. It is the oracle every fast path
 // is tested against and the float64 path of the library; keep it small and
 // obviously right. The backward mirrors the forward line by line (llm.c).
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <vector>
@@ -16,30 +17,40 @@ bool allowed(const AttentionProblem<double>& p, int64_t i, int64_t j) {
   const int64_t pos = i + (p.n_k - p.n_q);
   if (p.causal == Causal::BottomRight && j > pos) return false;
   if (p.causal == Causal::TopLeft && j > i) return false;
-  if (p.window.left >= 0 && j < pos - p.window.left) return false;
-  if (p.window.right >= 0 && j > pos + p.window.right) return false;
+  // (pos - j and j - pos cannot overflow; pos ± a window of up to INT64_MAX can.)
+  if (p.window.left >= 0 && pos - j > p.window.left) return false;
+  if (p.window.right >= 0 && j - pos > p.window.right) return false;
   return true;
 }
 
 // Row (b, h, i) of the attention weights into w (n_k), and the scaled logits
 // before softcap and mask into s (the backward needs them). A row with no
-// allowed key gets all-zero weights.
+// allowed key gets all-zero weights; one with a NaN logit, all-NaN weights.
 void row_weights(const AttentionProblem<double>& p, int64_t b, int64_t h, int64_t i,
                  std::vector<double>& s, std::vector<double>& w) {
   const double inf = std::numeric_limits<double>::infinity();
   const double* q = p.q.row(b, h, i);
   const int64_t hkv = h / p.group();
-  // logits = q·k * scale, softcapped, plus the mask; -inf = not allowed.
+  // logits = q·k * scale, softcapped, plus the mask; -inf = not allowed
+  // (causal, window, a false boolean mask: whatever the logit, even NaN).
   double max = -inf;
+  bool nan = false;
   for (int64_t j = 0; j < p.n_k; ++j) {
     const double* k = p.k.row(b, hkv, j);
     double dot = 0;
     for (int64_t c = 0; c < p.d; ++c) dot += q[c * p.q.col_stride] * k[c * p.k.col_stride];
     s[j] = dot * p.scale;
-    double logit = p.softcap > 0 ? p.softcap * std::tanh(s[j] / p.softcap) : s[j];
-    if (p.mask.present()) logit += p.mask.value(b, h, i, j);
-    w[j] = allowed(p, i, j) ? logit : -inf;
+    const double logit = p.softcap > 0 ? p.softcap * std::tanh(s[j] / p.softcap) : s[j];
+    const double mask = p.mask.present() ? p.mask.value(b, h, i, j) : 0.0;
+    const bool masked_out = p.mask.boolean && mask == -inf;
+    w[j] = allowed(p, i, j) && !masked_out ? logit + mask : -inf;
+    nan = nan || std::isnan(w[j]);
     max = std::fmax(max, w[j]);
+  }
+  // A NaN logit (a NaN input, 0 · inf, inf - inf) makes the whole row NaN.
+  if (nan) {
+    std::fill(w.begin(), w.end(), std::numeric_limits<double>::quiet_NaN());
+    return;
   }
   // softmax in place
   double sum = 0;

@@ -41,12 +41,20 @@ std::string le(uint64_t v, int n) {
 }
 
 // ---------------------------------------------------------------------------
-// 16-bit floats, against the compiler's _Float16 and the definition of
+// 16-bit floats, against the compiler's half type and the definition of
 // round-to-nearest-even for bfloat16.
+
+// _Float16, or __fp16 where clang (before 15) has no _Float16 on x86 (the
+// sanitizer build); both convert with round-to-nearest-even.
+#if defined(__clang__) && __clang_major__ < 15
+using CompilerHalf = __fp16;
+#else
+using CompilerHalf = _Float16;
+#endif
 
 TEST(Half, Fp16ToFloatIsExactForAllValues) {
   for (uint32_t h = 0; h < 65536; ++h) {
-    _Float16 ref;
+    CompilerHalf ref;
     const uint16_t bits = static_cast<uint16_t>(h);
     std::memcpy(&ref, &bits, 2);
     const float got = fp16_to_float(bits);
@@ -69,7 +77,7 @@ TEST(Half, FloatToFp16RoundsToNearestEven) {
     // concentrate on the half range: scale the exponent down
     int e;
     if (i % 2) f = std::ldexp(std::frexp(f, &e), int(rng() % 50) - 30);
-    const _Float16 ref = static_cast<_Float16>(f);
+    const CompilerHalf ref = static_cast<CompilerHalf>(f);
     uint16_t ref_bits;
     std::memcpy(&ref_bits, &ref, 2);
     ASSERT_EQ(float_to_fp16(f), ref_bits) << f;
@@ -134,6 +142,10 @@ TEST(Npy, ReadsVersionsTwoAndThree) {
 std::string npy_v1(const std::string& dict, const std::string& data) {
   return std::string("\x93NUMPY\x01\x00", 8) + le(dict.size() + 1, 2) + dict + "\n" + data;
 }
+// Version 2: a 4-byte header length (no alignment padding: attn does not need it).
+std::string npy_v2(const std::string& dict, const std::string& data) {
+  return std::string("\x93NUMPY\x02\x00", 8) + le(dict.size() + 1, 4) + dict + "\n" + data;
+}
 
 TEST(Npy, CorruptFilesAreClearErrors) {
   TempDir dir;
@@ -170,6 +182,29 @@ TEST(Npy, CorruptFilesAreClearErrors) {
     EXPECT_THROW_MSG(read_npy(f), ValueError, c.needle);
   }
   EXPECT_THROW_MSG(read_npy(dir.file("missing.npy")), IOError, "cannot open");
+}
+
+// Regression: the header parser once recursed per character (std::regex)
+// and crashed on a 30 kB header; found by a long-header test for issue 8.
+TEST(Npy, LongHeadersNeitherCrashNorFloodTheMessage) {
+  TempDir dir;
+  const std::string f = dir.file("long.npy");
+  std::string ones;
+  for (int i = 0; i < 100000; ++i) ones += "1, ";
+  write_bytes(f, npy_v2("{'descr': '<f4', 'fortran_order': False, 'shape': (" + ones + "), }",
+                        std::string(4, '\0')));
+  const auto a = read_npy(f);
+  EXPECT_EQ(std::get<Tensor<float>>(a).shape(), Shape(100000, 1));
+  write_bytes(f, npy_v2("{'descr': '" + std::string(1000000, 'a') +
+                            "', 'fortran_order': False, 'shape': (1,), }",
+                        std::string(4, '\0')));
+  try {
+    read_npy(f);
+    ADD_FAILURE() << "a 1 MB dtype was accepted";
+  } catch (const ValueError& e) {
+    EXPECT_LT(std::string(e.what()).size(), 300u);
+    EXPECT_NE(std::string(e.what()).find("unsupported .npy dtype 'aaaa"), std::string::npos);
+  }
 }
 
 // ---------------------------------------------------------------------------

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <limits>
 #include <vector>
 
 #include "helpers.hpp"
@@ -204,6 +205,12 @@ TEST(Rope, Errors) {
   o = {};
   o.base = 0;
   EXPECT_THROW_MSG(apply_rope(x.view(), o), ValueError, "base");
+  // Found by fuzz_rope (signed overflow computing the positions): refused.
+  o = {};
+  o.offset = std::numeric_limits<int64_t>::max() - 2;
+  EXPECT_THROW_MSG(apply_rope(x.view(), o), ValueError, "overflow int64");
+  o.offset = std::numeric_limits<int64_t>::max() - 3;  // the last position just fits
+  EXPECT_EQ(apply_rope(x.view(), o).shape(), x.shape());
 }
 
 }  // namespace

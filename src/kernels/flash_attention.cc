@@ -255,15 +255,37 @@ void Scores(DF d, const Item& it, int64_t h, int64_t kt, float* s) {
 // row's accumulated output (1 when nothing changes).
 // n is a multiple of the lanes. The sum is kept per lane (l points at one
 // vector, aligned) and reduced once at the end: no horizontal sum per tile.
+// Edge cases (README "Edge cases"): a NaN logit makes l NaN for good (the row
+// comes out NaN); +inf logits share the weight equally, the softmax's limit.
 HWY_INLINE float SoftmaxStep(DF d, float* s, int64_t n, float& m, float* l) {
   const size_t N = hn::Lanes(d);
   const float ninf = -std::numeric_limits<float>::infinity();
   VF vmax = hn::Set(d, ninf);
-  for (int64_t j = 0; j < n; j += static_cast<int64_t>(N)) vmax = hn::Max(vmax, hn::Load(d, s + j));
+  auto nan = hn::FirstN(d, 0);  // no lane
+  for (int64_t j = 0; j < n; j += static_cast<int64_t>(N)) {
+    const VF x = hn::Load(d, s + j);
+    vmax = hn::Max(vmax, x);
+    nan = hn::Or(nan, hn::IsNaN(x));
+  }
+  if (!hn::AllFalse(d, nan)) {
+    std::fill(s, s + n, 0.0f);
+    hn::Store(hn::Set(d, std::numeric_limits<float>::quiet_NaN()), d, l);
+    return 1.0f;
+  }
   const float m_new = std::max(m, hn::GetLane(hn::MaxOfLanes(d, vmax)));
   if (m_new == ninf) {  // nothing allowed yet
     std::fill(s, s + n, 0.0f);
     return 1.0f;
+  }
+  if (m_new == std::numeric_limits<float>::infinity()) {
+    // exp(s - m') would be exp(inf - inf): count the +inf logits instead
+    float count = 0;
+    for (int64_t j = 0; j < n; ++j) count += s[j] = s[j] == m_new ? 1.0f : 0.0f;
+    const float alpha = m == m_new ? 1.0f : 0.0f;
+    hn::Store(hn::Mul(hn::Load(d, l), hn::Set(d, alpha)), d, l);
+    l[0] += count;
+    m = m_new;
+    return alpha;
   }
   const VF vm = hn::Set(d, m_new);
   VF sum = hn::Zero(d);
@@ -277,6 +299,9 @@ HWY_INLINE float SoftmaxStep(DF d, float* s, int64_t n, float& m, float* l) {
   m = m_new;
   return alpha;
 }
+
+// e^(x - m) for x <= m, and 1 for x = m = +inf (not e^NaN).
+inline float ExpDifference(float x, float m) { return x == m ? 1.0f : std::exp(x - m); }
 
 thread_local Buffer tls_scores, tls_out;
 
@@ -317,24 +342,25 @@ void ProcessItem(DF d, const Item& it) {
     for (int64_t r = 0; r < it.rows; ++r) {
       l[r] = hn::GetLane(hn::SumOfLanes(d, hn::Load(d, l_lanes + r * N)));
       float* out = p.out.row(it.b, h, it.i0 + r);
-      const float inv = l[r] > 0 ? 1.0f / l[r] : 0.0f;
+      const float inv = l[r] == 0 ? 0.0f : 1.0f / l[r];  // l NaN: the row is NaN
       for (int64_t c = 0; c < p.d_v; ++c) out[c] = o[r * dvp + c] * inv;
     }
     if (!p.weights) continue;
     // Weights: a second sweep now that each row's max and sum are final.
     for (int64_t r = 0; r < it.rows; ++r) {
       float* w = p.weights.row(it.b, h, it.i0 + r);
-      for (int64_t j = 0; j < p.n_k; ++j) w[j * p.weights.col_stride] = 0.0f;
+      const float outside = std::isnan(l[r]) ? l[r] : 0.0f;  // a NaN row is NaN throughout
+      for (int64_t j = 0; j < p.n_k; ++j) w[j * p.weights.col_stride] = outside;
     }
     for (int64_t kt = t_begin; kt < t_end; ++kt) {
       Scores(d, it, h, kt, s);
       const int64_t j0 = kt * kBlockK, jn = std::min(kBlockK, p.n_k - j0);
       for (int64_t r = 0; r < it.rows; ++r) {
-        if (!(l[r] > 0)) continue;
+        if (l[r] == 0) continue;
         float* w = p.weights.row(it.b, h, it.i0 + r);
         const float inv = 1.0f / l[r];
         for (int64_t j = 0; j < jn; ++j)
-          w[(j0 + j) * p.weights.col_stride] = std::exp(s[r * kBlockK + j] - m[r]) * inv;
+          w[(j0 + j) * p.weights.col_stride] = ExpDifference(s[r * kBlockK + j], m[r]) * inv;
       }
     }
   }
@@ -551,18 +577,18 @@ void DecodeForwardT(const AttentionProblem<float>& p) {
       for (int64_t c = 0; c < chunks; ++c) mx = std::max(mx, first[c * part_size + R * dvp + r]);
       float* out = p.out.row(b, hkv * p.group() + r / p.n_q, r % p.n_q);
       std::fill(out, out + p.d_v, 0.0f);
-      if (mx == -std::numeric_limits<float>::infinity()) continue;  // no allowed key
       float l = 0;
       for (int64_t c = 0; c < chunks; ++c) {
         const float* part = first + c * part_size;
         const float m_c = part[R * dvp + r], l_c = part[R * dvp + R + r];
         if (l_c == 0) continue;
-        const float w = std::exp(m_c - mx);
+        const float w = ExpDifference(m_c, mx);
         l += w * l_c;
         const float* o = part + r * dvp;
         for (int64_t col = 0; col < p.d_v; ++col) out[col] += w * o[col];
       }
-      for (int64_t col = 0; col < p.d_v; ++col) out[col] /= l;
+      if (l == 0) continue;  // no allowed key: zeros
+      for (int64_t col = 0; col < p.d_v; ++col) out[col] /= l;  // l NaN: the row is NaN
     }
   });
 }

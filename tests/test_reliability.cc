@@ -1,0 +1,184 @@
+// Reliability: results that do not depend on the thread count, on repeated
+// runs or on other threads calling at the same time; and the numeric edge
+// cases of README "Edge cases", each in float32 (the kernels, prefill and
+// decode) and float64 (the reference).
+#include <gtest/gtest.h>
+
+#include <sys/resource.h>
+
+#include <cstring>
+#include <limits>
+#include <thread>
+#include <vector>
+
+#include "attn/threads.hpp"
+#include "helpers.hpp"
+
+namespace attn {
+namespace {
+
+using test::cast;
+using test::random_tensor;
+using test::rel_error;
+
+template <class T>
+bool same_bits(const Tensor<T>& a, const Tensor<T>& b) {
+  return a.shape() == b.shape() &&
+         std::memcmp(a.data(), b.data(), static_cast<size_t>(a.numel()) * sizeof(T)) == 0;
+}
+
+// Restores the library's thread count when a test ends.
+struct RestoreThreads {
+  int saved = num_threads();
+  ~RestoreThreads() { set_num_threads(saved); }
+};
+
+// compute() at 1 thread, then twice each at 1, 2, 3 and 8: every result
+// bitwise equal to the first. Returns the first.
+template <class F>
+auto expect_same_bits_for_any_thread_count(F compute) {
+  RestoreThreads restore;
+  set_num_threads(1);
+  const auto first = compute();
+  for (int threads : {1, 2, 3, 8})
+    for (int run = 0; run < 2; ++run) {
+      set_num_threads(threads);
+      EXPECT_TRUE(same_bits(compute(), first)) << threads << " threads, run " << run;
+    }
+  return first;
+}
+
+// An attention problem in float64 and its float32 copy.
+struct Problem {
+  Tensor<double> q, k, v;
+  Tensor<float> q32, k32, v32;
+  Problem(Shape qs, Shape ks, Shape vs, uint32_t seed) {
+    std::mt19937 rng(seed);
+    q = random_tensor(qs, rng), k = random_tensor(ks, rng), v = random_tensor(vs, rng);
+    q32 = cast<float>(q), k32 = cast<float>(k), v32 = cast<float>(v);
+  }
+  Tensor<float> run32(const AttentionOptions& o = {}) const {
+    return attention(q32.view(), k32.view(), v32.view(), o);
+  }
+  Tensor<double> run64(const AttentionOptions& o = {}) const {
+    return attention(q.view(), k.view(), v.view(), o);
+  }
+};
+
+AttentionOptions causal() {
+  AttentionOptions o;
+  o.causal = Causal::BottomRight;
+  return o;
+}
+
+// Prefill: query tiles × key tiles (flash). Decode: n_q <= 8 against more
+// than one 512-key chunk (split-KV). GQA in both.
+Problem prefill_problem() { return Problem({2, 4, 300, 64}, {2, 2, 260, 64}, {2, 2, 260, 48}, 1); }
+Problem decode_problem() { return Problem({1, 8, 2, 64}, {1, 2, 3000, 64}, {1, 2, 3000, 64}, 2); }
+
+TEST(Determinism, AttentionPrefillAndDecode) {
+  for (const Problem& p : {prefill_problem(), decode_problem()}) {
+    const auto out = expect_same_bits_for_any_thread_count([&] { return p.run32(causal()); });
+    EXPECT_LT(rel_error(out, p.run64(causal())), 1e-5);
+  }
+}
+
+MultiHeadAttentionConfig layer_config() {
+  MultiHeadAttentionConfig c;
+  c.embed_dim = 64;
+  c.num_heads = 8;
+  c.num_kv_heads = 2;
+  c.rope = true;
+  return c;
+}
+
+// The layer fed a sequence (batch 2, 600 tokens) through a KV cache: one
+// chunk of 590 (prefill), then single tokens against > 512 cached keys
+// (decode). Returns every step's output, concatenated.
+template <class T>
+Tensor<T> cached_forward(const MultiHeadAttention<T>& layer, const Tensor<T>& x) {
+  const int64_t n = x.dim(1), E = x.dim(2);
+  KVCache<T> cache = layer.new_cache();
+  MhaForwardOptions<T> o;
+  o.causal = Causal::BottomRight;
+  o.cache = &cache;
+  Tensor<T> all(x.shape());
+  for (int64_t at = 0; at < n;) {
+    const int64_t len = at == 0 ? n - 10 : 1;
+    const TensorView<const T> part(x.data() + at * E, {2, len, E}, {n * E, E, 1});
+    const Tensor<T> y = layer.forward(part, {}, {}, o).out;
+    for (int64_t b = 0; b < 2; ++b)
+      std::copy(y.data() + b * len * E, y.data() + (b + 1) * len * E, all.data() + (b * n + at) * E);
+    at += len;
+  }
+  return all;
+}
+
+TEST(Determinism, LayerAndKVCache) {
+  std::mt19937 rng(3);
+  const auto x = random_tensor({2, 600, 64}, rng);
+  const auto x32 = cast<float>(x);
+  const MultiHeadAttention<float> layer(layer_config(), 5);
+  const MultiHeadAttention<double> layer64(layer_config(), 5);
+  MhaForwardOptions<float> o;
+  o.causal = Causal::BottomRight;
+  const auto whole = expect_same_bits_for_any_thread_count(
+      [&] { return layer.forward(x32.view(), {}, {}, o).out; });
+  const auto cached = expect_same_bits_for_any_thread_count(
+      [&] { return cached_forward(layer, x32); });
+  MhaForwardOptions<double> o64;
+  o64.causal = Causal::BottomRight;
+  const auto ref = layer64.forward(x.view(), {}, {}, o64).out;
+  EXPECT_LT(rel_error(whole, ref), 1e-5);
+  EXPECT_LT(rel_error(cached, ref), 1e-5);
+}
+
+// Runs job(t) on 8 threads at once, each `rounds` times.
+template <class F>
+void on_eight_threads(int rounds, F job) {
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 8; ++t)
+    threads.emplace_back([&, t] {
+      for (int r = 0; r < rounds; ++r) job(t);
+    });
+  for (auto& th : threads) th.join();
+}
+
+TEST(Concurrency, EightThreadsCallingAttentionGetTheSerialResults) {
+  RestoreThreads restore;
+  set_num_threads(2);  // the callers also contend for the library's pool
+  std::vector<Problem> problems;
+  for (int t = 0; t < 8; ++t)
+    problems.push_back(t % 2 ? Problem({1, 2, 3, 32}, {1, 1, 700 + t, 32}, {1, 1, 700 + t, 16}, t)
+                             : Problem({2, 2, 70 + t, 32}, {2, 2, 90, 32}, {2, 2, 90, 24}, t));
+  std::vector<Tensor<float>> serial;
+  for (const auto& p : problems) serial.push_back(p.run32(causal()));
+  std::vector<int> mismatches(8, 0);
+  on_eight_threads(3, [&](int t) {
+    mismatches[t] += !same_bits(problems[t].run32(causal()), serial[t]);
+  });
+  for (int t = 0; t < 8; ++t) {
+    EXPECT_EQ(mismatches[t], 0) << "thread " << t;
+    EXPECT_LT(rel_error(serial[t], problems[t].run64(causal())), 1e-5);
+  }
+}
+
+TEST(Concurrency, EightThreadsShareOneLayerWithTheirOwnCaches) {
+  RestoreThreads restore;
+  set_num_threads(2);
+  const MultiHeadAttention<float> layer(layer_config(), 7);
+  std::vector<Tensor<float>> inputs, serial;
+  for (int t = 0; t < 8; ++t) {
+    std::mt19937 rng(100 + t);
+    inputs.push_back(cast<float>(random_tensor({2, 520 + t, 64}, rng)));
+    serial.push_back(cached_forward(layer, inputs.back()));
+  }
+  std::vector<int> mismatches(8, 0);
+  on_eight_threads(2, [&](int t) {
+    mismatches[t] += !same_bits(cached_forward(layer, inputs[t]), serial[t]);
+  });
+  for (int t = 0; t < 8; ++t) EXPECT_EQ(mismatches[t], 0) << "thread " << t;
+}
+
+}  // namespace
+}  // namespace attn
