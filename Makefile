@@ -50,7 +50,7 @@ test: test-deps configure
 	cmake --build $(BUILD) -j $(JOBS)
 	ctest --test-dir $(BUILD) --output-on-failure -j $(JOBS)
 	$(MAKE) asan
-	tools/run-fuzzers.sh $(ASAN_BUILD) $(TEST_FUZZ_SECONDS)
+	tools/run-fuzzers.sh $(ASAN_BUILD) $(TEST_FUZZ_SECONDS) 1
 
 # The C++ tests (not pytest, not the CLI) in the checked build, but one: under
 # ASan an impossible operator new (64 TiB) aborts with a report instead of

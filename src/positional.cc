@@ -79,8 +79,8 @@ void rope_impl(TensorView<const T> x, TensorView<T> out, const RopeOptions& opt,
     const double* c = row_c.data();
     const double* s = row_s.data();
     if (!pos.data()) {
-      c = &table_c[index[lead - 1] * half];
-      s = &table_s[index[lead - 1] * half];
+      c = table_c.data() + index[lead - 1] * half;  // (half may be 0: no element)
+      s = table_s.data() + index[lead - 1] * half;
     } else if (const int64_t p = pos.at(index.data()); !have_angles || p != last) {
       fill_angles(p, row_c.data(), row_s.data());
       have_angles = true;

@@ -181,6 +181,18 @@ TEST(Rope, ExplicitPositionsOffsetsAndInverse) {
     }
 }
 
+// rotary_dim 0 rotates nothing (a fuzzer found the angle table indexed when
+// empty; this is its regression test).
+TEST(Rope, RotaryDimZeroIsTheIdentity) {
+  std::mt19937 rng(36);
+  const auto x = random_tensor({2, 3, 5, 6}, rng);
+  RopeOptions o;
+  o.rotary_dim = 0;
+  EXPECT_EQ(max_abs_diff(apply_rope(x.view(), o), x), 0.0);
+  const Tensor<int64_t> pos({5}, {4, 3, 2, 1, 0});
+  EXPECT_EQ(max_abs_diff(apply_rope(x.view(), o, pos.view()), x), 0.0);
+}
+
 TEST(Rope, InPlace) {
   std::mt19937 rng(35);
   auto x = cast<float>(random_tensor({4, 6}, rng));

@@ -3,16 +3,18 @@
 # replaying fuzz/corpus/<target> (the seeds and every input that once found a
 # bug), which stays untouched: new inputs go to BUILD/fuzz/<target>/corpus,
 # and an input that fails is saved in BUILD/fuzz/<target>/ and fails the run.
-# Usage: tools/run-fuzzers.sh BUILD SECONDS
+# Usage: tools/run-fuzzers.sh BUILD SECONDS [SEED]
+# SEED fixes libFuzzer's random choices (make test uses one, so that a run can
+# be reproduced); 0 or none draws a new seed each run (make fuzz).
 set -euo pipefail
-build=$1 seconds=$2
+build=$1 seconds=$2 seed=${3:-0}
 cd "$(dirname "$0")/.."
 for target in npy safetensors attention rope; do
   work=$build/fuzz/$target
   mkdir -p "$work/corpus"
   # -timeout: an input that takes 10 s is a hang; -malloc_limit_mb: one
   # allocation over 1 GiB is a size that should have been refused.
-  if ! "$build/bin/fuzz_$target" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 \
+  if ! "$build/bin/fuzz_$target" -max_total_time="$seconds" -seed="$seed" -timeout=10 -rss_limit_mb=2048 \
       -malloc_limit_mb=1024 -max_len=8192 -print_final_stats=1 -artifact_prefix="$work/" \
       "$work/corpus" "fuzz/corpus/$target" >"$work/log" 2>&1; then
     tail -n 40 "$work/log"
