@@ -47,8 +47,7 @@ Tensor<H> to_16bit(const Tensor<float>& t, uint16_t (*to_bits)(float)) {
   return out;
 }
 
-// attention() with keys and values stored as `kv_dtype`; returns the bytes
-// per stored element.
+// attention() with keys and values stored as `kv_dtype` (f32, bf16 or f16).
 struct Attend {
   const Tensor<float>& q;
   Tensor<float> k, v;

@@ -37,6 +37,7 @@
 
 #include "attn/half.hpp"
 #include "kernels/attention_kernel.hpp"
+#include "kernels/scratch.hpp"
 #include "thread_pool.hpp"
 
 #ifndef ATTN_FLASH_ONCE
@@ -49,21 +50,6 @@ constexpr int64_t kBlockK = 64;
 // processed in parallel and merged exactly; fixed, so results do not depend
 // on the thread count.
 constexpr int64_t kDecodeChunk = 512;
-
-// Grow-only aligned scratch, reused across calls (first touch of fresh pages
-// is expensive: ~10 µs per 4 KiB here).
-struct Buffer {
-  hwy::AlignedFreeUniquePtr<float[]> data;
-  size_t size = 0;
-  float* get(size_t n) {
-    if (n > size) {
-      data = hwy::AllocateAligned<float>(n);
-      if (!data) throw ValueError("attention: cannot allocate " + std::to_string(n * 4) + " bytes of scratch");
-      size = n;
-    }
-    return data.get();
-  }
-};
 }  // namespace attn::detail
 #endif
 
@@ -303,7 +289,7 @@ HWY_INLINE float SoftmaxStep(DF d, float* s, int64_t n, float& m, float* l) {
 // e^(x - m) for x <= m, and 1 for x = m = +inf (not e^NaN).
 inline float ExpDifference(float x, float m) { return x == m ? 1.0f : std::exp(x - m); }
 
-thread_local Buffer tls_scores, tls_out;
+thread_local Scratch<float> tls_scores, tls_out;
 
 void ProcessItem(DF d, const Item& it) {
   const auto& p = it.p;
@@ -377,7 +363,7 @@ void PackK(const AttentionProblem<float>& p, int64_t b, int64_t hkv, int64_t kt,
   for (int64_t c = 0; c < p.d; ++c) std::fill(dst + c * kBlockK + jn, dst + (c + 1) * kBlockK, 0.0f);
 }
 
-thread_local Buffer tls_kpack, tls_k32, tls_v32;
+thread_local Scratch<float> tls_kpack, tls_k32, tls_v32;
 
 // 16-bit keys/values converted once to float32 rows (O(n) work, against the
 // O(n²) of the attention itself), as an operand over `dst`.
@@ -497,7 +483,7 @@ HWY_INLINE void DotRows(DF d, const float* const* q, const KV* k, int64_t D, flo
 #endif
 }
 
-thread_local Buffer tls_decode_scores;
+thread_local Scratch<float> tls_decode_scores;
 
 // Partial result of one chunk for R rows: O[R][dvp] (aligned), then m[R], l[R].
 template <class KV>
@@ -552,7 +538,7 @@ void DecodeChunk(DF d, const AttentionProblem<float>& p, int64_t b, int64_t hkv,
                    o, dvp);
 }
 
-thread_local Buffer tls_partials;
+thread_local Scratch<float> tls_partials;
 
 template <class KV>
 void DecodeForwardT(const AttentionProblem<float>& p) {

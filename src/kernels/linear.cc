@@ -14,6 +14,7 @@
 #include <string>
 
 #include "kernels/matmul-inl.h"
+#include "kernels/scratch.hpp"
 #include "linear.hpp"
 #include "thread_pool.hpp"
 
@@ -24,26 +25,13 @@ namespace hn = hwy::HWY_NAMESPACE;
 
 constexpr int64_t kRowBlock = 64;
 
-template <class T>
-struct PackedWeights {
-  hwy::AlignedFreeUniquePtr<T[]> data;
-  size_t size = 0;
-  T* get(size_t n) {
-    if (n > size) {
-      data = hwy::AllocateAligned<T>(n);
-      if (!data) throw std::bad_alloc();
-      size = n;
-    }
-    return data.get();
-  }
-};
 
 template <class T>
 void LinearT(const TensorView<const T>& x, const T* w, const T* b, const TensorView<T>& y) {
   const hn::ScalableTag<T> d;
   const int64_t rows = x.dim(0), in = x.dim(1), out = y.dim(1);
   const int64_t panels = (out + kPanel - 1) / kPanel;
-  thread_local PackedWeights<T> packed;
+  thread_local Scratch<T> packed;
   T* wp = packed.get(static_cast<size_t>(std::max<int64_t>(panels * in * kPanel, 1)));
   parallel_for(panels, [&](int64_t p) {
     T* dst = wp + p * in * kPanel;
