@@ -69,7 +69,8 @@ void rope_impl(TensorView<const T> x, TensorView<T> out, const RopeOptions& opt,
   if (!pos.data()) {
     table_c.resize(static_cast<size_t>(n * half));
     table_s.resize(static_cast<size_t>(n * half));
-    for (int64_t t = 0; t < n; ++t) fill_angles(opt.offset + t, &table_c[t * half], &table_s[t * half]);
+    for (int64_t t = 0; t < n; ++t)
+      fill_angles(opt.offset + t, table_c.data() + t * half, table_s.data() + t * half);
   }
   std::vector<double> row_c(half), row_s(half);
   std::vector<int64_t> index(lead + 1, 0);
