@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import attn
-from test_torch import qkv
+from test_torch import qkv, random_mask
 from torch_reference import torch_attention
 from util import rel_err
 
@@ -61,12 +61,7 @@ def test_softcap_and_scale(softcap, scale):
 def test_masks(mask_shape, kind):
     rng = np.random.default_rng(len(mask_shape))
     q, k, v = qkv(rng, (2,), 3, 3, 5, 8, 8, 4)
-    if kind == "bool":
-        mask = rng.random(mask_shape) < 0.7
-    else:
-        mask = rng.normal(size=mask_shape)
-        mask[rng.random(mask_shape) < 0.2] = -np.inf
-    check(q, k, v, mask=mask)
+    check(q, k, v, mask=random_mask(rng, mask_shape, kind))
 
 
 def test_rows_with_no_allowed_key_have_zero_gradient():

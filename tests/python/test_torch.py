@@ -33,6 +33,15 @@ def qkv(rng, batch, hq, hkv, nq, nk, d, dv):
             rng.normal(size=batch + (hkv, nk, dv)))
 
 
+def random_mask(rng, shape, kind):
+    """A boolean mask (70% allowed) or an additive one (normal, 20% -inf)."""
+    if kind == "bool":
+        return rng.random(shape) < 0.7
+    mask = rng.normal(size=shape)
+    mask[rng.random(shape) < 0.2] = -np.inf
+    return mask
+
+
 @pytest.mark.parametrize("shape", [(3,), (4, 7), (2, 3, 33), (1, 1)])
 def test_softmax(shape):
     a = np.random.default_rng(0).normal(scale=10, size=shape)
@@ -76,11 +85,7 @@ def test_softcap_and_scale(softcap, scale):
 def test_masks(mask_shape, kind):
     rng = np.random.default_rng(len(mask_shape))
     q, k, v = qkv(rng, (2,), 3, 3, 5, 8, 8, 4)
-    if kind == "bool":
-        mask = rng.random(mask_shape) < 0.7
-    else:
-        mask = rng.normal(size=mask_shape)
-        mask[rng.random(mask_shape) < 0.2] = -np.inf
+    mask = random_mask(rng, mask_shape, kind)
     check(q, k, v, mask=mask)
     check(q, k, v, mask=mask, causal="top_left", scale=0.3)
 
