@@ -235,8 +235,9 @@ template <class KV>
 void attention_f32(TensorView<const float> q, TensorView<const KV> k, TensorView<const KV> v,
                    TensorView<float> out, const AttentionOptions& options, const Mask& mask,
                    TensorView<float> weights) {
-  // Validate first, so that errors name the caller's arguments.
-  (void)detail::make_problem(q, k, v, out, options, mask, weights);
+  // Built (and validated) on the caller's views, so errors name them; built
+  // again only when a layout had to be copied.
+  auto p = detail::make_problem(q, k, v, out, options, mask, weights);
   const auto unit = [](const auto& t) { return t.rank() == 0 || t.stride(-1) == 1 || t.dim(-1) <= 1; };
   Tensor<float> qc, oc;
   Tensor<KV> kc, vc;
@@ -245,7 +246,8 @@ void attention_f32(TensorView<const float> q, TensorView<const KV> k, TensorView
   if (!unit(v)) v = (vc = contiguous(v)).view();
   TensorView<float> o = out;
   if (!unit(out)) o = (oc = Tensor<float>(out.shape())).view();
-  const auto p = detail::make_problem(q, k, v, o, options, mask, weights);
+  if (qc.rank() || kc.rank() || vc.rank() || oc.rank())
+    p = detail::make_problem(q, k, v, o, options, mask, weights);
   if (detail::use_decode(p))
     detail::decode_forward(p);
   else
