@@ -1,11 +1,13 @@
-// Google Benchmark microbenchmarks of the kernels: softmax, one attention
+// Google Benchmark microbenchmarks of the kernels: softmax, exp2, one attention
 // tile (the Q·Kᵀ and P·V micro-kernels with the vectorised exp), decode,
 // RoPE and the projection GEMM. `build/bin/attn_micro`.
 #include <benchmark/benchmark.h>
 
 #include <random>
+#include <vector>
 
 #include "attn/attn.hpp"
+#include "kernels/attention_kernel.hpp"
 #include "linear.hpp"
 
 namespace {
@@ -25,6 +27,18 @@ void BM_Softmax(benchmark::State& state) {
   state.SetItemsProcessed(state.iterations() * a.numel());
 }
 BENCHMARK(BM_Softmax)->Arg(64)->Arg(4096)->UseRealTime();
+
+// The softmax's exponential (2^x, x <= 0) over a tile's worth of scores.
+void BM_Exp2(benchmark::State& state) {
+  std::vector<float> x(static_cast<size_t>(state.range(0))), y(x.size());
+  for (size_t i = 0; i < x.size(); ++i) x[i] = -static_cast<float>(i % 1000) * 0.03f;
+  for (auto _ : state) {
+    attn::detail::exp2_nonpositive(x.data(), y.data(), static_cast<int64_t>(x.size()));
+    benchmark::DoNotOptimize(y.data());
+  }
+  state.SetItemsProcessed(state.iterations() * state.range(0));
+}
+BENCHMARK(BM_Exp2)->Arg(8192)->UseRealTime();
 
 // One head, n × n: at n = 128 a single query tile against two key tiles.
 void BM_AttentionTile(benchmark::State& state) {

@@ -12,6 +12,7 @@
 
 #include "attn/threads.hpp"
 #include "helpers.hpp"
+#include "kernels/attention_kernel.hpp"
 
 namespace attn {
 namespace {
@@ -114,6 +115,49 @@ TEST(Kernels, EverySimdTarget) {
     uint32_t seed = 300;
     for (const auto& c : flash_cases()) check(c, false, seed++);
     for (const auto& c : decode_cases()) check(c, false, seed++);
+  }
+  hwy::SetSupportedTargetsForTest(0);
+  hwy::GetChosenTarget().Update(hwy::SupportedTargets());
+}
+
+// The softmax's 2^x against std::exp2 in double, densely over the range where
+// it is not flushed, and its edges, on every SIMD target. The bound: 2^f's
+// polynomial is within 1e-7 of 2^f; its float evaluation and the final
+// product add a few half-ulps (6e-8 each).
+TEST(Kernels, Exp2MatchesStdExp2OnEveryTarget) {
+  std::vector<float> x;
+  for (double t = -126.0; t <= 0.0; t += 1.0 / 1024) x.push_back(static_cast<float>(t));
+  for (float t = -1e-30f; t > -1.0f; t *= 3.0f) x.push_back(t);
+  const float inf = std::numeric_limits<float>::infinity();
+  const std::vector<float> flushed = {-126.001f, -127.0f, -150.0f, -1e30f, -inf};
+  x.insert(x.end(), flushed.begin(), flushed.end());
+  x.push_back(std::numeric_limits<float>::quiet_NaN());
+  x.push_back(0.0f);
+  for (int64_t target : hwy::SupportedAndGeneratedTargets()) {
+    SCOPED_TRACE(hwy::TargetName(target));
+    hwy::SetSupportedTargetsForTest(target);
+    hwy::GetChosenTarget().Update(hwy::SupportedTargets());
+    // Odd lengths exercise the tail on every vector width.
+    for (size_t n : {x.size(), size_t{7}, size_t{1}}) {
+      const std::vector<float> in(x.end() - static_cast<std::ptrdiff_t>(n), x.end());
+      std::vector<float> out(n, -1.0f);
+      detail::exp2_nonpositive(in.data(), out.data(), static_cast<int64_t>(n));
+      double worst = 0;
+      for (size_t i = 0; i < n; ++i) {
+        if (std::isnan(in[i])) {
+          EXPECT_TRUE(std::isnan(out[i]));
+        } else if (in[i] < -126.0f) {
+          EXPECT_EQ(out[i], 0.0f) << "2^" << in[i];
+        } else {
+          const double want = std::exp2(static_cast<double>(in[i]));
+          worst = std::max(worst, std::abs(out[i] - want) / want);
+        }
+      }
+      EXPECT_LE(worst, 2.5e-7);
+    }
+    float zero = 0.0f, one = 0.0f;
+    detail::exp2_nonpositive(&zero, &one, 1);
+    EXPECT_EQ(one, 1.0f);  // the row's maximum weighs exactly 1
   }
   hwy::SetSupportedTargetsForTest(0);
   hwy::GetChosenTarget().Update(hwy::SupportedTargets());

@@ -20,4 +20,9 @@ void decode_forward(const AttentionProblem<float>& p);
 // one chunk, no weights asked for).
 bool use_decode(const AttentionProblem<float>& p);
 
+// out[i] = 2^x[i], the kernels' softmax exponential, meant for x <= 0:
+// relative error about 1e-7, 0 below 2^-126 and for -inf, NaN for NaN.
+// (The kernels inline it; this array form is for tests and benchmarks.)
+void exp2_nonpositive(const float* x, float* out, int64_t n);
+
 }  // namespace attn::detail

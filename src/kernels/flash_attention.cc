@@ -28,6 +28,7 @@
 #include <hwy/aligned_allocator.h>
 #include <hwy/contrib/math/math-inl.h>
 
+#include "kernels/exp2-inl.h"
 #include "kernels/matmul-inl.h"
 
 #include <algorithm>
@@ -60,6 +61,15 @@ namespace hn = hwy::HWY_NAMESPACE;
 using DF = hn::ScalableTag<float>;
 using VF = hn::Vec<DF>;
 static_assert(kBlockK == kPanel, "a key tile is one packed matmul panel");
+
+// Scores are kept in base-2 units, S·log2(e), so every exponential is a
+// cheap 2^x (exp2-inl.h): e^(s − m) = 2^((s − m)·log2(e)). The factor rides
+// on the scale (or on the softcap, which must see the natural scores) and
+// on additive masks; running maxima are in the same units.
+constexpr double kLog2e = 1.44269504088896341;
+inline float ScoreScale(const AttentionProblem<float>& p) {
+  return static_cast<float>(p.softcap > 0 ? p.scale : p.scale * kLog2e);
+}
 
 
 // Keys and values may be stored as float32, bfloat16 or fp16; arithmetic is
@@ -190,16 +200,17 @@ void MaskRow(const AttentionProblem<float>& p, int64_t b, int64_t h, int64_t i, 
       if (!mr[j * m.boolean.col_stride]) s[j] = ninf;
   } else if (m.f32) {
     const float* mr = m.f32.row(b, h, i) + j0 * m.f32.col_stride;
-    for (int64_t j = 0; j < count; ++j) s[j] += mr[j * m.f32.col_stride];
+    for (int64_t j = 0; j < count; ++j) s[j] += mr[j * m.f32.col_stride] * static_cast<float>(kLog2e);
   } else if (m.f64) {
     const double* mr = m.f64.row(b, h, i) + j0 * m.f64.col_stride;
-    for (int64_t j = 0; j < count; ++j) s[j] += static_cast<float>(mr[j * m.f64.col_stride]);
+    for (int64_t j = 0; j < count; ++j) s[j] += static_cast<float>(mr[j * m.f64.col_stride] * kLog2e);
   }
 }
 
-// softcap · tanh(s / softcap) over n entries (n a multiple of the lanes).
+// softcap · tanh(s / softcap) over n entries (n a multiple of the lanes), in
+// base-2 units.
 void Softcap(DF d, double softcap, float* s, int64_t n) {
-  const VF cap = hn::Set(d, static_cast<float>(softcap));
+  const VF cap = hn::Set(d, static_cast<float>(softcap * kLog2e));
   const VF inv = hn::Set(d, static_cast<float>(1.0 / softcap));
   for (int64_t e = 0; e < n; e += static_cast<int64_t>(hn::Lanes(d)))
     hn::Store(hn::Mul(cap, hn::Tanh(d, hn::Mul(hn::Load(d, s + e), inv))), d, s + e);
@@ -212,59 +223,60 @@ struct Item {
   int64_t b, hkv, i0, rows;
 };
 
-// S = masked, softcapped scores of query rows i0.. (head h) against key tile kt.
-void Scores(DF d, const Item& it, int64_t h, int64_t kt, float* s) {
+// S = masked, softcapped scores of the item's query rows r0 .. r0 + rows
+// (rows <= kRows, head h) against key tile kt; row r at s + r · kBlockK.
+void Scores(DF d, const Item& it, int64_t h, int64_t kt, int64_t r0, int rows, float* s) {
   const auto& p = it.p;
   const int64_t j0 = kt * kBlockK, jn = std::min(kBlockK, p.n_k - j0);
-  const float* kp = it.kpack + kt * p.d * kBlockK;
+  const int64_t i0 = it.i0 + r0;
   const float* q[kRows];
-  for (int64_t r0 = 0; r0 < it.rows; r0 += kRows) {
-    const int mr = static_cast<int>(std::min<int64_t>(kRows, it.rows - r0));
-    for (int r = 0; r < mr; ++r) q[r] = p.q.row(it.b, h, it.i0 + r0 + r);
-    MatmulPanel(d, q, mr, p.d, kp, static_cast<float>(p.scale), s + r0 * kBlockK, kBlockK);
-  }
-  if (p.softcap > 0) Softcap(d, p.softcap, s, it.rows * kBlockK);
+  for (int r = 0; r < rows; ++r) q[r] = p.q.row(it.b, h, i0 + r);
+  MatmulPanel(d, q, rows, p.d, it.kpack + kt * p.d * kBlockK, ScoreScale(p), s, kBlockK);
+  if (p.softcap > 0) Softcap(d, p.softcap, s, rows * kBlockK);
   // Causal/window ranges: only tiles not wholly inside every row's range.
   const float ninf = -std::numeric_limits<float>::infinity();
-  const KeyRange first = allowed_keys(it.i0, p.n_q, p.n_k, p.causal, p.window);
-  const KeyRange last = allowed_keys(it.i0 + it.rows - 1, p.n_q, p.n_k, p.causal, p.window);
+  const KeyRange first = allowed_keys(i0, p.n_q, p.n_k, p.causal, p.window);
+  const KeyRange last = allowed_keys(i0 + rows - 1, p.n_q, p.n_k, p.causal, p.window);
   const bool inside = jn == kBlockK && j0 >= last.begin && j0 + kBlockK <= first.end;
-  for (int64_t r = 0; r < it.rows; ++r) {
+  for (int r = 0; r < rows; ++r) {
     float* sr = s + r * kBlockK;
     std::fill(sr + jn, sr + kBlockK, ninf);  // keys past n_k
-    if (!inside || p.mask.present()) MaskRow(p, it.b, h, it.i0 + r, j0, jn, !inside, sr);
+    if (!inside || p.mask.present()) MaskRow(p, it.b, h, i0 + r, j0, jn, !inside, sr);
   }
 }
 
-// Online softmax of one row of S against running max m and sum l: turns the
-// row into P = exp(S - m') and returns the factor e^(m - m') that rescales the
-// row's accumulated output (1 when nothing changes).
+// Online softmax of one row of S (base-2 units) against running max m and
+// sum l: turns the row into P = 2^(S - m') and returns the factor 2^(m - m')
+// that rescales the row's accumulated output (1 when nothing changes).
 // n is a multiple of the lanes. The sum is kept per lane (l points at one
 // vector, aligned) and reduced once at the end: no horizontal sum per tile.
-// Edge cases (README "Edge cases"): a NaN logit makes l NaN for good (the row
-// comes out NaN); +inf logits share the weight equally, the softmax's limit.
+// Edge cases (README "Edge cases"): a NaN logit makes P, and so l, NaN for
+// good (the row comes out NaN); +inf logits share the weight equally, the
+// softmax's limit.
 HWY_INLINE float SoftmaxStep(DF d, float* s, int64_t n, float& m, float* l) {
   const size_t N = hn::Lanes(d);
   const float ninf = -std::numeric_limits<float>::infinity();
-  VF vmax = hn::Set(d, ninf);
-  auto nan = hn::FirstN(d, 0);  // no lane
-  for (int64_t j = 0; j < n; j += static_cast<int64_t>(N)) {
-    const VF x = hn::Load(d, s + j);
-    vmax = hn::Max(vmax, x);
-    nan = hn::Or(nan, hn::IsNaN(x));
-  }
-  if (!hn::AllFalse(d, nan)) {
-    std::fill(s, s + n, 0.0f);
-    hn::Store(hn::Set(d, std::numeric_limits<float>::quiet_NaN()), d, l);
-    return 1.0f;
-  }
-  const float m_new = std::max(m, hn::GetLane(hn::MaxOfLanes(d, vmax)));
-  if (m_new == ninf) {  // nothing allowed yet
-    std::fill(s, s + n, 0.0f);
-    return 1.0f;
-  }
-  if (m_new == std::numeric_limits<float>::infinity()) {
-    // exp(s - m') would be exp(inf - inf): count the +inf logits instead
+  VF vmax = hn::Load(d, s);
+  for (int64_t j = static_cast<int64_t>(N); j < n; j += static_cast<int64_t>(N))
+    vmax = hn::Max(vmax, hn::Load(d, s + j));
+  // (Max may drop a NaN lane or keep it; a kept one must not lose to m.)
+  const float tile_max = hn::GetLane(hn::MaxOfLanes(d, vmax));
+  const float m_new = std::isnan(tile_max) ? tile_max : std::max(m, tile_max);
+  if (m_new == ninf || m_new == std::numeric_limits<float>::infinity()) {
+    // The rare rows: 2^(s - m') would be 2^(-inf + inf) or 2^(inf - inf). A
+    // NaN logit there is not carried by 2^x: mark l by hand.
+    auto nan = hn::FirstN(d, 0);
+    for (int64_t j = 0; j < n; j += static_cast<int64_t>(N)) nan = hn::Or(nan, hn::IsNaN(hn::Load(d, s + j)));
+    if (!hn::AllFalse(d, nan)) {
+      std::fill(s, s + n, 0.0f);
+      hn::Store(hn::Set(d, std::numeric_limits<float>::quiet_NaN()), d, l);
+      return 1.0f;
+    }
+    if (m_new == ninf) {  // nothing allowed yet
+      std::fill(s, s + n, 0.0f);
+      return 1.0f;
+    }
+    // +inf logits: count them
     float count = 0;
     for (int64_t j = 0; j < n; ++j) count += s[j] = s[j] == m_new ? 1.0f : 0.0f;
     const float alpha = m == m_new ? 1.0f : 0.0f;
@@ -276,18 +288,18 @@ HWY_INLINE float SoftmaxStep(DF d, float* s, int64_t n, float& m, float* l) {
   const VF vm = hn::Set(d, m_new);
   VF sum = hn::Zero(d);
   for (int64_t j = 0; j < n; j += static_cast<int64_t>(N)) {
-    const VF e = hn::Exp(d, hn::Sub(hn::Load(d, s + j), vm));
+    const VF e = Exp2NonPositive(d, hn::Sub(hn::Load(d, s + j), vm));
     hn::Store(e, d, s + j);
     sum = hn::Add(sum, e);
   }
-  const float alpha = m == m_new ? 1.0f : hn::GetLane(hn::Exp(d, hn::Set(d, m - m_new)));
+  const float alpha = m == m_new ? 1.0f : hn::GetLane(Exp2NonPositive(d, hn::Set(d, m - m_new)));
   hn::Store(hn::MulAdd(hn::Load(d, l), hn::Set(d, alpha), sum), d, l);
   m = m_new;
   return alpha;
 }
 
-// e^(x - m) for x <= m, and 1 for x = m = +inf (not e^NaN).
-inline float ExpDifference(float x, float m) { return x == m ? 1.0f : std::exp(x - m); }
+// 2^(x - m) for x <= m (base-2 scores), and 1 for x = m = +inf (not 2^NaN).
+inline float ExpDifference(float x, float m) { return x == m ? 1.0f : std::exp2(x - m); }
 
 thread_local Scratch<float> tls_scores, tls_out;
 
@@ -295,7 +307,7 @@ void ProcessItem(DF d, const Item& it) {
   const auto& p = it.p;
   const size_t N = hn::Lanes(d);
   const int64_t dvp = (p.d_v + static_cast<int64_t>(N) - 1) / static_cast<int64_t>(N) * static_cast<int64_t>(N);
-  float* s = tls_scores.get(kBlockQ * kBlockK);
+  float* s = tls_scores.get(kRows * kBlockK);
   float* o = tls_out.get(static_cast<size_t>(kBlockQ * std::max<int64_t>(dvp, 1)));
   const int64_t n_tiles = (p.n_k + kBlockK - 1) / kBlockK;
   const KeyRange first = allowed_keys(it.i0, p.n_q, p.n_k, p.causal, p.window);
@@ -311,19 +323,26 @@ void ProcessItem(DF d, const Item& it) {
     std::fill(m, m + it.rows, ninf);
     std::fill(l_lanes, l_lanes + it.rows * N, 0.0f);
     std::fill(o, o + it.rows * dvp, 0.0f);
+    // Key tile outer, kRows query rows inner: the K and V tiles stay in L1
+    // while every row block of the item passes over them, and S is one
+    // kRows × kBlockK block, never a whole tile.
     for (int64_t kt = t_begin; kt < t_end; ++kt) {
-      Scores(d, it, h, kt, s);
-      for (int64_t r = 0; r < it.rows; ++r) {
-        const float alpha = SoftmaxStep(d, s + r * kBlockK, kBlockK, m[r], l_lanes + r * N);
-        if (alpha != 1.0f) {
-          const VF a = hn::Set(d, alpha);
-          for (int64_t c = 0; c < dvp; c += static_cast<int64_t>(N))
-            hn::Store(hn::Mul(hn::Load(d, o + r * dvp + c), a), d, o + r * dvp + c);
-        }
-      }
       const int64_t j0 = kt * kBlockK, jn = std::min(kBlockK, p.n_k - j0);
-      AccumulateValues(d, it.rows, s, kBlockK, jn, p.v.row(it.b, it.hkv, j0), p.v.row_stride,
-                       p.d_v, o, dvp);
+      const float* v0 = p.v.row(it.b, it.hkv, j0);
+      for (int64_t r0 = 0; r0 < it.rows; r0 += kRows) {
+        const int rows = static_cast<int>(std::min<int64_t>(kRows, it.rows - r0));
+        Scores(d, it, h, kt, r0, rows, s);
+        for (int r = 0; r < rows; ++r) {
+          float* orow = o + (r0 + r) * dvp;
+          const float alpha = SoftmaxStep(d, s + r * kBlockK, kBlockK, m[r0 + r], l_lanes + (r0 + r) * N);
+          if (alpha != 1.0f) {
+            const VF a = hn::Set(d, alpha);
+            for (int64_t c = 0; c < dvp; c += static_cast<int64_t>(N))
+              hn::Store(hn::Mul(hn::Load(d, orow + c), a), d, orow + c);
+          }
+        }
+        AccumulateValues(d, rows, s, kBlockK, jn, v0, p.v.row_stride, p.d_v, o + r0 * dvp, dvp);
+      }
     }
     for (int64_t r = 0; r < it.rows; ++r) {
       l[r] = hn::GetLane(hn::SumOfLanes(d, hn::Load(d, l_lanes + r * N)));
@@ -339,14 +358,18 @@ void ProcessItem(DF d, const Item& it) {
       for (int64_t j = 0; j < p.n_k; ++j) w[j * p.weights.col_stride] = outside;
     }
     for (int64_t kt = t_begin; kt < t_end; ++kt) {
-      Scores(d, it, h, kt, s);
       const int64_t j0 = kt * kBlockK, jn = std::min(kBlockK, p.n_k - j0);
-      for (int64_t r = 0; r < it.rows; ++r) {
-        if (l[r] == 0) continue;
-        float* w = p.weights.row(it.b, h, it.i0 + r);
-        const float inv = 1.0f / l[r];
-        for (int64_t j = 0; j < jn; ++j)
-          w[(j0 + j) * p.weights.col_stride] = ExpDifference(s[r * kBlockK + j], m[r]) * inv;
+      for (int64_t r0 = 0; r0 < it.rows; r0 += kRows) {
+        const int rows = static_cast<int>(std::min<int64_t>(kRows, it.rows - r0));
+        Scores(d, it, h, kt, r0, rows, s);
+        for (int r = 0; r < rows; ++r) {
+          const int64_t i = r0 + r;
+          if (l[i] == 0) continue;
+          float* w = p.weights.row(it.b, h, it.i0 + i);
+          const float inv = 1.0f / l[i];
+          for (int64_t j = 0; j < jn; ++j)
+            w[(j0 + j) * p.weights.col_stride] = ExpDifference(s[r * kBlockK + j], m[i]) * inv;
+        }
       }
     }
   }
@@ -515,7 +538,7 @@ void DecodeChunk(DF d, const AttentionProblem<float>& p, int64_t b, int64_t hkv,
       const int mr = static_cast<int>(std::min<int64_t>(kRows, R - r0));
       for (int r = 0; r < mr; ++r) q[r] = p.q.row(b, row_head(r0 + r), (r0 + r) % p.n_q);
       float* sj = s + r0 * kDecodeChunk + j;
-      const float scale = static_cast<float>(p.scale);
+      const float scale = ScoreScale(p);
       switch (mr) {
         case 4: DotRows<4>(d, q, k, p.d, scale, sj, kDecodeChunk); break;
         case 3: DotRows<3>(d, q, k, p.d, scale, sj, kDecodeChunk); break;

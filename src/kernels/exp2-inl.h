@@ -1,0 +1,48 @@
+// 2^x for the softmax, whose exponents are never positive (scores minus their
+// running max). The kernels keep scores in base-2 units (log2(e) folded into
+// the scale), so this is the whole exp: a rounding, a degree-6 polynomial
+// and an exponent insert, about a third of the work of a general exp.
+// Highway's per-target include: include after hwy/highway.h inside a file
+// compiled by foreach_target.h.
+#if defined(ATTN_KERNELS_EXP2_INL_H_) == defined(HWY_TARGET_TOGGLE)
+#ifdef ATTN_KERNELS_EXP2_INL_H_
+#undef ATTN_KERNELS_EXP2_INL_H_
+#else
+#define ATTN_KERNELS_EXP2_INL_H_
+#endif
+
+#include <hwy/highway.h>
+
+HWY_BEFORE_NAMESPACE();
+namespace attn::detail {
+namespace HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+
+// 2^x = 2^n · 2^f with n = round(x), f in [-1/2, 1/2]; 2^f by the minimax
+// polynomial of Cephes' exp2f (relative error about 1e-7, two ulps at most).
+// Results below 2^-126 flush to 0, so x = -inf gives 0; NaN stays NaN.
+// Meant for x <= 0 (x > 127 would overflow the exponent field).
+template <class D, class V = hn::Vec<D>>
+HWY_INLINE V Exp2NonPositive(D d, V x) {
+  const hn::RebindToSigned<D> di;
+  const V n = hn::Round(x);
+  const V f = hn::Sub(x, n);
+  V p = hn::Set(d, 1.535336188319500e-4f);
+  p = hn::MulAdd(p, f, hn::Set(d, 1.339887440266574e-3f));
+  p = hn::MulAdd(p, f, hn::Set(d, 9.618437357674640e-3f));
+  p = hn::MulAdd(p, f, hn::Set(d, 5.550332471162809e-2f));
+  p = hn::MulAdd(p, f, hn::Set(d, 2.402264791363012e-1f));
+  p = hn::MulAdd(p, f, hn::Set(d, 6.931472028550421e-1f));
+  p = hn::MulAdd(p, f, hn::Set(d, 1.0f));
+  // 2^n by its bits; for x < -126 (and -inf) the exponent would underflow,
+  // and the result is masked to 0 below anyway.
+  const auto biased = hn::Add(hn::ConvertTo(di, hn::Max(n, hn::Set(d, -126.0f))), hn::Set(di, 127));
+  const V two_n = hn::BitCast(d, hn::ShiftLeft<23>(biased));
+  return hn::IfThenZeroElse(hn::Lt(x, hn::Set(d, -126.0f)), hn::Mul(p, two_n));
+}
+
+}  // namespace HWY_NAMESPACE
+}  // namespace attn::detail
+HWY_AFTER_NAMESPACE();
+
+#endif  // ATTN_KERNELS_EXP2_INL_H_
