@@ -45,7 +45,7 @@
 #define ATTN_FLASH_ONCE
 namespace attn::detail {
 // Tile sizes (all targets). A key tile is one panel of matmul-inl.h (64).
-constexpr int64_t kBlockQ = 128;
+constexpr int64_t kBlockQ = 256;
 constexpr int64_t kBlockK = 64;
 // Decode (few queries, long cache): keys are split into chunks of this many,
 // processed in parallel and merged exactly; fixed, so results do not depend
@@ -223,6 +223,13 @@ struct Item {
   int64_t b, hkv, i0, rows;
 };
 
+// Whether query rows i .. i + rows - 1 allow any of keys j0 .. j0 + count - 1
+// (allowed ranges move right with the row).
+bool AnyAllowed(const AttentionProblem<float>& p, int64_t i, int64_t rows, int64_t j0, int64_t count) {
+  return j0 < allowed_keys(i + rows - 1, p.n_q, p.n_k, p.causal, p.window).end &&
+         j0 + count > allowed_keys(i, p.n_q, p.n_k, p.causal, p.window).begin;
+}
+
 // S = masked, softcapped scores of the item's query rows r0 .. r0 + rows
 // (rows <= kRows, head h) against key tile kt; row r at s + r · kBlockK.
 void Scores(DF d, const Item& it, int64_t h, int64_t kt, int64_t r0, int rows, float* s) {
@@ -331,6 +338,7 @@ void ProcessItem(DF d, const Item& it) {
       const float* v0 = p.v.row(it.b, it.hkv, j0);
       for (int64_t r0 = 0; r0 < it.rows; r0 += kRows) {
         const int rows = static_cast<int>(std::min<int64_t>(kRows, it.rows - r0));
+        if (!AnyAllowed(p, it.i0 + r0, rows, j0, jn)) continue;  // causal/window: all masked
         Scores(d, it, h, kt, r0, rows, s);
         for (int r = 0; r < rows; ++r) {
           float* orow = o + (r0 + r) * dvp;
@@ -361,6 +369,7 @@ void ProcessItem(DF d, const Item& it) {
       const int64_t j0 = kt * kBlockK, jn = std::min(kBlockK, p.n_k - j0);
       for (int64_t r0 = 0; r0 < it.rows; r0 += kRows) {
         const int rows = static_cast<int>(std::min<int64_t>(kRows, it.rows - r0));
+        if (!AnyAllowed(p, it.i0 + r0, rows, j0, jn)) continue;
         Scores(d, it, h, kt, r0, rows, s);
         for (int r = 0; r < rows; ++r) {
           const int64_t i = r0 + r;
