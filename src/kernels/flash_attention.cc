@@ -26,6 +26,7 @@
 #include <hwy/highway.h>
 
 #include <hwy/aligned_allocator.h>
+#include <hwy/cache_control.h>
 #include <hwy/contrib/math/math-inl.h>
 
 #include "kernels/exp2-inl.h"
@@ -541,8 +542,14 @@ void DecodeChunk(DF d, const AttentionProblem<float>& p, int64_t b, int64_t hkv,
   float* s = tls_decode_scores.get(static_cast<size_t>(R * kDecodeChunk));
   const float* q[kRows];
   const auto row_head = [&](int64_t r) { return hkv * p.group() + r / p.n_q; };
+  const KV* v_rows = ValueRow<KV>(p, b, hkv, j0);
+  const int64_t v_bytes = p.d_v * static_cast<int64_t>(sizeof(KV));
   for (int64_t j = 0; j < jn; ++j) {
     const KV* k = KeyRow<KV>(p, b, hkv, j0 + j);
+    // Fetch row j of V while K streams in: both arrays come from memory
+    // concurrently, and P·V below reads V from cache.
+    const char* vj = reinterpret_cast<const char*>(v_rows + j * ValueStride(p));
+    for (int64_t off = 0; off < v_bytes; off += 64) hwy::Prefetch(vj + off);
     for (int64_t r0 = 0; r0 < R; r0 += kRows) {
       const int mr = static_cast<int>(std::min<int64_t>(kRows, R - r0));
       for (int r = 0; r < mr; ++r) q[r] = p.q.row(b, row_head(r0 + r), (r0 + r) % p.n_q);
