@@ -25,8 +25,11 @@ namespace hn = hwy::HWY_NAMESPACE;
 template <class D, class V = hn::Vec<D>>
 HWY_INLINE V Exp2NonPositive(D d, V x) {
   const hn::RebindToSigned<D> di;
-  const V n = hn::Round(x);
-  const V f = hn::Sub(x, n);
+  // Adding 1.5·2^23 + 127 rounds x to an integer n and leaves n + 127, the
+  // biased exponent of 2^n, in the low mantissa bits (|x| < 2^22).
+  const V shifter = hn::Set(d, 12583039.0f);
+  const V t = hn::Add(x, shifter);
+  const V f = hn::Sub(x, hn::Sub(t, shifter));
   V p = hn::Set(d, 1.535336188319500e-4f);
   p = hn::MulAdd(p, f, hn::Set(d, 1.339887440266574e-3f));
   p = hn::MulAdd(p, f, hn::Set(d, 9.618437357674640e-3f));
@@ -34,10 +37,9 @@ HWY_INLINE V Exp2NonPositive(D d, V x) {
   p = hn::MulAdd(p, f, hn::Set(d, 2.402264791363012e-1f));
   p = hn::MulAdd(p, f, hn::Set(d, 6.931472028550421e-1f));
   p = hn::MulAdd(p, f, hn::Set(d, 1.0f));
-  // 2^n by its bits; for x < -126 (and -inf) the exponent would underflow,
-  // and the result is masked to 0 below anyway.
-  const auto biased = hn::Add(hn::ConvertTo(di, hn::Max(n, hn::Set(d, -126.0f))), hn::Set(di, 127));
-  const V two_n = hn::BitCast(d, hn::ShiftLeft<23>(biased));
+  // n + 127 shifted into the exponent field is 2^n for n >= -126; below
+  // that (and for -inf, where t is not an integer) the result is masked.
+  const V two_n = hn::BitCast(d, hn::ShiftLeft<23>(hn::BitCast(di, t)));
   return hn::IfThenZeroElse(hn::Lt(x, hn::Set(d, -126.0f)), hn::Mul(p, two_n));
 }
 

@@ -224,32 +224,41 @@ struct Item {
   int64_t b, hkv, i0, rows;
 };
 
-// Whether query rows i .. i + rows - 1 allow any of keys j0 .. j0 + count - 1
-// (allowed ranges move right with the row).
-bool AnyAllowed(const AttentionProblem<float>& p, int64_t i, int64_t rows, int64_t j0, int64_t count) {
-  return j0 < allowed_keys(i + rows - 1, p.n_q, p.n_k, p.causal, p.window).end &&
-         j0 + count > allowed_keys(i, p.n_q, p.n_k, p.causal, p.window).begin;
-}
+// kRows query rows of an item, i0 + r0 .. i0 + r0 + rows - 1, and the keys
+// allowed to its first and last rows (ranges move right with the row, so
+// these bound the whole block).
+struct RowBlock {
+  int64_t r0;
+  int rows;
+  KeyRange first, last;
 
-// S = masked, softcapped scores of the item's query rows r0 .. r0 + rows
-// (rows <= kRows, head h) against key tile kt; row r at s + r · kBlockK.
-void Scores(DF d, const Item& it, int64_t h, int64_t kt, int64_t r0, int rows, float* s) {
+  // Whether causal/window ranges mask keys j0 .. j0 + count - 1 wholly.
+  bool masks_all(int64_t j0, int64_t count) const {
+    return j0 >= last.end || j0 + count <= first.begin;
+  }
+  // Whether they allow all kBlockK keys from j0 for every row.
+  bool allows_all(int64_t j0, int64_t count) const {
+    return count == kBlockK && j0 >= last.begin && j0 + kBlockK <= first.end;
+  }
+};
+
+// S = masked, softcapped scores of row block rb (head h) against key tile kt;
+// row r at s + r · kBlockK.
+void Scores(DF d, const Item& it, int64_t h, int64_t kt, const RowBlock& rb, float* s) {
   const auto& p = it.p;
   const int64_t j0 = kt * kBlockK, jn = std::min(kBlockK, p.n_k - j0);
-  const int64_t i0 = it.i0 + r0;
+  const int64_t i0 = it.i0 + rb.r0;
   const float* q[kRows];
-  for (int r = 0; r < rows; ++r) q[r] = p.q.row(it.b, h, i0 + r);
-  MatmulPanel(d, q, rows, p.d, it.kpack + kt * p.d * kBlockK, ScoreScale(p), s, kBlockK);
-  if (p.softcap > 0) Softcap(d, p.softcap, s, rows * kBlockK);
-  // Causal/window ranges: only tiles not wholly inside every row's range.
+  for (int r = 0; r < rb.rows; ++r) q[r] = p.q.row(it.b, h, i0 + r);
+  MatmulPanel(d, q, rb.rows, p.d, it.kpack + kt * p.d * kBlockK, ScoreScale(p), s, kBlockK);
+  if (p.softcap > 0) Softcap(d, p.softcap, s, rb.rows * kBlockK);
+  const bool inside = rb.allows_all(j0, jn);
+  if (inside && !p.mask.present()) return;
   const float ninf = -std::numeric_limits<float>::infinity();
-  const KeyRange first = allowed_keys(i0, p.n_q, p.n_k, p.causal, p.window);
-  const KeyRange last = allowed_keys(i0 + rows - 1, p.n_q, p.n_k, p.causal, p.window);
-  const bool inside = jn == kBlockK && j0 >= last.begin && j0 + kBlockK <= first.end;
-  for (int r = 0; r < rows; ++r) {
+  for (int r = 0; r < rb.rows; ++r) {
     float* sr = s + r * kBlockK;
     std::fill(sr + jn, sr + kBlockK, ninf);  // keys past n_k
-    if (!inside || p.mask.present()) MaskRow(p, it.b, h, i0 + r, j0, jn, !inside, sr);
+    MaskRow(p, it.b, h, i0 + r, j0, jn, !inside, sr);
   }
 }
 
@@ -325,6 +334,12 @@ void ProcessItem(DF d, const Item& it) {
   float m[kBlockQ], l[kBlockQ];
   alignas(HWY_MAX_BYTES) float l_lanes[kBlockQ * HWY_MAX_BYTES / sizeof(float)];
   const float ninf = -std::numeric_limits<float>::infinity();
+  RowBlock blocks[kBlockQ / kRows];
+  for (int64_t r0 = 0; r0 < it.rows; r0 += kRows) {
+    const int rows = static_cast<int>(std::min<int64_t>(kRows, it.rows - r0));
+    blocks[r0 / kRows] = {r0, rows, allowed_keys(it.i0 + r0, p.n_q, p.n_k, p.causal, p.window),
+                          allowed_keys(it.i0 + r0 + rows - 1, p.n_q, p.n_k, p.causal, p.window)};
+  }
 
   for (int64_t g = 0; g < p.group(); ++g) {
     const int64_t h = it.hkv * p.group() + g;
@@ -338,9 +353,10 @@ void ProcessItem(DF d, const Item& it) {
       const int64_t j0 = kt * kBlockK, jn = std::min(kBlockK, p.n_k - j0);
       const float* v0 = p.v.row(it.b, it.hkv, j0);
       for (int64_t r0 = 0; r0 < it.rows; r0 += kRows) {
-        const int rows = static_cast<int>(std::min<int64_t>(kRows, it.rows - r0));
-        if (!AnyAllowed(p, it.i0 + r0, rows, j0, jn)) continue;  // causal/window: all masked
-        Scores(d, it, h, kt, r0, rows, s);
+        const RowBlock& rb = blocks[r0 / kRows];
+        if (rb.masks_all(j0, jn)) continue;
+        Scores(d, it, h, kt, rb, s);
+        const int rows = rb.rows;
         for (int r = 0; r < rows; ++r) {
           float* orow = o + (r0 + r) * dvp;
           const float alpha = SoftmaxStep(d, s + r * kBlockK, kBlockK, m[r0 + r], l_lanes + (r0 + r) * N);
@@ -369,10 +385,10 @@ void ProcessItem(DF d, const Item& it) {
     for (int64_t kt = t_begin; kt < t_end; ++kt) {
       const int64_t j0 = kt * kBlockK, jn = std::min(kBlockK, p.n_k - j0);
       for (int64_t r0 = 0; r0 < it.rows; r0 += kRows) {
-        const int rows = static_cast<int>(std::min<int64_t>(kRows, it.rows - r0));
-        if (!AnyAllowed(p, it.i0 + r0, rows, j0, jn)) continue;
-        Scores(d, it, h, kt, r0, rows, s);
-        for (int r = 0; r < rows; ++r) {
+        const RowBlock& rb = blocks[r0 / kRows];
+        if (rb.masks_all(j0, jn)) continue;
+        Scores(d, it, h, kt, rb, s);
+        for (int r = 0; r < rb.rows; ++r) {
           const int64_t i = r0 + r;
           if (l[i] == 0) continue;
           float* w = p.weights.row(it.b, h, it.i0 + i);
