@@ -71,7 +71,8 @@ Tensor<float> check(const KernelCase& c, bool weights, uint32_t seed) {
 }
 
 std::vector<KernelCase> flash_cases() {
-  // n_q and n_k straddle the 128-row query tiles and 64-key tiles.
+  // n_q and n_k straddle the 256-row query tiles, their 8-row blocks and the
+  // 64-key tiles.
   std::vector<KernelCase> cases;
   for (Causal causal : {Causal::None, Causal::BottomRight, Causal::TopLeft})
     cases.push_back({1, 2, 1, 300, 260, 64, 64, causal, {}, 0, 0});
