@@ -109,35 +109,35 @@ HWY_INLINE VF LoadTail(DF d, const KV* p, int64_t n) {
   return hn::Load(d, buf);
 }
 
-// o[r][0 .. kVecs·N) += Σ_j p[r][j] · v_j[0 .. kVecs·N) for r < MR, j < count
+// o[r][0 .. NV·N) += Σ_j p[r][j] · v_j[0 .. NV·N) for r < MR, j < count
 // (row r of p starts at p + r · p_stride).
-template <int MR, class KV>
+template <int MR, int NV, class KV>
 HWY_INLINE void ValueBlock(DF d, const float* p, int64_t p_stride, int64_t count,
                            const KV* v0, int64_t v_stride, float* o, int64_t o_stride) {
   const size_t N = hn::Lanes(d);
 #if HWY_HAVE_SCALABLE
   // Sizeless (SVE, RVV) vectors cannot form arrays: one accumulator at a time.
   for (int r = 0; r < MR; ++r)
-    for (int v = 0; v < kVecs; ++v) {
+    for (int v = 0; v < NV; ++v) {
       VF acc = hn::Load(d, o + r * o_stride + v * N);
       for (int64_t j = 0; j < count; ++j)
         acc = hn::MulAdd(hn::Set(d, p[r * p_stride + j]), LoadKV(d, v0 + j * v_stride + v * N), acc);
       hn::Store(acc, d, o + r * o_stride + v * N);
     }
 #else
-  VF acc[MR][kVecs];
+  VF acc[MR][NV];
   for (int r = 0; r < MR; ++r)
-    for (int v = 0; v < kVecs; ++v) acc[r][v] = hn::Load(d, o + r * o_stride + v * N);
+    for (int v = 0; v < NV; ++v) acc[r][v] = hn::Load(d, o + r * o_stride + v * N);
   for (int64_t j = 0; j < count; ++j) {
-    VF vv[kVecs];
-    for (int v = 0; v < kVecs; ++v) vv[v] = LoadKV(d, v0 + j * v_stride + v * N);
+    VF vv[NV];
+    for (int v = 0; v < NV; ++v) vv[v] = LoadKV(d, v0 + j * v_stride + v * N);
     for (int r = 0; r < MR; ++r) {
       const VF pb = hn::Set(d, p[r * p_stride + j]);
-      for (int v = 0; v < kVecs; ++v) acc[r][v] = hn::MulAdd(pb, vv[v], acc[r][v]);
+      for (int v = 0; v < NV; ++v) acc[r][v] = hn::MulAdd(pb, vv[v], acc[r][v]);
     }
   }
   for (int r = 0; r < MR; ++r)
-    for (int v = 0; v < kVecs; ++v) hn::Store(acc[r][v], d, o + r * o_stride + v * N);
+    for (int v = 0; v < NV; ++v) hn::Store(acc[r][v], d, o + r * o_stride + v * N);
 #endif
 }
 
@@ -162,10 +162,17 @@ HWY_INLINE void ValueTail(DF d, int rows, const float* p, int64_t p_stride, int6
 template <int MR, class KV>
 HWY_INLINE void ValueRows(DF d, const float* p, int64_t p_stride, int64_t count, const KV* v0,
                           int64_t v_stride, int64_t d_v, float* o, int64_t o_stride) {
-  const int64_t W = kVecs * static_cast<int64_t>(hn::Lanes(d));
+  // A single row (decode) has registers for twice the columns: half the
+  // passes over V, twice the independent accumulators per key.
+  constexpr int NV = MR == 1 ? 2 * kVecs : kVecs;
+  const int64_t W = NV * static_cast<int64_t>(hn::Lanes(d));
   int64_t c = 0;
   for (; c + W <= d_v; c += W)
-    ValueBlock<MR>(d, p, p_stride, count, v0 + c, v_stride, o + c, o_stride);
+    ValueBlock<MR, NV>(d, p, p_stride, count, v0 + c, v_stride, o + c, o_stride);
+  if (MR == 1 && c + W / 2 <= d_v) {
+    ValueBlock<MR, kVecs>(d, p, p_stride, count, v0 + c, v_stride, o + c, o_stride);
+    c += W / 2;
+  }
   if (c < d_v) ValueTail(d, MR, p, p_stride, count, v0, v_stride, c, d_v, o, o_stride);
 }
 
@@ -544,6 +551,7 @@ HWY_INLINE void DotRows(DF d, const float* const* q, const KV* k, int64_t D, flo
 }
 
 thread_local Scratch<float> tls_decode_scores;
+thread_local Scratch<const float*> tls_decode_queries;
 
 // Partial result of one chunk for R rows: O[R][dvp] (aligned), then m[R], l[R].
 template <class KV>
@@ -567,8 +575,10 @@ void DecodeChunk(DF d, const AttentionProblem<float>& p, int64_t b, int64_t hkv,
   const bool inside = j0 >= last.begin && j0 + jn <= first.end;
 
   float* s = tls_decode_scores.get(static_cast<size_t>(R * kDecodeChunk));
-  const float* q[kRows];
   const auto row_head = [&](int64_t r) { return hkv * p.group() + r / p.n_q; };
+  const float** q = tls_decode_queries.get(static_cast<size_t>(R));
+  for (int64_t r = 0; r < R; ++r) q[r] = p.q.row(b, row_head(r), r % p.n_q);
+  const float scale = ScoreScale(p);
   const KV* v_rows = ValueRow<KV>(p, b, hkv, j0);
   const int64_t v_bytes = p.d_v * static_cast<int64_t>(sizeof(KV));
   for (int64_t j = 0; j < jn; ++j) {
@@ -578,15 +588,12 @@ void DecodeChunk(DF d, const AttentionProblem<float>& p, int64_t b, int64_t hkv,
     const char* vj = reinterpret_cast<const char*>(v_rows + j * ValueStride(p));
     for (int64_t off = 0; off < v_bytes; off += 64) hwy::Prefetch(vj + off);
     for (int64_t r0 = 0; r0 < R; r0 += kRows) {
-      const int mr = static_cast<int>(std::min<int64_t>(kRows, R - r0));
-      for (int r = 0; r < mr; ++r) q[r] = p.q.row(b, row_head(r0 + r), (r0 + r) % p.n_q);
       float* sj = s + r0 * kDecodeChunk + j;
-      const float scale = ScoreScale(p);
-      switch (mr) {
-        case 4: DotRows<4>(d, q, k, p.d, scale, sj, kDecodeChunk); break;
-        case 3: DotRows<3>(d, q, k, p.d, scale, sj, kDecodeChunk); break;
-        case 2: DotRows<2>(d, q, k, p.d, scale, sj, kDecodeChunk); break;
-        default: DotRows<1>(d, q, k, p.d, scale, sj, kDecodeChunk); break;
+      switch (std::min<int64_t>(kRows, R - r0)) {
+        case 4: DotRows<4>(d, q + r0, k, p.d, scale, sj, kDecodeChunk); break;
+        case 3: DotRows<3>(d, q + r0, k, p.d, scale, sj, kDecodeChunk); break;
+        case 2: DotRows<2>(d, q + r0, k, p.d, scale, sj, kDecodeChunk); break;
+        default: DotRows<1>(d, q + r0, k, p.d, scale, sj, kDecodeChunk); break;
       }
     }
   }
