@@ -92,6 +92,8 @@ std::vector<KernelCase> decode_cases() {
       {1, 4, 1, 8, 2048, 32, 40, Causal::None, {600, -1}, 0, 1},
       {1, 2, 2, 2, 700, 20, 12, Causal::TopLeft, {}, 15.0, 2},
       {1, 2, 2, 1, 513, 64, 64, Causal::None, {100, 0}, 0, 0},
+      // one row: value columns in double-width blocks, a half block, a tail
+      {1, 2, 2, 1, 600, 16, 88, Causal::None, {}, 0, 0},
   };
 }
 
