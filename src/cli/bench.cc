@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <functional>
+#include <string>
 #include <random>
 #include <vector>
 
@@ -23,21 +25,27 @@ Tensor<float> random_tensor(const Shape& shape, uint32_t seed) {
   return t;
 }
 
-// Median wall time in ms of fn(), after one warm-up call; at least 3 runs and
-// about a second of work.
-template <class Fn>
-double median_ms(Fn fn) {
+// Median wall times in ms of each of fns, run in turns so that a slow spell
+// of this shared machine hits them alike; after one warm-up call each, at
+// least 3 turns and about a second of work.
+std::vector<double> median_ms(const std::vector<std::function<void()>>& fns) {
   using Clock = std::chrono::steady_clock;
-  fn();
-  std::vector<double> ms;
+  for (const auto& fn : fns) fn();
+  std::vector<std::vector<double>> ms(fns.size());
   const auto start = Clock::now();
-  while (ms.size() < 3 || (ms.size() < 50 && Clock::now() - start < std::chrono::seconds(1))) {
-    const auto t0 = Clock::now();
-    fn();
-    ms.push_back(std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
+  while (ms[0].size() < 3 || (ms[0].size() < 50 && Clock::now() - start < std::chrono::seconds(1))) {
+    for (size_t i = 0; i < fns.size(); ++i) {
+      const auto t0 = Clock::now();
+      fns[i]();
+      ms[i].push_back(std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
+    }
   }
-  std::nth_element(ms.begin(), ms.begin() + ms.size() / 2, ms.end());
-  return ms[ms.size() / 2];
+  std::vector<double> medians;
+  for (auto& m : ms) {
+    std::nth_element(m.begin(), m.begin() + m.size() / 2, m.end());
+    medians.push_back(m[m.size() / 2]);
+  }
+  return medians;
 }
 
 template <class H>
@@ -66,7 +74,30 @@ struct Attend {
     else if (dtype == "f16") attention(q.view(), kh.view(), vh.view(), out.view(), opt);
     else attention(q.view(), k.view(), v.view(), out.view(), opt);
   }
+
+  // Times this dtype and, for 16-bit ones, float32 K/V in turns: {ms, f32 ms}.
+  std::vector<double> time(Tensor<float>& out, const AttentionOptions& opt) const {
+    std::vector<std::function<void()>> fns{[&] { (*this)(out, opt); }};
+    if (dtype != "f32") fns.push_back([&] { attention(q.view(), k.view(), v.view(), out.view(), opt); });
+    return median_ms(fns);
+  }
 };
+
+// For 16-bit K/V: the float32 time from the same turns and the speed-up over it,
+// as JSON members and as a sentence.
+std::string json_vs_f32(const std::vector<double>& ms) {
+  if (ms.size() < 2) return "";
+  char buf[96];
+  std::snprintf(buf, sizeof buf, ", \"f32_median_ms\": %.4f, \"speedup_vs_f32\": %.4f", ms[1], ms[1] / ms[0]);
+  return buf;
+}
+std::string text_vs_f32(const std::vector<double>& ms) {
+  if (ms.size() < 2) return "";
+  char buf[96];
+  std::snprintf(buf, sizeof buf, "  float32 K/V in the same turns: %.3f ms (this is %.2fx as fast)\n", ms[1],
+                ms[1] / ms[0]);
+  return buf;
+}
 
 }  // namespace
 
@@ -81,7 +112,8 @@ int run_bench(const BenchArgs& a) {
     Tensor<float> out(qs);
     AttentionOptions opt;
     if (a.causal) opt.causal = Causal::BottomRight;
-    const double ms = median_ms([&] { attend(out, opt); });
+    const auto times = attend.time(out, opt);
+    const double ms = times[0];
     const double pairs = a.causal ? a.n * (a.n + 1) / 2.0 : double(a.n) * a.n;
     const double flop = 4.0 * double(a.n) * a.n * a.head_dim * a.heads * a.batch;
     const double flop_unmasked = 4.0 * pairs * a.head_dim * a.heads * a.batch;
@@ -92,10 +124,10 @@ int run_bench(const BenchArgs& a) {
       std::printf("{\"kind\": \"attention\", \"n\": %lld, \"heads\": %lld, \"kv_heads\": %lld, "
                   "\"head_dim\": %lld, \"batch\": %lld, \"causal\": %s, \"kv_dtype\": \"%s\", "
                   "\"threads\": %d, \"median_ms\": %.4f, \"gflops\": %.2f, \"gflops_unmasked\": %.2f, "
-                  "\"peak_gflops\": %.2f, \"ratio_to_peak\": %.4f}\n",
+                  "\"peak_gflops\": %.2f, \"ratio_to_peak\": %.4f%s}\n",
                   (long long)a.n, (long long)a.heads, (long long)hkv, (long long)a.head_dim,
                   (long long)a.batch, a.causal ? "true" : "false", a.kv_dtype.c_str(), threads, ms, gflops,
-                  gflops_unmasked, peak, ratio);
+                  gflops_unmasked, peak, ratio, json_vs_f32(times).c_str());
     } else {
       std::printf("attention n=%lld heads=%lld kv_heads=%lld head_dim=%lld batch=%lld causal=%s "
                   "kv_dtype=%s threads=%d\n  median %.3f ms, %.1f GFLOP/s (4·n²·d·H)%s, FMA peak %.1f GFLOP/s "
@@ -106,6 +138,7 @@ int run_bench(const BenchArgs& a) {
                               " GFLOP/s on unmasked pairs").c_str()
                            : "",
                   peak, 100 * ratio);
+      std::fputs(text_vs_f32(times).c_str(), stdout);
     }
     return 0;
   }
@@ -114,7 +147,8 @@ int run_bench(const BenchArgs& a) {
   const auto q = random_tensor(qs, 1);
   const Attend attend(q, random_tensor(ks, 2), random_tensor(ks, 3), a.kv_dtype);
   Tensor<float> out(qs);
-  const double ms = median_ms([&] { attend(out, {}); });
+  const auto times = attend.time(out, {});
+  const double ms = times[0];
   const double bytes = 2.0 * attend.k.numel() * attend.element_bytes();
   const double gbps = bytes / ms * 1e-6;
   const double peak = measure_read_bandwidth_gbps(threads);
@@ -122,10 +156,10 @@ int run_bench(const BenchArgs& a) {
     std::printf("{\"kind\": \"decode\", \"kv_len\": %lld, \"heads\": %lld, \"kv_heads\": %lld, "
                 "\"head_dim\": %lld, \"batch\": %lld, \"queries\": %lld, \"kv_dtype\": \"%s\", "
                 "\"threads\": %d, \"median_ms\": %.4f, \"gbps\": %.2f, \"peak_gbps\": %.2f, "
-                "\"ratio_to_peak\": %.4f}\n",
+                "\"ratio_to_peak\": %.4f%s}\n",
                 (long long)a.kv_len, (long long)a.heads, (long long)hkv, (long long)a.head_dim,
                 (long long)a.batch, (long long)a.queries, a.kv_dtype.c_str(), threads, ms, gbps, peak,
-                gbps / peak);
+                gbps / peak, json_vs_f32(times).c_str());
   } else {
     std::printf("decode kv_len=%lld heads=%lld kv_heads=%lld head_dim=%lld batch=%lld queries=%lld "
                 "kv_dtype=%s threads=%d\n  median %.3f ms, %.1f GB/s of K/V read, read bandwidth %.1f GB/s "
@@ -133,6 +167,7 @@ int run_bench(const BenchArgs& a) {
                 (long long)a.kv_len, (long long)a.heads, (long long)hkv, (long long)a.head_dim,
                 (long long)a.batch, (long long)a.queries, a.kv_dtype.c_str(), threads, ms, gbps, peak,
                 100 * gbps / peak);
+    std::fputs(text_vs_f32(times).c_str(), stdout);
   }
   return 0;
 }

@@ -336,7 +336,7 @@ HWY_INLINE float SoftmaxStep(DF d, float* s, int64_t n, float& m, float* l) {
 // 2^(x - m) for x <= m (base-2 scores), and 1 for x = m = +inf (not 2^NaN).
 inline float ExpDifference(float x, float m) { return x == m ? 1.0f : std::exp2(x - m); }
 
-thread_local Scratch<float> tls_scores, tls_out;
+thread_local Scratch<float> tls_scores, tls_out, tls_vtile;
 
 void ProcessItem(DF d, const Item& it) {
   const auto& p = it.p;
@@ -344,6 +344,7 @@ void ProcessItem(DF d, const Item& it) {
   const int64_t dvp = (p.d_v + static_cast<int64_t>(N) - 1) / static_cast<int64_t>(N) * static_cast<int64_t>(N);
   float* s = tls_scores.get(kBlockRows * kBlockK);
   float* o = tls_out.get(static_cast<size_t>(kBlockQ * std::max<int64_t>(dvp, 1)));
+  float* vtile = tls_vtile.get(static_cast<size_t>(kBlockK * std::max<int64_t>(p.d_v, 1)));
   const int64_t n_tiles = (p.n_k + kBlockK - 1) / kBlockK;
   const KeyRange first = allowed_keys(it.i0, p.n_q, p.n_k, p.causal, p.window);
   const KeyRange last = allowed_keys(it.i0 + it.rows - 1, p.n_q, p.n_k, p.causal, p.window);
@@ -370,6 +371,14 @@ void ProcessItem(DF d, const Item& it) {
     for (int64_t kt = t_begin; kt < t_end; ++kt) {
       const int64_t j0 = kt * kBlockK, jn = std::min(kBlockK, p.n_k - j0);
       const float* v0 = p.v.row(it.b, it.hkv, j0);
+      int64_t v_stride = p.v.row_stride;
+      if (v_stride != p.d_v) {
+        // Rows far apart (heads sliced from one wide array) share few cache
+        // sets; a contiguous copy keeps the tile in L1 for all row blocks.
+        for (int64_t j = 0; j < jn; ++j) std::copy(v0 + j * v_stride, v0 + j * v_stride + p.d_v, vtile + j * p.d_v);
+        v0 = vtile;
+        v_stride = p.d_v;
+      }
       for (int64_t r0 = 0; r0 < it.rows; r0 += kBlockRows) {
         const RowBlock& rb = blocks[r0 / kBlockRows];
         if (rb.masks_all(j0, jn)) continue;
@@ -384,7 +393,7 @@ void ProcessItem(DF d, const Item& it) {
               hn::Store(hn::Mul(hn::Load(d, orow + c), a), d, orow + c);
           }
         }
-        AccumulateValues(d, rows, s, kBlockK, jn, v0, p.v.row_stride, p.d_v, o + r0 * dvp, dvp);
+        AccumulateValues(d, rows, s, kBlockK, jn, v0, v_stride, p.d_v, o + r0 * dvp, dvp);
       }
     }
     for (int64_t r = 0; r < it.rows; ++r) {
