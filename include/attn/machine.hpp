@@ -1,15 +1,27 @@
 // What this machine can do, measured in-process: the ceilings `attn bench`
-// compares the kernels with.
+// compares the kernels with. Each call is one short measurement; the bench
+// runs them in turns with the kernel and takes medians, so that both see the
+// same machine (other processes share it, and its speed moves).
 #pragma once
+
+#include <vector>
 
 namespace attn {
 
 // float32 FMA throughput of `threads` threads (a Highway loop on the best SIMD
-// target), in GFLOP/s (an FMA counts 2).
+// target), in GFLOP/s (an FMA counts 2); about 20 ms.
 double measure_fma_peak_gflops(int threads);
 
-// Memory read bandwidth of `threads` threads streaming a buffer far larger
-// than the caches, in GB/s.
-double measure_read_bandwidth_gbps(int threads);
+// Memory read bandwidth: `threads` threads streaming a buffer far larger than
+// the caches (512 MiB, allocated and touched once, on construction).
+class ReadBandwidth {
+ public:
+  ReadBandwidth();
+  // One pass over the buffer, in GB/s.
+  double measure_gbps(int threads) const;
+
+ private:
+  std::vector<float> buffer_;
+};
 
 }  // namespace attn
