@@ -25,19 +25,29 @@ Tensor<float> random_tensor(const Shape& shape, uint32_t seed) {
   return t;
 }
 
-// Median wall times in ms of each of fns, run in turns so that a slow spell
-// of this shared machine hits them alike; after one warm-up call each, at
-// least 3 turns and about a second of work.
+// Median wall times in ms of one call of each of fns, run in turns so that a
+// slow spell of this shared machine hits them alike. A turn repeats a fast fn
+// for about 20 ms (so that a small kernel runs hot, as in a loop, not after
+// the ceiling's work); at least 3 turns and about a second in all, after a
+// warm-up call each.
 std::vector<double> median_ms(const std::vector<std::function<void()>>& fns) {
   using Clock = std::chrono::steady_clock;
-  for (const auto& fn : fns) fn();
+  const auto ms_since = [](Clock::time_point t0) {
+    return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+  };
+  std::vector<int> reps;
+  for (const auto& fn : fns) {
+    const auto t0 = Clock::now();
+    fn();
+    reps.push_back(static_cast<int>(std::clamp(20.0 / std::max(ms_since(t0), 1e-3), 1.0, 1000.0)));
+  }
   std::vector<std::vector<double>> ms(fns.size());
   const auto start = Clock::now();
-  while (ms[0].size() < 3 || (ms[0].size() < 50 && Clock::now() - start < std::chrono::seconds(1))) {
+  while (ms[0].size() < 3 || (ms[0].size() < 50 && ms_since(start) < 1000)) {
     for (size_t i = 0; i < fns.size(); ++i) {
       const auto t0 = Clock::now();
-      fns[i]();
-      ms[i].push_back(std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
+      for (int r = 0; r < reps[i]; ++r) fns[i]();
+      ms[i].push_back(ms_since(t0) / reps[i]);
     }
   }
   std::vector<double> medians;
