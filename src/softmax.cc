@@ -30,7 +30,12 @@ void softmax_impl(TensorView<const T> a, TensorView<T> out, int64_t axis) {
     const T* x = &a.at(index.data());
     T* y = &out.at(index.data());
     T max = -inf;
-    for (int64_t j = 0; j < n; ++j) max = std::fmax(max, x[j * sa]);
+    bool nan = false;  // fmax skips NaN; a NaN entry makes the whole row NaN
+    for (int64_t j = 0; j < n; ++j) {
+      max = std::fmax(max, x[j * sa]);
+      nan = nan || std::isnan(x[j * sa]);
+    }
+    if (nan) max = std::numeric_limits<T>::quiet_NaN();
     T sum = 0;
     for (int64_t j = 0; j < n; ++j) {
       if (max == -inf) e[j] = 0;  // every entry masked: zeros, not NaN
@@ -38,7 +43,7 @@ void softmax_impl(TensorView<const T> a, TensorView<T> out, int64_t axis) {
       else e[j] = std::exp(x[j * sa] - max);
       sum += e[j];
     }
-    for (int64_t j = 0; j < n; ++j) y[j * so] = sum > 0 ? e[j] / sum : 0;
+    for (int64_t j = 0; j < n; ++j) y[j * so] = sum > 0 || nan ? e[j] / sum : 0;
     for (int d = lead - 1; d >= 0; --d) {
       if (++index[d] < a.dim(d)) break;
       index[d] = 0;

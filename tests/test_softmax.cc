@@ -83,6 +83,15 @@ TEST(Softmax, PlusInfinityTakesAllTheWeight) {
   EXPECT_EQ(y[2], 0.5);
 }
 
+TEST(Softmax, NanMakesItsRowNan) {
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  const Tensor<double> a({3, 3}, {1, nan, 2, 0, 0, 0, nan, -kInf, -kInf});
+  for (const auto& y : {softmax(a.view()), test::cast<double>(softmax(test::cast<float>(a).view()))}) {
+    for (int j : {0, 1, 2, 6, 7, 8}) EXPECT_TRUE(std::isnan(y[j])) << j;
+    for (int j : {3, 4, 5}) EXPECT_NEAR(y[j], 1.0 / 3, 1e-7);
+  }
+}
+
 TEST(Softmax, OutputShapeIsChecked) {
   Tensor<float> a({2, 3}), out({3, 2});
   EXPECT_THROW_MSG(softmax(a.view(), out.view()), ValueError, "out has shape (3, 2)");
