@@ -3,10 +3,35 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <type_traits>
 #include <vector>
+
+#include "kernels/attention_kernel.hpp"
 
 namespace attn {
 namespace {
+
+// One row, x[j · sa] -> y[j · so], by the definition and its limits; e is
+// scratch of n entries.
+template <class T>
+void softmax_row_plain(const T* x, int64_t sa, T* y, int64_t so, int64_t n, T* e) {
+  const T inf = std::numeric_limits<T>::infinity();
+  T max = -inf;
+  bool nan = false;  // fmax skips NaN; a NaN entry makes the whole row NaN
+  for (int64_t j = 0; j < n; ++j) {
+    max = std::fmax(max, x[j * sa]);
+    nan = nan || std::isnan(x[j * sa]);
+  }
+  if (nan) max = std::numeric_limits<T>::quiet_NaN();
+  T sum = 0;
+  for (int64_t j = 0; j < n; ++j) {
+    if (max == -inf) e[j] = 0;  // every entry masked: zeros, not NaN
+    else if (max == inf) e[j] = x[j * sa] == inf ? 1 : 0;
+    else e[j] = std::exp(x[j * sa] - max);
+    sum += e[j];
+  }
+  for (int64_t j = 0; j < n; ++j) y[j * so] = sum > 0 || nan ? e[j] / sum : 0;
+}
 
 template <class T>
 void softmax_impl(TensorView<const T> a, TensorView<T> out, int64_t axis) {
@@ -23,27 +48,16 @@ void softmax_impl(TensorView<const T> a, TensorView<T> out, int64_t axis) {
   int64_t rows = 1;
   for (int d = 0; d < lead; ++d) rows *= a.dim(d);
   if (n == 0) return;
-  const T inf = std::numeric_limits<T>::infinity();
   std::vector<int64_t> index(lead + 1, 0);
   std::vector<T> e(n);
   for (int64_t r = 0; r < rows; ++r) {
     const T* x = &a.at(index.data());
     T* y = &out.at(index.data());
-    T max = -inf;
-    bool nan = false;  // fmax skips NaN; a NaN entry makes the whole row NaN
-    for (int64_t j = 0; j < n; ++j) {
-      max = std::fmax(max, x[j * sa]);
-      nan = nan || std::isnan(x[j * sa]);
-    }
-    if (nan) max = std::numeric_limits<T>::quiet_NaN();
-    T sum = 0;
-    for (int64_t j = 0; j < n; ++j) {
-      if (max == -inf) e[j] = 0;  // every entry masked: zeros, not NaN
-      else if (max == inf) e[j] = x[j * sa] == inf ? 1 : 0;
-      else e[j] = std::exp(x[j * sa] - max);
-      sum += e[j];
-    }
-    for (int64_t j = 0; j < n; ++j) y[j * so] = sum > 0 || nan ? e[j] / sum : 0;
+    // float32 rows in place in memory take the SIMD kernel unless they hold
+    // NaN or infinities.
+    bool done = false;
+    if constexpr (std::is_same_v<T, float>) done = sa == 1 && so == 1 && detail::softmax_row(x, y, n);
+    if (!done) softmax_row_plain(x, sa, y, so, n, e.data());
     for (int d = lead - 1; d >= 0; --d) {
       if (++index[d] < a.dim(d)) break;
       index[d] = 0;

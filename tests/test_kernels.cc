@@ -166,6 +166,26 @@ TEST(Kernels, Exp2MatchesStdExp2OnEveryTarget) {
   hwy::GetChosenTarget().Update(hwy::SupportedTargets());
 }
 
+// The float32 softmax kernel against the plain double softmax on every target,
+// with row lengths around each vector width (full vectors and partial tails).
+TEST(Kernels, SoftmaxOnEveryTarget) {
+  std::mt19937 rng(400);
+  for (int64_t target : hwy::SupportedAndGeneratedTargets()) {
+    SCOPED_TRACE(hwy::TargetName(target));
+    hwy::SetSupportedTargetsForTest(target);
+    hwy::GetChosenTarget().Update(hwy::SupportedTargets());
+    for (int64_t n : {1, 3, 4, 5, 8, 9, 16, 17, 33, 100}) {
+      const auto a = random_tensor({3, n}, rng, -30, 30);
+      const auto want = softmax(a.view());
+      Tensor<float> got = cast<float>(a);
+      softmax(got.view(), got.view());  // in place, as the header allows
+      EXPECT_LT(rel_error(got, want), 1e-6) << "n = " << n;
+    }
+  }
+  hwy::SetSupportedTargetsForTest(0);
+  hwy::GetChosenTarget().Update(hwy::SupportedTargets());
+}
+
 TEST(Kernels, BitwiseIdenticalForAnyThreadCount) {
   const int saved = num_threads();
   std::vector<KernelCase> cases = flash_cases();

@@ -1,7 +1,8 @@
 // Numerically stable softmax: exp(a - max) / sum, as in the article's code.
 // A row whose entries are all -inf (every choice masked) becomes all zeros,
 // not NaN. A row holding +inf splits its weight evenly among the +inf entries
-// (the limit of the softmax).
+// (the limit of the softmax). A NaN entry makes its row NaN. float32 rows
+// contiguous along the axis use a SIMD kernel (relative error ~1e-7).
 #pragma once
 
 #include <cstdint>

@@ -25,4 +25,9 @@ bool use_decode(const AttentionProblem<float>& p);
 // (The kernels inline it; this array form is for tests and benchmarks.)
 void exp2_nonpositive(const float* x, float* out, int64_t n);
 
+// y = softmax(x) for one contiguous row of n floats (y may be x), when the
+// row holds no NaN and its maximum is finite; otherwise returns false and
+// leaves y alone (softmax.cc handles those rows).
+bool softmax_row(const float* x, float* y, int64_t n);
+
 }  // namespace attn::detail
