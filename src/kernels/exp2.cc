@@ -7,6 +7,7 @@
 #include <hwy/highway.h>
 
 #include "kernels/exp2-inl.h"
+#include "kernels/partial-inl.h"
 
 #include <algorithm>
 #include <cstdint>
@@ -21,13 +22,9 @@ namespace hn = hwy::HWY_NAMESPACE;
 void Exp2Array(const float* x, float* out, int64_t n) {
   const hn::ScalableTag<float> d;
   const int64_t N = static_cast<int64_t>(hn::Lanes(d));
-  int64_t i = 0;
-  for (; i + N <= n; i += N) hn::StoreU(Exp2NonPositive(d, hn::LoadU(d, x + i)), d, out + i);
-  if (i < n) {  // the tail through one vector's worth of stack
-    alignas(HWY_MAX_BYTES) float buf[HWY_MAX_BYTES / sizeof(float)] = {};
-    std::copy(x + i, x + n, buf);
-    hn::Store(Exp2NonPositive(d, hn::Load(d, buf)), d, buf);
-    std::copy(buf, buf + (n - i), out + i);
+  for (int64_t i = 0; i < n; i += N) {
+    const int64_t m = std::min(N, n - i);
+    StorePart(d, Exp2NonPositive(d, LoadPart(d, x + i, m, 0.0f)), out + i, m);
   }
 }
 

@@ -6,6 +6,7 @@
 #include <hwy/highway.h>
 
 #include "kernels/exp2-inl.h"
+#include "kernels/partial-inl.h"
 
 #include <algorithm>
 #include <cmath>
@@ -21,21 +22,6 @@ namespace hn = hwy::HWY_NAMESPACE;
 
 using DF = hn::ScalableTag<float>;
 using VF = hn::Vec<DF>;
-
-// The m <= lanes floats at p, the other lanes `fill` (no read past p + m).
-VF LoadPart(DF d, const float* p, int64_t m, float fill) {
-  if (m == static_cast<int64_t>(hn::Lanes(d))) return hn::LoadU(d, p);
-  alignas(HWY_MAX_BYTES) float buf[HWY_MAX_BYTES / sizeof(float)];
-  std::fill(buf, buf + hn::Lanes(d), fill);
-  std::copy(p, p + m, buf);
-  return hn::Load(d, buf);
-}
-void StorePart(DF d, VF v, float* p, int64_t m) {
-  if (m == static_cast<int64_t>(hn::Lanes(d))) return hn::StoreU(v, d, p);
-  alignas(HWY_MAX_BYTES) float buf[HWY_MAX_BYTES / sizeof(float)];
-  hn::Store(v, d, buf);
-  std::copy(buf, buf + m, p);
-}
 
 bool SoftmaxRow(const float* x, float* y, int64_t n) {
   const DF d;
