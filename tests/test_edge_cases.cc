@@ -162,6 +162,29 @@ TEST(EdgeCases, RowsWithEveryKeyMaskedAreZero) {
   }
 }
 
+// PyTorch pads with finfo(float32).min rather than -inf: a row so masked
+// everywhere still softmaxes over equal logits (the mean of the values), in
+// float32 as in the reference. (The kernels scale logits to base 2; -FLT_MAX
+// must not overflow to -inf there.)
+TEST(EdgeCases, FloatMinimumMaskIsFinite) {
+  for (Path p : kPaths) {
+    SCOPED_TRACE(name(p));
+    const Data x = random_data(p, 8, 5, 6);
+    Tensor<float> additive({queries(p), keys(p)});
+    for (int64_t e = 0; e < additive.numel(); ++e)
+      additive[e] = e / keys(p) == 1 ? -std::numeric_limits<float>::max() : 0.0f;
+    const Mask m = TensorView<const float>(additive.view());
+    const auto got = run(p, x.q, x.k, x.v, {}, m);
+    const auto ref = run(Path::Reference, x.q, x.k, x.v, {}, m);
+    EXPECT_LT(rel_error(got, ref), 1e-6);
+    for (int64_t c = 0; c < 5; ++c) {
+      double mean = 0;
+      for (int64_t j = 0; j < keys(p); ++j) mean += x.v[j * 5 + c] / keys(p);
+      EXPECT_NEAR(got[5 + c], mean, 1e-6);
+    }
+  }
+}
+
 TEST(EdgeCases, EmptyAndZeroWidthInputs) {
   for (Path p : kPaths) {
     SCOPED_TRACE(name(p));

@@ -92,8 +92,9 @@ std::vector<KernelCase> decode_cases() {
       {1, 4, 1, 8, 2048, 32, 40, Causal::None, {600, -1}, 0, 1},
       {1, 2, 2, 2, 700, 20, 12, Causal::TopLeft, {}, 15.0, 2},
       {1, 2, 2, 1, 513, 64, 64, Causal::None, {100, 0}, 0, 0},
-      // one row: value columns in double-width blocks, a half block, a tail
-      {1, 2, 2, 1, 600, 16, 88, Causal::None, {}, 0, 0},
+      // one row: value columns in double-width blocks, a half block and a
+      // partial tail on 4-, 8- and 16-lane targets alike
+      {1, 2, 2, 1, 600, 16, 221, Causal::None, {}, 0, 0},
   };
 }
 
@@ -131,6 +132,8 @@ TEST(Kernels, Exp2MatchesStdExp2OnEveryTarget) {
   std::vector<float> x;
   for (double t = -126.0; t <= 0.0; t += 1.0 / 1024) x.push_back(static_cast<float>(t));
   for (float t = -1e-30f; t > -1.0f; t *= 3.0f) x.push_back(t);
+  x.push_back(-0.0f);
+  x.push_back(-1e-40f);  // subnormal
   const float inf = std::numeric_limits<float>::infinity();
   const std::vector<float> flushed = {-126.001f, -127.0f, -150.0f, -1e30f, -inf};
   x.insert(x.end(), flushed.begin(), flushed.end());

@@ -1,7 +1,7 @@
 // 2^x for the softmax, whose exponents are never positive (scores minus their
 // running max). The kernels keep scores in base-2 units (log2(e) folded into
 // the scale), so this is the whole exp: a rounding, a degree-6 polynomial
-// and an exponent insert, about a third of the work of a general exp.
+// and an exponent insert.
 // Highway's per-target include: include after hwy/highway.h inside a file
 // compiled by foreach_target.h.
 #if defined(ATTN_KERNELS_EXP2_INL_H_) == defined(HWY_TARGET_TOGGLE)

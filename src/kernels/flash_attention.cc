@@ -70,11 +70,16 @@ static_assert(kBlockK == kPanel, "a key tile is one packed matmul panel");
 // cheap 2^x (exp2-inl.h): e^(s − m) = 2^((s − m)·log2(e)). The factor rides
 // on the scale (or on the softcap, which must see the natural scores) and
 // on additive masks; running maxima are in the same units.
-constexpr double kLog2e = 1.44269504088896341;
-inline float ScoreScale(const AttentionProblem<float>& p) {
-  return static_cast<float>(p.softcap > 0 ? p.scale : p.scale * kLog2e);
+// x·log2(e) in float32, saturating: a finite value stays finite (an additive
+// mask of -FLT_MAX, PyTorch's finfo.min padding, must not become -inf).
+inline float Base2(double x) {
+  const double y = x * 1.44269504088896341;
+  const double max = std::numeric_limits<float>::max();
+  return static_cast<float>(std::isfinite(x) ? std::clamp(y, -max, max) : y);
 }
-
+inline float ScoreScale(const AttentionProblem<float>& p) {
+  return p.softcap > 0 ? static_cast<float>(p.scale) : Base2(p.scale);
+}
 
 // Keys and values may be stored as float32, bfloat16 or fp16; arithmetic is
 // float32 (a 16-bit load is promoted).
@@ -169,9 +174,11 @@ HWY_INLINE void ValueRows(DF d, const float* p, int64_t p_stride, int64_t count,
   int64_t c = 0;
   for (; c + W <= d_v; c += W)
     ValueBlock<MR, NV>(d, p, p_stride, count, v0 + c, v_stride, o + c, o_stride);
-  if (MR == 1 && c + W / 2 <= d_v) {
-    ValueBlock<MR, kVecs>(d, p, p_stride, count, v0 + c, v_stride, o + c, o_stride);
-    c += W / 2;
+  if constexpr (MR == 1) {
+    if (c + W / 2 <= d_v) {
+      ValueBlock<MR, kVecs>(d, p, p_stride, count, v0 + c, v_stride, o + c, o_stride);
+      c += W / 2;
+    }
   }
   if (c < d_v) ValueTail(d, MR, p, p_stride, count, v0, v_stride, c, d_v, o, o_stride);
 }
@@ -211,17 +218,17 @@ void MaskRow(const AttentionProblem<float>& p, int64_t b, int64_t h, int64_t i, 
       if (!mr[j * m.boolean.col_stride]) s[j] = ninf;
   } else if (m.f32) {
     const float* mr = m.f32.row(b, h, i) + j0 * m.f32.col_stride;
-    for (int64_t j = 0; j < count; ++j) s[j] += mr[j * m.f32.col_stride] * static_cast<float>(kLog2e);
+    for (int64_t j = 0; j < count; ++j) s[j] += Base2(mr[j * m.f32.col_stride]);
   } else if (m.f64) {
     const double* mr = m.f64.row(b, h, i) + j0 * m.f64.col_stride;
-    for (int64_t j = 0; j < count; ++j) s[j] += static_cast<float>(mr[j * m.f64.col_stride] * kLog2e);
+    for (int64_t j = 0; j < count; ++j) s[j] += Base2(mr[j * m.f64.col_stride]);
   }
 }
 
 // softcap · tanh(s / softcap) over n entries (n a multiple of the lanes), in
 // base-2 units.
 void Softcap(DF d, double softcap, float* s, int64_t n) {
-  const VF cap = hn::Set(d, static_cast<float>(softcap * kLog2e));
+  const VF cap = hn::Set(d, Base2(softcap));
   const VF inv = hn::Set(d, static_cast<float>(1.0 / softcap));
   for (int64_t e = 0; e < n; e += static_cast<int64_t>(hn::Lanes(d)))
     hn::Store(hn::Mul(cap, hn::Tanh(d, hn::Mul(hn::Load(d, s + e), inv))), d, s + e);
@@ -336,7 +343,7 @@ HWY_INLINE float SoftmaxStep(DF d, float* s, int64_t n, float& m, float* l) {
 // 2^(x - m) for x <= m (base-2 scores), and 1 for x = m = +inf (not 2^NaN).
 inline float ExpDifference(float x, float m) { return x == m ? 1.0f : std::exp2(x - m); }
 
-thread_local Scratch<float> tls_scores, tls_out, tls_vtile;
+thread_local Scratch<float> tls_scores, tls_out, tls_vtile, tls_sums;
 
 void ProcessItem(DF d, const Item& it) {
   const auto& p = it.p;
@@ -351,7 +358,7 @@ void ProcessItem(DF d, const Item& it) {
   const int64_t t_begin = first.begin / kBlockK;
   const int64_t t_end = std::min(n_tiles, (last.end + kBlockK - 1) / kBlockK);
   float m[kBlockQ], l[kBlockQ];
-  alignas(HWY_MAX_BYTES) float l_lanes[kBlockQ * HWY_MAX_BYTES / sizeof(float)];
+  float* l_lanes = tls_sums.get(static_cast<size_t>(kBlockQ) * N);  // per-lane sums
   const float ninf = -std::numeric_limits<float>::infinity();
   RowBlock blocks[kBlockQ / kBlockRows];
   for (int64_t r0 = 0; r0 < it.rows; r0 += kBlockRows) {
@@ -365,9 +372,7 @@ void ProcessItem(DF d, const Item& it) {
     std::fill(m, m + it.rows, ninf);
     std::fill(l_lanes, l_lanes + it.rows * N, 0.0f);
     std::fill(o, o + it.rows * dvp, 0.0f);
-    // Key tile outer, kRows query rows inner: the K and V tiles stay in L1
-    // while every row block of the item passes over them, and S is one
-    // kRows × kBlockK block, never a whole tile.
+    // Key tile outer, row blocks inner (see the top of the file).
     for (int64_t kt = t_begin; kt < t_end; ++kt) {
       const int64_t j0 = kt * kBlockK, jn = std::min(kBlockK, p.n_k - j0);
       const float* v0 = p.v.row(it.b, it.hkv, j0);
@@ -596,6 +601,7 @@ void DecodeChunk(DF d, const AttentionProblem<float>& p, int64_t b, int64_t hkv,
     // concurrently, and P·V below reads V from cache.
     const char* vj = reinterpret_cast<const char*>(v_rows + j * ValueStride(p));
     for (int64_t off = 0; off < v_bytes; off += 64) hwy::Prefetch(vj + off);
+    if (v_bytes > 0) hwy::Prefetch(vj + v_bytes - 1);  // the last line, if not line-aligned
     for (int64_t r0 = 0; r0 < R; r0 += kRows) {
       float* sj = s + r0 * kDecodeChunk + j;
       switch (std::min<int64_t>(kRows, R - r0)) {
