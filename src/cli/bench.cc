@@ -4,8 +4,8 @@
 #include <chrono>
 #include <cstdio>
 #include <functional>
-#include <string>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "attn/attn.hpp"
@@ -25,37 +25,49 @@ Tensor<float> random_tensor(const Shape& shape, uint32_t seed) {
   return t;
 }
 
-// Median wall times in ms of one call of each of fns, run in turns so that a
-// slow spell of this shared machine hits them alike. A turn repeats a fast fn
-// for about 20 ms (so that a small kernel runs hot, as in a loop, not after
-// the ceiling's work); at least 3 turns and about a second in all, after a
-// warm-up call each.
-std::vector<double> median_ms(const std::vector<std::function<void()>>& fns) {
+double median(std::vector<double> x) {
+  std::nth_element(x.begin(), x.begin() + x.size() / 2, x.end());
+  return x[x.size() / 2];  // the upper middle one of an even count
+}
+
+struct Turns {
+  std::vector<double> kernel_ms;  // median ms of one call of each kernel
+  double ceiling;                 // median of the ceiling's measurements
+};
+
+// Runs the kernels and a ceiling measurement in turns, so that a slow spell of
+// this shared machine hits them alike. A turn repeats a fast kernel for about
+// 20 ms (so that a small kernel runs hot, as in a loop, not right after the
+// ceiling's work); at least 3 turns and about a second in all, after a
+// warm-up call of each and a second call of each kernel to size its turn.
+Turns run_in_turns(const std::vector<std::function<void()>>& kernels,
+                   const std::function<double()>& ceiling) {
   using Clock = std::chrono::steady_clock;
   const auto ms_since = [](Clock::time_point t0) {
     return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
   };
+  ceiling();
   std::vector<int> reps;
-  for (const auto& fn : fns) {
+  for (const auto& kernel : kernels) {
+    kernel();
     const auto t0 = Clock::now();
-    fn();
+    kernel();
     reps.push_back(static_cast<int>(std::clamp(20.0 / std::max(ms_since(t0), 1e-3), 1.0, 1000.0)));
   }
-  std::vector<std::vector<double>> ms(fns.size());
+  std::vector<std::vector<double>> ms(kernels.size());
+  std::vector<double> ceilings;
   const auto start = Clock::now();
-  while (ms[0].size() < 3 || (ms[0].size() < 50 && ms_since(start) < 1000)) {
-    for (size_t i = 0; i < fns.size(); ++i) {
+  while (ceilings.size() < 3 || (ceilings.size() < 50 && ms_since(start) < 1000)) {
+    for (size_t i = 0; i < kernels.size(); ++i) {
       const auto t0 = Clock::now();
-      for (int r = 0; r < reps[i]; ++r) fns[i]();
+      for (int r = 0; r < reps[i]; ++r) kernels[i]();
       ms[i].push_back(ms_since(t0) / reps[i]);
     }
+    ceilings.push_back(ceiling());
   }
-  std::vector<double> medians;
-  for (auto& m : ms) {
-    std::nth_element(m.begin(), m.begin() + m.size() / 2, m.end());
-    medians.push_back(m[m.size() / 2]);
-  }
-  return medians;
+  Turns t{{}, median(ceilings)};
+  for (const auto& m : ms) t.kernel_ms.push_back(median(m));
+  return t;
 }
 
 template <class H>
@@ -79,25 +91,20 @@ struct Attend {
     if (dtype == "f16") kh = to_16bit<float16>(k, float_to_fp16), vh = to_16bit<float16>(v, float_to_fp16);
   }
   int element_bytes() const { return dtype == "f32" ? 4 : 2; }
-  void operator()(Tensor<float>& out, const AttentionOptions& opt) const {
-    if (dtype == "bf16") attention(q.view(), kb.view(), vb.view(), out.view(), opt);
-    else if (dtype == "f16") attention(q.view(), kh.view(), vh.view(), out.view(), opt);
+  // as_f32: with the float32 copies of K and V whatever the dtype.
+  void operator()(Tensor<float>& out, const AttentionOptions& opt, bool as_f32 = false) const {
+    if (dtype == "bf16" && !as_f32) attention(q.view(), kb.view(), vb.view(), out.view(), opt);
+    else if (dtype == "f16" && !as_f32) attention(q.view(), kh.view(), vh.view(), out.view(), opt);
     else attention(q.view(), k.view(), v.view(), out.view(), opt);
   }
 
-  // Times this dtype and, for 16-bit ones, float32 K/V, in turns with one
-  // measurement of the ceiling each: {ms, f32 ms} and the ceiling's median.
-  std::vector<double> time(Tensor<float>& out, const AttentionOptions& opt,
-                           const std::function<double()>& ceiling, double& ceiling_median) const {
-    std::vector<double> ceilings;
-    std::vector<std::function<void()>> fns{[&] { (*this)(out, opt); },
-                                           [&] { ceilings.push_back(ceiling()); }};
-    if (dtype != "f32") fns.push_back([&] { attention(q.view(), k.view(), v.view(), out.view(), opt); });
-    std::vector<double> ms = median_ms(fns);
-    std::nth_element(ceilings.begin(), ceilings.begin() + ceilings.size() / 2, ceilings.end());
-    ceiling_median = ceilings[ceilings.size() / 2];
-    ms.erase(ms.begin() + 1);  // the ceiling's own time
-    return ms;
+  // This dtype and, for 16-bit ones, float32 K/V (kernel_ms[1]), in turns
+  // with the ceiling.
+  Turns time(Tensor<float>& out, const AttentionOptions& opt,
+             const std::function<double()>& ceiling) const {
+    std::vector<std::function<void()>> kernels{[&] { (*this)(out, opt); }};
+    if (dtype != "f32") kernels.push_back([&] { (*this)(out, opt, true); });
+    return run_in_turns(kernels, ceiling);
   }
 };
 
@@ -130,9 +137,9 @@ int run_bench(const BenchArgs& a) {
     Tensor<float> out(qs);
     AttentionOptions opt;
     if (a.causal) opt.causal = Causal::BottomRight;
-    double peak = 0;
-    const auto times = attend.time(out, opt, [&] { return measure_fma_peak_gflops(threads); }, peak);
-    const double ms = times[0];
+    const Turns turns = attend.time(out, opt, [&] { return measure_fma_peak_gflops(threads); });
+    const std::vector<double>& times = turns.kernel_ms;
+    const double ms = times[0], peak = turns.ceiling;
     const double pairs = a.causal ? a.n * (a.n + 1) / 2.0 : double(a.n) * a.n;
     const double flop = 4.0 * double(a.n) * a.n * a.head_dim * a.heads * a.batch;
     const double flop_unmasked = 4.0 * pairs * a.head_dim * a.heads * a.batch;
@@ -166,9 +173,9 @@ int run_bench(const BenchArgs& a) {
   const Attend attend(q, random_tensor(ks, 2), random_tensor(ks, 3), a.kv_dtype);
   Tensor<float> out(qs);
   const ReadBandwidth bandwidth;
-  double peak = 0;
-  const auto times = attend.time(out, {}, [&] { return bandwidth.measure_gbps(threads); }, peak);
-  const double ms = times[0];
+  const Turns turns = attend.time(out, {}, [&] { return bandwidth.measure_gbps(threads); });
+  const std::vector<double>& times = turns.kernel_ms;
+  const double ms = times[0], peak = turns.ceiling;
   const double bytes = 2.0 * attend.k.numel() * attend.element_bytes();
   const double gbps = bytes / ms * 1e-6;
   if (a.json) {
