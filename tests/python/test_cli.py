@@ -266,20 +266,34 @@ def test_every_subcommand_has_help(sub):
 
 
 def test_bench_reports_consistent_numbers():
-    """attn bench --json: its rates follow (to the printed digits) from its own times and the formulas in
-    the issue (4·n²·d·H FLOPs; K and V bytes read), and 16-bit K/V also report the
-    float32 time of the same turns. (Speed itself is never tested.)"""
+    """attn bench --json: its rates follow from its own times and the formulas in
+    the issue (4·n²·d·H FLOPs, causal ratios on the unmasked pairs; K and V bytes
+    read), to the digits printed; 16-bit K/V also report the float32 time of the
+    same turns. (Speed itself is never tested.)"""
     import json
+
+    def rate_tol(ms, rate):  # %.4f ms and %.2f rates printed
+        return 5e-5 / ms + 5e-3 / rate + 1e-6
+
     n, heads, d = 160, 2, 32
     r = json.loads(ok("bench", "attention", "--n", n, "--heads", heads, "--head-dim", d,
                       "--kv-dtype", "bf16", "--threads", 1, "--json").stdout)
     assert r["n"] == n and r["kv_dtype"] == "bf16" and r["threads"] == 1
-    assert r["gflops"] == pytest.approx(4 * n * n * d * heads / r["median_ms"] * 1e-6, rel=3e-3)
+    flop = 4 * n * n * d * heads
+    assert r["gflops"] == pytest.approx(flop / r["median_ms"] * 1e-6, rel=rate_tol(r["median_ms"], r["gflops"]))
     assert r["ratio_to_peak"] == pytest.approx(r["gflops"] / r["peak_gflops"], rel=2e-3, abs=1e-4)
-    assert r["speedup_vs_f32"] == pytest.approx(r["f32_median_ms"] / r["median_ms"], rel=3e-3, abs=1.5e-4)
+    assert r["speedup_vs_f32"] == pytest.approx(r["f32_median_ms"] / r["median_ms"], rel=2e-3, abs=1e-4)
+    assert 0.2 < r["speedup_vs_f32"] < 5  # the float32 time of the same kernel, not the ceiling's
+    r = json.loads(ok("bench", "attention", "--n", n, "--heads", heads, "--head-dim", d, "--causal",
+                      "--threads", 1, "--json").stdout)
+    pairs = n * (n + 1) / 2
+    assert r["gflops_unmasked"] == pytest.approx(4 * pairs * d * heads / r["median_ms"] * 1e-6,
+                                                 rel=rate_tol(r["median_ms"], r["gflops_unmasked"]))
+    assert r["ratio_to_peak"] == pytest.approx(r["gflops_unmasked"] / r["peak_gflops"], rel=2e-3, abs=1e-4)
+    assert "speedup_vs_f32" not in r
     L = 6000
     r = json.loads(ok("bench", "decode", "--kv-len", L, "--heads", heads, "--head-dim", d,
                       "--threads", 1, "--json").stdout)
-    assert r["gbps"] == pytest.approx(2 * heads * L * d * 4 / r["median_ms"] * 1e-6, rel=3e-3)
+    assert r["gbps"] == pytest.approx(2 * heads * L * d * 4 / r["median_ms"] * 1e-6,
+                                      rel=rate_tol(r["median_ms"], r["gbps"]))
     assert r["ratio_to_peak"] == pytest.approx(r["gbps"] / r["peak_gbps"], rel=2e-3, abs=1e-4)
-    assert "speedup_vs_f32" not in r
