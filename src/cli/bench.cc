@@ -98,31 +98,41 @@ struct Attend {
     else attention(q.view(), k.view(), v.view(), out.view(), opt);
   }
 
-  // This dtype and, for 16-bit ones, float32 K/V (kernel_ms[1]), in turns
-  // with the ceiling.
-  Turns time(Tensor<float>& out, const AttentionOptions& opt,
-             const std::function<double()>& ceiling) const {
+  // In turns with the ceiling: this kernel, then the baselines of the same
+  // turns that its targets compare with: float32 K/V for a 16-bit dtype, the
+  // non-causal kernel for a causal one. JSON members and text for them.
+  struct Timing {
+    Turns turns;
+    std::string json, text;
+  };
+  Timing time(Tensor<float>& out, const AttentionOptions& opt, const std::function<double()>& ceiling) const {
     std::vector<std::function<void()>> kernels{[&] { (*this)(out, opt); }};
     if (dtype != "f32") kernels.push_back([&] { (*this)(out, opt, true); });
-    return run_in_turns(kernels, ceiling);
+    const bool causal = opt.causal != Causal::None;
+    if (causal) kernels.push_back([&] { (*this)(out, {}); });
+    Timing t{run_in_turns(kernels, ceiling), "", ""};
+    const std::vector<double>& ms = t.turns.kernel_ms;
+    char buf[160];
+    size_t i = 1;
+    if (dtype != "f32") {
+      std::snprintf(buf, sizeof buf, ", \"f32_median_ms\": %.4f, \"speedup_vs_f32\": %.4f", ms[i], ms[i] / ms[0]);
+      t.json += buf;
+      std::snprintf(buf, sizeof buf, "  float32 K/V in the same turns: %.3f ms (this is %.2fx as fast)\n", ms[i],
+                    ms[i] / ms[0]);
+      t.text += buf;
+      ++i;
+    }
+    if (causal) {
+      std::snprintf(buf, sizeof buf, ", \"noncausal_median_ms\": %.4f, \"time_vs_noncausal\": %.4f", ms[i],
+                    ms[0] / ms[i]);
+      t.json += buf;
+      std::snprintf(buf, sizeof buf, "  non-causal in the same turns: %.3f ms (this takes %.2fx its time)\n", ms[i],
+                    ms[0] / ms[i]);
+      t.text += buf;
+    }
+    return t;
   }
 };
-
-// For 16-bit K/V: the float32 time from the same turns and the speed-up over it,
-// as JSON members and as a sentence.
-std::string json_vs_f32(const std::vector<double>& ms) {
-  if (ms.size() < 2) return "";
-  char buf[96];
-  std::snprintf(buf, sizeof buf, ", \"f32_median_ms\": %.4f, \"speedup_vs_f32\": %.4f", ms[1], ms[1] / ms[0]);
-  return buf;
-}
-std::string text_vs_f32(const std::vector<double>& ms) {
-  if (ms.size() < 2) return "";
-  char buf[96];
-  std::snprintf(buf, sizeof buf, "  float32 K/V in the same turns: %.3f ms (this is %.2fx as fast)\n", ms[1],
-                ms[1] / ms[0]);
-  return buf;
-}
 
 }  // namespace
 
@@ -137,9 +147,8 @@ int run_bench(const BenchArgs& a) {
     Tensor<float> out(qs);
     AttentionOptions opt;
     if (a.causal) opt.causal = Causal::BottomRight;
-    const Turns turns = attend.time(out, opt, [&] { return measure_fma_peak_gflops(threads); });
-    const std::vector<double>& times = turns.kernel_ms;
-    const double ms = times[0], peak = turns.ceiling;
+    const auto timing = attend.time(out, opt, [&] { return measure_fma_peak_gflops(threads); });
+    const double ms = timing.turns.kernel_ms[0], peak = timing.turns.ceiling;
     const double pairs = a.causal ? a.n * (a.n + 1) / 2.0 : double(a.n) * a.n;
     const double flop = 4.0 * double(a.n) * a.n * a.head_dim * a.heads * a.batch;
     const double flop_unmasked = 4.0 * pairs * a.head_dim * a.heads * a.batch;
@@ -152,7 +161,7 @@ int run_bench(const BenchArgs& a) {
                   "\"peak_gflops\": %.2f, \"ratio_to_peak\": %.4f%s}\n",
                   (long long)a.n, (long long)a.heads, (long long)hkv, (long long)a.head_dim,
                   (long long)a.batch, a.causal ? "true" : "false", a.kv_dtype.c_str(), threads, ms, gflops,
-                  gflops_unmasked, peak, ratio, json_vs_f32(times).c_str());
+                  gflops_unmasked, peak, ratio, timing.json.c_str());
     } else {
       std::printf("attention n=%lld heads=%lld kv_heads=%lld head_dim=%lld batch=%lld causal=%s "
                   "kv_dtype=%s threads=%d\n  median %.3f ms, %.1f GFLOP/s (4·n²·d·H)%s, FMA peak %.1f GFLOP/s "
@@ -163,7 +172,7 @@ int run_bench(const BenchArgs& a) {
                               " GFLOP/s on unmasked pairs").c_str()
                            : "",
                   peak, 100 * ratio);
-      std::fputs(text_vs_f32(times).c_str(), stdout);
+      std::fputs(timing.text.c_str(), stdout);
     }
     return 0;
   }
@@ -173,9 +182,8 @@ int run_bench(const BenchArgs& a) {
   const Attend attend(q, random_tensor(ks, 2), random_tensor(ks, 3), a.kv_dtype);
   Tensor<float> out(qs);
   const ReadBandwidth bandwidth;
-  const Turns turns = attend.time(out, {}, [&] { return bandwidth.measure_gbps(threads); });
-  const std::vector<double>& times = turns.kernel_ms;
-  const double ms = times[0], peak = turns.ceiling;
+  const auto timing = attend.time(out, {}, [&] { return bandwidth.measure_gbps(threads); });
+  const double ms = timing.turns.kernel_ms[0], peak = timing.turns.ceiling;
   const double bytes = 2.0 * attend.k.numel() * attend.element_bytes();
   const double gbps = bytes / ms * 1e-6;
   if (a.json) {
@@ -185,7 +193,7 @@ int run_bench(const BenchArgs& a) {
                 "\"ratio_to_peak\": %.4f%s}\n",
                 (long long)a.kv_len, (long long)a.heads, (long long)hkv, (long long)a.head_dim,
                 (long long)a.batch, (long long)a.queries, a.kv_dtype.c_str(), threads, ms, gbps, peak,
-                gbps / peak, json_vs_f32(times).c_str());
+                gbps / peak, timing.json.c_str());
   } else {
     std::printf("decode kv_len=%lld heads=%lld kv_heads=%lld head_dim=%lld batch=%lld queries=%lld "
                 "kv_dtype=%s threads=%d\n  median %.3f ms, %.1f GB/s of K/V read, read bandwidth %.1f GB/s "
@@ -193,7 +201,7 @@ int run_bench(const BenchArgs& a) {
                 (long long)a.kv_len, (long long)a.heads, (long long)hkv, (long long)a.head_dim,
                 (long long)a.batch, (long long)a.queries, a.kv_dtype.c_str(), threads, ms, gbps, peak,
                 100 * gbps / peak);
-    std::fputs(text_vs_f32(times).c_str(), stdout);
+    std::fputs(timing.text.c_str(), stdout);
   }
   return 0;
 }

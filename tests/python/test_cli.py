@@ -269,7 +269,7 @@ def test_bench_reports_consistent_numbers():
     """attn bench --json: its rates follow from its own times and the formulas in
     the issue (4·n²·d·H FLOPs, causal ratios on the unmasked pairs; K and V bytes
     read), to the digits printed; 16-bit K/V also report the float32 time of the
-    same turns. (Speed itself is never tested.)"""
+    same turns, causal runs the non-causal time. (Speed itself is never tested.)"""
     import json
 
     def rate_tol(ms, rate):  # %.4f ms and %.2f rates printed
@@ -290,6 +290,8 @@ def test_bench_reports_consistent_numbers():
     assert r["gflops_unmasked"] == pytest.approx(4 * pairs * d * heads / r["median_ms"] * 1e-6,
                                                  rel=rate_tol(r["median_ms"], r["gflops_unmasked"]))
     assert r["ratio_to_peak"] == pytest.approx(r["gflops_unmasked"] / r["peak_gflops"], rel=2e-3, abs=1e-4)
+    assert r["time_vs_noncausal"] == pytest.approx(r["median_ms"] / r["noncausal_median_ms"], rel=2e-3, abs=1e-4)
+    assert 0.1 < r["time_vs_noncausal"] < 2  # the non-causal kernel of the same turns
     assert "speedup_vs_f32" not in r
     L = 6000
     r = json.loads(ok("bench", "decode", "--kv-len", L, "--heads", heads, "--head-dim", d,
