@@ -13,6 +13,11 @@
 
 #include <hwy/highway.h>
 
+// The shifter rounding below relies on IEEE float arithmetic as written.
+#ifdef __FAST_MATH__
+#error "kernels/exp2-inl.h: (x + c) - c must not be folded; build without -ffast-math"
+#endif
+
 HWY_BEFORE_NAMESPACE();
 namespace attn::detail {
 namespace HWY_NAMESPACE {
