@@ -109,19 +109,28 @@ TEST(Kernels, DecodeMatchesReference) {
   for (const auto& c : decode_cases()) check(c, false, seed++);
 }
 
-TEST(Kernels, EverySimdTarget) {
+// Runs body() once with each SIMD target this CPU can run forced, then
+// restores the dispatcher's own choice.
+template <class Body>
+void on_every_simd_target(Body body) {
   const auto targets = hwy::SupportedAndGeneratedTargets();
   ASSERT_FALSE(targets.empty());
   for (int64_t target : targets) {
     SCOPED_TRACE(hwy::TargetName(target));
     hwy::SetSupportedTargetsForTest(target);
     hwy::GetChosenTarget().Update(hwy::SupportedTargets());
-    uint32_t seed = 300;
-    for (const auto& c : flash_cases()) check(c, false, seed++);
-    for (const auto& c : decode_cases()) check(c, false, seed++);
+    body();
   }
   hwy::SetSupportedTargetsForTest(0);
   hwy::GetChosenTarget().Update(hwy::SupportedTargets());
+}
+
+TEST(Kernels, EverySimdTarget) {
+  on_every_simd_target([] {
+    uint32_t seed = 300;
+    for (const auto& c : flash_cases()) check(c, false, seed++);
+    for (const auto& c : decode_cases()) check(c, false, seed++);
+  });
 }
 
 // The softmax's 2^x against std::exp2 in double, densely over the range where
@@ -139,10 +148,7 @@ TEST(Kernels, Exp2MatchesStdExp2OnEveryTarget) {
   x.insert(x.end(), flushed.begin(), flushed.end());
   x.push_back(std::numeric_limits<float>::quiet_NaN());
   x.push_back(0.0f);
-  for (int64_t target : hwy::SupportedAndGeneratedTargets()) {
-    SCOPED_TRACE(hwy::TargetName(target));
-    hwy::SetSupportedTargetsForTest(target);
-    hwy::GetChosenTarget().Update(hwy::SupportedTargets());
+  on_every_simd_target([&] {
     // Odd lengths exercise the tail on every vector width.
     for (size_t n : {x.size(), size_t{7}, size_t{1}}) {
       const std::vector<float> in(x.end() - static_cast<std::ptrdiff_t>(n), x.end());
@@ -164,19 +170,14 @@ TEST(Kernels, Exp2MatchesStdExp2OnEveryTarget) {
     float zero = 0.0f, one = 0.0f;
     detail::exp2_nonpositive(&zero, &one, 1);
     EXPECT_EQ(one, 1.0f);  // the row's maximum weighs exactly 1
-  }
-  hwy::SetSupportedTargetsForTest(0);
-  hwy::GetChosenTarget().Update(hwy::SupportedTargets());
+  });
 }
 
 // The float32 softmax kernel against the plain double softmax on every target,
 // with row lengths around each vector width (full vectors and partial tails).
 TEST(Kernels, SoftmaxOnEveryTarget) {
   std::mt19937 rng(400);
-  for (int64_t target : hwy::SupportedAndGeneratedTargets()) {
-    SCOPED_TRACE(hwy::TargetName(target));
-    hwy::SetSupportedTargetsForTest(target);
-    hwy::GetChosenTarget().Update(hwy::SupportedTargets());
+  on_every_simd_target([&] {
     for (int64_t n : {1, 3, 4, 5, 8, 9, 16, 17, 33, 100}) {
       const auto a = random_tensor({3, n}, rng, -30, 30);
       const auto want = softmax(a.view());
@@ -184,9 +185,7 @@ TEST(Kernels, SoftmaxOnEveryTarget) {
       softmax(got.view(), got.view());  // in place, as the header allows
       EXPECT_LT(rel_error(got, want), 1e-6) << "n = " << n;
     }
-  }
-  hwy::SetSupportedTargetsForTest(0);
-  hwy::GetChosenTarget().Update(hwy::SupportedTargets());
+  });
 }
 
 TEST(Kernels, BitwiseIdenticalForAnyThreadCount) {
