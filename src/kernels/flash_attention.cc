@@ -70,6 +70,7 @@ static_assert(kBlockK == kPanel, "a key tile is one packed matmul panel");
 // cheap 2^x (exp2-inl.h): e^(s − m) = 2^((s − m)·log2(e)). The factor rides
 // on the scale (or on the softcap, which must see the natural scores) and
 // on additive masks; running maxima are in the same units.
+
 // x·log2(e) in float32, saturating: a finite value stays finite (an additive
 // mask of -FLT_MAX, PyTorch's finfo.min padding, must not become -inf).
 inline float Base2(double x) {
@@ -190,12 +191,9 @@ void AccumulateValues(DF d, int64_t rows, const float* p, int64_t p_stride, int6
   for (int64_t r0 = 0; r0 < rows; r0 += kRows) {
     const float* pr = p + r0 * p_stride;
     float* orow = o + r0 * o_stride;
-    switch (std::min<int64_t>(kRows, rows - r0)) {
-      case 4: ValueRows<4>(d, pr, p_stride, count, v0, v_stride, d_v, orow, o_stride); break;
-      case 3: ValueRows<3>(d, pr, p_stride, count, v0, v_stride, d_v, orow, o_stride); break;
-      case 2: ValueRows<2>(d, pr, p_stride, count, v0, v_stride, d_v, orow, o_stride); break;
-      default: ValueRows<1>(d, pr, p_stride, count, v0, v_stride, d_v, orow, o_stride); break;
-    }
+    WithRows(std::min<int64_t>(kRows, rows - r0), [&](auto mr) HWY_ATTR {
+      ValueRows<decltype(mr)::value>(d, pr, p_stride, count, v0, v_stride, d_v, orow, o_stride);
+    });
   }
 }
 
@@ -615,12 +613,9 @@ void DecodeChunk(DF d, const AttentionProblem<float>& p, int64_t b, int64_t hkv,
     if (v_bytes > 0) hwy::Prefetch(vj + v_bytes - 1);  // the last line, if not line-aligned
     for (int64_t r0 = 0; r0 < R; r0 += kRows) {
       float* sj = s + r0 * kDecodeChunk + j;
-      switch (std::min<int64_t>(kRows, R - r0)) {
-        case 4: DotRows<4>(d, q + r0, k, p.d, scale, sj, kDecodeChunk); break;
-        case 3: DotRows<3>(d, q + r0, k, p.d, scale, sj, kDecodeChunk); break;
-        case 2: DotRows<2>(d, q + r0, k, p.d, scale, sj, kDecodeChunk); break;
-        default: DotRows<1>(d, q + r0, k, p.d, scale, sj, kDecodeChunk); break;
-      }
+      WithRows(std::min<int64_t>(kRows, R - r0), [&](auto mr) HWY_ATTR {
+        DotRows<decltype(mr)::value>(d, q + r0, k, p.d, scale, sj, kDecodeChunk);
+      });
     }
   }
   if (p.softcap > 0) Softcap(d, p.softcap, s, R * kDecodeChunk);

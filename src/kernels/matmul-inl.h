@@ -12,6 +12,7 @@
 #include <hwy/highway.h>
 
 #include <cstdint>
+#include <type_traits>
 
 HWY_BEFORE_NAMESPACE();
 namespace attn::detail {
@@ -62,19 +63,29 @@ HWY_INLINE void MatmulBlock(D d, const T* const* a, int64_t K, const T* panel, T
 #endif
 }
 
+// f(std::integral_constant<int, rows>()) for 1 <= rows <= kRows: the
+// micro-kernels take their row count as a template argument. (A lambda
+// passed here needs HWY_ATTR, as every lambda in SIMD code.)
+template <class F>
+HWY_INLINE void WithRows(int64_t rows, const F& f) {
+  static_assert(kRows == 4, "one case per row count");
+  switch (rows) {
+    case 4: return f(std::integral_constant<int, 4>());
+    case 3: return f(std::integral_constant<int, 3>());
+    case 2: return f(std::integral_constant<int, 2>());
+    default: return f(std::integral_constant<int, 1>());
+  }
+}
+
 // All kPanel columns for `rows` rows of A (rows <= kRows).
 template <class D, typename T = hn::TFromD<D>>
 HWY_INLINE void MatmulPanel(D d, const T* const* a, int rows, int64_t K, const T* panel, T scale,
                             T* c, int64_t c_stride) {
   const int64_t W = kVecs * static_cast<int64_t>(hn::Lanes(d));
-  for (int64_t j = 0; j < kPanel; j += W) {
-    switch (rows) {
-      case 4: MatmulBlock<4>(d, a, K, panel + j, scale, c + j, c_stride); break;
-      case 3: MatmulBlock<3>(d, a, K, panel + j, scale, c + j, c_stride); break;
-      case 2: MatmulBlock<2>(d, a, K, panel + j, scale, c + j, c_stride); break;
-      default: MatmulBlock<1>(d, a, K, panel + j, scale, c + j, c_stride); break;
-    }
-  }
+  WithRows(rows, [&](auto mr) HWY_ATTR {
+    for (int64_t j = 0; j < kPanel; j += W)
+      MatmulBlock<decltype(mr)::value>(d, a, K, panel + j, scale, c + j, c_stride);
+  });
 }
 
 }  // namespace HWY_NAMESPACE
