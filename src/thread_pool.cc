@@ -1,11 +1,14 @@
 #include "thread_pool.hpp"
 
+#include <algorithm>
 #include <atomic>
+#include <charconv>
 #include <condition_variable>
 #include <cstdlib>
 #include <memory>
 #include <mutex>
 #include <string>
+#include <system_error>
 #include <thread>
 #include <vector>
 
@@ -18,17 +21,22 @@ namespace {
 
 class ThreadPool {
  public:
+  // Throws RuntimeError, with no thread left behind, when the system cannot
+  // start them all (a std::thread still joinable at destruction would call
+  // std::terminate).
   explicit ThreadPool(int threads) {
-    for (int t = 1; t < threads; ++t) workers_.emplace_back([this] { work(); });
-  }
-  ~ThreadPool() {
-    {
-      std::lock_guard lock(mutex_);
-      stop_ = true;
+    workers_.reserve(static_cast<size_t>(threads));
+    try {
+      for (int t = 1; t < threads; ++t) workers_.emplace_back([this] { work(); });
+    } catch (const std::system_error& e) {
+      const size_t started = workers_.size() + 1;
+      stop();
+      throw RuntimeError("cannot start " + std::to_string(threads) + " threads (the system refused after " +
+                         std::to_string(started) + ": " + e.what() +
+                         "); ask for fewer with set_num_threads or ATTN_NUM_THREADS");
     }
-    wake_.notify_all();
-    for (auto& w : workers_) w.join();
   }
+  ~ThreadPool() { stop(); }
   int size() const { return static_cast<int>(workers_.size()) + 1; }
 
   // Caller holds busy_ (one job at a time).
@@ -51,6 +59,14 @@ class ThreadPool {
   std::mutex busy_;
 
  private:
+  void stop() {
+    {
+      std::lock_guard lock(mutex_);
+      stop_ = true;
+    }
+    wake_.notify_all();
+    for (auto& w : workers_) w.join();
+  }
   void drain() {
     for (int64_t i; (i = next_.fetch_add(1)) < n_;) (*fn_)(i);
   }
@@ -80,13 +96,23 @@ class ThreadPool {
   bool stop_ = false;
 };
 
-int default_threads() {
-  if (const char* env = std::getenv("ATTN_NUM_THREADS")) {
-    const int n = std::atoi(env);
-    if (n >= 1) return n;
-  }
+int hardware_threads() {
   const unsigned hw = std::thread::hardware_concurrency();
-  return hw ? static_cast<int>(hw) : 1;
+  return hw ? static_cast<int>(std::min(hw, 1u << 20)) : 1;
+}
+
+// ATTN_NUM_THREADS when set (the whole value an integer in range), else all
+// cores.
+int default_threads() {
+  const char* env = std::getenv("ATTN_NUM_THREADS");
+  if (!env || !*env) return std::min(hardware_threads(), max_num_threads());
+  const std::string text(env);
+  long long n = 0;
+  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), n);
+  if (ec != std::errc() || end != text.data() + text.size() || n < 1 || n > max_num_threads())
+    throw ValueError("ATTN_NUM_THREADS must be an integer in [1, max_num_threads() = " +
+                     std::to_string(max_num_threads()) + "], got '" + text.substr(0, 40) + "'");
+  return static_cast<int>(n);
 }
 
 std::mutex pool_mutex;
@@ -116,16 +142,20 @@ void parallel_for(int64_t n, const std::function<void(int64_t)>& fn) {
 
 }  // namespace detail
 
+int max_num_threads() { return std::min(1024, std::max(64, 4 * detail::hardware_threads())); }
+
 int num_threads() {
   std::lock_guard lock(detail::pool_mutex);
   if (!detail::requested_threads) detail::requested_threads = detail::default_threads();
   return detail::requested_threads;
 }
 
-void set_num_threads(int n) {
-  if (n < 1) throw ValueError("set_num_threads: n must be >= 1, got " + std::to_string(n));
+void set_num_threads(int64_t n) {
+  if (n < 1 || n > max_num_threads())
+    throw ValueError("set_num_threads: n must be in [1, max_num_threads() = " +
+                     std::to_string(max_num_threads()) + "], got " + std::to_string(n));
   std::lock_guard lock(detail::pool_mutex);
-  detail::requested_threads = n;
+  detail::requested_threads = static_cast<int>(n);
 }
 
 }  // namespace attn

@@ -25,4 +25,11 @@ class TypeError : public Error {
   using Error::Error;
 };
 
+// The system refused a resource, e.g. could not start a thread (Python:
+// RuntimeError).
+class RuntimeError : public Error {
+ public:
+  using Error::Error;
+};
+
 }  // namespace attn

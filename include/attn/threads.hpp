@@ -2,11 +2,21 @@
 // is split into items whose arithmetic is fixed, whatever thread runs them.
 #pragma once
 
+#include <cstdint>
+
 namespace attn {
 
-// Default: the ATTN_NUM_THREADS environment variable, else all cores.
+// The largest thread count accepted: min(1024, max(64, 4 × hardware
+// threads)). More threads than that only cost memory and scheduling, and a
+// count in the thousands can exhaust the system's process slots.
+int max_num_threads();
+// Default: the ATTN_NUM_THREADS environment variable, else all cores. A
+// variable that is not an integer in [1, max_num_threads()] is a ValueError
+// (here and from the first call that runs a kernel).
 int num_threads();
-// n >= 1; takes effect for the next call into the library.
-void set_num_threads(int n);
+// 1 <= n <= max_num_threads(), else ValueError; takes effect for the next call
+// into the library. If the system cannot start that many threads, that call
+// throws attn::RuntimeError and the count stays as requested.
+void set_num_threads(int64_t n);
 
 }  // namespace attn

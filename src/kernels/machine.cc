@@ -9,9 +9,12 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <string>
+#include <system_error>
 #include <thread>
 #include <vector>
 
+#include "attn/error.hpp"
 #include "attn/machine.hpp"
 
 HWY_BEFORE_NAMESPACE();
@@ -77,11 +80,20 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 // Runs body(t) on `threads` threads at once; returns the wall time in seconds.
+// If the system refuses a thread, the started ones are joined (a joinable
+// std::thread destroyed would call std::terminate) and RuntimeError thrown.
 template <class Body>
 double timed(int threads, Body body) {
   std::vector<std::thread> pool;
+  pool.reserve(static_cast<size_t>(threads));
   const auto start = Clock::now();
-  for (int t = 1; t < threads; ++t) pool.emplace_back(body, t);
+  try {
+    for (int t = 1; t < threads; ++t) pool.emplace_back(body, t);
+  } catch (const std::system_error& e) {
+    for (auto& th : pool) th.join();
+    throw RuntimeError("cannot start " + std::to_string(threads) + " threads for the ceiling: " +
+                       e.what());
+  }
   body(0);
   for (auto& th : pool) th.join();
   return std::chrono::duration<double>(Clock::now() - start).count();
