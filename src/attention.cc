@@ -96,21 +96,11 @@ Operand<const M> mask_operand(const TensorView<const M>& m, const Shape& target,
 
 }  // namespace
 
-double MaskOperand::value(int64_t b, int64_t h, int64_t i, int64_t j) const {
-  if (boolean)
-    return boolean.row(b, h, i)[j * boolean.col_stride]
-               ? 0.0
-               : -std::numeric_limits<double>::infinity();
-  if (f32) return f32.row(b, h, i)[j * f32.col_stride];
-  if (f64) return f64.row(b, h, i)[j * f64.col_stride];
-  return 0.0;
-}
-
 template <class T, class KV>
 AttentionProblem<T> make_problem(TensorView<const T> q, TensorView<const KV> k,
                                  TensorView<const KV> v, TensorView<T> out,
                                  const AttentionOptions& options, const Mask& mask,
-                                 TensorView<T> weights) {
+                                 TensorView<T> weights, TensorView<const bool> keep) {
   const Dims s = check_shapes(q.shape(), k.shape(), v.shape());
   const bool heads = q.rank() >= 3;
   const Shape out_shape = with_tail(s, heads, s.n_q, s.d_v);
@@ -162,6 +152,7 @@ AttentionProblem<T> make_problem(TensorView<const T> q, TensorView<const KV> k,
     p.mask.f32 = mask_operand(*m, weights_shape, s.batch);
   if (const auto* m = std::get_if<TensorView<const double>>(&mask))
     p.mask.f64 = mask_operand(*m, weights_shape, s.batch);
+  if (!keep.empty_view()) p.mask.boolean = mask_operand(keep, weights_shape, s.batch);
   p.scale = options.scale ? *options.scale : (s.d > 0 ? 1.0 / std::sqrt(double(s.d)) : 1.0);
   p.causal = options.causal;
   p.window = options.window;
@@ -173,7 +164,7 @@ template <class T>
 std::pair<AttentionProblem<T>, GradientOperands<T>> make_backward_problem(
     TensorView<const T> q, TensorView<const T> k, TensorView<const T> v,
     TensorView<const T> dout, TensorView<T> dq, TensorView<T> dk, TensorView<T> dv,
-    const AttentionOptions& options, const Mask& mask) {
+    const AttentionOptions& options, const Mask& mask, TensorView<const bool> keep) {
   const Dims s = check_shapes(q.shape(), k.shape(), v.shape());
   const Shape out_shape = with_tail(s, q.rank() >= 3, s.n_q, s.d_v);
   if (dout.shape() != out_shape)
@@ -189,7 +180,8 @@ std::pair<AttentionProblem<T>, GradientOperands<T>> make_backward_problem(
   check_grad("dv", dv.shape(), "v", v.shape());
   // The forward problem with no output to write (its operand has a null pointer).
   std::pair<AttentionProblem<T>, GradientOperands<T>> r{
-      make_problem(q, k, v, TensorView<T>(nullptr, out_shape), options, mask, TensorView<T>()),
+      make_problem(q, k, v, TensorView<T>(nullptr, out_shape), options, mask, TensorView<T>(),
+                   keep),
       {}};
   r.second.dout = operand(dout, s.batch);
   r.second.dq = operand(dq, s.batch);
@@ -197,16 +189,6 @@ std::pair<AttentionProblem<T>, GradientOperands<T>> make_backward_problem(
   r.second.dv = operand(dv, s.batch);
   return r;
 }
-
-template std::pair<AttentionProblem<double>, GradientOperands<double>> make_backward_problem(
-    TensorView<const double>, TensorView<const double>, TensorView<const double>,
-    TensorView<const double>, TensorView<double>, TensorView<double>, TensorView<double>,
-    const AttentionOptions&, const Mask&);
-template AttentionProblem<double> make_problem(TensorView<const double>,
-                                               TensorView<const double>,
-                                               TensorView<const double>, TensorView<double>,
-                                               const AttentionOptions&, const Mask&,
-                                               TensorView<double>);
 
 }  // namespace detail
 
@@ -220,13 +202,7 @@ Shape attention_weights_shape(const Shape& q, const Shape& k, const Shape& v) {
   return detail::with_tail(s, q.size() >= 3, s.n_q, s.n_k);
 }
 
-void attention(TensorView<const double> q, TensorView<const double> k,
-               TensorView<const double> v, TensorView<double> out,
-               const AttentionOptions& options, const Mask& mask,
-               TensorView<double> weights) {
-  detail::reference_attention(detail::make_problem(q, k, v, out, options, mask, weights));
-}
-
+namespace detail {
 namespace {
 
 // The float32 entry: the kernels read and write rows with unit stride; other
@@ -234,10 +210,10 @@ namespace {
 template <class KV>
 void attention_f32(TensorView<const float> q, TensorView<const KV> k, TensorView<const KV> v,
                    TensorView<float> out, const AttentionOptions& options, const Mask& mask,
-                   TensorView<float> weights) {
+                   TensorView<float> weights, TensorView<const bool> keep) {
   // Built (and validated) on the caller's views, so errors name them; built
   // again only when a layout had to be copied.
-  auto p = detail::make_problem(q, k, v, out, options, mask, weights);
+  auto p = make_problem(q, k, v, out, options, mask, weights, keep);
   const auto unit = [](const auto& t) { return t.rank() == 0 || t.stride(-1) == 1 || t.dim(-1) <= 1; };
   Tensor<float> qc, oc;
   Tensor<KV> kc, vc;
@@ -247,59 +223,110 @@ void attention_f32(TensorView<const float> q, TensorView<const KV> k, TensorView
   TensorView<float> o = out;
   if (!unit(out)) o = (oc = Tensor<float>(out.shape())).view();
   if (qc.rank() || kc.rank() || vc.rank() || oc.rank())
-    p = detail::make_problem(q, k, v, o, options, mask, weights);
-  if (detail::use_decode(p))
-    detail::decode_forward(p);
+    p = make_problem(q, k, v, o, options, mask, weights, keep);
+  if (use_decode(p))
+    decode_forward(p);
   else
-    detail::flash_forward(p);
+    flash_forward(p);
   if (o.data() != out.data()) copy<float>(oc.view(), out);
 }
 
 }  // namespace
 
+template <class T>
+void masked_attention(TensorView<const T> q, TensorView<const T> k, TensorView<const T> v,
+                      TensorView<T> out, const AttentionOptions& options, const Mask& mask,
+                      TensorView<const bool> keep, TensorView<T> weights) {
+  if constexpr (std::is_same_v<T, double>)
+    reference_attention(make_problem(q, k, v, out, options, mask, weights, keep));
+  else
+    attention_f32(q, k, v, out, options, mask, weights, keep);
+}
+template void masked_attention(TensorView<const float>, TensorView<const float>,
+                               TensorView<const float>, TensorView<float>,
+                               const AttentionOptions&, const Mask&, TensorView<const bool>,
+                               TensorView<float>);
+template void masked_attention(TensorView<const double>, TensorView<const double>,
+                               TensorView<const double>, TensorView<double>,
+                               const AttentionOptions&, const Mask&, TensorView<const bool>,
+                               TensorView<double>);
+
+}  // namespace detail
+
+void attention(TensorView<const double> q, TensorView<const double> k,
+               TensorView<const double> v, TensorView<double> out,
+               const AttentionOptions& options, const Mask& mask,
+               TensorView<double> weights) {
+  detail::masked_attention(q, k, v, out, options, mask, {}, weights);
+}
 void attention(TensorView<const float> q, TensorView<const float> k,
                TensorView<const float> v, TensorView<float> out,
                const AttentionOptions& options, const Mask& mask,
                TensorView<float> weights) {
-  attention_f32(q, k, v, out, options, mask, weights);
+  detail::masked_attention(q, k, v, out, options, mask, {}, weights);
 }
 void attention(TensorView<const float> q, TensorView<const bfloat16> k,
                TensorView<const bfloat16> v, TensorView<float> out,
                const AttentionOptions& options, const Mask& mask, TensorView<float> weights) {
-  attention_f32(q, k, v, out, options, mask, weights);
+  detail::attention_f32(q, k, v, out, options, mask, weights, {});
 }
 void attention(TensorView<const float> q, TensorView<const float16> k,
                TensorView<const float16> v, TensorView<float> out,
                const AttentionOptions& options, const Mask& mask, TensorView<float> weights) {
-  attention_f32(q, k, v, out, options, mask, weights);
+  detail::attention_f32(q, k, v, out, options, mask, weights, {});
 }
+
+namespace detail {
+
+template <class T>
+void masked_attention_backward(TensorView<const T> q, TensorView<const T> k,
+                               TensorView<const T> v, TensorView<const T> dout, TensorView<T> dq,
+                               TensorView<T> dk, TensorView<T> dv, const AttentionOptions& options,
+                               const Mask& mask, TensorView<const bool> keep) {
+  if constexpr (std::is_same_v<T, double>) {
+    const auto [p, g] = make_backward_problem(q, k, v, dout, dq, dk, dv, options, mask, keep);
+    reference_attention_backward(p, g);
+  } else {
+    // No float32 kernel yet (a fast one is planned): compute through the
+    // double reference, converting in and out. The float mask is read as it is.
+    const auto wide = [](TensorView<const float> t) {
+      Tensor<double> d(t.shape());
+      copy<float>(t, d.view());
+      return d;
+    };
+    const Tensor<double> q64 = wide(q), k64 = wide(k), v64 = wide(v), dout64 = wide(dout);
+    Tensor<double> dq64(dq.shape()), dk64(dk.shape()), dv64(dv.shape());
+    masked_attention_backward<double>(q64.view(), k64.view(), v64.view(), dout64.view(),
+                                      dq64.view(), dk64.view(), dv64.view(), options, mask, keep);
+    copy<double>(dq64.view(), dq);
+    copy<double>(dk64.view(), dk);
+    copy<double>(dv64.view(), dv);
+  }
+}
+template void masked_attention_backward(TensorView<const float>, TensorView<const float>,
+                                        TensorView<const float>, TensorView<const float>,
+                                        TensorView<float>, TensorView<float>, TensorView<float>,
+                                        const AttentionOptions&, const Mask&,
+                                        TensorView<const bool>);
+template void masked_attention_backward(TensorView<const double>, TensorView<const double>,
+                                        TensorView<const double>, TensorView<const double>,
+                                        TensorView<double>, TensorView<double>, TensorView<double>,
+                                        const AttentionOptions&, const Mask&,
+                                        TensorView<const bool>);
+
+}  // namespace detail
 
 void attention_backward(TensorView<const double> q, TensorView<const double> k,
                         TensorView<const double> v, TensorView<const double> dout,
                         TensorView<double> dq, TensorView<double> dk, TensorView<double> dv,
                         const AttentionOptions& options, const Mask& mask) {
-  const auto [p, g] = detail::make_backward_problem(q, k, v, dout, dq, dk, dv, options, mask);
-  detail::reference_attention_backward(p, g);
+  detail::masked_attention_backward(q, k, v, dout, dq, dk, dv, options, mask, {});
 }
-
 void attention_backward(TensorView<const float> q, TensorView<const float> k,
                         TensorView<const float> v, TensorView<const float> dout,
                         TensorView<float> dq, TensorView<float> dk, TensorView<float> dv,
                         const AttentionOptions& options, const Mask& mask) {
-  // No float32 kernel yet (a fast one is planned): compute through the double
-  // reference, converting in and out. The float mask is read as it is.
-  const auto wide = [](TensorView<const float> t) {
-    Tensor<double> d(t.shape());
-    copy<float>(t, d.view());
-    return d;
-  };
-  const Tensor<double> q64 = wide(q), k64 = wide(k), v64 = wide(v), dout64 = wide(dout);
-  Tensor<double> dq64(dq.shape()), dk64(dk.shape()), dv64(dv.shape());
-  attention_backward(q64.view(), k64.view(), v64.view(), dout64.view(), dq64.view(),
-                     dk64.view(), dv64.view(), options, mask);
-  copy<double>(dq64.view(), dq);
-  copy<double>(dk64.view(), dk);
-  copy<double>(dv64.view(), dv);
+  detail::masked_attention_backward(q, k, v, dout, dq, dk, dv, options, mask, {});
 }
 
 namespace {

@@ -24,14 +24,22 @@ struct Operand {
   explicit operator bool() const { return data != nullptr; }
 };
 
-// The mask broadcast to (batch, Hq, n_q, n_k); reads as an additive value
-// (a boolean false reads as -inf).
+// The masks broadcast to (batch, Hq, n_q, n_k): a boolean one (false: the
+// key takes no part, as if causal masking excluded it) and an additive one
+// (float or double), either or both.
 struct MaskOperand {
   Operand<const bool> boolean;
   Operand<const float> f32;
   Operand<const double> f64;
 
-  double value(int64_t b, int64_t h, int64_t i, int64_t j) const;
+  bool allows(int64_t b, int64_t h, int64_t i, int64_t j) const {
+    return !boolean || boolean.row(b, h, i)[j * boolean.col_stride];
+  }
+  double added(int64_t b, int64_t h, int64_t i, int64_t j) const {
+    if (f32) return f32.row(b, h, i)[j * f32.col_stride];
+    if (f64) return f64.row(b, h, i)[j * f64.col_stride];
+    return 0.0;
+  }
   bool present() const { return boolean || f32 || f64; }
 };
 
@@ -55,13 +63,15 @@ struct AttentionProblem {
 };
 
 // Validates the arguments of attention() and builds the problem; every error
-// names the argument and its shape.
+// names the argument and its shape. `keep`, when given, is a boolean mask
+// applied on top of `mask` (which must then be additive or absent): the
+// MultiHeadAttention layer's two PyTorch masks at once.
 // KV is T, or bfloat16 / float16 with T = float.
 template <class T, class KV>
 AttentionProblem<T> make_problem(TensorView<const T> q, TensorView<const KV> k,
                                  TensorView<const KV> v, TensorView<T> out,
                                  const AttentionOptions& options, const Mask& mask,
-                                 TensorView<T> weights);
+                                 TensorView<T> weights, TensorView<const bool> keep = {});
 
 // The gradients of attention: dout (the output's shape) in, dq, dk, dv (the
 // shapes of q, k, v) out, as (batch, head, row, col) operands.
@@ -77,10 +87,27 @@ template <class T>
 std::pair<AttentionProblem<T>, GradientOperands<T>> make_backward_problem(
     TensorView<const T> q, TensorView<const T> k, TensorView<const T> v,
     TensorView<const T> dout, TensorView<T> dq, TensorView<T> dk, TensorView<T> dv,
-    const AttentionOptions& options, const Mask& mask);
+    const AttentionOptions& options, const Mask& mask, TensorView<const bool> keep = {});
+
+// attention() and attention_backward() with `keep` as in make_problem: the
+// entry of the MultiHeadAttention layer. T is float or double.
+template <class T>
+void masked_attention(TensorView<const T> q, TensorView<const T> k, TensorView<const T> v,
+                      TensorView<T> out, const AttentionOptions& options, const Mask& mask,
+                      TensorView<const bool> keep, TensorView<T> weights);
+template <class T>
+void masked_attention_backward(TensorView<const T> q, TensorView<const T> k,
+                               TensorView<const T> v, TensorView<const T> dout, TensorView<T> dq,
+                               TensorView<T> dk, TensorView<T> dv, const AttentionOptions& options,
+                               const Mask& mask, TensorView<const bool> keep);
 
 // The double-precision oracle: plain loops, accumulation in double.
 void reference_attention(const AttentionProblem<double>& p);
+// Output row (b, h, i) of a float32 problem computed the same way, in double:
+// the kernels' answer for the rare rows their vector arithmetic cannot
+// settle (a NaN or infinite value in an excluded key's value row).
+void reference_attention_row(const AttentionProblem<float>& p, int64_t b, int64_t h, int64_t i,
+                             float* out);
 // Its backward (dq, dk, dv overwritten), recomputing the weights row by row.
 void reference_attention_backward(const AttentionProblem<double>& p,
                                   const GradientOperands<double>& g);

@@ -1,5 +1,6 @@
 #include "attn/multi_head_attention.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <random>
@@ -7,6 +8,7 @@
 #include <utility>
 
 #include "attn/attention.hpp"
+#include "attention_problem.hpp"
 #include "attn/positional.hpp"
 #include "linear.hpp"
 #include "random.hpp"
@@ -60,29 +62,18 @@ TensorView<const T> batched(const TensorView<const T>& x) {
   return TensorView<const T>(x.data(), s, st);
 }
 
-// Adds a mask in PyTorch's convention (boolean true = blocked) into `sum`
-// (B, H, n_q, n_k); map[a] is the mask's stride along sum's axis a.
-template <class T>
-void add_mask(const Mask& mask, const Strides& map, Tensor<T>& sum) {
-  std::visit(
-      [&](const auto& m) {
-        using V = std::decay_t<decltype(m)>;
-        if constexpr (!std::is_same_v<V, std::monostate>) {
-          using M = std::remove_const_t<std::remove_pointer_t<decltype(m.data())>>;
-          const int64_t B = sum.dim(0), H = sum.dim(1), nq = sum.dim(2), nk = sum.dim(3);
-          for (int64_t b = 0; b < B; ++b)
-            for (int64_t h = 0; h < H; ++h)
-              for (int64_t i = 0; i < nq; ++i)
-                for (int64_t j = 0; j < nk; ++j) {
-                  const auto* p = m.data() + b * map[0] + h * map[1] + i * map[2] + j * map[3];
-                  double v;
-                  if constexpr (std::is_same_v<M, bool>) v = *p ? -INFINITY : 0.0;
-                  else v = static_cast<double>(*p);
-                  sum.at({b, h, i, j}) += static_cast<T>(v);
-                }
-        }
-      },
-      mask);
+// into[b, h, i, j] = combine(into[...], m at b * map[0] + h * map[1] + ...):
+// a mask in PyTorch's convention folded into a (B, H, n_q, n_k) tensor, where
+// map[a] is the mask's stride along axis a (0 to broadcast).
+template <class M, class Into, class Combine>
+void fold(const TensorView<const M>& m, const Strides& map, Tensor<Into>& into, Combine combine) {
+  const int64_t B = into.dim(0), H = into.dim(1), nq = into.dim(2), nk = into.dim(3);
+  Into* to = into.data();
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t h = 0; h < H; ++h)
+      for (int64_t i = 0; i < nq; ++i)
+        for (int64_t j = 0; j < nk; ++j, ++to)
+          combine(*to, m.data()[b * map[0] + h * map[1] + i * map[2] + j * map[3]]);
 }
 
 }  // namespace
@@ -106,32 +97,70 @@ void MultiHeadAttentionConfig::validate() const {
 
 template <class T>
 MultiHeadAttention<T>::MultiHeadAttention(const MultiHeadAttentionConfig& config, uint64_t seed)
-    : config_(config) {
+    : config_(config), params_(std::make_shared<Parameters>()) {
   config_.validate();
+  Parameters& w = *params_;
   std::mt19937_64 rng(seed);
   const int64_t E = config_.embed_dim, kv = config_.kv_heads() * config_.head_dim();
   if (config_.packed()) {
     // one Xavier draw over the packed (3E, E) matrix, as PyTorch does
-    Tensor<T> w = xavier<T>(3 * E, E, rng);
-    wq_ = Tensor<T>({E, E});
-    wk_ = Tensor<T>({E, E});
-    wv_ = Tensor<T>({E, E});
-    std::copy(w.data(), w.data() + E * E, wq_.data());
-    std::copy(w.data() + E * E, w.data() + 2 * E * E, wk_.data());
-    std::copy(w.data() + 2 * E * E, w.data() + 3 * E * E, wv_.data());
+    Tensor<T> packed = xavier<T>(3 * E, E, rng);
+    w.wq = Tensor<T>({E, E});
+    w.wk = Tensor<T>({E, E});
+    w.wv = Tensor<T>({E, E});
+    std::copy(packed.data(), packed.data() + E * E, w.wq.data());
+    std::copy(packed.data() + E * E, packed.data() + 2 * E * E, w.wk.data());
+    std::copy(packed.data() + 2 * E * E, packed.data() + 3 * E * E, w.wv.data());
   } else {
-    wq_ = xavier<T>(E, E, rng);
-    wk_ = xavier<T>(kv, config_.key_dim(), rng);
-    wv_ = xavier<T>(kv, config_.value_dim(), rng);
+    w.wq = xavier<T>(E, E, rng);
+    w.wk = xavier<T>(kv, config_.key_dim(), rng);
+    w.wv = xavier<T>(kv, config_.value_dim(), rng);
   }
   // out_proj: nn.Linear's default, kaiming_uniform(a=sqrt(5)) = uniform(±1/sqrt(fan_in))
-  wo_ = uniform<T>({E, E}, 1.0 / std::sqrt(double(E)), rng);
+  w.wo = uniform<T>({E, E}, 1.0 / std::sqrt(double(E)), rng);
   if (config_.bias) {
-    bq_ = Tensor<T>({E});
-    bk_ = Tensor<T>({kv});
-    bv_ = Tensor<T>({kv});
-    bo_ = Tensor<T>({E});
+    w.bq = Tensor<T>({E});
+    w.bk = Tensor<T>({kv});
+    w.bv = Tensor<T>({kv});
+    w.bo = Tensor<T>({E});
   }
+}
+
+template <class T>
+MultiHeadAttention<T>::MultiHeadAttention(const MultiHeadAttention& other)
+    : config_(other.config_), params_(std::make_shared<Parameters>(*other.snapshot())) {}
+
+template <class T>
+MultiHeadAttention<T>::MultiHeadAttention(MultiHeadAttention&& other) noexcept
+    : config_(other.config_) {
+  std::lock_guard lock(other.mutex_);
+  params_ = std::move(other.params_);
+}
+
+template <class T>
+MultiHeadAttention<T>& MultiHeadAttention<T>::operator=(const MultiHeadAttention& other) {
+  if (this == &other) return *this;
+  auto copy = std::make_shared<Parameters>(*other.snapshot());
+  std::lock_guard lock(mutex_);
+  config_ = other.config_;
+  params_ = std::move(copy);
+  return *this;
+}
+
+template <class T>
+MultiHeadAttention<T>& MultiHeadAttention<T>::operator=(MultiHeadAttention&& other) noexcept {
+  if (this == &other) return *this;
+  std::scoped_lock lock(mutex_, other.mutex_);
+  config_ = other.config_;
+  params_ = std::move(other.params_);
+  return *this;
+}
+
+template <class T>
+std::shared_ptr<const typename MultiHeadAttention<T>::Parameters> MultiHeadAttention<T>::snapshot()
+    const {
+  std::lock_guard lock(mutex_);
+  return params_;
 }
 
 template <class T>
@@ -140,20 +169,22 @@ struct MultiHeadAttention<T>::Activations {
   bool is_batched;
   Tensor<T> q, k, v;                     // projections (batch, n, heads * head_dim); q, k rotated
   TensorView<const T> K, V;              // the keys and values attended (the cache's, with one)
-  Tensor<T> mask;                        // both PyTorch masks folded, additive; empty when none
+  Tensor<bool> keep;                     // the boolean PyTorch masks folded; empty when none
+  Tensor<T> added;                       // the float ones; empty when none
   AttentionOptions attention;
   RopeOptions rope;
   Tensor<T> ctx;                         // the heads' outputs concatenated (batch, n_q, E)
   Tensor<T> weights;                     // (batch, heads, n_q, n_k) when need_weights
 
-  Mask attention_mask() const {
-    return mask.rank() ? Mask(TensorView<const T>(mask.view())) : Mask();
+  Mask added_mask() const { return added.rank() ? Mask(TensorView<const T>(added.view())) : Mask(); }
+  TensorView<const bool> keep_mask() const {
+    return keep.rank() ? TensorView<const bool>(keep.view()) : TensorView<const bool>();
   }
 };
 
 template <class T>
 typename MultiHeadAttention<T>::Activations MultiHeadAttention<T>::forward_activations(
-    TensorView<const T> query, TensorView<const T> key, TensorView<const T> value,
+    const Parameters& w, TensorView<const T> query, TensorView<const T> key, TensorView<const T> value,
     const MhaForwardOptions<T>& opt) const {
   const auto& c = config_;
   if (key.empty_view()) key = query;
@@ -182,7 +213,7 @@ typename MultiHeadAttention<T>::Activations MultiHeadAttention<T>::forward_activ
   a.q_in = batched(query), a.k_in = batched(key), a.v_in = batched(value);
   const int64_t B = a.q_in.dim(0), n_q = a.q_in.dim(1), H = c.num_heads, Hkv = c.kv_heads();
 
-  a.q = project(a.q_in, wq_, bq_), a.k = project(a.k_in, wk_, bk_), a.v = project(a.v_in, wv_, bv_);
+  a.q = project(a.q_in, w.wq, w.bq), a.k = project(a.k_in, w.wk, w.bk), a.v = project(a.v_in, w.wv, w.bv);
   auto qh = heads_view(a.q, H), kh = heads_view(a.k, Hkv), vh = heads_view(a.v, Hkv);
 
   KVCache<T>* cache = opt.cache;
@@ -201,54 +232,68 @@ typename MultiHeadAttention<T>::Activations MultiHeadAttention<T>::forward_activ
   }
   const int64_t n_k = a.K.dim(2);
 
-  // Both PyTorch masks folded into one additive mask (batch or 1, heads or 1, n_q, n_k).
-  Tensor<T>& mask = a.mask;
+  // Both PyTorch masks folded into the two the kernels take, each (batch or
+  // 1, heads or 1, n_q, n_k): boolean ones (true = blocked) into `keep`, where
+  // a blocked key takes no part at all; float ones added into `added`.
   const bool has_attn = has_mask(opt.attn_mask), has_kpm = has_mask(opt.key_padding_mask);
-  if (has_attn || has_kpm) {
-    const bool per_head = has_attn && std::visit([](const auto& m) {
-      if constexpr (std::is_same_v<std::decay_t<decltype(m)>, std::monostate>) return false;
-      else return m.rank() == 3;
-    }, opt.attn_mask);
-    mask = Tensor<T>({(per_head || has_kpm) ? B : 1, per_head ? H : 1, n_q, n_k});
-    const auto shape_of = [](const Mask& m) {
-      return std::visit([](const auto& v) -> std::pair<Shape, Strides> {
-        if constexpr (std::is_same_v<std::decay_t<decltype(v)>, std::monostate>) return {};
-        else return {v.shape(), v.strides()};
-      }, m);
-    };
-    if (has_attn) {
-      const auto [s, st] = shape_of(opt.attn_mask);
-      Strides map(4, 0);
-      if (s.size() == 2 && s[0] == n_q && s[1] == n_k) {
-        map = {0, 0, st[0], st[1]};
-      } else if (s.size() == 3 && s[0] == B * H && s[1] == n_q && s[2] == n_k) {
-        map = {H * st[0], st[0], st[1], st[2]};
-      } else {
-        fail("attn_mask must be (n_q, n_k) = (" + std::to_string(n_q) + ", " +
-             std::to_string(n_k) + ") or (batch * num_heads, n_q, n_k) = (" +
-             std::to_string(B * H) + ", " + std::to_string(n_q) + ", " + std::to_string(n_k) +
-             "), got " + shape_str(s));
+  const bool per_head = has_attn && std::visit([](const auto& m) {
+    if constexpr (std::is_same_v<std::decay_t<decltype(m)>, std::monostate>) return false;
+    else return m.rank() == 3;
+  }, opt.attn_mask);
+  const Shape folded{(per_head || has_kpm) ? B : 1, per_head ? H : 1, n_q, n_k};
+  const auto fold_in = [&](const Mask& mask, const Strides& map) {
+    if (const auto* m = std::get_if<TensorView<const bool>>(&mask)) {
+      if (!a.keep.rank()) {
+        a.keep = Tensor<bool>(folded);
+        std::fill(a.keep.data(), a.keep.data() + a.keep.numel(), true);
       }
-      add_mask(opt.attn_mask, map, mask);
+      fold(*m, map, a.keep, [](bool& keep, bool blocked) { keep = keep && !blocked; });
+      return;
     }
-    if (has_kpm) {
-      const auto [s, st] = shape_of(opt.key_padding_mask);
-      Strides map(4, 0);
-      if (is_batched && s.size() == 2 && s[0] == B && s[1] == n_k) map = {st[0], 0, 0, st[1]};
-      else if (!is_batched && s.size() == 1 && s[0] == n_k) map = {0, 0, 0, st[0]};
-      else
-        fail("key_padding_mask must be " +
-             (is_batched ? "(batch, n_k) = (" + std::to_string(B) + ", " : std::string("(")) +
-             std::to_string(n_k) + (is_batched ? ")" : ",)") + ", got " + shape_str(s));
-      add_mask(opt.key_padding_mask, map, mask);
+    if (!a.added.rank()) a.added = Tensor<T>(folded);
+    const auto add = [](T& sum, auto v) { sum += static_cast<T>(v); };
+    if (const auto* m = std::get_if<TensorView<const float>>(&mask)) fold(*m, map, a.added, add);
+    if (const auto* m = std::get_if<TensorView<const double>>(&mask)) fold(*m, map, a.added, add);
+  };
+  const auto shape_of = [](const Mask& m) {
+    return std::visit([](const auto& v) -> std::pair<Shape, Strides> {
+      if constexpr (std::is_same_v<std::decay_t<decltype(v)>, std::monostate>) return {};
+      else return {v.shape(), v.strides()};
+    }, m);
+  };
+  if (has_attn) {
+    const auto [s, st] = shape_of(opt.attn_mask);
+    Strides map(4, 0);
+    if (s.size() == 2 && s[0] == n_q && s[1] == n_k) {
+      map = {0, 0, st[0], st[1]};
+    } else if (s.size() == 3 && s[0] == B * H && s[1] == n_q && s[2] == n_k) {
+      map = {H * st[0], st[0], st[1], st[2]};
+    } else {
+      fail("attn_mask must be (n_q, n_k) = (" + std::to_string(n_q) + ", " +
+           std::to_string(n_k) + ") or (batch * num_heads, n_q, n_k) = (" +
+           std::to_string(B * H) + ", " + std::to_string(n_q) + ", " + std::to_string(n_k) +
+           "), got " + shape_str(s));
     }
+    fold_in(opt.attn_mask, map);
+  }
+  if (has_kpm) {
+    const auto [s, st] = shape_of(opt.key_padding_mask);
+    Strides map(4, 0);
+    if (is_batched && s.size() == 2 && s[0] == B && s[1] == n_k) map = {st[0], 0, 0, st[1]};
+    else if (!is_batched && s.size() == 1 && s[0] == n_k) map = {0, 0, 0, st[0]};
+    else
+      fail("key_padding_mask must be " +
+           (is_batched ? "(batch, n_k) = (" + std::to_string(B) + ", " : std::string("(")) +
+           std::to_string(n_k) + (is_batched ? ")" : ",)") + ", got " + shape_str(s));
+    fold_in(opt.key_padding_mask, map);
   }
 
   a.ctx = Tensor<T>({B, n_q, H * c.head_dim()});
   if (opt.need_weights) a.weights = Tensor<T>({B, H, n_q, n_k});
   a.attention.causal = opt.causal;
-  attention(TensorView<const T>(qh), a.K, a.V, heads_view(a.ctx, H), a.attention,
-            a.attention_mask(), opt.need_weights ? a.weights.view() : TensorView<T>());
+  detail::masked_attention(TensorView<const T>(qh), a.K, a.V, heads_view(a.ctx, H), a.attention,
+                           a.added_mask(), a.keep_mask(),
+                           opt.need_weights ? a.weights.view() : TensorView<T>());
   return a;
 }
 
@@ -256,11 +301,12 @@ template <class T>
 MhaOutput<T> MultiHeadAttention<T>::forward(TensorView<const T> query, TensorView<const T> key,
                                             TensorView<const T> value,
                                             const MhaForwardOptions<T>& opt) const {
-  Activations a = forward_activations(query, key, value, opt);
+  const auto w = snapshot();
+  Activations a = forward_activations(*w, query, key, value, opt);
   const int64_t B = a.q_in.dim(0), n_q = a.q_in.dim(1), n_k = a.K.dim(2), H = config_.num_heads;
   Tensor<T>& weights = a.weights;
   MhaOutput<T> result;
-  result.out = project(TensorView<const T>(a.ctx.view()), wo_, bo_);
+  result.out = project(TensorView<const T>(a.ctx.view()), w->wo, w->bo);
   if (!a.is_batched) result.out = std::move(result.out).reshape({n_q, config_.embed_dim});
   if (opt.need_weights) {
     if (opt.average_attn_weights) {
@@ -282,8 +328,10 @@ MhaOutput<T> MultiHeadAttention<T>::forward(TensorView<const T> query, TensorVie
 
 template <class T>
 std::vector<const Tensor<T>*> MultiHeadAttention<T>::parameters() const {
-  if (config_.bias) return {&wq_, &wk_, &wv_, &wo_, &bq_, &bk_, &bv_, &bo_};
-  return {&wq_, &wk_, &wv_, &wo_};
+  std::lock_guard lock(mutex_);
+  const Parameters& w = *params_;
+  if (config_.bias) return {&w.wq, &w.wk, &w.wv, &w.wo, &w.bq, &w.bk, &w.bv, &w.bo};
+  return {&w.wq, &w.wk, &w.wv, &w.wo};
 }
 
 template <class T>
@@ -302,7 +350,8 @@ MhaGradients<T> MultiHeadAttention<T>::backward(TensorView<const T> dout,
   if (opt.cache) fail("backward: a KV cache is not supported (train on whole sequences)");
   MhaForwardOptions<T> fwd = opt;
   fwd.need_weights = false;
-  Activations a = forward_activations(query, key, value, fwd);
+  const auto w = snapshot();
+  Activations a = forward_activations(*w, query, key, value, fwd);
   const auto& c = config_;
   const int64_t B = a.q_in.dim(0), n_q = a.q_in.dim(1), n_k = a.K.dim(2);
   const int64_t H = c.num_heads, Hkv = c.kv_heads(), E = c.embed_dim, kv = Hkv * c.head_dim();
@@ -313,21 +362,23 @@ MhaGradients<T> MultiHeadAttention<T>::backward(TensorView<const T> dout,
   const Tensor<T> dy = contiguous(dout);
 
   MhaGradients<T> g;
-  for (const Tensor<T>* p : parameters()) g.parameters.emplace_back(p->shape());
+  for (const Tensor<T>* p : {&w->wq, &w->wk, &w->wv, &w->wo}) g.parameters.emplace_back(p->shape());
+  if (c.bias)
+    for (const Tensor<T>* p : {&w->bq, &w->bk, &w->bv, &w->bo}) g.parameters.emplace_back(p->shape());
   Tensor<T>&dwq = g.parameters[0], &dwk = g.parameters[1], &dwv = g.parameters[2],
   &dwo = g.parameters[3];
   const auto bias_grad = [&](int i) { return c.bias ? g.parameters[4 + i].data() : nullptr; };
 
   // forward: out = ctx Woᵀ + bo
   Tensor<T> dctx({B, n_q, E});
-  detail::linear_backward(a.ctx.data(), wo_.data(), dy.data(), B * n_q, E, E, dctx.data(),
+  detail::linear_backward(a.ctx.data(), w->wo.data(), dy.data(), B * n_q, E, E, dctx.data(),
                           dwo.data(), bias_grad(3));
   // forward: ctx = attention(q, k, v) per head
   Tensor<T> dq({B, n_q, E}), dk({B, n_k, kv}), dv({B, n_k, kv});
   auto dqh = heads_view(dq, H), dkh = heads_view(dk, Hkv);
-  attention_backward(TensorView<const T>(heads_view(a.q, H)), a.K, a.V,
-                     TensorView<const T>(heads_view(dctx, H)), dqh, dkh, heads_view(dv, Hkv),
-                     a.attention, a.attention_mask());
+  detail::masked_attention_backward(TensorView<const T>(heads_view(a.q, H)), a.K, a.V,
+                                    TensorView<const T>(heads_view(dctx, H)), dqh, dkh,
+                                    heads_view(dv, Hkv), a.attention, a.added_mask(), a.keep_mask());
   // forward: q, k rotated by RoPE
   if (c.rope) {
     rope_backward(TensorView<const T>(dqh), dqh, a.rope);
@@ -342,9 +393,9 @@ MhaGradients<T> MultiHeadAttention<T>::backward(TensorView<const T> dout,
                             w.dim(0), dx.data(), dw.data(), db);
     return dx;
   };
-  Tensor<T> dq_in = input_grad(a.q_in, wq_, dq, dwq, bias_grad(0));
-  Tensor<T> dk_in = input_grad(a.k_in, wk_, dk, dwk, bias_grad(1));
-  Tensor<T> dv_in = input_grad(a.v_in, wv_, dv, dwv, bias_grad(2));
+  Tensor<T> dq_in = input_grad(a.q_in, w->wq, dq, dwq, bias_grad(0));
+  Tensor<T> dk_in = input_grad(a.k_in, w->wk, dk, dwk, bias_grad(1));
+  Tensor<T> dv_in = input_grad(a.v_in, w->wv, dv, dwv, bias_grad(2));
   // forward: value defaults to key and key to query, so their gradients add up there
   const auto add = [](Tensor<T>& to, const Tensor<T>& from) {
     for (int64_t i = 0; i < to.numel(); ++i) to[i] += from[i];
@@ -363,6 +414,7 @@ MhaGradients<T> MultiHeadAttention<T>::backward(TensorView<const T> dout,
 
 template <class T>
 std::map<std::string, Tensor<T>> MultiHeadAttention<T>::state_dict() const {
+  const auto w = snapshot();
   std::map<std::string, Tensor<T>> s;
   const auto cat = [](std::initializer_list<const Tensor<T>*> parts, Shape shape) {
     Tensor<T> t(std::move(shape));
@@ -371,22 +423,27 @@ std::map<std::string, Tensor<T>> MultiHeadAttention<T>::state_dict() const {
     return t;
   };
   if (config_.packed()) {
-    s["in_proj_weight"] = cat({&wq_, &wk_, &wv_}, {3 * config_.embed_dim, config_.embed_dim});
+    s["in_proj_weight"] = cat({&w->wq, &w->wk, &w->wv}, {3 * config_.embed_dim, config_.embed_dim});
   } else {
-    s["q_proj_weight"] = wq_;
-    s["k_proj_weight"] = wk_;
-    s["v_proj_weight"] = wv_;
+    s["q_proj_weight"] = w->wq;
+    s["k_proj_weight"] = w->wk;
+    s["v_proj_weight"] = w->wv;
   }
   if (config_.bias) {
-    s["in_proj_bias"] = cat({&bq_, &bk_, &bv_}, {bq_.numel() + bk_.numel() + bv_.numel()});
-    s["out_proj.bias"] = bo_;
+    s["in_proj_bias"] =
+        cat({&w->bq, &w->bk, &w->bv}, {w->bq.numel() + w->bk.numel() + w->bv.numel()});
+    s["out_proj.bias"] = w->bo;
   }
-  s["out_proj.weight"] = wo_;
+  s["out_proj.weight"] = w->wo;
   return s;
 }
 
 template <class T>
 void MultiHeadAttention<T>::load_state_dict(const std::map<std::string, Tensor<T>>& state) {
+  for (const char* name : {"bias_k", "bias_v"})
+    if (state.count(name))
+      fail(std::string("load_state_dict: '") + name +
+           "' comes from nn.MultiheadAttention(add_bias_kv=True), which attn does not implement");
   const auto expected = state_dict();  // names and shapes of this configuration
   for (const auto& [name, t] : state)
     if (!expected.count(name)) {
@@ -401,25 +458,33 @@ void MultiHeadAttention<T>::load_state_dict(const std::map<std::string, Tensor<T
       fail("load_state_dict: '" + name + "' has shape " + shape_str(it->second.shape()) +
            ", expected " + shape_str(e.shape()));
   }
-  const auto split = [](const Tensor<T>& src, std::initializer_list<Tensor<T>*> parts) {
+  // A new set, built whole and then swapped in: forwards running meanwhile
+  // keep the old one.
+  auto w = std::make_shared<Parameters>();
+  // Consecutive pieces of a packed tensor, each with its target's shape.
+  const auto split = [](const Tensor<T>& src, std::initializer_list<std::pair<Tensor<T>*, Shape>> parts) {
     const T* p = src.data();
-    for (auto* part : parts) {
-      std::copy(p, p + part->numel(), part->data());
+    for (const auto& [part, shape] : parts) {
+      *part = Tensor<T>(shape);
+      std::copy_n(p, part->numel(), part->data());
       p += part->numel();
     }
   };
+  const int64_t E = config_.embed_dim, kv = config_.kv_heads() * config_.head_dim();
   if (config_.packed()) {
-    split(state.at("in_proj_weight"), {&wq_, &wk_, &wv_});
+    split(state.at("in_proj_weight"), {{&w->wq, {E, E}}, {&w->wk, {E, E}}, {&w->wv, {E, E}}});
   } else {
-    wq_ = state.at("q_proj_weight");
-    wk_ = state.at("k_proj_weight");
-    wv_ = state.at("v_proj_weight");
+    w->wq = state.at("q_proj_weight");
+    w->wk = state.at("k_proj_weight");
+    w->wv = state.at("v_proj_weight");
   }
   if (config_.bias) {
-    split(state.at("in_proj_bias"), {&bq_, &bk_, &bv_});
-    bo_ = state.at("out_proj.bias");
+    split(state.at("in_proj_bias"), {{&w->bq, {E}}, {&w->bk, {kv}}, {&w->bv, {kv}}});
+    w->bo = state.at("out_proj.bias");
   }
-  wo_ = state.at("out_proj.weight");
+  w->wo = state.at("out_proj.weight");
+  std::lock_guard lock(mutex_);
+  params_ = std::move(w);
 }
 
 namespace {

@@ -5,15 +5,18 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 #include "attention_problem.hpp"
+#include "attn/half.hpp"
 
 namespace attn::detail {
 namespace {
 
-// Causal and window rules exactly as SPEC "Semantics" states them.
-bool allowed(const AttentionProblem<double>& p, int64_t i, int64_t j) {
+// Causal and window rules exactly as docs/semantics.md states them.
+template <class T>
+bool in_range(const AttentionProblem<T>& p, int64_t i, int64_t j) {
   const int64_t pos = i + (p.n_k - p.n_q);
   if (p.causal == Causal::BottomRight && j > pos) return false;
   if (p.causal == Causal::TopLeft && j > i) return false;
@@ -23,27 +26,46 @@ bool allowed(const AttentionProblem<double>& p, int64_t i, int64_t j) {
   return true;
 }
 
-// Row (b, h, i) of the attention weights into w (n_k), and the scaled logits
-// before softcap and mask into s (the backward needs them). A row with no
-// allowed key gets all-zero weights; one with a NaN logit, all-NaN weights.
-void row_weights(const AttentionProblem<double>& p, int64_t b, int64_t h, int64_t i,
-                 std::vector<double>& s, std::vector<double>& w) {
+// Keys and values as doubles, whatever their storage (16-bit in float32
+// problems).
+template <class T>
+double key(const AttentionProblem<T>& p, int64_t b, int64_t h, int64_t j, int64_t c) {
+  if constexpr (std::is_same_v<T, float>) {
+    if (p.kv == KVStorage::BF16) return bf16_to_float(p.k16.row(b, h, j)[c * p.k16.col_stride]);
+    if (p.kv == KVStorage::F16) return fp16_to_float(p.k16.row(b, h, j)[c * p.k16.col_stride]);
+  }
+  return p.k.row(b, h, j)[c * p.k.col_stride];
+}
+template <class T>
+double value(const AttentionProblem<T>& p, int64_t b, int64_t h, int64_t j, int64_t c) {
+  if constexpr (std::is_same_v<T, float>) {
+    if (p.kv == KVStorage::BF16) return bf16_to_float(p.v16.row(b, h, j)[c * p.v16.col_stride]);
+    if (p.kv == KVStorage::F16) return fp16_to_float(p.v16.row(b, h, j)[c * p.v16.col_stride]);
+  }
+  return p.v.row(b, h, j)[c * p.v.col_stride];
+}
+
+// Row (b, h, i) of the attention weights into w (n_k); the scaled logits
+// before softcap and mask into s (the backward needs them); in part[j]
+// whether key j takes part at all: causal, window and a false boolean mask
+// exclude a key whatever its logit or value, even NaN (an additive -inf is a
+// value like any other). A row with no allowed key gets all-zero weights;
+// one with a NaN logit, all-NaN weights.
+template <class T>
+void row_weights(const AttentionProblem<T>& p, int64_t b, int64_t h, int64_t i,
+                 std::vector<double>& s, std::vector<double>& w, std::vector<char>& part) {
   const double inf = std::numeric_limits<double>::infinity();
-  const double* q = p.q.row(b, h, i);
+  const T* q = p.q.row(b, h, i);
   const int64_t hkv = h / p.group();
-  // logits = q·k * scale, softcapped, plus the mask; -inf = not allowed
-  // (causal, window, a false boolean mask: whatever the logit, even NaN).
   double max = -inf;
   bool nan = false;
   for (int64_t j = 0; j < p.n_k; ++j) {
-    const double* k = p.k.row(b, hkv, j);
     double dot = 0;
-    for (int64_t c = 0; c < p.d; ++c) dot += q[c * p.q.col_stride] * k[c * p.k.col_stride];
+    for (int64_t c = 0; c < p.d; ++c) dot += double(q[c * p.q.col_stride]) * key(p, b, hkv, j, c);
     s[j] = dot * p.scale;
     const double logit = p.softcap > 0 ? p.softcap * std::tanh(s[j] / p.softcap) : s[j];
-    const double mask = p.mask.present() ? p.mask.value(b, h, i, j) : 0.0;
-    const bool masked_out = p.mask.boolean && mask == -inf;
-    w[j] = allowed(p, i, j) && !masked_out ? logit + mask : -inf;
+    part[j] = in_range(p, i, j) && p.mask.allows(b, h, i, j);
+    w[j] = part[j] ? logit + p.mask.added(b, h, i, j) : -inf;
     nan = nan || std::isnan(w[j]);
     max = std::fmax(max, w[j]);
   }
@@ -63,6 +85,20 @@ void row_weights(const AttentionProblem<double>& p, int64_t b, int64_t h, int64_
   for (int64_t j = 0; j < p.n_k; ++j) w[j] = sum > 0 ? w[j] / sum : 0;
 }
 
+// out[c] = Σ w[j] v[j][c] over the keys that take part (a weight of 0 times
+// a NaN value is NaN, as in PyTorch; an excluded key is not read).
+template <class T, class Out>
+void row_output(const AttentionProblem<T>& p, int64_t b, int64_t h, const std::vector<double>& w,
+                const std::vector<char>& part, Out* out, int64_t out_stride) {
+  const int64_t hkv = h / p.group();
+  for (int64_t c = 0; c < p.d_v; ++c) {
+    double acc = 0;
+    for (int64_t j = 0; j < p.n_k; ++j)
+      if (part[j]) acc += w[j] * value(p, b, hkv, j, c);
+    out[c * out_stride] = static_cast<Out>(acc);
+  }
+}
+
 void zero(const Operand<double>& t, int64_t batch, int64_t heads, int64_t rows, int64_t cols) {
   for (int64_t b = 0; b < batch; ++b)
     for (int64_t h = 0; h < heads; ++h)
@@ -74,24 +110,24 @@ void zero(const Operand<double>& t, int64_t batch, int64_t heads, int64_t rows, 
 
 void reference_attention(const AttentionProblem<double>& p) {
   std::vector<double> s(p.n_k), w(p.n_k);
+  std::vector<char> part(p.n_k);
   for (int64_t b = 0; b < p.batch; ++b)
-    for (int64_t h = 0; h < p.heads_q; ++h) {
-      const int64_t hkv = h / p.group();
+    for (int64_t h = 0; h < p.heads_q; ++h)
       for (int64_t i = 0; i < p.n_q; ++i) {
-        row_weights(p, b, h, i, s, w);
-        // out = weights · V
-        double* out = p.out.row(b, h, i);
-        for (int64_t c = 0; c < p.d_v; ++c) {
-          double acc = 0;
-          for (int64_t j = 0; j < p.n_k; ++j)
-            if (w[j] != 0) acc += w[j] * p.v.row(b, hkv, j)[c * p.v.col_stride];
-          out[c * p.out.col_stride] = acc;
-        }
+        row_weights(p, b, h, i, s, w, part);
+        row_output(p, b, h, w, part, p.out.row(b, h, i), p.out.col_stride);
         if (p.weights)
           for (int64_t j = 0; j < p.n_k; ++j)
             p.weights.row(b, h, i)[j * p.weights.col_stride] = w[j];
       }
-    }
+}
+
+void reference_attention_row(const AttentionProblem<float>& p, int64_t b, int64_t h, int64_t i,
+                             float* out) {
+  std::vector<double> s(p.n_k), w(p.n_k);
+  std::vector<char> part(p.n_k);
+  row_weights(p, b, h, i, s, w, part);
+  row_output(p, b, h, w, part, out, 1);
 }
 
 void reference_attention_backward(const AttentionProblem<double>& p,
@@ -100,12 +136,13 @@ void reference_attention_backward(const AttentionProblem<double>& p,
   zero(g.dk, p.batch, p.heads_kv, p.n_k, p.d);
   zero(g.dv, p.batch, p.heads_kv, p.n_k, p.d_v);
   std::vector<double> s(p.n_k), w(p.n_k), dw(p.n_k);
+  std::vector<char> part(p.n_k);
   for (int64_t b = 0; b < p.batch; ++b)
     for (int64_t h = 0; h < p.heads_q; ++h) {
       // GQA: every query head of a group adds into its one key/value head.
       const int64_t hkv = h / p.group();
       for (int64_t i = 0; i < p.n_q; ++i) {
-        row_weights(p, b, h, i, s, w);
+        row_weights(p, b, h, i, s, w, part);
         const double* dout = g.dout.row(b, h, i);
         // forward: out[c] = sum_j w[j] v[j][c]
         // so:      dw[j] = dout · v[j];  dv[j][c] += w[j] dout[c]

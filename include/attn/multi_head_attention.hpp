@@ -7,6 +7,8 @@
 
 #include <cstdint>
 #include <map>
+#include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
@@ -71,12 +73,24 @@ struct MhaGradients {
   std::vector<Tensor<T>> parameters;
 };
 
+// Threads: forward and backward may run from many threads at once, each with
+// its own KVCache, and load_state_dict may replace the parameters meanwhile:
+// every call works on the parameter set current when it started (shared,
+// never freed under it), so a load is wholly before or after each forward.
+// In-place changes through parameters() (an optimizer's step) are not
+// synchronized: make them while no forward or backward runs.
 template <class T>
 class MultiHeadAttention {
  public:
   // Weights Xavier-uniform, biases zero, out_proj.weight uniform(±1/sqrt(E)):
   // PyTorch's initialisation, drawn reproducibly from `seed`.
   explicit MultiHeadAttention(const MultiHeadAttentionConfig& config, uint64_t seed = 0);
+  // A copy owns its own parameters (a deep copy). A moved-from layer may
+  // only be assigned to or destroyed.
+  MultiHeadAttention(const MultiHeadAttention& other);
+  MultiHeadAttention(MultiHeadAttention&& other) noexcept;
+  MultiHeadAttention& operator=(const MultiHeadAttention& other);
+  MultiHeadAttention& operator=(MultiHeadAttention&& other) noexcept;
 
   const MultiHeadAttentionConfig& config() const { return config_; }
 
@@ -96,7 +110,8 @@ class MultiHeadAttention {
                            const MhaForwardOptions<T>& options = {}) const;
 
   // The learnable tensors: Wq, Wk, Wv, Wo, then (with bias) bq, bk, bv, bo;
-  // matrices (out, in) as nn.Linear. For optimizers and gradient checks.
+  // matrices (out, in) as nn.Linear. For optimizers and gradient checks; the
+  // pointers stay valid until the next load_state_dict or assignment.
   std::vector<Tensor<T>*> parameters();
   std::vector<const Tensor<T>*> parameters() const;
 
@@ -105,7 +120,8 @@ class MultiHeadAttention {
   // PyTorch's names: in_proj_weight (3E, E) / q_proj_weight, k_proj_weight,
   // v_proj_weight; in_proj_bias; out_proj.weight; out_proj.bias.
   std::map<std::string, Tensor<T>> state_dict() const;
-  // Every expected name must be present with its shape, and no other.
+  // Every expected name must be present with its shape, and no other. The
+  // new set replaces the old one atomically (see "Threads" above).
   void load_state_dict(const std::map<std::string, Tensor<T>>& state);
 
   // safetensors with the configuration in __metadata__.
@@ -113,14 +129,20 @@ class MultiHeadAttention {
   static MultiHeadAttention load(const std::string& path);
 
  private:
+  struct Parameters {
+    Tensor<T> wq, wk, wv, wo;  // (out, in), as nn.Linear
+    Tensor<T> bq, bk, bv, bo;  // empty when !bias
+  };
   struct Activations;  // what forward computes before the output projection
-  Activations forward_activations(TensorView<const T> query, TensorView<const T> key,
-                                  TensorView<const T> value,
+  Activations forward_activations(const Parameters& w, TensorView<const T> query,
+                                  TensorView<const T> key, TensorView<const T> value,
                                   const MhaForwardOptions<T>& options) const;
+  // The current parameter set, kept alive for the caller.
+  std::shared_ptr<const Parameters> snapshot() const;
 
   MultiHeadAttentionConfig config_;
-  Tensor<T> wq_, wk_, wv_, wo_;  // (out, in), as nn.Linear
-  Tensor<T> bq_, bk_, bv_, bo_;  // empty when !bias
+  mutable std::mutex mutex_;            // guards the pointer params_, not the tensors
+  std::shared_ptr<Parameters> params_;  // shared with the calls running on it
 };
 
 extern template class MultiHeadAttention<float>;

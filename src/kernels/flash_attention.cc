@@ -198,7 +198,7 @@ void AccumulateValues(DF d, int64_t rows, const float* p, int64_t p_stride, int6
 }
 
 // Masks keys j0 .. j0 + count of query row i (head h) in s: -inf outside the
-// causal/window range (when check_range), then the explicit mask.
+// causal/window range (when check_range), then the explicit masks.
 void MaskRow(const AttentionProblem<float>& p, int64_t b, int64_t h, int64_t i, int64_t j0,
              int64_t count, bool check_range, float* s) {
   const float ninf = -std::numeric_limits<float>::infinity();
@@ -210,16 +210,18 @@ void MaskRow(const AttentionProblem<float>& p, int64_t b, int64_t h, int64_t i, 
     std::fill(s + z, s + count, ninf);
   }
   const auto& m = p.mask;
-  if (m.boolean) {
-    const bool* mr = m.boolean.row(b, h, i) + j0 * m.boolean.col_stride;
-    for (int64_t j = 0; j < count; ++j)
-      if (!mr[j * m.boolean.col_stride]) s[j] = ninf;
-  } else if (m.f32) {
+  if (m.f32) {
     const float* mr = m.f32.row(b, h, i) + j0 * m.f32.col_stride;
     for (int64_t j = 0; j < count; ++j) s[j] += Base2(mr[j * m.f32.col_stride]);
   } else if (m.f64) {
     const double* mr = m.f64.row(b, h, i) + j0 * m.f64.col_stride;
     for (int64_t j = 0; j < count; ++j) s[j] += Base2(mr[j * m.f64.col_stride]);
+  }
+  // After the additive mask, so that an excluded key is -inf whatever was added.
+  if (m.boolean) {
+    const bool* mr = m.boolean.row(b, h, i) + j0 * m.boolean.col_stride;
+    for (int64_t j = 0; j < count; ++j)
+      if (!mr[j * m.boolean.col_stride]) s[j] = ninf;
   }
 }
 
@@ -230,6 +232,18 @@ void Softcap(DF d, double softcap, float* s, int64_t n) {
   const VF inv = hn::Set(d, static_cast<float>(1.0 / softcap));
   for (int64_t e = 0; e < n; e += static_cast<int64_t>(hn::Lanes(d)))
     hn::Store(hn::Mul(cap, hn::Tanh(d, hn::Mul(hn::Load(d, s + e), inv))), d, s + e);
+}
+
+// P·V multiplies every key of a tile by its weight, and an excluded key's
+// weight is 0; a NaN or infinite value in its row still gives 0·NaN = NaN. So
+// a row that comes out with a NaN is computed again the slow way
+// (reference_attention_row, which never reads an excluded key), and keeps a
+// NaN only if it has one of its own. Rows with NaN are rare, and checking
+// d_v outputs costs nothing next to the row's n_k·(d + d_v) products.
+inline void SettleNanRow(const AttentionProblem<float>& p, int64_t b, int64_t h, int64_t i,
+                         float* out) {
+  for (int64_t c = 0; c < p.d_v; ++c)
+    if (std::isnan(out[c])) return reference_attention_row(p, b, h, i, out);
 }
 
 // Everything one work item needs to see.
@@ -404,6 +418,7 @@ void ProcessItem(DF d, const Item& it) {
       float* out = p.out.row(it.b, h, it.i0 + r);
       const float inv = l[r] == 0 ? 0.0f : 1.0f / l[r];  // l NaN: the row is NaN
       for (int64_t c = 0; c < p.d_v; ++c) out[c] = o[r * dvp + c] * inv;
+      SettleNanRow(p, it.b, h, it.i0 + r, out);
     }
     if (!p.weights) continue;
     // Weights: a second sweep now that each row's max and sum are final.
@@ -669,6 +684,7 @@ void DecodeForwardT(const AttentionProblem<float>& p) {
       }
       if (l == 0) continue;  // no allowed key: zeros
       for (int64_t col = 0; col < p.d_v; ++col) out[col] /= l;  // l NaN: the row is NaN
+      SettleNanRow(p, b, hkv * p.group() + r / p.n_q, r % p.n_q, out);
     }
   });
 }
