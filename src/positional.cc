@@ -120,15 +120,28 @@ Tensor<T> sinusoidal_encoding(int64_t n, int64_t d, double base) {
   if (d < 1) throw ValueError("positional_encoding: d must be >= 1, got " + std::to_string(d));
   check_base(base, "positional_encoding");
   Tensor<T> pe({n, d});
+  sinusoidal_encoding(pe.view(), base);
+  return pe;
+}
+
+template <class T>
+void sinusoidal_encoding(TensorView<T> out, double base) {
+  if (out.rank() != 2 || out.dim(1) < 1)
+    throw ValueError("positional_encoding: out must be (n, d) with d >= 1, got shape " +
+                     shape_str(out.shape()));
+  check_base(base, "positional_encoding");
+  const int64_t n = out.dim(0), d = out.dim(1);
   for (int64_t i = 0; i < d; ++i) {
     const double denom = std::pow(base, double(2 * (i / 2)) / double(d));
     for (int64_t p = 0; p < n; ++p) {
       const double angle = double(p) / denom;
-      pe[p * d + i] = static_cast<T>(i % 2 == 0 ? std::sin(angle) : std::cos(angle));
+      out.data()[p * out.stride(0) + i * out.stride(1)] =
+          static_cast<T>(i % 2 == 0 ? std::sin(angle) : std::cos(angle));
     }
   }
-  return pe;
 }
+template void sinusoidal_encoding<float>(TensorView<float>, double);
+template void sinusoidal_encoding<double>(TensorView<double>, double);
 template Tensor<float> sinusoidal_encoding<float>(int64_t, int64_t, double);
 template Tensor<double> sinusoidal_encoding<double>(int64_t, int64_t, double);
 

@@ -15,6 +15,10 @@ namespace attn {
 // T is float or double.
 template <class T = float>
 Tensor<T> sinusoidal_encoding(int64_t n, int64_t d, double base = 10000.0);
+// The same table written into out (n, d), any strides: nothing else is
+// allocated, so a table as large as memory allows fits.
+template <class T>
+void sinusoidal_encoding(TensorView<T> out, double base = 10000.0);
 
 struct RopeOptions {
   double base = 10000.0;
