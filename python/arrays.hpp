@@ -19,8 +19,18 @@ namespace py = pybind11;
 // that names the argument.
 inline py::array as_numeric_array(const py::handle& obj, const char* name) {
   py::array a = py::array::ensure(obj);
-  if (!a) throw TypeError(std::string(name) + " must be an array, got " +
-                          std::string(py::str(py::type::of(obj))));
+  if (!a) {
+    // numpy.asarray again, for its reason (a torch tensor that requires grad
+    // says to call .detach()).
+    std::string why;
+    try {
+      py::module_::import("numpy").attr("asarray")(obj);
+    } catch (const py::error_already_set& e) {
+      why = std::string(": ") + e.what();
+    }
+    throw TypeError(std::string(name) + " must be an array, got " +
+                    std::string(py::str(py::type::of(obj))) + why);
+  }
   const char kind = a.dtype().kind();
   if (kind != 'f' && kind != 'i' && kind != 'u' && kind != 'b')
     throw TypeError(std::string(name) + " must be a numeric array, got dtype " +
@@ -89,18 +99,33 @@ py::array_t<T> to_numpy(Tensor<T>&& t) {
 
 namespace attn::python {
 
-// A mask argument: boolean, or additive in float32/float64 (other dtypes
-// become float32). Keeps the converted arrays alive while the library reads them.
+// How a mask argument reads integer dtypes. attention() follows
+// scaled_dot_product_attention (bool or float only: an integer 0/1 mask added
+// to the logits would silently mean something else); the layer follows
+// nn.MultiheadAttention, which reads uint8 as boolean.
+enum class IntegerMask { Refuse, Uint8AsBool };
+
+// A mask argument: boolean, or additive in float32/float64 (other float
+// dtypes become float32). Keeps the converted arrays alive while the library
+// reads them.
 struct MaskArg {
   py::array_t<bool> b;
   py::array_t<float> f;
   py::array_t<double> d;
   Mask mask;
 
-  MaskArg(const py::object& obj, const char* name) {
+  MaskArg(const py::object& obj, const char* name, IntegerMask integers) {
     if (obj.is_none()) return;
     const auto m = as_numeric_array(obj, name);
-    if (m.dtype().kind() == 'b')
+    const char kind = m.dtype().kind();
+    const bool as_bool = kind == 'b' || (kind == 'u' && m.dtype().itemsize() == 1 &&
+                                         integers == IntegerMask::Uint8AsBool);
+    if (!as_bool && (kind == 'i' || kind == 'u'))
+      throw TypeError(std::string(name) + " must be a bool or float array" +
+                      (integers == IntegerMask::Uint8AsBool ? " (or uint8, read as bool)" : "") +
+                      ", got dtype " + std::string(py::str(m.dtype())) +
+                      "; convert it: mask.astype(bool) to allow/block, or a float for additive values");
+    if (as_bool)
       b = as<bool>(m), mask = view_of<const bool>(b);
     else if (is_float64(m))
       d = as<double>(m), mask = view_of<const double>(d);

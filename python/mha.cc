@@ -4,10 +4,13 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <map>
+#include <memory>
 #include <optional>
 #include <string>
 #include <variant>
 
+#include "args.hpp"
 #include "arrays.hpp"
 #include "attn/attn.hpp"
 #include "bindings.hpp"
@@ -36,37 +39,44 @@ struct PyKVCache {
   }
 };
 
+// The float32 layer, and a float64 twin built on the first float64 call.
+// Both live as long as this object and are never replaced, only their
+// parameters (atomically, by load_state_dict): a forward that released the
+// GIL keeps working on the set it started with.
 struct PyMha {
-  MultiHeadAttention<float> f32;
-  std::optional<MultiHeadAttention<double>> f64;  // built on the first float64 call
+  std::unique_ptr<MultiHeadAttention<float>> f32;
+  std::unique_ptr<MultiHeadAttention<double>> f64;
 
+  // Called with the GIL held, which serializes building the twin.
   template <class T>
   const MultiHeadAttention<T>& layer() {
     if constexpr (std::is_same_v<T, float>) {
-      return f32;
+      return *f32;
     } else {
       if (!f64) {
-        f64.emplace(f32.config());
-        std::map<std::string, Tensor<double>> s;
-        for (auto& [name, t] : f32.state_dict()) {
-          Tensor<double> d(t.shape());
-          std::copy(t.data(), t.data() + t.numel(), d.data());
-          s.emplace(name, std::move(d));
-        }
-        f64->load_state_dict(s);
+        auto twin = std::make_unique<MultiHeadAttention<double>>(f32->config());
+        twin->load_state_dict(widened(f32->state_dict()));
+        f64 = std::move(twin);
       }
       return *f64;
     }
   }
-};
+  void load_state_dict(const std::map<std::string, Tensor<float>>& s) {
+    f32->load_state_dict(s);
+    if (f64) f64->load_state_dict(widened(s));
+  }
 
-std::optional<int64_t> optional_int(const py::object& o, const char* name) {
-  if (o.is_none()) return std::nullopt;
-  if (!py::isinstance<py::int_>(o) || py::isinstance<py::bool_>(o))
-    throw TypeError(std::string(name) + " must be an integer or None, got " +
-                    std::string(py::repr(o)));
-  return o.cast<int64_t>();
-}
+ private:
+  static std::map<std::string, Tensor<double>> widened(const std::map<std::string, Tensor<float>>& s) {
+    std::map<std::string, Tensor<double>> d;
+    for (const auto& [name, t] : s) {
+      Tensor<double> w(t.shape());
+      std::copy(t.data(), t.data() + t.numel(), w.data());
+      d.emplace(name, std::move(w));
+    }
+    return d;
+  }
+};
 
 template <class T>
 py::tuple forward_t(PyMha& self, const py::array& q_in, const py::object& k_obj,
@@ -107,7 +117,8 @@ py::tuple py_forward(PyMha& self, const py::object& query, const py::object& key
                       std::string(py::repr(cache)));
     c = cache.cast<PyKVCache*>();
   }
-  const MaskArg kpm(key_padding_mask, "key_padding_mask"), am(attn_mask, "attn_mask");
+  const MaskArg kpm(key_padding_mask, "key_padding_mask", IntegerMask::Uint8AsBool),
+      am(attn_mask, "attn_mask", IntegerMask::Uint8AsBool);
   const Causal cz = causal_from(causal);
   const bool f64 = is_float64(q) ||
                    (!key.is_none() && is_float64(as_numeric_array(key, "key"))) ||
@@ -119,7 +130,7 @@ py::tuple py_forward(PyMha& self, const py::object& query, const py::object& key
 
 py::dict py_state_dict(const PyMha& self) {
   py::dict d;
-  for (auto& [name, t] : self.f32.state_dict()) d[py::str(name)] = to_numpy(std::move(t));
+  for (auto& [name, t] : self.f32->state_dict()) d[py::str(name)] = to_numpy(std::move(t));
   return d;
 }
 
@@ -130,8 +141,7 @@ void py_load_state_dict(PyMha& self, const py::dict& d) {
     auto a = as<float>(as_numeric_array(value, ("state_dict['" + name + "']").c_str()));
     s.emplace(name, contiguous(view_of<const float>(a)));
   }
-  self.f32.load_state_dict(s);
-  self.f64.reset();
+  self.load_state_dict(s);
 }
 
 }  // namespace
@@ -159,7 +169,7 @@ void bind_mha(py::module_& m) {
              c.rope = rope;
              c.rope_base = rope_base;
              c.rope_interleaved = rope_interleaved;
-             return PyMha{MultiHeadAttention<float>(c, seed), std::nullopt};
+             return PyMha{std::make_unique<MultiHeadAttention<float>>(c, seed), nullptr};
            }),
            arg("embed_dim"), arg("num_heads"), py::kw_only(), arg("num_kv_heads") = py::none(),
            arg("kdim") = py::none(), arg("vdim") = py::none(), arg("bias") = true,
@@ -176,21 +186,23 @@ void bind_mha(py::module_& m) {
       .def("new_cache", [](const PyMha&) { return PyKVCache{}; }, docs::kNewCache)
       .def("state_dict", &py_state_dict, docs::kStateDict)
       .def("load_state_dict", &py_load_state_dict, arg("state_dict"), docs::kLoadStateDict)
-      .def("save", [](const PyMha& self, const std::string& path) { self.f32.save(path); },
+      .def("save", [](const PyMha& self, const py::object& path) { self.f32->save(path_arg(path, "path")); },
            arg("path"), docs::kSave)
-      .def_static("load", [](const std::string& path) {
-             return PyMha{MultiHeadAttention<float>::load(path), std::nullopt};
+      .def_static("load", [](const py::object& path) {
+             return PyMha{std::make_unique<MultiHeadAttention<float>>(
+                              MultiHeadAttention<float>::load(path_arg(path, "path"))),
+                          nullptr};
            }, arg("path"), docs::kLoad)
-      .def_property_readonly("embed_dim", [](const PyMha& s) { return s.f32.config().embed_dim; })
-      .def_property_readonly("num_heads", [](const PyMha& s) { return s.f32.config().num_heads; })
-      .def_property_readonly("num_kv_heads", [](const PyMha& s) { return s.f32.config().kv_heads(); })
-      .def_property_readonly("head_dim", [](const PyMha& s) { return s.f32.config().head_dim(); })
-      .def_property_readonly("kdim", [](const PyMha& s) { return s.f32.config().key_dim(); })
-      .def_property_readonly("vdim", [](const PyMha& s) { return s.f32.config().value_dim(); })
-      .def_property_readonly("bias", [](const PyMha& s) { return s.f32.config().bias; })
-      .def_property_readonly("rope", [](const PyMha& s) { return s.f32.config().rope; })
+      .def_property_readonly("embed_dim", [](const PyMha& s) { return s.f32->config().embed_dim; })
+      .def_property_readonly("num_heads", [](const PyMha& s) { return s.f32->config().num_heads; })
+      .def_property_readonly("num_kv_heads", [](const PyMha& s) { return s.f32->config().kv_heads(); })
+      .def_property_readonly("head_dim", [](const PyMha& s) { return s.f32->config().head_dim(); })
+      .def_property_readonly("kdim", [](const PyMha& s) { return s.f32->config().key_dim(); })
+      .def_property_readonly("vdim", [](const PyMha& s) { return s.f32->config().value_dim(); })
+      .def_property_readonly("bias", [](const PyMha& s) { return s.f32->config().bias; })
+      .def_property_readonly("rope", [](const PyMha& s) { return s.f32->config().rope; })
       .def("__repr__", [](const PyMha& s) {
-        const auto& c = s.f32.config();
+        const auto& c = s.f32->config();
         return "attn.MultiHeadAttention(embed_dim=" + std::to_string(c.embed_dim) +
                ", num_heads=" + std::to_string(c.num_heads) +
                ", num_kv_heads=" + std::to_string(c.kv_heads()) +

@@ -8,6 +8,7 @@
 #include <optional>
 #include <string>
 
+#include "args.hpp"
 #include "arrays.hpp"
 #include "attn/attn.hpp"
 #include "attn/threads.hpp"
@@ -18,7 +19,7 @@ namespace attn::python {
 
 Causal causal_from(const py::object& c) {
   if (c.is_none()) return Causal::None;
-  if (py::isinstance<py::bool_>(c)) return c.cast<bool>() ? Causal::BottomRight : Causal::None;
+  if (is_bool(c)) return bool_arg(c, "causal") ? Causal::BottomRight : Causal::None;
   if (py::isinstance<py::str>(c)) return parse_causal(c.cast<std::string>());
   throw TypeError("causal must be False, True, 'bottom_right' or 'top_left', got " +
                   std::string(py::repr(c)));
@@ -30,9 +31,7 @@ Window window_from(const py::object& w) {
   if (w.is_none()) return {};
   const auto side = [](const py::handle& h) -> int64_t {
     if (h.is_none()) return -1;
-    if (!py::isinstance<py::int_>(h) || py::isinstance<py::bool_>(h))
-      throw TypeError("window sizes must be integers or None, got " + std::string(py::repr(h)));
-    return h.cast<int64_t>();
+    return int_arg(h, "window sizes (integers or None)");
   };
   if (!py::isinstance<py::sequence>(w) || py::isinstance<py::str>(w) || py::len(w) != 2)
     throw TypeError("window must be None or a pair (left, right), got " +
@@ -81,7 +80,7 @@ py::object attention_t(const py::array& q_in, const py::array& k_in, const py::a
     weights = empty<T>(attention_weights_shape(q.shape(), k.shape(), v.shape()));
     w = view_of<T>(weights);
   }
-  const MaskArg m(mask_obj, "mask");  // boolean: True = may attend
+  const MaskArg m(mask_obj, "mask", IntegerMask::Refuse);  // boolean: True = may attend
   auto o = view_of<T>(out);
   {
     py::gil_scoped_release nogil;
@@ -123,7 +122,7 @@ py::tuple attention_backward_t(const py::array& q_in, const py::array& k_in,
              dout = view_of<const T>(da);
   auto dq = empty<T>(q.shape()), dk = empty<T>(k.shape()), dv = empty<T>(v.shape());
   auto dqv = view_of<T>(dq), dkv = view_of<T>(dk), dvv = view_of<T>(dv);
-  const MaskArg m(mask_obj, "mask");
+  const MaskArg m(mask_obj, "mask", IntegerMask::Refuse);
   {
     py::gil_scoped_release nogil;
     attention_backward(q, k, v, dout, dqv, dkv, dvv, opt, m.mask);
@@ -164,19 +163,29 @@ py::array py_positional_encoding(int64_t n, int64_t d, double base, const py::ob
   const py::dtype dt = py::dtype::from_args(dtype);
   const auto fill = [&](auto tag) -> py::array {
     using T = decltype(tag);
-    Tensor<T> pe;
-    {
-      py::gil_scoped_release nogil;
-      pe = sinusoidal_encoding<T>(n, d, base);
-    }
-    auto out = empty<T>(pe.shape());
-    std::copy(pe.data(), pe.data() + pe.numel(), out.mutable_data());
+    if (n < 0) throw ValueError("positional_encoding: n must be >= 0, got " + std::to_string(n));
+    if (d < 1) throw ValueError("positional_encoding: d must be >= 1, got " + std::to_string(d));
+    auto out = empty<T>({n, d});  // the table is written here, never copied
+    auto o = view_of<T>(out);
+    py::gil_scoped_release nogil;
+    sinusoidal_encoding<T>(o, base);
     return out;
   };
   if (dt.is(py::dtype::of<float>())) return fill(float{});
   if (dt.is(py::dtype::of<double>())) return fill(double{});
   throw TypeError("positional_encoding: dtype must be float32 or float64, got " +
                   std::string(py::str(static_cast<const py::handle&>(dt))));
+}
+
+// Positions as int64; unsigned values past INT64_MAX are refused rather than
+// wrapped to negative positions.
+py::array_t<int64_t> int64_positions(const py::array& p) {
+  if (p.dtype().kind() == 'u' && p.dtype().itemsize() == 8 && p.size() > 0) {
+    const py::object max = py::module_::import("numpy").attr("max")(p);
+    if (max.cast<uint64_t>() > uint64_t(INT64_MAX))
+      throw ValueError("rope: positions must fit in int64, got " + std::string(py::str(max)));
+  }
+  return as<int64_t>(p);
 }
 
 template <class T>
@@ -192,7 +201,7 @@ py::array rope_t(const py::array& x_in, const py::object& positions, const RopeO
       throw TypeError("rope: positions must be an integer array, got " +
                       (p ? "dtype " + std::string(py::str(p.dtype()))
                          : std::string(py::str(py::type::of(positions)))));
-    pa = as<int64_t>(p);
+    pa = int64_positions(p);
     pos = view_of<const int64_t>(pa);
   }
   auto out = empty<T>(x.shape());
@@ -210,12 +219,7 @@ py::array py_rope(const py::object& x_obj, const py::object& positions, double b
   RopeOptions opt;
   opt.base = base;
   opt.interleaved = interleaved;
-  if (!rotary_dim.is_none()) {
-    if (!py::isinstance<py::int_>(rotary_dim))
-      throw TypeError("rope: rotary_dim must be an integer or None, got " +
-                      std::string(py::repr(rotary_dim)));
-    opt.rotary_dim = rotary_dim.cast<int64_t>();
-  }
+  opt.rotary_dim = optional_int(rotary_dim, "rope: rotary_dim");
   return is_float64(x) ? rope_t<double>(x, positions, opt) : rope_t<float>(x, positions, opt);
 }
 
@@ -236,6 +240,8 @@ PYBIND11_MODULE(attn, m) {
       PyErr_SetString(PyExc_ValueError, e.what());
     } catch (const attn::IOError& e) {
       PyErr_SetString(PyExc_OSError, e.what());
+    } catch (const attn::RuntimeError& e) {
+      PyErr_SetString(PyExc_RuntimeError, e.what());
     } catch (const attn::Error& e) {
       PyErr_SetString(PyExc_ValueError, e.what());
     }
@@ -260,7 +266,11 @@ PYBIND11_MODULE(attn, m) {
   m.def("num_threads", &attn::num_threads,
         "num_threads() -> int: threads the kernels use (default: ATTN_NUM_THREADS, else all "
         "cores). Results do not depend on it.");
-  m.def("set_num_threads", &attn::set_num_threads, arg("n"),
-        "set_num_threads(n): use n >= 1 threads from the next call on.");
+  m.def("set_num_threads", [](const py::object& n) { attn::set_num_threads(int_arg(n, "set_num_threads: n")); },
+        arg("n"),
+        "set_num_threads(n): use 1 <= n <= max_num_threads() threads from the next call on.");
+  m.def("max_num_threads", &attn::max_num_threads,
+        "max_num_threads() -> int: the largest count set_num_threads accepts, "
+        "min(1024, max(64, 4 x hardware threads)).");
   bind_mha(m);
 }

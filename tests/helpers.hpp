@@ -1,6 +1,8 @@
 // Test helpers: seeded random tensors, conversions and error measures.
 #pragma once
 
+#include <hwy/targets.h>
+
 #include <cmath>
 #include <random>
 
@@ -57,5 +59,21 @@ double max_abs_diff(const Tensor<A>& a, const Tensor<B>& b) {
           << "message: " << e.what() << "\nmissing: " << (needle);              \
     }                                                                           \
   } while (0)
+
+// Runs body() once with each SIMD target this CPU can run forced, then
+// restores the dispatcher's own choice.
+template <class Body>
+void on_every_simd_target(Body body) {
+  const auto targets = hwy::SupportedAndGeneratedTargets();
+  ASSERT_FALSE(targets.empty());
+  for (int64_t target : targets) {
+    SCOPED_TRACE(hwy::TargetName(target));
+    hwy::SetSupportedTargetsForTest(target);
+    hwy::GetChosenTarget().Update(hwy::SupportedTargets());
+    body();
+  }
+  hwy::SetSupportedTargetsForTest(0);
+  hwy::GetChosenTarget().Update(hwy::SupportedTargets());
+}
 
 }  // namespace attn::test

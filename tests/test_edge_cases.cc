@@ -117,6 +117,79 @@ TEST(EdgeCases, InfiniteKeys) {
   }
 }
 
+// A NaN or infinite value row of a key that causal masking, a window or a
+// false boolean mask excludes changes nothing: that key takes no part. (The
+// kernels multiply every key of a tile by its weight, 0 for an excluded key,
+// and 0·NaN is NaN.) An additive -inf is a value like any other: 0·NaN is
+// NaN there, in float32 and float64 alike, as in PyTorch. Key `poisoned` sits
+// in a prefill tile and a decode chunk that some rows see and some do not:
+// causal masking hides it from the first half of the rows, the window from
+// the last rows.
+TEST(EdgeCases, ExcludedKeysTakeNoPartWhateverTheirValues) {
+  enum Row { Clean, Poisoned };
+  struct Case {
+    const char* name;
+    AttentionOptions options;
+    bool boolean_mask, additive_mask;
+  };
+  AttentionOptions causal, window;
+  causal.causal = Causal::BottomRight;
+  window.window = {1, -1};
+  const Case cases[] = {{"causal", causal, false, false},
+                        {"window", window, false, false},
+                        {"boolean mask", {}, true, false},
+                        {"additive -inf", {}, false, true}};
+  test::on_every_simd_target([&] {
+    for (Path p : kPaths)
+      for (const Case& c : cases)
+        for (double poison : {kNaN, kInf, -kInf}) {
+          SCOPED_TRACE(std::string(name(p)) + ", " + c.name + ", value " + std::to_string(poison));
+          const int64_t n_q = queries(p), n_k = keys(p), d_v = 8;
+          const int64_t poisoned = n_k - n_q / 2;  // the diagonal key of query n_q / 2
+          Data x = random_data(p, 16, d_v, 9);
+          // Row i's status: whether it reads the poisoned key.
+          std::vector<Row> rows(n_q);
+          Tensor<bool> allow({n_q, n_k});
+          Tensor<double> added({n_q, n_k});
+          for (int64_t i = 0; i < n_q; ++i) {
+            const int64_t pos = i + n_k - n_q;
+            for (int64_t j = 0; j < n_k; ++j) allow[i * n_k + j] = j != poisoned || i % 2 == 0;
+            added[i * n_k + poisoned] = i % 2 ? -kInf : 0.0;
+            const bool reads = c.boolean_mask ? i % 2 == 0
+                               : c.additive_mask ? true
+                               : c.options.causal != Causal::None ? poisoned <= pos
+                                                                   : pos - poisoned <= 1;
+            rows[i] = reads ? Poisoned : Clean;
+          }
+          const Mask mask = c.boolean_mask    ? Mask(TensorView<const bool>(allow.view()))
+                            : c.additive_mask ? Mask(TensorView<const double>(added.view()))
+                                              : Mask();
+          const auto clean = run(p, x.q, x.k, x.v, c.options, mask);
+          for (int64_t col = 0; col < d_v; ++col) x.v[poisoned * d_v + col] = poison;
+          const auto got = run(p, x.q, x.k, x.v, c.options, mask);
+          int poisoned_rows = 0;
+          for (int64_t i = 0; i < n_q; ++i) {
+            poisoned_rows += rows[i] == Poisoned;
+            for (int64_t col = 0; col < d_v; ++col) {
+              const double g = got[i * d_v + col];
+              if (rows[i] == Clean) {
+                EXPECT_NEAR(g, clean[i * d_v + col], 1e-6) << "row " << i;
+              } else if (std::isnan(poison) || (c.additive_mask && i % 2)) {
+                EXPECT_TRUE(std::isnan(g)) << "row " << i << " (0 or a weight times NaN or inf)";
+              } else {
+                EXPECT_EQ(g, poison) << "row " << i;
+              }
+            }
+          }
+          // Both kinds of rows occur (the additive case: every row reads it).
+          EXPECT_GT(poisoned_rows, 0);
+          if (!c.additive_mask) {
+            EXPECT_LT(poisoned_rows, n_q);
+          }
+        }
+  });
+}
+
 // Logits of ±1e30 after scaling: the softmax saturates to the arg max.
 TEST(EdgeCases, HugeLogitsPickTheBestKey) {
   for (Path p : kPaths) {

@@ -109,24 +109,8 @@ TEST(Kernels, DecodeMatchesReference) {
   for (const auto& c : decode_cases()) check(c, false, seed++);
 }
 
-// Runs body() once with each SIMD target this CPU can run forced, then
-// restores the dispatcher's own choice.
-template <class Body>
-void on_every_simd_target(Body body) {
-  const auto targets = hwy::SupportedAndGeneratedTargets();
-  ASSERT_FALSE(targets.empty());
-  for (int64_t target : targets) {
-    SCOPED_TRACE(hwy::TargetName(target));
-    hwy::SetSupportedTargetsForTest(target);
-    hwy::GetChosenTarget().Update(hwy::SupportedTargets());
-    body();
-  }
-  hwy::SetSupportedTargetsForTest(0);
-  hwy::GetChosenTarget().Update(hwy::SupportedTargets());
-}
-
 TEST(Kernels, EverySimdTarget) {
-  on_every_simd_target([] {
+  test::on_every_simd_target([] {
     uint32_t seed = 300;
     for (const auto& c : flash_cases()) check(c, false, seed++);
     for (const auto& c : decode_cases()) check(c, false, seed++);
@@ -148,7 +132,7 @@ TEST(Kernels, Exp2MatchesStdExp2OnEveryTarget) {
   x.insert(x.end(), flushed.begin(), flushed.end());
   x.push_back(std::numeric_limits<float>::quiet_NaN());
   x.push_back(0.0f);
-  on_every_simd_target([&] {
+  test::on_every_simd_target([&] {
     // Odd lengths exercise the tail on every vector width.
     for (size_t n : {x.size(), size_t{7}, size_t{1}}) {
       const std::vector<float> in(x.end() - static_cast<std::ptrdiff_t>(n), x.end());
@@ -177,7 +161,7 @@ TEST(Kernels, Exp2MatchesStdExp2OnEveryTarget) {
 // with row lengths around each vector width (full vectors and partial tails).
 TEST(Kernels, SoftmaxOnEveryTarget) {
   std::mt19937 rng(400);
-  on_every_simd_target([&] {
+  test::on_every_simd_target([&] {
     for (int64_t n : {1, 3, 4, 5, 8, 9, 16, 17, 33, 100}) {
       const auto a = random_tensor({3, n}, rng, -30, 30);
       const auto want = softmax(a.view());

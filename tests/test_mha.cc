@@ -150,8 +150,14 @@ TEST(MultiHeadAttention, StateDictNamesShapesAndRoundTrip) {
   missing.erase("k_proj_weight");
   EXPECT_THROW_MSG(other.load_state_dict(missing), ValueError, "missing key 'k_proj_weight'");
   auto extra = s2;
-  extra.emplace("bias_k", Tensor<float>({1, 1, 8}));
-  EXPECT_THROW_MSG(other.load_state_dict(extra), ValueError, "unexpected key 'bias_k'");
+  extra.emplace("out_proj.scale", Tensor<float>({8}));
+  EXPECT_THROW_MSG(other.load_state_dict(extra), ValueError, "unexpected key 'out_proj.scale'");
+  // nn.MultiheadAttention(add_bias_kv=True) is named, not an unknown key
+  auto bias_kv = s2;
+  bias_kv.emplace("bias_k", Tensor<float>({1, 1, 8}));
+  bias_kv.emplace("bias_v", Tensor<float>({1, 1, 8}));
+  EXPECT_THROW_MSG(other.load_state_dict(bias_kv), ValueError,
+                   "'bias_k' comes from nn.MultiheadAttention(add_bias_kv=True), which attn does not implement");
   auto wrong = s2;
   wrong["k_proj_weight"] = Tensor<float>({5, 4});
   EXPECT_THROW_MSG(other.load_state_dict(wrong), ValueError,

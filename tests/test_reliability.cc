@@ -5,7 +5,10 @@
 #include <gtest/gtest.h>
 
 #include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
+#include <atomic>
 #include <cstring>
 #include <limits>
 #include <thread>
@@ -178,6 +181,101 @@ TEST(Concurrency, EightThreadsShareOneLayerWithTheirOwnCaches) {
     mismatches[t] += !same_bits(cached_forward(layer, inputs[t]), serial[t]);
   });
   for (int t = 0; t < 8; ++t) EXPECT_EQ(mismatches[t], 0) << "thread " << t;
+}
+
+// One thread loads two parameter sets in turn while two threads run
+// forwards: every forward sees one set whole (bitwise the serial result with
+// A or with B), never a mix or freed memory (ASan, `make tsan`). Packed
+// weights were copied in place and separate ones reallocated: both layouts.
+template <class T>
+void forwards_during_loads(MultiHeadAttentionConfig config) {
+  RestoreThreads restore;
+  set_num_threads(2);
+  MultiHeadAttention<T> layer(config, 1);
+  const auto a = MultiHeadAttention<T>(config, 2).state_dict();
+  const auto b = MultiHeadAttention<T>(config, 3).state_dict();
+  std::mt19937 rng(9);
+  const Tensor<T> x = cast<T>(random_tensor({1, 40, config.embed_dim}, rng));
+  layer.load_state_dict(a);
+  const Tensor<T> ya = layer.forward(x.view()).out;
+  layer.load_state_dict(b);
+  const Tensor<T> yb = layer.forward(x.view()).out;
+  ASSERT_FALSE(same_bits(ya, yb));
+  std::atomic<bool> done{false};
+  std::atomic<int> forwards{0}, mixed{0};
+  std::vector<std::thread> readers;
+  for (int t = 0; t < 2; ++t)
+    readers.emplace_back([&] {
+      while (!done) {
+        const Tensor<T> y = layer.forward(x.view()).out;
+        mixed += !same_bits(y, ya) && !same_bits(y, yb);
+        ++forwards;
+      }
+    });
+  for (int i = 0; i < 200 || forwards < 50; ++i) layer.load_state_dict(i % 2 ? b : a);
+  done = true;
+  for (auto& r : readers) r.join();
+  EXPECT_EQ(mixed, 0) << "of " << forwards << " forwards";
+}
+
+MultiHeadAttentionConfig packed_projections() {
+  MultiHeadAttentionConfig c = layer_config();
+  c.num_kv_heads.reset();  // q, k, v weights in one in_proj_weight
+  return c;
+}
+
+TEST(Concurrency, LoadStateDictWhileForwardsRun) {
+  forwards_during_loads<float>(packed_projections());
+  forwards_during_loads<double>(packed_projections());
+  forwards_during_loads<float>(layer_config());  // separate q, k, v weights
+  forwards_during_loads<double>(layer_config());
+}
+
+TEST(Threads, CountsOutsideOneToMaxAreRefused) {
+  RestoreThreads restore;
+  const int hw = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  EXPECT_EQ(max_num_threads(), std::min(1024, std::max(64, 4 * hw)));
+  EXPECT_GE(max_num_threads(), 8);  // the tests' 8 threads stay valid on 2 cores
+  EXPECT_THROW_MSG(set_num_threads(0), ValueError, "set_num_threads: n must be in [1, max_num_threads() = ");
+  EXPECT_THROW_MSG(set_num_threads(max_num_threads() + 1), ValueError, "got " + std::to_string(max_num_threads() + 1));
+  EXPECT_THROW_MSG(set_num_threads(100000), ValueError, "got 100000");
+  set_num_threads(max_num_threads());
+  EXPECT_EQ(num_threads(), max_num_threads());
+}
+
+// A pool the system cannot start is an error, not std::terminate: the
+// process is limited to fewer threads than asked for (RLIMIT_NPROC counts
+// threads; root ignores it, so the test runs in a child that drops to
+// "nobody"). The child asks for 37 threads, a count no other test uses, so
+// it builds a new pool instead of reusing the parent's (whose workers do not
+// exist after fork); alarm() turns a hang into a failure.
+TEST(Threads, ThreadCreationFailureIsAnError) {
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    alarm(30);
+    int status = 3;
+    if (setgid(65534) == 0 && setuid(65534) == 0) {
+      const rlimit one{1, 1};
+      setrlimit(RLIMIT_NPROC, &one);
+      std::mt19937 rng(1);
+      const auto q = cast<float>(random_tensor({1, 4, 600, 16}, rng));
+      try {
+        set_num_threads(37);
+        attention(q.view(), q.view(), q.view());
+        status = 1;  // no error although threads cannot start
+      } catch (const RuntimeError& e) {
+        status = std::string(e.what()).find("cannot start 37 threads") != std::string::npos ? 0 : 2;
+      } catch (...) {
+        status = 2;
+      }
+    }
+    _exit(status);
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFEXITED(status)) << "the child died (signal " << WTERMSIG(status) << ")";
+  EXPECT_EQ(WEXITSTATUS(status), 0) << "1: no error, 2: another error, 3: could not drop root";
 }
 
 }  // namespace

@@ -236,8 +236,10 @@ def test_load_state_dict_errors():
     sd = a.state_dict()
     with pytest.raises(ValueError, match="missing key 'out_proj.bias'"):
         a.load_state_dict({k: v for k, v in sd.items() if k != "out_proj.bias"})
-    with pytest.raises(ValueError, match="unexpected key 'bias_k'"):
-        a.load_state_dict({**sd, "bias_k": np.zeros((1, 1, 8))})
+    # add_bias_kv is named, not reported as an unknown key
+    t = torch.nn.MultiheadAttention(8, 2, add_bias_kv=True, batch_first=True)
+    with pytest.raises(ValueError, match=r"'bias_k' comes from nn.MultiheadAttention\(add_bias_kv=True\)"):
+        a.load_state_dict({k: v.detach().numpy() for k, v in t.state_dict().items()})
     with pytest.raises(ValueError, match=r"'in_proj_weight' has shape \(8, 24\), expected \(24, 8\)"):
         a.load_state_dict({**sd, "in_proj_weight": sd["in_proj_weight"].T})
 
