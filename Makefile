@@ -6,8 +6,11 @@ JOBS   ?= $(shell nproc)
 PYTHON := /usr/bin/python3
 
 # Build needs: compiler, CMake, Highway (SIMD with runtime dispatch), CLI11,
-# nlohmann-json (safetensors headers), stb (PNG pictures; found with pkg-config).
-BUILD_DEBS := g++ cmake make pkg-config libhwy-dev libcli11-dev nlohmann-json3-dev libstb-dev
+# nlohmann-json (safetensors headers), stb (PNG pictures; found with pkg-config),
+# and WenQuanYi Micro Hei, the font of PNG text (it covers Chinese; 5 MB, where
+# fonts-noto-cjk takes 90 MB), read at run time.
+BUILD_DEBS := g++ cmake make pkg-config libhwy-dev libcli11-dev nlohmann-json3-dev libstb-dev \
+              fonts-wqy-microhei
 # Python module: pybind11 and NumPy under Debian's /usr/bin/python3.
 PY_DEBS    := python3-dev python3-pybind11 python3-numpy
 # Test needs on top: GoogleTest, pytest, PyTorch as a test-only reference, and

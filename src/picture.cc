@@ -10,15 +10,12 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <functional>
+#include <span>
 #include <sstream>
 
 #include "attn/io.hpp"
-
-// stb's ASCII font: static functions, not all of them used here.
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wunused-function"
-#include <stb_easy_font.h>
-#pragma GCC diagnostic pop
+#include "png_text.hpp"
 
 namespace attn {
 namespace {
@@ -36,11 +33,41 @@ constexpr std::array<Rgb, 10> kViridis{{{0x44, 0x01, 0x54},
                                         {0x6d, 0xcd, 0x59},
                                         {0xb4, 0xde, 0x2c},
                                         {0xfd, 0xe7, 0x25}}};
+// ColorBrewer's 11-class RdBu (Brewer, colorbrewer2.org) from blue to red, at
+// t = k/10, as matplotlib's RdBu_r interpolates it.
+constexpr std::array<Rgb, 11> kBlueWhiteRed{{{0x05, 0x30, 0x61},
+                                             {0x21, 0x66, 0xac},
+                                             {0x43, 0x93, 0xc3},
+                                             {0x92, 0xc5, 0xde},
+                                             {0xd1, 0xe5, 0xf0},
+                                             {0xf7, 0xf7, 0xf7},
+                                             {0xfd, 0xdb, 0xc7},
+                                             {0xf4, 0xa5, 0x82},
+                                             {0xd6, 0x60, 0x4d},
+                                             {0xb2, 0x18, 0x2b},
+                                             {0x67, 0x00, 0x1f}}};
 constexpr Rgb kBlack{0, 0, 0};
 
 // Sizes beyond these are refused before anything is allocated.
 constexpr int64_t kMaxPngSide = 16384;
 constexpr int64_t kMaxSvgCells = 1'000'000;
+
+std::span<const Rgb> stops_of(ColourMap map) {
+  if (map == ColourMap::BlueWhiteRed) return kBlueWhiteRed;
+  return kViridis;
+}
+
+Rgb interpolate(std::span<const Rgb> stops, double t) {
+  if (std::isnan(t)) return {128, 128, 128};
+  const double x = std::clamp(t, 0.0, 1.0) * static_cast<double>(stops.size() - 1);
+  const size_t k = std::min(static_cast<size_t>(x), stops.size() - 2);
+  const double f = x - static_cast<double>(k);
+  auto mix = [f](uint8_t a, uint8_t b) {
+    return static_cast<uint8_t>(std::lround(a + (b - a) * f));
+  };
+  const Rgb a = stops[k], b = stops[k + 1];
+  return {mix(a.r, b.r), mix(a.g, b.g), mix(a.b, b.b)};
+}
 
 int64_t rows_of(const HeatMap& m) { return m.values.dim(0); }
 int64_t cols_of(const HeatMap& m) { return m.values.dim(1); }
@@ -76,9 +103,10 @@ void validate(const char* what, const std::vector<HeatMap>& maps, const PictureO
 // The colour scale: the options' ends, else the range of the finite values.
 struct Scale {
   double vmin, vmax;
+  std::span<const Rgb> stops;
   Rgb colour(double v) const {
-    if (std::isnan(v)) return viridis(v);
-    return viridis(vmax > vmin ? (v - vmin) / (vmax - vmin) : 0.5);
+    if (std::isnan(v)) return interpolate(stops, v);
+    return interpolate(stops, vmax > vmin ? (v - vmin) / (vmax - vmin) : 0.5);
   }
 };
 
@@ -92,7 +120,7 @@ Scale colour_scale(const char* what, const std::vector<HeatMap>& maps,
         hi = std::max(hi, m.values[i]);
       }
   if (lo > hi) lo = 0, hi = 1;  // no finite value at all
-  Scale s{opt.vmin.value_or(lo), opt.vmax.value_or(hi)};
+  Scale s{opt.vmin.value_or(lo), opt.vmax.value_or(hi), stops_of(opt.colour_map)};
   if (!std::isfinite(s.vmin) || !std::isfinite(s.vmax) || s.vmin > s.vmax)
     throw ValueError(std::string(what) + ": the colour scale needs finite vmin <= vmax, got vmin " +
                      std::to_string(s.vmin) + ", vmax " + std::to_string(s.vmax));
@@ -128,24 +156,218 @@ bool has_extension(const std::string& path, const char* ext) {
   return true;
 }
 
-// ---- PNG ----------------------------------------------------------------
+// ---- Layout, the same for PNG and SVG -------------------------------------
 
-constexpr int kTextScale = 2;                 // stb_easy_font units -> pixels
-constexpr int64_t kLine = 12 * kTextScale;    // one line of stb_easy_font
-constexpr int64_t kMargin = 10, kGap = 16, kBarWidth = 16;
+constexpr int64_t kMargin = 10, kGap = 16, kBarWidth = 16, kPad = 4;
+constexpr int64_t kTickLength = 4, kTickGap = 2;  // tick marks, and their gap to the cells
+constexpr int64_t kLabelGap = kTickGap + kTickLength + 2;  // from the labels to the cells
 
-// stb_easy_font draws ASCII only: other bytes become '?'.
-std::string ascii(const std::string& s) {
-  std::string out;
-  for (unsigned char c : s)
-    if (c < 0x80) out += (c >= 32 && c < 127) ? static_cast<char>(c) : ' ';
-    else if ((c & 0xC0) != 0x80) out += '?';  // one '?' per UTF-8 character
+// How a format measures its text.
+struct TextMeasure {
+  int64_t line;                                     // the height of a line
+  std::function<int64_t(const std::string&)> width;
+  std::function<bool(const std::string&)> covers;   // can draw every character
+};
+
+enum class Anchor { Start, Middle, End };
+
+// One line of text: `anchor` says which end (or the middle) is at x; y is the
+// line's vertical centre. Vertical text reads upwards and is centred at (x, y).
+struct Text {
+  std::string text, css_class;
+  int64_t map;  // the heat map it belongs to; -1: the colour bar
+  int64_t x, y;
+  Anchor anchor = Anchor::Start;
+  bool vertical = false;
+};
+
+// A tick mark beside the cells of a heat map.
+struct TickMark {
+  int64_t map;
+  Box box;
+};
+
+struct Layout {
+  PictureLayout picture;
+  std::vector<Text> texts;
+  std::vector<TickMark> tick_marks;
+};
+
+// Labels are drawn every `step` cells, the smallest of 1, 2, 5, 10, 20, 50...
+// that leaves `spacing` pixels from one label's centre to the next.
+int64_t label_step(int64_t cell_px, int64_t spacing) {
+  for (int64_t decade = 1;; decade *= 10)
+    for (int64_t k : {1, 2, 5})
+      if (k * decade * cell_px >= spacing) return k * decade;
+}
+
+// The labels of one axis: the map's own, where the font can draw them (else
+// the index), or index ticks, every step-th of them.
+struct AxisLabels {
+  std::vector<int64_t> at;  // cell indices
+  std::vector<std::string> text;
+  bool ticks = false;
+};
+
+AxisLabels axis_labels(const std::vector<std::string>& labels, int64_t count, int64_t cell_px,
+                       bool rows, const TextMeasure& measure) {
+  AxisLabels a;
+  a.ticks = labels.empty();
+  std::vector<std::string> text(static_cast<size_t>(count));
+  int64_t extent = rows ? measure.line : 0;
+  for (int64_t i = 0; i < count; ++i) {
+    const bool own = !a.ticks && measure.covers(labels[i]);
+    text[i] = own ? labels[i] : std::to_string(i);
+    if (!rows) extent = std::max(extent, measure.width(text[i]));
+  }
+  // Numbers are spaced wider than tokens: a few ticks read better than many.
+  const int64_t step = label_step(cell_px, a.ticks ? 2 * extent : extent + kPad);
+  for (int64_t i = 0; i < count; i += step) {
+    a.at.push_back(i);
+    a.text.push_back(text[i]);
+  }
+  return a;
+}
+
+Box extent_of(const Text& t, const TextMeasure& measure) {
+  const int64_t w = measure.width(t.text), line = measure.line;
+  if (t.vertical) return {t.x - line / 2, t.y - w / 2, t.x - line / 2 + line, t.y - w / 2 + w};
+  const int64_t x0 = t.anchor == Anchor::Start    ? t.x
+                     : t.anchor == Anchor::Middle ? t.x - w / 2
+                                                  : t.x - w;
+  return {x0, t.y - line / 2, x0 + w, t.y - line / 2 + line};
+}
+
+void grow(Box& box, const Box& by) {
+  if (box.x1 <= box.x0) {
+    box = by;
+    return;
+  }
+  box = {std::min(box.x0, by.x0), std::min(box.y0, by.y0), std::max(box.x1, by.x1),
+         std::max(box.y1, by.y1)};
+}
+
+// Each slot of the grid: the title, the column axis title and the column
+// labels above the cells; the row axis title (vertical) and the row labels left
+// of them. The colour bar right of the grid, its numbers and title beside it.
+Layout lay_out(const char* what, const std::vector<HeatMap>& maps, const PictureOptions& opt,
+               const TextMeasure& measure) {
+  validate(what, maps, opt);
+  const Scale scale = colour_scale(what, maps, opt);
+  Layout out;
+  PictureLayout& l = out.picture;
+  l.cell_px = cell_size(maps, opt);
+  l.line_height = measure.line;
+  const int64_t line = measure.line, cell = l.cell_px;
+
+  std::vector<AxisLabels> row_labels, col_labels;
+  int64_t row_label_w = 0, cells_h = 0;
+  for (const HeatMap& m : maps) {
+    row_labels.push_back(axis_labels(m.row_labels, rows_of(m), cell, true, measure));
+    col_labels.push_back(axis_labels(m.col_labels, cols_of(m), cell, false, measure));
+    for (const auto& t : row_labels.back().text)
+      row_label_w = std::max(row_label_w, measure.width(t));
+    cells_h = std::max({cells_h, rows_of(m) * cell, measure.width(m.row_axis)});
+  }
+  const int64_t left = line + kPad + row_label_w + kLabelGap;
+  const int64_t top = 3 * line + kPad + kLabelGap;
+  int64_t slot_w = 0;
+  for (const HeatMap& m : maps)
+    slot_w = std::max({slot_w, left + cols_of(m) * cell, left + measure.width(m.title),
+                       left + measure.width(m.col_axis)});
+  const int64_t slot_h = top + cells_h + line / 2;  // room for the last row label
+  const int64_t cols = grid_columns(maps, opt);
+  const int64_t rows = (static_cast<int64_t>(maps.size()) + cols - 1) / cols;
+  const int64_t grid_w = cols * slot_w + (cols - 1) * kGap;
+  const int64_t grid_h = rows * slot_h + (rows - 1) * kGap;
+
+  for (size_t i = 0; i < maps.size(); ++i) {
+    const HeatMap& m = maps[i];
+    const auto map = static_cast<int64_t>(i);
+    const int64_t x0 = kMargin + map % cols * (slot_w + kGap) + left;
+    const int64_t y0 = kMargin + map / cols * (slot_h + kGap) + top;
+    const int64_t slot_top = y0 - top, cells_w = cols_of(m) * cell;
+    l.map_origin.emplace_back(x0, y0);
+    PictureLayout::MapText& boxes = l.map_text.emplace_back();
+    auto add = [&](Text t, Box& box) {
+      grow(box, extent_of(t, measure));
+      out.texts.push_back(std::move(t));
+    };
+    add({m.title, "title", map, x0, slot_top + line / 2}, boxes.title);
+    add({m.col_axis, "col-axis", map, x0 + cells_w / 2, slot_top + line + kPad + line / 2,
+         Anchor::Middle},
+        boxes.col_axis);
+    add({m.row_axis, "row-axis", map, x0 - left + line / 2,
+         y0 + std::max(rows_of(m) * cell, measure.width(m.row_axis)) / 2, Anchor::Middle, true},
+        boxes.row_axis);
+    const AxisLabels& c = col_labels[i];
+    for (size_t k = 0; k < c.at.size(); ++k) {
+      const int64_t x = x0 + c.at[k] * cell + cell / 2;
+      add({c.text[k], c.ticks ? "col-tick" : "col-label", map, x,
+           slot_top + 2 * line + kPad + line / 2, Anchor::Middle},
+          boxes.col_labels);
+      if (c.ticks)
+        out.tick_marks.push_back({map, {x, y0 - kTickGap - kTickLength, x + 1, y0 - kTickGap}});
+    }
+    const AxisLabels& r = row_labels[i];
+    for (size_t k = 0; k < r.at.size(); ++k) {
+      const int64_t y = y0 + r.at[k] * cell + cell / 2;
+      add({r.text[k], r.ticks ? "row-tick" : "row-label", map, x0 - kLabelGap, y, Anchor::End},
+          boxes.row_labels);
+      if (r.ticks)
+        out.tick_marks.push_back({map, {x0 - kTickGap - kTickLength, y, x0 - kTickGap, y + 1}});
+    }
+  }
+
+  l.bar_x = kMargin + grid_w + kGap;
+  l.bar_y = kMargin + top;
+  l.bar_width = kBarWidth;
+  l.bar_height = std::max(grid_h - top - line / 2, 3 * line);
+  const int64_t label_x = l.bar_x + kBarWidth + 6;
+  int64_t labels_w = 0;
+  Box bar_labels;
+  // The scale's ends and middle, beside the top, middle and bottom of the bar.
+  for (const auto& [value, y] : {std::pair{scale.vmax, l.bar_y},
+                                 {(scale.vmin + scale.vmax) / 2, l.bar_y + l.bar_height / 2},
+                                 {scale.vmin, l.bar_y + l.bar_height - 1}}) {
+    Text t{format_value(value), "bar-label", -1, label_x, y};
+    grow(bar_labels, extent_of(t, measure));
+    labels_w = std::max(labels_w, measure.width(t.text));
+    out.texts.push_back(std::move(t));
+  }
+  int64_t right = label_x + labels_w, bottom = std::max(kMargin + grid_h, bar_labels.y1);
+  if (!opt.scale_title.empty()) {
+    const int64_t w = measure.width(opt.scale_title);
+    Text t{opt.scale_title, "scale-title", -1, right + 6 + line / 2,
+           std::max(l.bar_y + l.bar_height / 2, kMargin + w / 2), Anchor::Middle, true};
+    l.scale_title = extent_of(t, measure);
+    out.texts.push_back(std::move(t));
+    right = l.scale_title.x1;
+    bottom = std::max(bottom, l.scale_title.y1);
+  }
+  l.width = right + kMargin;
+  l.height = bottom + kMargin;
   return out;
 }
 
-int64_t text_width(const std::string& s) {
-  std::string text = ascii(s);
-  return int64_t{stb_easy_font_width(text.data())} * kTextScale;
+// ---- PNG ----------------------------------------------------------------
+
+constexpr int kPngFontPx = 16;
+
+TextMeasure png_measure(const detail::PngFont& font) {
+  return {font.line_height(), [&font](const std::string& s) { return font.width(s); },
+          [&font](const std::string& s) { return font.covers(s); }};
+}
+
+Layout png_lay_out(const std::vector<HeatMap>& maps, const PictureOptions& options,
+                   const detail::PngFont& font) {
+  Layout layout = lay_out("write_png", maps, options, png_measure(font));
+  const PictureLayout& l = layout.picture;
+  if (l.width > kMaxPngSide || l.height > kMaxPngSide)
+    throw ValueError("write_png: the picture would be " + std::to_string(l.width) + " x " +
+                     std::to_string(l.height) + " pixels, more than " +
+                     std::to_string(kMaxPngSide) + " on a side; draw fewer or smaller maps");
+  return layout;
 }
 
 class Image {
@@ -153,29 +375,29 @@ class Image {
   Image(int64_t width, int64_t height)
       : width_(width), height_(height), rgb_(static_cast<size_t>(width * height * 3), 255) {}
 
-  void fill(int64_t x0, int64_t y0, int64_t x1, int64_t y1, Rgb c) {
-    x0 = std::max<int64_t>(x0, 0), y0 = std::max<int64_t>(y0, 0);
-    x1 = std::min(x1, width_), y1 = std::min(y1, height_);
-    for (int64_t y = y0; y < y1; ++y)
-      for (int64_t x = x0; x < x1; ++x) {
+  void fill(const Box& b, Rgb c) {
+    for (int64_t y = std::max<int64_t>(b.y0, 0); y < std::min(b.y1, height_); ++y)
+      for (int64_t x = std::max<int64_t>(b.x0, 0); x < std::min(b.x1, width_); ++x) {
         uint8_t* p = &rgb_[static_cast<size_t>((y * width_ + x) * 3)];
         p[0] = c.r, p[1] = c.g, p[2] = c.b;
       }
   }
 
-  // stb_easy_font builds each glyph from axis-aligned quads: fill them.
-  void text(int64_t x, int64_t y, const std::string& s, Rgb c) {
-    std::string t = ascii(s);
-    std::vector<char> quads(t.size() * 1024 + 64);
-    const int n = stb_easy_font_print(0, 0, t.data(), nullptr, quads.data(),
-                                      static_cast<int>(quads.size()));
-    for (int q = 0; q < n; ++q) {
-      float v[2][2];  // top-left and bottom-right vertices (the 1st and 3rd of 16 bytes each)
-      std::memcpy(v[0], &quads[q * 64], 2 * sizeof(float));
-      std::memcpy(v[1], &quads[q * 64 + 32], 2 * sizeof(float));
-      fill(x + std::lround(v[0][0] * kTextScale), y + std::lround(v[0][1] * kTextScale),
-           x + std::lround(v[1][0] * kTextScale), y + std::lround(v[1][1] * kTextScale), c);
-    }
+  // Blends text in colour c over the image, its top-left corner at (x, y);
+  // vertical text is turned a quarter left, to read upwards.
+  void blend(const detail::TextMask& mask, int64_t x, int64_t y, bool vertical, Rgb c) {
+    for (int64_t my = 0; my < mask.height; ++my)
+      for (int64_t mx = 0; mx < mask.width; ++mx) {
+        const int ink = mask.coverage[static_cast<size_t>(my * mask.width + mx)];
+        const int64_t px = vertical ? x + my : x + mx,
+                      py = vertical ? y + mask.width - 1 - mx : y + my;
+        if (ink == 0 || px < 0 || px >= width_ || py < 0 || py >= height_) continue;
+        uint8_t* p = &rgb_[static_cast<size_t>((py * width_ + px) * 3)];
+        auto mix = [ink](uint8_t under, uint8_t over) {
+          return static_cast<uint8_t>((under * (255 - ink) + over * ink + 127) / 255);
+        };
+        p[0] = mix(p[0], c.r), p[1] = mix(p[1], c.g), p[2] = mix(p[2], c.b);
+      }
   }
 
   void save(const std::string& path) const {
@@ -195,8 +417,8 @@ constexpr int64_t kFontPx = 14;
 // Chinese (and Japanese, Korean) tokens need a CJK font: list the common
 // ones on Linux, macOS and Windows before the generic family.
 constexpr const char* kFontFamily =
-    "'Noto Sans CJK SC', 'Source Han Sans SC', 'WenQuanYi Zen Hei', 'PingFang SC', "
-    "'Hiragino Sans GB', 'Microsoft YaHei', 'DejaVu Sans', sans-serif";
+    "'Noto Sans CJK SC', 'Source Han Sans SC', 'WenQuanYi Zen Hei', 'WenQuanYi Micro Hei', "
+    "'PingFang SC', 'Hiragino Sans GB', 'Microsoft YaHei', 'DejaVu Sans', sans-serif";
 
 std::string xml_escape(const std::string& s) {
   std::string out;
@@ -234,74 +456,53 @@ std::string cell_tooltip(const HeatMap& m, int64_t r, int64_t c, double v) {
          format_value(v);
 }
 
-}  // namespace
-
-Rgb viridis(double t) {
-  if (std::isnan(t)) return {128, 128, 128};
-  const double x = std::clamp(t, 0.0, 1.0) * (kViridis.size() - 1);
-  const size_t k = std::min(static_cast<size_t>(x), kViridis.size() - 2);
-  const double f = x - static_cast<double>(k);
-  auto mix = [f](uint8_t a, uint8_t b) {
-    return static_cast<uint8_t>(std::lround(a + (b - a) * f));
-  };
-  const Rgb a = kViridis[k], b = kViridis[k + 1];
-  return {mix(a.r, b.r), mix(a.g, b.g), mix(a.b, b.b)};
+void svg_text(std::ostringstream& o, const Text& t) {
+  const char* anchor = t.anchor == Anchor::Start    ? "start"
+                       : t.anchor == Anchor::Middle ? "middle"
+                                                    : "end";
+  o << "<text class=\"" << t.css_class << "\" x=\"" << t.x << "\" y=\"" << t.y
+    << "\" text-anchor=\"" << anchor << "\" dominant-baseline=\"central\"";
+  if (t.vertical) o << " transform=\"rotate(-90 " << t.x << ' ' << t.y << ")\"";
+  if (t.css_class == "title") o << " font-weight=\"bold\"";
+  o << '>' << xml_escape(t.text) << "</text>\n";
 }
 
-PngLayout png_layout(const std::vector<HeatMap>& maps, const PictureOptions& options) {
-  validate("write_png", maps, options);
-  PngLayout l;
-  l.cell_px = cell_size(maps, options);
-  int64_t slot_w = 0, slot_h = 0;
-  for (const HeatMap& m : maps) {
-    slot_w = std::max({slot_w, cols_of(m) * l.cell_px, text_width(m.title)});
-    slot_h = std::max(slot_h, kLine + rows_of(m) * l.cell_px);
-  }
-  const int64_t cols = grid_columns(maps, options);
-  const int64_t rows = (static_cast<int64_t>(maps.size()) + cols - 1) / cols;
-  const int64_t grid_w = cols * slot_w + (cols - 1) * kGap;
-  const int64_t grid_h = rows * slot_h + (rows - 1) * kGap;
-  for (size_t i = 0; i < maps.size(); ++i) {
-    const auto r = static_cast<int64_t>(i) / cols, c = static_cast<int64_t>(i) % cols;
-    l.map_origin.emplace_back(kMargin + c * (slot_w + kGap), kMargin + r * (slot_h + kGap) + kLine);
-  }
-  const Scale s = colour_scale("write_png", maps, options);
-  l.bar_x = kMargin + grid_w + kGap;
-  l.bar_y = kMargin + kLine;
-  l.bar_width = kBarWidth;
-  l.bar_height = std::max(grid_h - kLine, 2 * kLine);
-  const int64_t labels_w =
-      std::max(text_width(format_value(s.vmax)), text_width(format_value(s.vmin)));
-  l.width = l.bar_x + l.bar_width + 6 + labels_w + kMargin;
-  l.height = std::max(kMargin + grid_h, l.bar_y + l.bar_height + kLine / 2) + kMargin;
-  if (l.width > kMaxPngSide || l.height > kMaxPngSide)
-    throw ValueError("write_png: the picture would be " + std::to_string(l.width) + " x " +
-                     std::to_string(l.height) + " pixels, more than " +
-                     std::to_string(kMaxPngSide) + " on a side; draw fewer or smaller maps");
-  return l;
+}  // namespace
+
+Rgb viridis(double t) { return interpolate(kViridis, t); }
+Rgb blue_white_red(double t) { return interpolate(kBlueWhiteRed, t); }
+
+PictureLayout png_layout(const std::vector<HeatMap>& maps, const PictureOptions& options) {
+  const detail::PngFont font(options.png_font, kPngFontPx);
+  return png_lay_out(maps, options, font).picture;
 }
 
 void write_png(const std::string& path, const std::vector<HeatMap>& maps,
                const PictureOptions& options) {
-  const PngLayout l = png_layout(maps, options);
+  const detail::PngFont font(options.png_font, kPngFontPx);
+  const Layout layout = png_lay_out(maps, options, font);
+  const PictureLayout& l = layout.picture;
   const Scale s = colour_scale("write_png", maps, options);
   Image img(l.width, l.height);
   for (size_t i = 0; i < maps.size(); ++i) {
     const HeatMap& m = maps[i];
     const auto [x0, y0] = l.map_origin[i];
-    img.text(x0, y0 - kLine, m.title, kBlack);
     for (int64_t r = 0; r < rows_of(m); ++r)
       for (int64_t c = 0; c < cols_of(m); ++c)
-        img.fill(x0 + c * l.cell_px, y0 + r * l.cell_px, x0 + (c + 1) * l.cell_px,
-                 y0 + (r + 1) * l.cell_px, s.colour(m.values[r * cols_of(m) + c]));
+        img.fill({x0 + c * l.cell_px, y0 + r * l.cell_px, x0 + (c + 1) * l.cell_px,
+                  y0 + (r + 1) * l.cell_px},
+                 s.colour(m.values[r * cols_of(m) + c]));
+  }
+  for (const TickMark& mark : layout.tick_marks) img.fill(mark.box, kBlack);
+  const TextMeasure measure = png_measure(font);
+  for (const Text& t : layout.texts) {
+    const Box box = extent_of(t, measure);
+    img.blend(font.render(t.text), box.x0, box.y0, t.vertical, kBlack);
   }
   // The bar runs from vmax (top row) to vmin (bottom row).
   for (int64_t j = 0; j < l.bar_height; ++j)
-    img.fill(l.bar_x, l.bar_y + j, l.bar_x + l.bar_width, l.bar_y + j + 1,
-             viridis(1.0 - static_cast<double>(j) / static_cast<double>(l.bar_height - 1)));
-  const int64_t label_x = l.bar_x + l.bar_width + 6;
-  img.text(label_x, l.bar_y, format_value(s.vmax), kBlack);
-  img.text(label_x, l.bar_y + l.bar_height - kLine / 2, format_value(s.vmin), kBlack);
+    img.fill({l.bar_x, l.bar_y + j, l.bar_x + l.bar_width, l.bar_y + j + 1},
+             interpolate(s.stops, 1.0 - static_cast<double>(j) / double(l.bar_height - 1)));
   img.save(path);
 }
 
@@ -313,75 +514,50 @@ void write_svg(const std::string& path, const std::vector<HeatMap>& maps,
   if (cells > kMaxSvgCells)
     throw ValueError("write_svg: " + std::to_string(cells) + " cells are more than " +
                      std::to_string(kMaxSvgCells) + " (one <rect> each); write a .png instead");
+  const TextMeasure measure{kFontPx + 6,
+                            [](const std::string& s) { return label_width(s, kFontPx); },
+                            [](const std::string&) { return true; }};
+  const Layout layout = lay_out("write_svg", maps, options, measure);
+  const PictureLayout& l = layout.picture;
   const Scale s = colour_scale("write_svg", maps, options);
-  const int64_t cell = cell_size(maps, options);
-  const int64_t label_px = std::clamp<int64_t>(cell - 4, 8, kFontPx);
-
-  // Every slot of the grid: title, column labels, then row labels beside the cells.
-  int64_t label_w = 0, col_label_h = 0, slot_w = 0, grid_cells_h = 0;
-  for (const HeatMap& m : maps) {
-    for (const auto& t : m.row_labels) label_w = std::max(label_w, label_width(t, label_px) + 6);
-    if (!m.col_labels.empty()) col_label_h = label_px + 6;
-    grid_cells_h = std::max(grid_cells_h, rows_of(m) * cell);
-  }
-  for (const HeatMap& m : maps)
-    slot_w = std::max({slot_w, label_w + cols_of(m) * cell, label_width(m.title, kFontPx)});
-  const int64_t title_h = kFontPx + 8;
-  const int64_t slot_h = title_h + col_label_h + grid_cells_h;
-  const int64_t cols = grid_columns(maps, options);
-  const int64_t rows = (static_cast<int64_t>(maps.size()) + cols - 1) / cols;
-  const int64_t grid_w = cols * slot_w + (cols - 1) * kGap;
-  const int64_t grid_h = rows * slot_h + (rows - 1) * kGap;
-  const int64_t bar_x = kMargin + grid_w + kGap, bar_y = kMargin + title_h + col_label_h;
-  const int64_t bar_h = std::max<int64_t>(grid_h - title_h - col_label_h, 3 * kFontPx);
-  const std::string vmax = format_value(s.vmax), vmin = format_value(s.vmin);
-  const int64_t width = bar_x + kBarWidth + 6 +
-                        std::max(label_width(vmax, kFontPx), label_width(vmin, kFontPx)) + kMargin;
-  const int64_t height = std::max(kMargin + grid_h, bar_y + bar_h) + kMargin;
 
   std::ostringstream o;
   o << "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n"
-    << "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" << width << "\" height=\"" << height
-    << "\" viewBox=\"0 0 " << width << ' ' << height << "\" font-family=\"" << kFontFamily
-    << "\" font-size=\"" << kFontPx << "\">\n"
-    << "<defs><linearGradient id=\"viridis\" x1=\"0\" y1=\"1\" x2=\"0\" y2=\"0\">";
-  for (size_t k = 0; k < kViridis.size(); ++k)
-    o << "<stop offset=\"" << format_value(double(k) / double(kViridis.size() - 1))
-      << "\" stop-color=\"" << hex(kViridis[k]) << "\"/>";
+    << "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" << l.width << "\" height=\""
+    << l.height << "\" viewBox=\"0 0 " << l.width << ' ' << l.height << "\" font-family=\""
+    << kFontFamily << "\" font-size=\"" << kFontPx << "\">\n"
+    << "<defs><linearGradient id=\"colour-map\" x1=\"0\" y1=\"1\" x2=\"0\" y2=\"0\">";
+  for (size_t k = 0; k < s.stops.size(); ++k)
+    o << "<stop offset=\"" << format_value(double(k) / double(s.stops.size() - 1))
+      << "\" stop-color=\"" << hex(s.stops[k]) << "\"/>";
   o << "</linearGradient></defs>\n"
     << "<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n";
   for (size_t i = 0; i < maps.size(); ++i) {
     const HeatMap& m = maps[i];
-    const int64_t sx = kMargin + static_cast<int64_t>(i) % cols * (slot_w + kGap);
-    const int64_t sy = kMargin + static_cast<int64_t>(i) / cols * (slot_h + kGap);
-    const int64_t x0 = sx + label_w, y0 = sy + title_h + col_label_h;
-    o << "<g class=\"heatmap\">\n<text class=\"title\" x=\"" << x0 << "\" y=\"" << sy + kFontPx
-      << "\" font-weight=\"bold\">" << xml_escape(m.title) << "</text>\n";
-    for (size_t c = 0; c < m.col_labels.size(); ++c)
-      o << "<text class=\"col-label\" x=\"" << x0 + static_cast<int64_t>(c) * cell + cell / 2
-        << "\" y=\"" << y0 - 6 << "\" font-size=\"" << label_px << "\" text-anchor=\"middle\">"
-        << xml_escape(m.col_labels[c]) << "</text>\n";
-    for (size_t r = 0; r < m.row_labels.size(); ++r)
-      o << "<text class=\"row-label\" x=\"" << x0 - 6 << "\" y=\""
-        << y0 + static_cast<int64_t>(r) * cell + cell / 2 << "\" font-size=\"" << label_px
-        << "\" text-anchor=\"end\" dominant-baseline=\"central\">"
-        << xml_escape(m.row_labels[r]) << "</text>\n";
+    const auto [x0, y0] = l.map_origin[i];
+    o << "<g class=\"heatmap\">\n";
+    for (const Text& t : layout.texts)
+      if (t.map == static_cast<int64_t>(i)) svg_text(o, t);
     o << "<g shape-rendering=\"crispEdges\">\n";
+    for (const auto& [map, b] : layout.tick_marks)
+      if (map == static_cast<int64_t>(i))
+        o << "<rect class=\"tick\" x=\"" << b.x0 << "\" y=\"" << b.y0 << "\" width=\""
+          << b.x1 - b.x0 << "\" height=\"" << b.y1 - b.y0 << "\"/>\n";
     for (int64_t r = 0; r < rows_of(m); ++r)
       for (int64_t c = 0; c < cols_of(m); ++c) {
         const double v = m.values[r * cols_of(m) + c];
-        o << "<rect class=\"cell\" x=\"" << x0 + c * cell << "\" y=\"" << y0 + r * cell
-          << "\" width=\"" << cell << "\" height=\"" << cell << "\" fill=\""
+        o << "<rect class=\"cell\" x=\"" << x0 + c * l.cell_px << "\" y=\"" << y0 + r * l.cell_px
+          << "\" width=\"" << l.cell_px << "\" height=\"" << l.cell_px << "\" fill=\""
           << hex(s.colour(v)) << "\"><title>" << xml_escape(cell_tooltip(m, r, c, v))
           << "</title></rect>\n";
       }
     o << "</g>\n</g>\n";
   }
-  o << "<g class=\"colour-bar\">\n<rect x=\"" << bar_x << "\" y=\"" << bar_y << "\" width=\""
-    << kBarWidth << "\" height=\"" << bar_h << "\" fill=\"url(#viridis)\"/>\n"
-    << "<text x=\"" << bar_x + kBarWidth + 6 << "\" y=\"" << bar_y + kFontPx << "\">" << vmax
-    << "</text>\n<text x=\"" << bar_x + kBarWidth + 6 << "\" y=\"" << bar_y + bar_h << "\">"
-    << vmin << "</text>\n</g>\n</svg>\n";
+  o << "<g class=\"colour-bar\">\n<rect x=\"" << l.bar_x << "\" y=\"" << l.bar_y << "\" width=\""
+    << l.bar_width << "\" height=\"" << l.bar_height << "\" fill=\"url(#colour-map)\"/>\n";
+  for (const Text& t : layout.texts)
+    if (t.map < 0) svg_text(o, t);
+  o << "</g>\n</svg>\n";
 
   std::ofstream f(path, std::ios::binary);
   if (!f) throw IOError("write_svg: cannot open '" + path + "' for writing: " + std::strerror(errno));

@@ -7,6 +7,8 @@
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <string>
+#include <vector>
 
 #include "attn/picture.hpp"
 #include "helpers.hpp"
@@ -80,6 +82,30 @@ TEST(Viridis, LightnessRisesSteadily) {
   }
 }
 
+// matplotlib's RdBu_r (ColorBrewer's RdBu reversed) at 0, 0.5 and 1.
+constexpr Rgb kRdBuR0{5, 48, 97}, kRdBuRHalf{247, 247, 247}, kRdBuR1{103, 0, 31};
+
+TEST(BlueWhiteRed, MatchesMatplotlibsRdBuR) {
+  EXPECT_EQ(blue_white_red(0), kRdBuR0);
+  EXPECT_EQ(blue_white_red(0.5), kRdBuRHalf);
+  EXPECT_EQ(blue_white_red(1), kRdBuR1);
+  EXPECT_EQ(blue_white_red(-1), kRdBuR0);  // clamped
+  EXPECT_EQ(blue_white_red(3), kRdBuR1);
+  EXPECT_EQ(blue_white_red(NAN), (Rgb{128, 128, 128}));
+  const Rgb low = blue_white_red(0.25), high = blue_white_red(0.75);
+  EXPECT_GT(low.b, low.r) << "below the middle is blue";
+  EXPECT_GT(high.r, high.b) << "above it red";
+}
+
+TEST(BlueWhiteRed, LightestInTheMiddle) {
+  // A diverging map: lightness (luma as a stand-in) rises to the middle, then falls.
+  auto luma = [](Rgb c) { return 0.2126 * c.r + 0.7152 * c.g + 0.0722 * c.b; };
+  for (int k = 0; k < 50; ++k) {
+    EXPECT_LT(luma(blue_white_red(k / 100.0)), luma(blue_white_red((k + 1) / 100.0))) << k;
+    EXPECT_GT(luma(blue_white_red((50 + k) / 100.0)), luma(blue_white_red((51 + k) / 100.0))) << k;
+  }
+}
+
 TEST(Png, DecodesToTheLayoutWithTheExpectedColours) {
   TempDir dir;
   const std::vector<HeatMap> maps{map_of("head 0", {2, 3}, {1, 0.5, 0, 0.25, 0.75, NAN}),
@@ -91,7 +117,7 @@ TEST(Png, DecodesToTheLayoutWithTheExpectedColours) {
   const auto path = dir.file("w.png");
   write_png(path, maps, opt);
   const Decoded png = decode(path);
-  const PngLayout l = png_layout(maps, opt);
+  const PictureLayout l = png_layout(maps, opt);
   EXPECT_EQ(png.width, l.width);
   EXPECT_EQ(png.height, l.height);
   // Two 3-cell-wide maps side by side and a colour bar: wider than the cells alone.
@@ -121,7 +147,7 @@ TEST(Png, DefaultScaleIsTheDataRange) {
   const auto path = dir.file("range.png");
   write_picture(path, maps);  // chosen by the extension
   const Decoded png = decode(path);
-  const PngLayout l = png_layout(maps);
+  const PictureLayout l = png_layout(maps);
   auto centre = [&](int64_t c) {
     return png.at(l.map_origin[0].first + c * l.cell_px + l.cell_px / 2,
                   l.map_origin[0].second + l.cell_px / 2);
@@ -129,6 +155,144 @@ TEST(Png, DefaultScaleIsTheDataRange) {
   EXPECT_EQ(centre(0), kViridis0);
   expect_near(centre(1), kViridisHalf, 3, "the middle of [-3, 7]");
   EXPECT_EQ(centre(2), kViridis1);
+}
+
+// Whether any pixel of the box is not white (ink of text or a tick mark).
+bool has_ink(const Decoded& png, const Box& b) {
+  EXPECT_LT(b.x0, b.x1);
+  EXPECT_LT(b.y0, b.y1);
+  EXPECT_GE(b.x0, 0);
+  EXPECT_GE(b.y0, 0);
+  EXPECT_LE(b.x1, png.width);
+  EXPECT_LE(b.y1, png.height);
+  for (int64_t y = std::max<int64_t>(b.y0, 0); y < std::min<int64_t>(b.y1, png.height); ++y)
+    for (int64_t x = std::max<int64_t>(b.x0, 0); x < std::min<int64_t>(b.x1, png.width); ++x)
+      if (png.at(x, y) != Rgb{255, 255, 255}) return true;
+  return false;
+}
+
+bool same_pixels(const Decoded& a, const Decoded& b) {
+  return a.width == b.width && a.height == b.height &&
+         std::equal(a.rgb.get(), a.rgb.get() + a.width * a.height * 3, b.rgb.get());
+}
+
+HeatMap weights_of(std::vector<std::string> tokens) {
+  HeatMap m = map_of("猫 咬 狗, sinusoidal, head 0", {3, 3}, {0.2, 0.3, 0.5, 0.1, 0.8, 0.1, 0.3, 0.3, 0.4});
+  m.row_labels = m.col_labels = std::move(tokens);
+  m.row_axis = "query";
+  m.col_axis = "key";
+  return m;
+}
+
+void require_the_font() {
+  ASSERT_TRUE(fs::exists(kPngFont)) << kPngFont << " is missing: install fonts-wqy-microhei "
+                                    << "(make demo and make test do)";
+}
+
+TEST(Png, TitlesAxisTitlesAndTokenLabelsAreDrawn) {
+  require_the_font();
+  TempDir dir;
+  PictureOptions opt;
+  opt.scale_title = "attention weight";
+  for (const std::vector<std::string>& tokens :
+       {std::vector<std::string>{"the", "cat", "bit"}, std::vector<std::string>{"猫", "咬", "狗"}}) {
+    const std::vector<HeatMap> maps{weights_of(tokens), weights_of(tokens)};
+    write_png(dir.file("w.png"), maps, opt);
+    const Decoded png = decode(dir.file("w.png"));
+    const PictureLayout l = png_layout(maps, opt);
+    ASSERT_EQ(l.map_text.size(), 2u);
+    for (size_t i = 0; i < maps.size(); ++i) {
+      const auto& text = l.map_text[i];
+      const auto [x0, y0] = l.map_origin[i];
+      EXPECT_TRUE(has_ink(png, text.title)) << tokens[0];
+      EXPECT_TRUE(has_ink(png, text.row_axis)) << tokens[0];
+      EXPECT_TRUE(has_ink(png, text.col_axis)) << tokens[0];
+      EXPECT_TRUE(has_ink(png, text.row_labels)) << tokens[0];
+      EXPECT_TRUE(has_ink(png, text.col_labels)) << tokens[0];
+      // The labels sit beside the cells: left of them, and above them.
+      EXPECT_LE(text.row_labels.x1, x0);
+      EXPECT_LE(text.col_labels.y1, y0);
+      EXPECT_LE(text.row_axis.x1, text.row_labels.x0);
+      EXPECT_LE(text.col_axis.y1, text.col_labels.y0);
+    }
+    EXPECT_TRUE(has_ink(png, l.scale_title));
+  }
+}
+
+TEST(Png, ChineseLabelsAreDrawnWithTheirGlyphs) {
+  require_the_font();
+  TempDir dir;
+  auto draw = [&](const std::string& name, std::vector<std::string> tokens, const std::string& font) {
+    PictureOptions opt;
+    opt.png_font = font;
+    write_png(dir.file(name), {weights_of(std::move(tokens))}, opt);
+    return decode(dir.file(name));
+  };
+  // Each character its own glyph: neither the index nor one missing-glyph box.
+  const Decoded chinese = draw("zh.png", {"猫", "咬", "狗"}, kPngFont);
+  const Decoded indices = draw("idx.png", {"0", "1", "2"}, kPngFont);
+  EXPECT_FALSE(same_pixels(chinese, indices));
+  EXPECT_TRUE(same_pixels(indices, draw("utf8.png", {"\xe7\x8c", "1", "2"}, kPngFont)))
+      << "a label of malformed UTF-8 is drawn as its index";
+  EXPECT_FALSE(same_pixels(chinese, draw("swap.png", {"狗", "咬", "猫"}, kPngFont)));
+  // Without the font: the built-in ASCII font, Chinese labels as their index.
+  const Decoded builtin = draw("b.png", {"猫", "咬", "狗"}, "");
+  EXPECT_TRUE(same_pixels(builtin, draw("b_idx.png", {"0", "1", "2"}, "")));
+  EXPECT_TRUE(same_pixels(builtin, draw("missing.png", {"猫", "咬", "狗"}, dir.file("no-such-font.ttc"))));
+  std::ofstream(dir.file("not-a-font.ttf")) << "not a font";
+  EXPECT_TRUE(same_pixels(builtin, draw("bad.png", {"猫", "咬", "狗"}, dir.file("not-a-font.ttf"))));
+  // ASCII labels stay themselves in the built-in font.
+  EXPECT_FALSE(same_pixels(draw("b_en.png", {"the", "cat", "bit"}, ""), builtin));
+}
+
+TEST(Png, TheTableHasTicksEveryTenPositionsAndDimensions) {
+  TempDir dir;
+  HeatMap table;
+  table.title = "sinusoidal encoding, n=50, d=64";
+  table.values = Tensor<double>({50, 64});
+  table.row_axis = "position";
+  table.col_axis = "dimension";
+  for (const std::string& font : {std::string(kPngFont), std::string()}) {
+    PictureOptions opt;
+    opt.png_font = font;
+    write_png(dir.file("pe.png"), {table}, opt);
+    const Decoded png = decode(dir.file("pe.png"));
+    const PictureLayout l = png_layout({table}, opt);
+    const int64_t x0 = l.map_origin[0].first, y0 = l.map_origin[0].second;
+    const int64_t cell = l.cell_px, centre = cell / 2;
+    EXPECT_TRUE(has_ink(png, l.map_text[0].row_labels));
+    EXPECT_TRUE(has_ink(png, l.map_text[0].col_labels));
+    // A tick mark (in the few pixels beside the cells) at each tenth cell, none between.
+    auto col_tick = [&](int64_t c) {
+      return has_ink(png, {x0 + c * cell + centre, y0 - 8, x0 + c * cell + centre + 1, y0});
+    };
+    auto row_tick = [&](int64_t r) {
+      return has_ink(png, {x0 - 8, y0 + r * cell + centre, x0, y0 + r * cell + centre + 1});
+    };
+    for (int64_t c = 0; c < 64; ++c) EXPECT_EQ(col_tick(c), c % 10 == 0) << "dimension " << c;
+    for (int64_t r = 0; r < 50; ++r) EXPECT_EQ(row_tick(r), r % 10 == 0) << "position " << r;
+  }
+}
+
+TEST(Png, DifferencesUseTheDivergingMap) {
+  TempDir dir;
+  const std::vector<HeatMap> maps{map_of("d", {1, 3}, {-0.2, 0, 0.2})};
+  PictureOptions opt;
+  opt.colour_map = ColourMap::BlueWhiteRed;
+  opt.vmin = -0.2;
+  opt.vmax = 0.2;
+  write_png(dir.file("d.png"), maps, opt);
+  const Decoded png = decode(dir.file("d.png"));
+  const PictureLayout l = png_layout(maps, opt);
+  auto centre = [&](int64_t c) {
+    return png.at(l.map_origin[0].first + c * l.cell_px + l.cell_px / 2,
+                  l.map_origin[0].second + l.cell_px / 2);
+  };
+  EXPECT_EQ(centre(0), kRdBuR0);
+  EXPECT_EQ(centre(1), kRdBuRHalf);
+  EXPECT_EQ(centre(2), kRdBuR1);
+  EXPECT_EQ(png.at(l.bar_x + l.bar_width / 2, l.bar_y), kRdBuR1);
+  EXPECT_EQ(png.at(l.bar_x + l.bar_width / 2, l.bar_y + l.bar_height - 1), kRdBuR0);
 }
 
 TEST(Picture, BadInputIsAClearError) {

@@ -28,7 +28,12 @@ void attend(const AttendArgs& args, Tensor<T> x) {
   }
   const auto result = multi_head_with_weights(x.view(), args.heads, options);
   write_npy(args.out, result.out.view());
-  draw_weights(args.weights, result.weights, tokens);
+  // The titles say what was drawn: the sentence, the encoding, the mask.
+  std::string caption;
+  for (const auto& t : tokens) caption += (caption.empty() ? "" : " ") + t;
+  caption += (caption.empty() ? "" : ", ") + encoding_title(args.pe);
+  if (args.causal) caption += ", causal";
+  draw_weights(args.weights, result.weights, tokens, caption, probability_scale());
 }
 
 }  // namespace

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <map>
 #include <random>
 #include <string>
 #include <vector>
@@ -56,7 +57,28 @@ void compare_sentences(const char* title, PositionalEncoding encoding) {
   }
 }
 
-// The walkthrough's pictures, each as .png and .svg, into `folder`.
+// 狗 咬 猫 is 猫 咬 狗 mirrored: reversing the rows and columns of its weights
+// (heads, n, n) lines its words up with 猫 咬 狗's.
+Tensor<double> weight_difference(const Tensor<float>& cat_bites_dog,
+                                 const Tensor<float>& dog_bites_cat) {
+  const int64_t heads = cat_bites_dog.dim(0), n = cat_bites_dog.dim(1);
+  Tensor<double> d({heads, n, n});
+  for (int64_t h = 0; h < heads; ++h)
+    for (int64_t i = 0; i < n; ++i)
+      for (int64_t j = 0; j < n; ++j)
+        d[(h * n + i) * n + j] = double{cat_bites_dog[(h * n + i) * n + j]} -
+                                 double{dog_bites_cat[(h * n + (n - 1 - i)) * n + (n - 1 - j)]};
+  return d;
+}
+
+double max_abs(const Tensor<double>& t) {
+  double m = 0;
+  for (int64_t i = 0; i < t.numel(); ++i) m = std::fmax(m, std::fabs(t[i]));
+  return m;
+}
+
+// The walkthrough's pictures, each as .png and .svg, into `folder`, and the
+// two sentences' word vectors as .npy (the input of `attn attend`).
 void write_pictures(const std::string& folder) {
   namespace fs = std::filesystem;
   std::error_code error;
@@ -67,25 +89,83 @@ void write_pictures(const std::string& folder) {
     for (const char* ext : {".png", ".svg"}) draw((fs::path(folder) / (name + ext)).string());
     std::printf("   %s.png, .svg\n", (fs::path(folder) / name).string().c_str());
   };
-  std::printf("5. Pictures (the .svg files name the words and show each weight on hover):\n");
+  std::printf("5. Pictures (the .svg files show each value on hover):\n");
   std::printf("   the sinusoidal table, n=%lld, d=%lld (fast stripes left, slow right):\n",
               static_cast<long long>(kTableRows), static_cast<long long>(kTableDim));
   const auto table = sinusoidal_encoding<float>(kTableRows, kTableDim);
   both("positional_encoding", [&](const std::string& path) { draw_encoding(path, table); });
-  std::printf("   the weights of each head (row: the word attending; column: the word attended to):\n");
-  for (const auto& [name, words] : {std::pair{"cat_bites_dog", kCatBitesDog},
-                                    std::pair{"dog_bites_cat", kDogBitesCat}}) {
+
+  struct Sentence {
+    const char* name;
+    std::vector<int> words;
+    std::string text;
     std::vector<std::string> tokens;
-    for (int w : words) tokens.emplace_back(kWords[w]);
+    std::map<PositionalEncoding, Tensor<float>> weights;  // (heads, n, n)
+  };
+  std::vector<Sentence> sentences{{"cat_bites_dog", kCatBitesDog, "", {}, {}},
+                                  {"dog_bites_cat", kDogBitesCat, "", {}, {}}};
+  double lo = INFINITY, hi = -INFINITY;
+  for (Sentence& s : sentences) {
+    for (int w : s.words) {
+      s.tokens.emplace_back(kWords[w]);
+      s.text += (s.text.empty() ? "" : " ") + s.tokens.back();
+    }
+    const auto x = sentence(s.words);
+    write_npy((fs::path(folder) / (std::string(s.name) + ".npy")).string(), x.view());
     for (const auto& [encoding_name, encoding] : kPositionalEncodings) {
-      const auto x = with_positions(sentence(words), encoding, kHeads);
-      const auto weights = multi_head_with_weights(x.view(), kHeads).weights;
-      both(std::string("weights_") + name + "_" + encoding_name,
-           [&](const std::string& path) { draw_weights(path, weights, tokens); });
+      auto weights =
+          multi_head_with_weights(with_positions(x, encoding, kHeads).view(), kHeads).weights;
+      for (int64_t i = 0; i < weights.numel(); ++i)
+        lo = std::fmin(lo, weights[i]), hi = std::fmax(hi, weights[i]);
+      s.weights.emplace(encoding, std::move(weights));
     }
   }
-  std::printf("   -> without positions, 狗 咬 猫's weights are 猫 咬 狗's with rows and columns\n"
-              "      reversed; with positions they are not.\n");
+  // The weights lie in a narrow band: drawn on it (the same for all six
+  // pictures) their differences show; on [0, 1] they would look alike.
+  char range[64];
+  std::snprintf(range, sizeof range, "the demo's range, %.2f to %.2f", lo, hi);
+  PictureOptions weight_scale;
+  weight_scale.vmin = lo;
+  weight_scale.vmax = hi;
+  weight_scale.scale_title = "weight, the demo's range";
+  std::printf("   the weights of each head (row: the word attending, the query; column: the word\n"
+              "   attended to, the key), all on one scale, %s:\n", range);
+  for (const Sentence& s : sentences)
+    for (const auto& [encoding_name, encoding] : kPositionalEncodings) {
+      const auto& weights = s.weights.at(encoding);
+      const std::string caption = s.text + ", " + encoding_title(encoding);
+      both(std::string("weights_") + s.name + "_" + encoding_name, [&](const std::string& path) {
+        draw_weights(path, weights, s.tokens, caption, weight_scale);
+      });
+    }
+
+  std::printf("   %s's weights minus %s's with rows and columns reversed (so that the words\n"
+              "   line up), on one scale symmetric about 0 (white):\n",
+              sentences[0].text.c_str(), sentences[1].text.c_str());
+  std::map<PositionalEncoding, Tensor<double>> differences;
+  double largest = 0;
+  for (const auto& [encoding_name, encoding] : kPositionalEncodings) {
+    auto d =
+        weight_difference(sentences[0].weights.at(encoding), sentences[1].weights.at(encoding));
+    largest = std::fmax(largest, max_abs(d));
+    differences.emplace(encoding, std::move(d));
+  }
+  PictureOptions difference_scale;
+  difference_scale.colour_map = ColourMap::BlueWhiteRed;
+  difference_scale.vmin = -largest;
+  difference_scale.vmax = largest;
+  difference_scale.scale_title = "difference (" + sentences[1].text + " reversed)";
+  for (const auto& [encoding_name, encoding] : kPositionalEncodings) {
+    const auto& d = differences.at(encoding);
+    const std::string caption =
+        sentences[0].text + " - " + sentences[1].text + ", " + encoding_title(encoding);
+    both(std::string("difference_") + encoding_name, [&](const std::string& path) {
+      draw_weights(path, d, sentences[0].tokens, caption, difference_scale);
+    });
+    std::printf("     %s: max |difference| = %.3g\n", encoding_title(encoding).c_str(), max_abs(d));
+  }
+  std::printf("   -> without positions the difference is blank: 狗 咬 猫's weights are 猫 咬 狗's\n"
+              "      reversed. With positions it is not.\n");
 }
 
 }  // namespace

@@ -15,18 +15,29 @@ void draw_encoding(const std::string& path, const Tensor<float>& table) {
   PictureOptions options;
   options.vmin = -1;
   options.vmax = 1;
+  options.scale_title = "sin or cos";
   write_picture(path, {map}, options);
+}
+
+PictureOptions probability_scale() {
+  PictureOptions options;
+  options.vmin = 0;
+  options.vmax = 1;
+  options.scale_title = "attention weight";
+  return options;
 }
 
 template <class T>
 void draw_weights(const std::string& path, const Tensor<T>& weights,
-                  const std::vector<std::string>& tokens) {
+                  const std::vector<std::string>& tokens, const std::string& caption,
+                  PictureOptions options) {
   const bool batched = weights.rank() == 4;
   const int64_t heads = weights.dim(-3), n = weights.dim(-1);
   std::vector<HeatMap> maps(n == 0 ? 0 : static_cast<size_t>(weights.numel() / (n * n)));
   for (size_t m = 0; m < maps.size(); ++m) {
     const auto b = static_cast<int64_t>(m) / heads, h = static_cast<int64_t>(m) % heads;
-    maps[m].title = (batched ? "batch " + std::to_string(b) + ", " : "") + "head " +
+    maps[m].title = (caption.empty() ? "" : caption + ", ") +
+                    (batched ? "batch " + std::to_string(b) + ", " : "") + "head " +
                     std::to_string(h);
     maps[m].values = Tensor<double>({n, n});
     for (int64_t i = 0; i < n * n; ++i)
@@ -35,16 +46,13 @@ void draw_weights(const std::string& path, const Tensor<T>& weights,
     maps[m].row_axis = "query";
     maps[m].col_axis = "key";
   }
-  PictureOptions options;
   options.columns = heads;
-  options.vmin = 0;
-  options.vmax = 1;
   write_picture(path, maps, options);
 }
 template void draw_weights(const std::string&, const Tensor<float>&,
-                           const std::vector<std::string>&);
+                           const std::vector<std::string>&, const std::string&, PictureOptions);
 template void draw_weights(const std::string&, const Tensor<double>&,
-                           const std::vector<std::string>&);
+                           const std::vector<std::string>&, const std::string&, PictureOptions);
 
 std::vector<std::string> split_tokens(const std::string& text) {
   std::istringstream words(text);

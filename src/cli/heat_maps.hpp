@@ -12,12 +12,17 @@ namespace attn::cli {
 // The table (n, d) as one map, on the scale [-1, 1] of sin and cos.
 void draw_encoding(const std::string& path, const Tensor<float>& table);
 
+// The scale of probabilities, [0, 1], comparable from one picture to the next.
+PictureOptions probability_scale();
+
 // weights (heads, n, n) or (batch, heads, n, n), drawn one map per head, a row
-// of the grid per batch element, on the scale [0, 1] of probabilities.
+// of the grid per batch element, on the scale `options` gives; the maps are
+// titled "<caption>, head h" ("<caption>, batch b, head h"; no caption: "head h").
 // tokens: none, or one per word (labels on both axes).
 template <class T>
 void draw_weights(const std::string& path, const Tensor<T>& weights,
-                  const std::vector<std::string>& tokens);
+                  const std::vector<std::string>& tokens, const std::string& caption,
+                  PictureOptions options);
 
 // "猫 咬 狗" -> {"猫", "咬", "狗"} (split at spaces).
 std::vector<std::string> split_tokens(const std::string& text);

@@ -19,6 +19,19 @@ inline const std::map<std::string, PositionalEncoding> kPositionalEncodings{
     {"sinusoidal", PositionalEncoding::Sinusoidal},
     {"rope", PositionalEncoding::Rope}};
 
+// How picture titles name an encoding.
+inline std::string encoding_title(PositionalEncoding encoding) {
+  switch (encoding) {
+    case PositionalEncoding::None:
+      return "no positions";
+    case PositionalEncoding::Sinusoidal:
+      return "sinusoidal";
+    case PositionalEncoding::Rope:
+      return "RoPE";
+  }
+  return "";
+}
+
 // x (..., n, d) with positions 0..n-1 encoded, as a `heads`-head model sees them.
 template <class T>
 Tensor<T> with_positions(Tensor<T> x, PositionalEncoding encoding, int64_t heads) {

@@ -36,7 +36,7 @@ def png_size(path):
 
 
 def svg_maps(path):
-    """Per heat map: title, column labels, row labels, cell tooltips."""
+    """Per heat map: title, axis titles, column and row labels, index ticks, cell tooltips and fills."""
     root = ET.parse(path).getroot()
     assert root.tag == SVG + "svg"
     maps = []
@@ -46,8 +46,11 @@ def svg_maps(path):
         texts = lambda cls: [t.text for t in g.iter(SVG + "text") if t.get("class") == cls]
         cells = [r for r in g.iter(SVG + "rect") if r.get("class") == "cell"]
         maps.append(dict(title=texts("title")[0], cols=texts("col-label"),
-                         rows=texts("row-label"),
-                         tips=[c.find(SVG + "title").text for c in cells]))
+                         rows=texts("row-label"), col_axis=texts("col-axis")[0],
+                         row_axis=texts("row-axis")[0], col_ticks=texts("col-tick"),
+                         row_ticks=texts("row-tick"),
+                         tips=[c.find(SVG + "title").text for c in cells],
+                         fills=[c.get("fill") for c in cells]))
     return root, maps
 
 
@@ -77,6 +80,10 @@ def test_pe_pictures(tmp_path):
     _, maps = svg_maps(tmp_path / "pe.svg")
     assert len(maps) == 1 and len(maps[0]["tips"]) == 12 * 10
     assert "n=12, d=10" in maps[0]["title"]
+    assert maps[0]["row_axis"] == "position" and maps[0]["col_axis"] == "dimension"
+    # Index ticks, thinned out to leave two lines of text from one to the next (cells are 26 high).
+    assert maps[0]["row_ticks"] == [str(p) for p in range(0, 12, 2)]
+    assert maps[0]["col_ticks"] == [str(i) for i in range(10)]
     # The tooltip of position 3, dimension 4 holds that entry of the table.
     tip = maps[0]["tips"][3 * 10 + 4]
     assert tip.startswith("position 3, dimension 4: ")
@@ -161,11 +168,12 @@ def test_attend_weights_svg_has_a_cell_per_weight_and_the_labels(tmp_path):
        "--weights", tmp_path / "w.svg", "--tokens", "猫 咬 狗")
     root, maps = svg_maps(tmp_path / "w.svg")
     assert "CJK" in root.get("font-family")
-    assert [m["title"] for m in maps] == ["head 0", "head 1", "head 2", "head 3"]
+    assert [m["title"] for m in maps] == [f"猫 咬 狗, no positions, head {h}" for h in range(4)]
     _, weights = attn.attention(*(np.ascontiguousarray(x.reshape(3, 4, 2).transpose(1, 0, 2)),) * 3,
                                 return_weights=True)  # (heads, n, n), from the head slices
     for h, m in enumerate(maps):
         assert m["cols"] == ["猫", "咬", "狗"] and m["rows"] == ["猫", "咬", "狗"]
+        assert m["row_axis"] == "query" and m["col_axis"] == "key"
         assert len(m["tips"]) == 9
         values = [float(t.rsplit(": ", 1)[1]) for t in m["tips"]]
         np.testing.assert_allclose(np.reshape(values, (3, 3)), weights[h], atol=1e-4)
@@ -177,7 +185,7 @@ def test_attend_weights_of_a_batch(tmp_path):
     ok("attend", tmp_path / "in.npy", "--heads", 3, "--causal", "--out", tmp_path / "o.npy",
        "--weights", tmp_path / "w.svg")
     _, maps = svg_maps(tmp_path / "w.svg")
-    assert len(maps) == 6 and maps[4]["title"] == "batch 1, head 1"
+    assert len(maps) == 6 and maps[4]["title"] == "no positions, causal, batch 1, head 1"
     assert all(len(m["tips"]) == 16 and m["cols"] == [] for m in maps)
     # Causal: weights above the diagonal are zero.
     assert float(maps[0]["tips"][1].rsplit(": ", 1)[1]) == 0
@@ -187,22 +195,90 @@ def test_attend_weights_of_a_batch(tmp_path):
     assert width > 3 * 4 and height > 2 * 4
 
 
+ENCODING_TITLES = {"none": "no positions", "sinusoidal": "sinusoidal", "rope": "RoPE"}
+
+
 def test_demo_writes_its_pictures(tmp_path):
     r = ok("demo", "--out", tmp_path / "pics")
     names = sorted(os.listdir(tmp_path / "pics"))
-    assert len(names) == 14 and "positional_encoding.png" in names
-    for sentence in ("cat_bites_dog", "dog_bites_cat"):
-        for encoding in ("none", "sinusoidal", "rope"):
+    assert len(names) == 22 and "positional_encoding.png" in names
+    _, table = svg_maps(tmp_path / "pics" / "positional_encoding.svg")
+    assert table[0]["row_ticks"] == ["0", "10", "20", "30", "40"]
+    assert table[0]["col_ticks"] == ["0", "10", "20", "30", "40", "50", "60"]
+    for sentence, words in (("cat_bites_dog", "猫 咬 狗"), ("dog_bites_cat", "狗 咬 猫")):
+        for encoding, title in ENCODING_TITLES.items():
             name = f"weights_{sentence}_{encoding}"
             assert str(tmp_path / "pics" / name) in r.stdout
             _, maps = svg_maps(tmp_path / "pics" / (name + ".svg"))
             assert len(maps) == 4 and all(len(m["tips"]) == 9 for m in maps)
+            assert [m["title"] for m in maps] == [f"{words}, {title}, head {h}" for h in range(4)]
+            assert all(m["row_axis"] == "query" and m["col_axis"] == "key" for m in maps)
             png_size(tmp_path / "pics" / (name + ".png"))
     # Without positions the reversed sentence's weights are the reversed weights.
     _, a = svg_maps(tmp_path / "pics" / "weights_cat_bites_dog_none.svg")
     _, b = svg_maps(tmp_path / "pics" / "weights_dog_bites_cat_none.svg")
     value = lambda m: np.reshape([float(t.rsplit(": ", 1)[1]) for t in m["tips"]], (3, 3))
     np.testing.assert_allclose(value(b[1]), value(a[1])[::-1, ::-1], atol=1e-4)
+
+
+def bar_labels(path):
+    root = ET.parse(path).getroot()
+    return [float(t.text) for t in root.iter(SVG + "text") if t.get("class") == "bar-label"]
+
+
+def test_demo_difference_is_blank_without_positions_only(tmp_path):
+    """The weights of 猫 咬 狗 minus those of 狗 咬 猫 with rows and columns reversed,
+    computed here from the demo's word vectors with attn.attention on each head's slice,
+    against the demo's difference pictures."""
+    ok("demo", "--out", tmp_path)
+    heads = 4
+    cat, dog = np.load(tmp_path / "cat_bites_dog.npy"), np.load(tmp_path / "dog_bites_cat.npy")
+    np.testing.assert_array_equal(dog, cat[::-1])  # the same words, mirrored
+    n, d = cat.shape
+    encode = {"none": lambda x: x,
+              "sinusoidal": lambda x: x + attn.positional_encoding(n, d),
+              "rope": lambda x: np_rope_per_head(x, heads).astype(np.float32)}
+
+    def weights(x):  # (heads, n, n)
+        s = np.ascontiguousarray(x.reshape(n, heads, d // heads).transpose(1, 0, 2))
+        return attn.attention(s, s, s, return_weights=True)[1].astype(np.float64)
+
+    largest = {}
+    for encoding, title in ENCODING_TITLES.items():
+        diff = weights(encode[encoding](cat)) - weights(encode[encoding](dog))[:, ::-1, ::-1]
+        largest[encoding] = np.abs(diff).max()
+        _, maps = svg_maps(tmp_path / f"difference_{encoding}.svg")
+        png_size(tmp_path / f"difference_{encoding}.png")
+        assert [m["title"] for m in maps] == [f"猫 咬 狗 - 狗 咬 猫, {title}, head {h}" for h in range(4)]
+        for h, m in enumerate(maps):
+            assert m["rows"] == m["cols"] == ["猫", "咬", "狗"]
+            drawn = [float(t.rsplit(": ", 1)[1]) for t in m["tips"]]  # 4 significant digits
+            np.testing.assert_allclose(np.reshape(drawn, (3, 3)), diff[h], atol=1e-4)
+    # float32 rounding only without positions (the same words, the same sums, in
+    # another order); with positions the article's point: the weights differ.
+    assert largest["none"] < 1e-6
+    assert largest["sinusoidal"] >= 0.05 and largest["rope"] >= 0.05
+    # One symmetric scale for the three pictures, on which "none" is blank (white).
+    for encoding in ENCODING_TITLES:
+        top, middle, bottom = bar_labels(tmp_path / f"difference_{encoding}.svg")
+        assert top == pytest.approx(max(largest.values()), abs=1e-4) and middle == 0 and bottom == -top
+    _, blank = svg_maps(tmp_path / "difference_none.svg")
+    assert {f for m in blank for f in m["fills"]} == {"#f7f7f7"}
+    _, rope = svg_maps(tmp_path / "difference_rope.svg")
+    assert len({f for m in rope for f in m["fills"]}) > 9
+
+
+def test_demo_weights_share_the_range_of_the_data(tmp_path):
+    ok("demo", "--out", tmp_path)
+    values = []
+    for sentence in ("cat_bites_dog", "dog_bites_cat"):
+        for encoding in ENCODING_TITLES:
+            _, maps = svg_maps(tmp_path / f"weights_{sentence}_{encoding}.svg")
+            values += [float(t.rsplit(": ", 1)[1]) for m in maps for t in m["tips"]]
+            top, _, bottom = bar_labels(tmp_path / f"weights_{sentence}_{encoding}.svg")
+    # The colour bar spans the weights (not [0, 1]), the same for all six pictures.
+    assert top == pytest.approx(max(values), abs=1e-4) and bottom == pytest.approx(min(values), abs=1e-4)
+    assert top - bottom < 0.9
 
 
 # ---------------------------------------------------------------------------
