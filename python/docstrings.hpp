@@ -40,9 +40,11 @@ Shapes
 mask
     Boolean: True where the query MAY attend (as PyTorch's
     scaled_dot_product_attention and ONNX Attention; the opposite of
-    nn.MultiheadAttention's attn_mask). Float: added to the scaled logits
-    (-inf forbids). Must broadcast to (..., Hq, n_q, n_k) under NumPy rules;
-    a mask that does not is a ValueError, never padded.
+    nn.MultiheadAttention's attn_mask); a disallowed key takes no part at
+    all, even a NaN in its value row. Float: added to the scaled logits
+    (-inf gives weight 0, but 0 * NaN is NaN). Integer masks are a TypeError
+    (convert: mask.astype(bool)). Must broadcast to (..., Hq, n_q, n_k) under
+    NumPy rules; a mask that does not is a ValueError, never padded.
 
 causal
     False (default), True (= 'bottom_right') or 'top_left'.
@@ -151,6 +153,8 @@ boolean convention):
     attn_mask: boolean True = NOT allowed, or float added to the logits;
                (n_q, n_k) or per head (batch * num_heads, n_q, n_k).
     key_padding_mask: (batch, n_k) ((n_k,) unbatched); boolean True = padding.
+uint8 masks read as boolean, as in PyTorch. A blocked or padded key takes no
+part at all, even a NaN in its input.
 causal: False, True (= 'bottom_right') or 'top_left'.
 A query row with no allowed key gets zero attention output, so only the output
 projection's bias (PyTorch gives NaN there).
