@@ -7,6 +7,7 @@
 #include <cctype>
 #include <cstring>
 #include <fstream>
+#include <string_view>
 #include <vector>
 
 #include "attn/half.hpp"
@@ -24,15 +25,6 @@ std::string read_file(const std::string& path) {
   std::string data((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
   if (f.bad()) throw IOError(path + ": read failed");
   return data;
-}
-
-void write_file(const std::string& path, const std::string& head, const char* data,
-                size_t size) {
-  std::ofstream f(path, std::ios::binary | std::ios::trunc);
-  if (!f) throw IOError(path + ": cannot open for writing");
-  f.write(head.data(), static_cast<std::streamsize>(head.size()));
-  f.write(data, static_cast<std::streamsize>(size));
-  if (!f) throw IOError(path + ": write failed");
 }
 
 uint64_t read_le(const std::string& s, size_t at, int bytes) {
@@ -84,7 +76,7 @@ void npy_write(const std::string& path, TensorView<const T> a, const char* descr
   head += le_bytes(dict.size(), v1 ? 2 : 4);
   head += dict;
   const Tensor<T> c = contiguous(a);
-  write_file(path, head, reinterpret_cast<const char*>(c.data()), c.numel() * sizeof(T));
+  write_file(path, {head, {reinterpret_cast<const char*>(c.data()), c.numel() * sizeof(T)}});
 }
 
 // The header is a Python dict literal with exactly the keys 'descr',
@@ -314,7 +306,7 @@ void write_safetensors(const std::string& path,
   }
   std::string json = header.dump();
   json.append((8 - json.size() % 8) % 8, ' ');  // align the data section to 8 bytes
-  write_file(path, le_bytes(json.size(), 8) + json, data.data(), data.size());
+  write_file(path, {le_bytes(json.size(), 8) + json, data});
 }
 
 }  // namespace attn

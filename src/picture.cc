@@ -5,14 +5,12 @@
 #include <algorithm>
 #include <array>
 #include <cctype>
-#include <cerrno>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
-#include <fstream>
 #include <sstream>
 
-#include "attn/io.hpp"
+#include "attn/file.hpp"
 
 // stb's ASCII font: static functions, not all of them used here.
 #pragma GCC diagnostic push
@@ -178,10 +176,18 @@ class Image {
     }
   }
 
-  void save(const std::string& path) const {
+  // The PNG file's bytes (stb writes them to memory; write_file saves them).
+  std::string png() const {
     const auto w = static_cast<int>(width_), h = static_cast<int>(height_);
-    if (!stbi_write_png(path.c_str(), w, h, 3, rgb_.data(), w * 3))
-      throw IOError("write_png: cannot write '" + path + "': " + std::strerror(errno));
+    std::string bytes;
+    const auto append = [](void* out, void* data, int size) {
+      static_cast<std::string*>(out)->append(static_cast<const char*>(data),
+                                             static_cast<size_t>(size));
+    };
+    if (!stbi_write_png_to_func(append, &bytes, w, h, 3, rgb_.data(), w * 3))
+      throw ValueError("write_png: stb could not encode the " + std::to_string(w) + " x " +
+                       std::to_string(h) + " picture");
+    return bytes;
   }
 
  private:
@@ -281,8 +287,7 @@ PngLayout png_layout(const std::vector<HeatMap>& maps, const PictureOptions& opt
   return l;
 }
 
-void write_png(const std::string& path, const std::vector<HeatMap>& maps,
-               const PictureOptions& options) {
+std::string encode_png(const std::vector<HeatMap>& maps, const PictureOptions& options) {
   const PngLayout l = png_layout(maps, options);
   const Scale s = colour_scale("write_png", maps, options);
   Image img(l.width, l.height);
@@ -302,11 +307,10 @@ void write_png(const std::string& path, const std::vector<HeatMap>& maps,
   const int64_t label_x = l.bar_x + l.bar_width + 6;
   img.text(label_x, l.bar_y, format_value(s.vmax), kBlack);
   img.text(label_x, l.bar_y + l.bar_height - kLine / 2, format_value(s.vmin), kBlack);
-  img.save(path);
+  return img.png();
 }
 
-void write_svg(const std::string& path, const std::vector<HeatMap>& maps,
-               const PictureOptions& options) {
+std::string encode_svg(const std::vector<HeatMap>& maps, const PictureOptions& options) {
   validate("write_svg", maps, options);
   int64_t cells = 0;
   for (const HeatMap& m : maps) cells += m.values.numel();
@@ -382,18 +386,29 @@ void write_svg(const std::string& path, const std::vector<HeatMap>& maps,
     << "<text x=\"" << bar_x + kBarWidth + 6 << "\" y=\"" << bar_y + kFontPx << "\">" << vmax
     << "</text>\n<text x=\"" << bar_x + kBarWidth + 6 << "\" y=\"" << bar_y + bar_h << "\">"
     << vmin << "</text>\n</g>\n</svg>\n";
+  return o.str();
+}
 
-  std::ofstream f(path, std::ios::binary);
-  if (!f) throw IOError("write_svg: cannot open '" + path + "' for writing: " + std::strerror(errno));
-  f << o.str();
-  if (!f.flush()) throw IOError("write_svg: cannot write '" + path + "'");
+std::string encode_picture(const std::string& path, const std::vector<HeatMap>& maps,
+                           const PictureOptions& options) {
+  if (has_extension(path, ".png")) return encode_png(maps, options);
+  if (has_extension(path, ".svg")) return encode_svg(maps, options);
+  throw ValueError("write_picture: '" + path + "' does not end in .png or .svg");
+}
+
+void write_png(const std::string& path, const std::vector<HeatMap>& maps,
+               const PictureOptions& options) {
+  write_file(path, {encode_png(maps, options)});
+}
+
+void write_svg(const std::string& path, const std::vector<HeatMap>& maps,
+               const PictureOptions& options) {
+  write_file(path, {encode_svg(maps, options)});
 }
 
 void write_picture(const std::string& path, const std::vector<HeatMap>& maps,
                    const PictureOptions& options) {
-  if (has_extension(path, ".png")) return write_png(path, maps, options);
-  if (has_extension(path, ".svg")) return write_svg(path, maps, options);
-  throw ValueError("write_picture: '" + path + "' does not end in .png or .svg");
+  write_file(path, {encode_picture(path, maps, options)});
 }
 
 }  // namespace attn

@@ -1,6 +1,11 @@
 // .npy and safetensors: round trips, and every kind of corrupt file refused
 // with a clear error.
 #include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <cmath>
 #include <cstdio>
@@ -8,6 +13,8 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <sstream>
+#include <thread>
 
 #include "attn/half.hpp"
 #include "attn/io.hpp"
@@ -32,6 +39,20 @@ struct TempDir {
 
 void write_bytes(const std::string& path, const std::string& bytes) {
   std::ofstream(path, std::ios::binary) << bytes;
+}
+
+std::string read_bytes(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  std::ostringstream s;
+  s << f.rdbuf();
+  return s.str();
+}
+
+std::vector<std::string> names_in(const fs::path& dir) {
+  std::vector<std::string> names;
+  for (const auto& entry : fs::directory_iterator(dir)) names.push_back(entry.path().filename());
+  std::sort(names.begin(), names.end());
+  return names;
 }
 
 std::string le(uint64_t v, int n) {
@@ -101,6 +122,99 @@ TEST(Half, Bf16IsTheNearestEvenBfloat) {
     ASSERT_EQ(got, expected) << f;
   }
   EXPECT_TRUE(std::isnan(bf16_to_float(float_to_bf16(std::nanf("")))));
+}
+
+// ---------------------------------------------------------------------------
+// write_file: every writer goes through it (write_npy here; the pictures and
+// the CLI's CSV are tested through the CLI in test_cli.py).
+
+TEST(WriteFile, AFullDeviceIsAnError) {
+  // A small file fits in the stream's buffer: only a checked flush and close
+  // see the failure (the old writer returned as if it had worked).
+  TempDir dir;
+  const Tensor<float> a({2, 2}, {1, 2, 3, 4});
+  EXPECT_THROW_MSG(write_npy("/dev/full", a.view()), IOError,
+                   "/dev/full: write failed: No space left on device");
+  fs::create_symlink("/dev/full", dir.file("full.npy"));
+  EXPECT_THROW_MSG(write_npy(dir.file("full.npy"), a.view()), IOError, "No space left on device");
+  EXPECT_THROW_MSG(write_safetensors(dir.file("full.npy"), {{"a", a.view()}}), IOError,
+                   "No space left on device");
+  EXPECT_TRUE(fs::is_symlink(dir.file("full.npy")));
+}
+
+TEST(WriteFile, AFailedWriteLeavesTheOldFileAndNoTemporary) {
+  // The write fails part way (the file size limit, with SIGXFSZ ignored so
+  // that write() reports EFBIG): in a child, whose limit cannot affect the
+  // test runner.
+  TempDir dir;
+  const std::string path = dir.file("a.npy");
+  const Tensor<float> small({2}, {1, 2});
+  write_npy(path, small.view());
+  const std::string old = read_bytes(path);
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    const rlimit limit{4096, 4096};
+    ::setrlimit(RLIMIT_FSIZE, &limit);
+    ::signal(SIGXFSZ, SIG_IGN);
+    try {
+      write_npy(path, Tensor<float>({10000}).view());
+    } catch (const IOError& e) {
+      _exit(std::string(e.what()).find(path + ": write failed: File too large") == 0 ? 0 : 3);
+    }
+    _exit(2);  // no error
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0) << "2: no error, 3: another message";
+  EXPECT_EQ(read_bytes(path), old);
+  EXPECT_EQ(names_in(dir.path), std::vector<std::string>{"a.npy"});
+}
+
+TEST(WriteFile, AMissingFolderIsAnErrorNamingIt) {
+  TempDir dir;
+  const std::string path = dir.file("no/such/a.npy");
+  EXPECT_THROW_MSG(write_npy(path, Tensor<float>({1}).view()), IOError,
+                   path + ": cannot write: cannot open a new file in '" + dir.file("no/such") +
+                       "': No such file or directory");
+}
+
+TEST(WriteFile, ReplacingKeepsTheModeAndTheLink) {
+  TempDir dir;
+  const std::string path = dir.file("a.npy"), link = dir.file("link.npy");
+  write_npy(path, Tensor<float>({1}, {1}).view());
+  ::chmod(path.c_str(), 0604);
+  fs::create_symlink("a.npy", link);
+  write_npy(link, Tensor<float>({2}, {5, 6}).view());
+  EXPECT_TRUE(fs::is_symlink(link));
+  const auto back = std::get<Tensor<float>>(read_npy(path));
+  EXPECT_EQ(back.shape(), Shape{2});
+  EXPECT_EQ(back[1], 6.0f);
+  struct stat st;
+  ASSERT_EQ(::stat(path.c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 07777, 0604u);
+  // A new file: the mode the umask gives (0666 & ~umask, as open() does).
+  const mode_t umask_before = ::umask(027);
+  write_npy(dir.file("new.npy"), Tensor<float>({1}).view());
+  ::umask(umask_before);
+  ASSERT_EQ(::stat(dir.file("new.npy").c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 07777, 0640u);
+  EXPECT_EQ(names_in(dir.path), (std::vector<std::string>{"a.npy", "link.npy", "new.npy"}));
+}
+
+TEST(WriteFile, AFifoIsWrittenInPlace) {
+  TempDir dir;
+  const std::string fifo = dir.file("pipe.npy"), file = dir.file("file.npy");
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  const Tensor<float> a({3}, {1, 2, 3});
+  std::string received;
+  std::thread reader([&] { received = read_bytes(fifo); });
+  write_npy(fifo, a.view());
+  reader.join();
+  write_npy(file, a.view());
+  EXPECT_EQ(received, read_bytes(file));
+  EXPECT_EQ(fs::status(fifo).type(), fs::file_type::fifo);
 }
 
 // ---------------------------------------------------------------------------

@@ -3,6 +3,8 @@
 // Readers validate everything before trusting it (magic, header length,
 // dtype, shape, byte counts, offsets) and report a corrupt or lying file as
 // ValueError naming the file and the problem; a missing file is IOError.
+// Writers go through write_file (attn/file.hpp): a failed write never loses
+// the old file.
 #pragma once
 
 #include <map>
@@ -10,15 +12,10 @@
 #include <variant>
 
 #include "attn/error.hpp"
+#include "attn/file.hpp"
 #include "attn/tensor.hpp"
 
 namespace attn {
-
-// A file could not be opened, read or written (Python: OSError).
-class IOError : public Error {
- public:
-  using Error::Error;
-};
 
 // .npy, format versions 1-3, little-endian float32 ('<f4') or float64
 // ('<f8'), C order. Fortran order, other dtypes and malformed or truncated

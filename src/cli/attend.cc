@@ -28,7 +28,7 @@ void attend(const AttendArgs& args, Tensor<T> x) {
   }
   const auto result = multi_head_with_weights(x.view(), args.heads, options);
   write_npy(args.out, result.out.view());
-  draw_weights(args.weights, result.weights, tokens);
+  write_file(args.weights, {weights_picture(args.weights, result.weights, tokens)});
 }
 
 }  // namespace

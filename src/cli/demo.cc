@@ -71,7 +71,8 @@ void write_pictures(const std::string& folder) {
   std::printf("   the sinusoidal table, n=%lld, d=%lld (fast stripes left, slow right):\n",
               static_cast<long long>(kTableRows), static_cast<long long>(kTableDim));
   const auto table = sinusoidal_encoding<float>(kTableRows, kTableDim);
-  both("positional_encoding", [&](const std::string& path) { draw_encoding(path, table); });
+  both("positional_encoding",
+       [&](const std::string& path) { write_file(path, {encoding_picture(path, table)}); });
   std::printf("   the weights of each head (row: the word attending; column: the word attended to):\n");
   for (const auto& [name, words] : {std::pair{"cat_bites_dog", kCatBitesDog},
                                     std::pair{"dog_bites_cat", kDogBitesCat}}) {
@@ -81,7 +82,7 @@ void write_pictures(const std::string& folder) {
       const auto x = with_positions(sentence(words), encoding, kHeads);
       const auto weights = multi_head_with_weights(x.view(), kHeads).weights;
       both(std::string("weights_") + name + "_" + encoding_name,
-           [&](const std::string& path) { draw_weights(path, weights, tokens); });
+           [&](const std::string& path) { write_file(path, {weights_picture(path, weights, tokens)}); });
     }
   }
   std::printf("   -> without positions, 狗 咬 猫's weights are 猫 咬 狗's with rows and columns\n"

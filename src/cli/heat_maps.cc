@@ -4,7 +4,7 @@
 
 namespace attn::cli {
 
-void draw_encoding(const std::string& path, const Tensor<float>& table) {
+std::string encoding_picture(const std::string& path, const Tensor<float>& table) {
   HeatMap map;
   map.title = "sinusoidal encoding, n=" + std::to_string(table.dim(0)) +
               ", d=" + std::to_string(table.dim(1));
@@ -15,12 +15,12 @@ void draw_encoding(const std::string& path, const Tensor<float>& table) {
   PictureOptions options;
   options.vmin = -1;
   options.vmax = 1;
-  write_picture(path, {map}, options);
+  return encode_picture(path, {map}, options);
 }
 
 template <class T>
-void draw_weights(const std::string& path, const Tensor<T>& weights,
-                  const std::vector<std::string>& tokens) {
+std::string weights_picture(const std::string& path, const Tensor<T>& weights,
+                            const std::vector<std::string>& tokens) {
   const bool batched = weights.rank() == 4;
   const int64_t heads = weights.dim(-3), n = weights.dim(-1);
   std::vector<HeatMap> maps(n == 0 ? 0 : static_cast<size_t>(weights.numel() / (n * n)));
@@ -39,12 +39,12 @@ void draw_weights(const std::string& path, const Tensor<T>& weights,
   options.columns = heads;
   options.vmin = 0;
   options.vmax = 1;
-  write_picture(path, maps, options);
+  return encode_picture(path, maps, options);
 }
-template void draw_weights(const std::string&, const Tensor<float>&,
-                           const std::vector<std::string>&);
-template void draw_weights(const std::string&, const Tensor<double>&,
-                           const std::vector<std::string>&);
+template std::string weights_picture(const std::string&, const Tensor<float>&,
+                                     const std::vector<std::string>&);
+template std::string weights_picture(const std::string&, const Tensor<double>&,
+                                     const std::vector<std::string>&);
 
 std::vector<std::string> split_tokens(const std::string& text) {
   std::istringstream words(text);

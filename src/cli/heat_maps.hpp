@@ -1,5 +1,7 @@
 // The heat maps the CLI draws: the sinusoidal table, and attention weights
-// head by head.
+// head by head. Each gives the bytes of the picture for `path` (.png or .svg
+// by its extension) without writing it, so that a command checks all of its
+// outputs before it writes any.
 #pragma once
 
 #include <string>
@@ -10,14 +12,14 @@
 namespace attn::cli {
 
 // The table (n, d) as one map, on the scale [-1, 1] of sin and cos.
-void draw_encoding(const std::string& path, const Tensor<float>& table);
+std::string encoding_picture(const std::string& path, const Tensor<float>& table);
 
 // weights (heads, n, n) or (batch, heads, n, n), drawn one map per head, a row
 // of the grid per batch element, on the scale [0, 1] of probabilities.
 // tokens: none, or one per word (labels on both axes).
 template <class T>
-void draw_weights(const std::string& path, const Tensor<T>& weights,
-                  const std::vector<std::string>& tokens);
+std::string weights_picture(const std::string& path, const Tensor<T>& weights,
+                            const std::vector<std::string>& tokens);
 
 // "猫 咬 狗" -> {"猫", "咬", "狗"} (split at spaces).
 std::vector<std::string> split_tokens(const std::string& text);

@@ -206,6 +206,53 @@ def test_demo_writes_its_pictures(tmp_path):
 
 
 # ---------------------------------------------------------------------------
+# Writing files: a failed write is an error and never costs the old file.
+
+def test_a_full_disk_is_an_error_for_every_kind_of_file(tmp_path):
+    """Small outputs fit in a stream's buffer, so only the final flush sees the
+    failure: it was unchecked, and these commands exited 0 having written nothing."""
+    np.save(tmp_path / "x.npy", np.ones((3, 8), np.float32))
+    for ext in ("npy", "csv", "png", "svg"):
+        os.symlink("/dev/full", tmp_path / f"full.{ext}")
+    for args in [["pe", "--n", 4, "--d", 4, "--out", tmp_path / "full.npy"],
+                 ["pe", "--n", 4, "--d", 4, "--out", tmp_path / "full.csv"],
+                 ["pe", "--n", 4, "--d", 4, "--out", tmp_path / "full.svg"],
+                 ["attend", tmp_path / "x.npy", "--out", tmp_path / "full.npy"],
+                 ["attend", tmp_path / "x.npy", "--out", tmp_path / "o.npy",
+                  "--weights", tmp_path / "full.png"]]:
+        r = run(*args)
+        assert r.returncode == 1, (args, r.stderr)
+        assert r.stderr.count("\n") == 1 and "full." in r.stderr, (args, r.stderr)
+        assert "write failed: No space left on device" in r.stderr, (args, r.stderr)
+
+
+def test_a_write_that_fails_part_way_keeps_the_old_file(tmp_path):
+    """Under a file size limit (SIGXFSZ ignored, so the write reports EFBIG) each
+    kind of output fails part way: the old file must survive byte for byte (it
+    was truncated first), with its mode, and no temporary file may be left."""
+    import resource
+    import signal
+
+    def limit_file_size():
+        resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+
+    names = ["pe.npy", "pe.csv", "pe.png", "pe.svg"]
+    for name in names:
+        out = tmp_path / name
+        ok("pe", "--n", 2, "--d", 2, "--out", out)
+        os.chmod(out, 0o604)
+        old = out.read_bytes()
+        r = subprocess.run([CLI, "pe", "--n", "200", "--d", "64", "--out", str(out)],  # > 20 kB each
+                           capture_output=True, text=True, preexec_fn=limit_file_size)
+        assert r.returncode == 1 and "write failed: File too large" in r.stderr, (name, r.stderr)
+        assert out.read_bytes() == old, name
+        ok("pe", "--n", 3, "--d", 2, "--out", out)  # a successful replacement keeps the mode
+        assert os.stat(out).st_mode & 0o7777 == 0o604, name
+    assert sorted(os.listdir(tmp_path)) == sorted(names)
+
+
+# ---------------------------------------------------------------------------
 # Bad input: one line on stderr, exit 2 for usage and 1 for runtime errors.
 
 def bad_cases(tmp):

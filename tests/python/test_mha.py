@@ -271,6 +271,15 @@ def test_save_load_and_seed(tmp_path):
         attn.MultiHeadAttention.load(path)
 
 
+def test_save_to_a_full_disk_is_an_os_error(tmp_path):
+    """A failed write raises (the final flush went unchecked: save returned as if it
+    had worked)."""
+    full = tmp_path / "full.safetensors"
+    os.symlink("/dev/full", full)
+    with pytest.raises(OSError, match="No space left on device"):
+        attn.MultiHeadAttention(4, 1).save(str(full))  # small: the old writer raised nothing
+
+
 # ---------------------------------------------------------------------------
 # The export script -> file -> `attn mha` CLI -> PyTorch's output
 
