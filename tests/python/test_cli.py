@@ -284,6 +284,8 @@ def bad_cases(tmp):
         (["attend", "--out", out], 2, "input is required"),
         (["attend", tmp / "missing.npy", "--out", out], 1, "missing.npy"),
         (["attend", tmp / "junk.npy", "--out", out], 1, "junk.npy"),
+        (["attend", "/dev/zero", "--out", out], 1, "/dev/zero: not a valid .npy file"),
+        (["attend", tmp, "--out", out], 1, f"{tmp}: cannot read: Is a directory"),
         (["attend", tmp / "flat.npy", "--out", out], 1, "has shape (8,); expected (n, d) or (batch, n, d)"),
         (["attend", tmp / "rank4.npy", "--out", out], 1, "expected (n, d) or (batch, n, d)"),
         (["attend", x, "--out", out, "--heads", 3], 1, "heads (3) must divide the model dimension d (8)"),
