@@ -27,8 +27,11 @@ void attend(const AttendArgs& args, Tensor<T> x) {
     return;
   }
   const auto result = multi_head_with_weights(x.view(), args.heads, options);
+  // The picture first: one that cannot be drawn (too large) must not leave
+  // the .npy written and the command failed.
+  const std::string picture = weights_picture(args.weights, result.weights, tokens);
   write_npy(args.out, result.out.view());
-  write_file(args.weights, {weights_picture(args.weights, result.weights, tokens)});
+  write_file(args.weights, {picture});
 }
 
 }  // namespace

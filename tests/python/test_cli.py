@@ -294,6 +294,32 @@ def bad_cases(tmp):
         (["attend", x, "--out", tmp / "no" / "out.npy"], 1, "out.npy"),
         (["attend", x, "--out", out, "--weights", tmp / "no" / "w.svg"], 1, "cannot open"),
         (["demo", "--out", tmp / "a_file"], 1, "cannot create the folder"),
+        # Every number range-checked on its text (CLI11 printed the range as
+        # 300-digit doubles, clamped overflow to INT64_MAX, wrapped -1).
+        (["attend", x, "--out", out, "--heads", 0], 2, "--heads: 0 is not in 1..1000000"),
+        (["attend", x, "--out", out, "--heads", "99999999999999999999"], 2,
+         "--heads: 99999999999999999999 is not in 1..1000000"),
+        (["pe", "--n", 3, "--d", 4, "--base", "nan", "--out", tmp / "pe.npy"], 2,
+         "--base: nan is not a finite number > 0"),
+        (["pe", "--n", 3, "--d", 4, "--base", "inf", "--out", tmp / "pe.npy"], 2, "--base: inf"),
+        (["pe", "--n", "3.5", "--d", 4, "--out", tmp / "pe.npy"], 2, "--n: '3.5' is not a whole number"),
+        (["pe", "--n", 100000001, "--d", 4, "--out", tmp / "pe.npy"], 2, "--n: 100000001 is not in 0..100000000"),
+        (["pe", "--n", 3, "--d", 1000001, "--out", tmp / "pe.npy"], 2, "--d: 1000001 is not in 1..1000000"),
+        (["experiment", "order", "--steps", "99999999999999999999"], 2,
+         "--steps: 99999999999999999999 is not in 0..10000000"),
+        (["experiment", "heads", "--steps", -1], 2, "--steps: -1 is not in 0..10000000"),
+        (["experiment", "order", "--seed", -1], 2, "--seed: -1 is not in 0..18446744073709551615"),
+        (["experiment", "heads", "--seed", "18446744073709551616"], 2, "--seed: 18446744073709551616 is not in"),
+        (["bench", "decode", "--queries", 9], 2, "--queries: 9 is not in 1..8"),
+        (["bench", "decode", "--kv-len", 0], 2, "--kv-len: 0 is not in"),
+        (["bench", "attention", "--n", 0], 2, "--n: 0 is not in"),
+        (["bench", "attention", "--head-dim", 4097], 2, "--head-dim: 4097 is not in 1..4096"),
+        (["bench", "attention", "--heads", 0], 2, "--heads: 0 is not in 1..4096"),
+        (["bench", "attention", "--kv-heads", 0], 2, "--kv-heads: 0 is not in 1..4096"),
+        (["bench", "attention", "--batch", 5000], 2, "--batch: 5000 is not in 1..4096"),
+        (["bench", "attention", "--threads", 0], 2, "--threads: 0 is not in 1.."),
+        (["mha", x, "--weights", tmp / "w.safetensors", "--out", tmp / "mo.png"], 2,
+         "--out: '" + str(tmp / "mo.png") + "' must end in .npy"),
     ]
 
 
@@ -306,6 +332,33 @@ def test_bad_input_is_one_line_and_the_right_exit_status(tmp_path):
         assert r.stderr.count("\n") == 1, what
         assert needle in r.stderr, what
         assert "terminate" not in r.stderr and "Traceback" not in r.stderr, what
+
+
+def test_version_is_the_projects():
+    import re
+    cmake = open(os.path.join(ROOT, "CMakeLists.txt")).read()
+    version = re.search(r"project\(attn VERSION ([0-9.]+)", cmake).group(1)
+    assert ok("--version").stdout == f"attn {version}\n"
+
+
+def test_outputs_are_checked_before_any_is_written(tmp_path):
+    """A picture too large to draw (over a million SVG cells) is an error before
+    the .npy is written: it was written, and then the command failed."""
+    np.save(tmp_path / "x.npy", np.zeros((1001, 4), np.float32))
+    r = run("attend", tmp_path / "x.npy", "--heads", 1, "--out", tmp_path / "out.npy",
+            "--weights", tmp_path / "w.svg")
+    assert r.returncode == 1 and "write_svg: 1002001 cells" in r.stderr, r.stderr
+    assert sorted(os.listdir(tmp_path)) == ["x.npy"]
+
+
+def test_experiment_order_writes_weights_only_with_out(tmp_path):
+    """It wrote order_weights/ into the current folder, even with --json."""
+    for args in (["--json"], []):
+        r = subprocess.run([CLI, "experiment", "order", "--steps", "1", *args], cwd=tmp_path,
+                           capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0, r.stderr
+        assert os.listdir(tmp_path) == [], args
+    assert "--out FOLDER" in r.stdout
 
 
 @pytest.mark.parametrize("sub", ["demo", "pe", "attend", "mha"])
