@@ -51,7 +51,7 @@ CLI::Validator integer_in(Int lo, Int hi) {
         if (error != std::errc() || stop != end) return "'" + text + "' is not a whole number";
         return "";
       },
-      "INT in " + range);
+      range);
 }
 
 // A usage error unless the text is a finite number > 0 (not NaN, not inf).
@@ -65,7 +65,7 @@ CLI::Validator positive_finite() {
           return text + " is not a finite number > 0";
         return "";
       },
-      "NUMBER > 0");
+      "> 0");
 }
 
 // Bounds of the numbers on the command line: far beyond any real use, small
