@@ -2,11 +2,17 @@
 
 #include <nlohmann/json.hpp>
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <bit>
 #include <cctype>
+#include <cerrno>
 #include <cstring>
-#include <fstream>
+#include <optional>
+#include <string_view>
 #include <vector>
 
 #include "attn/half.hpp"
@@ -18,22 +24,71 @@ namespace {
 static_assert(std::endian::native == std::endian::little);
 static_assert(sizeof(float) == 4 && sizeof(double) == 8);
 
-std::string read_file(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  if (!f) throw IOError(path + ": cannot open for reading");
-  std::string data((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-  if (f.bad()) throw IOError(path + ": read failed");
-  return data;
-}
+// A file read front to back. A regular file's size is known before reading;
+// a stream (a pipe, /dev/stdin, /dev/zero) is read only as far as asked, so
+// an endless one cannot exhaust memory.
+class InputFile {
+ public:
+  explicit InputFile(const std::string& path) : path_(path) {
+    fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd_ < 0) fail("cannot open for reading", errno);
+    struct stat st;
+    const bool known = ::fstat(fd_, &st) == 0;
+    const int error = !known ? errno : S_ISDIR(st.st_mode) ? EISDIR : 0;
+    if (error) {
+      ::close(fd_);  // no destructor runs for a constructor that throws
+      fail(known ? "cannot read" : "cannot open for reading", error);
+    }
+    if (S_ISREG(st.st_mode)) size_ = static_cast<uint64_t>(st.st_size);
+  }
+  InputFile(const InputFile&) = delete;
+  InputFile& operator=(const InputFile&) = delete;
+  ~InputFile() { ::close(fd_); }
 
-void write_file(const std::string& path, const std::string& head, const char* data,
-                size_t size) {
-  std::ofstream f(path, std::ios::binary | std::ios::trunc);
-  if (!f) throw IOError(path + ": cannot open for writing");
-  f.write(head.data(), static_cast<std::streamsize>(head.size()));
-  f.write(data, static_cast<std::streamsize>(size));
-  if (!f) throw IOError(path + ": write failed");
-}
+  // Up to n bytes into dst; fewer only at the end of the file.
+  uint64_t read(char* dst, uint64_t n) {
+    uint64_t done = 0;
+    while (done < n) {
+      const ssize_t got = ::read(fd_, dst + done, std::min<uint64_t>(n - done, 1 << 30));
+      if (got < 0 && errno == EINTR) continue;
+      if (got < 0) fail("read failed", errno);
+      if (got == 0) break;
+      done += static_cast<uint64_t>(got);
+    }
+    offset_ += done;
+    return done;
+  }
+
+  // Up to n bytes, grown as they arrive: n may come from a lying header.
+  std::string read(uint64_t n) {
+    std::string s;
+    while (s.size() < n) {
+      const uint64_t chunk = std::min<uint64_t>(n - s.size(), 1 << 20);
+      const size_t old = s.size();
+      s.resize(old + chunk);
+      const uint64_t got = read(s.data() + old, chunk);
+      s.resize(old + got);
+      if (got < chunk) break;
+    }
+    return s;
+  }
+
+  // The bytes not read yet, where known (a regular file).
+  std::optional<uint64_t> remaining() const {
+    if (!size_) return std::nullopt;
+    return *size_ > offset_ ? *size_ - offset_ : 0;
+  }
+
+ private:
+  [[noreturn]] void fail(const char* what, int error) {
+    throw IOError(path_ + ": " + what + ": " + std::strerror(error));
+  }
+
+  std::string path_;
+  int fd_ = -1;
+  std::optional<uint64_t> size_;
+  uint64_t offset_ = 0;
+};
 
 uint64_t read_le(const std::string& s, size_t at, int bytes) {
   uint64_t v = 0;
@@ -55,19 +110,6 @@ std::string le_bytes(uint64_t v, int bytes) {
 }
 
 template <class T>
-Tensor<T> npy_payload(const std::string& path, const std::string& bytes, size_t offset,
-                      const Shape& shape) {
-  const int64_t n = checked_numel(shape, sizeof(T), (path + ": shape").c_str());
-  const uint64_t need = static_cast<uint64_t>(n) * sizeof(T);
-  if (bytes.size() - offset != need)
-    npy_fail(path, "shape " + shape_str(shape) + " needs " + std::to_string(need) +
-                       " bytes of data, the file has " + std::to_string(bytes.size() - offset));
-  Tensor<T> t(shape);
-  std::memcpy(t.data(), bytes.data() + offset, need);
-  return t;
-}
-
-template <class T>
 void npy_write(const std::string& path, TensorView<const T> a, const char* descr) {
   std::string dict = std::string("{'descr': '") + descr + "', 'fortran_order': False, 'shape': (";
   for (int i = 0; i < a.rank(); ++i) dict += std::to_string(a.dim(i)) + (a.rank() == 1 ? "," : i + 1 < a.rank() ? ", " : "");
@@ -84,7 +126,7 @@ void npy_write(const std::string& path, TensorView<const T> a, const char* descr
   head += le_bytes(dict.size(), v1 ? 2 : 4);
   head += dict;
   const Tensor<T> c = contiguous(a);
-  write_file(path, head, reinterpret_cast<const char*>(c.data()), c.numel() * sizeof(T));
+  write_file(path, {head, {reinterpret_cast<const char*>(c.data()), c.numel() * sizeof(T)}});
 }
 
 // The header is a Python dict literal with exactly the keys 'descr',
@@ -166,6 +208,68 @@ NpyHeader parse_npy_header(const std::string& path, const std::string& h) {
   return r;
 }
 
+// The dtypes read: float16, float32 and float64 in either byte order.
+struct NpyDtype {
+  size_t size;  // bytes per element: 2, 4 or 8
+  bool big_endian;
+};
+
+std::optional<NpyDtype> parse_npy_dtype(const std::string& descr) {
+  // '=' is native order, which static_assert above makes little-endian.
+  if (descr.size() != 3 || std::strchr("<>=", descr[0]) == nullptr || descr[1] != 'f')
+    return std::nullopt;
+  const size_t size = static_cast<size_t>(descr[2] - '0');
+  if (size != 2 && size != 4 && size != 8) return std::nullopt;
+  return NpyDtype{size, descr[0] == '>'};
+}
+
+// Element i of `raw` (in the file's dtype) as T.
+template <class T>
+T npy_element(const char* raw, int64_t i, NpyDtype dtype) {
+  char bytes[8];
+  std::memcpy(bytes, raw + static_cast<size_t>(i) * dtype.size, dtype.size);
+  if (dtype.big_endian) std::reverse(bytes, bytes + dtype.size);
+  if (dtype.size == 2) {
+    uint16_t h;
+    std::memcpy(&h, bytes, 2);
+    return static_cast<T>(fp16_to_float(h));
+  }
+  T v;
+  std::memcpy(&v, bytes, sizeof(T));
+  return v;
+}
+
+// The data after the header: exactly the bytes the shape needs, converted
+// to T (native byte order, C order).
+template <class T>
+Tensor<T> npy_payload(const std::string& path, InputFile& in, const NpyHeader& h,
+                      NpyDtype dtype) {
+  const Shape& shape = h.shape;
+  const int64_t n = checked_numel(shape, sizeof(T), (path + ": shape").c_str());
+  const uint64_t need = static_cast<uint64_t>(n) * dtype.size;
+  const auto mismatch = [&](const std::string& has) {
+    npy_fail(path, "shape " + shape_str(shape) + " needs " + std::to_string(need) +
+                       " bytes of data, the file has " + has);
+  };
+  if (const auto left = in.remaining(); left && *left != need) mismatch(std::to_string(*left));
+  Tensor<T> t(shape);
+  if (dtype.size == sizeof(T) && !dtype.big_endian) {
+    const uint64_t got = in.read(reinterpret_cast<char*>(t.data()), need);
+    if (got < need) mismatch(std::to_string(got));
+  } else {
+    const std::string raw = in.read(need);
+    if (raw.size() < need) mismatch(std::to_string(raw.size()));
+    for (int64_t i = 0; i < n; ++i) t[i] = npy_element<T>(raw.data(), i, dtype);
+  }
+  if (!in.remaining() && !in.read(1).empty()) mismatch("more");
+  if (!h.fortran_order) return t;
+  // Fortran order: the first index varies fastest.
+  Strides strides(shape.size());
+  int64_t stride = 1;
+  for (size_t i = 0; i < shape.size(); ++i) strides[i] = stride, stride *= shape[i];
+  return contiguous(TensorView<const T>(t.data(), shape, strides));
+}
+
 // ---------------------------------------------------------------------------
 // safetensors
 
@@ -182,51 +286,65 @@ size_t dtype_size(const std::string& dtype) {
 }  // namespace
 
 NpyArray read_npy(const std::string& path) {
-  const std::string b = read_file(path);
-  if (b.size() < 6 || b.compare(0, 6, "\x93NUMPY") != 0) npy_fail(path, "missing the \\x93NUMPY magic");
-  if (b.size() < 8) npy_fail(path, "truncated header");
-  const int major = static_cast<uint8_t>(b[6]);
+  InputFile in(path);
+  const std::string prefix = in.read(8);
+  if (prefix.size() < 6 || prefix.compare(0, 6, "\x93NUMPY") != 0)
+    npy_fail(path, "missing the \\x93NUMPY magic");
+  if (prefix.size() < 8) npy_fail(path, "truncated header");
+  const int major = static_cast<uint8_t>(prefix[6]);
   if (major < 1 || major > 3) npy_fail(path, "unsupported format version " + std::to_string(major));
   const size_t len_bytes = major == 1 ? 2 : 4;
-  if (b.size() < 8 + len_bytes) npy_fail(path, "truncated header");
-  const uint64_t header_len = read_le(b, 8, static_cast<int>(len_bytes));
-  const size_t offset = 8 + len_bytes;
-  if (header_len > b.size() - offset)
+  const std::string len = in.read(len_bytes);
+  if (len.size() < len_bytes) npy_fail(path, "truncated header");
+  const uint64_t header_len = read_le(len, 0, static_cast<int>(len_bytes));
+  const std::string header = in.read(header_len);
+  if (header.size() < header_len)
     npy_fail(path, "header length " + std::to_string(header_len) + " runs past the end of the file");
-  const std::string header = b.substr(offset, header_len);
 
   const NpyHeader h = parse_npy_header(path, header);
-  if (h.fortran_order) npy_fail(path, "Fortran-order arrays are not supported; save a C-order array");
-  const Shape& shape = h.shape;
-  const std::string& descr = h.descr;
-  const size_t data_at = offset + header_len;
-  if (descr == "<f4") return npy_payload<float>(path, b, data_at, shape);
-  if (descr == "<f8") return npy_payload<double>(path, b, data_at, shape);
-  throw ValueError(path + ": unsupported .npy dtype '" + excerpt(descr) +
-                   "'; attn reads little-endian float32 ('<f4') or float64 ('<f8')");
+  const auto dtype = parse_npy_dtype(h.descr);
+  if (!dtype)
+    throw ValueError(path + ": unsupported .npy dtype '" + excerpt(h.descr) +
+                     "'; attn reads float16 (as float32), float32 and float64, either byte order "
+                     "('<f2', '<f4', '<f8', '>f2', '>f4', '>f8')");
+  if (dtype->size == 8) return npy_payload<double>(path, in, h, *dtype);
+  return npy_payload<float>(path, in, h, *dtype);
 }
 
 void write_npy(const std::string& path, TensorView<const float> a) { npy_write(path, a, "<f4"); }
 void write_npy(const std::string& path, TensorView<const double> a) { npy_write(path, a, "<f8"); }
 
 Safetensors read_safetensors(const std::string& path) {
-  const std::string b = read_file(path);
-  if (b.size() < 8) st_fail(path, "shorter than its 8-byte header length");
-  const uint64_t n = read_le(b, 0, 8);
+  InputFile in(path);
+  const std::string prefix = in.read(8);
+  if (prefix.size() < 8) st_fail(path, "shorter than its 8-byte header length");
+  const uint64_t n = read_le(prefix, 0, 8);
   constexpr uint64_t kMaxHeader = 100 << 20;  // as the reference implementation
   if (n > kMaxHeader) st_fail(path, "header length " + std::to_string(n) + " exceeds 100 MiB");
-  if (n > b.size() - 8)
+  const std::string json = in.read(n);
+  if (json.size() < n)
     st_fail(path, "header length " + std::to_string(n) + " runs past the end of the file (" +
-                      std::to_string(b.size()) + " bytes)");
+                      std::to_string(8 + json.size()) + " bytes)");
   nlohmann::json header;
   try {
-    header = nlohmann::json::parse(b.begin() + 8, b.begin() + 8 + static_cast<int64_t>(n));
+    header = nlohmann::json::parse(json);
   } catch (const nlohmann::json::exception& e) {
     st_fail(path, std::string("header is not JSON: ") + e.what());
   }
   if (!header.is_object()) st_fail(path, "header is not a JSON object");
-  const uint64_t data_size = b.size() - 8 - n;
-  const char* data = b.data() + 8 + n;
+  // The data section is read as far as the tensors reach (a stream no further);
+  // the entries are validated one by one below.
+  uint64_t data_end = 0;
+  for (const auto& item : header.items()) {
+    const nlohmann::json& entry = item.value();
+    if (!entry.is_object() || !entry.contains("data_offsets")) continue;
+    const nlohmann::json& off = entry["data_offsets"];
+    if (off.is_array() && off.size() == 2 && off[1].is_number_unsigned())
+      data_end = std::max(data_end, off[1].get<uint64_t>());
+  }
+  const std::string data_section = in.read(data_end);
+  const uint64_t data_size = data_section.size() + in.remaining().value_or(0);
+  const char* data = data_section.data();
 
   Safetensors out;
   std::vector<std::pair<uint64_t, uint64_t>> ranges;
@@ -314,7 +432,7 @@ void write_safetensors(const std::string& path,
   }
   std::string json = header.dump();
   json.append((8 - json.size() % 8) % 8, ' ');  // align the data section to 8 bytes
-  write_file(path, le_bytes(json.size(), 8) + json, data.data(), data.size());
+  write_file(path, {le_bytes(json.size(), 8) + json, data});
 }
 
 }  // namespace attn

@@ -5,16 +5,14 @@
 #include <algorithm>
 #include <array>
 #include <cctype>
-#include <cerrno>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
-#include <fstream>
 #include <functional>
 #include <span>
 #include <sstream>
 
-#include "attn/io.hpp"
+#include "attn/file.hpp"
 #include "png_text.hpp"
 
 namespace attn {
@@ -400,10 +398,18 @@ class Image {
       }
   }
 
-  void save(const std::string& path) const {
+  // The PNG file's bytes (stb writes them to memory; write_file saves them).
+  std::string png() const {
     const auto w = static_cast<int>(width_), h = static_cast<int>(height_);
-    if (!stbi_write_png(path.c_str(), w, h, 3, rgb_.data(), w * 3))
-      throw IOError("write_png: cannot write '" + path + "': " + std::strerror(errno));
+    std::string bytes;
+    const auto append = [](void* out, void* data, int size) {
+      static_cast<std::string*>(out)->append(static_cast<const char*>(data),
+                                             static_cast<size_t>(size));
+    };
+    if (!stbi_write_png_to_func(append, &bytes, w, h, 3, rgb_.data(), w * 3))
+      throw ValueError("write_png: stb could not encode the " + std::to_string(w) + " x " +
+                       std::to_string(h) + " picture");
+    return bytes;
   }
 
  private:
@@ -477,8 +483,7 @@ PictureLayout png_layout(const std::vector<HeatMap>& maps, const PictureOptions&
   return png_lay_out(maps, options, font).picture;
 }
 
-void write_png(const std::string& path, const std::vector<HeatMap>& maps,
-               const PictureOptions& options) {
+std::string encode_png(const std::vector<HeatMap>& maps, const PictureOptions& options) {
   const detail::PngFont font(options.png_font, kPngFontPx);
   const Layout layout = png_lay_out(maps, options, font);
   const PictureLayout& l = layout.picture;
@@ -503,11 +508,10 @@ void write_png(const std::string& path, const std::vector<HeatMap>& maps,
   for (int64_t j = 0; j < l.bar_height; ++j)
     img.fill({l.bar_x, l.bar_y + j, l.bar_x + l.bar_width, l.bar_y + j + 1},
              interpolate(s.stops, 1.0 - static_cast<double>(j) / double(l.bar_height - 1)));
-  img.save(path);
+  return img.png();
 }
 
-void write_svg(const std::string& path, const std::vector<HeatMap>& maps,
-               const PictureOptions& options) {
+std::string encode_svg(const std::vector<HeatMap>& maps, const PictureOptions& options) {
   validate("write_svg", maps, options);
   int64_t cells = 0;
   for (const HeatMap& m : maps) cells += m.values.numel();
@@ -558,18 +562,29 @@ void write_svg(const std::string& path, const std::vector<HeatMap>& maps,
   for (const Text& t : layout.texts)
     if (t.map < 0) svg_text(o, t);
   o << "</g>\n</svg>\n";
+  return o.str();
+}
 
-  std::ofstream f(path, std::ios::binary);
-  if (!f) throw IOError("write_svg: cannot open '" + path + "' for writing: " + std::strerror(errno));
-  f << o.str();
-  if (!f.flush()) throw IOError("write_svg: cannot write '" + path + "'");
+std::string encode_picture(const std::string& path, const std::vector<HeatMap>& maps,
+                           const PictureOptions& options) {
+  if (has_extension(path, ".png")) return encode_png(maps, options);
+  if (has_extension(path, ".svg")) return encode_svg(maps, options);
+  throw ValueError("write_picture: '" + path + "' does not end in .png or .svg");
+}
+
+void write_png(const std::string& path, const std::vector<HeatMap>& maps,
+               const PictureOptions& options) {
+  write_file(path, {encode_png(maps, options)});
+}
+
+void write_svg(const std::string& path, const std::vector<HeatMap>& maps,
+               const PictureOptions& options) {
+  write_file(path, {encode_svg(maps, options)});
 }
 
 void write_picture(const std::string& path, const std::vector<HeatMap>& maps,
                    const PictureOptions& options) {
-  if (has_extension(path, ".png")) return write_png(path, maps, options);
-  if (has_extension(path, ".svg")) return write_svg(path, maps, options);
-  throw ValueError("write_picture: '" + path + "' does not end in .png or .svg");
+  write_file(path, {encode_picture(path, maps, options)});
 }
 
 }  // namespace attn

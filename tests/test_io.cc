@@ -1,6 +1,11 @@
 // .npy and safetensors: round trips, and every kind of corrupt file refused
 // with a clear error.
 #include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <cmath>
 #include <cstdio>
@@ -8,6 +13,8 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <sstream>
+#include <thread>
 
 #include "attn/half.hpp"
 #include "attn/io.hpp"
@@ -32,6 +39,20 @@ struct TempDir {
 
 void write_bytes(const std::string& path, const std::string& bytes) {
   std::ofstream(path, std::ios::binary) << bytes;
+}
+
+std::string read_bytes(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  std::ostringstream s;
+  s << f.rdbuf();
+  return s.str();
+}
+
+std::vector<std::string> names_in(const fs::path& dir) {
+  std::vector<std::string> names;
+  for (const auto& entry : fs::directory_iterator(dir)) names.push_back(entry.path().filename());
+  std::sort(names.begin(), names.end());
+  return names;
 }
 
 std::string le(uint64_t v, int n) {
@@ -104,6 +125,99 @@ TEST(Half, Bf16IsTheNearestEvenBfloat) {
 }
 
 // ---------------------------------------------------------------------------
+// write_file: every writer goes through it (write_npy here; the pictures and
+// the CLI's CSV are tested through the CLI in test_cli.py).
+
+TEST(WriteFile, AFullDeviceIsAnError) {
+  // A small file fits in the stream's buffer: only a checked flush and close
+  // see the failure (the old writer returned as if it had worked).
+  TempDir dir;
+  const Tensor<float> a({2, 2}, {1, 2, 3, 4});
+  EXPECT_THROW_MSG(write_npy("/dev/full", a.view()), IOError,
+                   "/dev/full: write failed: No space left on device");
+  fs::create_symlink("/dev/full", dir.file("full.npy"));
+  EXPECT_THROW_MSG(write_npy(dir.file("full.npy"), a.view()), IOError, "No space left on device");
+  EXPECT_THROW_MSG(write_safetensors(dir.file("full.npy"), {{"a", a.view()}}), IOError,
+                   "No space left on device");
+  EXPECT_TRUE(fs::is_symlink(dir.file("full.npy")));
+}
+
+TEST(WriteFile, AFailedWriteLeavesTheOldFileAndNoTemporary) {
+  // The write fails part way (the file size limit, with SIGXFSZ ignored so
+  // that write() reports EFBIG): in a child, whose limit cannot affect the
+  // test runner.
+  TempDir dir;
+  const std::string path = dir.file("a.npy");
+  const Tensor<float> small({2}, {1, 2});
+  write_npy(path, small.view());
+  const std::string old = read_bytes(path);
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    const rlimit limit{4096, 4096};
+    ::setrlimit(RLIMIT_FSIZE, &limit);
+    ::signal(SIGXFSZ, SIG_IGN);
+    try {
+      write_npy(path, Tensor<float>({10000}).view());
+    } catch (const IOError& e) {
+      _exit(std::string(e.what()).find(path + ": write failed: File too large") == 0 ? 0 : 3);
+    }
+    _exit(2);  // no error
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0) << "2: no error, 3: another message";
+  EXPECT_EQ(read_bytes(path), old);
+  EXPECT_EQ(names_in(dir.path), std::vector<std::string>{"a.npy"});
+}
+
+TEST(WriteFile, AMissingFolderIsAnErrorNamingIt) {
+  TempDir dir;
+  const std::string path = dir.file("no/such/a.npy");
+  EXPECT_THROW_MSG(write_npy(path, Tensor<float>({1}).view()), IOError,
+                   path + ": cannot write: cannot open a new file in '" + dir.file("no/such") +
+                       "': No such file or directory");
+}
+
+TEST(WriteFile, ReplacingKeepsTheModeAndTheLink) {
+  TempDir dir;
+  const std::string path = dir.file("a.npy"), link = dir.file("link.npy");
+  write_npy(path, Tensor<float>({1}, {1}).view());
+  ::chmod(path.c_str(), 0604);
+  fs::create_symlink("a.npy", link);
+  write_npy(link, Tensor<float>({2}, {5, 6}).view());
+  EXPECT_TRUE(fs::is_symlink(link));
+  const auto back = std::get<Tensor<float>>(read_npy(path));
+  EXPECT_EQ(back.shape(), Shape{2});
+  EXPECT_EQ(back[1], 6.0f);
+  struct stat st;
+  ASSERT_EQ(::stat(path.c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 07777, 0604u);
+  // A new file: the mode the umask gives (0666 & ~umask, as open() does).
+  const mode_t umask_before = ::umask(027);
+  write_npy(dir.file("new.npy"), Tensor<float>({1}).view());
+  ::umask(umask_before);
+  ASSERT_EQ(::stat(dir.file("new.npy").c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 07777, 0640u);
+  EXPECT_EQ(names_in(dir.path), (std::vector<std::string>{"a.npy", "link.npy", "new.npy"}));
+}
+
+TEST(WriteFile, AFifoIsWrittenInPlace) {
+  TempDir dir;
+  const std::string fifo = dir.file("pipe.npy"), file = dir.file("file.npy");
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  const Tensor<float> a({3}, {1, 2, 3});
+  std::string received;
+  std::thread reader([&] { received = read_bytes(fifo); });
+  write_npy(fifo, a.view());
+  reader.join();
+  write_npy(file, a.view());
+  EXPECT_EQ(received, read_bytes(file));
+  EXPECT_EQ(fs::status(fifo).type(), fs::file_type::fifo);
+}
+
+// ---------------------------------------------------------------------------
 // .npy
 
 TEST(Npy, RoundTrip) {
@@ -163,11 +277,18 @@ TEST(Npy, CorruptFilesAreClearErrors) {
       {std::string("\x93NUMPY\x01\x00", 8) + le(5000, 2) + "{}", "runs past the end"},
       {npy_v1(ok, data16.substr(0, 15)), "needs 16 bytes of data, the file has 15"},
       {npy_v1(ok, data16 + "x"), "the file has 17"},
-      {npy_v1("{'descr': '<f4', 'fortran_order': True, 'shape': (2, 2), }", data16), "Fortran"},
       {npy_v1("{'descr': '<i4', 'fortran_order': False, 'shape': (2, 2), }", data16),
        "unsupported .npy dtype '<i4'"},
-      {npy_v1("{'descr': '>f4', 'fortran_order': False, 'shape': (2, 2), }", data16),
-       "unsupported .npy dtype '>f4'"},
+      {npy_v1("{'descr': '>i4', 'fortran_order': False, 'shape': (2, 2), }", data16),
+       "unsupported .npy dtype '>i4'"},
+      {npy_v1("{'descr': '<f16', 'fortran_order': False, 'shape': (2, 2), }", data16),
+       "unsupported .npy dtype '<f16'"},
+      {npy_v1("{'descr': '|u1', 'fortran_order': False, 'shape': (2, 2), }", data16),
+       "unsupported .npy dtype '|u1'"},
+      {npy_v1("{'descr': '<f2', 'fortran_order': False, 'shape': (2, 2), }", data16),
+       "needs 8 bytes of data, the file has 16"},
+      {npy_v1("{'descr': '>f8', 'fortran_order': True, 'shape': (2, 2), }", data16),
+       "needs 32 bytes of data, the file has 16"},
       {npy_v1("{'fortran_order': False, 'shape': (2, 2), }", data16), "no 'descr'"},
       {npy_v1("{'descr': '<f4', 'fortran_order': False, 'shape': (2, x), }", data16),
        "malformed shape"},
@@ -182,6 +303,83 @@ TEST(Npy, CorruptFilesAreClearErrors) {
     EXPECT_THROW_MSG(read_npy(f), ValueError, c.needle);
   }
   EXPECT_THROW_MSG(read_npy(dir.file("missing.npy")), IOError, "cannot open");
+  EXPECT_THROW_MSG(read_npy(dir.path.string()), IOError,
+                   dir.path.string() + ": cannot read: Is a directory");
+}
+
+// float16, big-endian and Fortran-order files are read as np.load reads them
+// (test_mha.py compares with NumPy's own files; here the bytes are built by
+// hand from the format's definition).
+TEST(Npy, ReadsFloat16BigEndianAndFortranOrder) {
+  TempDir dir;
+  const std::string f = dir.file("a.npy");
+  const auto big_endian = [](std::string bytes, size_t size) {
+    for (size_t i = 0; i < bytes.size(); i += size) std::reverse(&bytes[i], &bytes[i + size]);
+    return bytes;
+  };
+  // fp16 bits of 1, -2, 0.5, 65504 (the largest half), -0, +inf.
+  const uint16_t halves[6] = {0x3C00, 0xC000, 0x3800, 0x7BFF, 0x8000, 0x7C00};
+  const std::string h(reinterpret_cast<const char*>(halves), 12);
+  const std::vector<float> as_floats{1, -2, 0.5, 65504, -0.0f, INFINITY};
+  for (const auto& [descr, bytes] : {std::pair{"<f2", h}, {">f2", big_endian(h, 2)}}) {
+    write_bytes(f, npy_v1(std::string("{'descr': '") + descr + "', 'fortran_order': False, 'shape': (2, 3), }", bytes));
+    const auto t = std::get<Tensor<float>>(read_npy(f));
+    EXPECT_EQ(t.shape(), (Shape{2, 3})) << descr;
+    for (int i = 0; i < 6; ++i) EXPECT_EQ(t[i], as_floats[i]) << descr << " " << i;
+    EXPECT_TRUE(std::signbit(t[4])) << descr;
+  }
+  // The (2, 3) array [[0, 1, 2], [3, 4, 5]]: Fortran order stores its columns.
+  const double fortran[6] = {0, 3, 1, 4, 2, 5};
+  const std::string d(reinterpret_cast<const char*>(fortran), 48);
+  for (const auto& [descr, bytes] : {std::pair{"<f8", d}, {">f8", big_endian(d, 8)}}) {
+    write_bytes(f, npy_v1(std::string("{'descr': '") + descr + "', 'fortran_order': True, 'shape': (2, 3), }", bytes));
+    const auto t = std::get<Tensor<double>>(read_npy(f));
+    EXPECT_EQ(t.shape(), (Shape{2, 3})) << descr;
+    for (int i = 0; i < 6; ++i) EXPECT_EQ(t[i], i) << descr;
+  }
+  // Rank 3 in Fortran order: element (i, j, k) at i + 2 j + 6 k.
+  std::vector<float> column_major(24);
+  for (int i = 0; i < 2; ++i)
+    for (int j = 0; j < 3; ++j)
+      for (int k = 0; k < 4; ++k) column_major[i + 2 * j + 6 * k] = float(100 * i + 10 * j + k);
+  write_bytes(f, npy_v1("{'descr': '>f4', 'fortran_order': True, 'shape': (2, 3, 4), }",
+                        big_endian(std::string(reinterpret_cast<const char*>(column_major.data()), 96), 4)));
+  const auto t = std::get<Tensor<float>>(read_npy(f));
+  for (int i = 0; i < 2; ++i)
+    for (int j = 0; j < 3; ++j)
+      for (int k = 0; k < 4; ++k) EXPECT_EQ(t.at({i, j, k}), float(100 * i + 10 * j + k));
+}
+
+// A stream is read only as far as the header says: an endless one is a
+// clear error, not an attempt to hold all of it (std::bad_alloc before).
+TEST(Npy, StreamsAreReadOnlyAsFarAsTheFormatSays) {
+  EXPECT_THROW_MSG(read_npy("/dev/zero"), ValueError, "/dev/zero: not a valid .npy file: missing");
+  EXPECT_THROW_MSG(read_safetensors("/dev/zero"), ValueError, "/dev/zero: not a valid safetensors file");
+  // A valid array through a FIFO, then the same header with data that never ends.
+  TempDir dir;
+  const std::string fifo = dir.file("pipe.npy");
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  const std::string ok = npy_v1("{'descr': '<f4', 'fortran_order': False, 'shape': (2,), }",
+                                std::string("\0\0\x80\x3f\0\0\0\x40", 8));
+  // The endless writer stops when the reader closes its end: its write then
+  // fails with EPIPE instead of a SIGPIPE that would end the test runner.
+  const auto sigpipe_before = ::signal(SIGPIPE, SIG_IGN);
+  for (const bool endless : {false, true}) {
+    std::thread writer([&] {
+      std::ofstream out(fifo, std::ios::binary);
+      out << ok;
+      for (int i = 0; endless && out && i < 1000000; ++i) out << std::string(4096, 'x') << std::flush;
+    });
+    if (endless) {
+      EXPECT_THROW_MSG(read_npy(fifo), ValueError, "needs 8 bytes of data, the file has more");
+    } else {
+      const auto t = std::get<Tensor<float>>(read_npy(fifo));
+      EXPECT_EQ(t[0], 1.0f);
+      EXPECT_EQ(t[1], 2.0f);
+    }
+    writer.join();
+  }
+  ::signal(SIGPIPE, sigpipe_before);
 }
 
 // Regression: the header parser once recursed per character (std::regex)
@@ -273,6 +471,7 @@ TEST(Safetensors, CorruptFilesAreClearErrors) {
     EXPECT_THROW_MSG(read_safetensors(f), ValueError, c.needle);
   }
   EXPECT_THROW_MSG(read_safetensors(dir.file("missing.safetensors")), IOError, "cannot open");
+  EXPECT_THROW_MSG(read_safetensors(dir.path.string()), IOError, "cannot read: Is a directory");
 }
 
 }  // namespace

@@ -2,7 +2,11 @@
 //
 // Readers validate everything before trusting it (magic, header length,
 // dtype, shape, byte counts, offsets) and report a corrupt or lying file as
-// ValueError naming the file and the problem; a missing file is IOError.
+// ValueError naming the file and the problem; a missing file, a directory or
+// a failed read is IOError. A stream (a pipe, /dev/stdin) is read only as far
+// as the format says, so an endless one (/dev/zero) is a clear error too.
+// Writers go through write_file (attn/file.hpp): a failed write never loses
+// the old file.
 #pragma once
 
 #include <map>
@@ -10,19 +14,17 @@
 #include <variant>
 
 #include "attn/error.hpp"
+#include "attn/file.hpp"
 #include "attn/tensor.hpp"
 
 namespace attn {
 
-// A file could not be opened, read or written (Python: OSError).
-class IOError : public Error {
- public:
-  using Error::Error;
-};
-
-// .npy, format versions 1-3, little-endian float32 ('<f4') or float64
-// ('<f8'), C order. Fortran order, other dtypes and malformed or truncated
-// files are errors.
+// .npy, format versions 1-3: float32 ('<f4') and float64 ('<f8') are read
+// as they are; float16 ('<f2') is read as float32 (exactly, as NumPy's
+// astype(float32) does); big-endian files ('>f2', '>f4', '>f8') are converted
+// to native byte order and Fortran-order files to C order, so the array is
+// the one np.load gives. Other dtypes and malformed or truncated files are
+// errors. write_npy writes little-endian, C order.
 using NpyArray = std::variant<Tensor<float>, Tensor<double>>;
 NpyArray read_npy(const std::string& path);
 void write_npy(const std::string& path, TensorView<const float> array);

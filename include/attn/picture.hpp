@@ -90,7 +90,8 @@ struct PictureLayout {
 PictureLayout png_layout(const std::vector<HeatMap>& maps, const PictureOptions& options = {});
 
 // Throw ValueError for empty or mismatched input (naming the map and the
-// shapes), IOError when the file cannot be written.
+// shapes), IOError when the file cannot be written (attn::write_file: a
+// failed write leaves the old file as it was).
 void write_png(const std::string& path, const std::vector<HeatMap>& maps,
                const PictureOptions& options = {});
 void write_svg(const std::string& path, const std::vector<HeatMap>& maps,
@@ -100,5 +101,12 @@ void write_svg(const std::string& path, const std::vector<HeatMap>& maps,
 // another extension is a ValueError.
 void write_picture(const std::string& path, const std::vector<HeatMap>& maps,
                    const PictureOptions& options = {});
+
+// The bytes the writers above write, validated the same way but not written:
+// a program with several outputs can check every one before writing any.
+std::string encode_png(const std::vector<HeatMap>& maps, const PictureOptions& options = {});
+std::string encode_svg(const std::vector<HeatMap>& maps, const PictureOptions& options = {});
+std::string encode_picture(const std::string& path, const std::vector<HeatMap>& maps,
+                           const PictureOptions& options = {});
 
 }  // namespace attn

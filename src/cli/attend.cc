@@ -27,13 +27,17 @@ void attend(const AttendArgs& args, Tensor<T> x) {
     return;
   }
   const auto result = multi_head_with_weights(x.view(), args.heads, options);
-  write_npy(args.out, result.out.view());
   // The titles say what was drawn: the sentence, the encoding, the mask.
   std::string caption;
   for (const auto& t : tokens) caption += (caption.empty() ? "" : " ") + t;
   caption += (caption.empty() ? "" : ", ") + encoding_title(args.pe);
   if (args.causal) caption += ", causal";
-  draw_weights(args.weights, result.weights, tokens, caption, probability_scale());
+  // The picture first: one that cannot be drawn (too large) must not leave
+  // the .npy written and the command failed.
+  const std::string picture =
+      weights_picture(args.weights, result.weights, tokens, caption, probability_scale());
+  write_npy(args.out, result.out.view());
+  write_file(args.weights, {picture});
 }
 
 }  // namespace

@@ -48,7 +48,7 @@ int run_bench(const BenchArgs& args);
 struct OrderArgs {
   std::optional<int64_t> steps;
   uint64_t seed = 1;
-  std::string out = "order_weights";
+  std::string out;  // folder for the weights; empty: none written
   bool json = false;
 };
 int run_order_experiment(const OrderArgs& args);

@@ -93,7 +93,8 @@ void write_pictures(const std::string& folder) {
   std::printf("   the sinusoidal table, n=%lld, d=%lld (fast stripes left, slow right):\n",
               static_cast<long long>(kTableRows), static_cast<long long>(kTableDim));
   const auto table = sinusoidal_encoding<float>(kTableRows, kTableDim);
-  both("positional_encoding", [&](const std::string& path) { draw_encoding(path, table); });
+  both("positional_encoding",
+       [&](const std::string& path) { write_file(path, {encoding_picture(path, table)}); });
 
   struct Sentence {
     const char* name;
@@ -135,7 +136,7 @@ void write_pictures(const std::string& folder) {
       const auto& weights = s.weights.at(encoding);
       const std::string caption = s.text + ", " + encoding_title(encoding);
       both(std::string("weights_") + s.name + "_" + encoding_name, [&](const std::string& path) {
-        draw_weights(path, weights, s.tokens, caption, weight_scale);
+        write_file(path, {weights_picture(path, weights, s.tokens, caption, weight_scale)});
       });
     }
 
@@ -160,7 +161,7 @@ void write_pictures(const std::string& folder) {
     const std::string caption =
         sentences[0].text + " - " + sentences[1].text + ", " + encoding_title(encoding);
     both(std::string("difference_") + encoding_name, [&](const std::string& path) {
-      draw_weights(path, d, sentences[0].tokens, caption, difference_scale);
+      write_file(path, {weights_picture(path, d, sentences[0].tokens, caption, difference_scale)});
     });
     std::printf("     %s: max |difference| = %.3g\n", encoding_title(encoding).c_str(), max_abs(d));
   }

@@ -14,19 +14,28 @@ int run_order_experiment(const OrderArgs& args) {
   OrderExperimentOptions o;
   if (args.steps) o.steps = *args.steps;
   o.seed = args.seed;
+  if (!args.out.empty()) {  // before training: a bad folder must not cost the run
+    std::error_code error;
+    std::filesystem::create_directories(args.out, error);
+    if (error)
+      throw IOError("experiment order: cannot create the folder '" + args.out + "': " +
+                    error.message());
+  }
   const auto r = attn::run_order_experiment(o);
 
-  // Each variant's heads on the two display sentences, (heads, 3, 3).
-  std::filesystem::create_directories(args.out);
+  // Each variant's heads on the two display sentences, (heads, 3, 3), only
+  // where asked for: not into the current folder of whoever runs it.
   std::vector<std::string> files;
-  for (const auto& v : r.variants)
-    for (const auto& [name, w] : {std::pair{"cat_bites_dog", &v.weights_cat_bites_dog},
-                                  std::pair{"dog_bites_cat", &v.weights_dog_bites_cat}}) {
-      const auto path = std::filesystem::path(args.out) /
-                        ("order_" + positional_name(v.positional) + "_" + name + ".npy");
-      write_npy(path.string(), w->view());
-      files.push_back(path.string());
-    }
+  if (!args.out.empty()) {
+    for (const auto& v : r.variants)
+      for (const auto& [name, w] : {std::pair{"cat_bites_dog", &v.weights_cat_bites_dog},
+                                    std::pair{"dog_bites_cat", &v.weights_dog_bites_cat}}) {
+        const auto path = std::filesystem::path(args.out) /
+                          ("order_" + positional_name(v.positional) + "_" + name + ".npy");
+        write_npy(path.string(), w->view());
+        files.push_back(path.string());
+      }
+  }
 
   if (args.json) {
     nlohmann::json j;
@@ -47,8 +56,12 @@ int run_order_experiment(const OrderArgs& args) {
   for (const auto& v : r.variants)
     std::printf("%-22s %8.1f%% %12.4f\n", positional_name(v.positional).c_str(),
                 100 * v.accuracy, v.loss);
-  std::printf("\nEach head's weights on 猫 咬 狗 and 狗 咬 猫, (heads, 3, 3) rows = queries:\n");
-  for (const auto& f : files) std::printf("  %s\n", f.c_str());
+  if (files.empty()) {
+    std::printf("\n(--out FOLDER writes each head's weights on 猫 咬 狗 and 狗 咬 猫.)\n");
+  } else {
+    std::printf("\nEach head's weights on 猫 咬 狗 and 狗 咬 猫, (heads, 3, 3) rows = queries:\n");
+    for (const auto& f : files) std::printf("  %s\n", f.c_str());
+  }
   return 0;
 }
 

@@ -4,7 +4,7 @@
 
 namespace attn::cli {
 
-void draw_encoding(const std::string& path, const Tensor<float>& table) {
+std::string encoding_picture(const std::string& path, const Tensor<float>& table) {
   HeatMap map;
   map.title = "sinusoidal encoding, n=" + std::to_string(table.dim(0)) +
               ", d=" + std::to_string(table.dim(1));
@@ -16,7 +16,7 @@ void draw_encoding(const std::string& path, const Tensor<float>& table) {
   options.vmin = -1;
   options.vmax = 1;
   options.scale_title = "sin or cos";
-  write_picture(path, {map}, options);
+  return encode_picture(path, {map}, options);
 }
 
 PictureOptions probability_scale() {
@@ -28,9 +28,9 @@ PictureOptions probability_scale() {
 }
 
 template <class T>
-void draw_weights(const std::string& path, const Tensor<T>& weights,
-                  const std::vector<std::string>& tokens, const std::string& caption,
-                  PictureOptions options) {
+std::string weights_picture(const std::string& path, const Tensor<T>& weights,
+                            const std::vector<std::string>& tokens, const std::string& caption,
+                            PictureOptions options) {
   const bool batched = weights.rank() == 4;
   const int64_t heads = weights.dim(-3), n = weights.dim(-1);
   std::vector<HeatMap> maps(n == 0 ? 0 : static_cast<size_t>(weights.numel() / (n * n)));
@@ -47,12 +47,14 @@ void draw_weights(const std::string& path, const Tensor<T>& weights,
     maps[m].col_axis = "key";
   }
   options.columns = heads;
-  write_picture(path, maps, options);
+  return encode_picture(path, maps, options);
 }
-template void draw_weights(const std::string&, const Tensor<float>&,
-                           const std::vector<std::string>&, const std::string&, PictureOptions);
-template void draw_weights(const std::string&, const Tensor<double>&,
-                           const std::vector<std::string>&, const std::string&, PictureOptions);
+template std::string weights_picture(const std::string&, const Tensor<float>&,
+                                     const std::vector<std::string>&, const std::string&,
+                                     PictureOptions);
+template std::string weights_picture(const std::string&, const Tensor<double>&,
+                                     const std::vector<std::string>&, const std::string&,
+                                     PictureOptions);
 
 std::vector<std::string> split_tokens(const std::string& text) {
   std::istringstream words(text);

@@ -1,5 +1,7 @@
 // The heat maps the CLI draws: the sinusoidal table, and attention weights
-// head by head.
+// head by head. Each gives the bytes of the picture for `path` (.png or .svg
+// by its extension) without writing it, so that a command checks all of its
+// outputs before it writes any.
 #pragma once
 
 #include <string>
@@ -10,7 +12,7 @@
 namespace attn::cli {
 
 // The table (n, d) as one map, on the scale [-1, 1] of sin and cos.
-void draw_encoding(const std::string& path, const Tensor<float>& table);
+std::string encoding_picture(const std::string& path, const Tensor<float>& table);
 
 // The scale of probabilities, [0, 1], comparable from one picture to the next.
 PictureOptions probability_scale();
@@ -20,9 +22,9 @@ PictureOptions probability_scale();
 // titled "<caption>, head h" ("<caption>, batch b, head h"; no caption: "head h").
 // tokens: none, or one per word (labels on both axes).
 template <class T>
-void draw_weights(const std::string& path, const Tensor<T>& weights,
-                  const std::vector<std::string>& tokens, const std::string& caption,
-                  PictureOptions options);
+std::string weights_picture(const std::string& path, const Tensor<T>& weights,
+                            const std::vector<std::string>& tokens, const std::string& caption,
+                            PictureOptions options);
 
 // "猫 咬 狗" -> {"猫", "咬", "狗"} (split at spaces).
 std::vector<std::string> split_tokens(const std::string& text);

@@ -3,8 +3,13 @@
 // Exit status: 0 ok, 1 runtime error, 2 usage error.
 #include <CLI/CLI.hpp>
 
+#include <charconv>
+#include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <exception>
+#include <limits>
+#include <type_traits>
 #include <utility>
 #include <string>
 #include <vector>
@@ -28,11 +33,55 @@ CLI::Validator extension_in(const std::vector<std::string>& extensions) {
       "FILE (" + list + ")");
 }
 
+// A usage error (exit 2) unless the text is a whole number in [lo, hi]. The
+// text is checked, not CLI11's conversion of it, which clamps an overflowing
+// number to INT64_MAX, wraps -1 to 2^64 - 1 and prints the range as doubles.
+template <class Int>
+CLI::Validator integer_in(Int lo, Int hi) {
+  const std::string range = std::to_string(lo) + ".." + std::to_string(hi);
+  return CLI::Validator(
+      [lo, hi, range](std::string& text) -> std::string {
+        Int value{};
+        const char* end = text.data() + text.size();
+        const auto [stop, error] = std::from_chars(text.data(), end, value);
+        const bool negative_unsigned = std::is_unsigned_v<Int> && !text.empty() && text[0] == '-';
+        if (negative_unsigned || error == std::errc::result_out_of_range ||
+            (error == std::errc() && stop == end && (value < lo || value > hi)))
+          return text + " is not in " + range;
+        if (error != std::errc() || stop != end) return "'" + text + "' is not a whole number";
+        return "";
+      },
+      range);
+}
+
+// A usage error unless the text is a finite number > 0 (not NaN, not inf).
+CLI::Validator positive_finite() {
+  return CLI::Validator(
+      [](std::string& text) -> std::string {
+        double value = 0;
+        const char* end = text.data() + text.size();
+        const auto [stop, error] = std::from_chars(text.data(), end, value);
+        if (error != std::errc() || stop != end || !std::isfinite(value) || value <= 0)
+          return text + " is not a finite number > 0";
+        return "";
+      },
+      "> 0");
+}
+
+// Bounds of the numbers on the command line: far beyond any real use, small
+// enough that sizes built from them stay meaningful (the library then checks
+// what they allocate).
+constexpr int64_t kMaxPositions = 100'000'000;  // --n of pe, --n and --kv-len of bench
+constexpr int64_t kMaxDim = 1'000'000;           // --d of pe, --heads of attend
+constexpr int64_t kMaxBenchAxis = 4096;          // bench --heads, --kv-heads, --head-dim, --batch
+constexpr int64_t kMaxSteps = 10'000'000;        // experiment --steps (about a day of training)
+
 }  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{"attn: multi-head attention and positional encodings"};
   app.require_subcommand(1);
+  app.set_version_flag("--version", "attn " ATTN_VERSION);
 
   attn::cli::DemoArgs demo_args;
   auto* demo = app.add_subcommand("demo", "walk through the article, step by step");
@@ -43,13 +92,13 @@ int main(int argc, char** argv) {
   auto* pe = app.add_subcommand("pe", "write the sinusoidal positional-encoding table");
   pe->add_option("--n", pe_args.n, "number of positions (rows)")
       ->required()
-      ->check(CLI::NonNegativeNumber);
+      ->check(integer_in<int64_t>(0, kMaxPositions));
   pe->add_option("--d", pe_args.d, "model dimension (columns)")
       ->required()
-      ->check(CLI::PositiveNumber);
+      ->check(integer_in<int64_t>(1, kMaxDim));
   pe->add_option("--base", pe_args.base, "base of the wavelengths")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(positive_finite());
   pe->add_option("--out", pe_args.out,
                  "output file: .npy (float32), .csv, .png or .svg (a heat map)")
       ->required()
@@ -62,7 +111,7 @@ int main(int argc, char** argv) {
       ->required();
   attend->add_option("--heads", attend_args.heads, "number of heads; must divide d")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(integer_in<int64_t>(1, kMaxDim));
   std::string attend_pe = "none";
   attend->add_option("--pe", attend_pe,
                      "positions: none, sinusoidal (the table added) or rope (per head)")
@@ -87,7 +136,9 @@ int main(int argc, char** argv) {
                   "layer weights (.safetensors from MultiHeadAttention.save or "
                   "tools/export_torch_mha.py)")
       ->required();
-  mha->add_option("--out", mha_args.out, "output .npy, the input's shape and dtype")->required();
+  mha->add_option("--out", mha_args.out, "output .npy, the input's shape and dtype")
+      ->required()
+      ->check(extension_in({".npy"}));
   mha->add_flag("--causal", mha_args.causal, "causal self-attention");
 
   auto* experiment = app.add_subcommand(
@@ -96,19 +147,23 @@ int main(int argc, char** argv) {
   attn::cli::OrderArgs order_args;
   auto* order = experiment->add_subcommand(
       "order", "attention alone cannot tell 猫咬狗 from 狗咬猫; positional encoding can");
-  order->add_option("--steps", order_args.steps, "training steps per variant (default 600)");
+  order->add_option("--steps", order_args.steps, "training steps per variant (default 600)")
+      ->check(integer_in<int64_t>(0, kMaxSteps));
   order->add_option("--seed", order_args.seed, "seed of data split, weights and batches")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(integer_in<uint64_t>(0, UINT64_MAX));
   order->add_option("--out", order_args.out,
-                    "folder for each variant's head weights on 猫 咬 狗 / 狗 咬 猫 (.npy)")
-      ->capture_default_str();
+                    "write each variant's head weights on 猫 咬 狗 / 狗 咬 猫 (.npy) into this "
+                    "folder (none are written without it)");
   order->add_flag("--json", order_args.json, "print the results as JSON");
   attn::cli::HeadsArgs heads_args;
   auto* heads = experiment->add_subcommand(
       "heads", "1, 2, 4, 8 heads on a task that needs two relations at once");
-  heads->add_option("--steps", heads_args.steps, "training steps per head count (default 1500)");
+  heads->add_option("--steps", heads_args.steps, "training steps per head count (default 1500)")
+      ->check(integer_in<int64_t>(0, kMaxSteps));
   heads->add_option("--seed", heads_args.seed, "seed of weights, batches and test set")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(integer_in<uint64_t>(0, UINT64_MAX));
   heads->add_option("--positional", heads_args.positional,
                     "positional encoding: none, sinusoidal, learned or rope")
       ->check(CLI::IsMember({"none", "sinusoidal", "learned", "rope"}))
@@ -119,25 +174,31 @@ int main(int argc, char** argv) {
   auto* bench = app.add_subcommand("bench", "time the kernels against this machine's ceilings");
   bench->require_subcommand(1);
   const auto common = [&](CLI::App* sub) {
-    sub->add_option("--heads", bench_args.heads, "query heads")->check(CLI::PositiveNumber);
+    sub->add_option("--heads", bench_args.heads, "query heads")
+        ->check(integer_in<int64_t>(1, kMaxBenchAxis));
     sub->add_option("--kv-heads", bench_args.kv_heads, "key/value heads (default: --heads)")
-        ->check(CLI::PositiveNumber);
-    sub->add_option("--head-dim", bench_args.head_dim, "head dimension")->check(CLI::PositiveNumber);
-    sub->add_option("--batch", bench_args.batch, "batch size")->check(CLI::PositiveNumber);
+        ->check(integer_in<int64_t>(1, kMaxBenchAxis));
+    sub->add_option("--head-dim", bench_args.head_dim, "head dimension")
+        ->check(integer_in<int64_t>(1, kMaxBenchAxis));
+    sub->add_option("--batch", bench_args.batch, "batch size")
+        ->check(integer_in<int64_t>(1, kMaxBenchAxis));
+    // The upper bound is the library's (set_num_threads names it).
     sub->add_option("--threads", bench_args.threads, "threads (default: all cores)")
-        ->check(CLI::PositiveNumber);
+        ->check(integer_in<int>(1, std::numeric_limits<int>::max()));
     sub->add_option("--kv-dtype", bench_args.kv_dtype, "key/value storage")
         ->check(CLI::IsMember({"f32", "bf16", "f16"}));
     sub->add_flag("--json", bench_args.json, "print one JSON object");
   };
   auto* bench_attention = bench->add_subcommand("attention", "prefill: n queries × n keys");
-  bench_attention->add_option("--n", bench_args.n, "sequence length")->check(CLI::PositiveNumber);
+  bench_attention->add_option("--n", bench_args.n, "sequence length")
+      ->check(integer_in<int64_t>(1, kMaxPositions));
   bench_attention->add_flag("--causal", bench_args.causal, "causal masking");
   common(bench_attention);
   auto* bench_decode = bench->add_subcommand("decode", "a few queries against a long KV cache");
-  bench_decode->add_option("--kv-len", bench_args.kv_len, "cached keys")->check(CLI::PositiveNumber);
+  bench_decode->add_option("--kv-len", bench_args.kv_len, "cached keys")
+      ->check(integer_in<int64_t>(1, kMaxPositions));
   bench_decode->add_option("--queries", bench_args.queries, "queries per head (1-8)")
-      ->check(CLI::PositiveNumber);
+      ->check(integer_in<int64_t>(1, 8));
   common(bench_decode);
 
   // CLI11 alone would only say that a subcommand is required: name the word.

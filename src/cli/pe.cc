@@ -1,8 +1,7 @@
 // `attn pe`: the sinusoidal table as an array (.npy, .csv) or a picture
 // (.png, .svg).
-#include <cerrno>
 #include <cstdio>
-#include <cstring>
+#include <string>
 
 #include "attn/attn.hpp"
 #include "cli/commands.hpp"
@@ -13,13 +12,16 @@ namespace attn::cli {
 namespace {
 
 // One row per position, d comma-separated values, each read back as the same float (np.loadtxt(f, delimiter=",")).
-void write_csv(const std::string& path, const Tensor<float>& table) {
-  std::FILE* f = std::fopen(path.c_str(), "w");
-  if (!f) throw IOError("pe: cannot open '" + path + "' for writing: " + std::strerror(errno));
+std::string csv(const Tensor<float>& table) {
+  std::string text;
+  char value[32];
   for (int64_t p = 0; p < table.dim(0); ++p)
-    for (int64_t i = 0; i < table.dim(1); ++i)
-      std::fprintf(f, "%.9g%c", double(table[p * table.dim(1) + i]), i + 1 < table.dim(1) ? ',' : '\n');
-  if (std::fclose(f) != 0) throw IOError("pe: cannot write '" + path + "': " + std::strerror(errno));
+    for (int64_t i = 0; i < table.dim(1); ++i) {
+      std::snprintf(value, sizeof value, "%.9g%c", double(table[p * table.dim(1) + i]),
+                    i + 1 < table.dim(1) ? ',' : '\n');
+      text += value;
+    }
+  return text;
 }
 
 }  // namespace
@@ -31,9 +33,9 @@ int run_pe(const PeArgs& args) {
   if (ext == ".npy")
     write_npy(args.out, table.view());
   else if (ext == ".csv")
-    write_csv(args.out, table);
+    write_file(args.out, {csv(table)});
   else
-    draw_encoding(args.out, table);
+    write_file(args.out, {encoding_picture(args.out, table)});
   return 0;
 }
 

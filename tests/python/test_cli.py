@@ -282,6 +282,53 @@ def test_demo_weights_share_the_range_of_the_data(tmp_path):
 
 
 # ---------------------------------------------------------------------------
+# Writing files: a failed write is an error and never costs the old file.
+
+def test_a_full_disk_is_an_error_for_every_kind_of_file(tmp_path):
+    """Small outputs fit in a stream's buffer, so only the final flush sees the
+    failure: it was unchecked, and these commands exited 0 having written nothing."""
+    np.save(tmp_path / "x.npy", np.ones((3, 8), np.float32))
+    for ext in ("npy", "csv", "png", "svg"):
+        os.symlink("/dev/full", tmp_path / f"full.{ext}")
+    for args in [["pe", "--n", 4, "--d", 4, "--out", tmp_path / "full.npy"],
+                 ["pe", "--n", 4, "--d", 4, "--out", tmp_path / "full.csv"],
+                 ["pe", "--n", 4, "--d", 4, "--out", tmp_path / "full.svg"],
+                 ["attend", tmp_path / "x.npy", "--out", tmp_path / "full.npy"],
+                 ["attend", tmp_path / "x.npy", "--out", tmp_path / "o.npy",
+                  "--weights", tmp_path / "full.png"]]:
+        r = run(*args)
+        assert r.returncode == 1, (args, r.stderr)
+        assert r.stderr.count("\n") == 1 and "full." in r.stderr, (args, r.stderr)
+        assert "write failed: No space left on device" in r.stderr, (args, r.stderr)
+
+
+def test_a_write_that_fails_part_way_keeps_the_old_file(tmp_path):
+    """Under a file size limit (SIGXFSZ ignored, so the write reports EFBIG) each
+    kind of output fails part way: the old file must survive byte for byte (it
+    was truncated first), with its mode, and no temporary file may be left."""
+    import resource
+    import signal
+
+    def limit_file_size():
+        resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+
+    names = ["pe.npy", "pe.csv", "pe.png", "pe.svg"]
+    for name in names:
+        out = tmp_path / name
+        ok("pe", "--n", 2, "--d", 2, "--out", out)
+        os.chmod(out, 0o604)
+        old = out.read_bytes()
+        r = subprocess.run([CLI, "pe", "--n", "200", "--d", "64", "--out", str(out)],  # > 20 kB each
+                           capture_output=True, text=True, preexec_fn=limit_file_size)
+        assert r.returncode == 1 and "write failed: File too large" in r.stderr, (name, r.stderr)
+        assert out.read_bytes() == old, name
+        ok("pe", "--n", 3, "--d", 2, "--out", out)  # a successful replacement keeps the mode
+        assert os.stat(out).st_mode & 0o7777 == 0o604, name
+    assert sorted(os.listdir(tmp_path)) == sorted(names)
+
+
+# ---------------------------------------------------------------------------
 # Bad input: one line on stderr, exit 2 for usage and 1 for runtime errors.
 
 def bad_cases(tmp):
@@ -313,6 +360,8 @@ def bad_cases(tmp):
         (["attend", "--out", out], 2, "input is required"),
         (["attend", tmp / "missing.npy", "--out", out], 1, "missing.npy"),
         (["attend", tmp / "junk.npy", "--out", out], 1, "junk.npy"),
+        (["attend", "/dev/zero", "--out", out], 1, "/dev/zero: not a valid .npy file"),
+        (["attend", tmp, "--out", out], 1, f"{tmp}: cannot read: Is a directory"),
         (["attend", tmp / "flat.npy", "--out", out], 1, "has shape (8,); expected (n, d) or (batch, n, d)"),
         (["attend", tmp / "rank4.npy", "--out", out], 1, "expected (n, d) or (batch, n, d)"),
         (["attend", x, "--out", out, "--heads", 3], 1, "heads (3) must divide the model dimension d (8)"),
@@ -321,6 +370,32 @@ def bad_cases(tmp):
         (["attend", x, "--out", tmp / "no" / "out.npy"], 1, "out.npy"),
         (["attend", x, "--out", out, "--weights", tmp / "no" / "w.svg"], 1, "cannot open"),
         (["demo", "--out", tmp / "a_file"], 1, "cannot create the folder"),
+        # Every number range-checked on its text (CLI11 printed the range as
+        # 300-digit doubles, clamped overflow to INT64_MAX, wrapped -1).
+        (["attend", x, "--out", out, "--heads", 0], 2, "--heads: 0 is not in 1..1000000"),
+        (["attend", x, "--out", out, "--heads", "99999999999999999999"], 2,
+         "--heads: 99999999999999999999 is not in 1..1000000"),
+        (["pe", "--n", 3, "--d", 4, "--base", "nan", "--out", tmp / "pe.npy"], 2,
+         "--base: nan is not a finite number > 0"),
+        (["pe", "--n", 3, "--d", 4, "--base", "inf", "--out", tmp / "pe.npy"], 2, "--base: inf"),
+        (["pe", "--n", "3.5", "--d", 4, "--out", tmp / "pe.npy"], 2, "--n: '3.5' is not a whole number"),
+        (["pe", "--n", 100000001, "--d", 4, "--out", tmp / "pe.npy"], 2, "--n: 100000001 is not in 0..100000000"),
+        (["pe", "--n", 3, "--d", 1000001, "--out", tmp / "pe.npy"], 2, "--d: 1000001 is not in 1..1000000"),
+        (["experiment", "order", "--steps", "99999999999999999999"], 2,
+         "--steps: 99999999999999999999 is not in 0..10000000"),
+        (["experiment", "heads", "--steps", -1], 2, "--steps: -1 is not in 0..10000000"),
+        (["experiment", "order", "--seed", -1], 2, "--seed: -1 is not in 0..18446744073709551615"),
+        (["experiment", "heads", "--seed", "18446744073709551616"], 2, "--seed: 18446744073709551616 is not in"),
+        (["bench", "decode", "--queries", 9], 2, "--queries: 9 is not in 1..8"),
+        (["bench", "decode", "--kv-len", 0], 2, "--kv-len: 0 is not in"),
+        (["bench", "attention", "--n", 0], 2, "--n: 0 is not in"),
+        (["bench", "attention", "--head-dim", 4097], 2, "--head-dim: 4097 is not in 1..4096"),
+        (["bench", "attention", "--heads", 0], 2, "--heads: 0 is not in 1..4096"),
+        (["bench", "attention", "--kv-heads", 0], 2, "--kv-heads: 0 is not in 1..4096"),
+        (["bench", "attention", "--batch", 5000], 2, "--batch: 5000 is not in 1..4096"),
+        (["bench", "attention", "--threads", 0], 2, "--threads: 0 is not in 1.."),
+        (["mha", x, "--weights", tmp / "w.safetensors", "--out", tmp / "mo.png"], 2,
+         "--out: '" + str(tmp / "mo.png") + "' must end in .npy"),
     ]
 
 
@@ -333,6 +408,33 @@ def test_bad_input_is_one_line_and_the_right_exit_status(tmp_path):
         assert r.stderr.count("\n") == 1, what
         assert needle in r.stderr, what
         assert "terminate" not in r.stderr and "Traceback" not in r.stderr, what
+
+
+def test_version_is_the_projects():
+    import re
+    cmake = open(os.path.join(ROOT, "CMakeLists.txt")).read()
+    version = re.search(r"project\(attn VERSION ([0-9.]+)", cmake).group(1)
+    assert ok("--version").stdout == f"attn {version}\n"
+
+
+def test_outputs_are_checked_before_any_is_written(tmp_path):
+    """A picture too large to draw (over a million SVG cells) is an error before
+    the .npy is written: it was written, and then the command failed."""
+    np.save(tmp_path / "x.npy", np.zeros((1001, 4), np.float32))
+    r = run("attend", tmp_path / "x.npy", "--heads", 1, "--out", tmp_path / "out.npy",
+            "--weights", tmp_path / "w.svg")
+    assert r.returncode == 1 and "write_svg: 1002001 cells" in r.stderr, r.stderr
+    assert sorted(os.listdir(tmp_path)) == ["x.npy"]
+
+
+def test_experiment_order_writes_weights_only_with_out(tmp_path):
+    """It wrote order_weights/ into the current folder, even with --json."""
+    for args in (["--json"], []):
+        r = subprocess.run([CLI, "experiment", "order", "--steps", "1", *args], cwd=tmp_path,
+                           capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0, r.stderr
+        assert os.listdir(tmp_path) == [], args
+    assert "--out FOLDER" in r.stdout
 
 
 @pytest.mark.parametrize("sub", ["demo", "pe", "attend", "mha"])

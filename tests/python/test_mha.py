@@ -273,6 +273,17 @@ def test_save_load_and_seed(tmp_path):
         attn.MultiHeadAttention.load(path)
 
 
+def test_save_to_a_full_disk_and_load_from_a_folder_are_os_errors(tmp_path):
+    """A failed write raises (the final flush went unchecked: save returned as if it
+    had worked); a folder is not a file (was RuntimeError without the name)."""
+    full = tmp_path / "full.safetensors"
+    os.symlink("/dev/full", full)
+    with pytest.raises(OSError, match="No space left on device"):
+        attn.MultiHeadAttention(4, 1).save(str(full))  # small: the old writer raised nothing
+    with pytest.raises(OSError, match=f"{tmp_path}: cannot read: Is a directory"):
+        attn.MultiHeadAttention.load(str(tmp_path))
+
+
 # ---------------------------------------------------------------------------
 # The export script -> file -> `attn mha` CLI -> PyTorch's output
 
@@ -331,12 +342,11 @@ def test_cli_reports_corrupt_weights_in_one_line(tmp_path, content, needle):
 def test_cli_reports_bad_npy_and_usage(tmp_path):
     weights = str(tmp_path / "w.safetensors")
     attn.MultiHeadAttention(8, 2).save(weights)
-    np.save(tmp_path / "fortran.npy", np.asfortranarray(np.ones((3, 8), np.float32)))
     np.save(tmp_path / "ints.npy", np.ones((3, 8), np.int32))
     np.save(tmp_path / "full.npy", np.ones((3, 8), np.float32))
     (tmp_path / "trunc.npy").write_bytes((tmp_path / "full.npy").read_bytes()[:140])
     np.save(tmp_path / "wrong.npy", np.ones((3, 7), np.float32))
-    for name, needle in [("fortran.npy", "Fortran"), ("ints.npy", "'<i4'"),
+    for name, needle in [("ints.npy", "'<i4'"),
                          ("trunc.npy", "bytes of data"), ("missing.npy", "cannot open"),
                          ("wrong.npy", "embed_dim=8")]:
         r = subprocess.run([CLI, "mha", "--weights", weights, str(tmp_path / name), "--out",
@@ -345,3 +355,35 @@ def test_cli_reports_bad_npy_and_usage(tmp_path):
         assert needle in r.stderr and r.stderr.count("\n") == 1, (name, r.stderr)
     r = subprocess.run([CLI, "mha", str(tmp_path / "ints.npy")], capture_output=True, text=True)
     assert r.returncode == 2 and "--weights" in r.stderr
+
+
+def test_cli_reads_every_float_npy_that_numpy_writes(tmp_path):
+    """Fortran order, big-endian and float16 files (refused before) give what the
+    same array in native float32/float64 gives: the CLI reads what np.load reads."""
+    weights = str(tmp_path / "w.safetensors")
+    attn.MultiHeadAttention(8, 2, seed=3).save(weights)
+    x = np.random.default_rng(4).normal(size=(2, 5, 8))
+
+    def mha(name, array):
+        np.save(tmp_path / name, array)
+        r = subprocess.run([CLI, "mha", "--weights", weights, str(tmp_path / name), "--out",
+                            str(tmp_path / "o.npy")], capture_output=True, text=True)
+        assert r.returncode == 0, (name, r.stderr)
+        return np.load(tmp_path / "o.npy")
+
+    for dtype in (np.float32, np.float64):
+        native = mha("native.npy", x.astype(dtype))
+        for name, array in [("fortran.npy", np.asfortranarray(x.astype(dtype))),
+                            ("big.npy", x.astype(np.dtype(dtype).newbyteorder(">"))),
+                            ("big_fortran.npy",
+                             np.asfortranarray(x.astype(np.dtype(dtype).newbyteorder(">"))))]:
+            got = mha(name, array)
+            assert got.dtype == dtype, name  # the output is native, of the input's precision
+            np.testing.assert_array_equal(got, native, err_msg=name)
+    # float16 is read as float32, exactly (every half is a float): the output is
+    # the float32 layer's on the rounded input.
+    rounded = mha("rounded.npy", x.astype(np.float16).astype(np.float32))
+    for name, dtype in [("half.npy", "<f2"), ("big_half.npy", ">f2")]:
+        got = mha(name, np.asfortranarray(x.astype(dtype)))
+        assert got.dtype == np.float32
+        np.testing.assert_array_equal(got, rounded, err_msg=name)
