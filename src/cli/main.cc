@@ -8,13 +8,13 @@
 #include <cstdint>
 #include <cstdio>
 #include <exception>
-#include <limits>
 #include <type_traits>
 #include <utility>
 #include <string>
 #include <vector>
 
 #include "attn/error.hpp"
+#include "attn/threads.hpp"
 #include "cli/commands.hpp"
 #include "cli/files.hpp"
 
@@ -182,9 +182,8 @@ int main(int argc, char** argv) {
         ->check(integer_in<int64_t>(1, kMaxBenchAxis));
     sub->add_option("--batch", bench_args.batch, "batch size")
         ->check(integer_in<int64_t>(1, kMaxBenchAxis));
-    // The upper bound is the library's (set_num_threads names it).
     sub->add_option("--threads", bench_args.threads, "threads (default: all cores)")
-        ->check(integer_in<int>(1, std::numeric_limits<int>::max()));
+        ->check(integer_in<int>(1, attn::max_num_threads()));
     sub->add_option("--kv-dtype", bench_args.kv_dtype, "key/value storage")
         ->check(CLI::IsMember({"f32", "bf16", "f16"}));
     sub->add_flag("--json", bench_args.json, "print one JSON object");

@@ -394,6 +394,7 @@ def bad_cases(tmp):
         (["bench", "attention", "--kv-heads", 0], 2, "--kv-heads: 0 is not in 1..4096"),
         (["bench", "attention", "--batch", 5000], 2, "--batch: 5000 is not in 1..4096"),
         (["bench", "attention", "--threads", 0], 2, "--threads: 0 is not in 1.."),
+        (["bench", "attention", "--threads", 2000], 2, "--threads: 2000 is not in 1.."),
         (["mha", x, "--weights", tmp / "w.safetensors", "--out", tmp / "mo.png"], 2,
          "--out: '" + str(tmp / "mo.png") + "' must end in .npy"),
     ]
@@ -408,6 +409,15 @@ def test_bad_input_is_one_line_and_the_right_exit_status(tmp_path):
         assert r.stderr.count("\n") == 1, what
         assert needle in r.stderr, what
         assert "terminate" not in r.stderr and "Traceback" not in r.stderr, what
+
+
+def test_a_bad_ATTN_NUM_THREADS_is_one_line():
+    """2000 hung the process; now the first kernel call names the variable."""
+    r = subprocess.run([CLI, "demo"], capture_output=True, text=True, timeout=120,
+                       env={**os.environ, "ATTN_NUM_THREADS": "2000"})
+    assert r.returncode == 1, r.stderr
+    assert r.stderr.startswith("attn: error: ATTN_NUM_THREADS must be an integer in [1, ")
+    assert r.stderr.count("\n") == 1 and "got '2000'" in r.stderr
 
 
 def test_version_is_the_projects():
