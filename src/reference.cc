@@ -26,23 +26,16 @@ bool in_range(const AttentionProblem<T>& p, int64_t i, int64_t j) {
   return true;
 }
 
-// Keys and values as doubles, whatever their storage (16-bit in float32
-// problems).
+// Element (j, c) of head (b, h) of K or V (x, or its 16-bit bits x16 in a
+// float32 problem) as a double, whatever its storage.
 template <class T>
-double key(const AttentionProblem<T>& p, int64_t b, int64_t h, int64_t j, int64_t c) {
+double element(const AttentionProblem<T>& p, const Operand<const T>& x,
+               const Operand<const uint16_t>& x16, int64_t b, int64_t h, int64_t j, int64_t c) {
   if constexpr (std::is_same_v<T, float>) {
-    if (p.kv == KVStorage::BF16) return bf16_to_float(p.k16.row(b, h, j)[c * p.k16.col_stride]);
-    if (p.kv == KVStorage::F16) return fp16_to_float(p.k16.row(b, h, j)[c * p.k16.col_stride]);
+    if (p.kv == KVStorage::BF16) return bf16_to_float(x16.row(b, h, j)[c * x16.col_stride]);
+    if (p.kv == KVStorage::F16) return fp16_to_float(x16.row(b, h, j)[c * x16.col_stride]);
   }
-  return p.k.row(b, h, j)[c * p.k.col_stride];
-}
-template <class T>
-double value(const AttentionProblem<T>& p, int64_t b, int64_t h, int64_t j, int64_t c) {
-  if constexpr (std::is_same_v<T, float>) {
-    if (p.kv == KVStorage::BF16) return bf16_to_float(p.v16.row(b, h, j)[c * p.v16.col_stride]);
-    if (p.kv == KVStorage::F16) return fp16_to_float(p.v16.row(b, h, j)[c * p.v16.col_stride]);
-  }
-  return p.v.row(b, h, j)[c * p.v.col_stride];
+  return x.row(b, h, j)[c * x.col_stride];
 }
 
 // Row (b, h, i) of the attention weights into w (n_k); the scaled logits
@@ -61,7 +54,8 @@ void row_weights(const AttentionProblem<T>& p, int64_t b, int64_t h, int64_t i,
   bool nan = false;
   for (int64_t j = 0; j < p.n_k; ++j) {
     double dot = 0;
-    for (int64_t c = 0; c < p.d; ++c) dot += double(q[c * p.q.col_stride]) * key(p, b, hkv, j, c);
+    for (int64_t c = 0; c < p.d; ++c)
+      dot += double(q[c * p.q.col_stride]) * element(p, p.k, p.k16, b, hkv, j, c);
     s[j] = dot * p.scale;
     const double logit = p.softcap > 0 ? p.softcap * std::tanh(s[j] / p.softcap) : s[j];
     part[j] = in_range(p, i, j) && p.mask.allows(b, h, i, j);
@@ -94,7 +88,7 @@ void row_output(const AttentionProblem<T>& p, int64_t b, int64_t h, const std::v
   for (int64_t c = 0; c < p.d_v; ++c) {
     double acc = 0;
     for (int64_t j = 0; j < p.n_k; ++j)
-      if (part[j]) acc += w[j] * value(p, b, hkv, j, c);
+      if (part[j]) acc += w[j] * element(p, p.v, p.v16, b, hkv, j, c);
     out[c * out_stride] = static_cast<Out>(acc);
   }
 }

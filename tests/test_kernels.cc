@@ -239,5 +239,49 @@ TEST(Kernels, SixteenBitKeysAndValues) {
   }
 }
 
+// A NaN or +inf value row of a key causal masking excludes from the first
+// half of the rows, stored in 16 bits: those rows are untouched (the kernels'
+// recomputation of a NaN row reads 16-bit values too), the others NaN or
+// +inf, as in the reference on the same values. (Highway's emulated fp16
+// conversion made inf and NaN finite on SSSE3, SSE4 and scalar.)
+template <class H>
+void check_16bit_poisoned(int64_t n_q, int64_t n_k, double poison, uint16_t (*to_bits)(float),
+                          float (*from_bits)(uint16_t)) {
+  SCOPED_TRACE("n_q " + std::to_string(n_q) + ", n_k " + std::to_string(n_k) + ", value " +
+               std::to_string(poison));
+  std::mt19937 rng(11);
+  const auto q = random_tensor({2, n_q, 16}, rng), k = random_tensor({1, n_k, 16}, rng);
+  auto v = random_tensor({1, n_k, 8}, rng);
+  const int64_t poisoned = n_k - n_q / 2;
+  for (int64_t c = 0; c < 8; ++c) v[poisoned * 8 + c] = poison;
+  Tensor<H> k16(k.shape()), v16(v.shape());
+  Tensor<double> k_rounded(k.shape()), v_rounded(v.shape());
+  for (int64_t i = 0; i < k.numel(); ++i) k_rounded[i] = from_bits(k16[i].bits = to_bits(float(k[i])));
+  for (int64_t i = 0; i < v.numel(); ++i) v_rounded[i] = from_bits(v16[i].bits = to_bits(float(v[i])));
+  AttentionOptions o;
+  o.causal = Causal::BottomRight;
+  Tensor<float> out({2, n_q, 8});
+  attention(cast<float>(q).view(), TensorView<const H>(k16.view()), TensorView<const H>(v16.view()),
+            out.view(), o);
+  const auto ref = attention(q.view(), k_rounded.view(), v_rounded.view(), o);
+  for (int64_t e = 0; e < out.numel(); ++e) {
+    const int64_t row = e / 8 % n_q;
+    ASSERT_EQ(std::isfinite(ref[e]), row < n_q / 2) << "the reference, row " << row;
+    if (std::isnan(ref[e])) EXPECT_TRUE(std::isnan(out[e])) << "row " << row;
+    else if (std::isinf(ref[e])) EXPECT_EQ(out[e], ref[e]) << "row " << row;
+    else EXPECT_NEAR(out[e], ref[e], 1e-5) << "row " << row;
+  }
+}
+
+TEST(Kernels, SixteenBitValuesOfExcludedKeysTakeNoPart) {
+  test::on_every_simd_target([] {
+    for (const auto& [n_q, n_k] : {std::pair<int64_t, int64_t>{40, 150}, {6, 1100}})  // prefill, decode
+      for (double poison : {std::numeric_limits<double>::quiet_NaN(), std::numeric_limits<double>::infinity()}) {
+        check_16bit_poisoned<bfloat16>(n_q, n_k, poison, float_to_bf16, bf16_to_float);
+        check_16bit_poisoned<float16>(n_q, n_k, poison, float_to_fp16, fp16_to_float);
+      }
+  });
+}
+
 }  // namespace
 }  // namespace attn

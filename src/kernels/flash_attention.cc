@@ -95,13 +95,37 @@ inline uint16_t Bits(H x) {
 inline float ToFloat(hwy::bfloat16_t x) { return bf16_to_float(Bits(x)); }
 inline float ToFloat(hwy::float16_t x) { return fp16_to_float(Bits(x)); }
 
+// fp16 lanes promoted to float32. Highway 1.0.3 emulates the conversion on
+// targets without F16C (SSSE3, SSE4, scalar) by rebiasing the exponent, which
+// turns inf and NaN (exponent 31) into finite numbers near 65536; those lanes
+// are rebuilt from their bits there. Targets with a native conversion need
+// nothing.
+template <class D16>
+HWY_INLINE VF PromoteF16(DF d, hn::Vec<D16> h) {
+  const VF f = hn::PromoteTo(d, h);
+#if (HWY_ARCH_X86 && HWY_TARGET >= HWY_SSE4) || HWY_TARGET == HWY_SCALAR || \
+    HWY_TARGET == HWY_EMU128 || defined(HWY_DISABLE_F16C)
+  const hn::RebindToUnsigned<DF> du;
+  const auto bits = hn::PromoteTo(du, hn::BitCast(hn::RebindToUnsigned<D16>(), h));
+  const auto exponent = hn::Set(du, 0x7C00);
+  const auto special = hn::Eq(hn::And(bits, exponent), exponent);
+  const auto sign = hn::ShiftLeft<16>(hn::And(bits, hn::Set(du, 0x8000)));
+  const auto mantissa = hn::ShiftLeft<13>(hn::And(bits, hn::Set(du, 0x3FF)));
+  const auto inf_or_nan = hn::Or(sign, hn::Or(hn::Set(du, 0x7F800000), mantissa));
+  return hn::IfThenElse(hn::RebindMask(d, special), hn::BitCast(d, inf_or_nan), f);
+#else
+  return f;
+#endif
+}
+
 template <class KV>
 HWY_INLINE VF LoadKV(DF d, const KV* p) {
   if constexpr (std::is_same_v<KV, float>) {
     return hn::LoadU(d, p);
+  } else if constexpr (std::is_same_v<KV, hwy::float16_t>) {
+    return PromoteF16<hn::Rebind<KV, DF>>(d, hn::LoadU(hn::Rebind<KV, DF>(), p));
   } else {
-    const hn::Rebind<KV, DF> d16;
-    return hn::PromoteTo(d, hn::LoadU(d16, p));
+    return hn::PromoteTo(d, hn::LoadU(hn::Rebind<KV, DF>(), p));
   }
 }
 
