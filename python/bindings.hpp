@@ -3,6 +3,7 @@
 
 #include <pybind11/pybind11.h>
 
+#include "attn/attention.hpp"
 #include "attn/mask.hpp"
 
 namespace attn::python {
@@ -11,6 +12,11 @@ namespace py = pybind11;
 
 // causal=False | True | "bottom_right" | "top_left"
 Causal causal_from(const py::object& c);
+
+// The keyword arguments causal, scale, softcap and window of attn.attention
+// (and of the layer's forward), checked and typed.
+AttentionOptions attention_options(const py::object& causal, const py::object& scale,
+                                   const py::object& softcap, const py::object& window);
 
 void bind_mha(py::module_& m);
 

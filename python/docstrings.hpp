@@ -143,7 +143,8 @@ in double precision (with those parameters) and returns float64.
 )";
 
 inline constexpr const char* kMhaForward = R"(forward(query, key=None, value=None, *, key_padding_mask=None, attn_mask=None,
-        causal=False, need_weights=False, average_attn_weights=True, cache=None)
+        causal=False, window=None, softcap=None, scale=None, need_weights=False,
+        average_attn_weights=True, cache=None)
 
 query (batch, n_q, embed_dim) or unbatched (n_q, embed_dim); key (.., n_k, kdim)
 defaults to query and value (.., n_k, vdim) to key (self-attention).
@@ -155,7 +156,9 @@ boolean convention):
     key_padding_mask: (batch, n_k) ((n_k,) unbatched); boolean True = padding.
 uint8 masks read as boolean, as in PyTorch. A blocked or padded key takes no
 part at all, even a NaN in its input.
-causal: False, True (= 'bottom_right') or 'top_left'.
+Both are read in place, never expanded to (batch, heads, n_q, n_k).
+causal, window, softcap, scale: as in attn.attention (causal: False, True
+(= 'bottom_right') or 'top_left').
 A query row with no allowed key gets zero attention output, so only the output
 projection's bias (PyTorch gives NaN there).
 

@@ -81,7 +81,8 @@ struct PyMha {
 template <class T>
 py::tuple forward_t(PyMha& self, const py::array& q_in, const py::object& k_obj,
                     const py::object& v_obj, const MaskArg& kpm, const MaskArg& am,
-                    Causal causal, bool need_weights, bool average, PyKVCache* cache) {
+                    const AttentionOptions& options, bool need_weights, bool average,
+                    PyKVCache* cache) {
   const auto& layer = self.layer<T>();
   auto qa = as<T>(q_in);
   py::array_t<T> ka, va;
@@ -91,7 +92,7 @@ py::tuple forward_t(PyMha& self, const py::array& q_in, const py::object& k_obj,
   MhaForwardOptions<T> opt;
   opt.key_padding_mask = kpm.mask;
   opt.attn_mask = am.mask;
-  opt.causal = causal;
+  opt.attention = options;
   opt.need_weights = need_weights;
   opt.average_attn_weights = average;
   opt.cache = cache ? cache->get<T>() : nullptr;
@@ -107,7 +108,9 @@ py::tuple forward_t(PyMha& self, const py::array& q_in, const py::object& k_obj,
 
 py::tuple py_forward(PyMha& self, const py::object& query, const py::object& key,
                      const py::object& value, const py::object& key_padding_mask,
-                     const py::object& attn_mask, const py::object& causal, bool need_weights,
+                     const py::object& attn_mask, const py::object& causal,
+                     const py::object& window, const py::object& softcap,
+                     const py::object& scale, bool need_weights,
                      bool average_attn_weights, const py::object& cache) {
   const auto q = as_numeric_array(query, "query");
   PyKVCache* c = nullptr;
@@ -119,13 +122,14 @@ py::tuple py_forward(PyMha& self, const py::object& query, const py::object& key
   }
   const MaskArg kpm(key_padding_mask, "key_padding_mask", IntegerMask::Uint8AsBool),
       am(attn_mask, "attn_mask", IntegerMask::Uint8AsBool);
-  const Causal cz = causal_from(causal);
+  const AttentionOptions options = attention_options(causal, scale, softcap, window);
   const bool f64 = is_float64(q) ||
                    (!key.is_none() && is_float64(as_numeric_array(key, "key"))) ||
                    (!value.is_none() && is_float64(as_numeric_array(value, "value")));
-  if (f64) return forward_t<double>(self, q, key, value, kpm, am, cz, need_weights,
+  if (f64) return forward_t<double>(self, q, key, value, kpm, am, options, need_weights,
                                     average_attn_weights, c);
-  return forward_t<float>(self, q, key, value, kpm, am, cz, need_weights, average_attn_weights, c);
+  return forward_t<float>(self, q, key, value, kpm, am, options, need_weights,
+                          average_attn_weights, c);
 }
 
 py::dict py_state_dict(const PyMha& self) {
@@ -177,11 +181,13 @@ void bind_mha(py::module_& m) {
            arg("seed") = 0)
       .def("forward", &py_forward, arg("query"), arg("key") = py::none(),
            arg("value") = py::none(), py::kw_only(), arg("key_padding_mask") = py::none(),
-           arg("attn_mask") = py::none(), arg("causal") = false, arg("need_weights") = false,
+           arg("attn_mask") = py::none(), arg("causal") = false, arg("window") = py::none(),
+           arg("softcap") = py::none(), arg("scale") = py::none(), arg("need_weights") = false,
            arg("average_attn_weights") = true, arg("cache") = py::none(), docs::kMhaForward)
       .def("__call__", &py_forward, arg("query"), arg("key") = py::none(),
            arg("value") = py::none(), py::kw_only(), arg("key_padding_mask") = py::none(),
-           arg("attn_mask") = py::none(), arg("causal") = false, arg("need_weights") = false,
+           arg("attn_mask") = py::none(), arg("causal") = false, arg("window") = py::none(),
+           arg("softcap") = py::none(), arg("scale") = py::none(), arg("need_weights") = false,
            arg("average_attn_weights") = true, arg("cache") = py::none(), docs::kMhaForward)
       .def("new_cache", [](const PyMha&) { return PyKVCache{}; }, docs::kNewCache)
       .def("state_dict", &py_state_dict, docs::kStateDict)

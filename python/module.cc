@@ -90,15 +90,6 @@ py::object attention_t(const py::array& q_in, const py::array& k_in, const py::a
   return out;
 }
 
-AttentionOptions options_from(const py::object& causal, const py::object& scale,
-                              const py::object& softcap, const py::object& window) {
-  AttentionOptions opt;
-  opt.causal = causal_from(causal);
-  opt.scale = optional_float(scale, "scale");
-  opt.softcap = optional_float(softcap, "softcap").value_or(0.0);
-  opt.window = window_from(window);
-  return opt;
-}
 
 py::object py_attention(const py::object& q_obj, const py::object& k_obj,
                         const py::object& v_obj, const py::object& mask,
@@ -107,7 +98,7 @@ py::object py_attention(const py::object& q_obj, const py::object& k_obj,
                         bool return_weights) {
   const auto q = as_numeric_array(q_obj, "q"), k = as_numeric_array(k_obj, "k"),
              v = as_numeric_array(v_obj, "v");
-  const AttentionOptions opt = options_from(causal, scale, softcap, window);
+  const AttentionOptions opt = attention_options(causal, scale, softcap, window);
   if (is_float64(q) || is_float64(k) || is_float64(v))
     return attention_t<double>(q, k, v, mask, opt, return_weights);
   return attention_t<float>(q, k, v, mask, opt, return_weights);
@@ -137,7 +128,7 @@ py::tuple py_attention_backward(const py::object& q_obj, const py::object& k_obj
                                 const py::object& window) {
   const auto q = as_numeric_array(q_obj, "q"), k = as_numeric_array(k_obj, "k"),
              v = as_numeric_array(v_obj, "v"), dout = as_numeric_array(dout_obj, "dout");
-  const AttentionOptions opt = options_from(causal, scale, softcap, window);
+  const AttentionOptions opt = attention_options(causal, scale, softcap, window);
   if (is_float64(q) || is_float64(k) || is_float64(v) || is_float64(dout))
     return attention_backward_t<double>(q, k, v, dout, mask, opt);
   return attention_backward_t<float>(q, k, v, dout, mask, opt);
@@ -224,6 +215,17 @@ py::array py_rope(const py::object& x_obj, const py::object& positions, double b
 }
 
 }  // namespace
+
+AttentionOptions attention_options(const py::object& causal, const py::object& scale,
+                              const py::object& softcap, const py::object& window) {
+  AttentionOptions opt;
+  opt.causal = causal_from(causal);
+  opt.scale = optional_float(scale, "scale");
+  opt.softcap = optional_float(softcap, "softcap").value_or(0.0);
+  opt.window = window_from(window);
+  return opt;
+}
+
 }  // namespace attn::python
 
 PYBIND11_MODULE(attn, m) {

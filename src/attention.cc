@@ -99,8 +99,8 @@ Operand<const M> mask_operand(const TensorView<const M>& m, const Shape& target,
 template <class T, class KV>
 AttentionProblem<T> make_problem(TensorView<const T> q, TensorView<const KV> k,
                                  TensorView<const KV> v, TensorView<T> out,
-                                 const AttentionOptions& options, const Mask& mask,
-                                 TensorView<T> weights, TensorView<const bool> keep) {
+                                 const AttentionOptions& options, const MaskInput& mask,
+                                 TensorView<T> weights, const MaskInput& second) {
   const Dims s = check_shapes(q.shape(), k.shape(), v.shape());
   const bool heads = q.rank() >= 3;
   const Shape out_shape = with_tail(s, heads, s.n_q, s.d_v);
@@ -146,13 +146,18 @@ AttentionProblem<T> make_problem(TensorView<const T> q, TensorView<const KV> k,
   }
   p.out = operand(out, s.batch);
   if (!weights.empty_view()) p.weights = operand(weights, s.batch);
-  if (const auto* m = std::get_if<TensorView<const bool>>(&mask))
-    p.mask.boolean = mask_operand(*m, weights_shape, s.batch);
-  if (const auto* m = std::get_if<TensorView<const float>>(&mask))
-    p.mask.f32 = mask_operand(*m, weights_shape, s.batch);
-  if (const auto* m = std::get_if<TensorView<const double>>(&mask))
-    p.mask.f64 = mask_operand(*m, weights_shape, s.batch);
-  if (!keep.empty_view()) p.mask.boolean = mask_operand(keep, weights_shape, s.batch);
+  const MaskInput* inputs[2] = {&mask, &second};
+  for (int t = 0; t < 2; ++t) {
+    MaskTerm& term = p.mask.terms[t];
+    const Mask& m = inputs[t]->mask;
+    term.blocking = inputs[t]->true_blocks;
+    if (const auto* b = std::get_if<TensorView<const bool>>(&m))
+      term.boolean = mask_operand(*b, weights_shape, s.batch);
+    if (const auto* f = std::get_if<TensorView<const float>>(&m))
+      term.f32 = mask_operand(*f, weights_shape, s.batch);
+    if (const auto* f = std::get_if<TensorView<const double>>(&m))
+      term.f64 = mask_operand(*f, weights_shape, s.batch);
+  }
   p.scale = options.scale ? *options.scale : (s.d > 0 ? 1.0 / std::sqrt(double(s.d)) : 1.0);
   p.causal = options.causal;
   p.window = options.window;
@@ -164,7 +169,7 @@ template <class T>
 std::pair<AttentionProblem<T>, GradientOperands<T>> make_backward_problem(
     TensorView<const T> q, TensorView<const T> k, TensorView<const T> v,
     TensorView<const T> dout, TensorView<T> dq, TensorView<T> dk, TensorView<T> dv,
-    const AttentionOptions& options, const Mask& mask, TensorView<const bool> keep) {
+    const AttentionOptions& options, const MaskInput& mask, const MaskInput& second) {
   const Dims s = check_shapes(q.shape(), k.shape(), v.shape());
   const Shape out_shape = with_tail(s, q.rank() >= 3, s.n_q, s.d_v);
   if (dout.shape() != out_shape)
@@ -181,7 +186,7 @@ std::pair<AttentionProblem<T>, GradientOperands<T>> make_backward_problem(
   // The forward problem with no output to write (its operand has a null pointer).
   std::pair<AttentionProblem<T>, GradientOperands<T>> r{
       make_problem(q, k, v, TensorView<T>(nullptr, out_shape), options, mask, TensorView<T>(),
-                   keep),
+                   second),
       {}};
   r.second.dout = operand(dout, s.batch);
   r.second.dq = operand(dq, s.batch);
@@ -209,11 +214,11 @@ namespace {
 // layouts go through contiguous copies.
 template <class KV>
 void attention_f32(TensorView<const float> q, TensorView<const KV> k, TensorView<const KV> v,
-                   TensorView<float> out, const AttentionOptions& options, const Mask& mask,
-                   TensorView<float> weights, TensorView<const bool> keep) {
+                   TensorView<float> out, const AttentionOptions& options, const MaskInput& mask,
+                   TensorView<float> weights, const MaskInput& second) {
   // Built (and validated) on the caller's views, so errors name them; built
   // again only when a layout had to be copied.
-  auto p = make_problem(q, k, v, out, options, mask, weights, keep);
+  auto p = make_problem(q, k, v, out, options, mask, weights, second);
   const auto unit = [](const auto& t) { return t.rank() == 0 || t.stride(-1) == 1 || t.dim(-1) <= 1; };
   Tensor<float> qc, oc;
   Tensor<KV> kc, vc;
@@ -223,7 +228,7 @@ void attention_f32(TensorView<const float> q, TensorView<const KV> k, TensorView
   TensorView<float> o = out;
   if (!unit(out)) o = (oc = Tensor<float>(out.shape())).view();
   if (qc.rank() || kc.rank() || vc.rank() || oc.rank())
-    p = make_problem(q, k, v, o, options, mask, weights, keep);
+    p = make_problem(q, k, v, o, options, mask, weights, second);
   if (use_decode(p))
     decode_forward(p);
   else
@@ -235,20 +240,20 @@ void attention_f32(TensorView<const float> q, TensorView<const KV> k, TensorView
 
 template <class T>
 void masked_attention(TensorView<const T> q, TensorView<const T> k, TensorView<const T> v,
-                      TensorView<T> out, const AttentionOptions& options, const Mask& mask,
-                      TensorView<const bool> keep, TensorView<T> weights) {
+                      TensorView<T> out, const AttentionOptions& options, const MaskInput& mask,
+                      const MaskInput& second, TensorView<T> weights) {
   if constexpr (std::is_same_v<T, double>)
-    reference_attention(make_problem(q, k, v, out, options, mask, weights, keep));
+    reference_attention(make_problem(q, k, v, out, options, mask, weights, second));
   else
-    attention_f32(q, k, v, out, options, mask, weights, keep);
+    attention_f32(q, k, v, out, options, mask, weights, second);
 }
 template void masked_attention(TensorView<const float>, TensorView<const float>,
                                TensorView<const float>, TensorView<float>,
-                               const AttentionOptions&, const Mask&, TensorView<const bool>,
+                               const AttentionOptions&, const MaskInput&, const MaskInput&,
                                TensorView<float>);
 template void masked_attention(TensorView<const double>, TensorView<const double>,
                                TensorView<const double>, TensorView<double>,
-                               const AttentionOptions&, const Mask&, TensorView<const bool>,
+                               const AttentionOptions&, const MaskInput&, const MaskInput&,
                                TensorView<double>);
 
 }  // namespace detail
@@ -257,23 +262,23 @@ void attention(TensorView<const double> q, TensorView<const double> k,
                TensorView<const double> v, TensorView<double> out,
                const AttentionOptions& options, const Mask& mask,
                TensorView<double> weights) {
-  detail::masked_attention(q, k, v, out, options, mask, {}, weights);
+  detail::masked_attention(q, k, v, out, options, {mask}, {}, weights);
 }
 void attention(TensorView<const float> q, TensorView<const float> k,
                TensorView<const float> v, TensorView<float> out,
                const AttentionOptions& options, const Mask& mask,
                TensorView<float> weights) {
-  detail::masked_attention(q, k, v, out, options, mask, {}, weights);
+  detail::masked_attention(q, k, v, out, options, {mask}, {}, weights);
 }
 void attention(TensorView<const float> q, TensorView<const bfloat16> k,
                TensorView<const bfloat16> v, TensorView<float> out,
                const AttentionOptions& options, const Mask& mask, TensorView<float> weights) {
-  detail::attention_f32(q, k, v, out, options, mask, weights, {});
+  detail::attention_f32(q, k, v, out, options, {mask}, weights, {});
 }
 void attention(TensorView<const float> q, TensorView<const float16> k,
                TensorView<const float16> v, TensorView<float> out,
                const AttentionOptions& options, const Mask& mask, TensorView<float> weights) {
-  detail::attention_f32(q, k, v, out, options, mask, weights, {});
+  detail::attention_f32(q, k, v, out, options, {mask}, weights, {});
 }
 
 namespace detail {
@@ -282,9 +287,9 @@ template <class T>
 void masked_attention_backward(TensorView<const T> q, TensorView<const T> k,
                                TensorView<const T> v, TensorView<const T> dout, TensorView<T> dq,
                                TensorView<T> dk, TensorView<T> dv, const AttentionOptions& options,
-                               const Mask& mask, TensorView<const bool> keep) {
+                               const MaskInput& mask, const MaskInput& second) {
   if constexpr (std::is_same_v<T, double>) {
-    const auto [p, g] = make_backward_problem(q, k, v, dout, dq, dk, dv, options, mask, keep);
+    const auto [p, g] = make_backward_problem(q, k, v, dout, dq, dk, dv, options, mask, second);
     reference_attention_backward(p, g);
   } else {
     // No float32 kernel yet (a fast one is planned): compute through the
@@ -297,7 +302,7 @@ void masked_attention_backward(TensorView<const T> q, TensorView<const T> k,
     const Tensor<double> q64 = wide(q), k64 = wide(k), v64 = wide(v), dout64 = wide(dout);
     Tensor<double> dq64(dq.shape()), dk64(dk.shape()), dv64(dv.shape());
     masked_attention_backward<double>(q64.view(), k64.view(), v64.view(), dout64.view(),
-                                      dq64.view(), dk64.view(), dv64.view(), options, mask, keep);
+                                      dq64.view(), dk64.view(), dv64.view(), options, mask, second);
     copy<double>(dq64.view(), dq);
     copy<double>(dk64.view(), dk);
     copy<double>(dv64.view(), dv);
@@ -306,13 +311,13 @@ void masked_attention_backward(TensorView<const T> q, TensorView<const T> k,
 template void masked_attention_backward(TensorView<const float>, TensorView<const float>,
                                         TensorView<const float>, TensorView<const float>,
                                         TensorView<float>, TensorView<float>, TensorView<float>,
-                                        const AttentionOptions&, const Mask&,
-                                        TensorView<const bool>);
+                                        const AttentionOptions&, const MaskInput&,
+                                        const MaskInput&);
 template void masked_attention_backward(TensorView<const double>, TensorView<const double>,
                                         TensorView<const double>, TensorView<const double>,
                                         TensorView<double>, TensorView<double>, TensorView<double>,
-                                        const AttentionOptions&, const Mask&,
-                                        TensorView<const bool>);
+                                        const AttentionOptions&, const MaskInput&,
+                                        const MaskInput&);
 
 }  // namespace detail
 
@@ -320,13 +325,13 @@ void attention_backward(TensorView<const double> q, TensorView<const double> k,
                         TensorView<const double> v, TensorView<const double> dout,
                         TensorView<double> dq, TensorView<double> dk, TensorView<double> dv,
                         const AttentionOptions& options, const Mask& mask) {
-  detail::masked_attention_backward(q, k, v, dout, dq, dk, dv, options, mask, {});
+  detail::masked_attention_backward(q, k, v, dout, dq, dk, dv, options, {mask}, {});
 }
 void attention_backward(TensorView<const float> q, TensorView<const float> k,
                         TensorView<const float> v, TensorView<const float> dout,
                         TensorView<float> dq, TensorView<float> dk, TensorView<float> dv,
                         const AttentionOptions& options, const Mask& mask) {
-  detail::masked_attention_backward(q, k, v, dout, dq, dk, dv, options, mask, {});
+  detail::masked_attention_backward(q, k, v, dout, dq, dk, dv, options, {mask}, {});
 }
 
 namespace {

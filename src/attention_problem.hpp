@@ -24,23 +24,47 @@ struct Operand {
   explicit operator bool() const { return data != nullptr; }
 };
 
-// The masks broadcast to (batch, Hq, n_q, n_k): a boolean one (false: the
-// key takes no part, as if causal masking excluded it) and an additive one
-// (float or double), either or both.
-struct MaskOperand {
+// A mask argument and what a boolean true means in it: attention() follows
+// scaled_dot_product_attention (true = may attend), the MultiHeadAttention
+// layer nn.MultiheadAttention (true = blocked).
+struct MaskInput {
+  Mask mask;
+  bool true_blocks = false;
+};
+
+// One mask broadcast to (batch, Hq, n_q, n_k), without copying: boolean (a
+// key whose entry equals `blocking` takes no part, as if causal masking
+// excluded it) or additive (float or double).
+struct MaskTerm {
   Operand<const bool> boolean;
+  bool blocking = false;
   Operand<const float> f32;
   Operand<const double> f64;
+};
+
+// The masks of a call: attention() has one, the layer up to two (attn_mask
+// and key_padding_mask), combined as they are read.
+struct MaskOperand {
+  MaskTerm terms[2];
 
   bool allows(int64_t b, int64_t h, int64_t i, int64_t j) const {
-    return !boolean || boolean.row(b, h, i)[j * boolean.col_stride];
+    for (const MaskTerm& t : terms)
+      if (t.boolean && t.boolean.row(b, h, i)[j * t.boolean.col_stride] == t.blocking) return false;
+    return true;
   }
   double added(int64_t b, int64_t h, int64_t i, int64_t j) const {
-    if (f32) return f32.row(b, h, i)[j * f32.col_stride];
-    if (f64) return f64.row(b, h, i)[j * f64.col_stride];
-    return 0.0;
+    double sum = 0.0;
+    for (const MaskTerm& t : terms) {
+      if (t.f32) sum += t.f32.row(b, h, i)[j * t.f32.col_stride];
+      if (t.f64) sum += t.f64.row(b, h, i)[j * t.f64.col_stride];
+    }
+    return sum;
   }
-  bool present() const { return boolean || f32 || f64; }
+  bool present() const {
+    for (const MaskTerm& t : terms)
+      if (t.boolean || t.f32 || t.f64) return true;
+    return false;
+  }
 };
 
 // How keys and values are stored (float32 problems only).
@@ -63,15 +87,14 @@ struct AttentionProblem {
 };
 
 // Validates the arguments of attention() and builds the problem; every error
-// names the argument and its shape. `keep`, when given, is a boolean mask
-// applied on top of `mask` (which must then be additive or absent): the
-// MultiHeadAttention layer's two PyTorch masks at once.
+// names the argument and its shape. `second` is the MultiHeadAttention
+// layer's other mask (its key_padding_mask).
 // KV is T, or bfloat16 / float16 with T = float.
 template <class T, class KV>
 AttentionProblem<T> make_problem(TensorView<const T> q, TensorView<const KV> k,
                                  TensorView<const KV> v, TensorView<T> out,
-                                 const AttentionOptions& options, const Mask& mask,
-                                 TensorView<T> weights, TensorView<const bool> keep = {});
+                                 const AttentionOptions& options, const MaskInput& mask,
+                                 TensorView<T> weights, const MaskInput& second = {});
 
 // The gradients of attention: dout (the output's shape) in, dq, dk, dv (the
 // shapes of q, k, v) out, as (batch, head, row, col) operands.
@@ -87,19 +110,19 @@ template <class T>
 std::pair<AttentionProblem<T>, GradientOperands<T>> make_backward_problem(
     TensorView<const T> q, TensorView<const T> k, TensorView<const T> v,
     TensorView<const T> dout, TensorView<T> dq, TensorView<T> dk, TensorView<T> dv,
-    const AttentionOptions& options, const Mask& mask, TensorView<const bool> keep = {});
+    const AttentionOptions& options, const MaskInput& mask, const MaskInput& second = {});
 
-// attention() and attention_backward() with `keep` as in make_problem: the
-// entry of the MultiHeadAttention layer. T is float or double.
+// attention() and attention_backward() with two masks as in make_problem:
+// the entry of the MultiHeadAttention layer. T is float or double.
 template <class T>
 void masked_attention(TensorView<const T> q, TensorView<const T> k, TensorView<const T> v,
-                      TensorView<T> out, const AttentionOptions& options, const Mask& mask,
-                      TensorView<const bool> keep, TensorView<T> weights);
+                      TensorView<T> out, const AttentionOptions& options, const MaskInput& mask,
+                      const MaskInput& second, TensorView<T> weights);
 template <class T>
 void masked_attention_backward(TensorView<const T> q, TensorView<const T> k,
                                TensorView<const T> v, TensorView<const T> dout, TensorView<T> dq,
                                TensorView<T> dk, TensorView<T> dv, const AttentionOptions& options,
-                               const Mask& mask, TensorView<const bool> keep);
+                               const MaskInput& mask, const MaskInput& second);
 
 // The double-precision oracle: plain loops, accumulation in double.
 void reference_attention(const AttentionProblem<double>& p);

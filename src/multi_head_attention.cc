@@ -62,18 +62,26 @@ TensorView<const T> batched(const TensorView<const T>& x) {
   return TensorView<const T>(x.data(), s, st);
 }
 
-// into[b, h, i, j] = combine(into[...], m at b * map[0] + h * map[1] + ...):
-// a mask in PyTorch's convention folded into a (B, H, n_q, n_k) tensor, where
-// map[a] is the mask's stride along axis a (0 to broadcast).
-template <class M, class Into, class Combine>
-void fold(const TensorView<const M>& m, const Strides& map, Tensor<Into>& into, Combine combine) {
-  const int64_t B = into.dim(0), H = into.dim(1), nq = into.dim(2), nk = into.dim(3);
-  Into* to = into.data();
-  for (int64_t b = 0; b < B; ++b)
-    for (int64_t h = 0; h < H; ++h)
-      for (int64_t i = 0; i < nq; ++i)
-        for (int64_t j = 0; j < nk; ++j, ++to)
-          combine(*to, m.data()[b * map[0] + h * map[1] + i * map[2] + j * map[3]]);
+// A mask as a view of other shape and strides over the same elements.
+Mask restrided(const Mask& mask, const Shape& shape, const Strides& strides) {
+  return std::visit([&](const auto& m) -> Mask {
+    if constexpr (std::is_same_v<std::decay_t<decltype(m)>, std::monostate>) return m;
+    else return std::decay_t<decltype(m)>(m.data(), shape, strides);
+  }, mask);
+}
+
+Shape shape_of(const Mask& mask) {
+  return std::visit([](const auto& m) -> Shape {
+    if constexpr (std::is_same_v<std::decay_t<decltype(m)>, std::monostate>) return {};
+    else return m.shape();
+  }, mask);
+}
+
+Strides strides_of(const Mask& mask) {
+  return std::visit([](const auto& m) -> Strides {
+    if constexpr (std::is_same_v<std::decay_t<decltype(m)>, std::monostate>) return {};
+    else return m.strides();
+  }, mask);
 }
 
 }  // namespace
@@ -169,17 +177,15 @@ struct MultiHeadAttention<T>::Activations {
   bool is_batched;
   Tensor<T> q, k, v;                     // projections (batch, n, heads * head_dim); q, k rotated
   TensorView<const T> K, V;              // the keys and values attended (the cache's, with one)
-  Tensor<bool> keep;                     // the boolean PyTorch masks folded; empty when none
-  Tensor<T> added;                       // the float ones; empty when none
+  Mask attn_mask, key_padding_mask;      // views that broadcast to (batch, heads, n_q, n_k)
   AttentionOptions attention;
   RopeOptions rope;
   Tensor<T> ctx;                         // the heads' outputs concatenated (batch, n_q, E)
   Tensor<T> weights;                     // (batch, heads, n_q, n_k) when need_weights
 
-  Mask added_mask() const { return added.rank() ? Mask(TensorView<const T>(added.view())) : Mask(); }
-  TensorView<const bool> keep_mask() const {
-    return keep.rank() ? TensorView<const bool>(keep.view()) : TensorView<const bool>();
-  }
+  // In PyTorch's convention: a boolean true blocks.
+  detail::MaskInput mask() const { return {attn_mask, true}; }
+  detail::MaskInput padding() const { return {key_padding_mask, true}; }
 };
 
 template <class T>
@@ -232,67 +238,38 @@ typename MultiHeadAttention<T>::Activations MultiHeadAttention<T>::forward_activ
   }
   const int64_t n_k = a.K.dim(2);
 
-  // Both PyTorch masks folded into the two the kernels take, each (batch or
-  // 1, heads or 1, n_q, n_k): boolean ones (true = blocked) into `keep`, where
-  // a blocked key takes no part at all; float ones added into `added`.
-  const bool has_attn = has_mask(opt.attn_mask), has_kpm = has_mask(opt.key_padding_mask);
-  const bool per_head = has_attn && std::visit([](const auto& m) {
-    if constexpr (std::is_same_v<std::decay_t<decltype(m)>, std::monostate>) return false;
-    else return m.rank() == 3;
-  }, opt.attn_mask);
-  const Shape folded{(per_head || has_kpm) ? B : 1, per_head ? H : 1, n_q, n_k};
-  const auto fold_in = [&](const Mask& mask, const Strides& map) {
-    if (const auto* m = std::get_if<TensorView<const bool>>(&mask)) {
-      if (!a.keep.rank()) {
-        a.keep = Tensor<bool>(folded);
-        std::fill(a.keep.data(), a.keep.data() + a.keep.numel(), true);
-      }
-      fold(*m, map, a.keep, [](bool& keep, bool blocked) { keep = keep && !blocked; });
-      return;
-    }
-    if (!a.added.rank()) a.added = Tensor<T>(folded);
-    const auto add = [](T& sum, auto v) { sum += static_cast<T>(v); };
-    if (const auto* m = std::get_if<TensorView<const float>>(&mask)) fold(*m, map, a.added, add);
-    if (const auto* m = std::get_if<TensorView<const double>>(&mask)) fold(*m, map, a.added, add);
-  };
-  const auto shape_of = [](const Mask& m) {
-    return std::visit([](const auto& v) -> std::pair<Shape, Strides> {
-      if constexpr (std::is_same_v<std::decay_t<decltype(v)>, std::monostate>) return {};
-      else return {v.shape(), v.strides()};
-    }, m);
-  };
-  if (has_attn) {
-    const auto [s, st] = shape_of(opt.attn_mask);
-    Strides map(4, 0);
-    if (s.size() == 2 && s[0] == n_q && s[1] == n_k) {
-      map = {0, 0, st[0], st[1]};
-    } else if (s.size() == 3 && s[0] == B * H && s[1] == n_q && s[2] == n_k) {
-      map = {H * st[0], st[0], st[1], st[2]};
-    } else {
+  // Both PyTorch masks as views that broadcast to the logits (B, H, n_q, n_k).
+  if (has_mask(opt.attn_mask)) {
+    const Shape s = shape_of(opt.attn_mask);
+    const Strides st = strides_of(opt.attn_mask);
+    if (s.size() == 3 && s[0] == B * H && s[1] == n_q && s[2] == n_k)
+      a.attn_mask = restrided(opt.attn_mask, {B, H, n_q, n_k}, {H * st[0], st[0], st[1], st[2]});
+    else if (s.size() == 2 && s[0] == n_q && s[1] == n_k)
+      a.attn_mask = opt.attn_mask;
+    else
       fail("attn_mask must be (n_q, n_k) = (" + std::to_string(n_q) + ", " +
            std::to_string(n_k) + ") or (batch * num_heads, n_q, n_k) = (" +
            std::to_string(B * H) + ", " + std::to_string(n_q) + ", " + std::to_string(n_k) +
            "), got " + shape_str(s));
-    }
-    fold_in(opt.attn_mask, map);
   }
-  if (has_kpm) {
-    const auto [s, st] = shape_of(opt.key_padding_mask);
-    Strides map(4, 0);
-    if (is_batched && s.size() == 2 && s[0] == B && s[1] == n_k) map = {st[0], 0, 0, st[1]};
-    else if (!is_batched && s.size() == 1 && s[0] == n_k) map = {0, 0, 0, st[0]};
+  if (has_mask(opt.key_padding_mask)) {
+    const Shape s = shape_of(opt.key_padding_mask);
+    const Strides st = strides_of(opt.key_padding_mask);
+    if (is_batched && s.size() == 2 && s[0] == B && s[1] == n_k)
+      a.key_padding_mask = restrided(opt.key_padding_mask, {B, 1, 1, n_k}, {st[0], 0, 0, st[1]});
+    else if (!is_batched && s.size() == 1 && s[0] == n_k)
+      a.key_padding_mask = opt.key_padding_mask;
     else
       fail("key_padding_mask must be " +
            (is_batched ? "(batch, n_k) = (" + std::to_string(B) + ", " : std::string("(")) +
            std::to_string(n_k) + (is_batched ? ")" : ",)") + ", got " + shape_str(s));
-    fold_in(opt.key_padding_mask, map);
   }
 
   a.ctx = Tensor<T>({B, n_q, H * c.head_dim()});
   if (opt.need_weights) a.weights = Tensor<T>({B, H, n_q, n_k});
-  a.attention.causal = opt.causal;
+  a.attention = opt.attention;
   detail::masked_attention(TensorView<const T>(qh), a.K, a.V, heads_view(a.ctx, H), a.attention,
-                           a.added_mask(), a.keep_mask(),
+                           a.mask(), a.padding(),
                            opt.need_weights ? a.weights.view() : TensorView<T>());
   return a;
 }
@@ -378,7 +355,7 @@ MhaGradients<T> MultiHeadAttention<T>::backward(TensorView<const T> dout,
   auto dqh = heads_view(dq, H), dkh = heads_view(dk, Hkv);
   detail::masked_attention_backward(TensorView<const T>(heads_view(a.q, H)), a.K, a.V,
                                     TensorView<const T>(heads_view(dctx, H)), dqh, dkh,
-                                    heads_view(dv, Hkv), a.attention, a.added_mask(), a.keep_mask());
+                                    heads_view(dv, Hkv), a.attention, a.mask(), a.padding());
   // forward: q, k rotated by RoPE
   if (c.rope) {
     rope_backward(TensorView<const T>(dqh), dqh, a.rope);

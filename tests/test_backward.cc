@@ -216,7 +216,7 @@ TEST_P(MhaBackward, MatchesFiniteDifferences) {
   const auto dout = random_tensor(shape(n_q, c.config.embed_dim), rng);
 
   MhaForwardOptions<double> opt;
-  opt.causal = c.causal;
+  opt.attention.causal = c.causal;
   Tensor<bool> attn_mask({n_q, n_k});
   Tensor<double> padding(c.batched ? Shape{B, n_k} : Shape{n_k});
   if (c.masks) {

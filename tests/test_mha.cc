@@ -53,7 +53,7 @@ void check_chunks(const MultiHeadAttentionConfig& c, double tol) {
   const MultiHeadAttention<T> layer(c, 7);
   const auto x = cast<T>(random_tensor({2, 37, c.embed_dim}, rng));
   MhaForwardOptions<T> causal;
-  causal.causal = Causal::BottomRight;
+  causal.attention.causal = Causal::BottomRight;
   const auto full = layer.forward(x.view(), {}, {}, causal).out;
   for (int64_t chunk : {1, 5, 31}) {
     auto cache = layer.new_cache();

@@ -103,7 +103,7 @@ Tensor<T> cached_forward(const MultiHeadAttention<T>& layer, const Tensor<T>& x)
   const int64_t n = x.dim(1), E = x.dim(2);
   KVCache<T> cache = layer.new_cache();
   MhaForwardOptions<T> o;
-  o.causal = Causal::BottomRight;
+  o.attention.causal = Causal::BottomRight;
   o.cache = &cache;
   Tensor<T> all(x.shape());
   for (int64_t at = 0; at < n;) {
@@ -124,13 +124,13 @@ TEST(Determinism, LayerAndKVCache) {
   const MultiHeadAttention<float> layer(layer_config(), 5);
   const MultiHeadAttention<double> layer64(layer_config(), 5);
   MhaForwardOptions<float> o;
-  o.causal = Causal::BottomRight;
+  o.attention.causal = Causal::BottomRight;
   const auto whole = expect_same_bits_for_any_thread_count(
       [&] { return layer.forward(x32.view(), {}, {}, o).out; });
   const auto cached = expect_same_bits_for_any_thread_count(
       [&] { return cached_forward(layer, x32); });
   MhaForwardOptions<double> o64;
-  o64.causal = Causal::BottomRight;
+  o64.attention.causal = Causal::BottomRight;
   const auto ref = layer64.forward(x.view(), {}, {}, o64).out;
   EXPECT_LT(rel_error(whole, ref), 1e-5);
   EXPECT_LT(rel_error(cached, ref), 1e-5);

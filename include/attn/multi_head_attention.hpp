@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "attn/attention.hpp"
 #include "attn/io.hpp"
 #include "attn/kv_cache.hpp"
 #include "attn/mask.hpp"
@@ -48,11 +49,15 @@ struct MultiHeadAttentionConfig {
 //              (n_q, n_k), or per head (batch * num_heads, n_q, n_k).
 //   key_padding_mask: (batch, n_k) ((n_k) unbatched); boolean true = padding
 //              (ignored), or float added.
+// A blocked or padded key takes no part at all. Both masks are read in place
+// (broadcast views), never expanded to (batch, heads, n_q, n_k).
+// `attention` holds every option of attention() (causal, window, softcap,
+// scale), with the same meanings.
 template <class T>
 struct MhaForwardOptions {
   Mask attn_mask;
   Mask key_padding_mask;
-  Causal causal = Causal::None;
+  AttentionOptions attention;
   bool need_weights = false;
   bool average_attn_weights = true;  // weights (batch, n_q, n_k) instead of per head
   KVCache<T>* cache = nullptr;       // append this call's keys/values and attend all

@@ -233,20 +233,22 @@ void MaskRow(const AttentionProblem<float>& p, int64_t b, int64_t h, int64_t i, 
     std::fill(s, s + a, ninf);
     std::fill(s + z, s + count, ninf);
   }
-  const auto& m = p.mask;
-  if (m.f32) {
-    const float* mr = m.f32.row(b, h, i) + j0 * m.f32.col_stride;
-    for (int64_t j = 0; j < count; ++j) s[j] += Base2(mr[j * m.f32.col_stride]);
-  } else if (m.f64) {
-    const double* mr = m.f64.row(b, h, i) + j0 * m.f64.col_stride;
-    for (int64_t j = 0; j < count; ++j) s[j] += Base2(mr[j * m.f64.col_stride]);
+  for (const MaskTerm& m : p.mask.terms) {
+    if (m.f32) {
+      const float* mr = m.f32.row(b, h, i) + j0 * m.f32.col_stride;
+      for (int64_t j = 0; j < count; ++j) s[j] += Base2(mr[j * m.f32.col_stride]);
+    } else if (m.f64) {
+      const double* mr = m.f64.row(b, h, i) + j0 * m.f64.col_stride;
+      for (int64_t j = 0; j < count; ++j) s[j] += Base2(mr[j * m.f64.col_stride]);
+    }
   }
-  // After the additive mask, so that an excluded key is -inf whatever was added.
-  if (m.boolean) {
-    const bool* mr = m.boolean.row(b, h, i) + j0 * m.boolean.col_stride;
-    for (int64_t j = 0; j < count; ++j)
-      if (!mr[j * m.boolean.col_stride]) s[j] = ninf;
-  }
+  // After the additive masks, so that an excluded key is -inf whatever was added.
+  for (const MaskTerm& m : p.mask.terms)
+    if (m.boolean) {
+      const bool* mr = m.boolean.row(b, h, i) + j0 * m.boolean.col_stride;
+      for (int64_t j = 0; j < count; ++j)
+        if (mr[j * m.boolean.col_stride] == m.blocking) s[j] = ninf;
+    }
 }
 
 // softcap · tanh(s / softcap) over n entries (n a multiple of the lanes), in

@@ -387,3 +387,55 @@ def test_cli_reads_every_float_npy_that_numpy_writes(tmp_path):
         got = mha(name, np.asfortranarray(x.astype(dtype)))
         assert got.dtype == np.float32
         np.testing.assert_array_equal(got, rounded, err_msg=name)
+
+
+@pytest.mark.parametrize("options", [
+    dict(window=(3, 0)), dict(window=(2, 1), causal=True), dict(softcap=2.0),
+    dict(scale=0.7), dict(causal="top_left", softcap=1.5, scale=0.2, window=(4, -1))])
+def test_the_layer_takes_every_attention_option(options):
+    """The layer's forward passes causal, window, softcap and scale on as attn.attention
+    means them: against explicit torch ops on the layer's own projections (float64),
+    with both PyTorch masks, boolean and float, beside them."""
+    from torch_reference import torch_attention
+    rng = np.random.default_rng(6)
+    E, H, B, nq, nk = 16, 4, 2, 5, 9
+    m = attn.MultiHeadAttention(E, H)
+    sd = {k: v.astype(np.float64) for k, v in m.state_dict().items()}
+    q_in = rng.normal(size=(B, nq, E))
+    kv_in = rng.normal(size=(B, nk, E))
+    attn_mask = rng.normal(size=(nq, nk))                 # float: added
+    padding = np.zeros((B, nk), bool)
+    padding[1, [2, 7]] = True                              # boolean: blocked
+    out = m(q_in, kv_in, kv_in, attn_mask=attn_mask, key_padding_mask=padding, **options)[0]
+
+    w, b = sd["in_proj_weight"], sd["in_proj_bias"]
+    heads = lambda x: x.reshape(B, -1, H, E // H).transpose(0, 2, 1, 3)
+    q, k, v = (heads(x @ w[i * E:(i + 1) * E].T + b[i * E:(i + 1) * E])
+               for i, x in enumerate((q_in, kv_in, kv_in)))
+    additive = attn_mask[None, None] + np.where(padding[:, None, None, :], -np.inf, 0.0)
+    ctx, _ = torch_attention(q, k, v, mask=additive, **options)
+    ref = ctx.numpy().transpose(0, 2, 1, 3).reshape(B, nq, E) @ sd["out_proj.weight"].T + sd["out_proj.bias"]
+    np.testing.assert_allclose(out, ref, rtol=1e-10, atol=1e-12)
+
+
+def test_padding_mask_costs_no_dense_mask():
+    """Batch 1, n = 16384, E = 512, 8 heads, a key_padding_mask, no weights: peak memory
+    grows by at most the six (n, E) float32 arrays (input, q, k, v, attention output,
+    layer output) + 64 MiB; a dense (batch, heads, n, n) mask would be 8 GiB."""
+    n, E = 16384, 512
+    code = ("import attn, numpy as np\n"
+            "def peak():\n"
+            "    for line in open('/proc/self/status'):\n"
+            "        if line.startswith('VmHWM:'): return int(line.split()[1]) * 1024\n"
+            f"m = attn.MultiHeadAttention({E}, 8)\n"
+            f"pad = np.zeros((1, {n}), bool); pad[0, -100:] = True\n"
+            "before = peak()\n"
+            f"x = np.random.default_rng(0).standard_normal((1, {n}, {E}), dtype=np.float32)\n"
+            "y, w = m(x, key_padding_mask=pad)\n"
+            "assert w is None and np.isfinite(y).all()\n"
+            "print(peak() - before)\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                       env={**os.environ, "PYTHONPATH": os.environ.get("ATTN_PYTHONPATH", "build/python")})
+    assert r.returncode == 0, r.stderr
+    grown, allowed = int(r.stdout), 6 * n * E * 4 + (64 << 20)
+    assert grown <= allowed, f"{grown / 2**20:.0f} MiB > {allowed / 2**20:.0f} MiB"
