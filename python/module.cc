@@ -51,20 +51,26 @@ std::optional<double> optional_float(const py::object& o, const char* name) {
 
 // ---------------------------------------------------------------------------
 
-template <class T>
-py::array softmax_t(const py::array& a_in, int64_t axis) {
-  auto a = as<T>(a_in);
-  auto in = view_of<const T>(a);
+// f(in, out) into a new array of in's shape, as T, without the GIL.
+template <class T, class F>
+py::array same_shape(const py::array& in_array, F f) {
+  auto a = as<T>(in_array);
+  const auto in = view_of<const T>(a);
   auto out = empty<T>(in.shape());
   auto o = view_of<T>(out);
   py::gil_scoped_release nogil;
-  softmax(in, o, axis);
+  f(in, o);
   return out;
 }
 
+// float64 stays float64 (the reference); every other dtype is float32.
+template <class F>
+py::array same_shape(const py::array& in, F f) {
+  return is_float64(in) ? same_shape<double>(in, f) : same_shape<float>(in, f);
+}
+
 py::array py_softmax(const py::object& a_obj, int64_t axis) {
-  const auto a = as_numeric_array(a_obj, "a");
-  return is_float64(a) ? softmax_t<double>(a, axis) : softmax_t<float>(a, axis);
+  return same_shape(as_numeric_array(a_obj, "a"), [&](auto in, auto out) { softmax(in, out, axis); });
 }
 
 template <class T>
@@ -73,18 +79,19 @@ py::object attention_t(const py::array& q_in, const py::array& k_in, const py::a
                        bool return_weights) {
   auto qa = as<T>(q_in), ka = as<T>(k_in), va = as<T>(v_in);
   const auto q = view_of<const T>(qa), k = view_of<const T>(ka), v = view_of<const T>(va);
-  auto out = empty<T>(attention_output_shape(q.shape(), k.shape(), v.shape()));
+  const MaskArg m(mask_obj, "mask", IntegerMask::Refuse);  // boolean: True = may attend
+  const AttentionPlan<T> plan(q, k, v, opt, m.mask);        // every check, once
+  auto out = empty<T>(plan.output_shape());
   py::array_t<T> weights;
   TensorView<T> w;
   if (return_weights) {
-    weights = empty<T>(attention_weights_shape(q.shape(), k.shape(), v.shape()));
+    weights = empty<T>(plan.weights_shape());
     w = view_of<T>(weights);
   }
-  const MaskArg m(mask_obj, "mask", IntegerMask::Refuse);  // boolean: True = may attend
   auto o = view_of<T>(out);
   {
     py::gil_scoped_release nogil;
-    attention(q, k, v, o, opt, m.mask, w);
+    plan.run(o, w);
   }
   if (return_weights) return py::make_tuple(out, weights);
   return out;
@@ -134,20 +141,8 @@ py::tuple py_attention_backward(const py::object& q_obj, const py::object& k_obj
   return attention_backward_t<float>(q, k, v, dout, mask, opt);
 }
 
-template <class T>
-py::array multi_head_t(const py::array& x_in, int64_t heads) {
-  auto xa = as<T>(x_in);
-  const auto x = view_of<const T>(xa);
-  auto out = empty<T>(x.shape());
-  auto o = view_of<T>(out);
-  py::gil_scoped_release nogil;
-  multi_head(x, o, heads);
-  return out;
-}
-
 py::array py_multi_head(const py::object& x_obj, int64_t heads) {
-  const auto x = as_numeric_array(x_obj, "x");
-  return is_float64(x) ? multi_head_t<double>(x, heads) : multi_head_t<float>(x, heads);
+  return same_shape(as_numeric_array(x_obj, "x"), [&](auto x, auto out) { multi_head(x, out, heads); });
 }
 
 py::array py_positional_encoding(int64_t n, int64_t d, double base, const py::object& dtype) {

@@ -1,7 +1,7 @@
-// attention() and attention_backward(): validate the arguments, normalize
-// them into an AttentionProblem and dispatch: float32 to the SIMD kernel,
-// float64 to the double-precision reference (the backward: the reference for
-// both, for now).
+// attention(), AttentionPlan and attention_backward(): validate the
+// arguments once, normalize them into an AttentionProblem and dispatch:
+// float32 to the SIMD kernels, float64 to the double-precision reference (the
+// backward: the reference for both, for now).
 #include "attn/attention.hpp"
 
 #include <cmath>
@@ -94,23 +94,39 @@ Operand<const M> mask_operand(const TensorView<const M>& m, const Shape& target,
   return operand(TensorView<const M>(m.data(), target, s), batch);
 }
 
+// Points the problem's q, k and v at these views (16-bit K/V as their bits).
+template <class T, class KV>
+void point_at(AttentionProblem<T>& p, const Shape& batch, TensorView<const T> q,
+              TensorView<const KV> k, TensorView<const KV> v) {
+  p.q = operand(q, batch);
+  if constexpr (std::is_same_v<KV, T>) {
+    p.k = operand(k, batch);
+    p.v = operand(v, batch);
+  } else {
+    static_assert(sizeof(KV) == sizeof(uint16_t));
+    const auto bits = [](const TensorView<const KV>& t) {
+      return TensorView<const uint16_t>(reinterpret_cast<const uint16_t*>(t.data()), t.shape(),
+                                        t.strides());
+    };
+    p.kv = std::is_same_v<KV, bfloat16> ? KVStorage::BF16 : KVStorage::F16;
+    p.k16 = operand(bits(k), batch);
+    p.v16 = operand(bits(v), batch);
+  }
+}
+
+// Whether the kernels can read the view's rows in place (unit column stride).
+template <class T>
+bool unit_rows(const TensorView<const T>& t) {
+  return t.rank() == 0 || t.stride(-1) == 1 || t.dim(-1) <= 1;
+}
+
 }  // namespace
 
 template <class T, class KV>
 AttentionProblem<T> make_problem(TensorView<const T> q, TensorView<const KV> k,
-                                 TensorView<const KV> v, TensorView<T> out,
-                                 const AttentionOptions& options, const MaskInput& mask,
-                                 TensorView<T> weights, const MaskInput& second) {
+                                 TensorView<const KV> v, const AttentionOptions& options,
+                                 const MaskInput& mask, const MaskInput& second) {
   const Dims s = check_shapes(q.shape(), k.shape(), v.shape());
-  const bool heads = q.rank() >= 3;
-  const Shape out_shape = with_tail(s, heads, s.n_q, s.d_v);
-  const Shape weights_shape = with_tail(s, heads, s.n_q, s.n_k);
-  if (out.shape() != out_shape)
-    fail("out has shape " + shape_str(out.shape()) + ", expected " + shape_str(out_shape));
-  if (!weights.empty_view() && weights.shape() != weights_shape)
-    fail("weights has shape " + shape_str(weights.shape()) + ", expected " +
-         shape_str(weights_shape));
-
   if (options.scale && !std::isfinite(*options.scale))
     fail("scale must be finite, got " + std::to_string(*options.scale));
   if (!(options.softcap >= 0) || !std::isfinite(options.softcap))
@@ -122,6 +138,7 @@ AttentionProblem<T> make_problem(TensorView<const T> q, TensorView<const KV> k,
          std::to_string(options.window.right) + ")");
 
   AttentionProblem<T> p;
+  p.batch_axes = s.batch;
   p.batch = 1;
   for (int64_t n : s.batch) p.batch *= n;
   p.heads_q = s.heads_q;
@@ -130,33 +147,21 @@ AttentionProblem<T> make_problem(TensorView<const T> q, TensorView<const KV> k,
   p.n_k = s.n_k;
   p.d = s.d;
   p.d_v = s.d_v;
-  p.q = operand(q, s.batch);
-  if constexpr (std::is_same_v<KV, T>) {
-    p.k = operand(k, s.batch);
-    p.v = operand(v, s.batch);
-  } else {
-    static_assert(sizeof(KV) == sizeof(uint16_t));
-    const auto bits = [](const TensorView<const KV>& t) {
-      return TensorView<const uint16_t>(reinterpret_cast<const uint16_t*>(t.data()), t.shape(),
-                                        t.strides());
-    };
-    p.kv = std::is_same_v<KV, bfloat16> ? KVStorage::BF16 : KVStorage::F16;
-    p.k16 = operand(bits(k), s.batch);
-    p.v16 = operand(bits(v), s.batch);
-  }
-  p.out = operand(out, s.batch);
-  if (!weights.empty_view()) p.weights = operand(weights, s.batch);
+  const bool heads = q.rank() >= 3;
+  p.out_shape = with_tail(s, heads, s.n_q, s.d_v);
+  p.weights_shape = with_tail(s, heads, s.n_q, s.n_k);
+  point_at(p, s.batch, q, k, v);
   const MaskInput* inputs[2] = {&mask, &second};
   for (int t = 0; t < 2; ++t) {
     MaskTerm& term = p.mask.terms[t];
     const Mask& m = inputs[t]->mask;
     term.blocking = inputs[t]->true_blocks;
     if (const auto* b = std::get_if<TensorView<const bool>>(&m))
-      term.boolean = mask_operand(*b, weights_shape, s.batch);
+      term.boolean = mask_operand(*b, p.weights_shape, s.batch);
     if (const auto* f = std::get_if<TensorView<const float>>(&m))
-      term.f32 = mask_operand(*f, weights_shape, s.batch);
+      term.f32 = mask_operand(*f, p.weights_shape, s.batch);
     if (const auto* f = std::get_if<TensorView<const double>>(&m))
-      term.f64 = mask_operand(*f, weights_shape, s.batch);
+      term.f64 = mask_operand(*f, p.weights_shape, s.batch);
   }
   p.scale = options.scale ? *options.scale : (s.d > 0 ? 1.0 / std::sqrt(double(s.d)) : 1.0);
   p.causal = options.causal;
@@ -166,15 +171,69 @@ AttentionProblem<T> make_problem(TensorView<const T> q, TensorView<const KV> k,
 }
 
 template <class T>
+void bind_outputs(AttentionProblem<T>& p, TensorView<T> out, TensorView<T> weights) {
+  if (out.shape() != p.out_shape)
+    fail("out has shape " + shape_str(out.shape()) + ", expected " + shape_str(p.out_shape));
+  if (!weights.empty_view() && weights.shape() != p.weights_shape)
+    fail("weights has shape " + shape_str(weights.shape()) + ", expected " +
+         shape_str(p.weights_shape));
+  p.out = operand(out, p.batch_axes);
+  p.weights = weights.empty_view() ? Operand<T>() : operand(weights, p.batch_axes);
+}
+
+template <class T, class KV>
+PreparedAttention<T, KV>::PreparedAttention(TensorView<const T> q, TensorView<const KV> k,
+                                            TensorView<const KV> v,
+                                            const AttentionOptions& options,
+                                            const MaskInput& mask, const MaskInput& second)
+    : problem(make_problem(q, k, v, options, mask, second)) {
+  if constexpr (std::is_same_v<T, float>) {
+    // The kernels read rows with unit stride: other layouts are copied once,
+    // here (the problem was built, and its errors name, the caller's views).
+    if (unit_rows(q) && unit_rows(k) && unit_rows(v)) return;
+    if (!unit_rows(q)) q = (q_copy = contiguous(q)).view();
+    if (!unit_rows(k)) k = (k_copy = contiguous(k)).view();
+    if (!unit_rows(v)) v = (v_copy = contiguous(v)).view();
+    point_at(problem, problem.batch_axes, q, k, v);
+  }
+}
+
+template <class T, class KV>
+void PreparedAttention<T, KV>::run(TensorView<T> out, TensorView<T> weights) const {
+  AttentionProblem<T> p = problem;
+  bind_outputs(p, out, weights);
+  if constexpr (std::is_same_v<T, double>) {
+    reference_attention(p);
+  } else {
+    Tensor<float> staged;  // out with a column stride: written here, then copied
+    if (!unit_rows(TensorView<const float>(out))) {
+      staged = Tensor<float>(out.shape());
+      p.out = operand(staged.view(), p.batch_axes);
+    }
+    if (use_decode(p))
+      decode_forward(p);
+    else
+      flash_forward(p);
+    if (staged.rank()) copy<float>(staged.view(), out);
+  }
+}
+
+template struct PreparedAttention<float, float>;
+template struct PreparedAttention<float, bfloat16>;
+template struct PreparedAttention<float, float16>;
+template struct PreparedAttention<double, double>;
+
+template <class T>
 std::pair<AttentionProblem<T>, GradientOperands<T>> make_backward_problem(
     TensorView<const T> q, TensorView<const T> k, TensorView<const T> v,
     TensorView<const T> dout, TensorView<T> dq, TensorView<T> dk, TensorView<T> dv,
     const AttentionOptions& options, const MaskInput& mask, const MaskInput& second) {
-  const Dims s = check_shapes(q.shape(), k.shape(), v.shape());
-  const Shape out_shape = with_tail(s, q.rank() >= 3, s.n_q, s.d_v);
-  if (dout.shape() != out_shape)
+  std::pair<AttentionProblem<T>, GradientOperands<T>> r{
+      make_problem(q, k, v, options, mask, second), {}};
+  const AttentionProblem<T>& p = r.first;
+  if (dout.shape() != p.out_shape)
     fail("dout has shape " + shape_str(dout.shape()) + ", expected the output's shape " +
-         shape_str(out_shape));
+         shape_str(p.out_shape));
   const auto check_grad = [](const char* name, const Shape& got, const char* of, const Shape& want) {
     if (got != want)
       fail(std::string(name) + " has shape " + shape_str(got) + ", expected " + of +
@@ -183,105 +242,12 @@ std::pair<AttentionProblem<T>, GradientOperands<T>> make_backward_problem(
   check_grad("dq", dq.shape(), "q", q.shape());
   check_grad("dk", dk.shape(), "k", k.shape());
   check_grad("dv", dv.shape(), "v", v.shape());
-  // The forward problem with no output to write (its operand has a null pointer).
-  std::pair<AttentionProblem<T>, GradientOperands<T>> r{
-      make_problem(q, k, v, TensorView<T>(nullptr, out_shape), options, mask, TensorView<T>(),
-                   second),
-      {}};
-  r.second.dout = operand(dout, s.batch);
-  r.second.dq = operand(dq, s.batch);
-  r.second.dk = operand(dk, s.batch);
-  r.second.dv = operand(dv, s.batch);
+  r.second.dout = operand(dout, p.batch_axes);
+  r.second.dq = operand(dq, p.batch_axes);
+  r.second.dk = operand(dk, p.batch_axes);
+  r.second.dv = operand(dv, p.batch_axes);
   return r;
 }
-
-}  // namespace detail
-
-Shape attention_output_shape(const Shape& q, const Shape& k, const Shape& v) {
-  const auto s = detail::check_shapes(q, k, v);
-  return detail::with_tail(s, q.size() >= 3, s.n_q, s.d_v);
-}
-
-Shape attention_weights_shape(const Shape& q, const Shape& k, const Shape& v) {
-  const auto s = detail::check_shapes(q, k, v);
-  return detail::with_tail(s, q.size() >= 3, s.n_q, s.n_k);
-}
-
-namespace detail {
-namespace {
-
-// The float32 entry: the kernels read and write rows with unit stride; other
-// layouts go through contiguous copies.
-template <class KV>
-void attention_f32(TensorView<const float> q, TensorView<const KV> k, TensorView<const KV> v,
-                   TensorView<float> out, const AttentionOptions& options, const MaskInput& mask,
-                   TensorView<float> weights, const MaskInput& second) {
-  // Built (and validated) on the caller's views, so errors name them; built
-  // again only when a layout had to be copied.
-  auto p = make_problem(q, k, v, out, options, mask, weights, second);
-  const auto unit = [](const auto& t) { return t.rank() == 0 || t.stride(-1) == 1 || t.dim(-1) <= 1; };
-  Tensor<float> qc, oc;
-  Tensor<KV> kc, vc;
-  if (!unit(q)) q = (qc = contiguous(q)).view();
-  if (!unit(k)) k = (kc = contiguous(k)).view();
-  if (!unit(v)) v = (vc = contiguous(v)).view();
-  TensorView<float> o = out;
-  if (!unit(out)) o = (oc = Tensor<float>(out.shape())).view();
-  if (qc.rank() || kc.rank() || vc.rank() || oc.rank())
-    p = make_problem(q, k, v, o, options, mask, weights, second);
-  if (use_decode(p))
-    decode_forward(p);
-  else
-    flash_forward(p);
-  if (o.data() != out.data()) copy<float>(oc.view(), out);
-}
-
-}  // namespace
-
-template <class T>
-void masked_attention(TensorView<const T> q, TensorView<const T> k, TensorView<const T> v,
-                      TensorView<T> out, const AttentionOptions& options, const MaskInput& mask,
-                      const MaskInput& second, TensorView<T> weights) {
-  if constexpr (std::is_same_v<T, double>)
-    reference_attention(make_problem(q, k, v, out, options, mask, weights, second));
-  else
-    attention_f32(q, k, v, out, options, mask, weights, second);
-}
-template void masked_attention(TensorView<const float>, TensorView<const float>,
-                               TensorView<const float>, TensorView<float>,
-                               const AttentionOptions&, const MaskInput&, const MaskInput&,
-                               TensorView<float>);
-template void masked_attention(TensorView<const double>, TensorView<const double>,
-                               TensorView<const double>, TensorView<double>,
-                               const AttentionOptions&, const MaskInput&, const MaskInput&,
-                               TensorView<double>);
-
-}  // namespace detail
-
-void attention(TensorView<const double> q, TensorView<const double> k,
-               TensorView<const double> v, TensorView<double> out,
-               const AttentionOptions& options, const Mask& mask,
-               TensorView<double> weights) {
-  detail::masked_attention(q, k, v, out, options, {mask}, {}, weights);
-}
-void attention(TensorView<const float> q, TensorView<const float> k,
-               TensorView<const float> v, TensorView<float> out,
-               const AttentionOptions& options, const Mask& mask,
-               TensorView<float> weights) {
-  detail::masked_attention(q, k, v, out, options, {mask}, {}, weights);
-}
-void attention(TensorView<const float> q, TensorView<const bfloat16> k,
-               TensorView<const bfloat16> v, TensorView<float> out,
-               const AttentionOptions& options, const Mask& mask, TensorView<float> weights) {
-  detail::attention_f32(q, k, v, out, options, {mask}, weights, {});
-}
-void attention(TensorView<const float> q, TensorView<const float16> k,
-               TensorView<const float16> v, TensorView<float> out,
-               const AttentionOptions& options, const Mask& mask, TensorView<float> weights) {
-  detail::attention_f32(q, k, v, out, options, {mask}, weights, {});
-}
-
-namespace detail {
 
 template <class T>
 void masked_attention_backward(TensorView<const T> q, TensorView<const T> k,
@@ -321,91 +287,120 @@ template void masked_attention_backward(TensorView<const double>, TensorView<con
 
 }  // namespace detail
 
-void attention_backward(TensorView<const double> q, TensorView<const double> k,
-                        TensorView<const double> v, TensorView<const double> dout,
-                        TensorView<double> dq, TensorView<double> dk, TensorView<double> dv,
-                        const AttentionOptions& options, const Mask& mask) {
-  detail::masked_attention_backward(q, k, v, dout, dq, dk, dv, options, {mask}, {});
+Shape attention_output_shape(const Shape& q, const Shape& k, const Shape& v) {
+  const auto s = detail::check_shapes(q, k, v);
+  return detail::with_tail(s, q.size() >= 3, s.n_q, s.d_v);
 }
-void attention_backward(TensorView<const float> q, TensorView<const float> k,
-                        TensorView<const float> v, TensorView<const float> dout,
-                        TensorView<float> dq, TensorView<float> dk, TensorView<float> dv,
-                        const AttentionOptions& options, const Mask& mask) {
+
+Shape attention_weights_shape(const Shape& q, const Shape& k, const Shape& v) {
+  const auto s = detail::check_shapes(q, k, v);
+  return detail::with_tail(s, q.size() >= 3, s.n_q, s.n_k);
+}
+
+template <class T, class KV>
+  requires AttentionTypes<T, KV>
+AttentionPlan<T, KV>::AttentionPlan(TensorView<const T> q, TensorView<const KV> k,
+                                    TensorView<const KV> v, const AttentionOptions& options,
+                                    const Mask& mask)
+    : prepared_(std::make_shared<const detail::PreparedAttention<T, KV>>(q, k, v, options,
+                                                                        detail::MaskInput{mask})) {}
+
+template <class T, class KV>
+  requires AttentionTypes<T, KV>
+const Shape& AttentionPlan<T, KV>::output_shape() const {
+  return prepared_->problem.out_shape;
+}
+
+template <class T, class KV>
+  requires AttentionTypes<T, KV>
+const Shape& AttentionPlan<T, KV>::weights_shape() const {
+  return prepared_->problem.weights_shape;
+}
+
+template <class T, class KV>
+  requires AttentionTypes<T, KV>
+void AttentionPlan<T, KV>::run(TensorView<T> out, TensorView<T> weights) const {
+  prepared_->run(out, weights);
+}
+
+template <class T, class KV>
+  requires AttentionTypes<T, KV>
+void attention(TensorView<const T> q, TensorView<const KV> k, TensorView<const KV> v,
+               TensorView<T> out, const AttentionOptions& options, const Mask& mask,
+               TensorView<T> weights) {
+  AttentionPlan<T, KV>(q, k, v, options, mask).run(out, weights);
+}
+
+template <class T, class KV>
+  requires AttentionTypes<T, KV>
+Tensor<T> attention(TensorView<const T> q, TensorView<const KV> k, TensorView<const KV> v,
+                    const AttentionOptions& options, const Mask& mask) {
+  const AttentionPlan<T, KV> plan(q, k, v, options, mask);
+  Tensor<T> out(plan.output_shape());
+  plan.run(out.view());
+  return out;
+}
+
+template <class T, class KV>
+  requires AttentionTypes<T, KV>
+AttentionResult<T> attention_with_weights(TensorView<const T> q, TensorView<const KV> k,
+                                          TensorView<const KV> v, const AttentionOptions& options,
+                                          const Mask& mask) {
+  const AttentionPlan<T, KV> plan(q, k, v, options, mask);
+  AttentionResult<T> r{Tensor<T>(plan.output_shape()), Tensor<T>(plan.weights_shape())};
+  plan.run(r.out.view(), r.weights.view());
+  return r;
+}
+
+template <Real T>
+void attention_backward(TensorView<const T> q, TensorView<const T> k, TensorView<const T> v,
+                        TensorView<const T> dout, TensorView<T> dq, TensorView<T> dk,
+                        TensorView<T> dv, const AttentionOptions& options, const Mask& mask) {
   detail::masked_attention_backward(q, k, v, dout, dq, dk, dv, options, {mask}, {});
 }
 
-namespace {
-template <class T>
-AttentionGradients<T> attention_backward_alloc(TensorView<const T> q, TensorView<const T> k,
-                                               TensorView<const T> v, TensorView<const T> dout,
-                                               const AttentionOptions& options,
-                                               const Mask& mask) {
+template <Real T>
+AttentionGradients<T> attention_backward(TensorView<const T> q, TensorView<const T> k,
+                                         TensorView<const T> v, TensorView<const T> dout,
+                                         const AttentionOptions& options, const Mask& mask) {
   AttentionGradients<T> g{Tensor<T>(q.shape()), Tensor<T>(k.shape()), Tensor<T>(v.shape())};
   attention_backward(q, k, v, dout, g.dq.view(), g.dk.view(), g.dv.view(), options, mask);
   return g;
 }
-}  // namespace
 
-AttentionGradients<float> attention_backward(TensorView<const float> q,
-                                             TensorView<const float> k,
-                                             TensorView<const float> v,
-                                             TensorView<const float> dout,
-                                             const AttentionOptions& options,
-                                             const Mask& mask) {
-  return attention_backward_alloc<float>(q, k, v, dout, options, mask);
-}
-AttentionGradients<double> attention_backward(TensorView<const double> q,
-                                              TensorView<const double> k,
-                                              TensorView<const double> v,
-                                              TensorView<const double> dout,
-                                              const AttentionOptions& options,
-                                              const Mask& mask) {
-  return attention_backward_alloc<double>(q, k, v, dout, options, mask);
-}
+// The supported element types (AttentionTypes, Real).
+#define ATTN_INSTANTIATE(T, KV)                                                                 \
+  template class AttentionPlan<T, KV>;                                                          \
+  template void attention(TensorView<const T>, TensorView<const KV>, TensorView<const KV>,      \
+                          TensorView<T>, const AttentionOptions&, const Mask&, TensorView<T>);  \
+  template Tensor<T> attention(TensorView<const T>, TensorView<const KV>, TensorView<const KV>, \
+                               const AttentionOptions&, const Mask&);                           \
+  template AttentionResult<T> attention_with_weights(TensorView<const T>, TensorView<const KV>, \
+                                                     TensorView<const KV>,                      \
+                                                     const AttentionOptions&, const Mask&);
+ATTN_INSTANTIATE(float, float)
+ATTN_INSTANTIATE(float, bfloat16)
+ATTN_INSTANTIATE(float, float16)
+ATTN_INSTANTIATE(double, double)
+#undef ATTN_INSTANTIATE
 
-namespace {
-template <class T>
-Tensor<T> attention_alloc(TensorView<const T> q, TensorView<const T> k,
-                          TensorView<const T> v, const AttentionOptions& options,
-                          const Mask& mask, Tensor<T>* weights) {
-  Tensor<T> out(attention_output_shape(q.shape(), k.shape(), v.shape()));
-  TensorView<T> w;
-  if (weights) {
-    *weights = Tensor<T>(attention_weights_shape(q.shape(), k.shape(), v.shape()));
-    w = weights->view();
-  }
-  attention(q, k, v, out.view(), options, mask, w);
-  return out;
-}
-}  // namespace
-
-Tensor<float> attention(TensorView<const float> q, TensorView<const float> k,
-                        TensorView<const float> v, const AttentionOptions& options,
-                        const Mask& mask) {
-  return attention_alloc<float>(q, k, v, options, mask, nullptr);
-}
-Tensor<double> attention(TensorView<const double> q, TensorView<const double> k,
-                         TensorView<const double> v, const AttentionOptions& options,
-                         const Mask& mask) {
-  return attention_alloc<double>(q, k, v, options, mask, nullptr);
-}
-AttentionResult<float> attention_with_weights(TensorView<const float> q,
-                                              TensorView<const float> k,
-                                              TensorView<const float> v,
-                                              const AttentionOptions& options,
-                                              const Mask& mask) {
-  AttentionResult<float> r;
-  r.out = attention_alloc<float>(q, k, v, options, mask, &r.weights);
-  return r;
-}
-AttentionResult<double> attention_with_weights(TensorView<const double> q,
-                                               TensorView<const double> k,
-                                               TensorView<const double> v,
-                                               const AttentionOptions& options,
-                                               const Mask& mask) {
-  AttentionResult<double> r;
-  r.out = attention_alloc<double>(q, k, v, options, mask, &r.weights);
-  return r;
-}
+template void attention_backward(TensorView<const float>, TensorView<const float>,
+                                 TensorView<const float>, TensorView<const float>,
+                                 TensorView<float>, TensorView<float>, TensorView<float>,
+                                 const AttentionOptions&, const Mask&);
+template void attention_backward(TensorView<const double>, TensorView<const double>,
+                                 TensorView<const double>, TensorView<const double>,
+                                 TensorView<double>, TensorView<double>, TensorView<double>,
+                                 const AttentionOptions&, const Mask&);
+template AttentionGradients<float> attention_backward(TensorView<const float>,
+                                                      TensorView<const float>,
+                                                      TensorView<const float>,
+                                                      TensorView<const float>,
+                                                      const AttentionOptions&, const Mask&);
+template AttentionGradients<double> attention_backward(TensorView<const double>,
+                                                       TensorView<const double>,
+                                                       TensorView<const double>,
+                                                       TensorView<const double>,
+                                                       const AttentionOptions&, const Mask&);
 
 }  // namespace attn

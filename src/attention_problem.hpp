@@ -73,10 +73,12 @@ enum class KVStorage { Native, BF16, F16 };
 template <class T>
 struct AttentionProblem {
   int64_t batch = 1, heads_q = 1, heads_kv = 1, n_q = 0, n_k = 0, d = 0, d_v = 0;
+  Shape batch_axes;                    // the leading axes flattened into batch
+  Shape out_shape, weights_shape;      // of the caller's out and weights
   Operand<const T> q, k, v;            // k, v unset when kv != Native
   KVStorage kv = KVStorage::Native;
   Operand<const uint16_t> k16, v16;    // bfloat16 or fp16 bits when kv != Native
-  Operand<T> out, weights;  // weights.data == nullptr when not requested
+  Operand<T> out, weights;  // bound by run(); weights.data == nullptr when not requested
   MaskOperand mask;
   double scale = 1;
   Causal causal = Causal::None;
@@ -86,15 +88,29 @@ struct AttentionProblem {
   int64_t group() const { return heads_q / heads_kv; }  // query heads per kv head
 };
 
-// Validates the arguments of attention() and builds the problem; every error
-// names the argument and its shape. `second` is the MultiHeadAttention
-// layer's other mask (its key_padding_mask).
+// Validates the arguments of attention() and builds the problem, without
+// its outputs; every error names the argument and its shape. `second` is the
+// MultiHeadAttention layer's other mask (its key_padding_mask).
 // KV is T, or bfloat16 / float16 with T = float.
 template <class T, class KV>
 AttentionProblem<T> make_problem(TensorView<const T> q, TensorView<const KV> k,
-                                 TensorView<const KV> v, TensorView<T> out,
-                                 const AttentionOptions& options, const MaskInput& mask,
-                                 TensorView<T> weights, const MaskInput& second = {});
+                                 TensorView<const KV> v, const AttentionOptions& options,
+                                 const MaskInput& mask, const MaskInput& second = {});
+
+// A problem ready to run any number of times, from any thread: validated
+// once, with contiguous copies of the inputs the float32 kernels cannot read
+// in place. run() checks only the shapes of out and weights.
+template <class T, class KV>
+struct PreparedAttention {
+  PreparedAttention(TensorView<const T> q, TensorView<const KV> k, TensorView<const KV> v,
+                    const AttentionOptions& options, const MaskInput& mask,
+                    const MaskInput& second = {});
+  void run(TensorView<T> out, TensorView<T> weights) const;
+
+  AttentionProblem<T> problem;
+  Tensor<T> q_copy;
+  Tensor<KV> k_copy, v_copy;
+};
 
 // The gradients of attention: dout (the output's shape) in, dq, dk, dv (the
 // shapes of q, k, v) out, as (batch, head, row, col) operands.
@@ -112,12 +128,8 @@ std::pair<AttentionProblem<T>, GradientOperands<T>> make_backward_problem(
     TensorView<const T> dout, TensorView<T> dq, TensorView<T> dk, TensorView<T> dv,
     const AttentionOptions& options, const MaskInput& mask, const MaskInput& second = {});
 
-// attention() and attention_backward() with two masks as in make_problem:
-// the entry of the MultiHeadAttention layer. T is float or double.
-template <class T>
-void masked_attention(TensorView<const T> q, TensorView<const T> k, TensorView<const T> v,
-                      TensorView<T> out, const AttentionOptions& options, const MaskInput& mask,
-                      const MaskInput& second, TensorView<T> weights);
+// attention_backward() with two masks as in make_problem: the entry of the
+// MultiHeadAttention layer. T is float or double.
 template <class T>
 void masked_attention_backward(TensorView<const T> q, TensorView<const T> k,
                                TensorView<const T> v, TensorView<const T> dout, TensorView<T> dq,

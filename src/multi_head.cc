@@ -34,8 +34,8 @@ void check_heads(const char* what, TensorView<const T> x, int64_t heads) {
 
 // weights: an empty view, or (..., heads, n, n) to receive each head's weights.
 template <class T>
-void multi_head_impl(TensorView<const T> x, TensorView<T> out, int64_t heads,
-                     const AttentionOptions& options, TensorView<T> weights = {}) {
+void multi_head_into(TensorView<const T> x, TensorView<T> out, int64_t heads,
+                     const AttentionOptions& options, TensorView<T> weights) {
   check_heads("multi_head", x, heads);
   if (out.shape() != x.shape())
     throw ValueError("multi_head: out has shape " + shape_str(out.shape()) +
@@ -44,27 +44,34 @@ void multi_head_impl(TensorView<const T> x, TensorView<T> out, int64_t heads,
   attention(s, s, s, split_heads(out, heads), options, {}, weights);
 }
 
-template <class T>
-Tensor<T> multi_head_alloc(TensorView<const T> x, int64_t heads,
-                           const AttentionOptions& options) {
+}  // namespace
+
+template <Real T>
+void multi_head(TensorView<const T> x, TensorView<T> out, int64_t heads,
+                const AttentionOptions& options) {
+  multi_head_into<T>(x, out, heads, options, {});
+}
+
+template <Real T>
+Tensor<T> multi_head(TensorView<const T> x, int64_t heads, const AttentionOptions& options) {
   Tensor<T> out(x.shape());
-  multi_head_impl<T>(x, out.view(), heads, options);
+  multi_head_into<T>(x, out.view(), heads, options, {});
   return out;
 }
 
-template <class T>
-AttentionResult<T> multi_head_with_weights_impl(TensorView<const T> x, int64_t heads,
+template <Real T>
+AttentionResult<T> multi_head_with_weights(TensorView<const T> x, int64_t heads,
                                                 const AttentionOptions& options) {
   check_heads("multi_head", x, heads);
   const auto s = split_heads(x, heads);
   AttentionResult<T> r{Tensor<T>(x.shape()),
                        Tensor<T>(attention_weights_shape(s.shape(), s.shape(), s.shape()))};
-  multi_head_impl<T>(x, r.out.view(), heads, options, r.weights.view());
+  multi_head_into<T>(x, r.out.view(), heads, options, r.weights.view());
   return r;
 }
 
-template <class T>
-Tensor<T> rope_per_head_impl(TensorView<const T> x, int64_t heads, const RopeOptions& options) {
+template <Real T>
+Tensor<T> apply_rope_per_head(TensorView<const T> x, int64_t heads, const RopeOptions& options) {
   check_heads("apply_rope_per_head", x, heads);
   if (!options.rotary_dim && x.dim(-1) / heads % 2 != 0)
     throw ValueError("apply_rope_per_head: RoPE rotates pairs, so the head dimension d / heads = " +
@@ -75,39 +82,14 @@ Tensor<T> rope_per_head_impl(TensorView<const T> x, int64_t heads, const RopeOpt
   return out;
 }
 
-}  // namespace
-
-void multi_head(TensorView<const float> x, TensorView<float> out, int64_t heads,
-                const AttentionOptions& options) {
-  multi_head_impl<float>(x, out, heads, options);
-}
-void multi_head(TensorView<const double> x, TensorView<double> out, int64_t heads,
-                const AttentionOptions& options) {
-  multi_head_impl<double>(x, out, heads, options);
-}
-Tensor<float> multi_head(TensorView<const float> x, int64_t heads,
-                         const AttentionOptions& options) {
-  return multi_head_alloc<float>(x, heads, options);
-}
-Tensor<double> multi_head(TensorView<const double> x, int64_t heads,
-                          const AttentionOptions& options) {
-  return multi_head_alloc<double>(x, heads, options);
-}
-AttentionResult<float> multi_head_with_weights(TensorView<const float> x, int64_t heads,
-                                               const AttentionOptions& options) {
-  return multi_head_with_weights_impl<float>(x, heads, options);
-}
-AttentionResult<double> multi_head_with_weights(TensorView<const double> x, int64_t heads,
-                                                const AttentionOptions& options) {
-  return multi_head_with_weights_impl<double>(x, heads, options);
-}
-Tensor<float> apply_rope_per_head(TensorView<const float> x, int64_t heads,
-                                  const RopeOptions& options) {
-  return rope_per_head_impl<float>(x, heads, options);
-}
-Tensor<double> apply_rope_per_head(TensorView<const double> x, int64_t heads,
-                                   const RopeOptions& options) {
-  return rope_per_head_impl<double>(x, heads, options);
-}
+#define ATTN_INSTANTIATE(T)                                                                   \
+  template void multi_head(TensorView<const T>, TensorView<T>, int64_t, const AttentionOptions&); \
+  template Tensor<T> multi_head(TensorView<const T>, int64_t, const AttentionOptions&);          \
+  template AttentionResult<T> multi_head_with_weights(TensorView<const T>, int64_t,             \
+                                                      const AttentionOptions&);                 \
+  template Tensor<T> apply_rope_per_head(TensorView<const T>, int64_t, const RopeOptions&);
+ATTN_INSTANTIATE(float)
+ATTN_INSTANTIATE(double)
+#undef ATTN_INSTANTIATE
 
 }  // namespace attn

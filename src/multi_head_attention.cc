@@ -268,9 +268,8 @@ typename MultiHeadAttention<T>::Activations MultiHeadAttention<T>::forward_activ
   a.ctx = Tensor<T>({B, n_q, H * c.head_dim()});
   if (opt.need_weights) a.weights = Tensor<T>({B, H, n_q, n_k});
   a.attention = opt.attention;
-  detail::masked_attention(TensorView<const T>(qh), a.K, a.V, heads_view(a.ctx, H), a.attention,
-                           a.mask(), a.padding(),
-                           opt.need_weights ? a.weights.view() : TensorView<T>());
+  detail::PreparedAttention<T, T>(qh, a.K, a.V, a.attention, a.mask(), a.padding())
+      .run(heads_view(a.ctx, H), opt.need_weights ? a.weights.view() : TensorView<T>());
   return a;
 }
 

@@ -145,38 +145,37 @@ template void sinusoidal_encoding<double>(TensorView<double>, double);
 template Tensor<float> sinusoidal_encoding<float>(int64_t, int64_t, double);
 template Tensor<double> sinusoidal_encoding<double>(int64_t, int64_t, double);
 
-void apply_rope(TensorView<const float> x, TensorView<float> out, const RopeOptions& options,
+template <Real T>
+void apply_rope(TensorView<const T> x, TensorView<T> out, const RopeOptions& options,
                 TensorView<const int64_t> positions) {
-  rope_impl<float>(x, out, options, positions, 1);
+  rope_impl<T>(x, out, options, positions, 1);
 }
-void apply_rope(TensorView<const double> x, TensorView<double> out,
-                const RopeOptions& options, TensorView<const int64_t> positions) {
-  rope_impl<double>(x, out, options, positions, 1);
+template <Real T>
+Tensor<T> apply_rope(TensorView<const T> x, const RopeOptions& options,
+                     TensorView<const int64_t> positions) {
+  return rope_alloc<T>(x, options, positions, 1);
 }
-Tensor<float> apply_rope(TensorView<const float> x, const RopeOptions& options,
-                         TensorView<const int64_t> positions) {
-  return rope_alloc<float>(x, options, positions, 1);
+template <Real T>
+void rope_backward(TensorView<const T> dy, TensorView<T> dx, const RopeOptions& options,
+                   TensorView<const int64_t> positions) {
+  rope_impl<T>(dy, dx, options, positions, -1);
 }
-Tensor<double> apply_rope(TensorView<const double> x, const RopeOptions& options,
-                          TensorView<const int64_t> positions) {
-  return rope_alloc<double>(x, options, positions, 1);
+template <Real T>
+Tensor<T> rope_backward(TensorView<const T> dy, const RopeOptions& options,
+                        TensorView<const int64_t> positions) {
+  return rope_alloc<T>(dy, options, positions, -1);
 }
 
-void rope_backward(TensorView<const float> dy, TensorView<float> dx, const RopeOptions& options,
-                   TensorView<const int64_t> positions) {
-  rope_impl<float>(dy, dx, options, positions, -1);
-}
-void rope_backward(TensorView<const double> dy, TensorView<double> dx,
-                   const RopeOptions& options, TensorView<const int64_t> positions) {
-  rope_impl<double>(dy, dx, options, positions, -1);
-}
-Tensor<float> rope_backward(TensorView<const float> dy, const RopeOptions& options,
-                            TensorView<const int64_t> positions) {
-  return rope_alloc<float>(dy, options, positions, -1);
-}
-Tensor<double> rope_backward(TensorView<const double> dy, const RopeOptions& options,
-                             TensorView<const int64_t> positions) {
-  return rope_alloc<double>(dy, options, positions, -1);
-}
+#define ATTN_INSTANTIATE(T)                                                                     \
+  template void apply_rope(TensorView<const T>, TensorView<T>, const RopeOptions&,             \
+                           TensorView<const int64_t>);                                         \
+  template Tensor<T> apply_rope(TensorView<const T>, const RopeOptions&, TensorView<const int64_t>); \
+  template void rope_backward(TensorView<const T>, TensorView<T>, const RopeOptions&,          \
+                              TensorView<const int64_t>);                                      \
+  template Tensor<T> rope_backward(TensorView<const T>, const RopeOptions&,                    \
+                                   TensorView<const int64_t>);
+ATTN_INSTANTIATE(float)
+ATTN_INSTANTIATE(double)
+#undef ATTN_INSTANTIATE
 
 }  // namespace attn

@@ -33,8 +33,10 @@ void softmax_row_plain(const T* x, int64_t sa, T* y, int64_t so, int64_t n, T* e
   for (int64_t j = 0; j < n; ++j) y[j * so] = sum > 0 || nan ? e[j] / sum : 0;
 }
 
-template <class T>
-void softmax_impl(TensorView<const T> a, TensorView<T> out, int64_t axis) {
+}  // namespace
+
+template <Real T>
+void softmax(TensorView<const T> a, TensorView<T> out, int64_t axis) {
   if (a.shape() != out.shape())
     throw ValueError("softmax: out has shape " + shape_str(out.shape()) +
                      ", expected the input's " + shape_str(a.shape()));
@@ -65,26 +67,16 @@ void softmax_impl(TensorView<const T> a, TensorView<T> out, int64_t axis) {
   }
 }
 
-template <class T>
-Tensor<T> softmax_alloc(TensorView<const T> a, int64_t axis) {
+template <Real T>
+Tensor<T> softmax(TensorView<const T> a, int64_t axis) {
   Tensor<T> out(a.shape());
-  softmax_impl<T>(a, out.view(), axis);
+  softmax<T>(a, out.view(), axis);
   return out;
 }
 
-}  // namespace
-
-void softmax(TensorView<const float> a, TensorView<float> out, int64_t axis) {
-  softmax_impl<float>(a, out, axis);
-}
-void softmax(TensorView<const double> a, TensorView<double> out, int64_t axis) {
-  softmax_impl<double>(a, out, axis);
-}
-Tensor<float> softmax(TensorView<const float> a, int64_t axis) {
-  return softmax_alloc<float>(a, axis);
-}
-Tensor<double> softmax(TensorView<const double> a, int64_t axis) {
-  return softmax_alloc<double>(a, axis);
-}
+template void softmax(TensorView<const float>, TensorView<float>, int64_t);
+template void softmax(TensorView<const double>, TensorView<double>, int64_t);
+template Tensor<float> softmax(TensorView<const float>, int64_t);
+template Tensor<double> softmax(TensorView<const double>, int64_t);
 
 }  // namespace attn

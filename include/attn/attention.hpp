@@ -12,6 +12,8 @@
 // multi_head() passes); out and weights must not overlap the inputs.
 #pragma once
 
+#include <concepts>
+#include <memory>
 #include <optional>
 
 #include "attn/half.hpp"
@@ -27,30 +29,52 @@ struct AttentionOptions {
   double softcap = 0;           // > 0: logits = softcap * tanh(logits / softcap)
 };
 
+// T, the element type of q and of the results, is float (the SIMD kernels)
+// or double (the reference); KV, that of k and v, is T, or with T = float
+// also bfloat16 or float16: keys and values stored in half the memory and
+// bandwidth, arithmetic in float32.
+template <class T, class KV>
+concept AttentionTypes =
+    (std::same_as<T, float> &&
+     (std::same_as<KV, float> || std::same_as<KV, bfloat16> || std::same_as<KV, float16>)) ||
+    (std::same_as<T, double> && std::same_as<KV, double>);
+
+namespace detail {
+template <class T, class KV>
+struct PreparedAttention;
+}  // namespace detail
+
+// One attention call validated once: the shapes, strides and element types
+// of q, k, v and the mask, and the options; the output and weights shapes
+// come from it. run() writes out (and weights unless it is an empty view),
+// checking only their shapes; it may run any number of times, from any
+// thread, while q, k, v and the mask stay alive and unchanged. attention() is
+// a plan run once; build one to allocate the outputs first (as the Python
+// module does).
+template <class T, class KV = T>
+  requires AttentionTypes<T, KV>
+class AttentionPlan {
+ public:
+  AttentionPlan(TensorView<const T> q, TensorView<const KV> k, TensorView<const KV> v,
+                const AttentionOptions& options = {}, const Mask& mask = {});
+  const Shape& output_shape() const;   // (..., Hq, n_q, d_v)
+  const Shape& weights_shape() const;  // (..., Hq, n_q, n_k)
+  void run(TensorView<T> out, TensorView<T> weights = {}) const;
+
+ private:
+  std::shared_ptr<const detail::PreparedAttention<T, KV>> prepared_;
+};
+
 // The shapes attention() produces for these inputs (validating them).
 Shape attention_output_shape(const Shape& q, const Shape& k, const Shape& v);
 Shape attention_weights_shape(const Shape& q, const Shape& k, const Shape& v);
 
 // Writes into out (and weights unless it is an empty view).
-void attention(TensorView<const float> q, TensorView<const float> k,
-               TensorView<const float> v, TensorView<float> out,
-               const AttentionOptions& options = {}, const Mask& mask = {},
-               TensorView<float> weights = {});
-void attention(TensorView<const double> q, TensorView<const double> k,
-               TensorView<const double> v, TensorView<double> out,
-               const AttentionOptions& options = {}, const Mask& mask = {},
-               TensorView<double> weights = {});
-
-// Keys and values stored as bfloat16 or fp16 (half the memory and bandwidth);
-// computation is float32.
-void attention(TensorView<const float> q, TensorView<const bfloat16> k,
-               TensorView<const bfloat16> v, TensorView<float> out,
-               const AttentionOptions& options = {}, const Mask& mask = {},
-               TensorView<float> weights = {});
-void attention(TensorView<const float> q, TensorView<const float16> k,
-               TensorView<const float16> v, TensorView<float> out,
-               const AttentionOptions& options = {}, const Mask& mask = {},
-               TensorView<float> weights = {});
+template <class T, class KV>
+  requires AttentionTypes<T, KV>
+void attention(TensorView<const T> q, TensorView<const KV> k, TensorView<const KV> v,
+               TensorView<T> out, const AttentionOptions& options = {}, const Mask& mask = {},
+               TensorView<T> weights = {});
 
 // Allocating forms.
 template <class T>
@@ -58,19 +82,16 @@ struct AttentionResult {
   Tensor<T> out;
   Tensor<T> weights;
 };
-Tensor<float> attention(TensorView<const float> q, TensorView<const float> k,
-                        TensorView<const float> v,
-                        const AttentionOptions& options = {}, const Mask& mask = {});
-Tensor<double> attention(TensorView<const double> q, TensorView<const double> k,
-                         TensorView<const double> v,
-                         const AttentionOptions& options = {}, const Mask& mask = {});
-AttentionResult<float> attention_with_weights(
-    TensorView<const float> q, TensorView<const float> k, TensorView<const float> v,
-    const AttentionOptions& options = {}, const Mask& mask = {});
-AttentionResult<double> attention_with_weights(
-    TensorView<const double> q, TensorView<const double> k,
-    TensorView<const double> v, const AttentionOptions& options = {},
-    const Mask& mask = {});
+template <class T, class KV>
+  requires AttentionTypes<T, KV>
+Tensor<T> attention(TensorView<const T> q, TensorView<const KV> k, TensorView<const KV> v,
+                    const AttentionOptions& options = {}, const Mask& mask = {});
+template <class T, class KV>
+  requires AttentionTypes<T, KV>
+AttentionResult<T> attention_with_weights(TensorView<const T> q, TensorView<const KV> k,
+                                          TensorView<const KV> v,
+                                          const AttentionOptions& options = {},
+                                          const Mask& mask = {});
 
 // The gradient of attention: given dout = dL/dout (the output's shape),
 // writes dq, dk, dv (the shapes of q, k, v; overwritten) for the same inputs
@@ -78,30 +99,20 @@ AttentionResult<double> attention_with_weights(
 // that share it; a row with no allowed key contributes no gradient; a mask
 // gets none (it is not learned). Computed in double (float32 converts in and
 // out; a fast float32 kernel is future work).
-void attention_backward(TensorView<const float> q, TensorView<const float> k,
-                        TensorView<const float> v, TensorView<const float> dout,
-                        TensorView<float> dq, TensorView<float> dk, TensorView<float> dv,
-                        const AttentionOptions& options = {}, const Mask& mask = {});
-void attention_backward(TensorView<const double> q, TensorView<const double> k,
-                        TensorView<const double> v, TensorView<const double> dout,
-                        TensorView<double> dq, TensorView<double> dk, TensorView<double> dv,
-                        const AttentionOptions& options = {}, const Mask& mask = {});
+template <Real T>
+void attention_backward(TensorView<const T> q, TensorView<const T> k, TensorView<const T> v,
+                        TensorView<const T> dout, TensorView<T> dq, TensorView<T> dk,
+                        TensorView<T> dv, const AttentionOptions& options = {},
+                        const Mask& mask = {});
 
 template <class T>
 struct AttentionGradients {
   Tensor<T> dq, dk, dv;
 };
-AttentionGradients<float> attention_backward(TensorView<const float> q,
-                                             TensorView<const float> k,
-                                             TensorView<const float> v,
-                                             TensorView<const float> dout,
-                                             const AttentionOptions& options = {},
-                                             const Mask& mask = {});
-AttentionGradients<double> attention_backward(TensorView<const double> q,
-                                              TensorView<const double> k,
-                                              TensorView<const double> v,
-                                              TensorView<const double> dout,
-                                              const AttentionOptions& options = {},
-                                              const Mask& mask = {});
+template <Real T>
+AttentionGradients<T> attention_backward(TensorView<const T> q, TensorView<const T> k,
+                                         TensorView<const T> v, TensorView<const T> dout,
+                                         const AttentionOptions& options = {},
+                                         const Mask& mask = {});
 
 }  // namespace attn

@@ -14,29 +14,24 @@ namespace attn {
 // code silently drops the remainder columns; attn refuses instead). Each
 // head is scaled by 1/sqrt(d / heads), as the article's attention() does.
 // Into out, of x's shape (must not overlap x).
-void multi_head(TensorView<const float> x, TensorView<float> out, int64_t heads = 4,
+template <Real T>
+void multi_head(TensorView<const T> x, TensorView<T> out, int64_t heads = 4,
                 const AttentionOptions& options = {});
-void multi_head(TensorView<const double> x, TensorView<double> out, int64_t heads = 4,
-                const AttentionOptions& options = {});
-
-Tensor<float> multi_head(TensorView<const float> x, int64_t heads = 4,
-                         const AttentionOptions& options = {});
-Tensor<double> multi_head(TensorView<const double> x, int64_t heads = 4,
-                          const AttentionOptions& options = {});
+template <Real T>
+Tensor<T> multi_head(TensorView<const T> x, int64_t heads = 4,
+                     const AttentionOptions& options = {});
 
 // The same, also returning each head's attention weights, (..., heads, n, n):
 // weights[..., h, i, j] is how much word i attends to word j in head h.
-AttentionResult<float> multi_head_with_weights(TensorView<const float> x, int64_t heads = 4,
-                                               const AttentionOptions& options = {});
-AttentionResult<double> multi_head_with_weights(TensorView<const double> x, int64_t heads = 4,
-                                                const AttentionOptions& options = {});
+template <Real T>
+AttentionResult<T> multi_head_with_weights(TensorView<const T> x, int64_t heads = 4,
+                                           const AttentionOptions& options = {});
 
 // RoPE as a multi-head model applies it: on each head's slice of x (..., n, d)
 // separately (positions 0..n-1), so that every head sees rotated vectors of
 // its own dimension d / heads (which must be even).
-Tensor<float> apply_rope_per_head(TensorView<const float> x, int64_t heads,
-                                  const RopeOptions& options = {});
-Tensor<double> apply_rope_per_head(TensorView<const double> x, int64_t heads,
-                                   const RopeOptions& options = {});
+template <Real T>
+Tensor<T> apply_rope_per_head(TensorView<const T> x, int64_t heads,
+                              const RopeOptions& options = {});
 
 }  // namespace attn

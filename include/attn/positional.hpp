@@ -33,31 +33,21 @@ struct RopeOptions {
 // x exactly). Pair k of the rotated features turns by pos * base^(-2k/r),
 // angles in double. positions, when given, holds integers broadcastable to
 // (..., n) (any sign); otherwise position of row t is options.offset + t.
-void apply_rope(TensorView<const float> x, TensorView<float> out,
-                const RopeOptions& options = {},
+template <Real T>
+void apply_rope(TensorView<const T> x, TensorView<T> out, const RopeOptions& options = {},
                 TensorView<const int64_t> positions = {});
-void apply_rope(TensorView<const double> x, TensorView<double> out,
-                const RopeOptions& options = {},
-                TensorView<const int64_t> positions = {});
-
-Tensor<float> apply_rope(TensorView<const float> x, const RopeOptions& options = {},
-                         TensorView<const int64_t> positions = {});
-Tensor<double> apply_rope(TensorView<const double> x, const RopeOptions& options = {},
-                          TensorView<const int64_t> positions = {});
+template <Real T>
+Tensor<T> apply_rope(TensorView<const T> x, const RopeOptions& options = {},
+                     TensorView<const int64_t> positions = {});
 
 // The backward of apply_rope: dx = dL/dx from dy = dL/dout (same shape; may
 // alias exactly), for the same options and positions. RoPE is a rotation per
 // pair, so its transpose is the rotation by -angle.
-void rope_backward(TensorView<const float> dy, TensorView<float> dx,
-                   const RopeOptions& options = {},
+template <Real T>
+void rope_backward(TensorView<const T> dy, TensorView<T> dx, const RopeOptions& options = {},
                    TensorView<const int64_t> positions = {});
-void rope_backward(TensorView<const double> dy, TensorView<double> dx,
-                   const RopeOptions& options = {},
-                   TensorView<const int64_t> positions = {});
-
-Tensor<float> rope_backward(TensorView<const float> dy, const RopeOptions& options = {},
-                            TensorView<const int64_t> positions = {});
-Tensor<double> rope_backward(TensorView<const double> dy, const RopeOptions& options = {},
-                             TensorView<const int64_t> positions = {});
+template <Real T>
+Tensor<T> rope_backward(TensorView<const T> dy, const RopeOptions& options = {},
+                        TensorView<const int64_t> positions = {});
 
 }  // namespace attn

@@ -12,10 +12,9 @@
 namespace attn {
 
 // out has the shape of a; axis may be negative. out may alias a exactly.
-void softmax(TensorView<const float> a, TensorView<float> out, int64_t axis = -1);
-void softmax(TensorView<const double> a, TensorView<double> out, int64_t axis = -1);
-
-Tensor<float> softmax(TensorView<const float> a, int64_t axis = -1);
-Tensor<double> softmax(TensorView<const double> a, int64_t axis = -1);
+template <Real T>
+void softmax(TensorView<const T> a, TensorView<T> out, int64_t axis = -1);
+template <Real T>
+Tensor<T> softmax(TensorView<const T> a, int64_t axis = -1);
 
 }  // namespace attn

@@ -6,6 +6,7 @@
 // hands out views of it.
 #pragma once
 
+#include <concepts>
 #include <cstdint>
 #include <initializer_list>
 #include <memory>
@@ -17,6 +18,11 @@
 #include "attn/error.hpp"
 
 namespace attn {
+
+// The element types attn computes in: float (the SIMD kernels) and double
+// (the reference).
+template <class T>
+concept Real = std::same_as<T, float> || std::same_as<T, double>;
 
 using Shape = std::vector<int64_t>;
 using Strides = std::vector<int64_t>;
@@ -41,11 +47,17 @@ Strides broadcast_strides(const Shape& shape, const Strides& strides,
 // `what` when out of range.
 int normalize_axis(int64_t axis, int rank, const char* what);
 
+// A view of mutable elements is also a view of const ones (it derives from
+// it), so a function declared for TensorView<const T> deduces T from either,
+// as a template too: one declaration serves both.
 template <class T>
-class TensorView {
+class TensorView;
+
+template <class T>
+class TensorView<const T> {
  public:
   TensorView() = default;
-  TensorView(T* data, Shape shape, Strides strides)
+  TensorView(const T* data, Shape shape, Strides strides)
       : data_(data), shape_(std::move(shape)), strides_(std::move(strides)) {
     if (shape_.size() != strides_.size())
       throw ValueError("TensorView: shape " + shape_str(shape_) + " and " +
@@ -57,16 +69,10 @@ class TensorView {
                          shape_str(shape_));
   }
   // A C-contiguous view.
-  TensorView(T* data, Shape shape)
+  TensorView(const T* data, Shape shape)
       : TensorView(data, shape, contiguous_strides(shape)) {}
 
-  // A view of mutable data converts to a view of const data.
-  template <class U, class = std::enable_if_t<std::is_same_v<const U, T> &&
-                                              !std::is_same_v<U, T>>>
-  TensorView(const TensorView<U>& other)  // NOLINT(google-explicit-constructor)
-      : data_(other.data()), shape_(other.shape()), strides_(other.strides()) {}
-
-  T* data() const { return data_; }
+  const T* data() const { return data_; }
   const Shape& shape() const { return shape_; }
   const Strides& strides() const { return strides_; }
   int rank() const { return static_cast<int>(shape_.size()); }
@@ -84,13 +90,13 @@ class TensorView {
   bool is_contiguous() const { return strides_ == contiguous_strides(shape_); }
 
   // Element at a full multi-index (no bounds checks: callers validate shapes).
-  T& at(std::initializer_list<int64_t> index) const {
+  const T& at(std::initializer_list<int64_t> index) const {
     int64_t off = 0;
     int a = 0;
     for (int64_t i : index) off += i * strides_[a++];
     return data_[off];
   }
-  T& at(const int64_t* index) const {
+  const T& at(const int64_t* index) const {
     int64_t off = 0;
     for (int a = 0; a < rank(); ++a) off += index[a] * strides_[a];
     return data_[off];
@@ -107,9 +113,28 @@ class TensorView {
   }
 
  private:
-  T* data_ = nullptr;
+  const T* data_ = nullptr;
   Shape shape_;
   Strides strides_;
+};
+
+template <class T>
+class TensorView : public TensorView<const T> {
+  using Const = TensorView<const T>;
+
+ public:
+  TensorView() = default;
+  TensorView(T* data, Shape shape, Strides strides) : Const(data, std::move(shape), std::move(strides)) {}
+  TensorView(T* data, Shape shape) : Const(data, std::move(shape)) {}
+
+  // The elements are the caller's mutable ones (the constructor took T*).
+  T* data() const { return const_cast<T*>(Const::data()); }
+  T& at(std::initializer_list<int64_t> index) const { return const_cast<T&>(Const::at(index)); }
+  T& at(const int64_t* index) const { return const_cast<T&>(Const::at(index)); }
+  TensorView transpose(int a, int b) const {
+    const Const t = Const::transpose(a, b);
+    return TensorView(data(), t.shape(), t.strides());
+  }
 };
 
 // Owning, C-contiguous. The size is validated (and the allocation failure
