@@ -1,5 +1,6 @@
 // NumPy arrays <-> attn views for the Python module: zero-copy where the
-// dtype already matches, conversion otherwise, and the dtype rules of SPEC.
+// dtype already matches, conversion otherwise, and the dtype rules of
+// docs/semantics.md "Dtypes".
 #pragma once
 
 #include <pybind11/numpy.h>

@@ -1,6 +1,6 @@
-// `import attn`: the SPEC's Python API over the C++ library. Arrays are read
-// in place (float32 and float64 with any strides); other numeric dtypes are
-// converted to float32. The GIL is released while computing.
+// `import attn`: the Python API of docs/semantics.md over the C++ library.
+// Arrays are read in place (float32 and float64 with any strides); other
+// numeric dtypes are converted to float32. The GIL is released while computing.
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>

@@ -14,7 +14,7 @@
 namespace attn::detail {
 namespace {
 
-// Causal and window rules exactly as docs/semantics.md states them.
+// Causal and window rules exactly as docs/semantics.md "Which keys take part" states them.
 template <class T>
 bool in_range(const AttentionProblem<T>& p, int64_t i, int64_t j) {
   const int64_t pos = i + (p.n_k - p.n_q);

@@ -1,5 +1,5 @@
 // Scaled dot-product attention: softmax(Q Kᵀ · scale + mask) V — the
-// article's "soft lookup", with the options of SPEC "Semantics".
+// article's "soft lookup", with the options of docs/semantics.md "Attention".
 //
 // Shapes: q (..., n_q, d), k (..., n_k, d), v (..., n_k, d_v), all of one rank.
 // Rank 2 is a single head. At rank >= 3, axis -3 is heads: q has Hq heads and

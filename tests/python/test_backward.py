@@ -1,5 +1,6 @@
 """attn.attention_backward against torch.autograd through the explicit-ops
-reference of torch_reference.py (float64), with every option of SPEC."""
+reference of torch_reference.py (float64), with every option of
+docs/semantics.md "The backward"."""
 
 import numpy as np
 import pytest

@@ -1,6 +1,6 @@
-"""`attn experiment order|heads` from the command line: the JSON form of SPEC
-and the weight files, on short runs (the claims themselves are asserted in
-tests/test_train.cc)."""
+"""`attn experiment order|heads` from the command line: the JSON form of
+docs/experiments.md and the weight files, on short runs (the claims themselves
+are asserted in tests/test_train.cc)."""
 import json
 import os
 import subprocess

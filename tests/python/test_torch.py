@@ -1,5 +1,6 @@
 """attn against PyTorch 1.13: softmax, attention built from explicit torch ops
-with every option of SPEC, and the two published forms of RoPE."""
+with every option of docs/semantics.md "Attention", and the two published forms
+of RoPE."""
 import math
 
 import numpy as np

@@ -1,4 +1,4 @@
-"""SPEC attention semantics from plain torch ops: the reference that
+"""docs/semantics.md "Attention" from plain torch ops: the reference that
 test_torch.py (forward) and test_backward.py (through torch.autograd) share."""
 import math
 
