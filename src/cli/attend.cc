@@ -20,8 +20,7 @@ void attend(const AttendArgs& args, Tensor<T> x) {
                      " tokens, but " + args.input + " of shape " + shape_str(x.shape()) +
                      " has n = " + std::to_string(x.dim(-2)) + " rows");
   x = with_positions(std::move(x), args.pe, args.heads);
-  AttentionOptions options;
-  if (args.causal) options.causal = Causal::BottomRight;  // n_q == n_k: the lower triangle
+  const AttentionOptions& options = args.attention;
   if (args.weights.empty()) {
     write_npy(args.out, multi_head(x.view(), args.heads, options).view());
     return;
@@ -31,7 +30,7 @@ void attend(const AttendArgs& args, Tensor<T> x) {
   std::string caption;
   for (const auto& t : tokens) caption += (caption.empty() ? "" : " ") + t;
   caption += (caption.empty() ? "" : ", ") + encoding_title(args.pe);
-  if (args.causal) caption += ", causal";
+  if (options.causal != Causal::None) caption += ", causal";
   // The picture first: one that cannot be drawn (too large) must not leave
   // the .npy written and the command failed.
   const std::string picture =

@@ -145,30 +145,30 @@ int run_bench(const BenchArgs& a) {
     const auto q = random_tensor(qs, 1);
     const Attend attend(q, random_tensor(ks, 2), random_tensor(ks, 3), a.kv_dtype);
     Tensor<float> out(qs);
-    AttentionOptions opt;
-    if (a.causal) opt.causal = Causal::BottomRight;
+    const AttentionOptions& opt = a.attention;
+    const bool causal = opt.causal != Causal::None;
     const auto timing = attend.time(out, opt, [&] { return measure_fma_peak_gflops(threads); });
     const double ms = timing.turns.kernel_ms[0], peak = timing.turns.ceiling;
-    const double pairs = a.causal ? a.n * (a.n + 1) / 2.0 : double(a.n) * a.n;
+    const double pairs = causal ? a.n * (a.n + 1) / 2.0 : double(a.n) * a.n;
     const double flop = 4.0 * double(a.n) * a.n * a.head_dim * a.heads * a.batch;
     const double flop_unmasked = 4.0 * pairs * a.head_dim * a.heads * a.batch;
     const double gflops = flop / ms * 1e-6, gflops_unmasked = flop_unmasked / ms * 1e-6;
-    const double ratio = (a.causal ? gflops_unmasked : gflops) / peak;
+    const double ratio = (causal ? gflops_unmasked : gflops) / peak;
     if (a.json) {
       std::printf("{\"kind\": \"attention\", \"n\": %lld, \"heads\": %lld, \"kv_heads\": %lld, "
                   "\"head_dim\": %lld, \"batch\": %lld, \"causal\": %s, \"kv_dtype\": \"%s\", "
                   "\"threads\": %d, \"median_ms\": %.4f, \"gflops\": %.2f, \"gflops_unmasked\": %.2f, "
                   "\"peak_gflops\": %.2f, \"ratio_to_peak\": %.4f%s}\n",
                   (long long)a.n, (long long)a.heads, (long long)hkv, (long long)a.head_dim,
-                  (long long)a.batch, a.causal ? "true" : "false", a.kv_dtype.c_str(), threads, ms, gflops,
+                  (long long)a.batch, causal ? "true" : "false", a.kv_dtype.c_str(), threads, ms, gflops,
                   gflops_unmasked, peak, ratio, timing.json.c_str());
     } else {
       std::printf("attention n=%lld heads=%lld kv_heads=%lld head_dim=%lld batch=%lld causal=%s "
                   "kv_dtype=%s threads=%d\n  median %.3f ms, %.1f GFLOP/s (4·n²·d·H)%s, FMA peak %.1f GFLOP/s "
                   "-> %.1f%% of peak\n",
                   (long long)a.n, (long long)a.heads, (long long)hkv, (long long)a.head_dim,
-                  (long long)a.batch, a.causal ? "yes" : "no", a.kv_dtype.c_str(), threads, ms, gflops,
-                  a.causal ? (", " + std::to_string(int(gflops_unmasked)) +
+                  (long long)a.batch, causal ? "yes" : "no", a.kv_dtype.c_str(), threads, ms, gflops,
+                  causal ? (", " + std::to_string(int(gflops_unmasked)) +
                               " GFLOP/s on unmasked pairs").c_str()
                            : "",
                   peak, 100 * ratio);

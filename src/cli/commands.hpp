@@ -5,6 +5,7 @@
 #include <optional>
 #include <string>
 
+#include "attn/attention.hpp"
 #include "cli/positions.hpp"
 
 namespace attn::cli {
@@ -16,7 +17,7 @@ int run_demo(const DemoArgs& args);
 
 struct MhaArgs {
   std::string weights, input, out;
-  bool causal = false;
+  AttentionOptions attention;  // --causal, --window, --softcap, --scale
 };
 int run_mha(const MhaArgs& args);
 
@@ -31,7 +32,7 @@ struct AttendArgs {
   std::string input, out, weights, tokens;
   int64_t heads = 4;
   PositionalEncoding pe = PositionalEncoding::None;
-  bool causal = false;
+  AttentionOptions attention;  // --causal, --window, --softcap, --scale
 };
 int run_attend(const AttendArgs& args);
 
@@ -39,7 +40,8 @@ struct BenchArgs {
   std::string kind;  // "attention" or "decode"
   int64_t n = 4096, heads = 8, kv_heads = 0, head_dim = 64, batch = 1;
   int64_t kv_len = 32768, queries = 1;
-  bool causal = false, json = false;
+  AttentionOptions attention;  // --causal
+  bool json = false;
   int threads = 0;  // 0: the library's default
   std::string kv_dtype = "f32";
 };

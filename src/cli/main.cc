@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <exception>
+#include <limits>
 #include <type_traits>
 #include <utility>
 #include <string>
@@ -54,18 +55,50 @@ CLI::Validator integer_in(Int lo, Int hi) {
       range);
 }
 
-// A usage error unless the text is a finite number > 0 (not NaN, not inf).
-CLI::Validator positive_finite() {
+// A usage error unless the text is a number that `ok` accepts; `what` names
+// them ("a finite number > 0").
+CLI::Validator number_where(bool (*ok)(double), const std::string& what) {
   return CLI::Validator(
-      [](std::string& text) -> std::string {
+      [ok, what](std::string& text) -> std::string {
         double value = 0;
         const char* end = text.data() + text.size();
         const auto [stop, error] = std::from_chars(text.data(), end, value);
-        if (error != std::errc() || stop != end || !std::isfinite(value) || value <= 0)
-          return text + " is not a finite number > 0";
+        if (error != std::errc() || stop != end || !ok(value)) return text + " is not " + what;
         return "";
       },
-      "> 0");
+      what);
+}
+CLI::Validator positive_finite() {
+  return number_where([](double v) { return std::isfinite(v) && v > 0; }, "a finite number > 0");
+}
+CLI::Validator finite_number() {
+  return number_where([](double v) { return std::isfinite(v); }, "a finite number");
+}
+
+// --causal on a subcommand, into options.causal (bottom-right: what a KV
+// cache needs; with n_q == n_k the lower triangle).
+void add_causal(CLI::App* sub, attn::AttentionOptions& options, const std::string& help) {
+  sub->add_flag_callback("--causal", [&options] { options.causal = attn::Causal::BottomRight; }, help);
+}
+
+// Every option of attention() on a subcommand, parsed into one
+// AttentionOptions: --causal, --window LEFT,RIGHT, --softcap C, --scale S.
+void add_attention_options(CLI::App* sub, attn::AttentionOptions& options,
+                           const std::string& causal_help) {
+  add_causal(sub, options, causal_help);
+  sub->add_option_function<std::vector<int64_t>>(
+         "--window", [&options](const std::vector<int64_t>& w) { options.window = {w[0], w[1]}; },
+         "sliding window LEFT,RIGHT around each query's position (-1: unbounded)")
+      ->expected(2)
+      ->delimiter(',')
+      ->check(integer_in<int64_t>(-1, std::numeric_limits<int64_t>::max()));
+  sub->add_option_function<double>(
+         "--softcap", [&options](double c) { options.softcap = c; },
+         "logits = C * tanh(logits / C) after scaling")
+      ->check(positive_finite());
+  sub->add_option_function<double>(
+         "--scale", [&options](double s) { options.scale = s; }, "logit scale (default 1/sqrt(d))")
+      ->check(finite_number());
 }
 
 // Bounds of the numbers on the command line: far beyond any real use, small
@@ -117,7 +150,8 @@ int main(int argc, char** argv) {
                      "positions: none, sinusoidal (the table added) or rope (per head)")
       ->capture_default_str()
       ->check(CLI::IsMember(attn::cli::kPositionalEncodings));
-  attend->add_flag("--causal", attend_args.causal, "each word attends only to itself and earlier ones");
+  add_attention_options(attend, attend_args.attention,
+                        "each word attends only to itself and earlier ones");
   attend->add_option("--out", attend_args.out, "output .npy, the input's shape and dtype")
       ->required()
       ->check(extension_in({".npy"}));
@@ -139,7 +173,7 @@ int main(int argc, char** argv) {
   mha->add_option("--out", mha_args.out, "output .npy, the input's shape and dtype")
       ->required()
       ->check(extension_in({".npy"}));
-  mha->add_flag("--causal", mha_args.causal, "causal self-attention");
+  add_attention_options(mha, mha_args.attention, "causal self-attention");
 
   auto* experiment = app.add_subcommand(
       "experiment", "the article's claims as experiments (see docs/experiments.md)");
@@ -191,7 +225,7 @@ int main(int argc, char** argv) {
   auto* bench_attention = bench->add_subcommand("attention", "prefill: n queries × n keys");
   bench_attention->add_option("--n", bench_args.n, "sequence length")
       ->check(integer_in<int64_t>(1, kMaxPositions));
-  bench_attention->add_flag("--causal", bench_args.causal, "causal masking");
+  add_causal(bench_attention, bench_args.attention, "causal masking");
   common(bench_attention);
   auto* bench_decode = bench->add_subcommand("decode", "a few queries against a long KV cache");
   bench_decode->add_option("--kv-len", bench_args.kv_len, "cached keys")

@@ -11,7 +11,7 @@ template <class T>
 void run(const MhaArgs& args, const Tensor<T>& x) {
   const auto layer = MultiHeadAttention<T>::load(args.weights);
   MhaForwardOptions<T> opt;
-  if (args.causal) opt.attention.causal = Causal::BottomRight;
+  opt.attention = args.attention;
   const auto y = layer.forward(x.view(), {}, {}, opt);
   write_npy(args.out, y.out.view());
 }

@@ -161,6 +161,27 @@ def test_attend_with_positions_and_causal(tmp_path, shape):
     np.testing.assert_allclose(attend("--causal")[..., 0, :], x[..., 0, :], rtol=1e-12)
 
 
+def test_attend_and_mha_take_every_attention_option(tmp_path):
+    """--causal, --window, --softcap and --scale mean what attn.attention's keywords do:
+    attend against attn.attention on each head's slice, mha against the layer."""
+    rng = np.random.default_rng(12)
+    x = rng.normal(size=(7, 8))
+    np.save(tmp_path / "in.npy", x)
+    flags = ["--causal", "--window", "2,0", "--softcap", "1.5", "--scale", "0.8"]
+    ok("attend", tmp_path / "in.npy", "--heads", 2, "--out", tmp_path / "out.npy", *flags)
+    heads = x.reshape(7, 2, 4).transpose(1, 0, 2)
+    ref = attn.attention(heads, heads, heads, causal=True, window=(2, 0), softcap=1.5, scale=0.8)
+    np.testing.assert_allclose(np.load(tmp_path / "out.npy"), ref.transpose(1, 0, 2).reshape(7, 8),
+                               rtol=1e-12)
+    m = attn.MultiHeadAttention(8, 2, seed=4)
+    m.save(tmp_path / "layer.safetensors")
+    ok("mha", tmp_path / "in.npy", "--weights", tmp_path / "layer.safetensors",
+       "--out", tmp_path / "mo.npy", *flags)
+    np.testing.assert_allclose(np.load(tmp_path / "mo.npy"),
+                               m(x, causal=True, window=(2, 0), softcap=1.5, scale=0.8)[0],
+                               rtol=1e-12)
+
+
 def test_attend_weights_svg_has_a_cell_per_weight_and_the_labels(tmp_path):
     x = np.random.default_rng(3).normal(size=(3, 8)).astype(np.float32)
     np.save(tmp_path / "in.npy", x)
@@ -395,6 +416,12 @@ def bad_cases(tmp):
         (["bench", "attention", "--batch", 5000], 2, "--batch: 5000 is not in 1..4096"),
         (["bench", "attention", "--threads", 0], 2, "--threads: 0 is not in 1.."),
         (["bench", "attention", "--threads", 2000], 2, "--threads: 2000 is not in 1.."),
+        (["attend", x, "--out", out, "--window", 1], 2, "--window"),
+        (["attend", x, "--out", out, "--window", "-2,0"], 2, "--window: -2 is not in -1.."),
+        (["mha", x, "--weights", tmp / "w.safetensors", "--out", out, "--softcap", 0], 2,
+         "--softcap: 0 is not a finite number > 0"),
+        (["mha", x, "--weights", tmp / "w.safetensors", "--out", out, "--scale", "inf"], 2,
+         "--scale: inf is not a finite number"),
         (["mha", x, "--weights", tmp / "w.safetensors", "--out", tmp / "mo.png"], 2,
          "--out: '" + str(tmp / "mo.png") + "' must end in .npy"),
     ]
