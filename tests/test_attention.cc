@@ -6,6 +6,7 @@
 #include <limits>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "helpers.hpp"
@@ -391,6 +392,47 @@ TEST(Attention, HugeWindowsDoNotOverflow) {
   EXPECT_LT(rel_error(a, b), 1e-5);
   // The reference too (found by fuzz_attention: pos + right overflowed).
   EXPECT_LT(rel_error(attention(q.view(), k.view(), v.view(), o), b), 1e-15);
+}
+
+// A plan validates once and runs many times: its shapes are attention()'s,
+// each run (from several threads too) bitwise what attention() gives, with
+// strided inputs copied once; errors come from the constructor, naming the
+// argument, and from run() only for an out or weights of the wrong shape.
+TEST(AttentionPlan, ValidatesOnceAndRunsLikeAttention) {
+  std::mt19937 rng(21);
+  const auto q = cast<float>(random_tensor({2, 4, 70, 16}, rng));
+  const auto k = cast<float>(random_tensor({2, 2, 90, 16}, rng));
+  const auto vt = cast<float>(random_tensor({2, 2, 12, 90}, rng));
+  const TensorView<const float> v = vt.view().transpose(-1, -2);  // strided: copied once
+  AttentionOptions o;
+  o.causal = Causal::BottomRight;
+  o.softcap = 3;
+  const AttentionPlan<float> plan(q.view(), k.view(), v, o);
+  EXPECT_EQ(plan.output_shape(), (Shape{2, 4, 70, 12}));
+  EXPECT_EQ(plan.weights_shape(), (Shape{2, 4, 70, 90}));
+  const auto expected = attention_with_weights(q.view(), k.view(), v, o);
+  std::vector<Tensor<float>> outs(4, Tensor<float>(plan.output_shape()));
+  std::vector<Tensor<float>> weights(4, Tensor<float>(plan.weights_shape()));
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t)
+    threads.emplace_back([&, t] { plan.run(outs[t].view(), weights[t].view()); });
+  for (auto& th : threads) th.join();
+  for (int t = 0; t < 4; ++t) {
+    EXPECT_EQ(max_abs_diff(outs[t], expected.out), 0.0) << "thread " << t;
+    EXPECT_EQ(max_abs_diff(weights[t], expected.weights), 0.0) << "thread " << t;
+  }
+  EXPECT_LT(rel_error(outs[0], attention(cast<double>(q).view(), cast<double>(k).view(),
+                                         cast<double>(contiguous(v)).view(), o)),
+            1e-5);
+  Tensor<float> wrong({2, 4, 70, 11});
+  EXPECT_THROW_MSG(plan.run(wrong.view()), ValueError,
+                   "attention: out has shape (2, 4, 70, 11), expected (2, 4, 70, 12)");
+  EXPECT_THROW_MSG(plan.run(outs[0].view(), wrong.view()), ValueError,
+                   "attention: weights has shape (2, 4, 70, 11), expected (2, 4, 70, 90)");
+  EXPECT_THROW_MSG(AttentionPlan<float>(q.view(), k.view(), k.view(), {}, Mask(TensorView<const bool>(nullptr, {3}))),
+                   ValueError, "attention: mask");
+  o.softcap = -1;
+  EXPECT_THROW_MSG(AttentionPlan<float>(q.view(), k.view(), v, o), ValueError, "softcap must be");
 }
 
 }  // namespace
