@@ -5,6 +5,7 @@
 #include <limits>
 #include <random>
 #include <set>
+#include <tuple>
 #include <utility>
 
 #include "attn/attention.hpp"
@@ -82,6 +83,39 @@ Strides strides_of(const Mask& mask) {
     if constexpr (std::is_same_v<std::decay_t<decltype(m)>, std::monostate>) return {};
     else return m.strides();
   }, mask);
+}
+
+// The layer's attn_mask and key_padding_mask as views that broadcast to the
+// logits (B, H, n_q, n_k), read in place; ValueError for any other shape.
+std::pair<Mask, Mask> mask_views(const Mask& attn_mask, const Mask& key_padding_mask,
+                                 bool is_batched, int64_t B, int64_t H, int64_t n_q, int64_t n_k) {
+  std::pair<Mask, Mask> views;
+  if (has_mask(attn_mask)) {
+    const Shape s = shape_of(attn_mask);
+    const Strides st = strides_of(attn_mask);
+    if (s.size() == 3 && s[0] == B * H && s[1] == n_q && s[2] == n_k)
+      views.first = restrided(attn_mask, {B, H, n_q, n_k}, {H * st[0], st[0], st[1], st[2]});
+    else if (s.size() == 2 && s[0] == n_q && s[1] == n_k)
+      views.first = attn_mask;
+    else
+      fail("attn_mask must be (n_q, n_k) = (" + std::to_string(n_q) + ", " +
+           std::to_string(n_k) + ") or (batch * num_heads, n_q, n_k) = (" +
+           std::to_string(B * H) + ", " + std::to_string(n_q) + ", " + std::to_string(n_k) +
+           "), got " + shape_str(s));
+  }
+  if (has_mask(key_padding_mask)) {
+    const Shape s = shape_of(key_padding_mask);
+    const Strides st = strides_of(key_padding_mask);
+    if (is_batched && s.size() == 2 && s[0] == B && s[1] == n_k)
+      views.second = restrided(key_padding_mask, {B, 1, 1, n_k}, {st[0], 0, 0, st[1]});
+    else if (!is_batched && s.size() == 1 && s[0] == n_k)
+      views.second = key_padding_mask;
+    else
+      fail("key_padding_mask must be " +
+           (is_batched ? "(batch, n_k) = (" + std::to_string(B) + ", " : std::string("(")) +
+           std::to_string(n_k) + (is_batched ? ")" : ",)") + ", got " + shape_str(s));
+  }
+  return views;
 }
 
 }  // namespace
@@ -218,11 +252,15 @@ typename MultiHeadAttention<T>::Activations MultiHeadAttention<T>::forward_activ
   a.is_batched = is_batched;
   a.q_in = batched(query), a.k_in = batched(key), a.v_in = batched(value);
   const int64_t B = a.q_in.dim(0), n_q = a.q_in.dim(1), H = c.num_heads, Hkv = c.kv_heads();
+  KVCache<T>* cache = opt.cache;
+  // Checked before anything is computed or appended to the cache.
+  const int64_t n_k = (cache ? cache->length() : 0) + a.k_in.dim(1);
+  std::tie(a.attn_mask, a.key_padding_mask) =
+      mask_views(opt.attn_mask, opt.key_padding_mask, is_batched, B, H, n_q, n_k);
 
   a.q = project(a.q_in, w.wq, w.bq), a.k = project(a.k_in, w.wk, w.bk), a.v = project(a.v_in, w.wv, w.bv);
   auto qh = heads_view(a.q, H), kh = heads_view(a.k, Hkv), vh = heads_view(a.v, Hkv);
 
-  KVCache<T>* cache = opt.cache;
   if (c.rope) {
     a.rope.base = c.rope_base;
     a.rope.interleaved = c.rope_interleaved;
@@ -235,34 +273,6 @@ typename MultiHeadAttention<T>::Activations MultiHeadAttention<T>::forward_activ
     cache->append(kh, vh);
     a.K = cache->keys();
     a.V = cache->values();
-  }
-  const int64_t n_k = a.K.dim(2);
-
-  // Both PyTorch masks as views that broadcast to the logits (B, H, n_q, n_k).
-  if (has_mask(opt.attn_mask)) {
-    const Shape s = shape_of(opt.attn_mask);
-    const Strides st = strides_of(opt.attn_mask);
-    if (s.size() == 3 && s[0] == B * H && s[1] == n_q && s[2] == n_k)
-      a.attn_mask = restrided(opt.attn_mask, {B, H, n_q, n_k}, {H * st[0], st[0], st[1], st[2]});
-    else if (s.size() == 2 && s[0] == n_q && s[1] == n_k)
-      a.attn_mask = opt.attn_mask;
-    else
-      fail("attn_mask must be (n_q, n_k) = (" + std::to_string(n_q) + ", " +
-           std::to_string(n_k) + ") or (batch * num_heads, n_q, n_k) = (" +
-           std::to_string(B * H) + ", " + std::to_string(n_q) + ", " + std::to_string(n_k) +
-           "), got " + shape_str(s));
-  }
-  if (has_mask(opt.key_padding_mask)) {
-    const Shape s = shape_of(opt.key_padding_mask);
-    const Strides st = strides_of(opt.key_padding_mask);
-    if (is_batched && s.size() == 2 && s[0] == B && s[1] == n_k)
-      a.key_padding_mask = restrided(opt.key_padding_mask, {B, 1, 1, n_k}, {st[0], 0, 0, st[1]});
-    else if (!is_batched && s.size() == 1 && s[0] == n_k)
-      a.key_padding_mask = opt.key_padding_mask;
-    else
-      fail("key_padding_mask must be " +
-           (is_batched ? "(batch, n_k) = (" + std::to_string(B) + ", " : std::string("(")) +
-           std::to_string(n_k) + (is_batched ? ")" : ",)") + ", got " + shape_str(s));
   }
 
   a.ctx = Tensor<T>({B, n_q, H * c.head_dim()});

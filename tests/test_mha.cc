@@ -242,5 +242,22 @@ TEST(MultiHeadAttention, InvalidConfigurationsAndInputs) {
                    "key_padding_mask must be (batch, n_k) = (2, 5), got (5,)");
 }
 
+// A call that fails leaves the KV cache as it was: the masks are checked
+// against the cache's length plus this call's keys before anything is appended.
+TEST(MultiHeadAttention, AFailedCallLeavesTheCacheAlone) {
+  const MultiHeadAttention<float> layer(config(8, 2));
+  KVCache<float> cache = layer.new_cache();
+  const Tensor<float> x({2, 5, 8});
+  MhaForwardOptions<float> opt;
+  opt.cache = &cache;
+  layer.forward(x.view(), {}, {}, opt);
+  ASSERT_EQ(cache.length(), 5);
+  const Tensor<bool> kpm({2, 5});  // but 10 keys: 5 cached + 5 new
+  opt.key_padding_mask = TensorView<const bool>(kpm.view());
+  EXPECT_THROW_MSG(layer.forward(x.view(), {}, {}, opt), ValueError,
+                   "key_padding_mask must be (batch, n_k) = (2, 10), got (2, 5)");
+  EXPECT_EQ(cache.length(), 5);
+}
+
 }  // namespace
 }  // namespace attn
