@@ -8,6 +8,8 @@
 #include <cstdint>
 #include <cstdio>
 #include <exception>
+#include <functional>
+#include <memory>
 #include <limits>
 #include <type_traits>
 #include <utility>
@@ -109,130 +111,160 @@ constexpr int64_t kMaxDim = 1'000'000;           // --d of pe, --heads of attend
 constexpr int64_t kMaxBenchAxis = 4096;          // bench --heads, --kv-heads, --head-dim, --batch
 constexpr int64_t kMaxSteps = 10'000'000;        // experiment --steps (about a day of training)
 
+// The subcommand the command line chose, ready to run once parsing is done.
+using Command = std::function<int()>;
+
+// Each add_* registers one subcommand: its flags parse into an Args struct it
+// owns, and when the subcommand is given, `chosen` becomes its run_* call.
+template <class Args>
+std::shared_ptr<Args> on_chosen(CLI::App* sub, Command& chosen, int (*run)(const Args&)) {
+  auto args = std::make_shared<Args>();
+  sub->callback([&chosen, args, run] { chosen = [args, run] { return run(*args); }; });
+  return args;
+}
+
+void add_demo(CLI::App& app, Command& chosen) {
+  auto* demo = app.add_subcommand("demo", "walk through the article, step by step");
+  auto args = on_chosen(demo, chosen, attn::cli::run_demo);
+  demo->add_option("--out", args->out,
+                   "also write the walkthrough's pictures (.png and .svg) into this folder");
+}
+
+void add_pe(CLI::App& app, Command& chosen) {
+  auto* pe = app.add_subcommand("pe", "write the sinusoidal positional-encoding table");
+  auto args = on_chosen(pe, chosen, attn::cli::run_pe);
+  pe->add_option("--n", args->n, "number of positions (rows)")
+      ->required()
+      ->check(integer_in<int64_t>(0, kMaxPositions));
+  pe->add_option("--d", args->d, "model dimension (columns)")
+      ->required()
+      ->check(integer_in<int64_t>(1, kMaxDim));
+  pe->add_option("--base", args->base, "base of the wavelengths")
+      ->capture_default_str()
+      ->check(positive_finite());
+  pe->add_option("--out", args->out,
+                 "output file: .npy (float32), .csv, .png or .svg (a heat map)")
+      ->required()
+      ->check(extension_in({".npy", ".csv", ".png", ".svg"}));
+}
+
+void add_attend(CLI::App& app, Command& chosen) {
+  auto* attend = app.add_subcommand(
+      "attend", "run the article's multi_head on a .npy array; draw the weights per head");
+  auto args = on_chosen(attend, chosen, attn::cli::run_attend);
+  attend->add_option("input", args->input, "input .npy, (n, d) or (batch, n, d)")->required();
+  attend->add_option("--heads", args->heads, "number of heads; must divide d")
+      ->capture_default_str()
+      ->check(integer_in<int64_t>(1, kMaxDim));
+  attend->add_option_function<std::string>(
+         "--pe", [args](const std::string& pe) { args->pe = attn::cli::kPositionalEncodings.at(pe); },
+         "positions: none, sinusoidal (the table added) or rope (per head)")
+      ->default_str("none")
+      ->check(CLI::IsMember(attn::cli::kPositionalEncodings));
+  add_attention_options(attend, args->attention,
+                        "each word attends only to itself and earlier ones");
+  attend->add_option("--out", args->out, "output .npy, the input's shape and dtype")
+      ->required()
+      ->check(extension_in({".npy"}));
+  attend->add_option("--weights", args->weights,
+                     "draw the attention weights, one heat map per head (.png or .svg)")
+      ->check(extension_in({".png", ".svg"}));
+  attend->add_option("--tokens", args->tokens,
+                     "labels for the n rows, separated by spaces, e.g. \"猫 咬 狗\"");
+}
+
+void add_mha(CLI::App& app, Command& chosen) {
+  auto* mha = app.add_subcommand(
+      "mha", "run a MultiHeadAttention layer (safetensors weights) on a .npy array");
+  auto args = on_chosen(mha, chosen, attn::cli::run_mha);
+  mha->add_option("input", args->input, "input .npy, (n, embed_dim) or (batch, n, embed_dim)")
+      ->required();
+  mha->add_option("--weights", args->weights,
+                  "layer weights (.safetensors from MultiHeadAttention.save or "
+                  "tools/export_torch_mha.py)")
+      ->required();
+  mha->add_option("--out", args->out, "output .npy, the input's shape and dtype")
+      ->required()
+      ->check(extension_in({".npy"}));
+  add_attention_options(mha, args->attention, "causal self-attention");
+}
+
+void add_experiment(CLI::App& app, Command& chosen) {
+  auto* experiment = app.add_subcommand(
+      "experiment", "the article's claims as experiments (see docs/experiments.md)");
+  experiment->require_subcommand(1);
+  auto* order = experiment->add_subcommand(
+      "order", "attention alone cannot tell 猫咬狗 from 狗咬猫; positional encoding can");
+  auto order_args = on_chosen(order, chosen, attn::cli::run_order_experiment);
+  order->add_option("--steps", order_args->steps, "training steps per variant (default 600)")
+      ->check(integer_in<int64_t>(0, kMaxSteps));
+  order->add_option("--seed", order_args->seed, "seed of data split, weights and batches")
+      ->capture_default_str()
+      ->check(integer_in<uint64_t>(0, UINT64_MAX));
+  order->add_option("--out", order_args->out,
+                    "write each variant's head weights on 猫 咬 狗 / 狗 咬 猫 (.npy) into this "
+                    "folder (none are written without it)");
+  order->add_flag("--json", order_args->json, "print the results as JSON");
+  auto* heads = experiment->add_subcommand(
+      "heads", "1, 2, 4, 8 heads on a task that needs two relations at once");
+  auto heads_args = on_chosen(heads, chosen, attn::cli::run_heads_experiment);
+  heads->add_option("--steps", heads_args->steps, "training steps per head count (default 1500)")
+      ->check(integer_in<int64_t>(0, kMaxSteps));
+  heads->add_option("--seed", heads_args->seed, "seed of weights, batches and test set")
+      ->capture_default_str()
+      ->check(integer_in<uint64_t>(0, UINT64_MAX));
+  heads->add_option("--positional", heads_args->positional,
+                    "positional encoding: none, sinusoidal, learned or rope")
+      ->check(CLI::IsMember({"none", "sinusoidal", "learned", "rope"}))
+      ->capture_default_str();
+  heads->add_flag("--json", heads_args->json, "print the results as JSON");
+}
+
+// The flags both bench subcommands take.
+void add_bench_flags(CLI::App* sub, attn::cli::BenchArgs& args) {
+  sub->add_option("--heads", args.heads, "query heads")
+      ->check(integer_in<int64_t>(1, kMaxBenchAxis));
+  sub->add_option("--kv-heads", args.kv_heads, "key/value heads (default: --heads)")
+      ->check(integer_in<int64_t>(1, kMaxBenchAxis));
+  sub->add_option("--head-dim", args.head_dim, "head dimension")
+      ->check(integer_in<int64_t>(1, kMaxBenchAxis));
+  sub->add_option("--batch", args.batch, "batch size")
+      ->check(integer_in<int64_t>(1, kMaxBenchAxis));
+  sub->add_option("--threads", args.threads, "threads (default: all cores)")
+      ->check(integer_in<int>(1, attn::max_num_threads()));
+  sub->add_option("--kv-dtype", args.kv_dtype, "key/value storage")
+      ->check(CLI::IsMember({"f32", "bf16", "f16"}));
+  sub->add_flag("--json", args.json, "print one JSON object");
+}
+
+void add_bench(CLI::App& app, Command& chosen) {
+  auto* bench = app.add_subcommand("bench", "time the kernels against this machine's ceilings");
+  bench->require_subcommand(1);
+  auto* attention = bench->add_subcommand("attention", "prefill: n queries × n keys");
+  auto a = on_chosen(attention, chosen, attn::cli::run_bench);
+  a->kind = "attention";
+  attention->add_option("--n", a->n, "sequence length")
+      ->check(integer_in<int64_t>(1, kMaxPositions));
+  add_causal(attention, a->attention, "causal masking");
+  add_bench_flags(attention, *a);
+  auto* decode = bench->add_subcommand("decode", "a few queries against a long KV cache");
+  auto d = on_chosen(decode, chosen, attn::cli::run_bench);
+  d->kind = "decode";
+  decode->add_option("--kv-len", d->kv_len, "cached keys")
+      ->check(integer_in<int64_t>(1, kMaxPositions));
+  decode->add_option("--queries", d->queries, "queries per head (1-8)")
+      ->check(integer_in<int64_t>(1, 8));
+  add_bench_flags(decode, *d);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{"attn: multi-head attention and positional encodings"};
   app.require_subcommand(1);
   app.set_version_flag("--version", "attn " ATTN_VERSION);
-
-  attn::cli::DemoArgs demo_args;
-  auto* demo = app.add_subcommand("demo", "walk through the article, step by step");
-  demo->add_option("--out", demo_args.out,
-                   "also write the walkthrough's pictures (.png and .svg) into this folder");
-
-  attn::cli::PeArgs pe_args;
-  auto* pe = app.add_subcommand("pe", "write the sinusoidal positional-encoding table");
-  pe->add_option("--n", pe_args.n, "number of positions (rows)")
-      ->required()
-      ->check(integer_in<int64_t>(0, kMaxPositions));
-  pe->add_option("--d", pe_args.d, "model dimension (columns)")
-      ->required()
-      ->check(integer_in<int64_t>(1, kMaxDim));
-  pe->add_option("--base", pe_args.base, "base of the wavelengths")
-      ->capture_default_str()
-      ->check(positive_finite());
-  pe->add_option("--out", pe_args.out,
-                 "output file: .npy (float32), .csv, .png or .svg (a heat map)")
-      ->required()
-      ->check(extension_in({".npy", ".csv", ".png", ".svg"}));
-
-  attn::cli::AttendArgs attend_args;
-  auto* attend = app.add_subcommand(
-      "attend", "run the article's multi_head on a .npy array; draw the weights per head");
-  attend->add_option("input", attend_args.input, "input .npy, (n, d) or (batch, n, d)")
-      ->required();
-  attend->add_option("--heads", attend_args.heads, "number of heads; must divide d")
-      ->capture_default_str()
-      ->check(integer_in<int64_t>(1, kMaxDim));
-  std::string attend_pe = "none";
-  attend->add_option("--pe", attend_pe,
-                     "positions: none, sinusoidal (the table added) or rope (per head)")
-      ->capture_default_str()
-      ->check(CLI::IsMember(attn::cli::kPositionalEncodings));
-  add_attention_options(attend, attend_args.attention,
-                        "each word attends only to itself and earlier ones");
-  attend->add_option("--out", attend_args.out, "output .npy, the input's shape and dtype")
-      ->required()
-      ->check(extension_in({".npy"}));
-  attend->add_option("--weights", attend_args.weights,
-                     "draw the attention weights, one heat map per head (.png or .svg)")
-      ->check(extension_in({".png", ".svg"}));
-  attend->add_option("--tokens", attend_args.tokens,
-                     "labels for the n rows, separated by spaces, e.g. \"猫 咬 狗\"");
-
-  attn::cli::MhaArgs mha_args;
-  auto* mha = app.add_subcommand(
-      "mha", "run a MultiHeadAttention layer (safetensors weights) on a .npy array");
-  mha->add_option("input", mha_args.input, "input .npy, (n, embed_dim) or (batch, n, embed_dim)")
-      ->required();
-  mha->add_option("--weights", mha_args.weights,
-                  "layer weights (.safetensors from MultiHeadAttention.save or "
-                  "tools/export_torch_mha.py)")
-      ->required();
-  mha->add_option("--out", mha_args.out, "output .npy, the input's shape and dtype")
-      ->required()
-      ->check(extension_in({".npy"}));
-  add_attention_options(mha, mha_args.attention, "causal self-attention");
-
-  auto* experiment = app.add_subcommand(
-      "experiment", "the article's claims as experiments (see docs/experiments.md)");
-  experiment->require_subcommand(1);
-  attn::cli::OrderArgs order_args;
-  auto* order = experiment->add_subcommand(
-      "order", "attention alone cannot tell 猫咬狗 from 狗咬猫; positional encoding can");
-  order->add_option("--steps", order_args.steps, "training steps per variant (default 600)")
-      ->check(integer_in<int64_t>(0, kMaxSteps));
-  order->add_option("--seed", order_args.seed, "seed of data split, weights and batches")
-      ->capture_default_str()
-      ->check(integer_in<uint64_t>(0, UINT64_MAX));
-  order->add_option("--out", order_args.out,
-                    "write each variant's head weights on 猫 咬 狗 / 狗 咬 猫 (.npy) into this "
-                    "folder (none are written without it)");
-  order->add_flag("--json", order_args.json, "print the results as JSON");
-  attn::cli::HeadsArgs heads_args;
-  auto* heads = experiment->add_subcommand(
-      "heads", "1, 2, 4, 8 heads on a task that needs two relations at once");
-  heads->add_option("--steps", heads_args.steps, "training steps per head count (default 1500)")
-      ->check(integer_in<int64_t>(0, kMaxSteps));
-  heads->add_option("--seed", heads_args.seed, "seed of weights, batches and test set")
-      ->capture_default_str()
-      ->check(integer_in<uint64_t>(0, UINT64_MAX));
-  heads->add_option("--positional", heads_args.positional,
-                    "positional encoding: none, sinusoidal, learned or rope")
-      ->check(CLI::IsMember({"none", "sinusoidal", "learned", "rope"}))
-      ->capture_default_str();
-  heads->add_flag("--json", heads_args.json, "print the results as JSON");
-
-  attn::cli::BenchArgs bench_args;
-  auto* bench = app.add_subcommand("bench", "time the kernels against this machine's ceilings");
-  bench->require_subcommand(1);
-  const auto common = [&](CLI::App* sub) {
-    sub->add_option("--heads", bench_args.heads, "query heads")
-        ->check(integer_in<int64_t>(1, kMaxBenchAxis));
-    sub->add_option("--kv-heads", bench_args.kv_heads, "key/value heads (default: --heads)")
-        ->check(integer_in<int64_t>(1, kMaxBenchAxis));
-    sub->add_option("--head-dim", bench_args.head_dim, "head dimension")
-        ->check(integer_in<int64_t>(1, kMaxBenchAxis));
-    sub->add_option("--batch", bench_args.batch, "batch size")
-        ->check(integer_in<int64_t>(1, kMaxBenchAxis));
-    sub->add_option("--threads", bench_args.threads, "threads (default: all cores)")
-        ->check(integer_in<int>(1, attn::max_num_threads()));
-    sub->add_option("--kv-dtype", bench_args.kv_dtype, "key/value storage")
-        ->check(CLI::IsMember({"f32", "bf16", "f16"}));
-    sub->add_flag("--json", bench_args.json, "print one JSON object");
-  };
-  auto* bench_attention = bench->add_subcommand("attention", "prefill: n queries × n keys");
-  bench_attention->add_option("--n", bench_args.n, "sequence length")
-      ->check(integer_in<int64_t>(1, kMaxPositions));
-  add_causal(bench_attention, bench_args.attention, "causal masking");
-  common(bench_attention);
-  auto* bench_decode = bench->add_subcommand("decode", "a few queries against a long KV cache");
-  bench_decode->add_option("--kv-len", bench_args.kv_len, "cached keys")
-      ->check(integer_in<int64_t>(1, kMaxPositions));
-  bench_decode->add_option("--queries", bench_args.queries, "queries per head (1-8)")
-      ->check(integer_in<int64_t>(1, 8));
-  common(bench_decode);
+  Command chosen;
+  for (auto* add : {add_demo, add_pe, add_attend, add_mha, add_experiment, add_bench}) add(app, chosen);
 
   // CLI11 alone would only say that a subcommand is required: name the word.
   if (argc > 1 && argv[1][0] != '-') {
@@ -257,22 +289,9 @@ int main(int argc, char** argv) {
     return 2;
   }
   try {
-    if (*demo) return attn::cli::run_demo(demo_args);
-    if (*pe) return attn::cli::run_pe(pe_args);
-    if (*attend) {
-      attend_args.pe = attn::cli::kPositionalEncodings.at(attend_pe);
-      return attn::cli::run_attend(attend_args);
-    }
-    if (*mha) return attn::cli::run_mha(mha_args);
-    if (*bench) {
-      bench_args.kind = *bench_attention ? "attention" : "decode";
-      return attn::cli::run_bench(bench_args);
-    }
-    if (*order) return attn::cli::run_order_experiment(order_args);
-    if (*heads) return attn::cli::run_heads_experiment(heads_args);
+    return chosen ? chosen() : 2;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "attn: error: %s\n", e.what());
     return 1;
   }
-  return 2;
 }
