@@ -2,7 +2,6 @@
 // gradient, written as plainly as possible. It is the oracle every fast path
 // is tested against and the float64 path of the library; keep it small and
 // obviously right. The backward mirrors the forward line by line (llm.c).
-#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <type_traits>
@@ -10,6 +9,7 @@
 
 #include "attention_problem.hpp"
 #include "attn/half.hpp"
+#include "softmax_rules.hpp"
 
 namespace attn::detail {
 namespace {
@@ -47,11 +47,8 @@ double element(const AttentionProblem<T>& p, const Operand<const T>& x,
 template <class T>
 void row_weights(const AttentionProblem<T>& p, int64_t b, int64_t h, int64_t i,
                  std::vector<double>& s, std::vector<double>& w, std::vector<char>& part) {
-  const double inf = std::numeric_limits<double>::infinity();
   const T* q = p.q.row(b, h, i);
   const int64_t hkv = h / p.group();
-  double max = -inf;
-  bool nan = false;
   for (int64_t j = 0; j < p.n_k; ++j) {
     double dot = 0;
     for (int64_t c = 0; c < p.d; ++c)
@@ -59,24 +56,9 @@ void row_weights(const AttentionProblem<T>& p, int64_t b, int64_t h, int64_t i,
     s[j] = dot * p.scale;
     const double logit = p.softcap > 0 ? p.softcap * std::tanh(s[j] / p.softcap) : s[j];
     part[j] = in_range(p, i, j) && p.mask.allows(b, h, i, j);
-    w[j] = part[j] ? logit + p.mask.added(b, h, i, j) : -inf;
-    nan = nan || std::isnan(w[j]);
-    max = std::fmax(max, w[j]);
+    w[j] = part[j] ? logit + p.mask.added(b, h, i, j) : -std::numeric_limits<double>::infinity();
   }
-  // A NaN logit (a NaN input, 0 · inf, inf - inf) makes the whole row NaN.
-  if (nan) {
-    std::fill(w.begin(), w.end(), std::numeric_limits<double>::quiet_NaN());
-    return;
-  }
-  // softmax in place
-  double sum = 0;
-  for (int64_t j = 0; j < p.n_k; ++j) {
-    if (max == -inf) w[j] = 0;
-    else if (max == inf) w[j] = w[j] == inf ? 1 : 0;
-    else w[j] = std::exp(w[j] - max);
-    sum += w[j];
-  }
-  for (int64_t j = 0; j < p.n_k; ++j) w[j] = sum > 0 ? w[j] / sum : 0;
+  softmax_by_definition(w.data(), p.n_k);
 }
 
 // out[c] = Σ w[j] v[j][c] over the keys that take part (a weight of 0 times

@@ -1,36 +1,21 @@
 #include "attn/softmax.hpp"
 
-#include <algorithm>
-#include <cmath>
-#include <limits>
 #include <type_traits>
 #include <vector>
 
 #include "kernels/attention_kernel.hpp"
+#include "softmax_rules.hpp"
 
 namespace attn {
 namespace {
 
-// One row, x[j · sa] -> y[j · so], by the definition and its limits; e is
-// scratch of n entries.
+// One row, x[j · sa] -> y[j · so], by the definition (softmax_rules.hpp); e
+// is scratch of n entries.
 template <class T>
 void softmax_row_plain(const T* x, int64_t sa, T* y, int64_t so, int64_t n, T* e) {
-  const T inf = std::numeric_limits<T>::infinity();
-  T max = -inf;
-  bool nan = false;  // fmax skips NaN; a NaN entry makes the whole row NaN
-  for (int64_t j = 0; j < n; ++j) {
-    max = std::fmax(max, x[j * sa]);
-    nan = nan || std::isnan(x[j * sa]);
-  }
-  if (nan) max = std::numeric_limits<T>::quiet_NaN();
-  T sum = 0;
-  for (int64_t j = 0; j < n; ++j) {
-    if (max == -inf) e[j] = 0;  // every entry masked: zeros, not NaN
-    else if (max == inf) e[j] = x[j * sa] == inf ? 1 : 0;
-    else e[j] = std::exp(x[j * sa] - max);
-    sum += e[j];
-  }
-  for (int64_t j = 0; j < n; ++j) y[j * so] = sum > 0 || nan ? e[j] / sum : 0;
+  for (int64_t j = 0; j < n; ++j) e[j] = x[j * sa];
+  detail::softmax_by_definition(e, n);
+  for (int64_t j = 0; j < n; ++j) y[j * so] = e[j];
 }
 
 }  // namespace

@@ -5,14 +5,20 @@
 
 #include <hwy/targets.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <limits>
+#include <optional>
+#include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "attn/threads.hpp"
 #include "helpers.hpp"
 #include "kernels/attention_kernel.hpp"
+#include "softmax_rules.hpp"
 
 namespace attn {
 namespace {
@@ -168,6 +174,73 @@ TEST(Kernels, SoftmaxOnEveryTarget) {
       Tensor<float> got = cast<float>(a);
       softmax(got.view(), got.view());  // in place, as the header allows
       EXPECT_LT(rel_error(got, want), 1e-6) << "n = " << n;
+    }
+  });
+}
+
+// The kernels' copy of the softmax rules (SoftmaxStep, the decode merge, the
+// weights sweep) against their one definition (softmax_rules.hpp), on every
+// target: one query row with q = 1, d = 1 and scale 1, so key j's logit is
+// k[j] exactly; V is the identity, so output column j is weight j. Through
+// the prefill tiles (weights asked for: 10 tiles of 64 keys) and through
+// decode (2 chunks of 512), with the special values spread over tiles and
+// chunks. Logits stay below FLT_MAX / log2(e): the kernels keep scores in
+// base 2, and a larger float32 logit overflows to +inf there.
+TEST(Kernels, SoftmaxRulesOnEveryTarget) {
+  const float inf = std::numeric_limits<float>::infinity();
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const int64_t n = 600;
+  std::mt19937 rng(500);
+  std::uniform_real_distribution<float> finite(-5, 5);
+  using Special = std::vector<std::pair<int64_t, float>>;
+  // Random finite logits, or every logit `fill`, then the special ones.
+  const auto row = [&](std::optional<float> fill, const Special& special) {
+    std::vector<float> x(n);
+    for (auto& e : x) e = fill ? *fill : finite(rng);
+    for (auto [j, value] : special) x[j] = value;
+    return x;
+  };
+  const std::optional<float> random;
+  const std::vector<std::pair<std::string, std::vector<float>>> rows = {
+      {"finite", row(random, {})},
+      {"a NaN", row(random, {{550, nan}})},
+      {"a NaN among -inf", row(-inf, {{3, nan}})},
+      {"a NaN beside +inf", row(random, {{10, inf}, {590, nan}})},
+      {"one +inf", row(random, {{530, inf}})},
+      {"+inf in two tiles and chunks", row(random, {{5, inf}, {599, inf}})},
+      {"+inf and -inf", row(-inf, {{70, inf}, {71, -inf}})},
+      {"some -inf", row(random, {{0, -inf}, {64, -inf}, {511, -inf}, {512, -inf}})},
+      {"all -inf", row(-inf, {})},
+      {"one finite among -inf", row(-inf, {{513, 2.5f}})},
+      {"huge", row(-1e38f, {{100, 1e38f}, {101, 1e30f}})},
+      {"huge ties", row(random, {{1, 2e38f}, {598, 2e38f}})},
+  };
+  Tensor<float> q({1, 1, 1});
+  q[0] = 1;
+  Tensor<float> v({1, n, n});
+  for (int64_t j = 0; j < n; ++j) v[j * n + j] = 1;
+  AttentionOptions o;
+  o.scale = 1.0;
+  test::on_every_simd_target([&] {
+    for (const auto& [name, logits] : rows) {
+      SCOPED_TRACE(name);
+      std::vector<double> want(logits.begin(), logits.end());
+      detail::softmax_by_definition(want.data(), n);
+      Tensor<float> k({1, n, 1});
+      std::copy(logits.begin(), logits.end(), k.data());
+      Tensor<float> out({1, 1, n}), weights({1, 1, n}), decoded({1, 1, n});
+      attention(q.view(), k.view(), v.view(), out.view(), o, {}, weights.view());  // prefill
+      attention(q.view(), k.view(), v.view(), decoded.view(), o);                 // decode
+      for (const auto* got : {&out, &weights, &decoded})
+        for (int64_t j = 0; j < n; ++j) {
+          if (std::isnan(want[j])) {
+            EXPECT_TRUE(std::isnan((*got)[j])) << "key " << j;
+          } else {
+            // float32 logits in base 2 and the kernels' 2^x: a few ulps of the
+            // weight, relative to the row's largest weight (1 at most).
+            EXPECT_NEAR((*got)[j], want[j], 1e-6) << "key " << j;
+          }
+        }
     }
   });
 }

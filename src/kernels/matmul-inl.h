@@ -14,23 +14,29 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "kernels/config.hpp"
+
 HWY_BEFORE_NAMESPACE();
 namespace attn::detail {
 namespace HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 
 // A panel is kPanel columns of B stored transposed: element (c, j) at
-// panel[c * kPanel + j], so the columns are contiguous lanes.
-constexpr int64_t kPanel = 64;
+// panel[c * kPanel + j], so the columns are contiguous lanes. Its width is
+// the attention key tile (config.hpp).
+constexpr int64_t kPanel = kBlockK;
 constexpr int kRows = 4;
 #if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
 constexpr int kVecs = 4;  // 4 × 4 = 16 accumulators of 32 registers
 #else
 constexpr int kVecs = 2;  // 8 accumulators, room left on 16-register targets
 #endif
+#if !HWY_HAVE_SCALABLE
+static_assert(kPanel % (kVecs * HWY_LANES(float)) == 0, "a panel is whole blocks of kVecs vectors");
+#endif
 
 // c[r][0 .. kVecs·N) = scale · Σ_k a_r[k] · panel[k][0 .. kVecs·N), r < MR.
-// (kVecs·N divides kPanel on every target: 64 = 4 × 16 = 2 × 8 = 2 × 4 · 4.)
+// (kVecs·N divides kPanel: asserted above.)
 template <int MR, class D, typename T = hn::TFromD<D>>
 HWY_INLINE void MatmulBlock(D d, const T* const* a, int64_t K, const T* panel, T scale, T* c,
                             int64_t c_stride) {

@@ -1,8 +1,8 @@
-// Loads and stores of the first m <= lanes floats at p, for the last, partial
+// Loads and stores of the first m <= lanes values at p, for the last, partial
 // vector of a row: nothing is read or written past p + m (MaskedLoad would
-// do on some targets, but others read the whole vector). Highway's
-// per-target include: include after hwy/highway.h inside a file compiled by
-// foreach_target.h.
+// do on some targets, but others read the whole vector). Loads take float32,
+// bfloat16 or fp16 and give float32 lanes. Highway's per-target include:
+// include after hwy/highway.h inside a file compiled by foreach_target.h.
 #if defined(ATTN_KERNELS_PARTIAL_INL_H_) == defined(HWY_TARGET_TOGGLE)
 #ifdef ATTN_KERNELS_PARTIAL_INL_H_
 #undef ATTN_KERNELS_PARTIAL_INL_H_
@@ -14,19 +14,36 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
+#include <type_traits>
+
+#include "attn/half.hpp"
 
 HWY_BEFORE_NAMESPACE();
 namespace attn::detail {
 namespace HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 
-// The m floats at p; the other lanes are `fill`.
-template <class D>
-HWY_INLINE hn::Vec<D> LoadPart(D d, const float* p, int64_t m, float fill) {
-  if (m == static_cast<int64_t>(hn::Lanes(d))) return hn::LoadU(d, p);
+// One stored value as float32. (hwy::float16_t is a struct on x86 and the
+// compiler's __fp16 on Arm: go by bits.)
+inline float ToFloat(float x) { return x; }
+template <class H>
+inline uint16_t Bits(H x) {
+  uint16_t b;
+  std::memcpy(&b, &x, sizeof b);
+  return b;
+}
+inline float ToFloat(hwy::bfloat16_t x) { return bf16_to_float(Bits(x)); }
+inline float ToFloat(hwy::float16_t x) { return fp16_to_float(Bits(x)); }
+
+// The m values at p as floats; the other lanes are `fill`.
+template <class D, class T>
+HWY_INLINE hn::Vec<D> LoadPart(D d, const T* p, int64_t m, float fill) {
+  if constexpr (std::is_same_v<T, float>)
+    if (m == static_cast<int64_t>(hn::Lanes(d))) return hn::LoadU(d, p);
   alignas(HWY_MAX_BYTES) float buf[HWY_MAX_BYTES / sizeof(float)];
   std::fill(buf, buf + hn::Lanes(d), fill);
-  std::copy(p, p + m, buf);
+  for (int64_t i = 0; i < m; ++i) buf[i] = ToFloat(p[i]);
   return hn::Load(d, buf);
 }
 

@@ -1,0 +1,284 @@
+// The pieces both attention kernels use, prefill (prefill.cc) and decode
+// (decode.cc): base-2 scores, loads of float32/bfloat16/fp16 K and V rows,
+// masks and softcap on a row of scores, the online-softmax step, P·V into
+// the output rows, and the settling of rows that came out NaN.
+// Highway's per-target include: include after hwy/highway.h inside a file
+// compiled by foreach_target.h.
+#if defined(ATTN_KERNELS_ATTENTION_INL_H_) == defined(HWY_TARGET_TOGGLE)
+#ifdef ATTN_KERNELS_ATTENTION_INL_H_
+#undef ATTN_KERNELS_ATTENTION_INL_H_
+#else
+#define ATTN_KERNELS_ATTENTION_INL_H_
+#endif
+
+#include <hwy/highway.h>
+
+#include <hwy/contrib/math/math-inl.h>
+
+#include "kernels/exp2-inl.h"
+#include "kernels/matmul-inl.h"
+#include "kernels/partial-inl.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <type_traits>
+
+#include "attention_problem.hpp"
+
+HWY_BEFORE_NAMESPACE();
+namespace attn::detail {
+namespace HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+using DF = hn::ScalableTag<float>;
+using VF = hn::Vec<DF>;
+
+// Scores are kept in base-2 units, S·log2(e), so every exponential is a
+// cheap 2^x (exp2-inl.h): e^(s − m) = 2^((s − m)·log2(e)). The factor rides
+// on the scale (or on the softcap, which must see the natural scores) and
+// on additive masks; running maxima are in the same units.
+
+// x·log2(e) in float32, saturating: a finite value stays finite (an additive
+// mask of -FLT_MAX, PyTorch's finfo.min padding, must not become -inf).
+inline float Base2(double x) {
+  const double y = x * 1.44269504088896341;
+  const double max = std::numeric_limits<float>::max();
+  return static_cast<float>(std::isfinite(x) ? std::clamp(y, -max, max) : y);
+}
+inline float ScoreScale(const AttentionProblem<float>& p) {
+  return p.softcap > 0 ? static_cast<float>(p.scale) : Base2(p.scale);
+}
+
+// Keys and values may be stored as float32, bfloat16 or fp16; arithmetic is
+// float32 (a 16-bit load is promoted; ToFloat, partial-inl.h, is the scalar
+// form).
+// fp16 lanes promoted to float32. Highway 1.0.3 emulates the conversion on
+// targets without F16C (SSSE3, SSE4, scalar) by rebiasing the exponent, which
+// turns inf and NaN (exponent 31) into finite numbers near 65536; those lanes
+// are rebuilt from their bits there. Targets with a native conversion need
+// nothing.
+template <class D16>
+HWY_INLINE VF PromoteF16(DF d, hn::Vec<D16> h) {
+  const VF f = hn::PromoteTo(d, h);
+#if (HWY_ARCH_X86 && HWY_TARGET >= HWY_SSE4) || HWY_TARGET == HWY_SCALAR || \
+    HWY_TARGET == HWY_EMU128 || defined(HWY_DISABLE_F16C)
+  const hn::RebindToUnsigned<DF> du;
+  const auto bits = hn::PromoteTo(du, hn::BitCast(hn::RebindToUnsigned<D16>(), h));
+  const auto exponent = hn::Set(du, 0x7C00);
+  const auto special = hn::Eq(hn::And(bits, exponent), exponent);
+  const auto sign = hn::ShiftLeft<16>(hn::And(bits, hn::Set(du, 0x8000)));
+  const auto mantissa = hn::ShiftLeft<13>(hn::And(bits, hn::Set(du, 0x3FF)));
+  const auto inf_or_nan = hn::Or(sign, hn::Or(hn::Set(du, 0x7F800000), mantissa));
+  return hn::IfThenElse(hn::RebindMask(d, special), hn::BitCast(d, inf_or_nan), f);
+#else
+  return f;
+#endif
+}
+
+template <class KV>
+HWY_INLINE VF LoadKV(DF d, const KV* p) {
+  if constexpr (std::is_same_v<KV, float>) {
+    return hn::LoadU(d, p);
+  } else if constexpr (std::is_same_v<KV, hwy::float16_t>) {
+    return PromoteF16<hn::Rebind<KV, DF>>(d, hn::LoadU(hn::Rebind<KV, DF>(), p));
+  } else {
+    return hn::PromoteTo(d, hn::LoadU(hn::Rebind<KV, DF>(), p));
+  }
+}
+
+
+// o[r][0 .. NV·N) += Σ_j p[r][j] · v_j[0 .. NV·N) for r < MR, j < count
+// (row r of p starts at p + r · p_stride).
+template <int MR, int NV, class KV>
+HWY_INLINE void ValueBlock(DF d, const float* p, int64_t p_stride, int64_t count,
+                           const KV* v0, int64_t v_stride, float* o, int64_t o_stride) {
+  const size_t N = hn::Lanes(d);
+#if HWY_HAVE_SCALABLE
+  // Sizeless (SVE, RVV) vectors cannot form arrays: one accumulator at a time.
+  for (int r = 0; r < MR; ++r)
+    for (int v = 0; v < NV; ++v) {
+      VF acc = hn::Load(d, o + r * o_stride + v * N);
+      for (int64_t j = 0; j < count; ++j)
+        acc = hn::MulAdd(hn::Set(d, p[r * p_stride + j]), LoadKV(d, v0 + j * v_stride + v * N), acc);
+      hn::Store(acc, d, o + r * o_stride + v * N);
+    }
+#else
+  VF acc[MR][NV];
+  for (int r = 0; r < MR; ++r)
+    for (int v = 0; v < NV; ++v) acc[r][v] = hn::Load(d, o + r * o_stride + v * N);
+  for (int64_t j = 0; j < count; ++j) {
+    VF vv[NV];
+    for (int v = 0; v < NV; ++v) vv[v] = LoadKV(d, v0 + j * v_stride + v * N);
+    for (int r = 0; r < MR; ++r) {
+      const VF pb = hn::Set(d, p[r * p_stride + j]);
+      for (int v = 0; v < NV; ++v) acc[r][v] = hn::MulAdd(pb, vv[v], acc[r][v]);
+    }
+  }
+  for (int r = 0; r < MR; ++r)
+    for (int v = 0; v < NV; ++v) hn::Store(acc[r][v], d, o + r * o_stride + v * N);
+#endif
+}
+
+// The same for the last value columns [c, d_v) that do not fill kVecs vectors:
+// one vector at a time, loads masked to the real columns.
+template <class KV>
+HWY_INLINE void ValueTail(DF d, int rows, const float* p, int64_t p_stride, int64_t count,
+                          const KV* v0, int64_t v_stride, int64_t c, int64_t d_v, float* o,
+                          int64_t o_stride) {
+  const size_t N = hn::Lanes(d);
+  for (; c < d_v; c += static_cast<int64_t>(N)) {
+    const int64_t n = std::min<int64_t>(static_cast<int64_t>(N), d_v - c);
+    for (int r = 0; r < rows; ++r) {
+      VF acc = hn::Load(d, o + r * o_stride + c);
+      for (int64_t j = 0; j < count; ++j)
+        acc = hn::MulAdd(hn::Set(d, p[r * p_stride + j]), LoadPart(d, v0 + j * v_stride + c, n, 0.0f), acc);
+      hn::Store(acc, d, o + r * o_stride + c);
+    }
+  }
+}
+
+template <int MR, class KV>
+HWY_INLINE void ValueRows(DF d, const float* p, int64_t p_stride, int64_t count, const KV* v0,
+                          int64_t v_stride, int64_t d_v, float* o, int64_t o_stride) {
+  // A single row (decode) has registers for twice the columns: half the
+  // passes over V, twice the independent accumulators per key.
+  constexpr int NV = MR == 1 ? 2 * kVecs : kVecs;
+  const int64_t W = NV * static_cast<int64_t>(hn::Lanes(d));
+  int64_t c = 0;
+  for (; c + W <= d_v; c += W)
+    ValueBlock<MR, NV>(d, p, p_stride, count, v0 + c, v_stride, o + c, o_stride);
+  if constexpr (MR == 1) {
+    if (c + W / 2 <= d_v) {
+      ValueBlock<MR, kVecs>(d, p, p_stride, count, v0 + c, v_stride, o + c, o_stride);
+      c += W / 2;
+    }
+  }
+  if (c < d_v) ValueTail(d, MR, p, p_stride, count, v0, v_stride, c, d_v, o, o_stride);
+}
+
+// O (rows × o_stride) += P (rows × count, row stride p_stride) · V rows.
+template <class KV>
+void AccumulateValues(DF d, int64_t rows, const float* p, int64_t p_stride, int64_t count,
+                      const KV* v0, int64_t v_stride, int64_t d_v, float* o, int64_t o_stride) {
+  for (int64_t r0 = 0; r0 < rows; r0 += kRows) {
+    const float* pr = p + r0 * p_stride;
+    float* orow = o + r0 * o_stride;
+    WithRows(std::min<int64_t>(kRows, rows - r0), [&](auto mr) HWY_ATTR {
+      ValueRows<decltype(mr)::value>(d, pr, p_stride, count, v0, v_stride, d_v, orow, o_stride);
+    });
+  }
+}
+
+// Masks keys j0 .. j0 + count of query row i (head h) in s: -inf outside the
+// causal/window range (when check_range), then the explicit masks.
+inline void MaskRow(const AttentionProblem<float>& p, int64_t b, int64_t h, int64_t i, int64_t j0,
+             int64_t count, bool check_range, float* s) {
+  const float ninf = -std::numeric_limits<float>::infinity();
+  if (check_range) {
+    const KeyRange kr = allowed_keys(i, p.n_q, p.n_k, p.causal, p.window);
+    const int64_t a = std::clamp(kr.begin - j0, int64_t{0}, count);
+    const int64_t z = std::clamp(kr.end - j0, a, count);
+    std::fill(s, s + a, ninf);
+    std::fill(s + z, s + count, ninf);
+  }
+  for (const MaskTerm& m : p.mask.terms) {
+    if (m.f32) {
+      const float* mr = m.f32.row(b, h, i) + j0 * m.f32.col_stride;
+      for (int64_t j = 0; j < count; ++j) s[j] += Base2(mr[j * m.f32.col_stride]);
+    } else if (m.f64) {
+      const double* mr = m.f64.row(b, h, i) + j0 * m.f64.col_stride;
+      for (int64_t j = 0; j < count; ++j) s[j] += Base2(mr[j * m.f64.col_stride]);
+    }
+  }
+  // After the additive masks, so that an excluded key is -inf whatever was added.
+  for (const MaskTerm& m : p.mask.terms)
+    if (m.boolean) {
+      const bool* mr = m.boolean.row(b, h, i) + j0 * m.boolean.col_stride;
+      for (int64_t j = 0; j < count; ++j)
+        if (mr[j * m.boolean.col_stride] == m.blocking) s[j] = ninf;
+    }
+}
+
+// softcap · tanh(s / softcap) over n entries (n a multiple of the lanes), in
+// base-2 units.
+inline void Softcap(DF d, double softcap, float* s, int64_t n) {
+  const VF cap = hn::Set(d, Base2(softcap));
+  const VF inv = hn::Set(d, static_cast<float>(1.0 / softcap));
+  for (int64_t e = 0; e < n; e += static_cast<int64_t>(hn::Lanes(d)))
+    hn::Store(hn::Mul(cap, hn::Tanh(d, hn::Mul(hn::Load(d, s + e), inv))), d, s + e);
+}
+
+// P·V multiplies every key of a tile by its weight, and an excluded key's
+// weight is 0; a NaN or infinite value in its row still gives 0·NaN = NaN. So
+// a row that comes out with a NaN is computed again the slow way
+// (reference_attention_row, which never reads an excluded key), and keeps a
+// NaN only if it has one of its own. Rows with NaN are rare, and checking
+// d_v outputs costs nothing next to the row's n_k·(d + d_v) products.
+inline void SettleNanRow(const AttentionProblem<float>& p, int64_t b, int64_t h, int64_t i,
+                         float* out) {
+  for (int64_t c = 0; c < p.d_v; ++c)
+    if (std::isnan(out[c])) return reference_attention_row(p, b, h, i, out);
+}
+
+// Online softmax of one row of S (base-2 units) against running max m and
+// sum l: turns the row into P = 2^(S - m') and returns the factor 2^(m - m')
+// that rescales the row's accumulated output (1 when nothing changes).
+// n is a multiple of the lanes. The sum is kept per lane (l points at one
+// vector, aligned) and reduced once at the end: no horizontal sum per tile.
+// Edge cases (README "Edge cases"): a NaN logit makes P, and so l, NaN for
+// good (the row comes out NaN); +inf logits share the weight equally, the
+// softmax's limit.
+HWY_INLINE float SoftmaxStep(DF d, float* s, int64_t n, float& m, float* l) {
+  const size_t N = hn::Lanes(d);
+  const float ninf = -std::numeric_limits<float>::infinity();
+  VF vmax = hn::Load(d, s);
+  for (int64_t j = static_cast<int64_t>(N); j < n; j += static_cast<int64_t>(N))
+    vmax = hn::Max(vmax, hn::Load(d, s + j));
+  // (Max may drop a NaN lane or keep it; a kept one must not lose to m.)
+  const float tile_max = hn::GetLane(hn::MaxOfLanes(d, vmax));
+  const float m_new = std::isnan(tile_max) ? tile_max : std::max(m, tile_max);
+  if (m_new == ninf || m_new == std::numeric_limits<float>::infinity()) {
+    // The rare rows: 2^(s - m') would be 2^(-inf + inf) or 2^(inf - inf). A
+    // NaN logit there is not carried by 2^x: mark l by hand.
+    auto nan = hn::FirstN(d, 0);
+    for (int64_t j = 0; j < n; j += static_cast<int64_t>(N)) nan = hn::Or(nan, hn::IsNaN(hn::Load(d, s + j)));
+    if (!hn::AllFalse(d, nan)) {
+      std::fill(s, s + n, 0.0f);
+      hn::Store(hn::Set(d, std::numeric_limits<float>::quiet_NaN()), d, l);
+      return 1.0f;
+    }
+    if (m_new == ninf) {  // nothing allowed yet
+      std::fill(s, s + n, 0.0f);
+      return 1.0f;
+    }
+    // +inf logits: count them
+    float count = 0;
+    for (int64_t j = 0; j < n; ++j) count += s[j] = s[j] == m_new ? 1.0f : 0.0f;
+    const float alpha = m == m_new ? 1.0f : 0.0f;
+    hn::Store(hn::Mul(hn::Load(d, l), hn::Set(d, alpha)), d, l);
+    l[0] += count;
+    m = m_new;
+    return alpha;
+  }
+  const VF vm = hn::Set(d, m_new);
+  VF sum = hn::Zero(d);
+  for (int64_t j = 0; j < n; j += static_cast<int64_t>(N)) {
+    const VF e = Exp2NonPositive(d, hn::Sub(hn::Load(d, s + j), vm));
+    hn::Store(e, d, s + j);
+    sum = hn::Add(sum, e);
+  }
+  const float alpha = m == m_new ? 1.0f : hn::GetLane(Exp2NonPositive(d, hn::Set(d, m - m_new)));
+  hn::Store(hn::MulAdd(hn::Load(d, l), hn::Set(d, alpha), sum), d, l);
+  m = m_new;
+  return alpha;
+}
+
+// 2^(x - m) for x <= m (base-2 scores), and 1 for x = m = +inf (not 2^NaN).
+inline float ExpDifference(float x, float m) { return x == m ? 1.0f : std::exp2(x - m); }
+
+}  // namespace HWY_NAMESPACE
+}  // namespace attn::detail
+HWY_AFTER_NAMESPACE();
+
+#endif  // ATTN_KERNELS_ATTENTION_INL_H_

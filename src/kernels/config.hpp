@@ -1,0 +1,85 @@
+// Internal: the attention kernels' configuration, in one place: the prefill
+// tile sizes, the decode chunk and the query count below which decode takes
+// over. Each default sits next to the measurement (or, where none was made,
+// the reason) behind it; docs/performance.md has the runs.
+//
+// Each can be overridden at build time for an experiment, in a build folder
+// of its own, e.g.
+//   cmake -S . -B build-q128 -DCMAKE_BUILD_TYPE=Release \
+//         -DCMAKE_CXX_FLAGS="-DATTN_BLOCK_Q=128 -DATTN_DECODE_CHUNK=1024"
+//   cmake --build build-q128 -j 2 && build-q128/bin/attn bench attention ...
+// The static_asserts below (and the per-target one in matmul-inl.h) reject
+// values the kernels cannot run with. Any setting keeps results bitwise equal
+// for every thread count; other settings give other roundings (the order of
+// the sums changes), so outputs differ from the default build's in the last
+// bits.
+#pragma once
+
+#include <cstdint>
+
+#ifndef ATTN_BLOCK_Q
+#define ATTN_BLOCK_Q 256
+#endif
+#ifndef ATTN_BLOCK_K
+#define ATTN_BLOCK_K 64
+#endif
+#ifndef ATTN_BLOCK_ROWS
+#define ATTN_BLOCK_ROWS 8
+#endif
+#ifndef ATTN_DECODE_CHUNK
+#define ATTN_DECODE_CHUNK 512
+#endif
+#ifndef ATTN_DECODE_MAX_QUERIES
+#define ATTN_DECODE_MAX_QUERIES 8
+#endif
+
+namespace attn::detail {
+
+// Prefill: query rows per work item (batch, kv head, query tile). The K and V
+// tiles stay in cache while all of an item's rows pass over them, so larger
+// items reuse each tile more. Measured on Zen 5, n = 4096, 8 heads, d = 64,
+// 2 threads: 256-row items 72% of the FMA peak, 128 rows 66%, 64 rows 66%,
+// 32 rows 63%.
+constexpr int64_t kBlockQ = ATTN_BLOCK_Q;
+
+// Prefill: keys per tile, one packed panel of the Q·Kᵀ product (matmul-inl.h
+// takes its panel width from here, so the layer's projections use it too).
+// At d = 64 a K tile is 64 · 64 · 4 B = 16 KiB and stays in L1 with the V
+// tile. 64 is the only width measured; each target's row of accumulators
+// (kVecs vectors: 64 floats with AVX-512) must divide it.
+constexpr int64_t kBlockK = ATTN_BLOCK_K;
+
+// Prefill: query rows per block of the inner loop, so the score block S is
+// kBlockRows · kBlockK · 4 B = 2 KiB, never a whole tile. Key tiles outer and
+// 8-row blocks inner took 256-row items from 63% to 72% of peak (Zen 5, as
+// above), and skipping the 8-row blocks a diagonal tile masks wholly took
+// causal from 0.55× to 0.52× of the non-causal time.
+constexpr int kBlockRows = ATTN_BLOCK_ROWS;
+
+// Decode: keys per chunk, each chunk a work item whose partial softmax is
+// merged exactly. Fixed (not derived from the thread count) so results do
+// not depend on it. Not tuned by a recorded measurement: 512 keys give
+// 32768 / 512 = 64 items per head at the decode bench's shape, plenty for
+// any thread count, while a chunk's scores (512 · 4 B = 2 KiB per query row)
+// stay in L1.
+constexpr int64_t kDecodeChunk = ATTN_DECODE_CHUNK;
+
+// Decode takes calls with at most this many query rows (and more than one
+// chunk of keys, and no weights). Not tuned by a recorded measurement either:
+// decode reads K and V once per chunk for all rows of a GQA group, the flash
+// tiles pay off once there are rows enough to fill their 4-row micro-kernel
+// several times over.
+constexpr int64_t kDecodeMaxQueries = ATTN_DECODE_MAX_QUERIES;
+
+static_assert(kBlockQ > 0 && kBlockK > 0 && kBlockRows > 0 && kDecodeChunk > 0 &&
+              kDecodeMaxQueries > 0, "kernel configuration: sizes must be positive");
+// Row blocks tile an item exactly (and take whole micro-kernel row groups:
+// asserted in prefill.cc against matmul-inl.h's kRows).
+static_assert(kBlockQ % kBlockRows == 0, "ATTN_BLOCK_Q must be a multiple of ATTN_BLOCK_ROWS");
+// Score rows of a tile or chunk are whole, aligned vectors on every target
+// (64 floats: SVE's widest, 2048 bits), and a key tile is whole blocks of the
+// Q·Kᵀ micro-kernel (AVX-512: 4 vectors of 16).
+static_assert(kBlockK % 64 == 0, "ATTN_BLOCK_K must be a multiple of 64");
+static_assert(kDecodeChunk % 64 == 0, "ATTN_DECODE_CHUNK must be a multiple of 64");
+
+}  // namespace attn::detail

@@ -1,0 +1,206 @@
+// Decode: a few query rows against a long key/value cache (flash-decoding).
+// Each (batch, kv head, key chunk) item reads its K and V rows once, in place,
+// for every query row of the group, and leaves a partial result (row max m,
+// sum l, unnormalised output); a merge per (batch, kv head) combines the
+// chunks in order: M = max m_c, out = Σ e^(m_c − M) O_c / Σ e^(m_c − M) l_c.
+// Chunk size and the query count that picks this kernel: config.hpp.
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "kernels/decode.cc"
+#include <hwy/foreach_target.h>  // IWYU pragma: keep
+#include <hwy/highway.h>
+
+#include <hwy/cache_control.h>
+
+#include "kernels/attention-inl.h"
+
+#include <algorithm>
+#include <limits>
+#include <type_traits>
+
+#include "kernels/attention_kernel.hpp"
+#include "kernels/config.hpp"
+#include "kernels/scratch.hpp"
+#include "thread_pool.hpp"
+
+HWY_BEFORE_NAMESPACE();
+namespace attn::detail {
+namespace HWY_NAMESPACE {
+
+// Row j of K or V of (b, hkv), in its storage type, and the row stride.
+template <class KV>
+const KV* KeyRow(const AttentionProblem<float>& p, int64_t b, int64_t h, int64_t j) {
+  if constexpr (std::is_same_v<KV, float>) return p.k.row(b, h, j);
+  else return reinterpret_cast<const KV*>(p.k16.row(b, h, j));
+}
+template <class KV>
+const KV* ValueRow(const AttentionProblem<float>& p, int64_t b, int64_t h, int64_t j) {
+  if constexpr (std::is_same_v<KV, float>) return p.v.row(b, h, j);
+  else return reinterpret_cast<const KV*>(p.v16.row(b, h, j));
+}
+inline int64_t ValueStride(const AttentionProblem<float>& p) {
+  return p.kv == KVStorage::Native ? p.v.row_stride : p.v16.row_stride;
+}
+
+// s[r · s_stride] = scale · q_r · k for r < MR.
+template <int MR, class KV>
+HWY_INLINE void DotRows(DF d, const float* const* q, const KV* k, int64_t D, float scale,
+                        float* s, int64_t s_stride) {
+  const size_t N = hn::Lanes(d);
+  const int64_t full = D / static_cast<int64_t>(N) * static_cast<int64_t>(N);
+#if HWY_HAVE_SCALABLE
+  // Sizeless (SVE, RVV) vectors cannot form arrays: one row at a time.
+  for (int r = 0; r < MR; ++r) {
+    VF acc = hn::Zero(d);
+    for (int64_t c = 0; c < full; c += static_cast<int64_t>(N))
+      acc = hn::MulAdd(hn::LoadU(d, q[r] + c), LoadKV(d, k + c), acc);
+    if (full < D) acc = hn::MulAdd(LoadPart(d, q[r] + full, D - full, 0.0f), LoadPart(d, k + full, D - full, 0.0f), acc);
+    s[r * s_stride] = hn::GetLane(hn::SumOfLanes(d, acc)) * scale;
+  }
+#else
+  // Two accumulators per row halve the chain of FMAs a key's score waits on:
+  // more keys, and so more memory reads, in flight.
+  VF acc[MR], acc2[MR];
+  for (int r = 0; r < MR; ++r) acc[r] = acc2[r] = hn::Zero(d);
+  int64_t c = 0;
+  for (; c + 2 * static_cast<int64_t>(N) <= full; c += 2 * static_cast<int64_t>(N)) {
+    const VF kv = LoadKV(d, k + c), kv2 = LoadKV(d, k + c + N);
+    for (int r = 0; r < MR; ++r) {
+      acc[r] = hn::MulAdd(hn::LoadU(d, q[r] + c), kv, acc[r]);
+      acc2[r] = hn::MulAdd(hn::LoadU(d, q[r] + c + N), kv2, acc2[r]);
+    }
+  }
+  for (; c < full; c += static_cast<int64_t>(N)) {
+    const VF kv = LoadKV(d, k + c);
+    for (int r = 0; r < MR; ++r) acc[r] = hn::MulAdd(hn::LoadU(d, q[r] + c), kv, acc[r]);
+  }
+  for (int r = 0; r < MR; ++r) acc[r] = hn::Add(acc[r], acc2[r]);
+  if (full < D) {
+    const VF kv = LoadPart(d, k + full, D - full, 0.0f);
+    for (int r = 0; r < MR; ++r) acc[r] = hn::MulAdd(LoadPart(d, q[r] + full, D - full, 0.0f), kv, acc[r]);
+  }
+  for (int r = 0; r < MR; ++r) s[r * s_stride] = hn::GetLane(hn::SumOfLanes(d, acc[r])) * scale;
+#endif
+}
+
+thread_local Scratch<float> tls_decode_scores;
+thread_local Scratch<const float*> tls_decode_queries;
+
+// Partial result of one chunk for R rows: O[R][dvp] (aligned), then m[R], l[R].
+template <class KV>
+void DecodeChunk(DF d, const AttentionProblem<float>& p, int64_t b, int64_t hkv, int64_t chunk,
+                 int64_t dvp, float* part) {
+  const int64_t R = p.group() * p.n_q;
+  float* o = part;
+  float* m = part + R * dvp;
+  float* l = m + R;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(d));
+  alignas(HWY_MAX_BYTES) float l_lanes[HWY_MAX_BYTES / sizeof(float)];
+  const float ninf = -std::numeric_limits<float>::infinity();
+  std::fill(m, m + R, ninf);
+  std::fill(l, l + R, 0.0f);
+  std::fill(o, o + R * dvp, 0.0f);
+  const int64_t j0 = chunk * kDecodeChunk, jn = std::min(kDecodeChunk, p.n_k - j0);
+  // The chunk's place in the rows' causal/window ranges (monotone in the row).
+  const KeyRange first = allowed_keys(0, p.n_q, p.n_k, p.causal, p.window);
+  const KeyRange last = allowed_keys(p.n_q - 1, p.n_q, p.n_k, p.causal, p.window);
+  if (j0 >= last.end || j0 + jn <= first.begin) return;
+  const bool inside = j0 >= last.begin && j0 + jn <= first.end;
+
+  float* s = tls_decode_scores.get(static_cast<size_t>(R * kDecodeChunk));
+  const auto row_head = [&](int64_t r) { return hkv * p.group() + r / p.n_q; };
+  const float** q = tls_decode_queries.get(static_cast<size_t>(R));
+  for (int64_t r = 0; r < R; ++r) q[r] = p.q.row(b, row_head(r), r % p.n_q);
+  const float scale = ScoreScale(p);
+  const KV* v_rows = ValueRow<KV>(p, b, hkv, j0);
+  const int64_t v_bytes = p.d_v * static_cast<int64_t>(sizeof(KV));
+  for (int64_t j = 0; j < jn; ++j) {
+    const KV* k = KeyRow<KV>(p, b, hkv, j0 + j);
+    // Fetch row j of V while K streams in: both arrays come from memory
+    // concurrently, and P·V below reads V from cache.
+    const char* vj = reinterpret_cast<const char*>(v_rows + j * ValueStride(p));
+    for (int64_t off = 0; off < v_bytes; off += 64) hwy::Prefetch(vj + off);
+    if (v_bytes > 0) hwy::Prefetch(vj + v_bytes - 1);  // the last line, if not line-aligned
+    for (int64_t r0 = 0; r0 < R; r0 += kRows) {
+      float* sj = s + r0 * kDecodeChunk + j;
+      WithRows(std::min<int64_t>(kRows, R - r0), [&](auto mr) HWY_ATTR {
+        DotRows<decltype(mr)::value>(d, q + r0, k, p.d, scale, sj, kDecodeChunk);
+      });
+    }
+  }
+  if (p.softcap > 0) Softcap(d, p.softcap, s, R * kDecodeChunk);
+  for (int64_t r = 0; r < R; ++r) {
+    float* sr = s + r * kDecodeChunk;
+    std::fill(sr + jn, sr + kDecodeChunk, ninf);
+    if (!inside || p.mask.present())
+      MaskRow(p, b, row_head(r), r % p.n_q, j0, jn, !inside, sr);
+    std::fill(l_lanes, l_lanes + N, 0.0f);
+    SoftmaxStep(d, sr, kDecodeChunk, m[r], l_lanes);
+    l[r] = hn::GetLane(hn::SumOfLanes(d, hn::Load(d, l_lanes)));
+  }
+  AccumulateValues(d, R, s, kDecodeChunk, jn, ValueRow<KV>(p, b, hkv, j0), ValueStride(p), p.d_v,
+                   o, dvp);
+}
+
+thread_local Scratch<float> tls_partials;
+
+template <class KV>
+void DecodeForwardT(const AttentionProblem<float>& p) {
+  const DF d;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(d));
+  const int64_t dvp = (p.d_v + N - 1) / N * N;
+  const int64_t R = p.group() * p.n_q;
+  const int64_t chunks = (p.n_k + kDecodeChunk - 1) / kDecodeChunk;
+  const int64_t heads = p.batch * p.heads_kv;
+  const int64_t part_size = (R * (dvp + 2) + N - 1) / N * N;  // keeps each O aligned
+  float* parts = tls_partials.get(static_cast<size_t>(std::max<int64_t>(heads * chunks * part_size, 1)));
+  parallel_for(heads * chunks, [&](int64_t item) {
+    const int64_t bh = item / chunks;
+    DecodeChunk<KV>(d, p, bh / p.heads_kv, bh % p.heads_kv, item % chunks, dvp,
+                    parts + item * part_size);
+  });
+  parallel_for(heads, [&](int64_t bh) {
+    const int64_t b = bh / p.heads_kv, hkv = bh % p.heads_kv;
+    const float* first = parts + bh * chunks * part_size;
+    for (int64_t r = 0; r < R; ++r) {
+      float mx = -std::numeric_limits<float>::infinity();
+      for (int64_t c = 0; c < chunks; ++c) mx = std::max(mx, first[c * part_size + R * dvp + r]);
+      float* out = p.out.row(b, hkv * p.group() + r / p.n_q, r % p.n_q);
+      std::fill(out, out + p.d_v, 0.0f);
+      float l = 0;
+      for (int64_t c = 0; c < chunks; ++c) {
+        const float* part = first + c * part_size;
+        const float m_c = part[R * dvp + r], l_c = part[R * dvp + R + r];
+        if (l_c == 0) continue;
+        const float w = ExpDifference(m_c, mx);
+        l += w * l_c;
+        const float* o = part + r * dvp;
+        for (int64_t col = 0; col < p.d_v; ++col) out[col] += w * o[col];
+      }
+      if (l == 0) continue;  // no allowed key: zeros
+      for (int64_t col = 0; col < p.d_v; ++col) out[col] /= l;  // l NaN: the row is NaN
+      SettleNanRow(p, b, hkv * p.group() + r / p.n_q, r % p.n_q, out);
+    }
+  });
+}
+
+void DecodeForward(const AttentionProblem<float>& p) {
+  switch (p.kv) {
+    case KVStorage::BF16: return DecodeForwardT<hwy::bfloat16_t>(p);
+    case KVStorage::F16: return DecodeForwardT<hwy::float16_t>(p);
+    default: return DecodeForwardT<float>(p);
+  }
+}
+
+}  // namespace HWY_NAMESPACE
+}  // namespace attn::detail
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+namespace attn::detail {
+HWY_EXPORT(DecodeForward);
+void decode_forward(const AttentionProblem<float>& p) { HWY_DYNAMIC_DISPATCH(DecodeForward)(p); }
+bool use_decode(const AttentionProblem<float>& p) {
+  return !p.weights && p.n_q <= kDecodeMaxQueries && p.n_k > kDecodeChunk;
+}
+}  // namespace attn::detail
+#endif

@@ -1,0 +1,330 @@
+// float32 attention, flash style: tiles of queries × keys with an online
+// softmax, so memory grows with n, never n².
+//
+// Per (batch, kv head, query tile) work item, for each query head sharing the
+// kv head (GQA), each key tile in the causal/window range, and each block of
+// kBlockRows query rows that the tile does not mask wholly
+// (tile sizes: config.hpp):
+//   S = scale·log2(e) · Q Kᵀ    register-blocked: kRows query rows × kVecs
+//                                vectors of keys, K pre-packed transposed
+//                                ([tile][d][key]) so keys are contiguous lanes
+//   S → softcap, masks          only on blocks that need it
+//   m' = max(m, rowmax S); P = 2^(S − m'); l = l·2^(m−m') + rowsum P;
+//   O = O·2^(m−m') + P V        register-blocked: kRows rows × kVecs vectors
+//                                of value columns, V read in place
+// and finally out = O / l (0 for a row with no allowed key). Base 2 makes
+// every exponential a cheap 2^x (exp2-inl.h); it is the same softmax.
+//
+// Loop order: the key tile is outer and the row blocks inner, so the K tile
+// (d·kBlockK·4 = 16 KiB at d = 64) and the V tile stay in cache while all
+// kBlockQ rows pass over them, and S is a 2 KiB block, never a whole tile.
+// (Measured on Zen 5, n = 4096: 256-row items reach 72% of the FMA peak,
+// 128 rows 66%, 64 rows 66%, 32 rows 63%.) Tiles and row blocks
+// wholly outside the causal or window range are skipped; work items start
+// with the most expensive query tiles so the causal triangle balances across
+// threads. Items and the order of arithmetic inside them do not depend on the
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "kernels/prefill.cc"
+#include <hwy/foreach_target.h>  // IWYU pragma: keep
+#include <hwy/highway.h>
+
+#include "kernels/attention-inl.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "kernels/attention_kernel.hpp"
+#include "kernels/config.hpp"
+#include "kernels/scratch.hpp"
+#include "thread_pool.hpp"
+
+HWY_BEFORE_NAMESPACE();
+namespace attn::detail {
+namespace HWY_NAMESPACE {
+static_assert(kBlockK == kPanel, "a key tile is one packed matmul panel");
+static_assert(kBlockRows % kRows == 0, "ATTN_BLOCK_ROWS must be a multiple of kRows (4)");
+
+// Everything one work item needs to see.
+struct Item {
+  const AttentionProblem<float>& p;
+  const float* kpack;  // this (batch, kv head)'s packed K tiles
+  int64_t b, hkv, i0, rows;
+};
+
+// kBlockRows query rows of an item, i0 + r0 .. i0 + r0 + rows - 1, and the keys
+// allowed to its first and last rows (ranges move right with the row, so
+// these bound the whole block).
+struct RowBlock {
+  int64_t r0;
+  int rows;
+  KeyRange first, last;
+
+  // Whether causal/window ranges mask keys j0 .. j0 + count - 1 wholly.
+  bool masks_all(int64_t j0, int64_t count) const {
+    return j0 >= last.end || j0 + count <= first.begin;
+  }
+  // Whether they allow all kBlockK keys from j0 for every row.
+  bool allows_all(int64_t j0, int64_t count) const {
+    return count == kBlockK && j0 >= last.begin && j0 + kBlockK <= first.end;
+  }
+};
+
+// S = masked, softcapped scores of row block rb (head h) against key tile kt;
+// row r at s + r · kBlockK.
+void Scores(DF d, const Item& it, int64_t h, int64_t kt, const RowBlock& rb, float* s) {
+  const auto& p = it.p;
+  const int64_t j0 = kt * kBlockK, jn = std::min(kBlockK, p.n_k - j0);
+  const int64_t i0 = it.i0 + rb.r0;
+  const float* q[kRows];
+  for (int r0 = 0; r0 < rb.rows; r0 += kRows) {
+    const int rows = std::min(kRows, rb.rows - r0);
+    for (int r = 0; r < rows; ++r) q[r] = p.q.row(it.b, h, i0 + r0 + r);
+    MatmulPanel(d, q, rows, p.d, it.kpack + kt * p.d * kBlockK, ScoreScale(p), s + r0 * kBlockK,
+                kBlockK);
+  }
+  if (p.softcap > 0) Softcap(d, p.softcap, s, rb.rows * kBlockK);
+  const bool inside = rb.allows_all(j0, jn);
+  if (inside && !p.mask.present()) return;
+  const float ninf = -std::numeric_limits<float>::infinity();
+  for (int r = 0; r < rb.rows; ++r) {
+    float* sr = s + r * kBlockK;
+    std::fill(sr + jn, sr + kBlockK, ninf);  // keys past n_k
+    MaskRow(p, it.b, h, i0 + r, j0, jn, !inside, sr);
+  }
+}
+
+thread_local Scratch<float> tls_scores, tls_out, tls_vtile, tls_sums;
+
+// What the passes over one item's key tiles share, for one query head at a
+// time: the row blocks, the range of key tiles, scratch, and each row's
+// running max m and sum l (per lane in l_lanes until the end).
+struct ItemState {
+  int64_t dvp;             // d_v rounded up to whole vectors
+  int64_t t_begin, t_end;  // key tiles some row of the item reaches
+  float* s;                // a block of scores, kBlockRows × kBlockK
+  float* o;                // unnormalised output rows, rows × dvp
+  float* vtile;            // a contiguous copy of a strided V tile
+  float* l_lanes;          // per-lane running sums, rows × lanes
+  RowBlock blocks[kBlockQ / kBlockRows];
+  float m[kBlockQ], l[kBlockQ];
+};
+
+ItemState StartItem(DF d, const Item& it) {
+  const auto& p = it.p;
+  const size_t N = hn::Lanes(d);
+  ItemState st;
+  st.dvp = (p.d_v + static_cast<int64_t>(N) - 1) / static_cast<int64_t>(N) * static_cast<int64_t>(N);
+  st.s = tls_scores.get(kBlockRows * kBlockK);
+  st.o = tls_out.get(static_cast<size_t>(kBlockQ * std::max<int64_t>(st.dvp, 1)));
+  st.vtile = tls_vtile.get(static_cast<size_t>(kBlockK * std::max<int64_t>(p.d_v, 1)));
+  st.l_lanes = tls_sums.get(static_cast<size_t>(kBlockQ) * N);
+  const int64_t n_tiles = (p.n_k + kBlockK - 1) / kBlockK;
+  const KeyRange first = allowed_keys(it.i0, p.n_q, p.n_k, p.causal, p.window);
+  const KeyRange last = allowed_keys(it.i0 + it.rows - 1, p.n_q, p.n_k, p.causal, p.window);
+  st.t_begin = first.begin / kBlockK;
+  st.t_end = std::min(n_tiles, (last.end + kBlockK - 1) / kBlockK);
+  for (int64_t r0 = 0; r0 < it.rows; r0 += kBlockRows) {
+    const int rows = static_cast<int>(std::min<int64_t>(kBlockRows, it.rows - r0));
+    st.blocks[r0 / kBlockRows] = {r0, rows, allowed_keys(it.i0 + r0, p.n_q, p.n_k, p.causal, p.window),
+                                  allowed_keys(it.i0 + r0 + rows - 1, p.n_q, p.n_k, p.causal, p.window)};
+  }
+  return st;
+}
+
+// The online softmax over the item's key tiles for head h: leaves each row's
+// max in st.m, its per-lane sum in st.l_lanes and O = Σ P V in st.o. Key tile
+// outer, row blocks inner (see the top of the file). Inlined, so that the row
+// state stays ProcessItem's local, as it was before this pass was its own
+// function: not inlined, prefill measured 0.642 of peak against 0.660 for the
+// one-function kernel (medians of 5, one noisy session); inlined, 0.679
+// against 0.666 (docs/performance.md).
+HWY_INLINE void SoftmaxPass(DF d, const Item& it, int64_t h, ItemState& st) {
+  const auto& p = it.p;
+  const size_t N = hn::Lanes(d);
+  const int64_t dvp = st.dvp;
+  float* s = st.s;
+  float* o = st.o;
+  std::fill(st.m, st.m + it.rows, -std::numeric_limits<float>::infinity());
+  std::fill(st.l_lanes, st.l_lanes + it.rows * N, 0.0f);
+  std::fill(o, o + it.rows * dvp, 0.0f);
+  for (int64_t kt = st.t_begin; kt < st.t_end; ++kt) {
+    const int64_t j0 = kt * kBlockK, jn = std::min(kBlockK, p.n_k - j0);
+    const float* v0 = p.v.row(it.b, it.hkv, j0);
+    int64_t v_stride = p.v.row_stride;
+    if (v_stride != p.d_v) {
+      // Rows far apart (heads sliced from one wide array) share few cache
+      // sets; a contiguous copy keeps the tile in L1 for all row blocks.
+      for (int64_t j = 0; j < jn; ++j) std::copy(v0 + j * v_stride, v0 + j * v_stride + p.d_v, st.vtile + j * p.d_v);
+      v0 = st.vtile;
+      v_stride = p.d_v;
+    }
+    for (int64_t r0 = 0; r0 < it.rows; r0 += kBlockRows) {
+      const RowBlock& rb = st.blocks[r0 / kBlockRows];
+      if (rb.masks_all(j0, jn)) continue;
+      Scores(d, it, h, kt, rb, s);
+      const int rows = rb.rows;
+      for (int r = 0; r < rows; ++r) {
+        float* orow = o + (r0 + r) * dvp;
+        const float alpha = SoftmaxStep(d, s + r * kBlockK, kBlockK, st.m[r0 + r], st.l_lanes + (r0 + r) * N);
+        if (alpha != 1.0f) {
+          const VF a = hn::Set(d, alpha);
+          for (int64_t c = 0; c < dvp; c += static_cast<int64_t>(N))
+            hn::Store(hn::Mul(hn::Load(d, orow + c), a), d, orow + c);
+        }
+      }
+      AccumulateValues(d, rows, s, kBlockK, jn, v0, v_stride, p.d_v, o + r0 * dvp, dvp);
+    }
+  }
+}
+
+// out = O / l for head h's rows (0 for a row with no allowed key); leaves each
+// row's final sum in st.l.
+void WriteOutput(DF d, const Item& it, int64_t h, ItemState& st) {
+  const auto& p = it.p;
+  const size_t N = hn::Lanes(d);
+  for (int64_t r = 0; r < it.rows; ++r) {
+    st.l[r] = hn::GetLane(hn::SumOfLanes(d, hn::Load(d, st.l_lanes + r * N)));
+    float* out = p.out.row(it.b, h, it.i0 + r);
+    const float inv = st.l[r] == 0 ? 0.0f : 1.0f / st.l[r];  // l NaN: the row is NaN
+    for (int64_t c = 0; c < p.d_v; ++c) out[c] = st.o[r * st.dvp + c] * inv;
+    SettleNanRow(p, it.b, h, it.i0 + r, out);
+  }
+}
+
+// Weights of head h's rows: a second sweep over the key tiles now that each
+// row's max and sum are final (scores computed again, not kept: O(n) memory).
+void WriteWeights(DF d, const Item& it, int64_t h, ItemState& st) {
+  const auto& p = it.p;
+  for (int64_t r = 0; r < it.rows; ++r) {
+    float* w = p.weights.row(it.b, h, it.i0 + r);
+    const float outside = std::isnan(st.l[r]) ? st.l[r] : 0.0f;  // a NaN row is NaN throughout
+    for (int64_t j = 0; j < p.n_k; ++j) w[j * p.weights.col_stride] = outside;
+  }
+  float* s = st.s;
+  for (int64_t kt = st.t_begin; kt < st.t_end; ++kt) {
+    const int64_t j0 = kt * kBlockK, jn = std::min(kBlockK, p.n_k - j0);
+    for (int64_t r0 = 0; r0 < it.rows; r0 += kBlockRows) {
+      const RowBlock& rb = st.blocks[r0 / kBlockRows];
+      if (rb.masks_all(j0, jn)) continue;
+      Scores(d, it, h, kt, rb, s);
+      for (int r = 0; r < rb.rows; ++r) {
+        const int64_t i = r0 + r;
+        if (st.l[i] == 0) continue;
+        float* w = p.weights.row(it.b, h, it.i0 + i);
+        const float inv = 1.0f / st.l[i];
+        for (int64_t j = 0; j < jn; ++j)
+          w[(j0 + j) * p.weights.col_stride] = ExpDifference(s[r * kBlockK + j], st.m[i]) * inv;
+      }
+    }
+  }
+}
+
+// Every query head of the item's GQA group, one after the other, against the
+// same K/V tiles.
+void ProcessItem(DF d, const Item& it) {
+  ItemState st = StartItem(d, it);
+  for (int64_t g = 0; g < it.p.group(); ++g) {
+    const int64_t h = it.hkv * it.p.group() + g;
+    SoftmaxPass(d, it, h, st);
+    WriteOutput(d, it, h, st);
+    if (it.p.weights) WriteWeights(d, it, h, st);
+  }
+}
+
+// K tile kt of (b, hkv), transposed: dst[c * kBlockK + j] = k[j0 + j][c]; keys
+// past n_k are zero (their scores are masked anyway).
+void PackK(const AttentionProblem<float>& p, int64_t b, int64_t hkv, int64_t kt, float* dst) {
+  const int64_t j0 = kt * kBlockK, jn = std::min(kBlockK, p.n_k - j0);
+  for (int64_t j = 0; j < jn; ++j) {
+    const float* k = p.k.row(b, hkv, j0 + j);
+    for (int64_t c = 0; c < p.d; ++c) dst[c * kBlockK + j] = k[c];
+  }
+  for (int64_t c = 0; c < p.d; ++c) std::fill(dst + c * kBlockK + jn, dst + (c + 1) * kBlockK, 0.0f);
+}
+
+
+thread_local Scratch<float> tls_kpack, tls_k32, tls_v32;
+
+// Widening 16-bit K/V is its own step, and prefill's alone: the tiles read K
+// once per call into packed panels and V once per query tile, so converting
+// both to float32 up front (O(n) work, against the O(n²) of the attention)
+// costs nothing measurable (bf16 prefill runs at 98–101% of the float32 rate,
+// docs/performance.md) and keeps one float32 tile loop. Decode reads each
+// K/V row once, so it widens in registers instead (LoadKV).
+// 16-bit keys/values converted once to float32 rows (O(n) work, against the
+// O(n²) of the attention itself), as an operand over `dst`.
+template <class KV>
+Operand<const float> Widen(const AttentionProblem<float>& p, const Operand<const uint16_t>& src,
+                           int64_t width, float* dst) {
+  const DF d;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(d));
+  const int64_t rows = p.batch * p.heads_kv * p.n_k;
+  parallel_for((rows + 255) / 256, [&](int64_t block) {
+    for (int64_t r = block * 256; r < std::min(rows, (block + 1) * 256); ++r) {
+      const int64_t bh = r / p.n_k;
+      const KV* in = reinterpret_cast<const KV*>(src.row(bh / p.heads_kv, bh % p.heads_kv, r % p.n_k));
+      float* out = dst + r * width;
+      int64_t c = 0;
+      for (; c + N <= width; c += N) hn::StoreU(LoadKV(d, in + c), d, out + c);
+      for (; c < width; ++c) out[c] = ToFloat(in[c]);
+    }
+  });
+  Operand<const float> o;
+  o.data = dst;
+  o.batch_offset.resize(static_cast<size_t>(p.batch));
+  for (int64_t b = 0; b < p.batch; ++b) o.batch_offset[b] = b * p.heads_kv * p.n_k * width;
+  o.head_stride = p.n_k * width;
+  o.row_stride = width;
+  o.col_stride = 1;
+  return o;
+}
+
+void FlashForward(const AttentionProblem<float>& p_in) {
+  if (p_in.kv != KVStorage::Native) {
+    AttentionProblem<float> p = p_in;
+    const auto size = [&](int64_t w) { return static_cast<size_t>(std::max<int64_t>(p.batch * p.heads_kv * p.n_k * w, 1)); };
+    float* k = tls_k32.get(size(p.d));
+    float* v = tls_v32.get(size(p.d_v));
+    if (p.kv == KVStorage::BF16) {
+      p.k = Widen<hwy::bfloat16_t>(p, p.k16, p.d, k);
+      p.v = Widen<hwy::bfloat16_t>(p, p.v16, p.d_v, v);
+    } else {
+      p.k = Widen<hwy::float16_t>(p, p.k16, p.d, k);
+      p.v = Widen<hwy::float16_t>(p, p.v16, p.d_v, v);
+    }
+    p.kv = KVStorage::Native;
+    return FlashForward(p);
+  }
+  const AttentionProblem<float>& p = p_in;
+  const DF d;
+  const int64_t n_tiles = (p.n_k + kBlockK - 1) / kBlockK;
+  const int64_t head_pack = n_tiles * p.d * kBlockK;
+  const int64_t heads = p.batch * p.heads_kv;
+  float* kpack = tls_kpack.get(static_cast<size_t>(std::max<int64_t>(heads * head_pack, 1)));
+  parallel_for(heads * n_tiles, [&](int64_t item) {
+    const int64_t bh = item / n_tiles, kt = item % n_tiles;
+    PackK(p, bh / p.heads_kv, bh % p.heads_kv, kt, kpack + bh * head_pack + kt * p.d * kBlockK);
+  });
+  // The most expensive (last, under causal masking) query tiles go first.
+  const int64_t n_qt = (p.n_q + kBlockQ - 1) / kBlockQ;
+  parallel_for(heads * n_qt, [&](int64_t item) {
+    const int64_t qt = n_qt - 1 - item / heads, bh = item % heads;
+    const int64_t i0 = qt * kBlockQ;
+    const Item it{p, kpack + bh * head_pack, bh / p.heads_kv, bh % p.heads_kv, i0,
+                  std::min(kBlockQ, p.n_q - i0)};
+    ProcessItem(d, it);
+  });
+}
+
+
+}  // namespace HWY_NAMESPACE
+}  // namespace attn::detail
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+namespace attn::detail {
+HWY_EXPORT(FlashForward);
+void flash_forward(const AttentionProblem<float>& p) { HWY_DYNAMIC_DISPATCH(FlashForward)(p); }
+}  // namespace attn::detail
+#endif

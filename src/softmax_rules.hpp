@@ -1,0 +1,41 @@
+// Internal: the softmax of one row by its definition and its limits, the one
+// statement of its rules at the numeric edges (README "Edge cases"):
+//   a NaN entry          the whole row is NaN
+//   every entry −∞       zeros, not NaN (a row with nothing allowed)
+//   a +∞ maximum         the +∞ entries share the weight equally, the rest 0
+//   otherwise            e^(x − max) / Σ e^(x − max), the max subtracted first
+// The reference (reference.cc) and attn::softmax's plain rows (softmax.cc)
+// call it; the SIMD kernels' copy of the rules (SoftmaxStep and the
+// kernels' merges, kernels/attention-inl.h) is tested against it on every
+// target (tests/test_kernels.cc, Kernels.SoftmaxRulesOnEveryTarget).
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+
+namespace attn::detail {
+
+// x[0 .. n) := softmax(x), in place.
+template <class T>
+void softmax_by_definition(T* x, int64_t n) {
+  const T inf = std::numeric_limits<T>::infinity();
+  T max = -inf;
+  bool nan = false;  // fmax skips NaN
+  for (int64_t j = 0; j < n; ++j) {
+    max = std::fmax(max, x[j]);
+    nan = nan || std::isnan(x[j]);
+  }
+  if (nan) return std::fill(x, x + n, std::numeric_limits<T>::quiet_NaN());
+  T sum = 0;
+  for (int64_t j = 0; j < n; ++j) {
+    if (max == -inf) x[j] = 0;
+    else if (max == inf) x[j] = x[j] == inf ? 1 : 0;
+    else x[j] = std::exp(x[j] - max);
+    sum += x[j];
+  }
+  for (int64_t j = 0; j < n; ++j) x[j] = sum > 0 ? x[j] / sum : 0;
+}
+
+}  // namespace attn::detail
