@@ -47,7 +47,7 @@ mask
     NumPy rules; a mask that does not is a ValueError, never padded.
 
 causal
-    False (default), True (= 'bottom_right') or 'top_left'.
+    False (default; also 'none'), True (= 'bottom_right') or 'top_left'.
     'bottom_right': query i attends key j iff j <= i + (n_k - n_q), which is
     what a KV cache needs (FlashAttention >= 2.1, llama.cpp).
     'top_left': j <= i, PyTorch's is_causal. With n_q == n_k both are the

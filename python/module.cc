@@ -20,7 +20,15 @@ namespace attn::python {
 Causal causal_from(const py::object& c) {
   if (c.is_none()) return Causal::None;
   if (is_bool(c)) return bool_arg(c, "causal") ? Causal::BottomRight : Causal::None;
-  if (py::isinstance<py::str>(c)) return parse_causal(c.cast<std::string>());
+  if (py::isinstance<py::str>(c)) {
+    const auto name = c.cast<std::string>();
+    try {
+      return parse_causal(name);
+    } catch (const ValueError&) {
+      throw ValueError("causal must be False, True, 'bottom_right', 'top_left' or 'none', got '" +
+                       name + "'");
+    }
+  }
   throw TypeError("causal must be False, True, 'bottom_right' or 'top_left', got " +
                   std::string(py::repr(c)));
 }

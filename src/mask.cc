@@ -5,10 +5,10 @@
 namespace attn {
 
 Causal parse_causal(const std::string& name) {
+  if (name == "none") return Causal::None;
   if (name == "bottom_right") return Causal::BottomRight;
   if (name == "top_left") return Causal::TopLeft;
-  throw ValueError("causal must be False, True, 'bottom_right' or 'top_left', got '" +
-                   name + "'");
+  throw ValueError("causal must be 'none', 'bottom_right' or 'top_left', got '" + name + "'");
 }
 
 KeyRange allowed_keys(int64_t i, int64_t n_q, int64_t n_k, Causal causal,

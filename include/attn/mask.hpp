@@ -21,7 +21,8 @@ enum class Causal {
   TopLeft,      // query i attends key j iff j <= i: PyTorch's is_causal
 };
 
-// Parses "bottom_right" / "top_left" (the names used by the Python API and CLI).
+// Parses "none", "bottom_right" or "top_left" (the names the Python API uses
+// beside False and True); ValueError naming the three otherwise.
 Causal parse_causal(const std::string& name);
 
 // Sliding window (left, right); -1 means unbounded on that side. With
