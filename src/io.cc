@@ -314,8 +314,10 @@ NpyArray read_npy(const std::string& path) {
 void write_npy(const std::string& path, TensorView<const float> a) { npy_write(path, a, "<f4"); }
 void write_npy(const std::string& path, TensorView<const double> a) { npy_write(path, a, "<f8"); }
 
-Safetensors read_safetensors(const std::string& path) {
-  InputFile in(path);
+namespace {
+
+// The JSON header: its 8-byte length, then the text, parsed.
+nlohmann::json read_safetensors_header(InputFile& in, const std::string& path) {
   const std::string prefix = in.read(8);
   if (prefix.size() < 8) st_fail(path, "shorter than its 8-byte header length");
   const uint64_t n = read_le(prefix, 0, 8);
@@ -332,24 +334,83 @@ Safetensors read_safetensors(const std::string& path) {
     st_fail(path, std::string("header is not JSON: ") + e.what());
   }
   if (!header.is_object()) st_fail(path, "header is not a JSON object");
-  // The data section is read as far as the tensors reach (a stream no further);
-  // the entries are validated one by one below.
-  uint64_t data_end = 0;
+  return header;
+}
+
+// How far the data section must be read: as far as any tensor claims to
+// reach (a stream no further). The entries are validated one by one later.
+uint64_t claimed_data_end(const nlohmann::json& header) {
+  uint64_t end = 0;
   for (const auto& item : header.items()) {
     const nlohmann::json& entry = item.value();
     if (!entry.is_object() || !entry.contains("data_offsets")) continue;
     const nlohmann::json& off = entry["data_offsets"];
     if (off.is_array() && off.size() == 2 && off[1].is_number_unsigned())
-      data_end = std::max(data_end, off[1].get<uint64_t>());
+      end = std::max(end, off[1].get<uint64_t>());
   }
-  const std::string data_section = in.read(data_end);
+  return end;
+}
+
+// One tensor entry, validated against the data section (data_size bytes at
+// data), as float32; `range` receives its data_offsets.
+Tensor<float> read_safetensors_entry(const std::string& path, const std::string& name,
+                                     const nlohmann::json& entry, const char* data,
+                                     uint64_t data_size, std::pair<uint64_t, uint64_t>& range) {
+  const auto bad = [&](const std::string& what) { st_fail(path, "tensor '" + excerpt(name) + "': " + what); };
+  if (!entry.is_object() || !entry.contains("dtype") || !entry.contains("shape") ||
+      !entry.contains("data_offsets"))
+    bad("needs dtype, shape and data_offsets");
+  if (!entry["dtype"].is_string()) bad("dtype is not a string");
+  const std::string dtype = entry["dtype"];
+  const size_t esize = dtype_size(dtype);
+  if (!esize) bad("unsupported dtype " + excerpt(dtype) + " (attn reads F32, F16, BF16)");
+  Shape shape;
+  if (!entry["shape"].is_array()) bad("shape is not an array");
+  for (const auto& d : entry["shape"]) {
+    if (!d.is_number_unsigned()) bad("shape has a non-integer or negative dimension");
+    const uint64_t dim = d.get<uint64_t>();
+    if (dim > static_cast<uint64_t>(INT64_MAX)) bad("dimension too large");
+    shape.push_back(static_cast<int64_t>(dim));
+  }
+  const auto& off = entry["data_offsets"];
+  if (!off.is_array() || off.size() != 2 || !off[0].is_number_unsigned() ||
+      !off[1].is_number_unsigned())
+    bad("data_offsets must be two non-negative integers");
+  const uint64_t begin = off[0], end = off[1];
+  if (begin > end || end > data_size)
+    bad("data_offsets [" + std::to_string(begin) + ", " + std::to_string(end) +
+        "] are outside the " + std::to_string(data_size) + "-byte data section");
+  const int64_t count = checked_numel(shape, esize, (path + ": tensor '" + name + "'").c_str());
+  if (end - begin != static_cast<uint64_t>(count) * esize)
+    bad("shape " + shape_str(shape) + " of " + dtype + " needs " +
+        std::to_string(count * static_cast<int64_t>(esize)) + " bytes, data_offsets give " +
+        std::to_string(end - begin));
+  range = {begin, end};
+  Tensor<float> t(shape);
+  const char* src = data + begin;
+  for (int64_t i = 0; i < count; ++i) {
+    if (dtype == "F32") {
+      std::memcpy(&t[i], src + 4 * i, 4);
+    } else {
+      uint16_t h;
+      std::memcpy(&h, src + 2 * i, 2);
+      t[i] = dtype == "F16" ? fp16_to_float(h) : bf16_to_float(h);
+    }
+  }
+  return t;
+}
+
+}  // namespace
+
+Safetensors read_safetensors(const std::string& path) {
+  InputFile in(path);
+  const nlohmann::json header = read_safetensors_header(in, path);
+  const std::string data_section = in.read(claimed_data_end(header));
   const uint64_t data_size = data_section.size() + in.remaining().value_or(0);
-  const char* data = data_section.data();
 
   Safetensors out;
   std::vector<std::pair<uint64_t, uint64_t>> ranges;
   for (const auto& item : header.items()) {
-    // (Not a structured binding: clang 14 cannot capture those in `bad` below.)
     const std::string& name = item.key();
     const nlohmann::json& entry = item.value();
     if (name == "__metadata__") {
@@ -360,48 +421,8 @@ Safetensors read_safetensors(const std::string& path) {
       }
       continue;
     }
-    const auto bad = [&](const std::string& what) { st_fail(path, "tensor '" + excerpt(name) + "': " + what); };
-    if (!entry.is_object() || !entry.contains("dtype") || !entry.contains("shape") ||
-        !entry.contains("data_offsets"))
-      bad("needs dtype, shape and data_offsets");
-    if (!entry["dtype"].is_string()) bad("dtype is not a string");
-    const std::string dtype = entry["dtype"];
-    const size_t esize = dtype_size(dtype);
-    if (!esize) bad("unsupported dtype " + excerpt(dtype) + " (attn reads F32, F16, BF16)");
-    Shape shape;
-    if (!entry["shape"].is_array()) bad("shape is not an array");
-    for (const auto& d : entry["shape"]) {
-      if (!d.is_number_unsigned()) bad("shape has a non-integer or negative dimension");
-      const uint64_t dim = d.get<uint64_t>();
-      if (dim > static_cast<uint64_t>(INT64_MAX)) bad("dimension too large");
-      shape.push_back(static_cast<int64_t>(dim));
-    }
-    const auto& off = entry["data_offsets"];
-    if (!off.is_array() || off.size() != 2 || !off[0].is_number_unsigned() ||
-        !off[1].is_number_unsigned())
-      bad("data_offsets must be two non-negative integers");
-    const uint64_t begin = off[0], end = off[1];
-    if (begin > end || end > data_size)
-      bad("data_offsets [" + std::to_string(begin) + ", " + std::to_string(end) +
-          "] are outside the " + std::to_string(data_size) + "-byte data section");
-    const int64_t count = checked_numel(shape, esize, (path + ": tensor '" + name + "'").c_str());
-    if (end - begin != static_cast<uint64_t>(count) * esize)
-      bad("shape " + shape_str(shape) + " of " + dtype + " needs " +
-          std::to_string(count * static_cast<int64_t>(esize)) + " bytes, data_offsets give " +
-          std::to_string(end - begin));
-    ranges.emplace_back(begin, end);
-    Tensor<float> t(shape);
-    const char* src = data + begin;
-    for (int64_t i = 0; i < count; ++i) {
-      if (dtype == "F32") {
-        std::memcpy(&t[i], src + 4 * i, 4);
-      } else {
-        uint16_t h;
-        std::memcpy(&h, src + 2 * i, 2);
-        t[i] = dtype == "F16" ? fp16_to_float(h) : bf16_to_float(h);
-      }
-    }
-    out.tensors.emplace(name, std::move(t));
+    out.tensors.emplace(name, read_safetensors_entry(path, name, entry, data_section.data(),
+                                                     data_size, ranges.emplace_back()));
   }
   std::sort(ranges.begin(), ranges.end());
   for (size_t i = 1; i < ranges.size(); ++i)
