@@ -10,8 +10,8 @@
 #include "attn/attention.hpp"
 #include "attention_problem.hpp"
 #include "attn/positional.hpp"
-#include "linear.hpp"
-#include "random.hpp"
+#include "kernels/linear.hpp"
+#include "layer/random.hpp"
 
 namespace attn {
 namespace {
