@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "attn/attention.hpp"
+#include "attn/io.hpp"
 #include "attention_problem.hpp"
 #include "attn/positional.hpp"
 #include "kernels/linear.hpp"
