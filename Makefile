@@ -95,7 +95,7 @@ check-arm:
 	@tools/install-deps.sh g++-aarch64-linux-gnu libhwy-dev
 	@mkdir -p $(BUILD)/arm/include && cp -r /usr/include/hwy $(BUILD)/arm/include/
 	@for f in src/kernels/*.cc; do \
-	  $(ARM_CXX) -std=c++20 -O2 -c $$f -Iinclude -Isrc -I$(BUILD)/arm/include \
+	  $(ARM_CXX) -std=c++20 -O2 -c $$f -Iinclude -Isrc -Isrc/core -I$(BUILD)/arm/include \
 	      -o $(BUILD)/arm/$$(basename $$f .cc).o || exit 1; \
 	  echo "$$f: $$(aarch64-linux-gnu-nm -C $(BUILD)/arm/$$(basename $$f .cc).o | \
 	      grep -o 'N_[A-Z0-9_]*::' | sort -u | tr '\n' ' ')"; done

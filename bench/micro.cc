@@ -8,7 +8,7 @@
 
 #include "attn/attn.hpp"
 #include "kernels/attention_kernel.hpp"
-#include "linear.hpp"
+#include "kernels/linear.hpp"
 
 namespace {
 

@@ -1,5 +1,6 @@
 // read_npy on arbitrary bytes: a refusal (attn::Error) or an array that
 // survives a write and a second read bit for bit.
+#include "attn/io.hpp"
 #include "fuzz_input.hpp"
 
 using namespace attn;

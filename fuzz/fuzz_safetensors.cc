@@ -1,5 +1,6 @@
 // read_safetensors on arbitrary bytes: a refusal (attn::Error) or tensors and
 // metadata that survive a write (float32) and a second read bit for bit.
+#include "attn/io.hpp"
 #include "fuzz_input.hpp"
 
 using namespace attn;

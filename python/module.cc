@@ -11,6 +11,7 @@
 #include "args.hpp"
 #include "arrays.hpp"
 #include "attn/attn.hpp"
+#include "attn/file.hpp"
 #include "attn/threads.hpp"
 #include "bindings.hpp"
 #include "docstrings.hpp"

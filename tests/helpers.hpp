@@ -7,6 +7,7 @@
 #include <random>
 
 #include "attn/attn.hpp"
+#include "attn/file.hpp"
 
 namespace attn::test {
 

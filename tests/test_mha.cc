@@ -5,6 +5,7 @@
 #include <cmath>
 #include <filesystem>
 
+#include "attn/io.hpp"
 #include "helpers.hpp"
 
 namespace attn {

@@ -1,18 +1,17 @@
-// attn: multi-head attention and positional encodings in C++.
+// attn: multi-head attention and positional encodings in C++. This umbrella
+// covers the core (tensors, masks, attention, softmax, errors) and the layer
+// (multi_head, positional encodings, MultiHeadAttention, KVCache). Files
+// (attn/io.hpp, attn/file.hpp), pictures (attn/picture.hpp) and training
+// (attn/train.hpp, attn/adam.hpp, attn/embedding.hpp, attn/experiments.hpp)
+// have their own headers.
 #pragma once
 
-#include "attn/adam.hpp"
 #include "attn/attention.hpp"
-#include "attn/embedding.hpp"
 #include "attn/error.hpp"
-#include "attn/experiments.hpp"
-#include "attn/io.hpp"
 #include "attn/kv_cache.hpp"
 #include "attn/mask.hpp"
 #include "attn/multi_head.hpp"
 #include "attn/multi_head_attention.hpp"
-#include "attn/picture.hpp"
 #include "attn/positional.hpp"
 #include "attn/softmax.hpp"
 #include "attn/tensor.hpp"
-#include "attn/train.hpp"

@@ -74,4 +74,8 @@ inline uint16_t float_to_fp16(float f) {
   return sign | static_cast<uint16_t>(((rounded >> 13) - (112u << 10)) & 0x7fffu);
 }
 
+// The element type a file stores floats in: float32, or one of the 16-bit
+// types above (safetensors weights, attn/io.hpp).
+enum class StorageDtype { F32, F16, BF16 };
+
 }  // namespace attn

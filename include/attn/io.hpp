@@ -15,6 +15,7 @@
 
 #include "attn/error.hpp"
 #include "attn/file.hpp"
+#include "attn/half.hpp"
 #include "attn/tensor.hpp"
 
 namespace attn {
@@ -39,8 +40,8 @@ struct Safetensors {
 };
 Safetensors read_safetensors(const std::string& path);
 
-enum class StorageDtype { F32, F16, BF16 };
-// Writes every tensor in `dtype` (rounding to nearest even for 16-bit types).
+// Writes every tensor in `dtype` (a StorageDtype of attn/half.hpp; 16-bit
+// types round to nearest even).
 void write_safetensors(const std::string& path,
                        const std::map<std::string, TensorView<const float>>& tensors,
                        const std::map<std::string, std::string>& metadata = {},

@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "attn/attention.hpp"
-#include "attn/io.hpp"
+#include "attn/half.hpp"
 #include "attn/kv_cache.hpp"
 #include "attn/mask.hpp"
 #include "attn/tensor.hpp"

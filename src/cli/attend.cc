@@ -3,6 +3,7 @@
 #include <variant>
 
 #include "attn/attn.hpp"
+#include "attn/io.hpp"
 #include "cli/commands.hpp"
 #include "cli/heat_maps.hpp"
 

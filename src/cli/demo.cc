@@ -10,6 +10,8 @@
 #include <vector>
 
 #include "attn/attn.hpp"
+#include "attn/file.hpp"
+#include "attn/io.hpp"
 #include "cli/heat_maps.hpp"
 
 namespace attn::cli {

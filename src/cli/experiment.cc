@@ -6,6 +6,8 @@
 
 #include "attn/attn.hpp"
 #include "attn/experiments.hpp"
+#include "attn/file.hpp"
+#include "attn/io.hpp"
 #include "cli/commands.hpp"
 
 namespace attn::cli {

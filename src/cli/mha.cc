@@ -2,6 +2,7 @@
 #include <variant>
 
 #include "attn/attn.hpp"
+#include "attn/io.hpp"
 #include "cli/commands.hpp"
 
 namespace attn::cli {

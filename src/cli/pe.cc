@@ -4,6 +4,8 @@
 #include <string>
 
 #include "attn/attn.hpp"
+#include "attn/file.hpp"
+#include "attn/io.hpp"
 #include "cli/commands.hpp"
 #include "cli/files.hpp"
 #include "cli/heat_maps.hpp"

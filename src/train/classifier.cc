@@ -7,8 +7,8 @@
 #include "attn/embedding.hpp"
 #include "attn/positional.hpp"
 #include "attn/train.hpp"
-#include "linear.hpp"
-#include "random.hpp"
+#include "kernels/linear.hpp"
+#include "layer/random.hpp"
 
 namespace attn {
 

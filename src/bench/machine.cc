@@ -2,7 +2,7 @@
 // to fill every FMA pipe, and a streaming read of a buffer much larger than
 // the last-level cache.
 #undef HWY_TARGET_INCLUDE
-#define HWY_TARGET_INCLUDE "kernels/machine.cc"
+#define HWY_TARGET_INCLUDE "bench/machine.cc"
 #include <hwy/foreach_target.h>  // IWYU pragma: keep
 #include <hwy/highway.h>
 

@@ -1,6 +1,6 @@
 // The backward of y = x Wᵀ + b in plain loops (the layer's sizes in training
 // are small; the compiler vectorizes the inner loops).
-#include "linear.hpp"
+#include "kernels/linear.hpp"
 
 #include <algorithm>
 

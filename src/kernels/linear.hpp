@@ -1,5 +1,5 @@
-// Internal: y = x Wᵀ + b, the projections of the multi-head layer, and its
-// backward.
+// Internal: the kernels' y = x Wᵀ + b (the layer's projections, the
+// classifier's readout) and its backward.
 #pragma once
 
 #include <cstdint>

@@ -1,4 +1,4 @@
-#include "png_text.hpp"
+#include "picture/png_text.hpp"
 
 #include <algorithm>
 #include <cmath>

@@ -9,10 +9,11 @@
 #include <utility>
 
 #include "attn/attention.hpp"
+#include "attn/io.hpp"
 #include "attention_problem.hpp"
 #include "attn/positional.hpp"
-#include "linear.hpp"
-#include "random.hpp"
+#include "kernels/linear.hpp"
+#include "layer/random.hpp"
 
 namespace attn {
 namespace {

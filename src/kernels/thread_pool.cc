@@ -1,4 +1,4 @@
-#include "thread_pool.hpp"
+#include "kernels/thread_pool.hpp"
 
 #include <algorithm>
 #include <atomic>

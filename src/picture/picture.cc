@@ -13,7 +13,7 @@
 #include <sstream>
 
 #include "attn/file.hpp"
-#include "png_text.hpp"
+#include "picture/png_text.hpp"
 
 namespace attn {
 namespace {

@@ -1,0 +1,55 @@
+# The rooms of attn and which room may include which: the one table that
+# cmake/check_layers.cmake holds every #include of src/, include/ and python/
+# against, before the library compiles (so a kernel that includes
+# "attn/io.hpp" fails the build). CMakeLists.txt builds one OBJECT library per
+# room of the library, composing attn::attn.
+
+# The library's rooms, from the bottom up, then the programs built on it.
+set(ATTN_LIBRARY_ROOMS core kernels reference layer io picture train bench)
+set(ATTN_ROOMS ${ATTN_LIBRARY_ROOMS} cli python)
+
+# Where a file lives: src/<room>/ and python/ are rooms by folder; the public
+# headers (include/attn/, one flat folder for users) are assigned one by one.
+set(ATTN_PUBLIC_core attention.hpp error.hpp half.hpp mask.hpp softmax.hpp tensor.hpp
+                     threads.hpp)
+set(ATTN_PUBLIC_layer attn.hpp kv_cache.hpp multi_head.hpp multi_head_attention.hpp
+                      positional.hpp)
+set(ATTN_PUBLIC_io io.hpp file.hpp)
+set(ATTN_PUBLIC_picture picture.hpp)
+set(ATTN_PUBLIC_train adam.hpp embedding.hpp experiments.hpp train.hpp)
+set(ATTN_PUBLIC_bench machine.hpp)
+
+# Which rooms a room may include besides its own. External libraries count as
+# rooms too (hwy: Highway, json: nlohmann, stb); the C++ and system headers,
+# CLI11 and pybind11 are open to all.
+#   core: the API validates once, then calls the kernels (and the reference,
+#     declared in core's own plan header) -- through the kernels' door only.
+#   kernels: the plan and the types; no file formats, no pictures.
+#   layer: the API, the kernels' linear map, and io for its save/load.
+set(ATTN_MAY_INCLUDE_core kernels)
+set(ATTN_MAY_INCLUDE_kernels core hwy)
+set(ATTN_MAY_INCLUDE_reference core)
+set(ATTN_MAY_INCLUDE_layer core kernels io)
+set(ATTN_MAY_INCLUDE_io core json)
+set(ATTN_MAY_INCLUDE_picture core io stb)
+set(ATTN_MAY_INCLUDE_train core kernels layer io)
+set(ATTN_MAY_INCLUDE_bench core hwy)
+set(ATTN_MAY_INCLUDE_cli core layer io picture train bench json)
+set(ATTN_MAY_INCLUDE_python core layer io)
+
+# A room's door: the only files of it that other rooms may include (every
+# file, for a room without one). The rest of the kernels (-inl.h pieces,
+# scratch, the thread pool) is theirs alone.
+set(ATTN_DOOR_kernels src/kernels/attention_kernel.hpp src/kernels/linear.hpp)
+
+# External headers, by how their name starts in <...>.
+set(ATTN_EXTERNAL_hwy "hwy/")
+set(ATTN_EXTERNAL_json "nlohmann/")
+set(ATTN_EXTERNAL_stb "stb_")
+
+# The include roots of the library's rooms (and of the tests and benchmarks of
+# its internals), as the compiler searches them after the including file's
+# own folder: public headers, internal ones by room ("kernels/linear.hpp"),
+# and core's plan header ("attention_problem.hpp"). Users, the Python module
+# and the fuzzers see include/ only.
+set(ATTN_INCLUDE_ROOTS include src src/core)
