@@ -1,5 +1,5 @@
 // attn: multi-head attention and positional encodings in C++. This umbrella
-// covers the core (tensors, masks, attention, softmax, errors) and the layer
+// covers the core (tensors, masks, attention, softmax, errors, threads) and the layer
 // (multi_head, positional encodings, MultiHeadAttention, KVCache). Files
 // (attn/io.hpp, attn/file.hpp), pictures (attn/picture.hpp) and training
 // (attn/train.hpp, attn/adam.hpp, attn/embedding.hpp, attn/experiments.hpp)
@@ -15,3 +15,4 @@
 #include "attn/positional.hpp"
 #include "attn/softmax.hpp"
 #include "attn/tensor.hpp"
+#include "attn/threads.hpp"

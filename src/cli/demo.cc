@@ -79,96 +79,120 @@ double max_abs(const Tensor<double>& t) {
   return m;
 }
 
-// The walkthrough's pictures, each as .png and .svg, into `folder`, and the
-// two sentences' word vectors as .npy (the input of `attn attend`).
-void write_pictures(const std::string& folder) {
-  namespace fs = std::filesystem;
-  std::error_code error;
-  fs::create_directories(folder, error);
-  if (error)
-    throw IOError("demo: cannot create the folder '" + folder + "': " + error.message());
-  auto both = [&](const std::string& name, auto draw) {
-    for (const char* ext : {".png", ".svg"}) draw((fs::path(folder) / (name + ext)).string());
-    std::printf("   %s.png, .svg\n", (fs::path(folder) / name).string().c_str());
-  };
-  std::printf("5. Pictures (the .svg files show each value on hover):\n");
-  std::printf("   the sinusoidal table, n=%lld, d=%lld (fast stripes left, slow right):\n",
-              static_cast<long long>(kTableRows), static_cast<long long>(kTableDim));
-  const auto table = sinusoidal_encoding<float>(kTableRows, kTableDim);
-  both("positional_encoding",
-       [&](const std::string& path) { write_file(path, {encoding_picture(path, table)}); });
+// One sentence of the walkthrough: its words and each encoding's weights.
+struct Sentence {
+  const char* name;
+  std::vector<int> words;
+  std::string text;
+  std::vector<std::string> tokens;
+  std::map<PositionalEncoding, Tensor<float>> weights;  // (heads, n, n)
+};
 
-  struct Sentence {
-    const char* name;
-    std::vector<int> words;
-    std::string text;
-    std::vector<std::string> tokens;
-    std::map<PositionalEncoding, Tensor<float>> weights;  // (heads, n, n)
-  };
-  std::vector<Sentence> sentences{{"cat_bites_dog", kCatBitesDog, "", {}, {}},
-                                  {"dog_bites_cat", kDogBitesCat, "", {}, {}}};
-  double lo = INFINITY, hi = -INFINITY;
-  for (Sentence& s : sentences) {
-    for (int w : s.words) {
-      s.tokens.emplace_back(kWords[w]);
-      s.text += (s.text.empty() ? "" : " ") + s.tokens.back();
+// Writes a picture as .png and .svg into a folder, and says so.
+class PictureFolder {
+ public:
+  explicit PictureFolder(std::string folder) : folder_(std::move(folder)) {
+    std::error_code error;
+    std::filesystem::create_directories(folder_, error);
+    if (error)
+      throw IOError("demo: cannot create the folder '" + folder_ + "': " + error.message());
+  }
+  std::string path(const std::string& file) const {
+    return (std::filesystem::path(folder_) / file).string();
+  }
+  template <class Encode>
+  void both(const std::string& name, Encode encode) const {
+    for (const char* ext : {".png", ".svg"}) {
+      const std::string p = path(name + ext);
+      write_file(p, {encode(p)});
     }
-    const auto x = sentence(s.words);
-    write_npy((fs::path(folder) / (std::string(s.name) + ".npy")).string(), x.view());
-    for (const auto& [encoding_name, encoding] : kPositionalEncodings) {
-      auto weights =
-          multi_head_with_weights(with_positions(x, encoding, kHeads).view(), kHeads).weights;
+    std::printf("   %s.png, .svg\n", path(name).c_str());
+  }
+
+ private:
+  std::string folder_;
+};
+
+// Each head's weights, both sentences with each encoding, on one scale.
+void write_weights(const PictureFolder& out, const std::vector<Sentence>& sentences) {
+  double lo = INFINITY, hi = -INFINITY;
+  for (const Sentence& s : sentences)
+    for (const auto& [encoding, weights] : s.weights)
       for (int64_t i = 0; i < weights.numel(); ++i)
         lo = std::fmin(lo, weights[i]), hi = std::fmax(hi, weights[i]);
-      s.weights.emplace(encoding, std::move(weights));
-    }
-  }
   // The weights lie in a narrow band: drawn on it (the same for all six
   // pictures) their differences show; on [0, 1] they would look alike.
-  char range[64];
-  std::snprintf(range, sizeof range, "the demo's range, %.2f to %.2f", lo, hi);
-  PictureOptions weight_scale;
-  weight_scale.vmin = lo;
-  weight_scale.vmax = hi;
-  weight_scale.scale_title = "weight, the demo's range";
+  PictureOptions scale;
+  scale.vmin = lo;
+  scale.vmax = hi;
+  scale.scale_title = "weight, the demo's range";
   std::printf("   the weights of each head (row: the word attending, the query; column: the word\n"
-              "   attended to, the key), all on one scale, %s:\n", range);
+              "   attended to, the key), all on one scale, the demo's range, %.2f to %.2f:\n", lo, hi);
   for (const Sentence& s : sentences)
     for (const auto& [encoding_name, encoding] : kPositionalEncodings) {
-      const auto& weights = s.weights.at(encoding);
       const std::string caption = s.text + ", " + encoding_title(encoding);
-      both(std::string("weights_") + s.name + "_" + encoding_name, [&](const std::string& path) {
-        write_file(path, {weights_picture(path, weights, s.tokens, caption, weight_scale)});
+      out.both(std::string("weights_") + s.name + "_" + encoding_name, [&](const std::string& path) {
+        return weights_picture(path, s.weights.at(encoding), s.tokens, caption, scale);
       });
     }
+}
 
+// The first sentence's weights minus the second's un-mirrored, per encoding,
+// on one scale symmetric about 0.
+void write_differences(const PictureFolder& out, const std::vector<Sentence>& sentences) {
   std::printf("   %s's weights minus %s's with rows and columns reversed (so that the words\n"
               "   line up), on one scale symmetric about 0 (white):\n",
               sentences[0].text.c_str(), sentences[1].text.c_str());
   std::map<PositionalEncoding, Tensor<double>> differences;
   double largest = 0;
   for (const auto& [encoding_name, encoding] : kPositionalEncodings) {
-    auto d =
-        weight_difference(sentences[0].weights.at(encoding), sentences[1].weights.at(encoding));
+    auto d = weight_difference(sentences[0].weights.at(encoding), sentences[1].weights.at(encoding));
     largest = std::fmax(largest, max_abs(d));
     differences.emplace(encoding, std::move(d));
   }
-  PictureOptions difference_scale;
-  difference_scale.colour_map = ColourMap::BlueWhiteRed;
-  difference_scale.vmin = -largest;
-  difference_scale.vmax = largest;
-  difference_scale.scale_title = "difference (" + sentences[1].text + " reversed)";
+  PictureOptions scale;
+  scale.colour_map = ColourMap::BlueWhiteRed;
+  scale.vmin = -largest;
+  scale.vmax = largest;
+  scale.scale_title = "difference (" + sentences[1].text + " reversed)";
   for (const auto& [encoding_name, encoding] : kPositionalEncodings) {
     const auto& d = differences.at(encoding);
     const std::string caption =
         sentences[0].text + " - " + sentences[1].text + ", " + encoding_title(encoding);
-    both(std::string("difference_") + encoding_name, [&](const std::string& path) {
-      write_file(path, {weights_picture(path, d, sentences[0].tokens, caption, difference_scale)});
+    out.both(std::string("difference_") + encoding_name, [&](const std::string& path) {
+      return weights_picture(path, d, sentences[0].tokens, caption, scale);
     });
     std::printf("     %s: max |difference| = %.3g\n", encoding_title(encoding).c_str(), max_abs(d));
   }
   std::printf("   -> without positions the difference is blank: 狗 咬 猫's weights are 猫 咬 狗's\n"
               "      reversed. With positions it is not.\n");
+}
+
+// The walkthrough's pictures, each as .png and .svg, into `folder`, and the
+// two sentences' word vectors as .npy (the input of `attn attend`).
+void write_pictures(const std::string& folder) {
+  const PictureFolder out(folder);
+  std::printf("5. Pictures (the .svg files show each value on hover):\n");
+  std::printf("   the sinusoidal table, n=%lld, d=%lld (fast stripes left, slow right):\n",
+              static_cast<long long>(kTableRows), static_cast<long long>(kTableDim));
+  const auto table = sinusoidal_encoding<float>(kTableRows, kTableDim);
+  out.both("positional_encoding", [&](const std::string& path) { return encoding_picture(path, table); });
+
+  std::vector<Sentence> sentences{{"cat_bites_dog", kCatBitesDog, "", {}, {}},
+                                  {"dog_bites_cat", kDogBitesCat, "", {}, {}}};
+  for (Sentence& s : sentences) {
+    for (int w : s.words) {
+      s.tokens.emplace_back(kWords[w]);
+      s.text += (s.text.empty() ? "" : " ") + s.tokens.back();
+    }
+    const auto x = sentence(s.words);
+    write_npy(out.path(std::string(s.name) + ".npy"), x.view());
+    for (const auto& [encoding_name, encoding] : kPositionalEncodings)
+      s.weights.emplace(encoding, multi_head_with_weights(with_positions(x, encoding, kHeads).view(),
+                                                          kHeads).weights);
+  }
+  write_weights(out, sentences);
+  write_differences(out, sentences);
 }
 
 }  // namespace

@@ -14,11 +14,10 @@ void check_base(double base, const char* what) {
                      std::to_string(base));
 }
 
-// Rotates pair k of each row by direction * angle: +1 is RoPE, -1 its
-// backward (a rotation's transpose is the rotation by -angle).
+// Validates apply_rope's arguments; returns the rotated width r.
 template <class T>
-void rope_impl(TensorView<const T> x, TensorView<T> out, const RopeOptions& opt,
-               TensorView<const int64_t> positions, double direction) {
+int64_t check_rope(const TensorView<const T>& x, const TensorView<T>& out, const RopeOptions& opt,
+                   const TensorView<const int64_t>& positions) {
   if (x.rank() < 2)
     throw ValueError("rope: x must have shape (..., n, d), got " + shape_str(x.shape()));
   if (out.shape() != x.shape())
@@ -36,6 +35,15 @@ void rope_impl(TensorView<const T> x, TensorView<T> out, const RopeOptions& opt,
       opt.offset > std::numeric_limits<int64_t>::max() - (n - 1))
     throw ValueError("rope: positions offset + 0.." + std::to_string(n - 1) + " overflow int64 (offset " +
                      std::to_string(opt.offset) + ")");
+  return r;
+}
+
+// Rotates pair k of each row by direction * angle: +1 is RoPE, -1 its
+// backward (a rotation's transpose is the rotation by -angle).
+template <class T>
+void rope_impl(TensorView<const T> x, TensorView<T> out, const RopeOptions& opt,
+               TensorView<const int64_t> positions, double direction) {
+  const int64_t r = check_rope(x, out, opt, positions), d = x.dim(-1), n = x.dim(-2);
   // Positions are read through a view broadcast to x's shape minus the last axis.
   const Shape rows_shape(x.shape().begin(), x.shape().end() - 1);
   TensorView<const int64_t> pos;

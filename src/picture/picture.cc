@@ -245,9 +245,84 @@ void grow(Box& box, const Box& by) {
          std::max(box.y1, by.y1)};
 }
 
-// Each slot of the grid: the title, the column axis title and the column
-// labels above the cells; the row axis title (vertical) and the row labels left
-// of them. The colour bar right of the grid, its numbers and title beside it.
+// The texts of map `map` around its cells at (x0, y0): the title, the column
+// axis title and the column labels (or ticks) above, the row axis title
+// (vertical) and the row labels (or ticks) left of them. `left` and `top` are
+// the room they take beside and above the cells.
+void lay_out_map(Layout& out, const HeatMap& m, int64_t map, int64_t x0, int64_t y0,
+                 int64_t left, int64_t top, const AxisLabels& c, const AxisLabels& r,
+                 const TextMeasure& measure) {
+  PictureLayout& l = out.picture;
+  const int64_t line = measure.line, cell = l.cell_px;
+  const int64_t slot_top = y0 - top, cells_w = cols_of(m) * cell;
+  l.map_origin.emplace_back(x0, y0);
+  PictureLayout::MapText& boxes = l.map_text.emplace_back();
+  auto add = [&](Text t, Box& box) {
+    grow(box, extent_of(t, measure));
+    out.texts.push_back(std::move(t));
+  };
+  add({m.title, "title", map, x0, slot_top + line / 2}, boxes.title);
+  add({m.col_axis, "col-axis", map, x0 + cells_w / 2, slot_top + line + kPad + line / 2,
+       Anchor::Middle},
+      boxes.col_axis);
+  add({m.row_axis, "row-axis", map, x0 - left + line / 2,
+       y0 + std::max(rows_of(m) * cell, measure.width(m.row_axis)) / 2, Anchor::Middle, true},
+      boxes.row_axis);
+  for (size_t k = 0; k < c.at.size(); ++k) {
+    const int64_t x = x0 + c.at[k] * cell + cell / 2;
+    add({c.text[k], c.ticks ? "col-tick" : "col-label", map, x,
+         slot_top + 2 * line + kPad + line / 2, Anchor::Middle},
+        boxes.col_labels);
+    if (c.ticks)
+      out.tick_marks.push_back({map, {x, y0 - kTickGap - kTickLength, x + 1, y0 - kTickGap}});
+  }
+  for (size_t k = 0; k < r.at.size(); ++k) {
+    const int64_t y = y0 + r.at[k] * cell + cell / 2;
+    add({r.text[k], r.ticks ? "row-tick" : "row-label", map, x0 - kLabelGap, y, Anchor::End},
+        boxes.row_labels);
+    if (r.ticks)
+      out.tick_marks.push_back({map, {x0 - kTickGap - kTickLength, y, x0 - kTickGap, y + 1}});
+  }
+}
+
+// The colour bar right of the grid (grid_w x grid_h, its cells `top` below
+// the margin), the scale's ends and middle beside it, its title; and so the
+// picture's size.
+void lay_out_colour_bar(Layout& out, const Scale& scale, const PictureOptions& opt,
+                        int64_t grid_w, int64_t grid_h, int64_t top, const TextMeasure& measure) {
+  PictureLayout& l = out.picture;
+  const int64_t line = measure.line;
+  l.bar_x = kMargin + grid_w + kGap;
+  l.bar_y = kMargin + top;
+  l.bar_width = kBarWidth;
+  l.bar_height = std::max(grid_h - top - line / 2, 3 * line);
+  const int64_t label_x = l.bar_x + kBarWidth + 6;
+  int64_t labels_w = 0;
+  Box bar_labels;
+  for (const auto& [value, y] : {std::pair{scale.vmax, l.bar_y},
+                                 {(scale.vmin + scale.vmax) / 2, l.bar_y + l.bar_height / 2},
+                                 {scale.vmin, l.bar_y + l.bar_height - 1}}) {
+    Text t{format_value(value), "bar-label", -1, label_x, y};
+    grow(bar_labels, extent_of(t, measure));
+    labels_w = std::max(labels_w, measure.width(t.text));
+    out.texts.push_back(std::move(t));
+  }
+  int64_t right = label_x + labels_w, bottom = std::max(kMargin + grid_h, bar_labels.y1);
+  if (!opt.scale_title.empty()) {
+    const int64_t w = measure.width(opt.scale_title);
+    Text t{opt.scale_title, "scale-title", -1, right + 6 + line / 2,
+           std::max(l.bar_y + l.bar_height / 2, kMargin + w / 2), Anchor::Middle, true};
+    l.scale_title = extent_of(t, measure);
+    out.texts.push_back(std::move(t));
+    right = l.scale_title.x1;
+    bottom = std::max(bottom, l.scale_title.y1);
+  }
+  l.width = right + kMargin;
+  l.height = bottom + kMargin;
+}
+
+// The maps in a grid of equal slots, each laid out by lay_out_map, the colour
+// bar right of the grid.
 Layout lay_out(const char* what, const std::vector<HeatMap>& maps, const PictureOptions& opt,
                const TextMeasure& measure) {
   validate(what, maps, opt);
@@ -276,75 +351,14 @@ Layout lay_out(const char* what, const std::vector<HeatMap>& maps, const Picture
   const int64_t slot_h = top + cells_h + line / 2;  // room for the last row label
   const int64_t cols = grid_columns(maps, opt);
   const int64_t rows = (static_cast<int64_t>(maps.size()) + cols - 1) / cols;
-  const int64_t grid_w = cols * slot_w + (cols - 1) * kGap;
-  const int64_t grid_h = rows * slot_h + (rows - 1) * kGap;
-
   for (size_t i = 0; i < maps.size(); ++i) {
-    const HeatMap& m = maps[i];
     const auto map = static_cast<int64_t>(i);
-    const int64_t x0 = kMargin + map % cols * (slot_w + kGap) + left;
-    const int64_t y0 = kMargin + map / cols * (slot_h + kGap) + top;
-    const int64_t slot_top = y0 - top, cells_w = cols_of(m) * cell;
-    l.map_origin.emplace_back(x0, y0);
-    PictureLayout::MapText& boxes = l.map_text.emplace_back();
-    auto add = [&](Text t, Box& box) {
-      grow(box, extent_of(t, measure));
-      out.texts.push_back(std::move(t));
-    };
-    add({m.title, "title", map, x0, slot_top + line / 2}, boxes.title);
-    add({m.col_axis, "col-axis", map, x0 + cells_w / 2, slot_top + line + kPad + line / 2,
-         Anchor::Middle},
-        boxes.col_axis);
-    add({m.row_axis, "row-axis", map, x0 - left + line / 2,
-         y0 + std::max(rows_of(m) * cell, measure.width(m.row_axis)) / 2, Anchor::Middle, true},
-        boxes.row_axis);
-    const AxisLabels& c = col_labels[i];
-    for (size_t k = 0; k < c.at.size(); ++k) {
-      const int64_t x = x0 + c.at[k] * cell + cell / 2;
-      add({c.text[k], c.ticks ? "col-tick" : "col-label", map, x,
-           slot_top + 2 * line + kPad + line / 2, Anchor::Middle},
-          boxes.col_labels);
-      if (c.ticks)
-        out.tick_marks.push_back({map, {x, y0 - kTickGap - kTickLength, x + 1, y0 - kTickGap}});
-    }
-    const AxisLabels& r = row_labels[i];
-    for (size_t k = 0; k < r.at.size(); ++k) {
-      const int64_t y = y0 + r.at[k] * cell + cell / 2;
-      add({r.text[k], r.ticks ? "row-tick" : "row-label", map, x0 - kLabelGap, y, Anchor::End},
-          boxes.row_labels);
-      if (r.ticks)
-        out.tick_marks.push_back({map, {x0 - kTickGap - kTickLength, y, x0 - kTickGap, y + 1}});
-    }
+    lay_out_map(out, maps[i], map, kMargin + map % cols * (slot_w + kGap) + left,
+                kMargin + map / cols * (slot_h + kGap) + top, left, top, col_labels[i],
+                row_labels[i], measure);
   }
-
-  l.bar_x = kMargin + grid_w + kGap;
-  l.bar_y = kMargin + top;
-  l.bar_width = kBarWidth;
-  l.bar_height = std::max(grid_h - top - line / 2, 3 * line);
-  const int64_t label_x = l.bar_x + kBarWidth + 6;
-  int64_t labels_w = 0;
-  Box bar_labels;
-  // The scale's ends and middle, beside the top, middle and bottom of the bar.
-  for (const auto& [value, y] : {std::pair{scale.vmax, l.bar_y},
-                                 {(scale.vmin + scale.vmax) / 2, l.bar_y + l.bar_height / 2},
-                                 {scale.vmin, l.bar_y + l.bar_height - 1}}) {
-    Text t{format_value(value), "bar-label", -1, label_x, y};
-    grow(bar_labels, extent_of(t, measure));
-    labels_w = std::max(labels_w, measure.width(t.text));
-    out.texts.push_back(std::move(t));
-  }
-  int64_t right = label_x + labels_w, bottom = std::max(kMargin + grid_h, bar_labels.y1);
-  if (!opt.scale_title.empty()) {
-    const int64_t w = measure.width(opt.scale_title);
-    Text t{opt.scale_title, "scale-title", -1, right + 6 + line / 2,
-           std::max(l.bar_y + l.bar_height / 2, kMargin + w / 2), Anchor::Middle, true};
-    l.scale_title = extent_of(t, measure);
-    out.texts.push_back(std::move(t));
-    right = l.scale_title.x1;
-    bottom = std::max(bottom, l.scale_title.y1);
-  }
-  l.width = right + kMargin;
-  l.height = bottom + kMargin;
+  lay_out_colour_bar(out, scale, opt, cols * slot_w + (cols - 1) * kGap,
+                     rows * slot_h + (rows - 1) * kGap, top, measure);
   return out;
 }
 
