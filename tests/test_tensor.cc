@@ -19,6 +19,18 @@ TEST(Tensor, ContiguousStrides) {
   EXPECT_EQ(contiguous_strides({}), Strides{});
 }
 
+// An empty shape may have huge other dimensions: its strides saturate
+// instead of overflowing (UBSan found the overflow through a fuzzed .npy).
+TEST(Tensor, EmptyShapesWithHugeDimensionsHaveStrides) {
+  const Shape huge{0, 1918083853, 3, 18030383, 3, 18030383853, 360};
+  const Tensor<float> t(huge);
+  EXPECT_EQ(t.numel(), 0);
+  const Strides s = t.view().strides();
+  EXPECT_EQ(s.back(), 1);
+  EXPECT_EQ(s[5], 360);
+  EXPECT_EQ(s[0], std::numeric_limits<int64_t>::max());
+}
+
 TEST(Tensor, OverflowingSizeIsRefusedBeforeAllocating) {
   const int64_t big = int64_t{1} << 40;
   EXPECT_THROW_MSG(Tensor<float>({big, big}), ValueError, "(1099511627776, 1099511627776)");

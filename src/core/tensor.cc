@@ -41,7 +41,10 @@ Strides contiguous_strides(const Shape& shape) {
   int64_t step = 1;
   for (size_t a = shape.size(); a-- > 0;) {
     s[a] = step;
-    step *= shape[a] > 0 ? shape[a] : 1;
+    // A shape with a 0 can have huge other dimensions (no element exists to
+    // reach): the steps saturate there instead of overflowing.
+    if (__builtin_mul_overflow(step, shape[a] > 0 ? shape[a] : 1, &step))
+      step = std::numeric_limits<int64_t>::max();
   }
   return s;
 }
