@@ -19,8 +19,8 @@ TEST(Tensor, ContiguousStrides) {
   EXPECT_EQ(contiguous_strides({}), Strides{});
 }
 
-// An empty shape may have huge other dimensions: its strides saturate
-// instead of overflowing (UBSan found the overflow through a fuzzed .npy).
+// An empty shape may have huge other dimensions: its strides saturate and
+// its size is 0 without overflowing (UBSan found both through fuzzed .npy files).
 TEST(Tensor, EmptyShapesWithHugeDimensionsHaveStrides) {
   const Shape huge{0, 1918083853, 3, 18030383, 3, 18030383853, 360};
   const Tensor<float> t(huge);
@@ -29,6 +29,10 @@ TEST(Tensor, EmptyShapesWithHugeDimensionsHaveStrides) {
   EXPECT_EQ(s.back(), 1);
   EXPECT_EQ(s[5], 360);
   EXPECT_EQ(s[0], std::numeric_limits<int64_t>::max());
+  // The 0 last: the product of the others overflows before it (numel did).
+  const Tensor<float> last({5, 191, 1918083853, 3, 18030383, 3, 1803038, 36, 0});
+  EXPECT_EQ(last.numel(), 0);
+  EXPECT_EQ(last.view().numel(), 0);
 }
 
 TEST(Tensor, OverflowingSizeIsRefusedBeforeAllocating) {

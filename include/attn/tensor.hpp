@@ -34,6 +34,16 @@ std::string shape_str(const Shape& shape);
 // negative or the byte count of `elem_size`-byte elements overflows.
 int64_t checked_numel(const Shape& shape, size_t elem_size, const char* what);
 
+// The number of elements: 0 when any dimension is 0, whatever the others
+// (their product could overflow: an empty shape is not bounded by memory).
+inline int64_t numel_of(const Shape& shape) {
+  for (int64_t d : shape)
+    if (d == 0) return 0;
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
 // Strides of a C-contiguous array of this shape.
 Strides contiguous_strides(const Shape& shape);
 
@@ -82,11 +92,7 @@ class TensorView<const T> {
   int64_t stride(int axis) const {
     return strides_[axis < 0 ? axis + rank() : axis];
   }
-  int64_t numel() const {
-    int64_t n = 1;
-    for (int64_t d : shape_) n *= d;
-    return n;
-  }
+  int64_t numel() const { return numel_of(shape_); }
   bool is_contiguous() const { return strides_ == contiguous_strides(shape_); }
 
   // Element at a full multi-index (no bounds checks: callers validate shapes).
@@ -178,11 +184,7 @@ class Tensor {
   const Shape& shape() const { return shape_; }
   int rank() const { return static_cast<int>(shape_.size()); }
   int64_t dim(int axis) const { return shape_[axis < 0 ? axis + rank() : axis]; }
-  int64_t numel() const {
-    int64_t n = 1;
-    for (int64_t d : shape_) n *= d;
-    return n;
-  }
+  int64_t numel() const { return numel_of(shape_); }
   T& operator[](int64_t i) { return data_[i]; }
   const T& operator[](int64_t i) const { return data_[i]; }
   T& at(std::initializer_list<int64_t> index) { return view().at(index); }

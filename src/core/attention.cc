@@ -71,8 +71,7 @@ Operand<T> operand(const TensorView<T>& t, const Shape& batch) {
   o.col_stride = t.stride(r - 1);
   o.head_stride = r >= 3 ? t.stride(r - 3) : 0;
   const int nb = static_cast<int>(batch.size());
-  int64_t count = 1;
-  for (int64_t n : batch) count *= n;
+  const int64_t count = numel_of(batch);
   o.batch_offset.resize(static_cast<size_t>(count));
   std::vector<int64_t> index(nb, 0);
   for (int64_t b = 0; b < count; ++b) {
@@ -139,8 +138,7 @@ AttentionProblem<T> make_problem(TensorView<const T> q, TensorView<const KV> k,
 
   AttentionProblem<T> p;
   p.batch_axes = s.batch;
-  p.batch = 1;
-  for (int64_t n : s.batch) p.batch *= n;
+  p.batch = numel_of(s.batch);
   p.heads_q = s.heads_q;
   p.heads_kv = s.heads_kv;
   p.n_q = s.n_q;
