@@ -104,6 +104,28 @@ std::vector<KernelCase> decode_cases() {
   };
 }
 
+// Head dims of real models and the awkward ones around vector and panel
+// widths (issue 14), value dims differing from them.
+constexpr int64_t kHeadDims[] = {1, 3, 16, 17, 31, 32, 33, 48, 63, 65, 80, 96, 112, 127, 129,
+                                 160, 192, 256, 320};
+
+// Prefill (straddling query blocks and key tiles, causal) and decode (a
+// chunk and a half) at head dim d, value dim d_v.
+void check_head_dim(int64_t d, int64_t d_v, uint32_t seed) {
+  check({1, 2, 1, 70, 130, d, d_v, Causal::BottomRight, {}, 0, 0}, false, seed);
+  check({1, 2, 2, 2, 770, d, d_v, Causal::None, {}, 0, 1}, false, seed + 1);
+}
+
+TEST(Kernels, EveryHeadDimOnEveryTarget) {
+  test::on_every_simd_target([] {
+    uint32_t seed = 700;
+    for (int64_t d : kHeadDims) {
+      check_head_dim(d, d, seed += 2);
+      check_head_dim(d, d % 7 + 5, seed += 2);
+    }
+  });
+}
+
 TEST(Kernels, FlashMatchesReferenceAcrossTiles) {
   uint32_t seed = 100;
   for (const auto& c : flash_cases()) check(c, false, seed++);
