@@ -189,6 +189,16 @@ void add_mha(CLI::App& app, Command& chosen) {
   add_attention_options(mha, args->attention, "causal self-attention");
 }
 
+// --steps, --seed and --json, which both experiments take.
+template <class Args>
+void add_training_flags(CLI::App* sub, Args& args, const char* steps_help, const char* seed_help) {
+  sub->add_option("--steps", args.steps, steps_help)->check(integer_in<int64_t>(0, kMaxSteps));
+  sub->add_option("--seed", args.seed, seed_help)
+      ->capture_default_str()
+      ->check(integer_in<uint64_t>(0, UINT64_MAX));
+  sub->add_flag("--json", args.json, "print the results as JSON");
+}
+
 void add_experiment(CLI::App& app, Command& chosen) {
   auto* experiment = app.add_subcommand(
       "experiment", "the article's claims as experiments (see docs/experiments.md)");
@@ -196,28 +206,20 @@ void add_experiment(CLI::App& app, Command& chosen) {
   auto* order = experiment->add_subcommand(
       "order", "attention alone cannot tell 猫咬狗 from 狗咬猫; positional encoding can");
   auto order_args = on_chosen(order, chosen, attn::cli::run_order_experiment);
-  order->add_option("--steps", order_args->steps, "training steps per variant (default 600)")
-      ->check(integer_in<int64_t>(0, kMaxSteps));
-  order->add_option("--seed", order_args->seed, "seed of data split, weights and batches")
-      ->capture_default_str()
-      ->check(integer_in<uint64_t>(0, UINT64_MAX));
+  add_training_flags(order, *order_args, "training steps per variant (default 600)",
+                     "seed of data split, weights and batches");
   order->add_option("--out", order_args->out,
                     "write each variant's head weights on 猫 咬 狗 / 狗 咬 猫 (.npy) into this "
                     "folder (none are written without it)");
-  order->add_flag("--json", order_args->json, "print the results as JSON");
   auto* heads = experiment->add_subcommand(
       "heads", "1, 2, 4, 8 heads on a task that needs two relations at once");
   auto heads_args = on_chosen(heads, chosen, attn::cli::run_heads_experiment);
-  heads->add_option("--steps", heads_args->steps, "training steps per head count (default 1500)")
-      ->check(integer_in<int64_t>(0, kMaxSteps));
-  heads->add_option("--seed", heads_args->seed, "seed of weights, batches and test set")
-      ->capture_default_str()
-      ->check(integer_in<uint64_t>(0, UINT64_MAX));
+  add_training_flags(heads, *heads_args, "training steps per head count (default 1500)",
+                     "seed of weights, batches and test set");
   heads->add_option("--positional", heads_args->positional,
                     "positional encoding: none, sinusoidal, learned or rope")
       ->check(CLI::IsMember({"none", "sinusoidal", "learned", "rope"}))
       ->capture_default_str();
-  heads->add_flag("--json", heads_args->json, "print the results as JSON");
 }
 
 // The flags both bench subcommands take.
