@@ -137,6 +137,7 @@ class MultiHeadAttention {
   struct Parameters {
     Tensor<T> wq, wk, wv, wo;  // (out, in), as nn.Linear
     Tensor<T> bq, bk, bv, bo;  // empty when !bias
+    std::vector<const Tensor<T>*> list(bool bias) const;  // in parameters()' order
   };
   struct Activations;  // what forward computes before the output projection
   Activations forward_activations(const Parameters& w, TensorView<const T> query,

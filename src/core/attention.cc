@@ -4,8 +4,8 @@
 // backward: the reference for both, for now).
 #include "attn/attention.hpp"
 
+#include <algorithm>
 #include <cmath>
-#include <limits>
 #include <string>
 
 #include "attention_problem.hpp"

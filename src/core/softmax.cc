@@ -32,8 +32,7 @@ void softmax(TensorView<const T> a, TensorView<T> out, int64_t axis) {
   out = out.transpose(ax, out.rank() - 1);
   const int lead = a.rank() - 1;
   const int64_t n = a.dim(-1), sa = a.stride(-1), so = out.stride(-1);
-  int64_t rows = 1;
-  for (int d = 0; d < lead; ++d) rows *= a.dim(d);
+  const int64_t rows = numel_of(Shape(a.shape().begin(), a.shape().end() - 1));
   if (n == 0) return;
   std::vector<int64_t> index(lead + 1, 0);
   std::vector<T> e(n);

@@ -388,14 +388,15 @@ Tensor<float> read_safetensors_entry(const std::string& path, const std::string&
   range = {begin, end};
   Tensor<float> t(shape);
   const char* src = data + begin;
+  if (dtype == "F32") {
+    std::memcpy(t.data(), src, static_cast<size_t>(count) * 4);
+    return t;
+  }
+  const auto widen = dtype == "F16" ? fp16_to_float : bf16_to_float;
   for (int64_t i = 0; i < count; ++i) {
-    if (dtype == "F32") {
-      std::memcpy(&t[i], src + 4 * i, 4);
-    } else {
-      uint16_t h;
-      std::memcpy(&h, src + 2 * i, 2);
-      t[i] = dtype == "F16" ? fp16_to_float(h) : bf16_to_float(h);
-    }
+    uint16_t h;
+    std::memcpy(&h, src + 2 * i, 2);
+    t[i] = widen(h);
   }
   return t;
 }

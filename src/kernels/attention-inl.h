@@ -50,9 +50,6 @@ inline float ScoreScale(const AttentionProblem<float>& p) {
   return p.softcap > 0 ? static_cast<float>(p.scale) : Base2(p.scale);
 }
 
-// Keys and values may be stored as float32, bfloat16 or fp16; arithmetic is
-// float32 (a 16-bit load is promoted; ToFloat, partial-inl.h, is the scalar
-// form).
 // fp16 lanes promoted to float32. Highway 1.0.3 emulates the conversion on
 // targets without F16C (SSSE3, SSE4, scalar) by rebiasing the exponent, which
 // turns inf and NaN (exponent 31) into finite numbers near 65536; those lanes
@@ -76,6 +73,9 @@ HWY_INLINE VF PromoteF16(DF d, hn::Vec<D16> h) {
 #endif
 }
 
+// Keys and values may be stored as float32, bfloat16 or fp16; arithmetic is
+// float32 (a 16-bit load is promoted; ToFloat, partial-inl.h, is the scalar
+// form).
 template <class KV>
 HWY_INLINE VF LoadKV(DF d, const KV* p) {
   if constexpr (std::is_same_v<KV, float>) {

@@ -6,7 +6,7 @@
 
 namespace attn::detail {
 
-// Both require col_stride == 1 for q, k, v and out (attention() arranges it).
+// Both require col_stride == 1 for q, k, v and out (PreparedAttention arranges it).
 
 // Tiled online-softmax attention (flash style), any shape; writes weights
 // when p.weights is set.
@@ -16,8 +16,8 @@ void flash_forward(const AttentionProblem<float>& p);
 // processed in parallel, partial softmax results merged exactly. No weights.
 void decode_forward(const AttentionProblem<float>& p);
 
-// Whether decode_forward is the better kernel for p (n_q <= 8, n_k beyond
-// one chunk, no weights asked for).
+// Whether decode_forward is the better kernel for p (n_q <= kDecodeMaxQueries,
+// n_k beyond one chunk, no weights asked for; config.hpp).
 bool use_decode(const AttentionProblem<float>& p);
 
 // out[i] = 2^x[i], the kernels' softmax exponential, meant for x <= 0:

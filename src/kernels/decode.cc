@@ -112,12 +112,12 @@ void DecodeChunk(DF d, const AttentionProblem<float>& p, int64_t b, int64_t hkv,
   for (int64_t r = 0; r < R; ++r) q[r] = p.q.row(b, row_head(r), r % p.n_q);
   const float scale = ScoreScale(p);
   const KV* v_rows = ValueRow<KV>(p, b, hkv, j0);
-  const int64_t v_bytes = p.d_v * static_cast<int64_t>(sizeof(KV));
+  const int64_t v_stride = ValueStride(p), v_bytes = p.d_v * static_cast<int64_t>(sizeof(KV));
   for (int64_t j = 0; j < jn; ++j) {
     const KV* k = KeyRow<KV>(p, b, hkv, j0 + j);
     // Fetch row j of V while K streams in: both arrays come from memory
     // concurrently, and P·V below reads V from cache.
-    const char* vj = reinterpret_cast<const char*>(v_rows + j * ValueStride(p));
+    const char* vj = reinterpret_cast<const char*>(v_rows + j * v_stride);
     for (int64_t off = 0; off < v_bytes; off += 64) hwy::Prefetch(vj + off);
     if (v_bytes > 0) hwy::Prefetch(vj + v_bytes - 1);  // the last line, if not line-aligned
     for (int64_t r0 = 0; r0 < R; r0 += kRows) {
@@ -128,17 +128,17 @@ void DecodeChunk(DF d, const AttentionProblem<float>& p, int64_t b, int64_t hkv,
     }
   }
   if (p.softcap > 0) Softcap(d, p.softcap, s, R * kDecodeChunk);
+  const bool masked = !inside || p.mask.present();
   for (int64_t r = 0; r < R; ++r) {
     float* sr = s + r * kDecodeChunk;
     std::fill(sr + jn, sr + kDecodeChunk, ninf);
-    if (!inside || p.mask.present())
+    if (masked)
       MaskRow(p, b, row_head(r), r % p.n_q, j0, jn, !inside, sr);
     std::fill(l_lanes, l_lanes + N, 0.0f);
     SoftmaxStep(d, sr, kDecodeChunk, m[r], l_lanes);
     l[r] = hn::GetLane(hn::SumOfLanes(d, hn::Load(d, l_lanes)));
   }
-  AccumulateValues(d, R, s, kDecodeChunk, jn, ValueRow<KV>(p, b, hkv, j0), ValueStride(p), p.d_v,
-                   o, dvp);
+  AccumulateValues(d, R, s, kDecodeChunk, jn, v_rows, v_stride, p.d_v, o, dvp);
 }
 
 thread_local Scratch<float> tls_partials;
@@ -164,7 +164,8 @@ void DecodeForwardT(const AttentionProblem<float>& p) {
     for (int64_t r = 0; r < R; ++r) {
       float mx = -std::numeric_limits<float>::infinity();
       for (int64_t c = 0; c < chunks; ++c) mx = std::max(mx, first[c * part_size + R * dvp + r]);
-      float* out = p.out.row(b, hkv * p.group() + r / p.n_q, r % p.n_q);
+      const int64_t h = hkv * p.group() + r / p.n_q;
+      float* out = p.out.row(b, h, r % p.n_q);
       std::fill(out, out + p.d_v, 0.0f);
       float l = 0;
       for (int64_t c = 0; c < chunks; ++c) {
@@ -178,7 +179,7 @@ void DecodeForwardT(const AttentionProblem<float>& p) {
       }
       if (l == 0) continue;  // no allowed key: zeros
       for (int64_t col = 0; col < p.d_v; ++col) out[col] /= l;  // l NaN: the row is NaN
-      SettleNanRow(p, b, hkv * p.group() + r / p.n_q, r % p.n_q, out);
+      SettleNanRow(p, b, h, r % p.n_q, out);
     }
   });
 }

@@ -18,11 +18,11 @@
 // Loop order: the key tile is outer and the row blocks inner, so the K tile
 // (d·kBlockK·4 = 16 KiB at d = 64) and the V tile stay in cache while all
 // kBlockQ rows pass over them, and S is a 2 KiB block, never a whole tile.
-// (Measured on Zen 5, n = 4096: 256-row items reach 72% of the FMA peak,
-// 128 rows 66%, 64 rows 66%, 32 rows 63%.) Tiles and row blocks
+// (The measurements behind the tile sizes: config.hpp.) Tiles and row blocks
 // wholly outside the causal or window range are skipped; work items start
 // with the most expensive query tiles so the causal triangle balances across
 // threads. Items and the order of arithmetic inside them do not depend on the
+// thread count, so results are bitwise equal for any number of threads.
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "kernels/prefill.cc"
 #include <hwy/foreach_target.h>  // IWYU pragma: keep
@@ -251,9 +251,8 @@ thread_local Scratch<float> tls_kpack, tls_k32, tls_v32;
 // both to float32 up front (O(n) work, against the O(n²) of the attention)
 // costs nothing measurable (bf16 prefill runs at 98–101% of the float32 rate,
 // docs/performance.md) and keeps one float32 tile loop. Decode reads each
-// K/V row once, so it widens in registers instead (LoadKV).
-// 16-bit keys/values converted once to float32 rows (O(n) work, against the
-// O(n²) of the attention itself), as an operand over `dst`.
+// K/V row once, so it widens in registers instead (LoadKV). Returns the
+// float32 rows as an operand over `dst`.
 template <class KV>
 Operand<const float> Widen(const AttentionProblem<float>& p, const Operand<const uint16_t>& src,
                            int64_t width, float* dst) {

@@ -32,16 +32,15 @@ void check_heads(const char* what, TensorView<const T> x, int64_t heads) {
                      ") of x " + shape_str(x.shape()));
 }
 
-// weights: an empty view, or (..., heads, n, n) to receive each head's weights.
 template <class T>
 void multi_head_into(TensorView<const T> x, TensorView<T> out, int64_t heads,
-                     const AttentionOptions& options, TensorView<T> weights) {
+                     const AttentionOptions& options) {
   check_heads("multi_head", x, heads);
   if (out.shape() != x.shape())
     throw ValueError("multi_head: out has shape " + shape_str(out.shape()) +
                      ", expected x's shape " + shape_str(x.shape()));
   const auto s = split_heads(x, heads);
-  attention(s, s, s, split_heads(out, heads), options, {}, weights);
+  attention(s, s, s, split_heads(out, heads), options);
 }
 
 }  // namespace
@@ -49,13 +48,13 @@ void multi_head_into(TensorView<const T> x, TensorView<T> out, int64_t heads,
 template <Real T>
 void multi_head(TensorView<const T> x, TensorView<T> out, int64_t heads,
                 const AttentionOptions& options) {
-  multi_head_into<T>(x, out, heads, options, {});
+  multi_head_into<T>(x, out, heads, options);
 }
 
 template <Real T>
 Tensor<T> multi_head(TensorView<const T> x, int64_t heads, const AttentionOptions& options) {
   Tensor<T> out(x.shape());
-  multi_head_into<T>(x, out.view(), heads, options, {});
+  multi_head_into<T>(x, out.view(), heads, options);
   return out;
 }
 
@@ -64,9 +63,9 @@ AttentionResult<T> multi_head_with_weights(TensorView<const T> x, int64_t heads,
                                                 const AttentionOptions& options) {
   check_heads("multi_head", x, heads);
   const auto s = split_heads(x, heads);
-  AttentionResult<T> r{Tensor<T>(x.shape()),
-                       Tensor<T>(attention_weights_shape(s.shape(), s.shape(), s.shape()))};
-  multi_head_into<T>(x, r.out.view(), heads, options, r.weights.view());
+  const AttentionPlan<T> plan(s, s, s, options);
+  AttentionResult<T> r{Tensor<T>(x.shape()), Tensor<T>(plan.weights_shape())};
+  plan.run(split_heads(r.out.view(), heads), r.weights.view());
   return r;
 }
 

@@ -2,9 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
-#include <limits>
 #include <random>
-#include <set>
 #include <tuple>
 #include <utility>
 
@@ -314,11 +312,15 @@ MhaOutput<T> MultiHeadAttention<T>::forward(TensorView<const T> query, TensorVie
 }
 
 template <class T>
+std::vector<const Tensor<T>*> MultiHeadAttention<T>::Parameters::list(bool bias) const {
+  if (bias) return {&wq, &wk, &wv, &wo, &bq, &bk, &bv, &bo};
+  return {&wq, &wk, &wv, &wo};
+}
+
+template <class T>
 std::vector<const Tensor<T>*> MultiHeadAttention<T>::parameters() const {
   std::lock_guard lock(mutex_);
-  const Parameters& w = *params_;
-  if (config_.bias) return {&w.wq, &w.wk, &w.wv, &w.wo, &w.bq, &w.bk, &w.bv, &w.bo};
-  return {&w.wq, &w.wk, &w.wv, &w.wo};
+  return params_->list(config_.bias);
 }
 
 template <class T>
@@ -349,9 +351,7 @@ MhaGradients<T> MultiHeadAttention<T>::backward(TensorView<const T> dout,
   const Tensor<T> dy = contiguous(dout);
 
   MhaGradients<T> g;
-  for (const Tensor<T>* p : {&w->wq, &w->wk, &w->wv, &w->wo}) g.parameters.emplace_back(p->shape());
-  if (c.bias)
-    for (const Tensor<T>* p : {&w->bq, &w->bk, &w->bv, &w->bo}) g.parameters.emplace_back(p->shape());
+  for (const Tensor<T>* p : w->list(c.bias)) g.parameters.emplace_back(p->shape());
   Tensor<T>&dwq = g.parameters[0], &dwk = g.parameters[1], &dwv = g.parameters[2],
   &dwo = g.parameters[3];
   const auto bias_grad = [&](int i) { return c.bias ? g.parameters[4 + i].data() : nullptr; };

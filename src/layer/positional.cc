@@ -60,8 +60,7 @@ void rope_impl(TensorView<const T> x, TensorView<T> out, const RopeOptions& opt,
     inv_freq[k] = std::pow(opt.base, -2.0 * double(k) / double(r));
 
   const int lead = x.rank() - 1;
-  int64_t rows = 1;
-  for (int a = 0; a < lead; ++a) rows *= x.dim(a);
+  const int64_t rows = numel_of(rows_shape);
   const int64_t sx = x.stride(-1), so = out.stride(-1);
   const auto fill_angles = [&](int64_t position, double* c, double* s) {
     for (int64_t k = 0; k < half; ++k) {

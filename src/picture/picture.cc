@@ -177,6 +177,7 @@ struct Text {
   int64_t x, y;
   Anchor anchor = Anchor::Start;
   bool vertical = false;
+  Box box = {};  // where it is drawn, set by lay_out
 };
 
 // A tick mark beside the cells of a heat map.
@@ -186,6 +187,7 @@ struct TickMark {
 };
 
 struct Layout {
+  Scale scale;
   PictureLayout picture;
   std::vector<Text> texts;
   std::vector<TickMark> tick_marks;
@@ -258,7 +260,8 @@ void lay_out_map(Layout& out, const HeatMap& m, int64_t map, int64_t x0, int64_t
   l.map_origin.emplace_back(x0, y0);
   PictureLayout::MapText& boxes = l.map_text.emplace_back();
   auto add = [&](Text t, Box& box) {
-    grow(box, extent_of(t, measure));
+    t.box = extent_of(t, measure);
+    grow(box, t.box);
     out.texts.push_back(std::move(t));
   };
   add({m.title, "title", map, x0, slot_top + line / 2}, boxes.title);
@@ -303,7 +306,8 @@ void lay_out_colour_bar(Layout& out, const Scale& scale, const PictureOptions& o
                                  {(scale.vmin + scale.vmax) / 2, l.bar_y + l.bar_height / 2},
                                  {scale.vmin, l.bar_y + l.bar_height - 1}}) {
     Text t{format_value(value), "bar-label", -1, label_x, y};
-    grow(bar_labels, extent_of(t, measure));
+    t.box = extent_of(t, measure);
+    grow(bar_labels, t.box);
     labels_w = std::max(labels_w, measure.width(t.text));
     out.texts.push_back(std::move(t));
   }
@@ -312,7 +316,7 @@ void lay_out_colour_bar(Layout& out, const Scale& scale, const PictureOptions& o
     const int64_t w = measure.width(opt.scale_title);
     Text t{opt.scale_title, "scale-title", -1, right + 6 + line / 2,
            std::max(l.bar_y + l.bar_height / 2, kMargin + w / 2), Anchor::Middle, true};
-    l.scale_title = extent_of(t, measure);
+    l.scale_title = t.box = extent_of(t, measure);
     out.texts.push_back(std::move(t));
     right = l.scale_title.x1;
     bottom = std::max(bottom, l.scale_title.y1);
@@ -326,8 +330,9 @@ void lay_out_colour_bar(Layout& out, const Scale& scale, const PictureOptions& o
 Layout lay_out(const char* what, const std::vector<HeatMap>& maps, const PictureOptions& opt,
                const TextMeasure& measure) {
   validate(what, maps, opt);
-  const Scale scale = colour_scale(what, maps, opt);
   Layout out;
+  out.scale = colour_scale(what, maps, opt);
+  const Scale& scale = out.scale;
   PictureLayout& l = out.picture;
   l.cell_px = cell_size(maps, opt);
   l.line_height = measure.line;
@@ -501,7 +506,7 @@ std::string encode_png(const std::vector<HeatMap>& maps, const PictureOptions& o
   const detail::PngFont font(options.png_font, kPngFontPx);
   const Layout layout = png_lay_out(maps, options, font);
   const PictureLayout& l = layout.picture;
-  const Scale s = colour_scale("write_png", maps, options);
+  const Scale& s = layout.scale;
   Image img(l.width, l.height);
   for (size_t i = 0; i < maps.size(); ++i) {
     const HeatMap& m = maps[i];
@@ -513,11 +518,7 @@ std::string encode_png(const std::vector<HeatMap>& maps, const PictureOptions& o
                  s.colour(m.values[r * cols_of(m) + c]));
   }
   for (const TickMark& mark : layout.tick_marks) img.fill(mark.box, kBlack);
-  const TextMeasure measure = png_measure(font);
-  for (const Text& t : layout.texts) {
-    const Box box = extent_of(t, measure);
-    img.blend(font.render(t.text), box.x0, box.y0, t.vertical, kBlack);
-  }
+  for (const Text& t : layout.texts) img.blend(font.render(t.text), t.box.x0, t.box.y0, t.vertical, kBlack);
   // The bar runs from vmax (top row) to vmin (bottom row).
   for (int64_t j = 0; j < l.bar_height; ++j)
     img.fill({l.bar_x, l.bar_y + j, l.bar_x + l.bar_width, l.bar_y + j + 1},
@@ -537,7 +538,7 @@ std::string encode_svg(const std::vector<HeatMap>& maps, const PictureOptions& o
                             [](const std::string&) { return true; }};
   const Layout layout = lay_out("write_svg", maps, options, measure);
   const PictureLayout& l = layout.picture;
-  const Scale s = colour_scale("write_svg", maps, options);
+  const Scale& s = layout.scale;
 
   std::ostringstream o;
   o << "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n"
