@@ -23,11 +23,6 @@ inline bool is_bool(const py::handle& o) {
          py::isinstance(o, py::module_::import("numpy").attr("bool_"));
 }
 
-inline bool bool_arg(const py::handle& o, const std::string& name) {
-  if (!is_bool(o)) throw TypeError(name + " must be a bool, got " + repr_of(o));
-  return py::cast<bool>(py::bool_(py::reinterpret_borrow<py::object>(o)));
-}
-
 // Any integer (int, numpy.int64, anything with __index__) that fits int64.
 inline int64_t int_arg(const py::handle& o, const std::string& name) {
   if (is_bool(o) || !PyIndex_Check(o.ptr()))

@@ -20,7 +20,7 @@ namespace attn::python {
 
 Causal causal_from(const py::object& c) {
   if (c.is_none()) return Causal::None;
-  if (is_bool(c)) return bool_arg(c, "causal") ? Causal::BottomRight : Causal::None;
+  if (is_bool(c)) return py::cast<bool>(py::bool_(c)) ? Causal::BottomRight : Causal::None;
   if (py::isinstance<py::str>(c)) {
     const auto name = c.cast<std::string>();
     try {

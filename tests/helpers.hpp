@@ -1,6 +1,7 @@
 // Test helpers: seeded random tensors, conversions and error measures.
 #pragma once
 
+#include <gtest/gtest.h>
 #include <hwy/targets.h>
 
 #include <cmath>

@@ -3,7 +3,6 @@
 // (forced one at a time), and at several thread counts.
 #include <gtest/gtest.h>
 
-#include <hwy/targets.h>
 
 #include <algorithm>
 #include <cmath>

@@ -28,8 +28,7 @@ void attend(const AttendArgs& args, Tensor<T> x) {
   }
   const auto result = multi_head_with_weights(x.view(), args.heads, options);
   // The titles say what was drawn: the sentence, the encoding, the mask.
-  std::string caption;
-  for (const auto& t : tokens) caption += (caption.empty() ? "" : " ") + t;
+  std::string caption = join_tokens(tokens);
   caption += (caption.empty() ? "" : ", ") + encoding_title(args.pe);
   if (options.causal != Causal::None) caption += ", causal";
   // The picture first: one that cannot be drawn (too large) must not leave

@@ -1,5 +1,6 @@
 // `attn demo`: the article, step by step, with numbers.
 #include "cli/commands.hpp"
+#include "cli/files.hpp"
 
 #include <cmath>
 #include <cstdio>
@@ -92,10 +93,7 @@ struct Sentence {
 class PictureFolder {
  public:
   explicit PictureFolder(std::string folder) : folder_(std::move(folder)) {
-    std::error_code error;
-    std::filesystem::create_directories(folder_, error);
-    if (error)
-      throw IOError("demo: cannot create the folder '" + folder_ + "': " + error.message());
+    make_folder(folder_, "demo");
   }
   std::string path(const std::string& file) const {
     return (std::filesystem::path(folder_) / file).string();
@@ -181,10 +179,8 @@ void write_pictures(const std::string& folder) {
   std::vector<Sentence> sentences{{"cat_bites_dog", kCatBitesDog, "", {}, {}},
                                   {"dog_bites_cat", kDogBitesCat, "", {}, {}}};
   for (Sentence& s : sentences) {
-    for (int w : s.words) {
-      s.tokens.emplace_back(kWords[w]);
-      s.text += (s.text.empty() ? "" : " ") + s.tokens.back();
-    }
+    for (int w : s.words) s.tokens.emplace_back(kWords[w]);
+    s.text = join_tokens(s.tokens);
     const auto x = sentence(s.words);
     write_npy(out.path(std::string(s.name) + ".npy"), x.view());
     for (const auto& [encoding_name, encoding] : kPositionalEncodings)

@@ -9,6 +9,7 @@
 #include "attn/file.hpp"
 #include "attn/io.hpp"
 #include "cli/commands.hpp"
+#include "cli/files.hpp"
 
 namespace attn::cli {
 
@@ -16,13 +17,8 @@ int run_order_experiment(const OrderArgs& args) {
   OrderExperimentOptions o;
   if (args.steps) o.steps = *args.steps;
   o.seed = args.seed;
-  if (!args.out.empty()) {  // before training: a bad folder must not cost the run
-    std::error_code error;
-    std::filesystem::create_directories(args.out, error);
-    if (error)
-      throw IOError("experiment order: cannot create the folder '" + args.out + "': " +
-                    error.message());
-  }
+  // Before training: a bad folder must not cost the run.
+  if (!args.out.empty()) make_folder(args.out, "experiment order");
   const auto r = attn::run_order_experiment(o);
 
   // Each variant's heads on the two display sentences, (heads, 3, 3), only

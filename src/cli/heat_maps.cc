@@ -56,6 +56,12 @@ template std::string weights_picture(const std::string&, const Tensor<double>&,
                                      const std::vector<std::string>&, const std::string&,
                                      PictureOptions);
 
+std::string join_tokens(const std::vector<std::string>& tokens) {
+  std::string text;
+  for (const auto& t : tokens) text += (text.empty() ? "" : " ") + t;
+  return text;
+}
+
 std::vector<std::string> split_tokens(const std::string& text) {
   std::istringstream words(text);
   std::vector<std::string> tokens;

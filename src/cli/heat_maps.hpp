@@ -1,7 +1,8 @@
 // The heat maps the CLI draws: the sinusoidal table, and attention weights
 // head by head. Each gives the bytes of the picture for `path` (.png or .svg
-// by its extension) without writing it, so that a command checks all of its
-// outputs before it writes any.
+// by its extension) without writing it, so that a command can check a picture
+// before it writes its other outputs (attend does: a picture too large to draw
+// leaves no .npy behind).
 #pragma once
 
 #include <string>
@@ -26,7 +27,8 @@ std::string weights_picture(const std::string& path, const Tensor<T>& weights,
                             const std::vector<std::string>& tokens, const std::string& caption,
                             PictureOptions options);
 
-// "猫 咬 狗" -> {"猫", "咬", "狗"} (split at spaces).
+// "猫 咬 狗" -> {"猫", "咬", "狗"} (split at spaces), and back.
 std::vector<std::string> split_tokens(const std::string& text);
+std::string join_tokens(const std::vector<std::string>& tokens);
 
 }  // namespace attn::cli

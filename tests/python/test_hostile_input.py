@@ -3,8 +3,6 @@ thread counts, concurrent state-dict loads, integer masks, unsupported PyTorch
 layers, overflowing positions, NumPy scalars, path-like objects, torch tensors."""
 import os
 import pathlib
-import subprocess
-import sys
 import threading
 import warnings
 
@@ -14,14 +12,7 @@ import torch
 
 import attn
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-PYTHONPATH = os.environ.get("ATTN_PYTHONPATH", os.path.join(HERE, "..", "..", "build", "python"))
-
-
-def run_python(code, env=None, timeout=60):
-    """Runs code in a fresh interpreter that imports attn from the build tree."""
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          timeout=timeout, env={**os.environ, "PYTHONPATH": PYTHONPATH, **(env or {})})
+from util import PEAK_BYTES, run_python
 
 
 def qkv(n=6, d=4, seed=0, dtype=np.float32):
@@ -142,15 +133,10 @@ def test_rope_positions_outside_int64_are_refused():
 
 def test_positional_encoding_is_written_once():
     """The table goes straight into the NumPy array: peak memory one table, not two."""
-    # VmHWM, the process's peak RSS (ru_maxrss would start at the parent's,
-    # which fork passes on).
-    r = run_python("import attn\n"
-                   "def peak_kib():\n"
-                   "    for line in open('/proc/self/status'):\n"
-                   "        if line.startswith('VmHWM:'): return int(line.split()[1])\n"
-                   "before = peak_kib()\n"
+    r = run_python("import attn\n" + PEAK_BYTES +
+                   "before = peak_bytes()\n"
                    "pe = attn.positional_encoding(2**21, 32)\n"  # 256 MiB
-                   "print((peak_kib() - before) * 1024 / pe.nbytes)\n", timeout=120)
+                   "print((peak_bytes() - before) / pe.nbytes)\n", timeout=120)
     assert r.returncode == 0, r.stderr
     assert float(r.stdout) < 1.3  # a copy made it 2.0
 

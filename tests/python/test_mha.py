@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import attn
-from util import rel_err
+from util import PEAK_BYTES, rel_err, run_python
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
 CLI = os.environ.get("ATTN_CLI", os.path.join(ROOT, "build", "bin", "attn"))
@@ -423,19 +423,15 @@ def test_padding_mask_costs_no_dense_mask():
     grows by at most the six (n, E) float32 arrays (input, q, k, v, attention output,
     layer output) + 64 MiB; a dense (batch, heads, n, n) mask would be 8 GiB."""
     n, E = 16384, 512
-    code = ("import attn, numpy as np\n"
-            "def peak():\n"
-            "    for line in open('/proc/self/status'):\n"
-            "        if line.startswith('VmHWM:'): return int(line.split()[1]) * 1024\n"
+    code = ("import attn, numpy as np\n" + PEAK_BYTES +
             f"m = attn.MultiHeadAttention({E}, 8)\n"
             f"pad = np.zeros((1, {n}), bool); pad[0, -100:] = True\n"
-            "before = peak()\n"
+            "before = peak_bytes()\n"
             f"x = np.random.default_rng(0).standard_normal((1, {n}, {E}), dtype=np.float32)\n"
             "y, w = m(x, key_padding_mask=pad)\n"
             "assert w is None and np.isfinite(y).all()\n"
-            "print(peak() - before)\n")
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
-                       env={**os.environ, "PYTHONPATH": os.environ.get("ATTN_PYTHONPATH", "build/python")})
+            "print(peak_bytes() - before)\n")
+    r = run_python(code, timeout=300)
     assert r.returncode == 0, r.stderr
     grown, allowed = int(r.stdout), 6 * n * E * 4 + (64 << 20)
     assert grown <= allowed, f"{grown / 2**20:.0f} MiB > {allowed / 2**20:.0f} MiB"

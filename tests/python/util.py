@@ -1,4 +1,24 @@
+import os
+import subprocess
+import sys
+
 import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+# The module under test: ctest sets ATTN_PYTHONPATH; by default the build tree.
+PYTHONPATH = os.environ.get("ATTN_PYTHONPATH", os.path.join(HERE, "..", "..", "build", "python"))
+
+# Source for a child interpreter: peak_bytes() is its peak RSS (VmHWM; the
+# ru_maxrss of a child starts at its parent's, which fork passes on).
+PEAK_BYTES = ("def peak_bytes():\n"
+              "    for line in open('/proc/self/status'):\n"
+              "        if line.startswith('VmHWM:'): return int(line.split()[1]) * 1024\n")
+
+
+def run_python(code, env=None, timeout=60):
+    """Runs code in a fresh interpreter that imports attn from the build tree."""
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=timeout, env={**os.environ, "PYTHONPATH": PYTHONPATH, **(env or {})})
 
 
 def rel_err(a, b):
