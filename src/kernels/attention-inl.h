@@ -89,7 +89,12 @@ HWY_INLINE VF LoadKV(DF d, const KV* p) {
 
 
 // o[r][0 .. NV·N) += Σ_j p[r][j] · v_j[0 .. NV·N) for r < MR, j < count
-// (row r of p starts at p + r · p_stride).
+// (row r of p starts at p + r · p_stride). An FMA waits 4 cycles for the one
+// before it in its chain and 2 pipes issue one each per cycle, so fewer than
+// 8 accumulators (narrow value rows, few query rows) leave the pipes idle:
+// the keys are then dealt round-robin to S sets of accumulators, summed at
+// the end. (At head dim 16 the 4 rows × 1 vector of a single set ran at a
+// quarter of the FMA rate.)
 template <int MR, int NV, class KV>
 HWY_INLINE void ValueBlock(DF d, const float* p, int64_t p_stride, int64_t count,
                            const KV* v0, int64_t v_stride, float* o, int64_t o_stride) {
@@ -104,57 +109,68 @@ HWY_INLINE void ValueBlock(DF d, const float* p, int64_t p_stride, int64_t count
       hn::Store(acc, d, o + r * o_stride + v * N);
     }
 #else
-  VF acc[MR][NV];
+  constexpr int S = MR * NV >= 8 ? 1 : 8 / (MR * NV);
+  VF acc[S][MR][NV];
   for (int r = 0; r < MR; ++r)
-    for (int v = 0; v < NV; ++v) acc[r][v] = hn::Load(d, o + r * o_stride + v * N);
-  for (int64_t j = 0; j < count; ++j) {
+    for (int v = 0; v < NV; ++v) {
+      acc[0][r][v] = hn::Load(d, o + r * o_stride + v * N);
+      for (int s = 1; s < S; ++s) acc[s][r][v] = hn::Zero(d);
+    }
+  const auto key = [&](int s, int64_t j) HWY_ATTR {
     VF vv[NV];
     for (int v = 0; v < NV; ++v) vv[v] = LoadKV(d, v0 + j * v_stride + v * N);
     for (int r = 0; r < MR; ++r) {
       const VF pb = hn::Set(d, p[r * p_stride + j]);
-      for (int v = 0; v < NV; ++v) acc[r][v] = hn::MulAdd(pb, vv[v], acc[r][v]);
+      for (int v = 0; v < NV; ++v) acc[s][r][v] = hn::MulAdd(pb, vv[v], acc[s][r][v]);
     }
-  }
+  };
+  int64_t j = 0;
+  for (; j + S <= count; j += S)
+    for (int s = 0; s < S; ++s) key(s, j + s);
+  for (; j < count; ++j) key(0, j);
+  for (int s = 1; s < S; ++s)
+    for (int r = 0; r < MR; ++r)
+      for (int v = 0; v < NV; ++v) acc[0][r][v] = hn::Add(acc[0][r][v], acc[s][r][v]);
   for (int r = 0; r < MR; ++r)
-    for (int v = 0; v < NV; ++v) hn::Store(acc[r][v], d, o + r * o_stride + v * N);
+    for (int v = 0; v < NV; ++v) hn::Store(acc[0][r][v], d, o + r * o_stride + v * N);
 #endif
 }
 
-// The same for the last value columns [c, d_v) that do not fill kVecs vectors:
-// one vector at a time, loads masked to the real columns.
+// The same for the last value columns [c, d_v) that are not a whole vector:
+// loads masked to the real columns. (Prefill pads V to whole vectors and
+// never comes here; decode reads V in place.)
 template <class KV>
 HWY_INLINE void ValueTail(DF d, int rows, const float* p, int64_t p_stride, int64_t count,
                           const KV* v0, int64_t v_stride, int64_t c, int64_t d_v, float* o,
                           int64_t o_stride) {
-  const size_t N = hn::Lanes(d);
-  for (; c < d_v; c += static_cast<int64_t>(N)) {
-    const int64_t n = std::min<int64_t>(static_cast<int64_t>(N), d_v - c);
-    for (int r = 0; r < rows; ++r) {
-      VF acc = hn::Load(d, o + r * o_stride + c);
-      for (int64_t j = 0; j < count; ++j)
-        acc = hn::MulAdd(hn::Set(d, p[r * p_stride + j]), LoadPart(d, v0 + j * v_stride + c, n, 0.0f), acc);
-      hn::Store(acc, d, o + r * o_stride + c);
-    }
+  const int64_t n = d_v - c;
+  for (int r = 0; r < rows; ++r) {
+    VF acc = hn::Load(d, o + r * o_stride + c);
+    for (int64_t j = 0; j < count; ++j)
+      acc = hn::MulAdd(hn::Set(d, p[r * p_stride + j]), LoadPart(d, v0 + j * v_stride + c, n, 0.0f), acc);
+    hn::Store(acc, d, o + r * o_stride + c);
   }
 }
 
+// All d_v value columns of MR rows: blocks of NV vectors, then the whole
+// vectors left as one narrower block, then a partial vector, if any.
 template <int MR, class KV>
 HWY_INLINE void ValueRows(DF d, const float* p, int64_t p_stride, int64_t count, const KV* v0,
                           int64_t v_stride, int64_t d_v, float* o, int64_t o_stride) {
   // A single row (decode) has registers for twice the columns: half the
   // passes over V, twice the independent accumulators per key.
   constexpr int NV = MR == 1 ? 2 * kVecs : kVecs;
-  const int64_t W = NV * static_cast<int64_t>(hn::Lanes(d));
-  int64_t c = 0;
-  for (; c + W <= d_v; c += W)
-    ValueBlock<MR, NV>(d, p, p_stride, count, v0 + c, v_stride, o + c, o_stride);
-  if constexpr (MR == 1) {
-    if (c + W / 2 <= d_v) {
-      ValueBlock<MR, kVecs>(d, p, p_stride, count, v0 + c, v_stride, o + c, o_stride);
-      c += W / 2;
-    }
+  const int64_t N = static_cast<int64_t>(hn::Lanes(d));
+  const int64_t whole = d_v / N;
+  int64_t vec = 0;
+  for (; vec + NV <= whole; vec += NV)
+    ValueBlock<MR, NV>(d, p, p_stride, count, v0 + vec * N, v_stride, o + vec * N, o_stride);
+  if (vec < whole) {
+    WithCount<NV - 1>(whole - vec, [&](auto nv) HWY_ATTR {
+      ValueBlock<MR, decltype(nv)::value>(d, p, p_stride, count, v0 + vec * N, v_stride, o + vec * N, o_stride);
+    });
   }
-  if (c < d_v) ValueTail(d, MR, p, p_stride, count, v0, v_stride, c, d_v, o, o_stride);
+  if (whole * N < d_v) ValueTail(d, MR, p, p_stride, count, v0, v_stride, whole * N, d_v, o, o_stride);
 }
 
 // O (rows × o_stride) += P (rows × count, row stride p_stride) · V rows.
@@ -164,7 +180,7 @@ void AccumulateValues(DF d, int64_t rows, const float* p, int64_t p_stride, int6
   for (int64_t r0 = 0; r0 < rows; r0 += kRows) {
     const float* pr = p + r0 * p_stride;
     float* orow = o + r0 * o_stride;
-    WithRows(std::min<int64_t>(kRows, rows - r0), [&](auto mr) HWY_ATTR {
+    WithCount<kRows>(std::min<int64_t>(kRows, rows - r0), [&](auto mr) HWY_ATTR {
       ValueRows<decltype(mr)::value>(d, pr, p_stride, count, v0, v_stride, d_v, orow, o_stride);
     });
   }

@@ -122,7 +122,7 @@ void DecodeChunk(DF d, const AttentionProblem<float>& p, int64_t b, int64_t hkv,
     if (v_bytes > 0) hwy::Prefetch(vj + v_bytes - 1);  // the last line, if not line-aligned
     for (int64_t r0 = 0; r0 < R; r0 += kRows) {
       float* sj = s + r0 * kDecodeChunk + j;
-      WithRows(std::min<int64_t>(kRows, R - r0), [&](auto mr) HWY_ATTR {
+      WithCount<kRows>(std::min<int64_t>(kRows, R - r0), [&](auto mr) HWY_ATTR {
         DotRows<decltype(mr)::value>(d, q + r0, k, p.d, scale, sj, kDecodeChunk);
       });
     }

@@ -69,18 +69,14 @@ HWY_INLINE void MatmulBlock(D d, const T* const* a, int64_t K, const T* panel, T
 #endif
 }
 
-// f(std::integral_constant<int, rows>()) for 1 <= rows <= kRows: the
-// micro-kernels take their row count as a template argument. (A lambda
-// passed here needs HWY_ATTR, as every lambda in SIMD code.)
-template <class F>
-HWY_INLINE void WithRows(int64_t rows, const F& f) {
-  static_assert(kRows == 4, "one case per row count");
-  switch (rows) {
-    case 4: return f(std::integral_constant<int, 4>());
-    case 3: return f(std::integral_constant<int, 3>());
-    case 2: return f(std::integral_constant<int, 2>());
-    default: return f(std::integral_constant<int, 1>());
-  }
+// f(std::integral_constant<int, n>()) for 1 <= n <= Max: the micro-kernels
+// take their row and vector counts as template arguments. (A lambda passed
+// here needs HWY_ATTR, as every lambda in SIMD code.)
+template <int Max, class F>
+HWY_INLINE void WithCount(int64_t n, const F& f) {
+  if constexpr (Max > 1)
+    if (n < Max) return WithCount<Max - 1>(n, f);
+  f(std::integral_constant<int, Max>());
 }
 
 // All kPanel columns for `rows` rows of A (rows <= kRows).
@@ -88,7 +84,7 @@ template <class D, typename T = hn::TFromD<D>>
 HWY_INLINE void MatmulPanel(D d, const T* const* a, int rows, int64_t K, const T* panel, T scale,
                             T* c, int64_t c_stride) {
   const int64_t W = kVecs * static_cast<int64_t>(hn::Lanes(d));
-  WithRows(rows, [&](auto mr) HWY_ATTR {
+  WithCount<kRows>(rows, [&](auto mr) HWY_ATTR {
     for (int64_t j = 0; j < kPanel; j += W)
       MatmulBlock<decltype(mr)::value>(d, a, K, panel + j, scale, c + j, c_stride);
   });

@@ -94,17 +94,16 @@ void Scores(DF d, const Item& it, int64_t h, int64_t kt, const RowBlock& rb, flo
   }
 }
 
-thread_local Scratch<float> tls_scores, tls_out, tls_vtile, tls_sums;
+thread_local Scratch<float> tls_scores, tls_out, tls_sums;
 
 // What the passes over one item's key tiles share, for one query head at a
 // time: the row blocks, the range of key tiles, scratch, and each row's
 // running max m and sum l (per lane in l_lanes until the end).
 struct ItemState {
-  int64_t dvp;             // d_v rounded up to whole vectors
+  int64_t dvp;             // d_v rounded up to whole vectors: V's row stride
   int64_t t_begin, t_end;  // key tiles some row of the item reaches
   float* s;                // a block of scores, kBlockRows × kBlockK
   float* o;                // unnormalised output rows, rows × dvp
-  float* vtile;            // a contiguous copy of a strided V tile
   float* l_lanes;          // per-lane running sums, rows × lanes
   RowBlock blocks[kBlockQ / kBlockRows];
   float m[kBlockQ], l[kBlockQ];
@@ -117,7 +116,6 @@ ItemState StartItem(DF d, const Item& it) {
   st.dvp = (p.d_v + static_cast<int64_t>(N) - 1) / static_cast<int64_t>(N) * static_cast<int64_t>(N);
   st.s = tls_scores.get(kBlockRows * kBlockK);
   st.o = tls_out.get(static_cast<size_t>(kBlockQ * std::max<int64_t>(st.dvp, 1)));
-  st.vtile = tls_vtile.get(static_cast<size_t>(kBlockK * std::max<int64_t>(p.d_v, 1)));
   st.l_lanes = tls_sums.get(static_cast<size_t>(kBlockQ) * N);
   const int64_t n_tiles = (p.n_k + kBlockK - 1) / kBlockK;
   const KeyRange first = allowed_keys(it.i0, p.n_q, p.n_k, p.causal, p.window);
@@ -151,14 +149,6 @@ HWY_INLINE void SoftmaxPass(DF d, const Item& it, int64_t h, ItemState& st) {
   for (int64_t kt = st.t_begin; kt < st.t_end; ++kt) {
     const int64_t j0 = kt * kBlockK, jn = std::min(kBlockK, p.n_k - j0);
     const float* v0 = p.v.row(it.b, it.hkv, j0);
-    int64_t v_stride = p.v.row_stride;
-    if (v_stride != p.d_v) {
-      // Rows far apart (heads sliced from one wide array) share few cache
-      // sets; a contiguous copy keeps the tile in L1 for all row blocks.
-      for (int64_t j = 0; j < jn; ++j) std::copy(v0 + j * v_stride, v0 + j * v_stride + p.d_v, st.vtile + j * p.d_v);
-      v0 = st.vtile;
-      v_stride = p.d_v;
-    }
     for (int64_t r0 = 0; r0 < it.rows; r0 += kBlockRows) {
       const RowBlock& rb = st.blocks[r0 / kBlockRows];
       if (rb.masks_all(j0, jn)) continue;
@@ -173,7 +163,7 @@ HWY_INLINE void SoftmaxPass(DF d, const Item& it, int64_t h, ItemState& st) {
             hn::Store(hn::Mul(hn::Load(d, orow + c), a), d, orow + c);
         }
       }
-      AccumulateValues(d, rows, s, kBlockK, jn, v0, v_stride, p.d_v, o + r0 * dvp, dvp);
+      AccumulateValues(d, rows, s, kBlockK, jn, v0, dvp, dvp, o + r0 * dvp, dvp);
     }
   }
 }
@@ -246,16 +236,18 @@ void PackK(const AttentionProblem<float>& p, int64_t b, int64_t hkv, int64_t kt,
 
 thread_local Scratch<float> tls_kpack, tls_k32, tls_v32;
 
-// Widening 16-bit K/V is its own step, and prefill's alone: the tiles read K
-// once per call into packed panels and V once per query tile, so converting
-// both to float32 up front (O(n) work, against the O(n²) of the attention)
-// costs nothing measurable (bf16 prefill runs at 98–101% of the float32 rate,
-// docs/performance.md) and keeps one float32 tile loop. Decode reads each
-// K/V row once, so it widens in registers instead (LoadKV). Returns the
-// float32 rows as an operand over `dst`.
-template <class KV>
-Operand<const float> Widen(const AttentionProblem<float>& p, const Operand<const uint16_t>& src,
-                           int64_t width, float* dst) {
+// The rows of src (each `cols` values of type KV) of every (batch, kv head)
+// as float32 rows `width` >= cols apart in dst, zeros past cols; returns them
+// as an operand over dst. Prefill gives the tile loop float32 K and V rows
+// this way when they are not already: 16-bit K/V are widened, and V rows are
+// padded to whole vectors (so that P·V never takes a partial one) or made
+// contiguous (rows far apart, heads sliced from one wide array, share few
+// cache sets). O(n) work against the O(n²) of the attention: bf16 prefill
+// runs at 98–101% of the float32 rate (docs/performance.md). Decode reads
+// each K/V row once, so it widens in registers instead (LoadKV).
+template <class KV, class T>
+Operand<const float> ContiguousRows(const AttentionProblem<float>& p, const Operand<const T>& src,
+                                    int64_t cols, int64_t width, float* dst) {
   const DF d;
   const int64_t N = static_cast<int64_t>(hn::Lanes(d));
   const int64_t rows = p.batch * p.heads_kv * p.n_k;
@@ -265,8 +257,9 @@ Operand<const float> Widen(const AttentionProblem<float>& p, const Operand<const
       const KV* in = reinterpret_cast<const KV*>(src.row(bh / p.heads_kv, bh % p.heads_kv, r % p.n_k));
       float* out = dst + r * width;
       int64_t c = 0;
-      for (; c + N <= width; c += N) hn::StoreU(LoadKV(d, in + c), d, out + c);
-      for (; c < width; ++c) out[c] = ToFloat(in[c]);
+      for (; c + N <= cols; c += N) hn::StoreU(LoadKV(d, in + c), d, out + c);
+      for (; c < cols; ++c) out[c] = ToFloat(in[c]);
+      std::fill(out + cols, out + width, 0.0f);
     }
   });
   Operand<const float> o;
@@ -280,23 +273,28 @@ Operand<const float> Widen(const AttentionProblem<float>& p, const Operand<const
 }
 
 void FlashForward(const AttentionProblem<float>& p_in) {
-  if (p_in.kv != KVStorage::Native) {
+  const DF d;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(d));
+  const int64_t dvp = (p_in.d_v + N - 1) / N * N;
+  if (p_in.kv != KVStorage::Native || p_in.v.row_stride != dvp) {
+    // The tile loop's K/V: float32 rows, V's dvp apart (see ContiguousRows).
     AttentionProblem<float> p = p_in;
     const auto size = [&](int64_t w) { return static_cast<size_t>(std::max<int64_t>(p.batch * p.heads_kv * p.n_k * w, 1)); };
-    float* k = tls_k32.get(size(p.d));
-    float* v = tls_v32.get(size(p.d_v));
-    if (p.kv == KVStorage::BF16) {
-      p.k = Widen<hwy::bfloat16_t>(p, p.k16, p.d, k);
-      p.v = Widen<hwy::bfloat16_t>(p, p.v16, p.d_v, v);
+    float* v = tls_v32.get(size(dvp));
+    if (p.kv == KVStorage::Native) {
+      p.v = ContiguousRows<float>(p, p_in.v, p.d_v, dvp, v);
     } else {
-      p.k = Widen<hwy::float16_t>(p, p.k16, p.d, k);
-      p.v = Widen<hwy::float16_t>(p, p.v16, p.d_v, v);
+      float* k = tls_k32.get(size(p.d));
+      const bool bf16 = p.kv == KVStorage::BF16;
+      p.k = bf16 ? ContiguousRows<hwy::bfloat16_t>(p, p.k16, p.d, p.d, k)
+                 : ContiguousRows<hwy::float16_t>(p, p.k16, p.d, p.d, k);
+      p.v = bf16 ? ContiguousRows<hwy::bfloat16_t>(p, p.v16, p.d_v, dvp, v)
+                 : ContiguousRows<hwy::float16_t>(p, p.v16, p.d_v, dvp, v);
+      p.kv = KVStorage::Native;
     }
-    p.kv = KVStorage::Native;
     return FlashForward(p);
   }
   const AttentionProblem<float>& p = p_in;
-  const DF d;
   const int64_t n_tiles = (p.n_k + kBlockK - 1) / kBlockK;
   const int64_t head_pack = n_tiles * p.d * kBlockK;
   const int64_t heads = p.batch * p.heads_kv;
