@@ -9,7 +9,8 @@ query, key and value) at n tokens, model width 512, 8 heads of 64, through:
     matmul + softmax per head batch
   - attn's double-precision reference (float64 input)
 and the learnable layer: attn.MultiHeadAttention against torch.nn.MultiheadAttention
-with the same weights.
+with the same weights; then attn.attention against PyTorch's matmul + softmax
+at every head dim of `attn bench attention --sweep` (16 to 256).
 
 Run it through `make bench`, which sets ATEN_CPU_CAPABILITY=avx512 and lets
 OpenBLAS detect the CPU itself (unsets OPENBLAS_CORETYPE / OPENBLAS_L2_SIZE)
@@ -57,6 +58,7 @@ def main():
     p.add_argument("--heads", type=int, default=8)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--skip-reference", action="store_true", help="skip the slow float64 path")
+    p.add_argument("--sweep-n", type=int, default=1024, help="sequence length of the head-dim table")
     args = p.parse_args()
     n, d, h = args.n, args.width, args.heads
     cores = os.cpu_count()
@@ -106,6 +108,31 @@ def main():
           f"| 1.0× | projections included |")
     print(f"| torch.nn.MultiheadAttention | {t_mha * 1e3:.1f} | {layer_flop / t_mha * 1e-9:.1f} "
           f"| {t_mha / t_layer:.1f}× | same weights |")
+    head_dim_table(args.sweep_n, h, args.repeats)
+
+
+HEAD_DIMS = (16, 32, 48, 64, 80, 96, 112, 128, 160, 192, 256)  # attn bench attention --sweep's
+
+
+def head_dim_table(n, heads, repeats):
+    """attn.attention against PyTorch's matmul + softmax at each head dim of
+    the sweep: (heads, n, d) float32 query, key and value."""
+    rng = np.random.default_rng(1)
+    print(f"\n# attention at every head dim of the sweep: n={n}, {heads} heads, float32\n")
+    print("| head dim | attn ms | PyTorch matmul + softmax ms | attn speedup |")
+    print("|---:|---:|---:|---:|")
+    for d in HEAD_DIMS:
+        q, k, v = (rng.standard_normal((heads, n, d), dtype=np.float32) for _ in range(3))
+        qt, kt, vt = (torch.from_numpy(a) for a in (q, k, v))
+
+        def torch_attention():
+            w = torch.softmax(qt @ kt.transpose(1, 2) / d ** 0.5, dim=-1)
+            return w @ vt
+
+        with torch.no_grad():
+            t_attn = median_seconds(lambda: attn.attention(q, k, v), repeats)
+            t_torch = median_seconds(torch_attention, repeats)
+        print(f"| {d} | {t_attn * 1e3:.2f} | {t_torch * 1e3:.2f} | {t_torch / t_attn:.1f}× |")
 
 
 def attn_threads():

@@ -125,6 +125,33 @@ TEST(Kernels, EveryHeadDimOnEveryTarget) {
   });
 }
 
+// A value view sliced from a wider array (one head's columns of a fused
+// projection) whose row stride is d_v rounded up to whole vectors: the
+// kernels read its d_v columns only, never its neighbours' (here NaN) nor
+// past the array's end (the second slice's last row; ASan). Bitwise the
+// result of its contiguous copy, on every target (4, 8 and 16 lanes).
+TEST(Kernels, ValueSlicesReadOnlyTheirOwnColumns) {
+  std::mt19937 rng(41);
+  const auto q = cast<float>(random_tensor({2, 70, 5}, rng));
+  const auto k = cast<float>(random_tensor({2, 100, 5}, rng));
+  test::on_every_simd_target([&] {
+    for (int64_t width : {4, 8, 16}) {
+      const int64_t d_v = width / 2;
+      Tensor<float> wide = cast<float>(random_tensor({2, 100, width}, rng));
+      for (int64_t half : {0, 1}) {
+        SCOPED_TRACE("width " + std::to_string(width) + ", half " + std::to_string(half));
+        const int64_t other = 1 - half;
+        for (int64_t i = 0; i < wide.numel(); ++i)
+          if (i % width / d_v == other) wide[i] = std::numeric_limits<float>::quiet_NaN();
+        const TensorView<const float> v(wide.data() + half * d_v, {2, 100, d_v}, {100 * width, width, 1});
+        const auto sliced = attention(q.view(), k.view(), v);
+        const auto copied = attention(q.view(), k.view(), contiguous(v).view());
+        EXPECT_EQ(std::memcmp(sliced.data(), copied.data(), sliced.numel() * sizeof(float)), 0);
+      }
+    }
+  });
+}
+
 TEST(Kernels, FlashMatchesReferenceAcrossTiles) {
   uint32_t seed = 100;
   for (const auto& c : flash_cases()) check(c, false, seed++);

@@ -2,11 +2,14 @@
 // ceilings, measured in the same process at the same thread count.
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <functional>
 #include <random>
 #include <string>
 #include <vector>
+
+#include <nlohmann/json.hpp>
 
 #include "attn/attn.hpp"
 #include "attn/half.hpp"
@@ -70,6 +73,11 @@ Turns run_in_turns(const std::vector<std::function<void()>>& kernels,
   return t;
 }
 
+double rounded(double x, int digits) {
+  const double f = std::pow(10.0, digits);
+  return std::round(x * f) / f;
+}
+
 template <class H>
 Tensor<H> to_16bit(const Tensor<float>& t, uint16_t (*to_bits)(float)) {
   Tensor<H> out(t.shape());
@@ -98,34 +106,37 @@ struct Attend {
     else attention(q.view(), k.view(), v.view(), out.view(), opt);
   }
 
-  // In turns with the ceiling: this kernel, then the baselines of the same
-  // turns that its targets compare with: float32 K/V for a 16-bit dtype, the
-  // non-causal kernel for a causal one. JSON members and text for them.
+  // In turns with the ceiling: this kernel, then (with `baselines`) those of
+  // the same turns that its targets compare with: float32 K/V for a 16-bit
+  // dtype, the non-causal kernel for a causal one. JSON members and text for
+  // them.
   struct Timing {
     Turns turns;
-    std::string json, text;
+    nlohmann::ordered_json json;
+    std::string text;
   };
-  Timing time(Tensor<float>& out, const AttentionOptions& opt, const std::function<double()>& ceiling) const {
+  Timing time(Tensor<float>& out, const AttentionOptions& opt, bool baselines,
+              const std::function<double()>& ceiling) const {
+    const bool vs_f32 = baselines && dtype != "f32";
+    const bool vs_noncausal = baselines && opt.causal != Causal::None;
     std::vector<std::function<void()>> kernels{[&] { (*this)(out, opt); }};
-    if (dtype != "f32") kernels.push_back([&] { (*this)(out, opt, true); });
-    const bool causal = opt.causal != Causal::None;
-    if (causal) kernels.push_back([&] { (*this)(out, {}); });
-    Timing t{run_in_turns(kernels, ceiling), "", ""};
+    if (vs_f32) kernels.push_back([&] { (*this)(out, opt, true); });
+    if (vs_noncausal) kernels.push_back([&] { (*this)(out, {}); });
+    Timing t{run_in_turns(kernels, ceiling), nlohmann::ordered_json::object(), ""};
     const std::vector<double>& ms = t.turns.kernel_ms;
     char buf[160];
     size_t i = 1;
-    if (dtype != "f32") {
-      std::snprintf(buf, sizeof buf, ", \"f32_median_ms\": %.4f, \"speedup_vs_f32\": %.4f", ms[i], ms[i] / ms[0]);
-      t.json += buf;
+    if (vs_f32) {
+      t.json["f32_median_ms"] = rounded(ms[i], 4);
+      t.json["speedup_vs_f32"] = rounded(ms[i] / ms[0], 4);
       std::snprintf(buf, sizeof buf, "  float32 K/V in the same turns: %.3f ms (this is %.2fx as fast)\n", ms[i],
                     ms[i] / ms[0]);
       t.text += buf;
       ++i;
     }
-    if (causal) {
-      std::snprintf(buf, sizeof buf, ", \"noncausal_median_ms\": %.4f, \"time_vs_noncausal\": %.4f", ms[i],
-                    ms[0] / ms[i]);
-      t.json += buf;
+    if (vs_noncausal) {
+      t.json["noncausal_median_ms"] = rounded(ms[i], 4);
+      t.json["time_vs_noncausal"] = rounded(ms[0] / ms[i], 4);
       std::snprintf(buf, sizeof buf, "  non-causal in the same turns: %.3f ms (this takes %.2fx its time)\n", ms[i],
                     ms[0] / ms[i]);
       t.text += buf;
@@ -134,75 +145,173 @@ struct Attend {
   }
 };
 
-}  // namespace
+int64_t keys_of(const BenchArgs& a) { return a.kv_len > 0 ? a.kv_len : a.n; }
 
-int run_bench(const BenchArgs& a) {
-  if (a.threads > 0) set_num_threads(a.threads);
-  const int threads = num_threads();
-  const int64_t hkv = a.kv_heads > 0 ? a.kv_heads : a.heads;
-  if (a.kind == "attention") {
-    const Shape qs{a.batch, a.heads, a.n, a.head_dim}, ks{a.batch, hkv, a.n, a.head_dim};
-    const auto q = random_tensor(qs, 1);
-    const Attend attend(q, random_tensor(ks, 2), random_tensor(ks, 3), a.kv_dtype);
-    Tensor<float> out(qs);
-    const AttentionOptions& opt = a.attention;
-    const bool causal = opt.causal != Causal::None;
-    const auto timing = attend.time(out, opt, [&] { return measure_fma_peak_gflops(threads); });
-    const double ms = timing.turns.kernel_ms[0], peak = timing.turns.ceiling;
-    const double pairs = causal ? a.n * (a.n + 1) / 2.0 : double(a.n) * a.n;
-    const double flop = 4.0 * double(a.n) * a.n * a.head_dim * a.heads * a.batch;
-    const double flop_unmasked = 4.0 * pairs * a.head_dim * a.heads * a.batch;
-    const double gflops = flop / ms * 1e-6, gflops_unmasked = flop_unmasked / ms * 1e-6;
-    const double ratio = (causal ? gflops_unmasked : gflops) / peak;
-    if (a.json) {
-      std::printf("{\"kind\": \"attention\", \"n\": %lld, \"heads\": %lld, \"kv_heads\": %lld, "
-                  "\"head_dim\": %lld, \"batch\": %lld, \"causal\": %s, \"kv_dtype\": \"%s\", "
-                  "\"threads\": %d, \"median_ms\": %.4f, \"gflops\": %.2f, \"gflops_unmasked\": %.2f, "
-                  "\"peak_gflops\": %.2f, \"ratio_to_peak\": %.4f%s}\n",
-                  (long long)a.n, (long long)a.heads, (long long)hkv, (long long)a.head_dim,
-                  (long long)a.batch, causal ? "true" : "false", a.kv_dtype.c_str(), threads, ms, gflops,
-                  gflops_unmasked, peak, ratio, timing.json.c_str());
-    } else {
-      std::printf("attention n=%lld heads=%lld kv_heads=%lld head_dim=%lld batch=%lld causal=%s "
-                  "kv_dtype=%s threads=%d\n  median %.3f ms, %.1f GFLOP/s (4·n²·d·H)%s, FMA peak %.1f GFLOP/s "
-                  "-> %.1f%% of peak\n",
-                  (long long)a.n, (long long)a.heads, (long long)hkv, (long long)a.head_dim,
-                  (long long)a.batch, causal ? "yes" : "no", a.kv_dtype.c_str(), threads, ms, gflops,
-                  causal ? (", " + std::to_string(int(gflops_unmasked)) +
-                              " GFLOP/s on unmasked pairs").c_str()
-                           : "",
-                  peak, 100 * ratio);
-      std::fputs(timing.text.c_str(), stdout);
-    }
-    return 0;
+// Query-key pairs the options allow: what a causal kernel must compute.
+double allowed_pairs(int64_t n_q, int64_t n_k, Causal causal) {
+  if (causal == Causal::None) return double(n_q) * double(n_k);
+  const int64_t shift = causal == Causal::BottomRight ? n_k - n_q : 0;
+  double pairs = 0;
+  for (int64_t i = 0; i < n_q; ++i) pairs += double(std::clamp<int64_t>(i + shift + 1, 0, n_k));
+  return pairs;
+}
+
+// One measured shape: its JSON object, the text `attn bench` prints for it
+// alone, and its ratio to the ceiling.
+struct Measurement {
+  nlohmann::ordered_json json;
+  std::string text;
+  double ratio;
+};
+
+Measurement bench_attention(const BenchArgs& a, int threads) {
+  const int64_t hkv = a.kv_heads > 0 ? a.kv_heads : a.heads, n_k = keys_of(a);
+  const Shape qs{a.batch, a.heads, a.n, a.head_dim}, ks{a.batch, hkv, n_k, a.head_dim};
+  const auto q = random_tensor(qs, 1);
+  const Attend attend(q, random_tensor(ks, 2), random_tensor(ks, 3), a.kv_dtype);
+  Tensor<float> out(qs);
+  const AttentionOptions& opt = a.attention;
+  const bool causal = opt.causal != Causal::None;
+  const auto timing = attend.time(out, opt, a.baselines, [&] { return measure_fma_peak_gflops(threads); });
+  const double ms = timing.turns.kernel_ms[0], peak = timing.turns.ceiling;
+  const double per_pair = 4.0 * double(a.head_dim) * double(a.heads) * double(a.batch);
+  const double gflops = per_pair * double(a.n) * double(n_k) / ms * 1e-6;
+  const double gflops_unmasked = per_pair * allowed_pairs(a.n, n_k, opt.causal) / ms * 1e-6;
+  const double ratio = (causal ? gflops_unmasked : gflops) / peak;
+  Measurement m{{{"kind", "attention"}, {"n", a.n}, {"kv_len", n_k}, {"heads", a.heads},
+                 {"kv_heads", hkv}, {"head_dim", a.head_dim}, {"batch", a.batch}, {"causal", causal},
+                 {"kv_dtype", a.kv_dtype}, {"threads", threads}, {"median_ms", rounded(ms, 4)},
+                 {"gflops", rounded(gflops, 2)}, {"gflops_unmasked", rounded(gflops_unmasked, 2)},
+                 {"peak_gflops", rounded(peak, 2)}, {"ratio_to_peak", rounded(ratio, 4)}},
+                "", ratio};
+  m.json.update(timing.json);
+  char buf[400];
+  std::snprintf(buf, sizeof buf,
+                "attention n=%lld kv_len=%lld heads=%lld kv_heads=%lld head_dim=%lld batch=%lld causal=%s "
+                "kv_dtype=%s threads=%d\n  median %.3f ms, %.1f GFLOP/s (4·n·kv_len·d·H)",
+                (long long)a.n, (long long)n_k, (long long)a.heads, (long long)hkv, (long long)a.head_dim,
+                (long long)a.batch, causal ? "yes" : "no", a.kv_dtype.c_str(), threads, ms, gflops);
+  m.text = buf;
+  if (causal) {
+    std::snprintf(buf, sizeof buf, ", %.1f GFLOP/s on unmasked pairs", gflops_unmasked);
+    m.text += buf;
   }
-  // decode: a few queries against a long key/value cache
+  std::snprintf(buf, sizeof buf, ", FMA peak %.1f GFLOP/s -> %.1f%% of peak\n", peak, 100 * ratio);
+  m.text += buf + timing.text;
+  return m;
+}
+
+// decode: a few queries against a long key/value cache
+Measurement bench_decode(const BenchArgs& a, int threads) {
+  const int64_t hkv = a.kv_heads > 0 ? a.kv_heads : a.heads;
   const Shape qs{a.batch, a.heads, a.queries, a.head_dim}, ks{a.batch, hkv, a.kv_len, a.head_dim};
   const auto q = random_tensor(qs, 1);
   const Attend attend(q, random_tensor(ks, 2), random_tensor(ks, 3), a.kv_dtype);
   Tensor<float> out(qs);
   const ReadBandwidth bandwidth;
-  const auto timing = attend.time(out, {}, [&] { return bandwidth.measure_gbps(threads); });
+  const auto timing = attend.time(out, {}, a.baselines, [&] { return bandwidth.measure_gbps(threads); });
   const double ms = timing.turns.kernel_ms[0], peak = timing.turns.ceiling;
-  const double bytes = 2.0 * attend.k.numel() * attend.element_bytes();
+  const double bytes = 2.0 * double(attend.k.numel()) * attend.element_bytes();
   const double gbps = bytes / ms * 1e-6;
-  if (a.json) {
-    std::printf("{\"kind\": \"decode\", \"kv_len\": %lld, \"heads\": %lld, \"kv_heads\": %lld, "
-                "\"head_dim\": %lld, \"batch\": %lld, \"queries\": %lld, \"kv_dtype\": \"%s\", "
-                "\"threads\": %d, \"median_ms\": %.4f, \"gbps\": %.2f, \"peak_gbps\": %.2f, "
-                "\"ratio_to_peak\": %.4f%s}\n",
-                (long long)a.kv_len, (long long)a.heads, (long long)hkv, (long long)a.head_dim,
-                (long long)a.batch, (long long)a.queries, a.kv_dtype.c_str(), threads, ms, gbps, peak,
-                gbps / peak, timing.json.c_str());
-  } else {
-    std::printf("decode kv_len=%lld heads=%lld kv_heads=%lld head_dim=%lld batch=%lld queries=%lld "
+  Measurement m{{{"kind", "decode"}, {"kv_len", a.kv_len}, {"heads", a.heads}, {"kv_heads", hkv},
+                 {"head_dim", a.head_dim}, {"batch", a.batch}, {"queries", a.queries},
+                 {"kv_dtype", a.kv_dtype}, {"threads", threads}, {"median_ms", rounded(ms, 4)},
+                 {"gbps", rounded(gbps, 2)}, {"peak_gbps", rounded(peak, 2)},
+                 {"ratio_to_peak", rounded(gbps / peak, 4)}},
+                "", gbps / peak};
+  m.json.update(timing.json);
+  char buf[400];
+  std::snprintf(buf, sizeof buf,
+                "decode kv_len=%lld heads=%lld kv_heads=%lld head_dim=%lld batch=%lld queries=%lld "
                 "kv_dtype=%s threads=%d\n  median %.3f ms, %.1f GB/s of K/V read, read bandwidth %.1f GB/s "
                 "-> %.1f%% of peak\n",
                 (long long)a.kv_len, (long long)a.heads, (long long)hkv, (long long)a.head_dim,
                 (long long)a.batch, (long long)a.queries, a.kv_dtype.c_str(), threads, ms, gbps, peak,
                 100 * gbps / peak);
-    std::fputs(timing.text.c_str(), stdout);
+  m.text = buf + timing.text;
+  return m;
+}
+
+Measurement measure(const BenchArgs& a, int threads) {
+  return a.kind == "attention" ? bench_attention(a, threads) : bench_decode(a, threads);
+}
+
+// The shapes of `attn bench attention --sweep` (docs/performance.md holds its
+// table): first the one every target is a ratio to (R64: head dim 64,
+// n = 4096, 8 heads), then the head dims real models use at short to long n,
+// batches, GQA ratios, cross-attention and chunked prefill against a cache,
+// causal and long sequences, and decode at three head dims.
+std::vector<BenchArgs> sweep_shapes(const BenchArgs& base) {
+  std::vector<BenchArgs> shapes;
+  const auto prefill = [&](int64_t n, int64_t d, int64_t heads = 8, int64_t kv_heads = 0,
+                           int64_t batch = 1, int64_t kv_len = 0, bool causal = false) {
+    BenchArgs a = base;
+    a.kind = "attention";
+    a.baselines = false;
+    a.n = n, a.head_dim = d, a.heads = heads, a.kv_heads = kv_heads, a.batch = batch, a.kv_len = kv_len;
+    a.attention.causal = causal ? Causal::BottomRight : Causal::None;
+    shapes.push_back(a);
+  };
+  prefill(4096, 64);
+  for (int64_t n : {128, 512, 2048, 4096, 8192})
+    for (int64_t d : {16, 32, 48, 64, 80, 96, 112, 128, 160, 192, 256})
+      if (n != 4096 || d != 64) prefill(n, d);
+  prefill(128, 64, 8, 0, 8);                                                  // batch
+  for (int64_t kv_heads : {32, 8, 4, 1}) prefill(4096, 128, 32, kv_heads);    // GQA 1, 4, 8, MQA
+  for (bool causal : {false, true}) prefill(512, 128, 8, 0, 1, 8192, causal);  // cross, chunked prefill
+  for (int64_t d : {64, 128}) prefill(4096, d, 8, 0, 1, 0, true);
+  prefill(32768, 128, 2, 0, 1, 0, true);                                      // long
+  prefill(131072, 64, 1, 0, 1, 0, true);
+  for (int64_t d : {64, 128, 256}) {
+    BenchArgs a = base;
+    a.kind = "decode";
+    a.baselines = false;
+    a.kv_len = 32768, a.heads = 32, a.kv_heads = 0, a.head_dim = d, a.batch = 1, a.queries = 1;
+    shapes.push_back(a);
   }
+  return shapes;
+}
+
+// One line per shape; each ratio also as a multiple of R64 (decode's of
+// head dim 128's, the targets' baselines).
+int run_sweep(const BenchArgs& base, int threads) {
+  if (!base.json)
+    std::printf("%-9s %7s %7s %5s %3s %5s %6s %10s %9s %7s %7s\n", "kind", "n", "kv_len", "heads", "kv",
+                "d", "batch", "median_ms", "rate", "ratio", "vs_base");
+  double r64 = 0, r128_decode = 0;
+  for (const BenchArgs& a : sweep_shapes(base)) {
+    Measurement m = measure(a, threads);
+    const bool decode = a.kind == "decode";
+    if (!decode && r64 == 0) r64 = m.ratio;
+    if (decode && a.head_dim == 128) r128_decode = m.ratio;
+    const double baseline = decode ? r128_decode : r64;
+    if (baseline > 0) m.json[decode ? "vs_decode_d128" : "vs_r64"] = rounded(m.ratio / baseline, 3);
+    if (base.json) {
+      std::printf("%s\n", m.json.dump().c_str());
+    } else {
+      const auto& j = m.json;
+      const bool causal = !decode && j["causal"].get<bool>();
+      std::printf("%-9s %7lld %7lld %5lld %3lld %5lld %6lld %10.3f %9.1f %7.3f %7s\n",
+                  decode ? "decode" : causal ? "causal" : "prefill",
+                  (long long)(decode ? a.queries : a.n), (long long)j["kv_len"].get<int64_t>(),
+                  (long long)a.heads, (long long)j["kv_heads"].get<int64_t>(), (long long)a.head_dim,
+                  (long long)a.batch, j["median_ms"].get<double>(),
+                  decode ? j["gbps"].get<double>() : causal ? j["gflops_unmasked"].get<double>() : j["gflops"].get<double>(),
+                  m.ratio, baseline > 0 ? std::to_string(rounded(m.ratio / baseline, 2)).substr(0, 4).c_str() : "-");
+    }
+    std::fflush(stdout);
+  }
+  return 0;
+}
+
+}  // namespace
+
+int run_bench(const BenchArgs& a) {
+  if (a.threads > 0) set_num_threads(a.threads);
+  const int threads = num_threads();
+  if (a.sweep) return run_sweep(a, threads);
+  const Measurement m = measure(a, threads);
+  std::fputs(a.json ? (m.json.dump() + "\n").c_str() : m.text.c_str(), stdout);
   return 0;
 }
 

@@ -245,10 +245,21 @@ void add_bench(CLI::App& app, Command& chosen) {
   auto* attention = bench->add_subcommand("attention", "prefill: n queries × n keys");
   auto a = on_chosen(attention, chosen, attn::cli::run_bench);
   a->kind = "attention";
-  attention->add_option("--n", a->n, "sequence length")
+  a->kv_len = 0;  // as many keys as queries unless --kv-len
+  auto* n = attention->add_option("--n", a->n, "queries (and keys, unless --kv-len)")
       ->check(integer_in<int64_t>(1, kMaxPositions));
-  add_causal(attention, a->attention, "causal masking");
+  auto* kv_len = attention->add_option("--kv-len", a->kv_len, "keys (default: --n): cross-attention, "
+                                       "or a chunk of queries against a cache with --causal")
+      ->check(integer_in<int64_t>(1, kMaxPositions));
+  add_causal(attention, a->attention, "causal masking (aligned bottom-right, as against a cache)");
   add_bench_flags(attention, *a);
+  auto* sweep = attention->add_flag(
+      "--sweep", a->sweep,
+      "a fixed grid of shapes (head dims 16-256 at n 128-8192, batch, GQA, cross-attention, causal, "
+      "long, decode), one line each; --threads, --kv-dtype and --json apply");
+  for (const char* shape : {"--causal", "--heads", "--kv-heads", "--head-dim", "--batch"})
+    sweep->excludes(attention->get_option(shape));
+  sweep->excludes(n)->excludes(kv_len);
   auto* decode = bench->add_subcommand("decode", "a few queries against a long KV cache");
   auto d = on_chosen(decode, chosen, attn::cli::run_bench);
   d->kind = "decode";

@@ -225,16 +225,25 @@ inline void Softcap(DF d, double softcap, float* s, int64_t n) {
     hn::Store(hn::Mul(cap, hn::Tanh(d, hn::Mul(hn::Load(d, s + e), inv))), d, s + e);
 }
 
+// out[0 .. d_v) = o · inv, the output row (b, h, i) from its unnormalised
+// sum o (padded to whole vectors, aligned).
+//
 // P·V multiplies every key of a tile by its weight, and an excluded key's
 // weight is 0; a NaN or infinite value in its row still gives 0·NaN = NaN. So
 // a row that comes out with a NaN is computed again the slow way
 // (reference_attention_row, which never reads an excluded key), and keeps a
-// NaN only if it has one of its own. Rows with NaN are rare, and checking
-// d_v outputs costs nothing next to the row's n_k·(d + d_v) products.
-inline void SettleNanRow(const AttentionProblem<float>& p, int64_t b, int64_t h, int64_t i,
-                         float* out) {
-  for (int64_t c = 0; c < p.d_v; ++c)
-    if (std::isnan(out[c])) return reference_attention_row(p, b, h, i, out);
+// NaN only if it has one of its own. Rows with NaN are rare.
+inline void WriteRow(DF d, const AttentionProblem<float>& p, int64_t b, int64_t h, int64_t i,
+                     const float* o, float inv, float* out) {
+  const int64_t N = static_cast<int64_t>(hn::Lanes(d));
+  const VF vinv = hn::Set(d, inv);
+  auto nan = hn::FirstN(d, 0);
+  for (int64_t c = 0; c < p.d_v; c += N) {
+    const VF x = hn::Mul(hn::Load(d, o + c), vinv);
+    nan = hn::Or(nan, hn::IsNaN(x));  // a padding lane is NaN only with the row's real ones
+    StorePart(d, x, out + c, std::min(N, p.d_v - c));
+  }
+  if (!hn::AllFalse(d, nan)) reference_attention_row(p, b, h, i, out);
 }
 
 // Online softmax of one row of S (base-2 units) against running max m and

@@ -141,7 +141,7 @@ void DecodeChunk(DF d, const AttentionProblem<float>& p, int64_t b, int64_t hkv,
   AccumulateValues(d, R, s, kDecodeChunk, jn, v_rows, v_stride, p.d_v, o, dvp);
 }
 
-thread_local Scratch<float> tls_partials;
+thread_local Scratch<float> tls_partials, tls_merged;
 
 template <class KV>
 void DecodeForwardT(const AttentionProblem<float>& p) {
@@ -160,13 +160,13 @@ void DecodeForwardT(const AttentionProblem<float>& p) {
   });
   parallel_for(heads, [&](int64_t bh) {
     const int64_t b = bh / p.heads_kv, hkv = bh % p.heads_kv;
+    float* o = tls_merged.get(static_cast<size_t>(std::max<int64_t>(dvp, 1)));  // one merged row
     const float* first = parts + bh * chunks * part_size;
     for (int64_t r = 0; r < R; ++r) {
       float mx = -std::numeric_limits<float>::infinity();
       for (int64_t c = 0; c < chunks; ++c) mx = std::max(mx, first[c * part_size + R * dvp + r]);
       const int64_t h = hkv * p.group() + r / p.n_q;
-      float* out = p.out.row(b, h, r % p.n_q);
-      std::fill(out, out + p.d_v, 0.0f);
+      std::fill(o, o + dvp, 0.0f);
       float l = 0;
       for (int64_t c = 0; c < chunks; ++c) {
         const float* part = first + c * part_size;
@@ -174,12 +174,12 @@ void DecodeForwardT(const AttentionProblem<float>& p) {
         if (l_c == 0) continue;
         const float w = ExpDifference(m_c, mx);
         l += w * l_c;
-        const float* o = part + r * dvp;
-        for (int64_t col = 0; col < p.d_v; ++col) out[col] += w * o[col];
+        const VF vw = hn::Set(d, w);
+        for (int64_t col = 0; col < dvp; col += N)
+          hn::Store(hn::MulAdd(vw, hn::Load(d, part + r * dvp + col), hn::Load(d, o + col)), d, o + col);
       }
-      if (l == 0) continue;  // no allowed key: zeros
-      for (int64_t col = 0; col < p.d_v; ++col) out[col] /= l;  // l NaN: the row is NaN
-      SettleNanRow(p, b, h, r % p.n_q, out);
+      // No allowed key: zeros (o is). l NaN: the row is NaN.
+      WriteRow(d, p, b, h, r % p.n_q, o, l == 0 ? 0.0f : 1.0f / l, p.out.row(b, h, r % p.n_q));
     }
   });
 }

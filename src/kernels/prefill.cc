@@ -32,6 +32,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 
 #include "kernels/attention_kernel.hpp"
@@ -175,10 +176,8 @@ void WriteOutput(DF d, const Item& it, int64_t h, ItemState& st) {
   const size_t N = hn::Lanes(d);
   for (int64_t r = 0; r < it.rows; ++r) {
     st.l[r] = hn::GetLane(hn::SumOfLanes(d, hn::Load(d, st.l_lanes + r * N)));
-    float* out = p.out.row(it.b, h, it.i0 + r);
     const float inv = st.l[r] == 0 ? 0.0f : 1.0f / st.l[r];  // l NaN: the row is NaN
-    for (int64_t c = 0; c < p.d_v; ++c) out[c] = st.o[r * st.dvp + c] * inv;
-    SettleNanRow(p, it.b, h, it.i0 + r, out);
+    WriteRow(d, p, it.b, h, it.i0 + r, st.o + r * st.dvp, inv, p.out.row(it.b, h, it.i0 + r));
   }
 }
 
@@ -223,10 +222,29 @@ void ProcessItem(DF d, const Item& it) {
 }
 
 // K tile kt of (b, hkv), transposed: dst[c * kBlockK + j] = k[j0 + j][c]; keys
-// past n_k are zero (their scores are masked anyway).
+// past n_k are zero (their scores are masked anyway). Four keys at a time:
+// their rows, interleaved, are each dim's four keys side by side, one
+// 16-byte copy per dim (an element at a time, the transpose took 15% of a
+// call at n = 128).
 void PackK(const AttentionProblem<float>& p, int64_t b, int64_t hkv, int64_t kt, float* dst) {
+  const DF d;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(d));
   const int64_t j0 = kt * kBlockK, jn = std::min(kBlockK, p.n_k - j0);
-  for (int64_t j = 0; j < jn; ++j) {
+  const int64_t whole = p.d / N * N;
+  alignas(HWY_MAX_BYTES) float four[4 * HWY_MAX_BYTES / sizeof(float)];
+  int64_t j = 0;
+  for (; j + 4 <= jn; j += 4) {
+    const float* k0 = p.k.row(b, hkv, j0 + j);
+    const int64_t rs = p.k.row_stride;
+    for (int64_t c = 0; c < whole; c += N) {
+      hn::StoreInterleaved4(hn::LoadU(d, k0 + c), hn::LoadU(d, k0 + rs + c), hn::LoadU(d, k0 + 2 * rs + c),
+                            hn::LoadU(d, k0 + 3 * rs + c), d, four);
+      for (int64_t e = 0; e < N; ++e) std::memcpy(dst + (c + e) * kBlockK + j, four + 4 * e, 4 * sizeof(float));
+    }
+    for (int64_t c = whole; c < p.d; ++c)
+      for (int64_t r = 0; r < 4; ++r) dst[c * kBlockK + j + r] = k0[r * rs + c];
+  }
+  for (; j < jn; ++j) {
     const float* k = p.k.row(b, hkv, j0 + j);
     for (int64_t c = 0; c < p.d; ++c) dst[c * kBlockK + j] = k[c];
   }
@@ -272,29 +290,11 @@ Operand<const float> ContiguousRows(const AttentionProblem<float>& p, const Oper
   return o;
 }
 
-void FlashForward(const AttentionProblem<float>& p_in) {
+// The tiles of p, whose K is float32 (any row stride) and whose V rows are
+// float32 with whole vectors of columns readable: V's row stride is d_v
+// rounded up to whole vectors (ItemState::dvp), and any padding is zeros.
+void FlashTiles(const AttentionProblem<float>& p) {
   const DF d;
-  const int64_t N = static_cast<int64_t>(hn::Lanes(d));
-  const int64_t dvp = (p_in.d_v + N - 1) / N * N;
-  if (p_in.kv != KVStorage::Native || p_in.v.row_stride != dvp) {
-    // The tile loop's K/V: float32 rows, V's dvp apart (see ContiguousRows).
-    AttentionProblem<float> p = p_in;
-    const auto size = [&](int64_t w) { return static_cast<size_t>(std::max<int64_t>(p.batch * p.heads_kv * p.n_k * w, 1)); };
-    float* v = tls_v32.get(size(dvp));
-    if (p.kv == KVStorage::Native) {
-      p.v = ContiguousRows<float>(p, p_in.v, p.d_v, dvp, v);
-    } else {
-      float* k = tls_k32.get(size(p.d));
-      const bool bf16 = p.kv == KVStorage::BF16;
-      p.k = bf16 ? ContiguousRows<hwy::bfloat16_t>(p, p.k16, p.d, p.d, k)
-                 : ContiguousRows<hwy::float16_t>(p, p.k16, p.d, p.d, k);
-      p.v = bf16 ? ContiguousRows<hwy::bfloat16_t>(p, p.v16, p.d_v, dvp, v)
-                 : ContiguousRows<hwy::float16_t>(p, p.v16, p.d_v, dvp, v);
-      p.kv = KVStorage::Native;
-    }
-    return FlashForward(p);
-  }
-  const AttentionProblem<float>& p = p_in;
   const int64_t n_tiles = (p.n_k + kBlockK - 1) / kBlockK;
   const int64_t head_pack = n_tiles * p.d * kBlockK;
   const int64_t heads = p.batch * p.heads_kv;
@@ -312,6 +312,30 @@ void FlashForward(const AttentionProblem<float>& p_in) {
                   std::min(kBlockQ, p.n_q - i0)};
     ProcessItem(d, it);
   });
+}
+
+void FlashForward(const AttentionProblem<float>& p_in) {
+  const int64_t N = static_cast<int64_t>(hn::Lanes(DF()));
+  const int64_t dvp = (p_in.d_v + N - 1) / N * N;
+  // float32 V rows of whole vectors, d_v apart, are read in place; others
+  // are copied first (ContiguousRows), and 16-bit K with them.
+  if (p_in.kv == KVStorage::Native && p_in.v.row_stride == p_in.d_v && dvp == p_in.d_v)
+    return FlashTiles(p_in);
+  AttentionProblem<float> p = p_in;
+  const auto size = [&](int64_t w) { return static_cast<size_t>(std::max<int64_t>(p.batch * p.heads_kv * p.n_k * w, 1)); };
+  float* v = tls_v32.get(size(dvp));
+  if (p.kv == KVStorage::Native) {
+    p.v = ContiguousRows<float>(p, p_in.v, p.d_v, dvp, v);
+  } else {
+    float* k = tls_k32.get(size(p.d));
+    const bool bf16 = p.kv == KVStorage::BF16;
+    p.k = bf16 ? ContiguousRows<hwy::bfloat16_t>(p, p.k16, p.d, p.d, k)
+               : ContiguousRows<hwy::float16_t>(p, p.k16, p.d, p.d, k);
+    p.v = bf16 ? ContiguousRows<hwy::bfloat16_t>(p, p.v16, p.d_v, dvp, v)
+               : ContiguousRows<hwy::float16_t>(p, p.v16, p.d_v, dvp, v);
+    p.kv = KVStorage::Native;
+  }
+  FlashTiles(p);
 }
 
 

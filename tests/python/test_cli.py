@@ -480,6 +480,14 @@ def test_every_subcommand_has_help(sub):
     assert "--out" in r.stdout and "Usage" in r.stdout
 
 
+def test_bench_sweep_takes_no_shape():
+    """--sweep runs a fixed grid: a shape option beside it is refused, by name."""
+    for shape in (["--n", "64"], ["--kv-len", "64"], ["--head-dim", "32"], ["--causal"], ["--batch", "2"]):
+        r = subprocess.run([CLI, "bench", "attention", "--sweep", *shape], capture_output=True, text=True,
+                           timeout=60)
+        assert r.returncode == 2 and shape[0] in r.stderr and "--sweep" in r.stderr, (shape, r.stderr)
+
+
 def test_bench_reports_consistent_numbers():
     """attn bench --json: its rates follow from its own times and the formulas in
     the issue (4·n²·d·H FLOPs, causal ratios on the unmasked pairs; K and V bytes
@@ -508,6 +516,17 @@ def test_bench_reports_consistent_numbers():
     assert r["time_vs_noncausal"] == pytest.approx(r["median_ms"] / r["noncausal_median_ms"], rel=2e-3, abs=1e-4)
     assert 0.1 < r["time_vs_noncausal"] < 2  # the non-causal kernel of the same turns
     assert "speedup_vs_f32" not in r
+    # A chunk of queries against a longer cache, aligned bottom-right: query i
+    # sees keys 0 .. i + (kv_len - n).
+    n_q, n_k = 64, 200
+    r = json.loads(ok("bench", "attention", "--n", n_q, "--kv-len", n_k, "--heads", heads, "--head-dim", d,
+                      "--causal", "--threads", 1, "--json").stdout)
+    assert (r["n"], r["kv_len"]) == (n_q, n_k)
+    pairs = sum(min(i + n_k - n_q + 1, n_k) for i in range(n_q))
+    assert r["gflops"] == pytest.approx(4 * n_q * n_k * d * heads / r["median_ms"] * 1e-6,
+                                        rel=rate_tol(r["median_ms"], r["gflops"]))
+    assert r["gflops_unmasked"] == pytest.approx(4 * pairs * d * heads / r["median_ms"] * 1e-6,
+                                                 rel=rate_tol(r["median_ms"], r["gflops_unmasked"]))
     L = 6000
     r = json.loads(ok("bench", "decode", "--kv-len", L, "--heads", heads, "--head-dim", d,
                       "--threads", 1, "--json").stdout)
