@@ -116,18 +116,20 @@ HWY_INLINE void ValueBlock(DF d, const float* p, int64_t p_stride, int64_t count
       acc[0][r][v] = hn::Load(d, o + r * o_stride + v * N);
       for (int s = 1; s < S; ++s) acc[s][r][v] = hn::Zero(d);
     }
-  const auto key = [&](int s, int64_t j) HWY_ATTR {
-    VF vv[NV];
-    for (int v = 0; v < NV; ++v) vv[v] = LoadKV(d, v0 + j * v_stride + v * N);
-    for (int r = 0; r < MR; ++r) {
-      const VF pb = hn::Set(d, p[r * p_stride + j]);
-      for (int v = 0; v < NV; ++v) acc[s][r][v] = hn::MulAdd(pb, vv[v], acc[s][r][v]);
-    }
-  };
+  // (Plain loops: with the key step as a lambda, g++ 12 kept j on the stack.)
   int64_t j = 0;
-  for (; j + S <= count; j += S)
-    for (int s = 0; s < S; ++s) key(s, j + s);
-  for (; j < count; ++j) key(0, j);
+  for (; j < count; j += S) {
+    const int step = static_cast<int>(std::min<int64_t>(S, count - j));
+    for (int s = 0; s < S; ++s) {
+      if (S > 1 && s >= step) break;
+      VF vv[NV];
+      for (int v = 0; v < NV; ++v) vv[v] = LoadKV(d, v0 + (j + s) * v_stride + v * N);
+      for (int r = 0; r < MR; ++r) {
+        const VF pb = hn::Set(d, p[r * p_stride + j + s]);
+        for (int v = 0; v < NV; ++v) acc[s][r][v] = hn::MulAdd(pb, vv[v], acc[s][r][v]);
+      }
+    }
+  }
   for (int s = 1; s < S; ++s)
     for (int r = 0; r < MR; ++r)
       for (int v = 0; v < NV; ++v) acc[0][r][v] = hn::Add(acc[0][r][v], acc[s][r][v]);
