@@ -7,6 +7,7 @@
 #include <functional>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -66,6 +67,10 @@ Turns run_in_turns(const std::vector<std::function<void()>>& kernels,
       for (int r = 0; r < reps[i]; ++r) kernels[i]();
       ms[i].push_back(ms_since(t0) / reps[i]);
     }
+    // The pool's threads poll for work for a while after a call
+    // (thread_pool.cc): let them go to sleep first, so that the ceiling's
+    // own threads find the cores free.
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
     ceilings.push_back(ceiling());
   }
   Turns t{{}, median(ceilings)};

@@ -6,14 +6,18 @@
 // kBlockRows query rows that the tile does not mask wholly
 // (tile sizes: config.hpp):
 //   S = scale·log2(e) · Q Kᵀ    register-blocked: kRows query rows × kVecs
-//                                vectors of keys, K pre-packed transposed
-//                                ([tile][d][key]) so keys are contiguous lanes
+//                                vectors of keys, the K tile packed transposed
+//                                ([d][key]) so keys are contiguous lanes
 //   S → softcap, masks          only on blocks that need it
 //   m' = max(m, rowmax S); P = 2^(S − m'); l = l·2^(m−m') + rowsum P;
 //   O = O·2^(m−m') + P V        register-blocked: kRows rows × kVecs vectors
 //                                of value columns, V read in place
 // and finally out = O / l (0 for a row with no allowed key). Base 2 makes
 // every exponential a cheap 2^x (exp2-inl.h); it is the same softmax.
+//
+// K is packed once per call, into transposed tiles. With one query tile per
+// (batch, kv head), at most kBlockQ queries, that tile's item packs its K
+// tiles itself, each just before its rows use it (FlashTiles).
 //
 // Loop order: the key tile is outer and the row blocks inner, so the K tile
 // (d·kBlockK·4 = 16 KiB at d = 64) and the V tile stay in cache while all
@@ -49,7 +53,8 @@ static_assert(kBlockRows % kRows == 0, "ATTN_BLOCK_ROWS must be a multiple of kR
 // Everything one work item needs to see.
 struct Item {
   const AttentionProblem<float>& p;
-  const float* kpack;  // this (batch, kv head)'s packed K tiles
+  float* kpack;  // this (batch, kv head)'s packed K tiles: n_tiles × d × kBlockK
+  bool pack;     // whether the item packs them itself (see FlashTiles)
   int64_t b, hkv, i0, rows;
 };
 
@@ -70,6 +75,36 @@ struct RowBlock {
     return count == kBlockK && j0 >= last.begin && j0 + kBlockK <= first.end;
   }
 };
+
+// K tile kt of (b, hkv), transposed: dst[c * kBlockK + j] = k[j0 + j][c]; keys
+// past n_k are zero (their scores are masked anyway). Four keys at a time:
+// their rows, interleaved, are each dim's four keys side by side, one
+// 16-byte copy per dim (an element at a time, the transpose took 15% of a
+// call at n = 128).
+void PackK(const AttentionProblem<float>& p, int64_t b, int64_t hkv, int64_t kt, float* dst) {
+  const DF d;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(d));
+  const int64_t j0 = kt * kBlockK, jn = std::min(kBlockK, p.n_k - j0);
+  const int64_t whole = p.d / N * N;
+  alignas(HWY_MAX_BYTES) float four[4 * HWY_MAX_BYTES / sizeof(float)];
+  int64_t j = 0;
+  for (; j + 4 <= jn; j += 4) {
+    const float* k0 = p.k.row(b, hkv, j0 + j);
+    const int64_t rs = p.k.row_stride;
+    for (int64_t c = 0; c < whole; c += N) {
+      hn::StoreInterleaved4(hn::LoadU(d, k0 + c), hn::LoadU(d, k0 + rs + c), hn::LoadU(d, k0 + 2 * rs + c),
+                            hn::LoadU(d, k0 + 3 * rs + c), d, four);
+      for (int64_t e = 0; e < N; ++e) std::memcpy(dst + (c + e) * kBlockK + j, four + 4 * e, 4 * sizeof(float));
+    }
+    for (int64_t c = whole; c < p.d; ++c)
+      for (int64_t r = 0; r < 4; ++r) dst[c * kBlockK + j + r] = k0[r * rs + c];
+  }
+  for (; j < jn; ++j) {
+    const float* k = p.k.row(b, hkv, j0 + j);
+    for (int64_t c = 0; c < p.d; ++c) dst[c * kBlockK + j] = k[c];
+  }
+  for (int64_t c = 0; c < p.d; ++c) std::fill(dst + c * kBlockK + jn, dst + (c + 1) * kBlockK, 0.0f);
+}
 
 // S = masked, softcapped scores of row block rb (head h) against key tile kt;
 // row r at s + r · kBlockK.
@@ -133,12 +168,13 @@ ItemState StartItem(DF d, const Item& it) {
 
 // The online softmax over the item's key tiles for head h: leaves each row's
 // max in st.m, its per-lane sum in st.l_lanes and O = Σ P V in st.o. Key tile
-// outer, row blocks inner (see the top of the file). Inlined, so that the row
+// outer, row blocks inner (see the top of the file). With `pack`, the first
+// head of the item's group packs each K tile just before its rows use it. Inlined, so that the row
 // state stays ProcessItem's local, as it was before this pass was its own
 // function: not inlined, prefill measured 0.642 of peak against 0.660 for the
 // one-function kernel (medians of 5, one noisy session); inlined, 0.679
 // against 0.666 (docs/performance.md).
-HWY_INLINE void SoftmaxPass(DF d, const Item& it, int64_t h, ItemState& st) {
+HWY_INLINE void SoftmaxPass(DF d, const Item& it, int64_t h, bool pack, ItemState& st) {
   const auto& p = it.p;
   const size_t N = hn::Lanes(d);
   const int64_t dvp = st.dvp;
@@ -150,6 +186,7 @@ HWY_INLINE void SoftmaxPass(DF d, const Item& it, int64_t h, ItemState& st) {
   for (int64_t kt = st.t_begin; kt < st.t_end; ++kt) {
     const int64_t j0 = kt * kBlockK, jn = std::min(kBlockK, p.n_k - j0);
     const float* v0 = p.v.row(it.b, it.hkv, j0);
+    if (pack) PackK(p, it.b, it.hkv, kt, it.kpack + kt * p.d * kBlockK);
     for (int64_t r0 = 0; r0 < it.rows; r0 += kBlockRows) {
       const RowBlock& rb = st.blocks[r0 / kBlockRows];
       if (rb.masks_all(j0, jn)) continue;
@@ -215,44 +252,15 @@ void ProcessItem(DF d, const Item& it) {
   ItemState st = StartItem(d, it);
   for (int64_t g = 0; g < it.p.group(); ++g) {
     const int64_t h = it.hkv * it.p.group() + g;
-    SoftmaxPass(d, it, h, st);
+    SoftmaxPass(d, it, h, it.pack && g == 0, st);
     WriteOutput(d, it, h, st);
     if (it.p.weights) WriteWeights(d, it, h, st);
   }
 }
 
-// K tile kt of (b, hkv), transposed: dst[c * kBlockK + j] = k[j0 + j][c]; keys
-// past n_k are zero (their scores are masked anyway). Four keys at a time:
-// their rows, interleaved, are each dim's four keys side by side, one
-// 16-byte copy per dim (an element at a time, the transpose took 15% of a
-// call at n = 128).
-void PackK(const AttentionProblem<float>& p, int64_t b, int64_t hkv, int64_t kt, float* dst) {
-  const DF d;
-  const int64_t N = static_cast<int64_t>(hn::Lanes(d));
-  const int64_t j0 = kt * kBlockK, jn = std::min(kBlockK, p.n_k - j0);
-  const int64_t whole = p.d / N * N;
-  alignas(HWY_MAX_BYTES) float four[4 * HWY_MAX_BYTES / sizeof(float)];
-  int64_t j = 0;
-  for (; j + 4 <= jn; j += 4) {
-    const float* k0 = p.k.row(b, hkv, j0 + j);
-    const int64_t rs = p.k.row_stride;
-    for (int64_t c = 0; c < whole; c += N) {
-      hn::StoreInterleaved4(hn::LoadU(d, k0 + c), hn::LoadU(d, k0 + rs + c), hn::LoadU(d, k0 + 2 * rs + c),
-                            hn::LoadU(d, k0 + 3 * rs + c), d, four);
-      for (int64_t e = 0; e < N; ++e) std::memcpy(dst + (c + e) * kBlockK + j, four + 4 * e, 4 * sizeof(float));
-    }
-    for (int64_t c = whole; c < p.d; ++c)
-      for (int64_t r = 0; r < 4; ++r) dst[c * kBlockK + j + r] = k0[r * rs + c];
-  }
-  for (; j < jn; ++j) {
-    const float* k = p.k.row(b, hkv, j0 + j);
-    for (int64_t c = 0; c < p.d; ++c) dst[c * kBlockK + j] = k[c];
-  }
-  for (int64_t c = 0; c < p.d; ++c) std::fill(dst + c * kBlockK + jn, dst + (c + 1) * kBlockK, 0.0f);
-}
-
-
-thread_local Scratch<float> tls_kpack, tls_k32, tls_v32;
+// Packed K of every (batch, kv head) (the calling thread's), of one in each
+// thread (items that pack their own), float32 copies of K and V.
+thread_local Scratch<float> tls_kpack, tls_item_kpack, tls_k32, tls_v32;
 
 // The rows of src (each `cols` values of type KV) of every (batch, kv head)
 // as float32 rows `width` >= cols apart in dst, zeros past cols; returns them
@@ -298,18 +306,28 @@ void FlashTiles(const AttentionProblem<float>& p) {
   const int64_t n_tiles = (p.n_k + kBlockK - 1) / kBlockK;
   const int64_t head_pack = n_tiles * p.d * kBlockK;
   const int64_t heads = p.batch * p.heads_kv;
-  float* kpack = tls_kpack.get(static_cast<size_t>(std::max<int64_t>(heads * head_pack, 1)));
-  parallel_for(heads * n_tiles, [&](int64_t item) {
-    const int64_t bh = item / n_tiles, kt = item % n_tiles;
-    PackK(p, bh / p.heads_kv, bh % p.heads_kv, kt, kpack + bh * head_pack + kt * p.d * kBlockK);
-  });
-  // The most expensive (last, under causal masking) query tiles go first.
   const int64_t n_qt = (p.n_q + kBlockQ - 1) / kBlockQ;
+  // Several query tiles share each (batch, kv head)'s packed K: a pass packs
+  // it all first. A single one packs it inside its item, each tile just
+  // before use, while it is in L1, with no pass of its own (short sequences:
+  // n = 128, batch 8, head dim 64 went from 0.49 to 0.55 of the FMA peak;
+  // packing in the items always took n = 4096 from 0.68 to 0.64, Xeon, 2
+  // threads, medians of 3–5).
+  const bool shared = n_qt > 1;
+  const auto size = static_cast<size_t>(std::max<int64_t>(shared ? heads * head_pack : head_pack, 1));
+  float* kpack = shared ? tls_kpack.get(size) : nullptr;
+  if (shared) {
+    parallel_for(heads * n_tiles, [&](int64_t item) {
+      const int64_t bh = item / n_tiles, kt = item % n_tiles;
+      PackK(p, bh / p.heads_kv, bh % p.heads_kv, kt, kpack + bh * head_pack + kt * p.d * kBlockK);
+    });
+  }
+  // The most expensive (last, under causal masking) query tiles go first.
   parallel_for(heads * n_qt, [&](int64_t item) {
     const int64_t qt = n_qt - 1 - item / heads, bh = item % heads;
     const int64_t i0 = qt * kBlockQ;
-    const Item it{p, kpack + bh * head_pack, bh / p.heads_kv, bh % p.heads_kv, i0,
-                  std::min(kBlockQ, p.n_q - i0)};
+    const Item it{p, shared ? kpack + bh * head_pack : tls_item_kpack.get(size), !shared,
+                  bh / p.heads_kv, bh % p.heads_kv, i0, std::min(kBlockQ, p.n_q - i0)};
     ProcessItem(d, it);
   });
 }
