@@ -18,7 +18,7 @@
 #include <cstdint>
 
 #ifndef ATTN_BLOCK_Q
-#define ATTN_BLOCK_Q 256
+#define ATTN_BLOCK_Q 512
 #endif
 #ifndef ATTN_BLOCK_K
 #define ATTN_BLOCK_K 64
@@ -35,11 +35,16 @@
 
 namespace attn::detail {
 
-// Prefill: query rows per work item (batch, kv head, query tile). The K and V
-// tiles stay in cache while all of an item's rows pass over them, so larger
-// items reuse each tile more. Measured on Zen 5, n = 4096, 8 heads, d = 64,
-// 2 threads: 256-row items 72% of the FMA peak, 128 rows 66%, 64 rows 66%,
-// 32 rows 63%.
+// Prefill: query rows per work item (batch, kv head, query tile), at most.
+// The K and V tiles stay in cache while all of an item's rows pass over
+// them, so larger items reuse each tile more. Measured on Zen 5, n = 4096,
+// 8 heads, d = 64, 2 threads: 256-row items 72% of the FMA peak, 128 rows
+// 66%, 64 rows 66%, 32 rows 63%; on a Xeon (Sapphire Rapids), 512 rows
+// against 256: n = 4096 0.68 against 0.65, head dim 128 0.71 against 0.70,
+// n_q = 512 against 8192 keys 0.64 against 0.61 (medians of 3). But larger
+// items are fewer: a call with fewer than 2 items per thread at kBlockQ rows
+// takes items of kBlockQ / 2 (prefill.cc, ItemRows). Either way the rows'
+// arithmetic is the same, so results do not depend on it.
 constexpr int64_t kBlockQ = ATTN_BLOCK_Q;
 
 // Prefill: keys per tile, one packed panel of the Q·Kᵀ product (matmul-inl.h
@@ -75,7 +80,7 @@ static_assert(kBlockQ > 0 && kBlockK > 0 && kBlockRows > 0 && kDecodeChunk > 0 &
               kDecodeMaxQueries > 0, "kernel configuration: sizes must be positive");
 // Row blocks tile an item exactly (and take whole micro-kernel row groups:
 // asserted in prefill.cc against matmul-inl.h's kRows).
-static_assert(kBlockQ % kBlockRows == 0, "ATTN_BLOCK_Q must be a multiple of ATTN_BLOCK_ROWS");
+static_assert(kBlockQ % (2 * kBlockRows) == 0, "ATTN_BLOCK_Q must be a multiple of 2 × ATTN_BLOCK_ROWS");
 // Score rows of a tile or chunk are whole, aligned vectors on every target
 // (64 floats: SVE's widest, 2048 bits), and a key tile is whole blocks of the
 // Q·Kᵀ micro-kernel (AVX-512: 4 vectors of 16).

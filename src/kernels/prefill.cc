@@ -16,12 +16,12 @@
 // every exponential a cheap 2^x (exp2-inl.h); it is the same softmax.
 //
 // K is packed once per call, into transposed tiles. With one query tile per
-// (batch, kv head), at most kBlockQ queries, that tile's item packs its K
+// (batch, kv head), at most one item's queries, that item packs its K
 // tiles itself, each just before its rows use it (FlashTiles).
 //
 // Loop order: the key tile is outer and the row blocks inner, so the K tile
 // (d·kBlockK·4 = 16 KiB at d = 64) and the V tile stay in cache while all
-// kBlockQ rows pass over them, and S is a 2 KiB block, never a whole tile.
+// item's rows pass over them, and S is a 2 KiB block, never a whole tile.
 // (The measurements behind the tile sizes: config.hpp.) Tiles and row blocks
 // wholly outside the causal or window range are skipped; work items start
 // with the most expensive query tiles so the causal triangle balances across
@@ -39,6 +39,7 @@
 #include <cstring>
 #include <limits>
 
+#include "attn/threads.hpp"
 #include "kernels/attention_kernel.hpp"
 #include "kernels/config.hpp"
 #include "kernels/scratch.hpp"
@@ -301,12 +302,20 @@ Operand<const float> ContiguousRows(const AttentionProblem<float>& p, const Oper
 // The tiles of p, whose K is float32 (any row stride) and whose V rows are
 // float32 with whole vectors of columns readable: V's row stride is d_v
 // rounded up to whole vectors (ItemState::dvp), and any padding is zeros.
+// Query rows per work item: kBlockQ, or half as many when there would be
+// fewer than 2 items per thread (config.hpp).
+int64_t ItemRows(const AttentionProblem<float>& p) {
+  const int64_t items = p.batch * p.heads_kv * ((p.n_q + kBlockQ - 1) / kBlockQ);
+  return items >= 2 * static_cast<int64_t>(num_threads()) ? kBlockQ : kBlockQ / 2;
+}
+
 void FlashTiles(const AttentionProblem<float>& p) {
   const DF d;
   const int64_t n_tiles = (p.n_k + kBlockK - 1) / kBlockK;
   const int64_t head_pack = n_tiles * p.d * kBlockK;
   const int64_t heads = p.batch * p.heads_kv;
-  const int64_t n_qt = (p.n_q + kBlockQ - 1) / kBlockQ;
+  const int64_t rows = ItemRows(p);
+  const int64_t n_qt = (p.n_q + rows - 1) / rows;
   // Several query tiles share each (batch, kv head)'s packed K: a pass packs
   // it all first. A single one packs it inside its item, each tile just
   // before use, while it is in L1, with no pass of its own (short sequences:
@@ -325,9 +334,9 @@ void FlashTiles(const AttentionProblem<float>& p) {
   // The most expensive (last, under causal masking) query tiles go first.
   parallel_for(heads * n_qt, [&](int64_t item) {
     const int64_t qt = n_qt - 1 - item / heads, bh = item % heads;
-    const int64_t i0 = qt * kBlockQ;
+    const int64_t i0 = qt * rows;
     const Item it{p, shared ? kpack + bh * head_pack : tls_item_kpack.get(size), !shared,
-                  bh / p.heads_kv, bh % p.heads_kv, i0, std::min(kBlockQ, p.n_q - i0)};
+                  bh / p.heads_kv, bh % p.heads_kv, i0, std::min(rows, p.n_q - i0)};
     ProcessItem(d, it);
   });
 }
