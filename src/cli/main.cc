@@ -18,6 +18,7 @@
 
 #include "attn/error.hpp"
 #include "attn/threads.hpp"
+#include "attn/version.h"
 #include "cli/commands.hpp"
 #include "cli/files.hpp"
 

@@ -449,8 +449,9 @@ def test_a_bad_ATTN_NUM_THREADS_is_one_line():
 
 def test_version_is_the_projects():
     import re
-    cmake = open(os.path.join(ROOT, "CMakeLists.txt")).read()
-    version = re.search(r"project\(attn VERSION ([0-9.]+)", cmake).group(1)
+    header = open(os.path.join(ROOT, "include", "attn", "version.h")).read()
+    version = ".".join(re.search(rf"#define ATTN_VERSION_{part} ([0-9]+)", header).group(1)
+                       for part in ("MAJOR", "MINOR", "PATCH"))
     assert ok("--version").stdout == f"attn {version}\n"
 
 
