@@ -1,0 +1,49 @@
+#!/bin/bash
+# attn as its users get it, from an installed tree in a temporary prefix,
+# never from the source tree: a CMake project with find_package (the shared
+# library, then the static one), a program built with pkg-config (shared,
+# then --static), and a CMake project that adds attn's source with
+# add_subdirectory. Each runs and checks a result against its closed form.
+#   tests/consumers/run.sh SOURCE_DIR BUILD_DIR
+set -euo pipefail
+src=$(cd "$1" && pwd)
+build=$(cd "$2" && pwd)
+here=$src/tests/consumers
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+prefix=$work/prefix
+cmake --install "$build" --prefix "$prefix" >/dev/null
+# Relocatable: the tree works from wherever it is unpacked.
+mv "$prefix" "$work/moved" && prefix=$work/moved
+
+step() { echo "== $*"; }
+cxx=${CXX:-c++}
+
+step "find_package(attn 0.2), attn::attn = libattn.so"
+cmake -S "$here/find_package" -B "$work/fp" -DCMAKE_PREFIX_PATH="$prefix" >/dev/null
+cmake --build "$work/fp" >/dev/null
+"$work/fp/consumer"
+readelf -d "$work/fp/consumer" | grep -q 'NEEDED.*libattn.so.0' || { echo "consumer does not load libattn.so.0"; exit 1; }
+
+step "find_package(attn 0.2) with ATTN_STATIC=ON, attn::attn = libattn.a"
+cmake -S "$here/find_package" -B "$work/fps" -DCMAKE_PREFIX_PATH="$prefix" -DATTN_STATIC=ON >/dev/null
+cmake --build "$work/fps" >/dev/null
+"$work/fps/consumer"
+if readelf -d "$work/fps/consumer" | grep -q 'libattn'; then echo "static consumer loads libattn"; exit 1; fi
+
+export PKG_CONFIG_PATH=$prefix/lib/pkgconfig
+step "pkg-config --cflags --libs attn"
+# shellcheck disable=SC2046
+$cxx -std=c++20 "$here/consumer.cc" -o "$work/pc" $(pkg-config --cflags --libs attn) -Wl,-rpath,"$prefix/lib"
+"$work/pc"
+step "pkg-config --static"
+# shellcheck disable=SC2046
+$cxx -std=c++20 "$here/consumer.cc" -o "$work/pcs" \
+  $(pkg-config --cflags --static --libs attn | sed 's/-lattn/-l:libattn.a/')
+if readelf -d "$work/pcs" | grep -q 'libattn'; then echo "static consumer loads libattn"; exit 1; fi
+"$work/pcs"
+
+step "add_subdirectory(attn)"
+cmake -S "$here/add_subdirectory" -B "$work/sub" -DATTN_SOURCE="$src" -DCMAKE_BUILD_TYPE=Release >/dev/null
+cmake --build "$work/sub" --target consumer -j "${JOBS:-2}" >/dev/null
+"$work/sub/consumer"
