@@ -56,6 +56,8 @@ struct Item {
   const AttentionProblem<float>& p;
   float* kpack;  // this (batch, kv head)'s packed K tiles: n_tiles × d × kBlockK
   bool pack;     // whether the item packs them itself (see FlashTiles)
+  const float* v;    // this (batch, kv head)'s V rows, whole vectors each
+  int64_t v_stride;  // and how far apart
   int64_t b, hkv, i0, rows;
 };
 
@@ -137,7 +139,7 @@ thread_local Scratch<float> tls_scores, tls_out, tls_sums;
 // time: the row blocks, the range of key tiles, scratch, and each row's
 // running max m and sum l (per lane in l_lanes until the end).
 struct ItemState {
-  int64_t dvp;             // d_v rounded up to whole vectors: V's row stride
+  int64_t dvp;             // d_v rounded up to whole vectors
   int64_t t_begin, t_end;  // key tiles some row of the item reaches
   float* s;                // a block of scores, kBlockRows × kBlockK
   float* o;                // unnormalised output rows, rows × dvp
@@ -186,7 +188,7 @@ HWY_INLINE void SoftmaxPass(DF d, const Item& it, int64_t h, bool pack, ItemStat
   std::fill(o, o + it.rows * dvp, 0.0f);
   for (int64_t kt = st.t_begin; kt < st.t_end; ++kt) {
     const int64_t j0 = kt * kBlockK, jn = std::min(kBlockK, p.n_k - j0);
-    const float* v0 = p.v.row(it.b, it.hkv, j0);
+    const float* v0 = it.v + j0 * it.v_stride;
     if (pack) PackK(p, it.b, it.hkv, kt, it.kpack + kt * p.d * kBlockK);
     for (int64_t r0 = 0; r0 < it.rows; r0 += kBlockRows) {
       const RowBlock& rb = st.blocks[r0 / kBlockRows];
@@ -202,7 +204,7 @@ HWY_INLINE void SoftmaxPass(DF d, const Item& it, int64_t h, bool pack, ItemStat
             hn::Store(hn::Mul(hn::Load(d, orow + c), a), d, orow + c);
         }
       }
-      AccumulateValues(d, rows, s, kBlockK, jn, v0, dvp, dvp, o + r0 * dvp, dvp);
+      AccumulateValues(d, rows, s, kBlockK, jn, v0, it.v_stride, dvp, o + r0 * dvp, dvp);
     }
   }
 }
@@ -260,16 +262,16 @@ void ProcessItem(DF d, const Item& it) {
 }
 
 // Packed K of every (batch, kv head) (the calling thread's), of one in each
-// thread (items that pack their own), float32 copies of K and V.
-thread_local Scratch<float> tls_kpack, tls_item_kpack, tls_k32, tls_v32;
+// thread (items that pack their own), a kv head's V rows (items whose V rows
+// are far apart), float32 copies of K and V.
+thread_local Scratch<float> tls_kpack, tls_item_kpack, tls_item_v, tls_k32, tls_v32;
 
 // The rows of src (each `cols` values of type KV) of every (batch, kv head)
 // as float32 rows `width` >= cols apart in dst, zeros past cols; returns them
 // as an operand over dst. Prefill gives the tile loop float32 K and V rows
-// this way when they are not already: 16-bit K/V are widened, and V rows are
-// padded to whole vectors (so that P·V never takes a partial one) or made
-// contiguous (rows far apart, heads sliced from one wide array, share few
-// cache sets). O(n) work against the O(n²) of the attention: bf16 prefill
+// this way when they are not already: 16-bit K/V are widened, and V rows
+// that are not whole vectors are padded (so that P·V never takes a partial
+// one). O(n) work against the O(n²) of the attention: bf16 prefill
 // runs at 98–101% of the float32 rate (docs/performance.md). Decode reads
 // each K/V row once, so it widens in registers instead (LoadKV).
 template <class KV, class T>
@@ -300,8 +302,8 @@ Operand<const float> ContiguousRows(const AttentionProblem<float>& p, const Oper
 }
 
 // The tiles of p, whose K is float32 (any row stride) and whose V rows are
-// float32 with whole vectors of columns readable: V's row stride is d_v
-// rounded up to whole vectors (ItemState::dvp), and any padding is zeros.
+// float32 with whole vectors of columns readable (ItemState::dvp of them;
+// any past d_v are zeros).
 // Query rows per work item: kBlockQ, or half as many when there would be
 // fewer than 2 items per thread (config.hpp).
 int64_t ItemRows(const AttentionProblem<float>& p) {
@@ -331,12 +333,27 @@ void FlashTiles(const AttentionProblem<float>& p) {
       PackK(p, bh / p.heads_kv, bh % p.heads_kv, kt, kpack + bh * head_pack + kt * p.d * kBlockK);
     });
   }
+  // V rows far apart (heads sliced from one wide array, as multi_head and
+  // the layer pass them) share few cache sets: each item reads a contiguous
+  // copy of its kv head's rows, made at its start (multi_head, n = 4096,
+  // width 512, 8 heads: 138–145 ms in place, 107–117 with the copy; a copy
+  // of all heads at once cost the layer n·d_v floats of memory more).
+  const int64_t N = static_cast<int64_t>(hn::Lanes(d));
+  const bool copy_v = p.v.row_stride != (p.d_v + N - 1) / N * N;
   // The most expensive (last, under causal masking) query tiles go first.
   parallel_for(heads * n_qt, [&](int64_t item) {
     const int64_t qt = n_qt - 1 - item / heads, bh = item % heads;
-    const int64_t i0 = qt * rows;
-    const Item it{p, shared ? kpack + bh * head_pack : tls_item_kpack.get(size), !shared,
-                  bh / p.heads_kv, bh % p.heads_kv, i0, std::min(rows, p.n_q - i0)};
+    const int64_t b = bh / p.heads_kv, hkv = bh % p.heads_kv, i0 = qt * rows;
+    const float* v = p.v.row(b, hkv, 0);
+    int64_t v_stride = p.v.row_stride;
+    if (copy_v) {
+      float* rows_v = tls_item_v.get(static_cast<size_t>(std::max<int64_t>(p.n_k * p.d_v, 1)));
+      for (int64_t j = 0; j < p.n_k; ++j) std::copy(v + j * v_stride, v + j * v_stride + p.d_v, rows_v + j * p.d_v);
+      v = rows_v;
+      v_stride = p.d_v;
+    }
+    const Item it{p, shared ? kpack + bh * head_pack : tls_item_kpack.get(size), !shared, v, v_stride,
+                  b, hkv, i0, std::min(rows, p.n_q - i0)};
     ProcessItem(d, it);
   });
 }
@@ -344,9 +361,10 @@ void FlashTiles(const AttentionProblem<float>& p) {
 void FlashForward(const AttentionProblem<float>& p_in) {
   const int64_t N = static_cast<int64_t>(hn::Lanes(DF()));
   const int64_t dvp = (p_in.d_v + N - 1) / N * N;
-  // float32 V rows of whole vectors, d_v apart, are read in place; others
-  // are copied first (ContiguousRows), and 16-bit K with them.
-  if (p_in.kv == KVStorage::Native && p_in.v.row_stride == p_in.d_v && dvp == p_in.d_v)
+  // float32 V rows of whole vectors are read in place, however far apart;
+  // others are copied first (ContiguousRows), and 16-bit K with them. (A
+  // copy of every strided V too cost the layer n·d_v floats more memory.)
+  if (p_in.kv == KVStorage::Native && dvp == p_in.d_v)
     return FlashTiles(p_in);
   AttentionProblem<float> p = p_in;
   const auto size = [&](int64_t w) { return static_cast<size_t>(std::max<int64_t>(p.batch * p.heads_kv * p.n_k * w, 1)); };
