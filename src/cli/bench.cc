@@ -162,11 +162,12 @@ double allowed_pairs(int64_t n_q, int64_t n_k, Causal causal) {
 }
 
 // One measured shape: its JSON object, the text `attn bench` prints for it
-// alone, and its ratio to the ceiling.
+// alone, its median time, its rate (GFLOP/s on the pairs computed, or GB/s)
+// and that rate's ratio to the ceiling.
 struct Measurement {
   nlohmann::ordered_json json;
   std::string text;
-  double ratio;
+  double ms, rate, ratio;
 };
 
 Measurement bench_attention(const BenchArgs& a, int threads) {
@@ -188,7 +189,7 @@ Measurement bench_attention(const BenchArgs& a, int threads) {
                  {"kv_dtype", a.kv_dtype}, {"threads", threads}, {"median_ms", rounded(ms, 4)},
                  {"gflops", rounded(gflops, 2)}, {"gflops_unmasked", rounded(gflops_unmasked, 2)},
                  {"peak_gflops", rounded(peak, 2)}, {"ratio_to_peak", rounded(ratio, 4)}},
-                "", ratio};
+                "", ms, causal ? gflops_unmasked : gflops, ratio};
   m.json.update(timing.json);
   char buf[400];
   std::snprintf(buf, sizeof buf,
@@ -223,7 +224,7 @@ Measurement bench_decode(const BenchArgs& a, int threads) {
                  {"kv_dtype", a.kv_dtype}, {"threads", threads}, {"median_ms", rounded(ms, 4)},
                  {"gbps", rounded(gbps, 2)}, {"peak_gbps", rounded(peak, 2)},
                  {"ratio_to_peak", rounded(gbps / peak, 4)}},
-                "", gbps / peak};
+                "", ms, gbps, gbps / peak};
   m.json.update(timing.json);
   char buf[400];
   std::snprintf(buf, sizeof buf,
@@ -294,15 +295,14 @@ int run_sweep(const BenchArgs& base, int threads) {
     if (base.json) {
       std::printf("%s\n", m.json.dump().c_str());
     } else {
-      const auto& j = m.json;
-      const bool causal = !decode && j["causal"].get<bool>();
+      char vs_base[16] = "-";
+      if (baseline > 0) std::snprintf(vs_base, sizeof vs_base, "%.2f", m.ratio / baseline);
+      const bool causal = a.attention.causal != Causal::None;
       std::printf("%-9s %7lld %7lld %5lld %3lld %5lld %6lld %10.3f %9.1f %7.3f %7s\n",
                   decode ? "decode" : causal ? "causal" : "prefill",
-                  (long long)(decode ? a.queries : a.n), (long long)j["kv_len"].get<int64_t>(),
-                  (long long)a.heads, (long long)j["kv_heads"].get<int64_t>(), (long long)a.head_dim,
-                  (long long)a.batch, j["median_ms"].get<double>(),
-                  decode ? j["gbps"].get<double>() : causal ? j["gflops_unmasked"].get<double>() : j["gflops"].get<double>(),
-                  m.ratio, baseline > 0 ? std::to_string(rounded(m.ratio / baseline, 2)).substr(0, 4).c_str() : "-");
+                  (long long)(decode ? a.queries : a.n), (long long)(decode ? a.kv_len : keys_of(a)),
+                  (long long)a.heads, (long long)(a.kv_heads > 0 ? a.kv_heads : a.heads),
+                  (long long)a.head_dim, (long long)a.batch, m.ms, m.rate, m.ratio, vs_base);
     }
     std::fflush(stdout);
   }

@@ -34,6 +34,12 @@ namespace hn = hwy::HWY_NAMESPACE;
 using DF = hn::ScalableTag<float>;
 using VF = hn::Vec<DF>;
 
+// n rounded up to whole vectors: the width of padded rows.
+inline int64_t WholeVectors(int64_t n) {
+  const auto N = static_cast<int64_t>(hn::Lanes(DF()));
+  return (n + N - 1) / N * N;
+}
+
 // Scores are kept in base-2 units, S·log2(e), so every exponential is a
 // cheap 2^x (exp2-inl.h): e^(s − m) = 2^((s − m)·log2(e)). The factor rides
 // on the scale (or on the softcap, which must see the natural scores) and

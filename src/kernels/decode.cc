@@ -147,7 +147,7 @@ template <class KV>
 void DecodeForwardT(const AttentionProblem<float>& p) {
   const DF d;
   const int64_t N = static_cast<int64_t>(hn::Lanes(d));
-  const int64_t dvp = (p.d_v + N - 1) / N * N;
+  const int64_t dvp = WholeVectors(p.d_v);
   const int64_t R = p.group() * p.n_q;
   const int64_t chunks = (p.n_k + kDecodeChunk - 1) / kDecodeChunk;
   const int64_t heads = p.batch * p.heads_kv;

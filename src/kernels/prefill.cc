@@ -152,7 +152,7 @@ ItemState StartItem(DF d, const Item& it) {
   const auto& p = it.p;
   const size_t N = hn::Lanes(d);
   ItemState st;
-  st.dvp = (p.d_v + static_cast<int64_t>(N) - 1) / static_cast<int64_t>(N) * static_cast<int64_t>(N);
+  st.dvp = WholeVectors(p.d_v);
   st.s = tls_scores.get(kBlockRows * kBlockK);
   st.o = tls_out.get(static_cast<size_t>(kBlockQ * std::max<int64_t>(st.dvp, 1)));
   st.l_lanes = tls_sums.get(static_cast<size_t>(kBlockQ) * N);
@@ -172,9 +172,9 @@ ItemState StartItem(DF d, const Item& it) {
 // The online softmax over the item's key tiles for head h: leaves each row's
 // max in st.m, its per-lane sum in st.l_lanes and O = Σ P V in st.o. Key tile
 // outer, row blocks inner (see the top of the file). With `pack`, the first
-// head of the item's group packs each K tile just before its rows use it. Inlined, so that the row
-// state stays ProcessItem's local, as it was before this pass was its own
-// function: not inlined, prefill measured 0.642 of peak against 0.660 for the
+// head of the item's group packs each K tile just before its rows use it.
+// Inlined, so that the row state stays ProcessItem's local, as it was before
+// this pass was its own function: not inlined, prefill measured 0.642 of peak against 0.660 for the
 // one-function kernel (medians of 5, one noisy session); inlined, 0.679
 // against 0.666 (docs/performance.md).
 HWY_INLINE void SoftmaxPass(DF d, const Item& it, int64_t h, bool pack, ItemState& st) {
@@ -338,8 +338,7 @@ void FlashTiles(const AttentionProblem<float>& p) {
   // copy of its kv head's rows, made at its start (multi_head, n = 4096,
   // width 512, 8 heads: 138–145 ms in place, 107–117 with the copy; a copy
   // of all heads at once cost the layer n·d_v floats of memory more).
-  const int64_t N = static_cast<int64_t>(hn::Lanes(d));
-  const bool copy_v = p.v.row_stride != (p.d_v + N - 1) / N * N;
+  const bool copy_v = p.v.row_stride != WholeVectors(p.d_v);
   // The most expensive (last, under causal masking) query tiles go first.
   parallel_for(heads * n_qt, [&](int64_t item) {
     const int64_t qt = n_qt - 1 - item / heads, bh = item % heads;
@@ -359,8 +358,7 @@ void FlashTiles(const AttentionProblem<float>& p) {
 }
 
 void FlashForward(const AttentionProblem<float>& p_in) {
-  const int64_t N = static_cast<int64_t>(hn::Lanes(DF()));
-  const int64_t dvp = (p_in.d_v + N - 1) / N * N;
+  const int64_t dvp = WholeVectors(p_in.d_v);
   // float32 V rows of whole vectors are read in place, however far apart;
   // others are copied first (ContiguousRows), and 16-bit K with them. (A
   // copy of every strided V too cost the layer n·d_v floats more memory.)
