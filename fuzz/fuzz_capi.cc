@@ -6,10 +6,11 @@
 // message exactly when it is not ATTN_OK, and never crash. A RUNTIME status
 // is a finding too: it means a C++ exception other than attn::Error.
 //
-// Not fuzzed yet: huge axes in a shape that also has a 0 (no element, so
-// accepted), e.g. q (2^61, 0, 4): attention() builds a table of offsets per
-// batch index before it looks at the sizes, and throws std::length_error or
-// allocates without bound (a known defect of the C++ core, to be fixed there).
+// Not fuzzed yet: a huge batch axis in a shape that also has a 0 (no
+// element, so accepted): with q, k, v and out of shape (2^62 - 1, 0, 0, 9)
+// attention() sizes a table of offsets by the batch axes before it looks at
+// the other sizes, and throws std::length_error (a smaller batch, 2^31,
+// would allocate gigabytes): a defect of the C++ core, to be fixed there.
 #include <algorithm>
 #include <random>
 

@@ -5,6 +5,7 @@
 // exception becomes a status with its text kept for attn_last_error().
 #include "attn/attn.h"
 
+#include <algorithm>
 #include <cstddef>
 #include <cstring>
 #include <limits>
@@ -125,16 +126,16 @@ Layout layout_of(const attn_tensor* t, const char* function, const char* name) {
   const size_t bytes = element_size(l.dtype);
   const int64_t n = attn::checked_numel(l.shape, bytes, what.c_str());
   l.strides = t->strides ? Strides(t->strides, t->strides + t->rank) : attn::contiguous_strides(l.shape);
-  if (n == 0) return l;
-  if (!t->data) fail(function, name, "data is NULL for shape " + attn::shape_str(l.shape));
-  // The farthest element from data, in bytes, must be addressable: a
-  // stride that overflows it cannot describe memory the caller has.
+  if (n > 0 && !t->data) fail(function, name, "data is NULL for shape " + attn::shape_str(l.shape));
+  // The farthest index from data, in bytes, must be addressable: strides
+  // that overflow it cannot describe memory the caller has. Checked for an
+  // empty view too: the kernels still step its rows' pointers by the strides.
   int64_t reach = 0;
   for (int a = 0; a < t->rank; ++a) {
     int64_t step;
     const int64_t stride = l.strides[a];
     if (stride == std::numeric_limits<int64_t>::min() ||
-        __builtin_mul_overflow(stride < 0 ? -stride : stride, l.shape[a] - 1, &step) ||
+        __builtin_mul_overflow(stride < 0 ? -stride : stride, std::max<int64_t>(l.shape[a] - 1, 0), &step) ||
         __builtin_add_overflow(reach, step, &reach) ||
         __builtin_mul_overflow(reach, static_cast<int64_t>(bytes), &step))
       fail(function, name, "strides " + attn::shape_str(l.strides) + " for shape " +
@@ -143,9 +144,15 @@ Layout layout_of(const attn_tensor* t, const char* function, const char* name) {
   return l;
 }
 
+// Where a view without elements and without data points: the kernels step
+// row pointers over an empty view too, which from NULL is undefined. Nothing
+// is ever read or written through it.
+alignas(64) unsigned char no_elements[64];
+
 template <class T>
 TensorView<T> view_of(const attn_tensor* t, const Layout& l) {
-  return {static_cast<T*>(t->data), l.shape, l.strides};
+  void* data = t->data ? t->data : static_cast<void*>(no_elements);
+  return {static_cast<T*>(data), l.shape, l.strides};
 }
 
 [[noreturn]] void unsupported(const char* function, const std::string& what) {
