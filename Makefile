@@ -63,9 +63,9 @@ asan: fuzz-build
 	    --output-on-failure -j $(JOBS)
 
 fuzz-build: test-deps
-	cmake -S . -B $(ASAN_BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_COMPILER=clang++-14 \
+	cmake -S . -B $(ASAN_BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_COMPILER=clang++-14 -DCMAKE_C_COMPILER=clang-14 \
 	    -DATTN_SANITIZE=address,undefined -DATTN_FUZZ=ON >/dev/null
-	cmake --build $(ASAN_BUILD) -j $(JOBS) --target attn_tests fuzz_npy fuzz_safetensors fuzz_attention fuzz_rope
+	cmake --build $(ASAN_BUILD) -j $(JOBS) --target attn_tests fuzz_npy fuzz_safetensors fuzz_attention fuzz_rope fuzz_capi
 
 # Each fuzzer FUZZ_SECONDS (default 60): make fuzz FUZZ_SECONDS=600
 fuzz: fuzz-build
@@ -74,7 +74,7 @@ fuzz: fuzz-build
 # ThreadSanitizer over the tests that run attn from many threads (too slow
 # for every make test: its own build of the library).
 tsan: test-deps
-	cmake -S . -B $(TSAN_BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_COMPILER=clang++-14 \
+	cmake -S . -B $(TSAN_BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_COMPILER=clang++-14 -DCMAKE_C_COMPILER=clang-14 \
 	    -DATTN_SANITIZE=thread >/dev/null
 	cmake --build $(TSAN_BUILD) -j $(JOBS) --target attn_tests
 	TSAN_OPTIONS=halt_on_error=1 $(TSAN_BUILD)/bin/attn_tests --gtest_filter='Concurrency.*:Determinism.*:Kernels.BitwiseIdenticalForAnyThreadCount'

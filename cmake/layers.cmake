@@ -5,7 +5,7 @@
 # room of the library, composing attn::attn.
 
 # The library's rooms, from the bottom up, then the programs built on it.
-set(ATTN_LIBRARY_ROOMS core kernels reference layer io picture train bench)
+set(ATTN_LIBRARY_ROOMS core kernels reference layer io picture train bench capi)
 set(ATTN_ROOMS ${ATTN_LIBRARY_ROOMS} cli python)
 
 # Where a file lives: src/<room>/ and python/ are rooms by folder; the public
@@ -18,6 +18,7 @@ set(ATTN_PUBLIC_io io.hpp file.hpp)
 set(ATTN_PUBLIC_picture picture.hpp)
 set(ATTN_PUBLIC_train adam.hpp embedding.hpp experiments.hpp train.hpp)
 set(ATTN_PUBLIC_bench machine.hpp)
+set(ATTN_PUBLIC_capi attn.h)
 
 # Which rooms a room may include besides its own. External libraries count as
 # rooms too (hwy: Highway, json: nlohmann, stb); the C++ and system headers,
@@ -26,6 +27,7 @@ set(ATTN_PUBLIC_bench machine.hpp)
 #     declared in core's own plan header) -- through the kernels' door only.
 #   kernels: the plan and the types; no file formats, no pictures.
 #   layer: the API, the kernels' linear map, and io for its save/load.
+#   capi: the C API, a thin layer over the C++ API's public headers.
 set(ATTN_MAY_INCLUDE_core kernels)
 set(ATTN_MAY_INCLUDE_kernels core hwy)
 set(ATTN_MAY_INCLUDE_reference core)
@@ -34,6 +36,7 @@ set(ATTN_MAY_INCLUDE_io core json)
 set(ATTN_MAY_INCLUDE_picture core io stb)
 set(ATTN_MAY_INCLUDE_train core kernels layer io)
 set(ATTN_MAY_INCLUDE_bench core hwy)
+set(ATTN_MAY_INCLUDE_capi core layer io)
 set(ATTN_MAY_INCLUDE_cli core layer io picture train bench json)
 set(ATTN_MAY_INCLUDE_python core layer io)
 

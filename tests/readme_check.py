@@ -15,6 +15,8 @@ following the README would. What runs, by the fence's language:
   argument a line: the build's compiler, include/, the library and what it links), then
   run. A block with no `main` is a fragment: its leading #include lines stay at file
   scope and the rest becomes the body of `int main()`.
+- ```c: the same with BUILD_DIR/readme_c_command (the C compiler, -std=c99 -pedantic):
+  a program of the C API, attn/attn.h.
 - ```sh: each command (a line, with its `\\` continuations) on its own, with bash, stdin
   closed (so a line that starts an interpreter just exits) and build/bin first on PATH.
   Not run, by rule: a `make ...` line (it builds and tests the whole project, this check
@@ -135,7 +137,7 @@ def _is_doctest(block):
     return any(line.startswith(">>> ") for line in block.code.splitlines())
 
 
-def cpp_program(block, markdown_name):
+def program_text(block, markdown_name):
     """The block as a translation unit; a fragment is wrapped in main (see the docstring)."""
     tag = lambda n: f'#line {block.line + n} "{markdown_name}"\n'  # noqa: E731
     if re.search(r"\bint\s+main\s*\(", block.code):
@@ -148,13 +150,18 @@ def cpp_program(block, markdown_name):
         "".join(lines[head:]) + "}\n"
 
 
-def run_cpp(block, repo, env, scratch, build, markdown_name):
-    with open(os.path.join(build, "readme_cxx_command")) as f:
+# The command file the build wrote for each compiled language, and the source suffix.
+COMPILED = {"cpp": ("readme_cxx_command", ".cc"), "c": ("readme_c_command", ".c")}
+
+
+def run_compiled(block, repo, env, scratch, build, markdown_name):
+    command_file, suffix = COMPILED[block.language]
+    with open(os.path.join(build, command_file)) as f:
         command = f.read().splitlines()
-    source = os.path.join(scratch, f"readme_line{block.line}.cc")
+    source = os.path.join(scratch, f"readme_line{block.line}{suffix}")
     program = os.path.join(scratch, f"readme_line{block.line}")
     with open(source, "w") as f:
-        f.write(cpp_program(block, markdown_name))
+        f.write(program_text(block, markdown_name))
     failed = _run(command[:1] + [source, "-o", program] + command[1:], scratch, env)
     return f"does not compile: {failed}" if failed else _run([program], repo, env)
 
@@ -188,8 +195,9 @@ def check(markdown, build):
                 continue
             if block.language == "python":
                 results.append(_result(block, run_python(block, repo, env, scratch)))
-            elif block.language == "cpp":
-                results.append(_result(block, run_cpp(block, repo, env, scratch, build, name)))
+            elif block.language in COMPILED:
+                results.append(_result(block, run_compiled(block, repo, env, scratch, build,
+                                                           name)))
             elif block.language == "sh":
                 for line, command in shell_commands(block):
                     reason = skip_reason(command, repo)

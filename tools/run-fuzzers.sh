@@ -9,7 +9,7 @@
 set -euo pipefail
 build=$1 seconds=$2 seed=${3:-0}
 cd "$(dirname "$0")/.."
-for target in npy safetensors attention rope; do
+for target in npy safetensors attention rope capi; do
   work=$build/fuzz/$target
   mkdir -p "$work/corpus"
   # -timeout: an input that takes 10 s is a hang; -malloc_limit_mb: one

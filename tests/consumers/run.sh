@@ -1,8 +1,8 @@
 #!/bin/bash
 # attn as its users get it, from an installed tree in a temporary prefix,
 # never from the source tree: a CMake project with find_package (the shared
-# library, then the static one), a program built with pkg-config (shared,
-# then --static), and a CMake project that adds attn's source with
+# library, then the static one), a C++ and a C program built with pkg-config
+# (shared, then --static), and a CMake project that adds attn's source with
 # add_subdirectory. Each runs and checks a result against its closed form.
 #   tests/consumers/run.sh SOURCE_DIR BUILD_DIR
 set -euo pipefail
@@ -42,6 +42,19 @@ $cxx -std=c++20 "$here/consumer.cc" -o "$work/pcs" \
   $(pkg-config --cflags --static --libs attn | sed 's/-lattn/-l:libattn.a/')
 if readelf -d "$work/pcs" | grep -q 'libattn'; then echo "static consumer loads libattn"; exit 1; fi
 "$work/pcs"
+
+cc=${CC:-cc}
+step "C: pkg-config --cflags --libs attn"
+# shellcheck disable=SC2046
+$cc -std=c99 -pedantic -Wall -Werror "$here/consumer.c" -o "$work/c" $(pkg-config --cflags --libs attn) -lm \
+  -Wl,-rpath,"$prefix/lib"
+"$work/c"
+step "C: pkg-config --static"
+# shellcheck disable=SC2046
+$cc -std=c99 -pedantic -Wall -Werror "$here/consumer.c" -o "$work/cs" \
+  $(pkg-config --cflags --static --libs attn | sed 's/-lattn/-l:libattn.a/')
+if readelf -d "$work/cs" | grep -q 'libattn'; then echo "static consumer loads libattn"; exit 1; fi
+"$work/cs"
 
 step "add_subdirectory(attn)"
 cmake -S "$here/add_subdirectory" -B "$work/sub" -DATTN_SOURCE="$src" -DCMAKE_BUILD_TYPE=Release >/dev/null

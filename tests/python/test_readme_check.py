@@ -48,6 +48,19 @@ std::puts("a missing semicolon")
 return 3;
 {FENCE}
 
+{FENCE}c
+#include <attn/attn.h>
+
+attn_options options;
+attn_options_init(&options);
+return options.size == sizeof options ? 0 : 1;
+{FENCE}
+
+{FENCE}c
+#include <stdbool.h>
+bool compiled_as_cpp = nullptr;
+{FENCE}
+
 {FENCE}sh
 attn pe --n 3 --d 4 --out written.npy   # a comment with CAPITALS [and brackets]
 ls written.npy
@@ -92,6 +105,8 @@ def line_of(text):
     ("#include <attn/attn.hpp>", "ok"),
     ("#include <cstdio>", "failed"),
     ("return 3;", "failed"),
+    ("#include <attn/attn.h>", "ok"),
+    ("#include <stdbool.h>", "failed"),
     ("attn pe --n 3 --d 4 --out written.npy   # a comment with CAPITALS [and brackets]", "ok"),
     ("ls written.npy", "ok"),
     ("false", "failed"),

@@ -1,0 +1,117 @@
+/* attn's C API: attention, positional encodings and the MultiHeadAttention
+   layer for C99 and any language's foreign-function interface. A thin layer
+   over the C++ API (attn/attn.hpp): the same checks, semantics and error
+   messages (docs/semantics.md "The C API").
+
+   Every function that can fail returns an attn_status (as int); no exception
+   or crash crosses it. On failure attn_last_error() says why, naming the
+   argument. Outputs are caller-allocated with the exact output shape. Only
+   this C ABI is stable (the C++ ABI is not). */
+#ifndef ATTN_ATTN_H
+#define ATTN_ATTN_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "attn/version.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum {
+  ATTN_OK = 0,
+  ATTN_ERROR_INVALID_ARGUMENT = 1, /* a NULL, a shape, a value or option refused */
+  ATTN_ERROR_OUT_OF_MEMORY = 2,
+  ATTN_ERROR_IO = 3,          /* a file could not be opened or read */
+  ATTN_ERROR_UNSUPPORTED = 4, /* a dtype (combination) the function does not take */
+  ATTN_ERROR_RUNTIME = 5      /* anything else, e.g. threads could not start */
+} attn_status;
+
+typedef enum {
+  ATTN_F32 = 0,  /* float */
+  ATTN_F64 = 1,  /* double */
+  ATTN_BF16 = 2, /* bfloat16 bits in a uint16_t */
+  ATTN_F16 = 3,  /* IEEE half bits in a uint16_t */
+  ATTN_BOOL = 4  /* C99 _Bool (one byte holding 0 or 1) */
+} attn_dtype;
+
+/* A strided view of caller memory; never owned by attn. Ranks 0..16. */
+typedef struct {
+  void* data;             /* may be NULL only when the view has no element */
+  attn_dtype dtype;
+  int32_t rank;
+  const int64_t* shape;   /* rank dimensions; may be NULL at rank 0 */
+  const int64_t* strides; /* in elements (may be 0 or negative); NULL = C-contiguous */
+} attn_tensor;
+
+/* Attention options (attn::AttentionOptions). Set with attn_options_init,
+   then change fields: size lets the struct grow without breaking the ABI
+   (fields past a caller's size take their defaults). */
+typedef struct {
+  size_t size;          /* sizeof(attn_options) */
+  int32_t causal;       /* 0 none, 1 bottom-right, 2 top-left */
+  double scale;         /* 0: 1/sqrt(d) */
+  double softcap;       /* 0: off; > 0: logits = softcap * tanh(logits / softcap) */
+  int64_t window_left;  /* -1: unbounded */
+  int64_t window_right; /* -1: unbounded */
+} attn_options;
+
+/* The defaults: no causal mask, scale 1/sqrt(d), no softcap, no window. */
+void attn_options_init(attn_options* options);
+
+/* softmax(q kᵀ · scale + mask) v into out (..., Hq, n_q, d_v), as
+   attn::attention: q (..., Hq, n_q, d), k (..., Hkv, n_k, d), v (..., Hkv,
+   n_k, d_v). q and out F32 with k, v F32, BF16 or F16; or all F64. mask: NULL
+   for none; BOOL (1 = may attend) or F32/F64 (added to the logits),
+   broadcasting to (..., Hq, n_q, n_k). options: NULL for the defaults. */
+int attn_attention(const attn_tensor* q, const attn_tensor* k, const attn_tensor* v,
+                   const attn_tensor* mask, const attn_options* options, attn_tensor* out);
+
+/* The sinusoidal table (n, d) into out (F32 or F64, shape (n, d)). */
+int attn_sinusoidal_encoding(int64_t n, int64_t d, double base, attn_tensor* out);
+
+/* RoPE of x (..., n, d) into out (same shape and dtype, F32 or F64; may be
+   x itself). positions: n integers (row t at positions[t]), NULL for
+   0..n-1. interleaved: 0 pairs (i, i + r/2), 1 pairs (2i, 2i+1). rotary_dim:
+   rotate the first r features, 0 for all. */
+int attn_rope(const attn_tensor* x, const int64_t* positions, double base, int32_t interleaved,
+              int64_t rotary_dim, attn_tensor* out);
+
+/* attn::MultiHeadAttention<float>, and its KV cache. */
+typedef struct attn_mha attn_mha;
+typedef struct attn_cache attn_cache;
+
+/* Loads a layer saved by MultiHeadAttention::save (or `attn mha`): a
+   safetensors file whose __metadata__ holds the configuration. */
+int attn_mha_load(const char* safetensors_path, attn_mha** layer);
+
+/* Self-attention forward of x (batch, n, E) or (n, E), F32, into out (the
+   shape of x). cache: NULL, or one from attn_cache_new that this call
+   appends to and attends over. options: NULL for the defaults. Calls with
+   different caches may run at once from many threads. */
+int attn_mha_forward(attn_mha* layer, const attn_tensor* x, attn_cache* cache,
+                     const attn_options* options, attn_tensor* out);
+
+/* An empty KV cache for layer. */
+int attn_cache_new(const attn_mha* layer, attn_cache** cache);
+/* Free what the functions above made; NULL does nothing. */
+void attn_cache_free(attn_cache* cache);
+void attn_mha_free(attn_mha* layer);
+
+/* The number of threads of the kernels: 1 <= n <= the library's maximum. */
+int attn_set_num_threads(int32_t n);
+
+/* ATTN_VERSION of the library linked ("MAJOR.MINOR.PATCH"). */
+const char* attn_version(void);
+
+/* The message of the calling thread's last call that returned a status: ""
+   when it returned ATTN_OK; the C++ exception's text otherwise. Valid until
+   that thread's next call. */
+const char* attn_last_error(void);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* ATTN_ATTN_H */

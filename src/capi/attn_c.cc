@@ -1,0 +1,345 @@
+// The C API (attn/attn.h) over the C++ one: descriptors become TensorViews,
+// whose constructors and the functions they reach do the checking; what is
+// checked here is only what C can get wrong and C++ cannot (NULL pointers,
+// dtype values, ranks, shapes whose extent no memory can have), and every
+// exception becomes a status with its text kept for attn_last_error().
+#include "attn/attn.h"
+
+#include <algorithm>
+#include <cstddef>
+#include <cstring>
+#include <limits>
+#include <new>
+#include <string>
+
+#include "attn/attention.hpp"
+#include "attn/file.hpp"
+#include "attn/multi_head_attention.hpp"
+#include "attn/positional.hpp"
+#include "attn/threads.hpp"
+
+struct attn_mha {
+  attn::MultiHeadAttention<float> layer;
+};
+struct attn_cache {
+  attn::KVCache<float> cache;
+};
+
+namespace {
+
+using attn::Shape;
+using attn::Strides;
+using attn::TensorView;
+using attn::ValueError;
+
+thread_local std::string last_error;
+
+// Ranks beyond this are refused before the shape is read (no real tensor has them).
+constexpr int32_t kMaxRank = 16;
+
+// Keeps the message for attn_last_error (none, if even that cannot be allocated).
+int failed(int status, const char* message) noexcept {
+  try {
+    last_error = message;
+  } catch (...) {
+    last_error.clear();
+  }
+  return status;
+}
+
+// Runs fn, turning what it throws into a status (none escapes into C).
+template <class F>
+int guarded(F&& fn) noexcept {
+  try {
+    last_error.clear();
+    fn();
+    return ATTN_OK;
+  } catch (const attn::IOError& e) {
+    return failed(ATTN_ERROR_IO, e.what());
+  } catch (const ValueError& e) {
+    return failed(ATTN_ERROR_INVALID_ARGUMENT, e.what());
+  } catch (const attn::TypeError& e) {
+    return failed(ATTN_ERROR_UNSUPPORTED, e.what());
+  } catch (const std::bad_alloc&) {
+    return failed(ATTN_ERROR_OUT_OF_MEMORY, "out of memory");
+  } catch (const std::exception& e) {
+    return failed(ATTN_ERROR_RUNTIME, e.what());
+  } catch (...) {
+    return failed(ATTN_ERROR_RUNTIME, "unknown error");
+  }
+}
+
+// "attn_attention: q: <what>"
+[[noreturn]] void fail(const char* function, const char* name, const std::string& what) {
+  throw ValueError(std::string(function) + ": " + name + ": " + what);
+}
+
+template <class P>
+void require(const P* pointer, const char* function, const char* name) {
+  if (!pointer) throw ValueError(std::string(function) + ": " + name + " is NULL");
+}
+
+size_t element_size(attn_dtype dtype) {
+  switch (dtype) {
+    case ATTN_F32: return sizeof(float);
+    case ATTN_F64: return sizeof(double);
+    case ATTN_BF16:
+    case ATTN_F16: return sizeof(uint16_t);
+    case ATTN_BOOL: return sizeof(bool);
+  }
+  return 0;
+}
+
+const char* dtype_name(attn_dtype dtype) {
+  switch (dtype) {
+    case ATTN_F32: return "F32";
+    case ATTN_F64: return "F64";
+    case ATTN_BF16: return "BF16";
+    case ATTN_F16: return "F16";
+    case ATTN_BOOL: return "BOOL";
+  }
+  return "?";
+}
+
+// A descriptor checked for what C can get wrong: its shape and strides.
+struct Layout {
+  attn_dtype dtype;
+  Shape shape;
+  Strides strides;
+};
+
+Layout layout_of(const attn_tensor* t, const char* function, const char* name) {
+  require(t, function, name);
+  // Read as the int it is: a C enum may hold any int, which loaded as the
+  // C++ enum would be undefined.
+  static_assert(sizeof(attn_dtype) == sizeof(int));
+  int dtype;
+  std::memcpy(&dtype, &t->dtype, sizeof dtype);
+  if (dtype < ATTN_F32 || dtype > ATTN_BOOL)
+    fail(function, name, "dtype " + std::to_string(dtype) + " is not an attn_dtype");
+  if (t->rank < 0 || t->rank > kMaxRank)
+    fail(function, name, "rank " + std::to_string(t->rank) + " is not in [0, " +
+                             std::to_string(kMaxRank) + "]");
+  if (t->rank > 0 && !t->shape) fail(function, name, "shape is NULL at rank " + std::to_string(t->rank));
+  Layout l{static_cast<attn_dtype>(dtype), Shape(t->shape, t->shape + t->rank), {}};
+  const std::string what = std::string(function) + ": " + name;
+  const size_t bytes = element_size(l.dtype);
+  const int64_t n = attn::checked_numel(l.shape, bytes, what.c_str());
+  l.strides = t->strides ? Strides(t->strides, t->strides + t->rank) : attn::contiguous_strides(l.shape);
+  if (n > 0 && !t->data) fail(function, name, "data is NULL for shape " + attn::shape_str(l.shape));
+  // The farthest index from data, in bytes, must be addressable: strides
+  // that overflow it cannot describe memory the caller has. Checked for an
+  // empty view too: the kernels still step its rows' pointers by the strides.
+  int64_t reach = 0;
+  for (int a = 0; a < t->rank; ++a) {
+    int64_t step;
+    const int64_t stride = l.strides[a];
+    if (stride == std::numeric_limits<int64_t>::min() ||
+        __builtin_mul_overflow(stride < 0 ? -stride : stride, std::max<int64_t>(l.shape[a] - 1, 0), &step) ||
+        __builtin_add_overflow(reach, step, &reach) ||
+        __builtin_mul_overflow(reach, static_cast<int64_t>(bytes), &step))
+      fail(function, name, "strides " + attn::shape_str(l.strides) + " for shape " +
+                               attn::shape_str(l.shape) + " reach beyond any memory");
+  }
+  return l;
+}
+
+// Where a view without elements and without data points: the kernels step
+// row pointers over an empty view too, which from NULL is undefined. Nothing
+// is ever read or written through it.
+alignas(64) unsigned char no_elements[64];
+
+template <class T>
+TensorView<T> view_of(const attn_tensor* t, const Layout& l) {
+  void* data = t->data ? t->data : static_cast<void*>(no_elements);
+  return {static_cast<T*>(data), l.shape, l.strides};
+}
+
+[[noreturn]] void unsupported(const char* function, const std::string& what) {
+  throw attn::TypeError(std::string(function) + ": " + what);
+}
+
+// The options a caller of any struct version passed (see attn.h).
+attn::AttentionOptions options_of(const attn_options* given, const char* function) {
+  attn_options o;
+  attn_options_init(&o);
+  if (given) {
+    if (given->size > sizeof(attn_options)) {
+      const auto* extra = reinterpret_cast<const unsigned char*>(given) + sizeof(attn_options);
+      for (size_t i = 0; i < given->size - sizeof(attn_options); ++i)
+        if (extra[i])
+          fail(function, "options", "size " + std::to_string(given->size) +
+                                        " is larger than this library's attn_options (" +
+                                        std::to_string(sizeof(attn_options)) +
+                                        ") and the extra bytes are not zero");
+    }
+    // Each field the caller's struct covers whole, the others at their defaults.
+    const auto take = [&](auto& field, const auto& from) {
+      const size_t end = reinterpret_cast<const char*>(&from) - reinterpret_cast<const char*>(given) + sizeof(from);
+      if (end <= given->size) field = from;
+    };
+    take(o.causal, given->causal);
+    take(o.scale, given->scale);
+    take(o.softcap, given->softcap);
+    take(o.window_left, given->window_left);
+    take(o.window_right, given->window_right);
+  }
+  attn::AttentionOptions a;
+  switch (o.causal) {
+    case 0: a.causal = attn::Causal::None; break;
+    case 1: a.causal = attn::Causal::BottomRight; break;
+    case 2: a.causal = attn::Causal::TopLeft; break;
+    default:
+      fail(function, "options", "causal " + std::to_string(o.causal) +
+                                    " is not 0 (none), 1 (bottom-right) or 2 (top-left)");
+  }
+  if (o.scale != 0) a.scale = o.scale;
+  a.softcap = o.softcap;
+  a.window = {o.window_left, o.window_right};
+  return a;
+}
+
+attn::Mask mask_of(const attn_tensor* mask, const char* function) {
+  if (!mask) return {};
+  const Layout l = layout_of(mask, function, "mask");
+  switch (l.dtype) {
+    case ATTN_BOOL: return view_of<const bool>(mask, l);
+    case ATTN_F32: return view_of<const float>(mask, l);
+    case ATTN_F64: return view_of<const double>(mask, l);
+    default: unsupported(function, std::string("mask: dtype ") + dtype_name(l.dtype) +
+                                       " is not BOOL, F32 or F64");
+  }
+}
+
+template <class T, class KV>
+void attention_as(const attn_tensor* q, const Layout& lq, const attn_tensor* k, const Layout& lk,
+                  const attn_tensor* v, const Layout& lv, const attn::Mask& mask,
+                  const attn::AttentionOptions& options, attn_tensor* out, const Layout& lo) {
+  attn::attention<T, KV>(view_of<const T>(q, lq), view_of<const KV>(k, lk), view_of<const KV>(v, lv),
+                         view_of<T>(out, lo), options, mask);
+}
+
+}  // namespace
+
+extern "C" {
+
+void attn_options_init(attn_options* options) {
+  if (!options) return;
+  *options = attn_options{};
+  options->size = sizeof(attn_options);
+  options->window_left = -1;
+  options->window_right = -1;
+}
+
+int attn_attention(const attn_tensor* q, const attn_tensor* k, const attn_tensor* v,
+                   const attn_tensor* mask, const attn_options* options, attn_tensor* out) {
+  return guarded([&] {
+    const char* fn = "attn_attention";
+    const Layout lq = layout_of(q, fn, "q"), lk = layout_of(k, fn, "k"), lv = layout_of(v, fn, "v"),
+                 lo = layout_of(out, fn, "out");
+    const attn::Mask m = mask_of(mask, fn);
+    const attn::AttentionOptions o = options_of(options, fn);
+    if (lk.dtype != lv.dtype || lo.dtype != lq.dtype ||
+        !((lq.dtype == ATTN_F64 && lk.dtype == ATTN_F64) ||
+          (lq.dtype == ATTN_F32 && (lk.dtype == ATTN_F32 || lk.dtype == ATTN_BF16 || lk.dtype == ATTN_F16))))
+      unsupported(fn, std::string("dtypes q ") + dtype_name(lq.dtype) + ", k " + dtype_name(lk.dtype) +
+                          ", v " + dtype_name(lv.dtype) + ", out " + dtype_name(lo.dtype) +
+                          " are not supported: q and out F32 with k and v F32, BF16 or F16, or all F64");
+    switch (lk.dtype) {
+      case ATTN_F64: return attention_as<double, double>(q, lq, k, lk, v, lv, m, o, out, lo);
+      case ATTN_BF16: return attention_as<float, attn::bfloat16>(q, lq, k, lk, v, lv, m, o, out, lo);
+      case ATTN_F16: return attention_as<float, attn::float16>(q, lq, k, lk, v, lv, m, o, out, lo);
+      default: return attention_as<float, float>(q, lq, k, lk, v, lv, m, o, out, lo);
+    }
+  });
+}
+
+int attn_sinusoidal_encoding(int64_t n, int64_t d, double base, attn_tensor* out) {
+  return guarded([&] {
+    const char* fn = "attn_sinusoidal_encoding";
+    const Layout lo = layout_of(out, fn, "out");
+    if (lo.shape != Shape{n, d})
+      fail(fn, "out", "shape " + attn::shape_str(lo.shape) + " is not (n, d) = " +
+                          attn::shape_str(Shape{n, d}));
+    if (lo.dtype == ATTN_F32) return attn::sinusoidal_encoding(view_of<float>(out, lo), base);
+    if (lo.dtype == ATTN_F64) return attn::sinusoidal_encoding(view_of<double>(out, lo), base);
+    unsupported(fn, std::string("out: dtype ") + dtype_name(lo.dtype) + " is not F32 or F64");
+  });
+}
+
+int attn_rope(const attn_tensor* x, const int64_t* positions, double base, int32_t interleaved,
+              int64_t rotary_dim, attn_tensor* out) {
+  return guarded([&] {
+    const char* fn = "attn_rope";
+    const Layout lx = layout_of(x, fn, "x"), lo = layout_of(out, fn, "out");
+    attn::RopeOptions options;
+    options.base = base;
+    options.interleaved = interleaved != 0;
+    if (rotary_dim != 0) options.rotary_dim = rotary_dim;
+    TensorView<const int64_t> pos;
+    // n positions, one per row: x's axis -2 (apply_rope refuses a lower rank).
+    if (positions && lx.shape.size() >= 2) pos = {positions, Shape{lx.shape[lx.shape.size() - 2]}};
+    if (lx.dtype != lo.dtype || (lx.dtype != ATTN_F32 && lx.dtype != ATTN_F64))
+      unsupported(fn, std::string("dtypes x ") + dtype_name(lx.dtype) + ", out " + dtype_name(lo.dtype) +
+                          " are not supported: both F32 or both F64");
+    if (lx.dtype == ATTN_F32)
+      return attn::apply_rope(view_of<const float>(x, lx), view_of<float>(out, lo), options, pos);
+    attn::apply_rope(view_of<const double>(x, lx), view_of<double>(out, lo), options, pos);
+  });
+}
+
+int attn_mha_load(const char* safetensors_path, attn_mha** layer) {
+  return guarded([&] {
+    const char* fn = "attn_mha_load";
+    require(safetensors_path, fn, "safetensors_path");
+    require(layer, fn, "layer");
+    *layer = nullptr;
+    *layer = new attn_mha{attn::MultiHeadAttention<float>::load(safetensors_path)};
+  });
+}
+
+int attn_mha_forward(attn_mha* layer, const attn_tensor* x, attn_cache* cache,
+                     const attn_options* options, attn_tensor* out) {
+  return guarded([&] {
+    const char* fn = "attn_mha_forward";
+    require(layer, fn, "layer");
+    const Layout lx = layout_of(x, fn, "x"), lo = layout_of(out, fn, "out");
+    if (lx.dtype != ATTN_F32 || lo.dtype != ATTN_F32)
+      unsupported(fn, std::string("dtypes x ") + dtype_name(lx.dtype) + ", out " + dtype_name(lo.dtype) +
+                          " are not supported: the layer is F32");
+    attn::MhaForwardOptions<float> forward;
+    forward.attention = options_of(options, fn);
+    forward.cache = cache ? &cache->cache : nullptr;
+    const TensorView<float> o = view_of<float>(out, lo);
+    const TensorView<const float> query = view_of<const float>(x, lx);
+    // Checked before the forward, so that a refused call leaves the cache as it was.
+    if (o.shape() != query.shape())
+      fail(fn, "out", "shape " + attn::shape_str(o.shape()) + " is not x's shape " +
+                          attn::shape_str(query.shape()));
+    attn::copy<float>(layer->layer.forward(query, {}, {}, forward).out.view(), o);
+  });
+}
+
+int attn_cache_new(const attn_mha* layer, attn_cache** cache) {
+  return guarded([&] {
+    const char* fn = "attn_cache_new";
+    require(layer, fn, "layer");
+    require(cache, fn, "cache");
+    *cache = nullptr;
+    *cache = new attn_cache{layer->layer.new_cache()};
+  });
+}
+
+void attn_cache_free(attn_cache* cache) { delete cache; }
+
+void attn_mha_free(attn_mha* layer) { delete layer; }
+
+int attn_set_num_threads(int32_t n) {
+  return guarded([&] { attn::set_num_threads(n); });
+}
+
+const char* attn_version(void) { return ATTN_VERSION; }
+
+const char* attn_last_error(void) { return last_error.c_str(); }
+
+}  // extern "C"

@@ -1,0 +1,548 @@
+/* The C API (attn/attn.h) from C99: every function against values computed
+   here in double precision (a naive attention loop, the sinusoidal closed
+   form, RoPE's rotation, the layer's projections), and every error path:
+   the status and that attn_last_error() names the problem.
+   Run by ctest as capi_c (from the build's tests folder, where it writes its
+   two small weights files). */
+#include <math.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "attn/attn.h"
+
+static int failures = 0;
+
+#define CHECK(cond)                                                  \
+  do {                                                               \
+    if (!(cond)) {                                                   \
+      fprintf(stderr, "%s:%d: CHECK(%s) failed\n", __FILE__, __LINE__, #cond); \
+      ++failures;                                                    \
+    }                                                                \
+  } while (0)
+
+/* A call's status, and that the message names the problem (contains `text`). */
+static void expect_error(int status, int expected, const char* text, int line) {
+  const char* message = attn_last_error();
+  if (status != expected || strstr(message, text) == NULL) {
+    fprintf(stderr, "line %d: status %d (expected %d), message '%s' (expected to contain '%s')\n",
+            line, status, expected, message, text);
+    ++failures;
+  }
+}
+#define EXPECT_ERROR(call, expected, text) expect_error((call), (expected), (text), __LINE__)
+
+/* Largest |a[i] - b[i]| <= tol. */
+static void expect_close_f(const float* got, const double* want, int64_t n, double tol, int line) {
+  int64_t i;
+  for (i = 0; i < n; ++i)
+    if (!(fabs(got[i] - want[i]) <= tol)) {
+      fprintf(stderr, "line %d: element %ld is %.9g, expected %.9g (tolerance %g)\n", line,
+              (long)i, got[i], want[i], tol);
+      ++failures;
+      return;
+    }
+}
+static void expect_close_d(const double* got, const double* want, int64_t n, double tol, int line) {
+  int64_t i;
+  for (i = 0; i < n; ++i)
+    if (!(fabs(got[i] - want[i]) <= tol)) {
+      fprintf(stderr, "line %d: element %ld is %.17g, expected %.17g (tolerance %g)\n", line,
+              (long)i, got[i], want[i], tol);
+      ++failures;
+      return;
+    }
+}
+
+/* Reproducible values in [-1, 1), exact in float. */
+static double next_value(uint32_t* state) {
+  *state = *state * 1664525u + 1013904223u;
+  return (double)(*state >> 8) / (double)(1u << 23) - 1.0;
+}
+
+static attn_tensor tensor(void* data, attn_dtype dtype, int32_t rank, const int64_t* shape) {
+  attn_tensor t;
+  t.data = data;
+  t.dtype = dtype;
+  t.rank = rank;
+  t.shape = shape;
+  t.strides = NULL;
+  return t;
+}
+
+/* Attention of one head, naively: q (nq, d), k (nk, d), v (nk, dv) with row
+   strides d, d and dv; allowed[i*nk+j] (NULL: all), causal/window/softcap as
+   docs/semantics.md states them. */
+static void reference_head(const double* q, const double* k, const double* v, int64_t nq,
+                           int64_t nk, int64_t d, int64_t dv, const unsigned char* allowed,
+                           int causal, int64_t left, int64_t right, double scale, double softcap,
+                           double* out) {
+  int64_t i, j, c;
+  for (i = 0; i < nq; ++i) {
+    double logits[64], max = -INFINITY, sum = 0;
+    const int64_t p = i + (nk - nq);
+    for (j = 0; j < nk; ++j) {
+      double s = 0;
+      int ok = allowed == NULL || allowed[i * nk + j];
+      if (causal == 1 && j > p) ok = 0;
+      if (causal == 2 && j > i) ok = 0;
+      if (left >= 0 && j < p - left) ok = 0;
+      if (right >= 0 && j > p + right) ok = 0;
+      for (c = 0; c < d; ++c) s += q[i * d + c] * k[j * d + c];
+      s *= scale;
+      if (softcap > 0) s = softcap * tanh(s / softcap);
+      logits[j] = ok ? s : -INFINITY;
+      if (logits[j] > max) max = logits[j];
+    }
+    for (j = 0; j < nk; ++j) sum += logits[j] == -INFINITY ? 0 : exp(logits[j] - max);
+    for (c = 0; c < dv; ++c) {
+      double acc = 0;
+      for (j = 0; j < nk; ++j)
+        if (logits[j] != -INFINITY) acc += exp(logits[j] - max) / sum * v[j * dv + c];
+      out[i * dv + c] = acc;
+    }
+  }
+}
+
+enum { HQ = 4, HKV = 2, NQ = 3, NK = 5, D = 4, DV = 3 };
+
+static void test_attention(void) {
+  /* GQA (4 query heads over 2 kv heads), a bool mask broadcast over heads,
+     bottom-right causal, a window, softcap and scale all at once. */
+  static float q[HQ * NQ * D], k[HKV * NK * D], v[HKV * NK * DV], out[HQ * NQ * DV];
+  static double qd[HQ * NQ * D], kd[HKV * NK * D], vd[HKV * NK * DV], want[HQ * NQ * DV],
+      outd[HQ * NQ * DV];
+  _Bool mask[NQ * NK];
+  unsigned char allowed[NQ * NK];
+  const int64_t q_shape[] = {HQ, NQ, D}, k_shape[] = {HKV, NK, D}, v_shape[] = {HKV, NK, DV},
+                out_shape[] = {HQ, NQ, DV}, mask_shape[] = {NQ, NK};
+  const int64_t k_strides[] = {D * NK, 1, NK}; /* k stored transposed, in kt below */
+  uint32_t state = 1;
+  int i, h;
+  attn_tensor tq, tk, tv, tout, tmask;
+  attn_options options;
+  for (i = 0; i < HQ * NQ * D; ++i) q[i] = (float)(qd[i] = next_value(&state));
+  for (i = 0; i < HKV * NK * D; ++i) k[i] = (float)(kd[i] = next_value(&state));
+  for (i = 0; i < HKV * NK * DV; ++i) v[i] = (float)(vd[i] = next_value(&state));
+  /* Query i may not attend key i + 1 (mod NK): with the causal window every
+     row keeps two keys. */
+  for (i = 0; i < NQ * NK; ++i) {
+    allowed[i] = (unsigned char)(i % NK != (i / NK + 1) % NK);
+    mask[i] = allowed[i] != 0;
+  }
+  tq = tensor(q, ATTN_F32, 3, q_shape);
+  tk = tensor(k, ATTN_F32, 3, k_shape);
+  tv = tensor(v, ATTN_F32, 3, v_shape);
+  tout = tensor(out, ATTN_F32, 3, out_shape);
+  tmask = tensor(mask, ATTN_BOOL, 2, mask_shape);
+  attn_options_init(&options);
+  options.causal = 1;
+  options.window_left = 2;
+  options.scale = 0.75;
+  options.softcap = 1.5;
+  for (h = 0; h < HQ; ++h)
+    reference_head(qd + h * NQ * D, kd + h / 2 * NK * D, vd + h / 2 * NK * DV, NQ, NK, D, DV,
+                   allowed, 1, 2, -1, 0.75, 1.5, want + h * NQ * DV);
+  CHECK(attn_attention(&tq, &tk, &tv, &tmask, &options, &tout) == ATTN_OK);
+  CHECK(strcmp(attn_last_error(), "") == 0);
+  /* float32 kernel (float32 dot products, exponentials and sums over at most
+     5 keys of values in [-1, 1]) against double: a few float ulps, < 1e-5. */
+  expect_close_f(out, want, HQ * NQ * DV, 1e-5, __LINE__);
+
+  /* float64, defaults (NULL options), no mask, and k as a strided view: the
+     reference path in double agrees to rounding (1e-12). */
+  {
+    static double kt[HKV * D * NK];
+    int64_t kv, j, c;
+    for (kv = 0; kv < HKV; ++kv)
+      for (j = 0; j < NK; ++j)
+        for (c = 0; c < D; ++c) kt[kv * D * NK + c * NK + j] = kd[kv * NK * D + j * D + c];
+    tq = tensor(qd, ATTN_F64, 3, q_shape);
+    tk = tensor(kt, ATTN_F64, 3, k_shape);
+    tk.strides = k_strides;
+    tv = tensor(vd, ATTN_F64, 3, v_shape);
+    tout = tensor(outd, ATTN_F64, 3, out_shape);
+    for (h = 0; h < HQ; ++h)
+      reference_head(qd + h * NQ * D, kd + h / 2 * NK * D, vd + h / 2 * NK * DV, NQ, NK, D, DV,
+                     NULL, 0, -1, -1, 1 / sqrt((double)D), 0, want + h * NQ * DV);
+    CHECK(attn_attention(&tq, &tk, &tv, NULL, NULL, &tout) == ATTN_OK);
+    expect_close_d(outd, want, HQ * NQ * DV, 1e-12, __LINE__);
+  }
+
+  /* options.size: a caller's older, shorter struct covering only causal
+     gets the defaults for the rest (here a scale it did not set). */
+  {
+    attn_options old;
+    double want_causal[HQ * NQ * DV];
+    attn_options_init(&old);
+    old.size = offsetof(attn_options, scale);
+    old.causal = 2;
+    old.scale = 123; /* past old.size: not read */
+    for (h = 0; h < HQ; ++h)
+      reference_head(qd + h * NQ * D, kd + h / 2 * NK * D, vd + h / 2 * NK * DV, NQ, NK, D, DV,
+                     NULL, 2, -1, -1, 1 / sqrt((double)D), 0, want_causal + h * NQ * DV);
+    CHECK(attn_attention(&tq, &tk, &tv, NULL, &old, &tout) == ATTN_OK);
+    expect_close_d(outd, want_causal, HQ * NQ * DV, 1e-12, __LINE__);
+  }
+  /* A newer, longer struct: zero extra bytes are fine, others refused. */
+  {
+    struct {
+      attn_options options;
+      int64_t future;
+    } newer;
+    memset(&newer, 0, sizeof newer);
+    attn_options_init(&newer.options);
+    newer.options.size = sizeof newer;
+    CHECK(attn_attention(&tq, &tk, &tv, NULL, &newer.options, &tout) == ATTN_OK);
+    newer.future = 1;
+    EXPECT_ERROR(attn_attention(&tq, &tk, &tv, NULL, &newer.options, &tout),
+                 ATTN_ERROR_INVALID_ARGUMENT, "extra bytes are not zero");
+  }
+}
+
+static void test_attention_errors(void) {
+  float q[2 * 3] = {0}, k[4 * 3] = {0}, v[4 * 3] = {0}, out[2 * 3] = {0};
+  double qd[2 * 3] = {0};
+  const int64_t q_shape[] = {2, 3}, kv_shape[] = {4, 3}, wrong_shape[] = {4, 2},
+                huge_shape[] = {INT64_MAX / 2, 3}, negative_shape[] = {-1, 3};
+  const int64_t huge_strides[] = {INT64_MAX / 4, 1};
+  attn_tensor tq = tensor(q, ATTN_F32, 2, q_shape), tk = tensor(k, ATTN_F32, 2, kv_shape),
+              tv = tensor(v, ATTN_F32, 2, kv_shape), tout = tensor(out, ATTN_F32, 2, q_shape),
+              bad;
+  attn_options options;
+  CHECK(attn_attention(&tq, &tk, &tv, NULL, NULL, &tout) == ATTN_OK);
+
+  EXPECT_ERROR(attn_attention(NULL, &tk, &tv, NULL, NULL, &tout), ATTN_ERROR_INVALID_ARGUMENT,
+               "attn_attention: q is NULL");
+  EXPECT_ERROR(attn_attention(&tq, &tk, &tv, NULL, NULL, NULL), ATTN_ERROR_INVALID_ARGUMENT,
+               "attn_attention: out is NULL");
+  bad = tk;
+  bad.dtype = (attn_dtype)7;
+  EXPECT_ERROR(attn_attention(&tq, &bad, &tv, NULL, NULL, &tout), ATTN_ERROR_INVALID_ARGUMENT,
+               "k: dtype 7 is not an attn_dtype");
+  bad = tk;
+  bad.rank = -1;
+  EXPECT_ERROR(attn_attention(&tq, &bad, &tv, NULL, NULL, &tout), ATTN_ERROR_INVALID_ARGUMENT,
+               "k: rank -1 is not in [0, 16]");
+  bad.rank = 1000;
+  EXPECT_ERROR(attn_attention(&tq, &bad, &tv, NULL, NULL, &tout), ATTN_ERROR_INVALID_ARGUMENT,
+               "k: rank 1000");
+  bad = tv;
+  bad.shape = NULL;
+  EXPECT_ERROR(attn_attention(&tq, &tk, &bad, NULL, NULL, &tout), ATTN_ERROR_INVALID_ARGUMENT,
+               "v: shape is NULL");
+  bad = tv;
+  bad.data = NULL;
+  EXPECT_ERROR(attn_attention(&tq, &tk, &bad, NULL, NULL, &tout), ATTN_ERROR_INVALID_ARGUMENT,
+               "v: data is NULL");
+  /* Wrong rank and shapes: the C++ API's messages. */
+  bad = tensor(q, ATTN_F32, 1, q_shape);
+  EXPECT_ERROR(attn_attention(&bad, &tk, &tv, NULL, NULL, &tout), ATTN_ERROR_INVALID_ARGUMENT,
+               "rank");
+  bad = tensor(v, ATTN_F32, 2, wrong_shape);
+  EXPECT_ERROR(attn_attention(&tq, &tk, &tv, NULL, NULL, &bad), ATTN_ERROR_INVALID_ARGUMENT,
+               "(4, 2)");
+  /* Dtypes the C++ API has no kernel for. */
+  bad = tensor(qd, ATTN_F64, 2, q_shape);
+  EXPECT_ERROR(attn_attention(&bad, &tk, &tv, NULL, NULL, &tout), ATTN_ERROR_UNSUPPORTED,
+               "q F64, k F32");
+  bad = tensor(k, ATTN_BOOL, 2, kv_shape);
+  EXPECT_ERROR(attn_attention(&tq, &bad, &bad, NULL, NULL, &tout), ATTN_ERROR_UNSUPPORTED,
+               "k BOOL");
+  bad = tensor(k, ATTN_BF16, 2, kv_shape);
+  EXPECT_ERROR(attn_attention(&tq, &bad, &bad, &bad, NULL, &tout), ATTN_ERROR_UNSUPPORTED,
+               "mask: dtype BF16");
+  /* Shapes no memory can hold, and strides past any address. */
+  bad = tensor(k, ATTN_F32, 2, huge_shape);
+  EXPECT_ERROR(attn_attention(&tq, &bad, &tv, NULL, NULL, &tout), ATTN_ERROR_INVALID_ARGUMENT,
+               "attn_attention: k: shape");
+  bad = tensor(k, ATTN_F32, 2, negative_shape);
+  EXPECT_ERROR(attn_attention(&tq, &bad, &tv, NULL, NULL, &tout), ATTN_ERROR_INVALID_ARGUMENT,
+               "negative dimension");
+  bad = tk;
+  bad.strides = huge_strides;
+  EXPECT_ERROR(attn_attention(&tq, &bad, &tv, NULL, NULL, &tout), ATTN_ERROR_INVALID_ARGUMENT,
+               "reach beyond any memory");
+  /* Even with no element: the kernels would step row pointers by them
+     (fuzz_capi found it). */
+  {
+    const int64_t empty_rows[] = {4, 0}, empty_out[] = {2, 0}, min_strides[] = {INT64_MIN, 1};
+    attn_tensor no_out = tensor(out, ATTN_F32, 2, empty_out);
+    bad = tensor(NULL, ATTN_F32, 2, empty_rows); /* no element: NULL data is fine */
+    CHECK(attn_attention(&tq, &tk, &bad, NULL, NULL, &no_out) == ATTN_OK);
+    bad.strides = min_strides;
+    EXPECT_ERROR(attn_attention(&tq, &tk, &bad, NULL, NULL, &no_out), ATTN_ERROR_INVALID_ARGUMENT,
+                 "strides (-9223372036854775808, 1) for shape (4, 0) reach beyond any memory");
+  }
+  /* Options the C++ API refuses, and a causal value out of range. */
+  attn_options_init(&options);
+  options.softcap = -1;
+  EXPECT_ERROR(attn_attention(&tq, &tk, &tv, NULL, &options, &tout), ATTN_ERROR_INVALID_ARGUMENT,
+               "softcap");
+  attn_options_init(&options);
+  options.causal = 3;
+  EXPECT_ERROR(attn_attention(&tq, &tk, &tv, NULL, &options, &tout), ATTN_ERROR_INVALID_ARGUMENT,
+               "causal 3");
+  /* The next successful call clears the message. */
+  CHECK(attn_attention(&tq, &tk, &tv, NULL, NULL, &tout) == ATTN_OK);
+  CHECK(strcmp(attn_last_error(), "") == 0);
+}
+
+static void test_sinusoidal(void) {
+  enum { N = 7, W = 6 };
+  double got[N * W], want[N * W];
+  float got_f[N * W];
+  const int64_t shape[] = {N, W}, wrong[] = {N, W - 1};
+  attn_tensor out = tensor(got, ATTN_F64, 2, shape);
+  int p, i;
+  for (p = 0; p < N; ++p)
+    for (i = 0; i < W; ++i) {
+      const double angle = p / pow(10000.0, 2.0 * (i / 2) / W);
+      want[p * W + i] = i % 2 == 0 ? sin(angle) : cos(angle);
+    }
+  CHECK(attn_sinusoidal_encoding(N, W, 10000.0, &out) == ATTN_OK);
+  /* Both in double, maybe in another order of operations: 1e-12. */
+  expect_close_d(got, want, N * W, 1e-12, __LINE__);
+  out = tensor(got_f, ATTN_F32, 2, shape);
+  CHECK(attn_sinusoidal_encoding(N, W, 10000.0, &out) == ATTN_OK);
+  /* Rounded to float: half an ulp of a value in [-1, 1], < 1e-7. */
+  expect_close_f(got_f, want, N * W, 1e-7, __LINE__);
+
+  EXPECT_ERROR(attn_sinusoidal_encoding(N, W, 10000.0, NULL), ATTN_ERROR_INVALID_ARGUMENT,
+               "attn_sinusoidal_encoding: out is NULL");
+  out = tensor(got, ATTN_F64, 2, wrong);
+  EXPECT_ERROR(attn_sinusoidal_encoding(N, W, 10000.0, &out), ATTN_ERROR_INVALID_ARGUMENT,
+               "is not (n, d) = (7, 6)");
+  out = tensor(got, ATTN_F64, 2, shape);
+  EXPECT_ERROR(attn_sinusoidal_encoding(N, W, -1.0, &out), ATTN_ERROR_INVALID_ARGUMENT, "base");
+  out = tensor(got, ATTN_BF16, 2, shape);
+  EXPECT_ERROR(attn_sinusoidal_encoding(N, W, 10000.0, &out), ATTN_ERROR_UNSUPPORTED,
+               "out: dtype BF16 is not F32 or F64");
+}
+
+/* RoPE of x (rows, d) directly: pair k turns by pos * base^(-2k/r). */
+static void reference_rope(const double* x, const int64_t* positions, int64_t rows, int64_t n,
+                           int64_t d, int64_t r, int interleaved, double* out) {
+  int64_t row, kk;
+  memcpy(out, x, (size_t)(rows * d) * sizeof *out);
+  for (row = 0; row < rows; ++row)
+    for (kk = 0; kk < r / 2; ++kk) {
+      const double pos = (double)(positions ? positions[row % n] : row % n);
+      const double angle = pos * pow(10000.0, -2.0 * (double)kk / (double)r);
+      const int64_t a = interleaved ? 2 * kk : kk, b = interleaved ? 2 * kk + 1 : kk + r / 2;
+      const double x1 = x[row * d + a], x2 = x[row * d + b];
+      out[row * d + a] = x1 * cos(angle) - x2 * sin(angle);
+      out[row * d + b] = x1 * sin(angle) + x2 * cos(angle);
+    }
+}
+
+static void test_rope(void) {
+  enum { B = 2, N = 3, W = 8 };
+  double x[B * N * W], got[B * N * W], want[B * N * W];
+  float xf[B * N * W], gotf[B * N * W];
+  const int64_t shape[] = {B, N, W}, other[] = {B, N, W - 2}, positions[] = {5, 0, 100};
+  uint32_t state = 7;
+  attn_tensor tx = tensor(x, ATTN_F64, 3, shape), tout = tensor(got, ATTN_F64, 3, shape), bad;
+  int i, interleaved;
+  for (i = 0; i < B * N * W; ++i) xf[i] = (float)(x[i] = next_value(&state));
+  for (interleaved = 0; interleaved < 2; ++interleaved) {
+    reference_rope(x, positions, B * N, N, W, 4, interleaved, want);
+    CHECK(attn_rope(&tx, positions, 10000.0, interleaved, 4, &tout) == ATTN_OK);
+    /* Angles and products in double both: 1e-12. */
+    expect_close_d(got, want, B * N * W, 1e-12, __LINE__);
+    reference_rope(x, NULL, B * N, N, W, W, interleaved, want);
+    CHECK(attn_rope(&tx, NULL, 10000.0, interleaved, 0, &tout) == ATTN_OK);
+    expect_close_d(got, want, B * N * W, 1e-12, __LINE__);
+  }
+  /* float32, in place: computed in double and rounded, < 1e-7 for |x| < 1. */
+  reference_rope(x, positions, B * N, N, W, W, 0, want);
+  memcpy(gotf, xf, sizeof xf);
+  tx = tensor(gotf, ATTN_F32, 3, shape);
+  CHECK(attn_rope(&tx, positions, 10000.0, 0, 0, &tx) == ATTN_OK);
+  expect_close_f(gotf, want, B * N * W, 2e-7, __LINE__);
+
+  tx = tensor(x, ATTN_F64, 3, shape);
+  EXPECT_ERROR(attn_rope(NULL, NULL, 10000.0, 0, 0, &tout), ATTN_ERROR_INVALID_ARGUMENT,
+               "attn_rope: x is NULL");
+  bad = tensor(got, ATTN_F64, 3, other);
+  EXPECT_ERROR(attn_rope(&tx, NULL, 10000.0, 0, 0, &bad), ATTN_ERROR_INVALID_ARGUMENT,
+               "out has shape (2, 3, 6)");
+  bad = tensor(x, ATTN_F64, 1, shape);
+  EXPECT_ERROR(attn_rope(&bad, NULL, 10000.0, 0, 0, &tout), ATTN_ERROR_INVALID_ARGUMENT,
+               "rope: x must have shape (..., n, d)");
+  EXPECT_ERROR(attn_rope(&tx, NULL, 10000.0, 0, 3, &tout), ATTN_ERROR_INVALID_ARGUMENT,
+               "rotary_dim");
+  bad = tensor(gotf, ATTN_F32, 3, shape);
+  EXPECT_ERROR(attn_rope(&tx, NULL, 10000.0, 0, 0, &bad), ATTN_ERROR_UNSUPPORTED,
+               "dtypes x F64, out F32");
+}
+
+/* A layer file written here, byte by byte (safetensors: an 8-byte
+   little-endian header length, the JSON header, the float32 data; this test
+   assumes a little-endian machine), E = 4, 2 heads, with biases. */
+enum { E = 4, HEADS = 2, T = 3 };
+static float w_in[3 * E * E], b_in[3 * E], w_out[E * E], b_out[E];
+
+static int write_layer(const char* path) {
+  char header[512];
+  unsigned char length[8];
+  uint64_t n;
+  int i;
+  FILE* f;
+  uint32_t state = 11;
+  for (i = 0; i < 3 * E * E; ++i) w_in[i] = (float)next_value(&state);
+  for (i = 0; i < 3 * E; ++i) b_in[i] = (float)(0.5 * next_value(&state));
+  for (i = 0; i < E * E; ++i) w_out[i] = (float)next_value(&state);
+  for (i = 0; i < E; ++i) b_out[i] = (float)(0.5 * next_value(&state));
+  sprintf(header,
+          "{\"__metadata__\":{\"format\":\"attn.MultiHeadAttention\",\"embed_dim\":\"%d\","
+          "\"num_heads\":\"%d\"},"
+          "\"in_proj_weight\":{\"dtype\":\"F32\",\"shape\":[%d,%d],\"data_offsets\":[0,%d]},"
+          "\"in_proj_bias\":{\"dtype\":\"F32\",\"shape\":[%d],\"data_offsets\":[%d,%d]},"
+          "\"out_proj.weight\":{\"dtype\":\"F32\",\"shape\":[%d,%d],\"data_offsets\":[%d,%d]},"
+          "\"out_proj.bias\":{\"dtype\":\"F32\",\"shape\":[%d],\"data_offsets\":[%d,%d]}}",
+          E, HEADS, 3 * E, E, 12 * E * E, 3 * E, 12 * E * E, 12 * E * E + 12 * E, E, E,
+          12 * E * E + 12 * E, 16 * E * E + 12 * E, E, 16 * E * E + 12 * E, 16 * E * E + 16 * E);
+  n = strlen(header);
+  for (i = 0; i < 8; ++i) length[i] = (unsigned char)(n >> (8 * i));
+  f = fopen(path, "wb");
+  if (!f) return 0;
+  fwrite(length, 1, 8, f);
+  fwrite(header, 1, (size_t)n, f);
+  fwrite(w_in, sizeof w_in, 1, f);
+  fwrite(b_in, sizeof b_in, 1, f);
+  fwrite(w_out, sizeof w_out, 1, f);
+  fwrite(b_out, sizeof b_out, 1, f);
+  return fclose(f) == 0;
+}
+
+/* y (rows, out) = x (rows, in) Wᵀ + b, W (out, in) as nn.Linear. */
+static void linear(const double* x, const float* w, const float* b, int rows, int in, int out_dim,
+                   double* y) {
+  int r, o, c;
+  for (r = 0; r < rows; ++r)
+    for (o = 0; o < out_dim; ++o) {
+      double acc = b[o];
+      for (c = 0; c < in; ++c) acc += x[r * in + c] * w[o * in + c];
+      y[r * out_dim + o] = acc;
+    }
+}
+
+/* The layer's self-attention of x (T, E), causal: per head attention of the
+   projections, concatenated, projected out. */
+static void reference_mha(const double* x, int causal, double* out) {
+  double qkv[3][T * E], qh[T * (E / HEADS)], kh[T * (E / HEADS)], vh[T * (E / HEADS)],
+      oh[T * (E / HEADS)], concat[T * E];
+  const int hd = E / HEADS;
+  int p, h, t, c;
+  for (p = 0; p < 3; ++p) linear(x, w_in + p * E * E, b_in + p * E, T, E, E, qkv[p]);
+  for (h = 0; h < HEADS; ++h) {
+    for (t = 0; t < T; ++t)
+      for (c = 0; c < hd; ++c) {
+        qh[t * hd + c] = qkv[0][t * E + h * hd + c];
+        kh[t * hd + c] = qkv[1][t * E + h * hd + c];
+        vh[t * hd + c] = qkv[2][t * E + h * hd + c];
+      }
+    reference_head(qh, kh, vh, T, T, hd, hd, NULL, causal, -1, -1, 1 / sqrt((double)hd), 0, oh);
+    for (t = 0; t < T; ++t)
+      for (c = 0; c < hd; ++c) concat[t * E + h * hd + c] = oh[t * hd + c];
+  }
+  linear(concat, w_out, b_out, T, E, E, out);
+}
+
+static void test_mha(void) {
+  const char* path = "capi_test_layer.safetensors";
+  const char* corrupt = "capi_test_corrupt.safetensors";
+  attn_mha* layer = NULL;
+  attn_cache* cache = NULL;
+  double xd[T * E], want[T * E];
+  float x[T * E], out[T * E];
+  const int64_t shape[] = {1, T, E}, first[] = {1, 2, E}, last[] = {1, 1, E}, wrong[] = {1, T, 2};
+  attn_tensor tx = tensor(x, ATTN_F32, 3, shape), tout = tensor(out, ATTN_F32, 3, shape), bad;
+  attn_options options;
+  uint32_t state = 5;
+  int i;
+  FILE* f;
+  for (i = 0; i < T * E; ++i) x[i] = (float)(xd[i] = next_value(&state));
+  CHECK(write_layer(path));
+  CHECK(attn_mha_load(path, &layer) == ATTN_OK);
+  if (!layer) return;
+
+  reference_mha(xd, 0, want);
+  CHECK(attn_mha_forward(layer, &tx, NULL, NULL, &tout) == ATTN_OK);
+  /* float32 projections and attention over E = 4 against double: < 1e-5. */
+  expect_close_f(out, want, T * E, 1e-5, __LINE__);
+
+  /* With a cache: 2 tokens, then 1, attend as the whole sequence does with
+     bottom-right causal masking. */
+  reference_mha(xd, 1, want);
+  attn_options_init(&options);
+  options.causal = 1;
+  CHECK(attn_cache_new(layer, &cache) == ATTN_OK);
+  tx = tensor(x, ATTN_F32, 3, first);
+  tout = tensor(out, ATTN_F32, 3, first);
+  CHECK(attn_mha_forward(layer, &tx, cache, &options, &tout) == ATTN_OK);
+  tx = tensor(x + 2 * E, ATTN_F32, 3, last);
+  tout = tensor(out + 2 * E, ATTN_F32, 3, last);
+  CHECK(attn_mha_forward(layer, &tx, cache, &options, &tout) == ATTN_OK);
+  expect_close_f(out, want, T * E, 1e-5, __LINE__);
+
+  tx = tensor(x, ATTN_F32, 3, shape);
+  bad = tensor(out, ATTN_F32, 3, wrong);
+  EXPECT_ERROR(attn_mha_forward(layer, &tx, NULL, NULL, &bad), ATTN_ERROR_INVALID_ARGUMENT,
+               "attn_mha_forward: out: shape (1, 3, 2) is not x's shape (1, 3, 4)");
+  EXPECT_ERROR(attn_mha_forward(NULL, &tx, NULL, NULL, &tout), ATTN_ERROR_INVALID_ARGUMENT,
+               "attn_mha_forward: layer is NULL");
+  bad = tensor(xd, ATTN_F64, 3, shape);
+  EXPECT_ERROR(attn_mha_forward(layer, &bad, NULL, NULL, &tout), ATTN_ERROR_UNSUPPORTED,
+               "the layer is F32");
+  bad = tensor(x, ATTN_F32, 3, wrong);
+  EXPECT_ERROR(attn_mha_forward(layer, &bad, NULL, NULL, &bad), ATTN_ERROR_INVALID_ARGUMENT,
+               "(1, 3, 2)");
+  EXPECT_ERROR(attn_cache_new(NULL, &cache), ATTN_ERROR_INVALID_ARGUMENT,
+               "attn_cache_new: layer is NULL");
+  EXPECT_ERROR(attn_cache_new(layer, NULL), ATTN_ERROR_INVALID_ARGUMENT,
+               "attn_cache_new: cache is NULL");
+  attn_cache_free(cache);
+  attn_mha_free(layer);
+  attn_cache_free(NULL);
+  attn_mha_free(NULL);
+
+  layer = (attn_mha*)&state; /* overwritten with NULL on failure */
+  EXPECT_ERROR(attn_mha_load("capi_test_no_such_file.safetensors", &layer), ATTN_ERROR_IO,
+               "capi_test_no_such_file.safetensors");
+  CHECK(layer == NULL);
+  f = fopen(corrupt, "wb");
+  CHECK(f != NULL);
+  if (f) {
+    fputs("\x10\0\0\0\0\0\0\0{not json at all", f);
+    fclose(f);
+  }
+  EXPECT_ERROR(attn_mha_load(corrupt, &layer), ATTN_ERROR_INVALID_ARGUMENT, corrupt);
+  EXPECT_ERROR(attn_mha_load(NULL, &layer), ATTN_ERROR_INVALID_ARGUMENT,
+               "attn_mha_load: safetensors_path is NULL");
+  EXPECT_ERROR(attn_mha_load(path, NULL), ATTN_ERROR_INVALID_ARGUMENT, "attn_mha_load: layer is NULL");
+  remove(path);
+  remove(corrupt);
+}
+
+static void test_misc(void) {
+  CHECK(strcmp(attn_version(), ATTN_VERSION) == 0);
+  CHECK(attn_set_num_threads(2) == ATTN_OK);
+  EXPECT_ERROR(attn_set_num_threads(0), ATTN_ERROR_INVALID_ARGUMENT, "set_num_threads: n must be in [1,");
+  CHECK(attn_set_num_threads(1) == ATTN_OK);
+}
+
+int main(void) {
+  test_attention();
+  test_attention_errors();
+  test_sinusoidal();
+  test_rope();
+  test_mha();
+  test_misc();
+  if (failures) fprintf(stderr, "%d failures\n", failures);
+  else printf("test_capi: all checks passed (attn %s)\n", attn_version());
+  return failures ? 1 : 0;
+}
