@@ -6,11 +6,11 @@
 // message exactly when it is not ATTN_OK, and never crash. A RUNTIME status
 // is a finding too: it means a C++ exception other than attn::Error.
 //
-// Not fuzzed yet: a huge batch axis in a shape that also has a 0 (no
-// element, so accepted): with q, k, v and out of shape (2^62 - 1, 0, 0, 9)
-// attention() sizes a table of offsets by the batch axes before it looks at
-// the other sizes, and throws std::length_error (a smaller batch, 2^31,
-// would allocate gigabytes): a defect of the C++ core, to be fixed there.
+// Not fuzzed: huge batch axes beside an axis of 0 (q, k, v and out of shape
+// (2^62 - 1, 0, 0, 9)), whose buffers here, sized by their strides' reach,
+// could not be allocated. attention() sized a table of offsets by such batch
+// axes and threw std::length_error; EdgeCases.EmptyAndZeroWidthInputs covers
+// it now.
 #include <algorithm>
 #include <random>
 

@@ -282,6 +282,11 @@ TEST(EdgeCases, EmptyAndZeroWidthInputs) {
               (Shape{0, 3, 5}));
     EXPECT_EQ(run(p, Tensor<double>({0, 2, 3, 8}), Tensor<double>({0, 1, 3, 8}),
                   Tensor<double>({0, 1, 3, 5})).shape(), (Shape{0, 2, 3, 5}));
+    // A batch no memory could hold beside an axis of 0 (a fuzzed C descriptor):
+    // nothing to compute (a table of 2^62 batch offsets threw std::length_error).
+    const int64_t huge = (int64_t{1} << 62) - 1;
+    EXPECT_EQ(run(p, Tensor<double>({huge, 0, 0, 8}), Tensor<double>({huge, 0, 0, 8}),
+                  Tensor<double>({huge, 0, 0, 5})).shape(), (Shape{huge, 0, 0, 5}));
   }
 }
 

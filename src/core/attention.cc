@@ -61,9 +61,11 @@ Shape with_tail(const Dims& s, bool heads, int64_t a, int64_t b) {
   return out;
 }
 
-// Sees a view of shape (batch..., [heads,] rows, cols) as an Operand.
+// Sees a view of shape (batch..., [heads,] rows, cols) as an Operand over the
+// first `count` flattened batch entries (the problem's batch: see
+// make_problem).
 template <class T>
-Operand<T> operand(const TensorView<T>& t, const Shape& batch) {
+Operand<T> operand(const TensorView<T>& t, const Shape& batch, int64_t count) {
   Operand<T> o;
   o.data = t.data();
   const int r = t.rank();
@@ -71,7 +73,6 @@ Operand<T> operand(const TensorView<T>& t, const Shape& batch) {
   o.col_stride = t.stride(r - 1);
   o.head_stride = r >= 3 ? t.stride(r - 3) : 0;
   const int nb = static_cast<int>(batch.size());
-  const int64_t count = numel_of(batch);
   o.batch_offset.resize(static_cast<size_t>(count));
   std::vector<int64_t> index(nb, 0);
   for (int64_t b = 0; b < count; ++b) {
@@ -86,21 +87,21 @@ Operand<T> operand(const TensorView<T>& t, const Shape& batch) {
   return o;
 }
 
-template <class M>
-Operand<const M> mask_operand(const TensorView<const M>& m, const Shape& target,
-                              const Shape& batch) {
-  const Strides s = broadcast_strides(m.shape(), m.strides(), target, "attention: mask");
-  return operand(TensorView<const M>(m.data(), target, s), batch);
+template <class M, class T>
+Operand<const M> mask_operand(const TensorView<const M>& m, const AttentionProblem<T>& p) {
+  const Strides s = broadcast_strides(m.shape(), m.strides(), p.weights_shape, "attention: mask");
+  return operand(TensorView<const M>(m.data(), p.weights_shape, s), p.batch_axes, p.batch);
 }
 
 // Points the problem's q, k and v at these views (16-bit K/V as their bits).
 template <class T, class KV>
-void point_at(AttentionProblem<T>& p, const Shape& batch, TensorView<const T> q,
-              TensorView<const KV> k, TensorView<const KV> v) {
-  p.q = operand(q, batch);
+void point_at(AttentionProblem<T>& p, TensorView<const T> q, TensorView<const KV> k,
+              TensorView<const KV> v) {
+  const Shape& batch = p.batch_axes;
+  p.q = operand(q, batch, p.batch);
   if constexpr (std::is_same_v<KV, T>) {
-    p.k = operand(k, batch);
-    p.v = operand(v, batch);
+    p.k = operand(k, batch, p.batch);
+    p.v = operand(v, batch, p.batch);
   } else {
     static_assert(sizeof(KV) == sizeof(uint16_t));
     const auto bits = [](const TensorView<const KV>& t) {
@@ -108,8 +109,8 @@ void point_at(AttentionProblem<T>& p, const Shape& batch, TensorView<const T> q,
                                         t.strides());
     };
     p.kv = std::is_same_v<KV, bfloat16> ? KVStorage::BF16 : KVStorage::F16;
-    p.k16 = operand(bits(k), batch);
-    p.v16 = operand(bits(v), batch);
+    p.k16 = operand(bits(k), batch, p.batch);
+    p.v16 = operand(bits(v), batch, p.batch);
   }
 }
 
@@ -138,7 +139,6 @@ AttentionProblem<T> make_problem(TensorView<const T> q, TensorView<const KV> k,
 
   AttentionProblem<T> p;
   p.batch_axes = s.batch;
-  p.batch = numel_of(s.batch);
   p.heads_q = s.heads_q;
   p.heads_kv = s.heads_kv;
   p.n_q = s.n_q;
@@ -148,18 +148,25 @@ AttentionProblem<T> make_problem(TensorView<const T> q, TensorView<const KV> k,
   const bool heads = q.rank() >= 3;
   p.out_shape = with_tail(s, heads, s.n_q, s.d_v);
   p.weights_shape = with_tail(s, heads, s.n_q, s.n_k);
-  point_at(p, s.batch, q, k, v);
+  // A call with no element anywhere (in q, k, v, the output, the weights and
+  // so the gradients) visits no batch entry: beside an axis of 0 the batch
+  // axes may multiply past what any memory holds, and each operand keeps an
+  // offset per entry.
+  const bool nothing = q.numel() == 0 && k.numel() == 0 && v.numel() == 0 &&
+                       numel_of(p.out_shape) == 0 && numel_of(p.weights_shape) == 0;
+  p.batch = nothing ? 0 : numel_of(s.batch);
+  point_at(p, q, k, v);
   const MaskInput* inputs[2] = {&mask, &second};
   for (int t = 0; t < 2; ++t) {
     MaskTerm& term = p.mask.terms[t];
     const Mask& m = inputs[t]->mask;
     term.blocking = inputs[t]->true_blocks;
     if (const auto* b = std::get_if<TensorView<const bool>>(&m))
-      term.boolean = mask_operand(*b, p.weights_shape, s.batch);
+      term.boolean = mask_operand(*b, p);
     if (const auto* f = std::get_if<TensorView<const float>>(&m))
-      term.f32 = mask_operand(*f, p.weights_shape, s.batch);
+      term.f32 = mask_operand(*f, p);
     if (const auto* f = std::get_if<TensorView<const double>>(&m))
-      term.f64 = mask_operand(*f, p.weights_shape, s.batch);
+      term.f64 = mask_operand(*f, p);
   }
   p.scale = options.scale ? *options.scale : (s.d > 0 ? 1.0 / std::sqrt(double(s.d)) : 1.0);
   p.causal = options.causal;
@@ -175,8 +182,8 @@ void bind_outputs(AttentionProblem<T>& p, TensorView<T> out, TensorView<T> weigh
   if (!weights.empty_view() && weights.shape() != p.weights_shape)
     fail("weights has shape " + shape_str(weights.shape()) + ", expected " +
          shape_str(p.weights_shape));
-  p.out = operand(out, p.batch_axes);
-  p.weights = weights.empty_view() ? Operand<T>() : operand(weights, p.batch_axes);
+  p.out = operand(out, p.batch_axes, p.batch);
+  p.weights = weights.empty_view() ? Operand<T>() : operand(weights, p.batch_axes, p.batch);
 }
 
 template <class T, class KV>
@@ -192,7 +199,7 @@ PreparedAttention<T, KV>::PreparedAttention(TensorView<const T> q, TensorView<co
     if (!unit_rows(q)) q = (q_copy = contiguous(q)).view();
     if (!unit_rows(k)) k = (k_copy = contiguous(k)).view();
     if (!unit_rows(v)) v = (v_copy = contiguous(v)).view();
-    point_at(problem, problem.batch_axes, q, k, v);
+    point_at(problem, q, k, v);
   }
 }
 
@@ -206,7 +213,7 @@ void PreparedAttention<T, KV>::run(TensorView<T> out, TensorView<T> weights) con
     Tensor<float> staged;  // out with a column stride: written here, then copied
     if (!unit_rows(TensorView<const float>(out))) {
       staged = Tensor<float>(out.shape());
-      p.out = operand(staged.view(), p.batch_axes);
+      p.out = operand(staged.view(), p.batch_axes, p.batch);
     }
     if (use_decode(p))
       decode_forward(p);
@@ -240,10 +247,10 @@ std::pair<AttentionProblem<T>, GradientOperands<T>> make_backward_problem(
   check_grad("dq", dq.shape(), "q", q.shape());
   check_grad("dk", dk.shape(), "k", k.shape());
   check_grad("dv", dv.shape(), "v", v.shape());
-  r.second.dout = operand(dout, p.batch_axes);
-  r.second.dq = operand(dq, p.batch_axes);
-  r.second.dk = operand(dk, p.batch_axes);
-  r.second.dv = operand(dv, p.batch_axes);
+  r.second.dout = operand(dout, p.batch_axes, p.batch);
+  r.second.dq = operand(dq, p.batch_axes, p.batch);
+  r.second.dk = operand(dk, p.batch_axes, p.batch);
+  r.second.dv = operand(dv, p.batch_axes, p.batch);
   return r;
 }
 

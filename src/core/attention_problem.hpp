@@ -72,6 +72,8 @@ enum class KVStorage { Native, BF16, F16 };
 
 template <class T>
 struct AttentionProblem {
+  // batch: the flattened batch entries visited, numel of batch_axes (0 for a
+  // call with no element anywhere: make_problem).
   int64_t batch = 1, heads_q = 1, heads_kv = 1, n_q = 0, n_k = 0, d = 0, d_v = 0;
   Shape batch_axes;                    // the leading axes flattened into batch
   Shape out_shape, weights_shape;      // of the caller's out and weights
