@@ -13,9 +13,10 @@ BUILD_DEBS := g++ cmake make pkg-config libhwy-dev libcli11-dev nlohmann-json3-d
               fonts-wqy-microhei
 # Python module: pybind11 and NumPy under Debian's /usr/bin/python3.
 PY_DEBS    := python3-dev python3-pybind11 python3-numpy
-# Test needs on top: GoogleTest, pytest, PyTorch as a test-only reference, and
-# clang with its sanitizer and libFuzzer runtimes for the checked build.
-TEST_DEBS  := libgtest-dev python3-pytest python3-torch clang-14 libclang-rt-14-dev
+# Test needs on top: GoogleTest, pytest, PyTorch as a test-only reference,
+# clang with its sanitizer and libFuzzer runtimes for the checked build, and
+# dpkg-dev (dpkg-shlibdeps) for the Debian packages.
+TEST_DEBS  := libgtest-dev python3-pytest python3-torch clang-14 libclang-rt-14-dev dpkg-dev
 # Benchmarks: Google Benchmark for the kernel microbenchmarks; OpenBLAS so
 # that the NumPy and PyTorch baselines run on a fast BLAS.
 BENCH_DEBS := libbenchmark-dev libopenblas0-pthread
@@ -29,7 +30,7 @@ FUZZ_SECONDS ?= 60
 TEST_FUZZ_SECONDS ?= 20
 SANITIZER_ENV := ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1
 
-.PHONY: all build configure demo test bench check-arm deps test-deps clean asan fuzz fuzz-build tsan
+.PHONY: all build configure demo test bench check-arm deps test-deps clean asan fuzz fuzz-build tsan package
 
 all: build
 
@@ -48,6 +49,11 @@ build: deps configure
 
 demo: build
 	$(BUILD)/bin/attn demo
+
+# Debian packages in $(BUILD)/: libattn0, libattn-dev, attn (cmake/packaging.cmake).
+package: build
+	@tools/install-deps.sh dpkg-dev
+	cd $(BUILD) && cpack -G DEB
 
 test: test-deps configure
 	cmake --build $(BUILD) -j $(JOBS)

@@ -1,0 +1,29 @@
+# Debian packages of attn (make package: cpack -G DEB in the build folder),
+# one per install component: libattn0 (the shared library), libattn-dev
+# (headers, libattn.a, the CMake and pkg-config files) and attn (the
+# command-line tool). Installed under /usr; the libraries' dependencies come
+# from dpkg-shlibdeps, the -dev package's from what the static library and
+# the CMake config need (Highway, stb).
+set(CPACK_GENERATOR DEB)
+set(CPACK_PACKAGE_NAME attn)
+set(CPACK_PACKAGE_VERSION ${PROJECT_VERSION})
+set(CPACK_PACKAGE_DESCRIPTION_SUMMARY "multi-head attention and positional encodings, fast on the CPU")
+set(CPACK_PACKAGE_CONTACT "attn developers <attn@localhost>")
+set(CPACK_PACKAGING_INSTALL_PREFIX /usr)
+set(CPACK_DEB_COMPONENT_INSTALL ON)
+set(CPACK_COMPONENTS_ALL runtime dev cli)
+set(CPACK_DEBIAN_FILE_NAME DEB-DEFAULT)
+set(CPACK_DEBIAN_PACKAGE_SHLIBDEPS ON)
+set(CPACK_DEBIAN_PACKAGE_SECTION science)
+set(CPACK_DEBIAN_RUNTIME_PACKAGE_NAME libattn${PROJECT_VERSION_MAJOR})
+set(CPACK_DEBIAN_RUNTIME_PACKAGE_SECTION libs)
+set(CPACK_DEBIAN_RUNTIME_PACKAGE_GENERATE_SHLIBS ON)
+set(CPACK_DEBIAN_DEV_PACKAGE_NAME libattn-dev)
+set(CPACK_DEBIAN_DEV_PACKAGE_SECTION libdevel)
+set(CPACK_DEBIAN_DEV_PACKAGE_DEPENDS
+    "libattn${PROJECT_VERSION_MAJOR} (= ${PROJECT_VERSION}), libhwy-dev, libstb-dev, pkg-config")
+set(CPACK_DEBIAN_CLI_PACKAGE_NAME attn)
+set(CPACK_DEBIAN_CLI_PACKAGE_DEPENDS "libattn${PROJECT_VERSION_MAJOR} (= ${PROJECT_VERSION}), fonts-wqy-microhei")
+# The CLI links libattn.so.0 of this very build: let dpkg-shlibdeps find it there.
+set(CPACK_DEBIAN_PACKAGE_SHLIBDEPS_PRIVATE_DIRS ${CMAKE_BINARY_DIR})
+include(CPack)

@@ -1,0 +1,46 @@
+#!/bin/bash
+# The Debian packages (cmake/packaging.cmake), built from a build folder:
+# each holds what it should, depends on what it needs, and unpacked into a
+# scratch root (dpkg -x, no install) they are enough to build and run the C
+# consumer with pkg-config, and the attn command.
+#   tests/packages.sh SOURCE_DIR BUILD_DIR
+set -euo pipefail
+src=$(cd "$1" && pwd)
+build=$(cd "$2" && pwd)
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+version=$(sed -n 's/^#define ATTN_VERSION_\(MAJOR\|MINOR\|PATCH\) \([0-9]*\)$/\2/p' "$src/include/attn/version.h" | paste -sd.)
+major=${version%%.*}
+(cd "$build" && cpack -G DEB -B "$work/debs" >"$work/cpack.log" 2>&1) || { cat "$work/cpack.log"; exit 1; }
+arch=$(dpkg --print-architecture)
+runtime=$work/debs/libattn${major}_${version}_$arch.deb
+dev=$work/debs/libattn-dev_${version}_$arch.deb
+cli=$work/debs/attn_${version}_$arch.deb
+
+fail() { echo "packages: $*"; exit 1; }
+# has DEB PATH...: each path is in the package
+has() {
+  local deb=$1; shift
+  local listing
+  listing=$(dpkg-deb -c "$deb" | awk '{print $6}')
+  for path in "$@"; do grep -qx "./usr/$path" <<<"$listing" || fail "$(basename "$deb") lacks /usr/$path"; done
+}
+has "$runtime" lib/libattn.so.$major lib/libattn.so.$version
+has "$dev" include/attn/attn.h include/attn/attn.hpp include/attn/version.h lib/libattn.so lib/libattn.a \
+    lib/cmake/attn/attnConfig.cmake lib/cmake/attn/attnConfigVersion.cmake lib/cmake/attn/attnTargets.cmake \
+    lib/pkgconfig/attn.pc
+has "$cli" bin/attn
+if dpkg-deb -c "$runtime" | grep -q 'include/\|\.a$'; then fail "the runtime package holds development files"; fi
+dpkg-deb -f "$runtime" Depends | grep -q 'libhwy1' || fail "libattn$major does not depend on libhwy1 (dpkg-shlibdeps)"
+dpkg-deb -f "$dev" Depends | grep -q "libattn$major (= $version)" || fail "libattn-dev does not depend on libattn$major"
+dpkg-deb -f "$cli" Depends | grep -q "libattn$major (= $version)" || fail "attn does not depend on libattn$major"
+
+root=$work/root
+for deb in "$runtime" "$dev" "$cli"; do dpkg -x "$deb" "$root"; done
+export PKG_CONFIG_PATH=$root/usr/lib/pkgconfig
+# shellcheck disable=SC2046
+${CC:-cc} -std=c99 -pedantic -Wall -Werror "$src/tests/consumers/consumer.c" -o "$work/consumer" \
+  $(pkg-config --cflags --libs attn) -lm -Wl,-rpath,"$root/usr/lib"
+"$work/consumer"
+[ "$("$root/usr/bin/attn" --version)" = "attn $version" ] || fail "the packaged attn is not version $version"
+echo "packages: $(basename "$runtime") $(basename "$dev") $(basename "$cli"): contents, dependencies, a C consumer and the CLI"
