@@ -13,6 +13,7 @@
 #include "attn/attn.hpp"
 #include "attn/file.hpp"
 #include "attn/threads.hpp"
+#include "attn/version.h"
 #include "bindings.hpp"
 #include "docstrings.hpp"
 
@@ -237,6 +238,7 @@ PYBIND11_MODULE(attn, m) {
   namespace py = pybind11;
   using py::arg;
   m.doc() = docs::kModule;
+  m.attr("__version__") = ATTN_VERSION;
   py::register_exception_translator([](std::exception_ptr p) {
     try {
       if (p) std::rethrow_exception(p);

@@ -1,0 +1,55 @@
+"""The Python module `attn`, built by the project's CMake (target attn_python)
+and installed as one extension module: `pip install --no-build-isolation .`,
+or a wheel with `python3 -m build --wheel --no-isolation`. The version is
+include/attn/version.h's. ATTN_CMAKE_BUILD_DIR names a configured build
+folder to reuse (built incrementally, with the sources and settings it was
+configured with); by default a fresh one under setuptools' build_temp."""
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext
+
+ROOT = Path(__file__).resolve().parent
+
+
+def version():
+    header = (ROOT / "include" / "attn" / "version.h").read_text()
+    return ".".join(re.search(rf"#define ATTN_VERSION_{part} (\d+)", header).group(1)
+                    for part in ("MAJOR", "MINOR", "PATCH"))
+
+
+class CMakeBuild(build_ext):
+    def build_extension(self, ext):
+        build = Path(os.environ.get("ATTN_CMAKE_BUILD_DIR") or Path(self.build_temp).resolve() / "cmake")
+        # The interpreter the module is for; in a venv, the one it was made from
+        # (the same ABI, and the one whose site-packages hold pybind11).
+        python = getattr(sys, "_base_executable", sys.executable)
+        if not (build / "CMakeCache.txt").exists():
+            subprocess.check_call(["cmake", "-S", str(ROOT), "-B", str(build), "-DCMAKE_BUILD_TYPE=Release",
+                                   f"-DPython3_EXECUTABLE={python}"], stdout=subprocess.DEVNULL)
+        subprocess.check_call(["cmake", "--build", str(build), "--target", "attn_python",
+                               "-j", str(os.cpu_count() or 1)])
+        built = list((build / "python").glob("attn*.so"))
+        if len(built) != 1:
+            raise RuntimeError(f"expected one attn*.so in {build / 'python'}, found {built}")
+        target = Path(self.get_ext_fullpath(ext.name))
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(built[0], target)
+
+
+setup(
+    name="attn",
+    version=version(),
+    description="Multi-head attention and positional encodings, fast on the CPU",
+    license="see the repository",
+    python_requires=">=3.9",
+    install_requires=["numpy"],
+    ext_modules=[Extension("attn", sources=[])],
+    cmdclass={"build_ext": CMakeBuild},
+    zip_safe=False,
+)

@@ -1,0 +1,42 @@
+#!/bin/bash
+# The Python module as Python users install it, in virtual environments that
+# see Debian's packages (NumPy, PyTorch, pytest): `pip install .` from a copy
+# of the source tree (offline: --no-build-isolation), then the Python suite
+# against that installed module; and a wheel (python3 -m build) installed in a
+# fresh environment. Both reuse BUILD_DIR's CMake build (ATTN_CMAKE_BUILD_DIR).
+#   tests/python_install.sh SOURCE_DIR BUILD_DIR
+set -euo pipefail
+src=$(cd "$1" && pwd)
+build=$(cd "$2" && pwd)
+python=/usr/bin/python3
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+export ATTN_CMAKE_BUILD_DIR=$build PIP_NO_INDEX=1 PIP_DISABLE_PIP_VERSION_CHECK=1
+version=$($python -c "import re; h=open('$src/include/attn/version.h').read(); \
+print('.'.join(re.search(r'#define ATTN_VERSION_%s (\d+)' % p, h).group(1) for p in ('MAJOR','MINOR','PATCH')))")
+# A copy without build folders: pip and build write into the tree they build.
+mkdir "$work/src"
+(cd "$src" && git ls-files -z --cached --others --exclude-standard | xargs -0 cp --parents -t "$work/src")
+
+echo "== pip install --no-build-isolation ."
+$python -m venv --system-site-packages "$work/venv"
+"$work/venv/bin/pip" install -q --no-build-isolation "$work/src"
+site=$("$work/venv/bin/python" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
+cd "$work"  # away from the sources: the installed module, nothing else
+"$work/venv/bin/python" -c "import attn, sys; v = attn.__version__; assert v == '$version', v; \
+assert attn.__file__.startswith('$work/venv'), attn.__file__; print('attn', v, 'from', attn.__file__)"
+# The suite (but the checks of the docs' examples, which run the build tree's tools).
+ATTN_PYTHONPATH=$site "$work/venv/bin/python" -m pytest -q -p no:cacheprovider "$src/tests/python" \
+  --ignore="$src/tests/python/test_readme_check.py" --ignore="$src/tests/python/test_semantics_doc.py"
+
+echo "== python3 -m build --wheel --no-isolation"
+(cd "$work/src" && $python -m build --wheel --no-isolation --outdir "$work/dist" >"$work/build.log" 2>&1) ||
+  { cat "$work/build.log"; exit 1; }
+wheel=$(ls "$work"/dist/attn-"$version"-*.whl)
+$python -m venv --system-site-packages "$work/venv2"
+"$work/venv2/bin/pip" install -q "$wheel"
+"$work/venv2/bin/python" -c "import attn, numpy as np; assert attn.__version__ == '$version'; \
+assert attn.__file__.startswith('$work/venv2'), attn.__file__; \
+y = attn.attention(np.array([[1, 0]], np.float32), np.eye(2, dtype=np.float32), np.eye(2, dtype=np.float32)); \
+w = 1 / (1 + np.exp(-1 / np.sqrt(2))); assert np.allclose(y, [[w, 1 - w]], atol=1e-6), y; \
+print('wheel', '$(basename "$wheel")', 'installs; attention matches its closed form')"
