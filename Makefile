@@ -11,8 +11,10 @@ PYTHON := /usr/bin/python3
 # fonts-noto-cjk takes 90 MB), read at run time.
 BUILD_DEBS := g++ cmake make pkg-config libhwy-dev libcli11-dev nlohmann-json3-dev libstb-dev \
               fonts-wqy-microhei
-# Python module: pybind11 and NumPy under Debian's /usr/bin/python3.
-PY_DEBS    := python3-dev python3-pybind11 python3-numpy
+# Python module: pybind11 and NumPy under Debian's /usr/bin/python3; pip,
+# venv, setuptools, wheel and build for installing it as a package.
+PY_DEBS    := python3-dev python3-pybind11 python3-numpy python3-pip python3-venv \
+              python3-setuptools python3-wheel python3-build
 # Test needs on top: GoogleTest, pytest, PyTorch as a test-only reference,
 # clang with its sanitizer and libFuzzer runtimes for the checked build, and
 # dpkg-dev (dpkg-shlibdeps) for the Debian packages.

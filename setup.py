@@ -3,7 +3,8 @@ and installed as one extension module: `pip install --no-build-isolation .`,
 or a wheel with `python3 -m build --wheel --no-isolation`. The version is
 include/attn/version.h's. ATTN_CMAKE_BUILD_DIR names a configured build
 folder to reuse (built incrementally, with the sources and settings it was
-configured with); by default a fresh one under setuptools' build_temp."""
+configured with); by default a fresh one in setuptools' build folder,
+build-python/."""
 import os
 import re
 import shutil
@@ -51,5 +52,7 @@ setup(
     install_requires=["numpy"],
     ext_modules=[Extension("attn", sources=[])],
     cmdclass={"build_ext": CMakeBuild},
+    # setuptools' own build folder, apart from CMake's build/ (and ignored by git).
+    options={"build": {"build_base": "build-python"}},
     zip_safe=False,
 )
