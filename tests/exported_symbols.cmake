@@ -1,6 +1,6 @@
 # What libattn.so exports: the C API (attn_*) and namespace attn only, by
-# mangled name (cmake/attn.map) -- never Highway's, stb's or the C++ standard
-# library's symbols -- and the public API is there.
+# mangled name (cmake/attn.map) -- never attn::detail's, Highway's, stb's or
+# the C++ standard library's symbols -- and the public API is there.
 #   cmake -DLIBRARY=<libattn.so> -DNM=<nm> -P exported_symbols.cmake
 execute_process(COMMAND ${NM} -D --defined-only --format=posix ${LIBRARY}
                 OUTPUT_VARIABLE listing RESULT_VARIABLE status)
@@ -20,14 +20,15 @@ foreach(line IN LISTS lines)
     continue()
   endif()
   math(EXPR count "${count} + 1")
-  if(NOT name MATCHES "^(attn_|_ZN4attn|_ZNK4attn|_ZTIN4attn|_ZTSN4attn|_ZTVN4attn)")
+  if(NOT name MATCHES "^(attn_|_ZN4attn|_ZNK4attn|_ZTIN4attn|_ZTSN4attn|_ZTVN4attn)" OR
+     name MATCHES "^_Z(N|NK|TIN|TSN|TVN)4attn6detail")
     list(APPEND stray "${name}")
   endif()
 endforeach()
 if(stray)
   list(LENGTH stray n)
   list(JOIN stray "\n  " shown)
-  message(FATAL_ERROR "${LIBRARY} exports ${n} symbols outside attn_* and attn::*:\n  ${shown}")
+  message(FATAL_ERROR "${LIBRARY} exports ${n} symbols outside attn_* and attn::* (or in attn::detail):\n  ${shown}")
 endif()
 # The public API: attention<float, float>, the layer's forward, the errors' type information.
 foreach(required "_ZN4attn9attentionIffEEv" "_ZTIN4attn10ValueErrorE" "_ZNK4attn18MultiHeadAttentionIfE7forward")

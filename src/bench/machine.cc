@@ -18,7 +18,7 @@
 #include "attn/machine.hpp"
 
 HWY_BEFORE_NAMESPACE();
-namespace attn {
+namespace attn::detail {
 namespace HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 
@@ -68,13 +68,17 @@ size_t ReadSum(const float* p, size_t n, float* sink) {
 }
 
 }  // namespace HWY_NAMESPACE
-}  // namespace attn
+}  // namespace attn::detail
 HWY_AFTER_NAMESPACE();
 
 #if HWY_ONCE
 namespace attn {
+namespace detail {
 HWY_EXPORT(FmaLoop);
 HWY_EXPORT(ReadSum);
+double fma_loop(int64_t iterations, float* sink) { return HWY_DYNAMIC_DISPATCH(FmaLoop)(iterations, sink); }
+size_t read_sum(const float* p, size_t n, float* sink) { return HWY_DYNAMIC_DISPATCH(ReadSum)(p, n, sink); }
+}  // namespace detail
 
 namespace {
 using Clock = std::chrono::steady_clock;
@@ -105,7 +109,7 @@ double measure_fma_peak_gflops(int threads) {
   std::vector<float> sink(threads * 16);
   std::vector<double> flops(threads);
   const double s = timed(threads, [&](int t) {
-    flops[t] = HWY_DYNAMIC_DISPATCH(FmaLoop)(10'000'000, &sink[t * 16]);
+    flops[t] = detail::fma_loop(10'000'000, &sink[t * 16]);
   });
   double total = 0;
   for (double f : flops) total += f;
@@ -123,7 +127,7 @@ double ReadBandwidth::measure_gbps(int threads) const {
   std::vector<float> sink(threads * 16);
   std::vector<size_t> read(threads);
   const double s = timed(threads, [&](int t) {
-    read[t] = HWY_DYNAMIC_DISPATCH(ReadSum)(start + t * part, part, &sink[t * 16]);
+    read[t] = detail::read_sum(start + t * part, part, &sink[t * 16]);
   });
   size_t floats = 0;
   for (size_t r : read) floats += r;
