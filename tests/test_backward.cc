@@ -209,7 +209,10 @@ TEST_P(MhaBackward, MatchesFiniteDifferences) {
   for (Tensor<double>* p : layer.parameters())
     for (int64_t i = 0; i < p->numel(); ++i) (*p)[i] = std::uniform_real_distribution<double>(-0.5, 0.5)(rng);
   const int64_t B = 2, n_q = 4, n_k = c.cross ? 5 : n_q;
-  const auto shape = [&](int64_t n, int64_t w) { return c.batched ? Shape{B, n, w} : Shape{n, w}; };
+  const auto shape = [&](int64_t n, int64_t w) {
+    if (!c.batched) return Shape{n, w};
+    return c.config.batch_first ? Shape{B, n, w} : Shape{n, B, w};
+  };
   auto query = random_tensor(shape(n_q, c.config.embed_dim), rng);
   auto key = random_tensor(shape(n_k, c.config.key_dim()), rng);
   auto value = random_tensor(shape(n_k, c.config.value_dim()), rng);
@@ -266,7 +269,14 @@ INSTANTIATE_TEST_SUITE_P(
         MhaCase{"rope", variant(mha_config(8, 2), [](auto& c) { c.rope = true; }), true, false, Causal::BottomRight},
         MhaCase{"rope_interleaved", variant(mha_config(8, 2), [](auto& c) { c.rope = true; c.rope_interleaved = true; })},
         MhaCase{"masks", mha_config(8, 2), true, true, Causal::None, true},
-        MhaCase{"masks_unbatched_causal", mha_config(8, 2), false, false, Causal::TopLeft, true}),
+        MhaCase{"masks_unbatched_causal", mha_config(8, 2), false, false, Causal::TopLeft, true},
+        MhaCase{"sequence_first", variant(mha_config(8, 2), [](auto& c) { c.batch_first = false; }), true, true,
+                Causal::BottomRight, true},
+        MhaCase{"bias_kv_zero_attn", variant(mha_config(8, 2), [](auto& c) { c.add_bias_kv = c.add_zero_attn = true; }),
+                true, true, Causal::None, true},
+        MhaCase{"bias_kv_gqa_no_bias", variant(mha_config(8, 4), [](auto& c) {
+                  c.add_bias_kv = true; c.num_kv_heads = 2; c.bias = false; })},
+        MhaCase{"zero_attn_unbatched", variant(mha_config(8, 2), [](auto& c) { c.add_zero_attn = true; }), false}),
     [](const auto& info) { return std::string(info.param.name); });
 
 TEST(MhaBackward, RefusesACacheAndAWrongDout) {

@@ -153,12 +153,22 @@ TEST(MultiHeadAttention, StateDictNamesShapesAndRoundTrip) {
   auto extra = s2;
   extra.emplace("out_proj.scale", Tensor<float>({8}));
   EXPECT_THROW_MSG(other.load_state_dict(extra), ValueError, "unexpected key 'out_proj.scale'");
-  // nn.MultiheadAttention(add_bias_kv=True) is named, not an unknown key
+  // nn.MultiheadAttention(add_bias_kv=True)'s keys name the option
   auto bias_kv = s2;
-  bias_kv.emplace("bias_k", Tensor<float>({1, 1, 8}));
-  bias_kv.emplace("bias_v", Tensor<float>({1, 1, 8}));
+  bias_kv.emplace("bias_k", Tensor<float>({1, 1, 4}));
+  bias_kv.emplace("bias_v", Tensor<float>({1, 1, 4}));
   EXPECT_THROW_MSG(other.load_state_dict(bias_kv), ValueError,
-                   "'bias_k' comes from nn.MultiheadAttention(add_bias_kv=True), which attn does not implement");
+                   "unexpected key 'bias_k' (expected k_proj_weight, out_proj.weight, q_proj_weight, "
+                   "v_proj_weight); it comes from nn.MultiheadAttention(add_bias_kv=True): build the "
+                   "layer with add_bias_kv=True");
+  c.add_bias_kv = true;
+  MultiHeadAttention<float> with_bias_kv(c, 11);
+  const auto s3 = with_bias_kv.state_dict();
+  EXPECT_EQ(s3.size(), 6u);
+  EXPECT_EQ(s3.at("bias_k").shape(), (Shape{1, 1, 4}));  // (1, 1, dkv)
+  EXPECT_EQ(s3.at("bias_v").shape(), (Shape{1, 1, 4}));
+  with_bias_kv.load_state_dict(bias_kv);
+  EXPECT_EQ(max_abs_diff(with_bias_kv.state_dict().at("bias_k"), bias_kv.at("bias_k")), 0.0);
   auto wrong = s2;
   wrong["k_proj_weight"] = Tensor<float>({5, 4});
   EXPECT_THROW_MSG(other.load_state_dict(wrong), ValueError,
@@ -182,6 +192,131 @@ TEST(MultiHeadAttention, SeededXavierInitialisation) {
   EXPECT_GT(m, 0.99 * bound);
   EXPECT_NEAR(std::sqrt(ss / w.numel()), bound / std::sqrt(3.0), 0.02 * bound);
   for (int64_t i = 0; i < 3 * 64; ++i) EXPECT_EQ(a.at("in_proj_bias")[i], 0.0);
+
+  // add_bias_kv: bias_k, bias_v xavier_normal_ over (1, 1, E), std 1/sqrt(E)
+  c.add_bias_kv = true;
+  const auto e = MultiHeadAttention<double>(c, 1).state_dict();
+  EXPECT_EQ(max_abs_diff(e.at("in_proj_weight"), w), 0.0);  // drawn after the other weights
+  double s2 = 0, mean = 0;
+  for (const char* name : {"bias_k", "bias_v"})
+    for (int64_t i = 0; i < 64; ++i) s2 += e.at(name)[i] * e.at(name)[i], mean += e.at(name)[i];
+  // 128 draws: the sample variance's relative error is ~sqrt(2/128) = 0.125,
+  // the mean's standard error 1/sqrt(64 * 128); 4 sigma each
+  EXPECT_NEAR(s2 / 128 * 64, 1.0, 0.5);
+  EXPECT_NEAR(mean / 128, 0.0, 4 / std::sqrt(64.0 * 128));
+  EXPECT_GT(max_abs_diff(e.at("bias_k"), e.at("bias_v")), 0.1);
+}
+
+// batch_first=false reads (n, batch, E) and writes the output in that layout:
+// the same numbers as batch first on the transposed input.
+TEST(MultiHeadAttention, SequenceFirstLayoutEqualsBatchFirst) {
+  std::mt19937 rng(55);
+  auto c = config(12, 3);
+  c.kdim = 5;
+  c.add_bias_kv = true;
+  c.add_zero_attn = true;
+  const MultiHeadAttention<double> first(c, 6);
+  c.batch_first = false;
+  MultiHeadAttention<double> seq(c, 7);
+  seq.load_state_dict(first.state_dict());
+  const auto transpose = [](const Tensor<double>& t) {
+    const int64_t n0 = t.dim(0), n1 = t.dim(1), w = t.dim(2);
+    return contiguous(TensorView<const double>(t.data(), {n1, n0, w}, {w, n1 * w, 1}));
+  };
+  const auto q = random_tensor({2, 4, 12}, rng), k = random_tensor({2, 6, 5}, rng),
+             v = random_tensor({2, 6, 12}, rng), dout = random_tensor({2, 4, 12}, rng);
+  const auto qt = transpose(q), kt = transpose(k), vt = transpose(v), dt = transpose(dout);
+  Tensor<bool> pad({2, 6});
+  pad[3] = pad[11] = true;  // true = padding
+  MhaForwardOptions<double> opt;
+  opt.key_padding_mask = TensorView<const bool>(pad.view());
+  opt.need_weights = true;
+  const auto a = first.forward(q.view(), k.view(), v.view(), opt);
+  const auto b = seq.forward(qt.view(), kt.view(), vt.view(), opt);
+  ASSERT_EQ(b.out.shape(), (Shape{4, 2, 12}));
+  EXPECT_EQ(max_abs_diff(transpose(b.out), a.out), 0.0);
+  EXPECT_EQ(b.weights->shape(), (Shape{2, 4, 8}));  // 6 keys + bias_k + a zero key
+  EXPECT_EQ(max_abs_diff(*b.weights, *a.weights), 0.0);
+  const auto ga = first.backward(dout.view(), q.view(), k.view(), v.view(), opt);
+  const auto gb = seq.backward(dt.view(), qt.view(), kt.view(), vt.view(), opt);
+  EXPECT_EQ(max_abs_diff(transpose(gb.query), ga.query), 0.0);
+  EXPECT_EQ(max_abs_diff(transpose(gb.key), ga.key), 0.0);
+  EXPECT_EQ(max_abs_diff(transpose(gb.value), ga.value), 0.0);
+  // parameter gradients sum over the rows in memory order, which the layouts
+  // order differently: equal to rounding
+  const auto na = first.gradient_dict(ga), nb = seq.gradient_dict(gb);
+  for (const auto& [name, g] : na) EXPECT_LT(rel_error(nb.at(name), g), 1e-14) << name;
+  EXPECT_THROW_MSG(seq.forward(q.view(), k.view(), v.view()), ValueError,
+                   "same batch size");  // (2, 4, 12) read as 2 positions of batch 4
+}
+
+// add_bias_kv and add_zero_attn append keys (bias_k, then zeros) that every
+// row attends; the same numbers come from the plain layer attending keys and
+// values with those rows appended to its projections.
+TEST(MultiHeadAttention, AppendedKeysTakePartInEveryRow) {
+  std::mt19937 rng(56);
+  auto c = config(8, 2);
+  c.add_bias_kv = true;
+  c.add_zero_attn = true;
+  const MultiHeadAttention<double> layer(c, 8);
+  const auto s = layer.state_dict();
+  const auto x = random_tensor({2, 3, 8}, rng);
+  Tensor<bool> blocked({3, 3});
+  for (int64_t i = 0; i < 3; ++i) blocked[i * 3 + i] = true;  // each query blocks its own key
+  MhaForwardOptions<double> opt;
+  opt.attn_mask = TensorView<const bool>(blocked.view());
+  opt.need_weights = true;
+  opt.average_attn_weights = false;
+  const auto got = layer.forward(x.view(), {}, {}, opt);
+
+  // by hand: projections, appended rows, attention() per head, out_proj
+  const auto& w = s.at("in_proj_weight");
+  const auto& b = s.at("in_proj_bias");
+  Tensor<double> q({2, 2, 3, 4}), k({2, 2, 5, 4}), v({2, 2, 5, 4});
+  for (int64_t bt = 0; bt < 2; ++bt)
+    for (int64_t i = 0; i < 3; ++i)
+      for (int64_t o = 0; o < 24; ++o) {
+        double y = b[o];
+        for (int64_t e = 0; e < 8; ++e) y += x[(bt * 3 + i) * 8 + e] * w[o * 8 + e];
+        const int64_t which = o / 8, h = (o % 8) / 4, j = o % 4;
+        Tensor<double>& t = which == 0 ? q : which == 1 ? k : v;
+        t[((bt * 2 + h) * t.dim(2) + i) * 4 + j] = y;
+      }
+  for (int64_t bt = 0; bt < 2; ++bt)
+    for (int64_t h = 0; h < 2; ++h)
+      for (int64_t j = 0; j < 4; ++j) {  // row 3: bias_k / bias_v; row 4 stays zero
+        k[((bt * 2 + h) * 5 + 3) * 4 + j] = s.at("bias_k")[h * 4 + j];
+        v[((bt * 2 + h) * 5 + 3) * 4 + j] = s.at("bias_v")[h * 4 + j];
+      }
+  Tensor<bool> allowed({3, 5});  // attention()'s convention: true = may attend
+  for (int64_t i = 0; i < 3; ++i)
+    for (int64_t j = 0; j < 5; ++j) allowed[i * 5 + j] = j != i;
+  const auto r = attention_with_weights(q.view(), k.view(), v.view(), {},
+                                        Mask(TensorView<const bool>(allowed.view())));
+  EXPECT_LT(max_abs_diff(*got.weights, r.weights), 1e-15);
+  const auto& wo = s.at("out_proj.weight");
+  Tensor<double> want({2, 3, 8});
+  for (int64_t bt = 0; bt < 2; ++bt)
+    for (int64_t i = 0; i < 3; ++i)
+      for (int64_t o = 0; o < 8; ++o) {
+        double y = s.at("out_proj.bias")[o];
+        for (int64_t e = 0; e < 8; ++e) y += r.out[((bt * 2 + e / 4) * 3 + i) * 4 + e % 4] * wo[o * 8 + e];
+        want[(bt * 3 + i) * 8 + o] = y;
+      }
+  EXPECT_LT(rel_error(got.out, want), 1e-13);
+
+  MhaForwardOptions<double> causal;
+  causal.attention.causal = Causal::TopLeft;
+  EXPECT_THROW_MSG(layer.forward(x.view(), {}, {}, causal), ValueError,
+                   "causal and window with add_bias_kv or add_zero_attn: give the pattern as attn_mask");
+  auto cache = layer.new_cache();
+  MhaForwardOptions<double> cached;
+  cached.cache = &cache;
+  EXPECT_THROW_MSG(layer.forward(x.view(), {}, {}, cached), ValueError,
+                   "a KV cache with add_bias_kv or add_zero_attn is not supported");
+  EXPECT_EQ(cache.length(), 0);
+  c.rope = true;
+  EXPECT_THROW_MSG(MultiHeadAttention<double>{c}, ValueError, "rope with add_bias_kv or add_zero_attn");
 }
 
 TEST(MultiHeadAttention, SaveAndLoad) {
@@ -193,6 +328,7 @@ TEST(MultiHeadAttention, SaveAndLoad) {
   c.rope = true;
   c.rope_base = 500000.0;
   c.rope_interleaved = true;
+  c.dropout = 0.25;
   const MultiHeadAttention<float> layer(c, 4);
   layer.save(path);
   const auto loaded = MultiHeadAttention<float>::load(path);
@@ -200,6 +336,8 @@ TEST(MultiHeadAttention, SaveAndLoad) {
   EXPECT_EQ(loaded.config().value_dim(), 6);
   EXPECT_TRUE(loaded.config().rope && loaded.config().rope_interleaved);
   EXPECT_EQ(loaded.config().rope_base, 500000.0);
+  EXPECT_EQ(loaded.config().dropout, 0.25);
+  EXPECT_TRUE(loaded.config().batch_first && !loaded.config().add_zero_attn);
   const auto q = cast<float>(random_tensor({2, 4, 12}, rng)), v = cast<float>(random_tensor({2, 4, 6}, rng));
   EXPECT_EQ(max_abs_diff(layer.forward(q.view(), q.view(), v.view()).out,
                          loaded.forward(q.view(), q.view(), v.view()).out), 0.0);
@@ -213,6 +351,15 @@ TEST(MultiHeadAttention, SaveAndLoad) {
   EXPECT_THROW_MSG(MultiHeadAttention<float>::load(path), ValueError, "'embed_dim' is not an integer");
   write_safetensors(path, {}, {{"embed_dim", "12"}, {"num_heads", "3"}});
   EXPECT_THROW_MSG(MultiHeadAttention<float>::load(path), ValueError, "missing key");
+  // the options of nn.MultiheadAttention round-trip too
+  auto t = config(8, 2);
+  t.add_bias_kv = t.add_zero_attn = true;
+  t.batch_first = false;
+  const MultiHeadAttention<float> torch_like(t, 5);
+  torch_like.save(path);
+  const auto back = MultiHeadAttention<float>::load(path);
+  EXPECT_TRUE(back.config().add_bias_kv && back.config().add_zero_attn && !back.config().batch_first);
+  EXPECT_EQ(max_abs_diff(back.state_dict().at("bias_v"), torch_like.state_dict().at("bias_v")), 0.0);
   std::filesystem::remove(path);
 }
 
@@ -226,6 +373,9 @@ TEST(MultiHeadAttention, InvalidConfigurationsAndInputs) {
   c = config(12, 4);
   c.rope = true;
   EXPECT_THROW_MSG(MultiHeadAttention<float>{c}, ValueError, "rope needs an even head dim");
+  c = config(12, 4);
+  c.dropout = 1.5;
+  EXPECT_THROW_MSG(MultiHeadAttention<float>{c}, ValueError, "dropout must be in [0, 1], got 1.5");
 
   const MultiHeadAttention<float> layer(config(8, 2));
   const Tensor<float> x({2, 5, 8}), bad({2, 5, 7}), k3({3, 5, 8});

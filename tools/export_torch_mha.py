@@ -40,19 +40,22 @@ def write_safetensors(path, tensors, metadata):
 
 
 def export_mha(module, path):
-    """Export an nn.MultiheadAttention (any batch_first) to `path`."""
+    """Export an nn.MultiheadAttention, with every option it has, to `path`."""
     if not isinstance(module, torch.nn.MultiheadAttention):
         raise TypeError(f"expected torch.nn.MultiheadAttention, got {type(module).__name__}")
-    if module.bias_k is not None or module.add_zero_attn:
-        raise ValueError("add_bias_kv and add_zero_attn are not supported by attn")
     state = {name: t.detach().cpu().float().numpy() for name, t in module.state_dict().items()}
+    flag = {True: "true", False: "false"}
     metadata = {
         "format": "attn.MultiHeadAttention",
         "embed_dim": module.embed_dim,
         "num_heads": module.num_heads,
         "kdim": module.kdim,
         "vdim": module.vdim,
-        "bias": "true" if module.in_proj_bias is not None else "false",
+        "bias": flag[module.in_proj_bias is not None],
+        "add_bias_kv": flag[module.bias_k is not None],
+        "add_zero_attn": flag[bool(module.add_zero_attn)],
+        "batch_first": flag[bool(module.batch_first)],
+        "dropout": repr(float(module.dropout)),
     }
     write_safetensors(path, state, metadata)
 

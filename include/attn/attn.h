@@ -86,8 +86,8 @@ typedef struct attn_cache attn_cache;
    safetensors file whose __metadata__ holds the configuration. */
 int attn_mha_load(const char* safetensors_path, attn_mha** layer);
 
-/* Self-attention forward of x (batch, n, E) or (n, E), F32, into out (the
-   shape of x). cache: NULL, or one from attn_cache_new that this call
+/* Self-attention forward of x (batch, n, E) ((n, batch, E) for a layer saved
+   with batch_first=false) or (n, E), F32, into out (the shape of x). cache: NULL, or one from attn_cache_new that this call
    appends to and attends over. options: NULL for the defaults. Calls with
    different caches may run at once from many threads. */
 int attn_mha_forward(attn_mha* layer, const attn_tensor* x, attn_cache* cache,

@@ -1,8 +1,8 @@
 // The learnable multi-head attention layer the article announces: Q, K, V
 // are the inputs times learned weights Wq, Wk, Wv; the heads' outputs are
 // concatenated and multiplied by Wo. A drop-in for PyTorch's
-// nn.MultiheadAttention(batch_first=True): the same parameter names and
-// shapes, the same mask conventions, plus GQA/MQA, RoPE and a KV cache.
+// nn.MultiheadAttention: the same options, parameter names and shapes, the
+// same mask conventions, plus GQA/MQA, RoPE and a KV cache.
 #pragma once
 
 #include <cstdint>
@@ -30,11 +30,23 @@ struct MultiHeadAttentionConfig {
   bool rope = false;                    // rotate q and k per head after projection
   double rope_base = 10000.0;
   bool rope_interleaved = false;
+  // nn.MultiheadAttention's options of the same names. add_bias_kv appends a
+  // learned key bias_k and value bias_v to every sequence's keys and values,
+  // add_zero_attn then a key and a value of zeros; both keys take part in
+  // every row. batch_first=false reads and writes (n, batch, width).
+  // dropout is kept (and saved) but never applied: attn runs the layer as
+  // PyTorch's eval() mode does.
+  bool add_bias_kv = false;
+  bool add_zero_attn = false;
+  bool batch_first = true;
+  double dropout = 0.0;
 
   int64_t head_dim() const { return embed_dim / num_heads; }
   int64_t kv_heads() const { return num_kv_heads.value_or(num_heads); }
   int64_t key_dim() const { return kdim.value_or(embed_dim); }
   int64_t value_dim() const { return vdim.value_or(embed_dim); }
+  // Keys appended to every sequence by add_bias_kv and add_zero_attn.
+  int64_t extra_keys() const { return int64_t(add_bias_kv) + int64_t(add_zero_attn); }
   // PyTorch packs q, k, v weights into in_proj_weight only in this case.
   bool packed() const {
     return !num_kv_heads && key_dim() == embed_dim && value_dim() == embed_dim;
@@ -50,7 +62,9 @@ struct MultiHeadAttentionConfig {
 //   key_padding_mask: (batch, n_k) ((n_k) unbatched); boolean true = padding
 //              (ignored), or float added.
 // A blocked or padded key takes no part at all. Both masks are read in place
-// (broadcast views), never expanded to (batch, heads, n_q, n_k).
+// (broadcast views), never expanded to (batch, heads, n_q, n_k). They cover
+// the keys given (n_k); the keys add_bias_kv and add_zero_attn append take
+// part in every row, as PyTorch's zero-padded masks make them.
 // `attention` holds every option of attention() (causal, window, softcap,
 // scale), with the same meanings.
 template <class T>
@@ -65,8 +79,8 @@ struct MhaForwardOptions {
 
 template <class T>
 struct MhaOutput {
-  Tensor<T> out;                     // (batch, n_q, embed_dim) or (n_q, embed_dim)
-  std::optional<Tensor<T>> weights;  // (batch, [heads,] n_q, n_k) when need_weights
+  Tensor<T> out;                     // query's shape: (batch, n_q, E), (n_q, batch, E), (n_q, E)
+  std::optional<Tensor<T>> weights;  // (batch, [heads,] n_q, n_k + extra_keys) when need_weights
 };
 
 template <class T>
@@ -99,9 +113,9 @@ class MultiHeadAttention {
 
   const MultiHeadAttentionConfig& config() const { return config_; }
 
-  // query (batch, n_q, E) or unbatched (n_q, E); key (.., n_k, kdim) defaults
-  // to query, value (.., n_k, vdim) to key. With RoPE, q and k are rotated at
-  // positions cache length + 0..n-1.
+  // query (batch, n_q, E) ((n_q, batch, E) when !batch_first) or unbatched
+  // (n_q, E); key (.., kdim) defaults to query, value (.., vdim) to key. With
+  // RoPE, q and k are rotated at positions cache length + 0..n-1.
   MhaOutput<T> forward(TensorView<const T> query, TensorView<const T> key = {},
                        TensorView<const T> value = {},
                        const MhaForwardOptions<T>& options = {}) const;
@@ -114,8 +128,8 @@ class MultiHeadAttention {
                            TensorView<const T> key = {}, TensorView<const T> value = {},
                            const MhaForwardOptions<T>& options = {}) const;
 
-  // The learnable tensors: Wq, Wk, Wv, Wo, then (with bias) bq, bk, bv, bo;
-  // matrices (out, in) as nn.Linear. For optimizers and gradient checks; the
+  // The learnable tensors: Wq, Wk, Wv, Wo, then (with bias) bq, bk, bv, bo,
+  // then (with add_bias_kv) bias_k, bias_v; matrices (out, in) as nn.Linear. For optimizers and gradient checks; the
   // pointers stay valid until the next load_state_dict or assignment.
   std::vector<Tensor<T>*> parameters();
   std::vector<const Tensor<T>*> parameters() const;
@@ -123,8 +137,11 @@ class MultiHeadAttention {
   KVCache<T> new_cache() const { return {}; }
 
   // PyTorch's names: in_proj_weight (3E, E) / q_proj_weight, k_proj_weight,
-  // v_proj_weight; in_proj_bias; out_proj.weight; out_proj.bias.
+  // v_proj_weight; in_proj_bias; out_proj.weight; out_proj.bias; bias_k,
+  // bias_v (1, 1, dkv).
   std::map<std::string, Tensor<T>> state_dict() const;
+  // backward()'s parameter gradients under the same names and shapes.
+  std::map<std::string, Tensor<T>> gradient_dict(const MhaGradients<T>& gradients) const;
   // Every expected name must be present with its shape, and no other. The
   // new set replaces the old one atomically (see "Threads" above).
   void load_state_dict(const std::map<std::string, Tensor<T>>& state);
@@ -137,12 +154,17 @@ class MultiHeadAttention {
   struct Parameters {
     Tensor<T> wq, wk, wv, wo;  // (out, in), as nn.Linear
     Tensor<T> bq, bk, bv, bo;  // empty when !bias
-    std::vector<const Tensor<T>*> list(bool bias) const;  // in parameters()' order
+    Tensor<T> bias_k, bias_v;  // (1, 1, dkv); empty when !add_bias_kv
+    std::vector<const Tensor<T>*> list(const MultiHeadAttentionConfig& c) const;  // parameters()' order
   };
+  // A parameter set (or its gradients) under PyTorch's names.
+  std::map<std::string, Tensor<T>> named(const Parameters& w) const;
   struct Activations;  // what forward computes before the output projection
   Activations forward_activations(const Parameters& w, TensorView<const T> query,
                                   TensorView<const T> key, TensorView<const T> value,
                                   const MhaForwardOptions<T>& options) const;
+  bool seq_first(const Activations& a) const;  // batched with batch_first=false
+  TensorView<T> ctx_heads(Tensor<T>& t, const Activations& a) const;
   // The current parameter set, kept alive for the caller.
   std::shared_ptr<const Parameters> snapshot() const;
 

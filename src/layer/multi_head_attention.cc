@@ -117,6 +117,77 @@ std::pair<Mask, Mask> mask_views(const Mask& attn_mask, const Mask& key_padding_
   return views;
 }
 
+// A (batch, n, width) input given as (n, batch, width) seen batch first,
+// without copying.
+template <class T>
+TensorView<const T> batch_major(const TensorView<const T>& x) {
+  return TensorView<const T>(x.data(), {x.dim(1), x.dim(0), x.dim(2)},
+                             {x.stride(1), x.stride(0), x.stride(2)});
+}
+
+// A (batch, n, width) tensor as (n, batch, width), copied.
+template <class T>
+Tensor<T> seq_major(const Tensor<T>& x) {
+  const int64_t B = x.dim(0), n = x.dim(1), w = x.dim(2);
+  Tensor<T> y({n, B, w});
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t i = 0; i < n; ++i)
+      std::copy_n(x.data() + (b * n + i) * w, w, y.data() + (i * B + b) * w);
+  return y;
+}
+
+// A mask extended by `extra` allowed keys at the end of its last axis (false
+// for a boolean mask in PyTorch's convention, 0 for an additive one), as
+// nn.MultiheadAttention pads its masks for add_bias_kv and add_zero_attn.
+// The copy has the mask's own shape (its broadcast axes stay size 1).
+struct PaddedMask {
+  Tensor<bool> b;
+  Tensor<float> f;
+  Tensor<double> d;
+  Mask mask;
+
+  PaddedMask(const Mask& m, int64_t extra) {
+    std::visit([&](const auto& v) {
+      using V = std::decay_t<decltype(v)>;
+      if constexpr (!std::is_same_v<V, std::monostate>) {
+        using E = std::remove_const_t<std::remove_pointer_t<decltype(v.data())>>;
+        const Tensor<E> src = contiguous(v);
+        Shape shape = src.shape();
+        const int64_t n_k = shape.back(), rows = n_k ? src.numel() / n_k : 0;
+        shape.back() += extra;
+        Tensor<E> t(shape);  // zero-filled: false / 0, allowed
+        for (int64_t r = 0; r < rows; ++r)
+          std::copy_n(src.data() + r * n_k, n_k, t.data() + r * (n_k + extra));
+        auto& keep = storage<E>();
+        keep = std::move(t);
+        mask = TensorView<const E>(keep.view());
+      }
+    }, m);
+  }
+
+ private:
+  template <class E>
+  Tensor<E>& storage() {
+    if constexpr (std::is_same_v<E, bool>) return b;
+    else if constexpr (std::is_same_v<E, float>) return f;
+    else return d;
+  }
+};
+
+// Keys or values (batch, n, width) followed by the rows add_bias_kv and
+// add_zero_attn append: `bias` (1, 1, width) when given, then zeros.
+template <class T>
+Tensor<T> with_extra_keys(const Tensor<T>& x, const Tensor<T>& bias, bool zero) {
+  const int64_t B = x.dim(0), n = x.dim(1), w = x.dim(2);
+  const int64_t m = n + (bias.rank() ? 1 : 0) + (zero ? 1 : 0);
+  Tensor<T> y({B, m, w});
+  for (int64_t b = 0; b < B; ++b) {
+    T* row = std::copy_n(x.data() + b * n * w, n * w, y.data() + b * m * w);
+    if (bias.rank()) std::copy_n(bias.data(), w, row);
+  }
+  return y;
+}
+
 }  // namespace
 
 void MultiHeadAttentionConfig::validate() const {
@@ -134,6 +205,10 @@ void MultiHeadAttentionConfig::validate() const {
     fail("rope needs an even head dim, got embed_dim / num_heads = " + std::to_string(head_dim()));
   if (!(rope_base > 0) || !std::isfinite(rope_base))
     fail("rope_base must be a finite number > 0, got " + std::to_string(rope_base));
+  if (rope && extra_keys())
+    fail("rope with add_bias_kv or add_zero_attn is not supported: the appended keys have no position");
+  if (!(dropout >= 0 && dropout <= 1))
+    fail("dropout must be in [0, 1], got " + std::to_string(dropout));
 }
 
 template <class T>
@@ -164,6 +239,11 @@ MultiHeadAttention<T>::MultiHeadAttention(const MultiHeadAttentionConfig& config
     w.bk = Tensor<T>({kv});
     w.bv = Tensor<T>({kv});
     w.bo = Tensor<T>({E});
+  }
+  if (config_.add_bias_kv) {
+    // xavier_normal_ on (1, 1, dkv), as PyTorch: fan_in = fan_out = dkv
+    w.bias_k = detail::normal<T>({1, 1, kv}, std::sqrt(1.0 / double(kv)), rng);
+    w.bias_v = detail::normal<T>({1, 1, kv}, std::sqrt(1.0 / double(kv)), rng);
   }
 }
 
@@ -211,9 +291,10 @@ struct MultiHeadAttention<T>::Activations {
   Tensor<T> q, k, v;                     // projections (batch, n, heads * head_dim); q, k rotated
   TensorView<const T> K, V;              // the keys and values attended (the cache's, with one)
   Mask attn_mask, key_padding_mask;      // views that broadcast to (batch, heads, n_q, n_k)
+  std::optional<PaddedMask> padded_attn_mask, padded_key_padding_mask;  // with extra keys
   AttentionOptions attention;
   RopeOptions rope;
-  Tensor<T> ctx;                         // the heads' outputs concatenated (batch, n_q, E)
+  Tensor<T> ctx;                         // the heads' outputs concatenated, in query's layout
   Tensor<T> weights;                     // (batch, heads, n_q, n_k) when need_weights
 
   // In PyTorch's convention: a boolean true blocks.
@@ -231,10 +312,13 @@ typename MultiHeadAttention<T>::Activations MultiHeadAttention<T>::forward_activ
   const auto shapes = "query " + shape_str(query.shape()) + ", key " + shape_str(key.shape()) +
                       ", value " + shape_str(value.shape());
   if (query.rank() != 2 && query.rank() != 3)
-    fail("query must be (batch, n, embed_dim) or unbatched (n, embed_dim), got " +
-         shape_str(query.shape()));
+    fail(std::string("query must be ") +
+         (c.batch_first ? "(batch, n, embed_dim)" : "(n, batch, embed_dim) (batch_first=false)") +
+         " or unbatched (n, embed_dim), got " + shape_str(query.shape()));
   if (key.rank() != query.rank() || value.rank() != query.rank())
     fail("query, key and value must all be batched or all unbatched, got " + shapes);
+  if (query.rank() == 3 && !c.batch_first)
+    query = batch_major(query), key = batch_major(key), value = batch_major(value);
   if (query.dim(-1) != c.embed_dim)
     fail("query's last axis must be embed_dim=" + std::to_string(c.embed_dim) + ", got " + shapes);
   if (key.dim(-1) != c.key_dim())
@@ -252,12 +336,26 @@ typename MultiHeadAttention<T>::Activations MultiHeadAttention<T>::forward_activ
   a.q_in = batched(query), a.k_in = batched(key), a.v_in = batched(value);
   const int64_t B = a.q_in.dim(0), n_q = a.q_in.dim(1), H = c.num_heads, Hkv = c.kv_heads();
   KVCache<T>* cache = opt.cache;
+  const int64_t extra = c.extra_keys();
+  if (extra && cache) fail("a KV cache with add_bias_kv or add_zero_attn is not supported");
+  if (extra && (opt.attention.causal != Causal::None || opt.attention.window.left >= 0 ||
+                opt.attention.window.right >= 0))
+    fail("causal and window with add_bias_kv or add_zero_attn: give the pattern as attn_mask, "
+         "as nn.MultiheadAttention does (the appended keys take part in every row)");
   // Checked before anything is computed or appended to the cache.
   const int64_t n_k = (cache ? cache->length() : 0) + a.k_in.dim(1);
   std::tie(a.attn_mask, a.key_padding_mask) =
       mask_views(opt.attn_mask, opt.key_padding_mask, is_batched, B, H, n_q, n_k);
+  if (extra) {
+    a.attn_mask = a.padded_attn_mask.emplace(a.attn_mask, extra).mask;
+    a.key_padding_mask = a.padded_key_padding_mask.emplace(a.key_padding_mask, extra).mask;
+  }
 
   a.q = project(a.q_in, w.wq, w.bq), a.k = project(a.k_in, w.wk, w.bk), a.v = project(a.v_in, w.wv, w.bv);
+  if (extra) {
+    a.k = with_extra_keys(a.k, w.bias_k, c.add_zero_attn);
+    a.v = with_extra_keys(a.v, w.bias_v, c.add_zero_attn);
+  }
   auto qh = heads_view(a.q, H), kh = heads_view(a.k, Hkv), vh = heads_view(a.v, Hkv);
 
   if (c.rope) {
@@ -274,12 +372,26 @@ typename MultiHeadAttention<T>::Activations MultiHeadAttention<T>::forward_activ
     a.V = cache->values();
   }
 
-  a.ctx = Tensor<T>({B, n_q, H * c.head_dim()});
-  if (opt.need_weights) a.weights = Tensor<T>({B, H, n_q, n_k});
+  a.ctx = seq_first(a) ? Tensor<T>({n_q, B, c.embed_dim}) : Tensor<T>({B, n_q, c.embed_dim});
+  if (opt.need_weights) a.weights = Tensor<T>({B, H, n_q, a.K.dim(2)});
   a.attention = opt.attention;
   detail::PreparedAttention<T, T>(qh, a.K, a.V, a.attention, a.mask(), a.padding())
-      .run(heads_view(a.ctx, H), opt.need_weights ? a.weights.view() : TensorView<T>());
+      .run(ctx_heads(a.ctx, a), opt.need_weights ? a.weights.view() : TensorView<T>());
   return a;
+}
+
+template <class T>
+bool MultiHeadAttention<T>::seq_first(const Activations& a) const {
+  return a.is_batched && !config_.batch_first;
+}
+
+// The heads' outputs (batch, heads, n_q, head_dim) as a view of t, which has
+// ctx's layout: (batch, n_q, E), or (n_q, batch, E) with batch_first=false.
+template <class T>
+TensorView<T> MultiHeadAttention<T>::ctx_heads(Tensor<T>& t, const Activations& a) const {
+  if (!seq_first(a)) return heads_view(t, config_.num_heads);
+  const int64_t n = t.dim(0), B = t.dim(1), E = t.dim(2), dh = config_.head_dim();
+  return TensorView<T>(t.data(), {B, config_.num_heads, n, dh}, {E, dh, B * E, 1});
 }
 
 template <class T>
@@ -291,7 +403,7 @@ MhaOutput<T> MultiHeadAttention<T>::forward(TensorView<const T> query, TensorVie
   const int64_t B = a.q_in.dim(0), n_q = a.q_in.dim(1), n_k = a.K.dim(2), H = config_.num_heads;
   Tensor<T>& weights = a.weights;
   MhaOutput<T> result;
-  result.out = project(TensorView<const T>(a.ctx.view()), w->wo, w->bo);
+  result.out = project(TensorView<const T>(a.ctx.view()), w->wo, w->bo);  // ctx's layout
   if (!a.is_batched) result.out = std::move(result.out).reshape({n_q, config_.embed_dim});
   if (opt.need_weights) {
     if (opt.average_attn_weights) {
@@ -312,15 +424,18 @@ MhaOutput<T> MultiHeadAttention<T>::forward(TensorView<const T> query, TensorVie
 }
 
 template <class T>
-std::vector<const Tensor<T>*> MultiHeadAttention<T>::Parameters::list(bool bias) const {
-  if (bias) return {&wq, &wk, &wv, &wo, &bq, &bk, &bv, &bo};
-  return {&wq, &wk, &wv, &wo};
+std::vector<const Tensor<T>*> MultiHeadAttention<T>::Parameters::list(
+    const MultiHeadAttentionConfig& c) const {
+  std::vector<const Tensor<T>*> l{&wq, &wk, &wv, &wo};
+  if (c.bias) l.insert(l.end(), {&bq, &bk, &bv, &bo});
+  if (c.add_bias_kv) l.insert(l.end(), {&bias_k, &bias_v});
+  return l;
 }
 
 template <class T>
 std::vector<const Tensor<T>*> MultiHeadAttention<T>::parameters() const {
   std::lock_guard lock(mutex_);
-  return params_->list(config_.bias);
+  return params_->list(config_);
 }
 
 template <class T>
@@ -344,28 +459,48 @@ MhaGradients<T> MultiHeadAttention<T>::backward(TensorView<const T> dout,
   const auto& c = config_;
   const int64_t B = a.q_in.dim(0), n_q = a.q_in.dim(1), n_k = a.K.dim(2);
   const int64_t H = c.num_heads, Hkv = c.kv_heads(), E = c.embed_dim, kv = Hkv * c.head_dim();
-  const Shape out_shape = a.is_batched ? Shape{B, n_q, E} : Shape{n_q, E};
-  if (dout.shape() != out_shape)
+  const Shape out_shape = a.ctx.shape();
+  if (dout.shape() != (a.is_batched ? out_shape : Shape{n_q, E}))
     fail("backward: dout has shape " + shape_str(dout.shape()) + ", expected the output's shape " +
-         shape_str(out_shape));
+         shape_str(a.is_batched ? out_shape : Shape{n_q, E}));
   const Tensor<T> dy = contiguous(dout);
 
   MhaGradients<T> g;
-  for (const Tensor<T>* p : w->list(c.bias)) g.parameters.emplace_back(p->shape());
+  for (const Tensor<T>* p : w->list(c)) g.parameters.emplace_back(p->shape());
   Tensor<T>&dwq = g.parameters[0], &dwk = g.parameters[1], &dwv = g.parameters[2],
   &dwo = g.parameters[3];
   const auto bias_grad = [&](int i) { return c.bias ? g.parameters[4 + i].data() : nullptr; };
 
-  // forward: out = ctx Woᵀ + bo
-  Tensor<T> dctx({B, n_q, E});
+  // forward: out = ctx Woᵀ + bo (rows in ctx's layout)
+  Tensor<T> dctx(out_shape);
   detail::linear_backward(a.ctx.data(), w->wo.data(), dy.data(), B * n_q, E, E, dctx.data(),
                           dwo.data(), bias_grad(3));
   // forward: ctx = attention(q, k, v) per head
   Tensor<T> dq({B, n_q, E}), dk({B, n_k, kv}), dv({B, n_k, kv});
   auto dqh = heads_view(dq, H), dkh = heads_view(dk, Hkv);
   detail::masked_attention_backward(TensorView<const T>(heads_view(a.q, H)), a.K, a.V,
-                                    TensorView<const T>(heads_view(dctx, H)), dqh, dkh,
+                                    TensorView<const T>(ctx_heads(dctx, a)), dqh, dkh,
                                     heads_view(dv, Hkv), a.attention, a.mask(), a.padding());
+  // forward: bias_k, bias_v (add_bias_kv) and zeros (add_zero_attn) appended
+  // after the n_in keys the inputs gave
+  if (const int64_t n_in = a.k_in.dim(1); n_in != n_k) {
+    if (c.add_bias_kv) {
+      T* dbk = g.parameters[c.bias ? 8 : 4].data();
+      T* dbv = g.parameters[c.bias ? 9 : 5].data();
+      for (int64_t b = 0; b < B; ++b)
+        for (int64_t j = 0; j < kv; ++j) {
+          dbk[j] += dk[(b * n_k + n_in) * kv + j];
+          dbv[j] += dv[(b * n_k + n_in) * kv + j];
+        }
+    }
+    const auto first_rows = [&](const Tensor<T>& t) {
+      Tensor<T> r({B, n_in, kv});
+      for (int64_t b = 0; b < B; ++b) std::copy_n(t.data() + b * n_k * kv, n_in * kv, r.data() + b * n_in * kv);
+      return r;
+    };
+    dk = first_rows(dk), dv = first_rows(dv);
+    dkh = heads_view(dk, Hkv);
+  }
   // forward: q, k rotated by RoPE
   if (c.rope) {
     rope_backward(TensorView<const T>(dqh), dqh, a.rope);
@@ -389,8 +524,11 @@ MhaGradients<T> MultiHeadAttention<T>::backward(TensorView<const T> dout,
   };
   if (value.empty_view()) add(dk_in, dv_in), dv_in = Tensor<T>();
   if (key.empty_view()) add(dq_in, dk_in), dk_in = Tensor<T>();
+  // back to the inputs' layout
   const auto unbatch = [&](Tensor<T>&& t) {
-    if (a.is_batched || t.rank() == 0) return std::move(t);
+    if (t.rank() == 0) return std::move(t);
+    if (seq_first(a)) return seq_major(t);
+    if (a.is_batched) return std::move(t);
     return std::move(t).reshape({t.dim(1), t.dim(2)});
   };
   g.query = unbatch(std::move(dq_in));
@@ -401,7 +539,25 @@ MhaGradients<T> MultiHeadAttention<T>::backward(TensorView<const T> dout,
 
 template <class T>
 std::map<std::string, Tensor<T>> MultiHeadAttention<T>::state_dict() const {
-  const auto w = snapshot();
+  return named(*snapshot());
+}
+
+template <class T>
+std::map<std::string, Tensor<T>> MultiHeadAttention<T>::gradient_dict(
+    const MhaGradients<T>& gradients) const {
+  Parameters g;
+  auto slots = g.list(config_);
+  if (gradients.parameters.size() != slots.size())
+    fail("gradient_dict: " + std::to_string(gradients.parameters.size()) +
+         " gradients for a layer of " + std::to_string(slots.size()) + " parameters");
+  for (size_t i = 0; i < slots.size(); ++i)
+    *const_cast<Tensor<T>*>(slots[i]) = gradients.parameters[i];
+  return named(g);
+}
+
+template <class T>
+std::map<std::string, Tensor<T>> MultiHeadAttention<T>::named(const Parameters& p) const {
+  const Parameters* w = &p;
   std::map<std::string, Tensor<T>> s;
   const auto cat = [](std::initializer_list<const Tensor<T>*> parts, Shape shape) {
     Tensor<T> t(std::move(shape));
@@ -422,21 +578,25 @@ std::map<std::string, Tensor<T>> MultiHeadAttention<T>::state_dict() const {
     s["out_proj.bias"] = w->bo;
   }
   s["out_proj.weight"] = w->wo;
+  if (config_.add_bias_kv) {
+    s["bias_k"] = w->bias_k;
+    s["bias_v"] = w->bias_v;
+  }
   return s;
 }
 
 template <class T>
 void MultiHeadAttention<T>::load_state_dict(const std::map<std::string, Tensor<T>>& state) {
-  for (const char* name : {"bias_k", "bias_v"})
-    if (state.count(name))
-      fail(std::string("load_state_dict: '") + name +
-           "' comes from nn.MultiheadAttention(add_bias_kv=True), which attn does not implement");
   const auto expected = state_dict();  // names and shapes of this configuration
   for (const auto& [name, t] : state)
     if (!expected.count(name)) {
       std::string names;
       for (const auto& [n, e] : expected) names += (names.empty() ? "" : ", ") + n;
-      fail("load_state_dict: unexpected key '" + name + "' (expected " + names + ")");
+      const bool bias_kv = name == "bias_k" || name == "bias_v";
+      fail("load_state_dict: unexpected key '" + name + "' (expected " + names + ")" +
+           (bias_kv ? "; it comes from nn.MultiheadAttention(add_bias_kv=True): build the layer "
+                      "with add_bias_kv=True"
+                    : ""));
     }
   for (const auto& [name, e] : expected) {
     const auto it = state.find(name);
@@ -470,6 +630,10 @@ void MultiHeadAttention<T>::load_state_dict(const std::map<std::string, Tensor<T
     w->bo = state.at("out_proj.bias");
   }
   w->wo = state.at("out_proj.weight");
+  if (config_.add_bias_kv) {
+    w->bias_k = state.at("bias_k");
+    w->bias_v = state.at("bias_v");
+  }
   std::lock_guard lock(mutex_);
   params_ = std::move(w);
 }
@@ -486,10 +650,17 @@ std::map<std::string, std::string> to_metadata(const MultiHeadAttentionConfig& c
       {"bias", c.bias ? "true" : "false"},
       {"rope", c.rope ? "true" : "false"},
       {"rope_interleaved", c.rope_interleaved ? "true" : "false"},
+      {"add_bias_kv", c.add_bias_kv ? "true" : "false"},
+      {"add_zero_attn", c.add_zero_attn ? "true" : "false"},
+      {"batch_first", c.batch_first ? "true" : "false"},
   };
-  char base[64];
-  std::snprintf(base, sizeof base, "%.17g", c.rope_base);
-  m["rope_base"] = base;
+  const auto number = [](double x) {
+    char text[64];
+    std::snprintf(text, sizeof text, "%.17g", x);
+    return std::string(text);
+  };
+  m["rope_base"] = number(c.rope_base);
+  m["dropout"] = number(c.dropout);
   if (c.num_kv_heads) m["num_kv_heads"] = std::to_string(*c.num_kv_heads);
   return m;
 }
@@ -535,11 +706,19 @@ MultiHeadAttentionConfig from_metadata(const std::string& path,
   c.bias = get_bool("bias", true);
   c.rope = get_bool("rope", false);
   c.rope_interleaved = get_bool("rope_interleaved", false);
-  if (const auto it = m.find("rope_base"); it != m.end()) {
+  c.add_bias_kv = get_bool("add_bias_kv", false);
+  c.add_zero_attn = get_bool("add_zero_attn", false);
+  c.batch_first = get_bool("batch_first", true);
+  const auto get_number = [&](const char* key, double dflt) {
+    const auto it = m.find(key);
+    if (it == m.end()) return dflt;
     char* end = nullptr;
-    c.rope_base = std::strtod(it->second.c_str(), &end);
-    if (end == it->second.c_str() || *end) bad("metadata 'rope_base' is not a number");
-  }
+    const double x = std::strtod(it->second.c_str(), &end);
+    if (end == it->second.c_str() || *end) bad("metadata '" + std::string(key) + "' is not a number");
+    return x;
+  };
+  c.rope_base = get_number("rope_base", c.rope_base);
+  c.dropout = get_number("dropout", 0.0);
   return c;
 }
 

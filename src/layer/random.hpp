@@ -2,6 +2,7 @@
 // std distributions are not).
 #pragma once
 
+#include <cmath>
 #include <random>
 
 #include "attn/tensor.hpp"
@@ -18,6 +19,17 @@ template <class T>
 Tensor<T> uniform(Shape shape, double bound, std::mt19937_64& rng) {
   Tensor<T> t(std::move(shape));
   for (int64_t i = 0; i < t.numel(); ++i) t[i] = static_cast<T>((2 * uniform01(rng) - 1) * bound);
+  return t;
+}
+
+// A tensor of normal(0, std) numbers (Box-Muller on two uniforms each).
+template <class T>
+Tensor<T> normal(Shape shape, double std, std::mt19937_64& rng) {
+  Tensor<T> t(std::move(shape));
+  for (int64_t i = 0; i < t.numel(); ++i) {
+    const double u = 1 - uniform01(rng), v = uniform01(rng);  // u in (0, 1]
+    t[i] = static_cast<T>(std * std::sqrt(-2 * std::log(u)) * std::cos(2 * M_PI * v));
+  }
   return t;
 }
 
