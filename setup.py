@@ -1,5 +1,5 @@
-"""The Python module `attn`, built by the project's CMake (target attn_python)
-and installed as one extension module: `pip install --no-build-isolation .`,
+"""The Python package `attn`: python/attn/*.py and the extension attn._core,
+built by the project's CMake (target attn_python). Install: `pip install --no-build-isolation .`,
 or a wheel with `python3 -m build --wheel --no-isolation`. The version is
 include/attn/version.h's. ATTN_CMAKE_BUILD_DIR names a configured build
 folder to reuse (built incrementally, with the sources and settings it was
@@ -35,9 +35,9 @@ class CMakeBuild(build_ext):
                                    f"-DPython3_EXECUTABLE={python}"], stdout=subprocess.DEVNULL)
         subprocess.check_call(["cmake", "--build", str(build), "--target", "attn_python",
                                "-j", str(os.cpu_count() or 1)])
-        built = list((build / "python").glob("attn*.so"))
+        built = list((build / "python" / "attn").glob("_core*.so"))
         if len(built) != 1:
-            raise RuntimeError(f"expected one attn*.so in {build / 'python'}, found {built}")
+            raise RuntimeError(f"expected one _core*.so in {build / 'python' / 'attn'}, found {built}")
         target = Path(self.get_ext_fullpath(ext.name))
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(built[0], target)
@@ -50,7 +50,9 @@ setup(
     license="see the repository",
     python_requires=">=3.9",
     install_requires=["numpy"],
-    ext_modules=[Extension("attn", sources=[])],
+    packages=["attn"],
+    package_dir={"attn": "python/attn"},
+    ext_modules=[Extension("attn._core", sources=[])],
     cmdclass={"build_ext": CMakeBuild},
     # setuptools' own build folder, apart from CMake's build/ (and ignored by git).
     options={"build": {"build_base": "build-python"}},

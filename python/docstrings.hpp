@@ -3,17 +3,10 @@
 
 namespace attn::python::docs {
 
-inline constexpr const char* kModule = R"(attn: multi-head attention and positional encodings.
+inline constexpr const char* kModule = R"(attn._core: the compiled library over NumPy arrays.
 
-The system of the article "为什么要 Multi-head？attention 其实「不认顺序」":
-attention as a soft lookup, multi-head attention on slices of the model
-dimension, and the positional encodings (sinusoidal, RoPE) that give attention
-the word order it cannot see on its own.
-
-float32 arrays run the fast kernels; float64 arrays are computed in double
-precision (the reference path). Other numeric dtypes are converted to float32.
-Arrays are read in place when their dtype matches (any strides); the GIL is
-released while computing.
+Use the package: `import attn` (python/attn/), which takes NumPy arrays and
+torch tensors alike.
 )";
 
 inline constexpr const char* kSoftmax = R"(softmax(a, axis=-1)
@@ -104,6 +97,13 @@ Any n >= 0 and d >= 1 (odd d too); angles computed in double. dtype is
 float32 or float64. Add it to the word vectors: x + positional_encoding(n, d).
 )";
 
+inline constexpr const char* kRopeBackward = R"(rope_backward(dy, positions=None, *, base=10000.0, interleaved=False, rotary_dim=None)
+
+The gradient of rope(x, positions, ...) for dy = dL/d rope(x): RoPE rotates
+each pair of features, so this is the rotation by the opposite angle. Takes
+rope()'s options and returns an array of dy's shape.
+)";
+
 inline constexpr const char* kRope = R"(rope(x, positions=None, *, base=10000.0, interleaved=False, rotary_dim=None)
 
 Rotary position embedding of x (..., n, d): the first rotary_dim features
@@ -123,52 +123,15 @@ so position 1,000,000 is still accurate. Returns an array of x's shape.
 
 namespace attn::python::docs {
 
-inline constexpr const char* kMultiHeadAttention = R"(MultiHeadAttention(embed_dim, num_heads, *, num_kv_heads=None, kdim=None, vdim=None,
-                   bias=True, rope=False, rope_base=10000.0, rope_interleaved=False, seed=0)
+inline constexpr const char* kMhaBackward = R"(backward(dout, query, key=None, value=None, *, key_padding_mask=None,
+         attn_mask=None, causal=False, window=None, softcap=None, scale=None)
+         -> (dquery, dkey, dvalue, gradients)
 
-The learnable multi-head attention layer: q = query Wqᵀ + bq, k = key Wkᵀ + bk,
-v = value Wvᵀ + bv, split into heads, attention per head, heads concatenated,
-out = concat Woᵀ + bo. A drop-in for torch.nn.MultiheadAttention(batch_first=True):
-the same parameter names and shapes (state_dict / load_state_dict) and the same
-mask conventions, so a model trained in PyTorch runs with its weights unchanged.
-
-num_kv_heads: fewer key/value heads than query heads (GQA; 1 = MQA); must divide
-num_heads. kdim, vdim: widths of key and value inputs (cross-attention).
-rope=True rotates q and k per head after projection, over the whole head dim,
-at positions cache length + 0..n-1. Weights are initialised as PyTorch does
-(Xavier-uniform, zero biases), reproducibly from `seed`.
-
-Parameters are stored in float32, PyTorch's default. float64 input is computed
-in double precision (with those parameters) and returns float64.
-)";
-
-inline constexpr const char* kMhaForward = R"(forward(query, key=None, value=None, *, key_padding_mask=None, attn_mask=None,
-        causal=False, window=None, softcap=None, scale=None, need_weights=False,
-        average_attn_weights=True, cache=None)
-
-query (batch, n_q, embed_dim) or unbatched (n_q, embed_dim); key (.., n_k, kdim)
-defaults to query and value (.., n_k, vdim) to key (self-attention).
-
-Masks use nn.MultiheadAttention's convention (the opposite of attn.attention's
-boolean convention):
-    attn_mask: boolean True = NOT allowed, or float added to the logits;
-               (n_q, n_k) or per head (batch * num_heads, n_q, n_k).
-    key_padding_mask: (batch, n_k) ((n_k,) unbatched); boolean True = padding.
-uint8 masks read as boolean, as in PyTorch. A blocked or padded key takes no
-part at all, even a NaN in its input.
-Both are read in place, never expanded to (batch, heads, n_q, n_k).
-causal, window, softcap, scale: as in attn.attention (causal: False, True
-(= 'bottom_right') or 'top_left').
-A query row with no allowed key gets zero attention output, so only the output
-projection's bias (PyTorch gives NaN there).
-
-cache: from new_cache(); this call's keys and values are appended and the
-queries attend to everything cached. Feeding a sequence chunk by chunk with
-causal=True equals one causal forward over the whole sequence.
-
-Returns (out, weights): out like query; weights (batch, n_q, n_k) averaged over
-heads, or (batch, num_heads, n_q, n_k) with average_attn_weights=False, when
-need_weights=True, else None.
+The gradients of forward(query, key, value, ...) for dout = dL/dout (the
+output's shape): of the inputs (dkey is None when key defaulted to query, dvalue
+when value defaulted to key: their gradients are summed into the input they
+defaulted to), and of every parameter, a dict with state_dict()'s names and
+shapes. The forward is recomputed; no cache.
 )";
 
 inline constexpr const char* kKVCache = R"(KVCache: the keys and values a MultiHeadAttention has seen, for incremental
@@ -180,7 +143,8 @@ inline constexpr const char* kNewCache = R"(new_cache() -> KVCache: an empty key
 
 inline constexpr const char* kStateDict = R"(state_dict() -> dict of float32 numpy arrays with PyTorch's names:
 in_proj_weight (3E, E) (or q_proj_weight, k_proj_weight, v_proj_weight when kdim/vdim
-differ from E or num_kv_heads is given), in_proj_bias, out_proj.weight, out_proj.bias.
+differ from E or num_kv_heads is given), in_proj_bias, out_proj.weight, out_proj.bias,
+and bias_k, bias_v with add_bias_kv.
 )";
 
 inline constexpr const char* kLoadStateDict = R"(load_state_dict(state_dict): load parameters by PyTorch's names. Every expected

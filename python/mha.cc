@@ -1,5 +1,6 @@
-// attn.MultiHeadAttention and attn.KVCache: the learnable layer in Python,
-// a drop-in for torch.nn.MultiheadAttention(batch_first=True).
+// attn._core.MultiHeadAttention and attn.KVCache: the learnable layer over
+// NumPy arrays. attn.MultiHeadAttention (python/attn/layer.py) wraps it with
+// PyTorch's call signature, torch tensors and autograd.
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
@@ -131,10 +132,62 @@ py::tuple py_forward(PyMha& self, const py::object& query, const py::object& key
                           average_attn_weights, c);
 }
 
-py::dict py_state_dict(const PyMha& self) {
+py::dict named_arrays(std::map<std::string, Tensor<float>>&& tensors) {
   py::dict d;
-  for (auto& [name, t] : self.f32->state_dict()) d[py::str(name)] = to_numpy(std::move(t));
+  for (auto& [name, t] : tensors) d[py::str(name)] = to_numpy(std::move(t));
   return d;
+}
+
+py::dict named_arrays(std::map<std::string, Tensor<double>>&& tensors) {
+  py::dict d;
+  for (auto& [name, t] : tensors) d[py::str(name)] = to_numpy(std::move(t));
+  return d;
+}
+
+py::object array_or_none(Tensor<float>&& t) { return t.rank() ? py::object(to_numpy(std::move(t))) : py::none(); }
+py::object array_or_none(Tensor<double>&& t) { return t.rank() ? py::object(to_numpy(std::move(t))) : py::none(); }
+
+py::dict py_state_dict(const PyMha& self) { return named_arrays(self.f32->state_dict()); }
+
+template <class T>
+py::tuple backward_t(PyMha& self, const py::array& dout_in, const py::array& q_in,
+                     const py::object& k_obj, const py::object& v_obj, const MaskArg& kpm,
+                     const MaskArg& am, const AttentionOptions& options) {
+  const auto& layer = self.layer<T>();
+  auto da = as<T>(dout_in), qa = as<T>(q_in);
+  py::array_t<T> ka, va;
+  TensorView<const T> dout = view_of<const T>(da), q = view_of<const T>(qa), k, v;
+  if (!k_obj.is_none()) ka = as<T>(as_numeric_array(k_obj, "key")), k = view_of<const T>(ka);
+  if (!v_obj.is_none()) va = as<T>(as_numeric_array(v_obj, "value")), v = view_of<const T>(va);
+  MhaForwardOptions<T> opt;
+  opt.key_padding_mask = kpm.mask;
+  opt.attn_mask = am.mask;
+  opt.attention = options;
+  MhaGradients<T> g;
+  std::map<std::string, Tensor<T>> named;
+  {
+    py::gil_scoped_release nogil;
+    g = layer.backward(dout, q, k, v, opt);
+    named = layer.gradient_dict(g);
+  }
+  return py::make_tuple(array_or_none(std::move(g.query)), array_or_none(std::move(g.key)),
+                        array_or_none(std::move(g.value)), named_arrays(std::move(named)));
+}
+
+py::tuple py_backward(PyMha& self, const py::object& dout, const py::object& query,
+                      const py::object& key, const py::object& value,
+                      const py::object& key_padding_mask, const py::object& attn_mask,
+                      const py::object& causal, const py::object& window,
+                      const py::object& softcap, const py::object& scale) {
+  const auto d = as_numeric_array(dout, "dout"), q = as_numeric_array(query, "query");
+  const MaskArg kpm(key_padding_mask, "key_padding_mask", IntegerMask::Uint8AsBool),
+      am(attn_mask, "attn_mask", IntegerMask::Uint8AsBool);
+  const AttentionOptions options = attention_options(causal, scale, softcap, window);
+  const bool f64 = is_float64(q) || is_float64(d) ||
+                   (!key.is_none() && is_float64(as_numeric_array(key, "key"))) ||
+                   (!value.is_none() && is_float64(as_numeric_array(value, "value")));
+  if (f64) return backward_t<double>(self, d, q, key, value, kpm, am, options);
+  return backward_t<float>(self, d, q, key, value, kpm, am, options);
 }
 
 void py_load_state_dict(PyMha& self, const py::dict& d) {
@@ -158,36 +211,43 @@ void bind_mha(py::module_& m) {
         return "attn.KVCache(length=" + std::to_string(c.length()) + ")";
       });
 
-  py::class_<PyMha>(m, "MultiHeadAttention", docs::kMultiHeadAttention)
-      .def(py::init([](int64_t embed_dim, int64_t num_heads, const py::object& num_kv_heads,
-                       const py::object& kdim, const py::object& vdim, bool bias, bool rope,
-                       double rope_base, bool rope_interleaved, uint64_t seed) {
+  py::class_<PyMha>(m, "MultiHeadAttention",
+                    "The layer over NumPy arrays; use attn.MultiHeadAttention.")
+      .def(py::init([](const py::object& embed_dim, const py::object& num_heads, double dropout,
+                       bool bias, bool add_bias_kv, bool add_zero_attn, const py::object& kdim,
+                       const py::object& vdim, bool batch_first, const py::object& num_kv_heads,
+                       bool rope, double rope_base, bool rope_interleaved, uint64_t seed) {
              MultiHeadAttentionConfig c;
-             c.embed_dim = embed_dim;
-             c.num_heads = num_heads;
-             c.num_kv_heads = optional_int(num_kv_heads, "num_kv_heads");
+             c.embed_dim = int_arg(embed_dim, "embed_dim");
+             c.num_heads = int_arg(num_heads, "num_heads");
+             c.dropout = dropout;
+             c.bias = bias;
+             c.add_bias_kv = add_bias_kv;
+             c.add_zero_attn = add_zero_attn;
              c.kdim = optional_int(kdim, "kdim");
              c.vdim = optional_int(vdim, "vdim");
-             c.bias = bias;
+             c.batch_first = batch_first;
+             c.num_kv_heads = optional_int(num_kv_heads, "num_kv_heads");
              c.rope = rope;
              c.rope_base = rope_base;
              c.rope_interleaved = rope_interleaved;
              return PyMha{std::make_unique<MultiHeadAttention<float>>(c, seed), nullptr};
            }),
-           arg("embed_dim"), arg("num_heads"), py::kw_only(), arg("num_kv_heads") = py::none(),
-           arg("kdim") = py::none(), arg("vdim") = py::none(), arg("bias") = true,
-           arg("rope") = false, arg("rope_base") = 10000.0, arg("rope_interleaved") = false,
-           arg("seed") = 0)
+           arg("embed_dim"), arg("num_heads"), py::kw_only(), arg("dropout") = 0.0,
+           arg("bias") = true, arg("add_bias_kv") = false, arg("add_zero_attn") = false,
+           arg("kdim") = py::none(), arg("vdim") = py::none(), arg("batch_first") = true,
+           arg("num_kv_heads") = py::none(), arg("rope") = false, arg("rope_base") = 10000.0,
+           arg("rope_interleaved") = false, arg("seed") = 0)
       .def("forward", &py_forward, arg("query"), arg("key") = py::none(),
            arg("value") = py::none(), py::kw_only(), arg("key_padding_mask") = py::none(),
            arg("attn_mask") = py::none(), arg("causal") = false, arg("window") = py::none(),
            arg("softcap") = py::none(), arg("scale") = py::none(), arg("need_weights") = false,
-           arg("average_attn_weights") = true, arg("cache") = py::none(), docs::kMhaForward)
-      .def("__call__", &py_forward, arg("query"), arg("key") = py::none(),
+           arg("average_attn_weights") = true, arg("cache") = py::none(),
+           "forward(query, key=None, value=None, *, ...) -> (out, weights): see attn.MultiHeadAttention.")
+      .def("backward", &py_backward, arg("dout"), arg("query"), arg("key") = py::none(),
            arg("value") = py::none(), py::kw_only(), arg("key_padding_mask") = py::none(),
            arg("attn_mask") = py::none(), arg("causal") = false, arg("window") = py::none(),
-           arg("softcap") = py::none(), arg("scale") = py::none(), arg("need_weights") = false,
-           arg("average_attn_weights") = true, arg("cache") = py::none(), docs::kMhaForward)
+           arg("softcap") = py::none(), arg("scale") = py::none(), docs::kMhaBackward)
       .def("new_cache", [](const PyMha&) { return PyKVCache{}; }, docs::kNewCache)
       .def("state_dict", &py_state_dict, docs::kStateDict)
       .def("load_state_dict", &py_load_state_dict, arg("state_dict"), docs::kLoadStateDict)
@@ -198,6 +258,12 @@ void bind_mha(py::module_& m) {
                               MultiHeadAttention<float>::load(path_arg(path, "path"))),
                           nullptr};
            }, arg("path"), docs::kLoad)
+      .def_property_readonly("dropout", [](const PyMha& s) { return s.f32->config().dropout; })
+      .def_property_readonly("add_bias_kv", [](const PyMha& s) { return s.f32->config().add_bias_kv; })
+      .def_property_readonly("add_zero_attn", [](const PyMha& s) { return s.f32->config().add_zero_attn; })
+      .def_property_readonly("batch_first", [](const PyMha& s) { return s.f32->config().batch_first; })
+      .def_property_readonly("rope_base", [](const PyMha& s) { return s.f32->config().rope_base; })
+      .def_property_readonly("rope_interleaved", [](const PyMha& s) { return s.f32->config().rope_interleaved; })
       .def_property_readonly("embed_dim", [](const PyMha& s) { return s.f32->config().embed_dim; })
       .def_property_readonly("num_heads", [](const PyMha& s) { return s.f32->config().num_heads; })
       .def_property_readonly("num_kv_heads", [](const PyMha& s) { return s.f32->config().kv_heads(); })
@@ -205,15 +271,7 @@ void bind_mha(py::module_& m) {
       .def_property_readonly("kdim", [](const PyMha& s) { return s.f32->config().key_dim(); })
       .def_property_readonly("vdim", [](const PyMha& s) { return s.f32->config().value_dim(); })
       .def_property_readonly("bias", [](const PyMha& s) { return s.f32->config().bias; })
-      .def_property_readonly("rope", [](const PyMha& s) { return s.f32->config().rope; })
-      .def("__repr__", [](const PyMha& s) {
-        const auto& c = s.f32->config();
-        return "attn.MultiHeadAttention(embed_dim=" + std::to_string(c.embed_dim) +
-               ", num_heads=" + std::to_string(c.num_heads) +
-               ", num_kv_heads=" + std::to_string(c.kv_heads()) +
-               ", kdim=" + std::to_string(c.key_dim()) + ", vdim=" + std::to_string(c.value_dim()) +
-               ", bias=" + (c.bias ? "True" : "False") + ", rope=" + (c.rope ? "True" : "False") + ")";
-      });
+      .def_property_readonly("rope", [](const PyMha& s) { return s.f32->config().rope; });
 }
 
 }  // namespace attn::python

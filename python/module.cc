@@ -1,6 +1,8 @@
-// `import attn`: the Python API of docs/semantics.md over the C++ library.
-// Arrays are read in place (float32 and float64 with any strides); other
-// numeric dtypes are converted to float32. The GIL is released while computing.
+// attn._core: the Python API of docs/semantics.md over the C++ library, on
+// NumPy arrays. Arrays are read in place (float32 and float64 with any
+// strides); other numeric dtypes are converted to float32. The GIL is
+// released while computing. The package attn (python/attn/) adds torch
+// tensors, autograd and PyTorch's signatures on top.
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
@@ -184,7 +186,7 @@ py::array_t<int64_t> int64_positions(const py::array& p) {
   return as<int64_t>(p);
 }
 
-template <class T>
+template <class T, bool backward>
 py::array rope_t(const py::array& x_in, const py::object& positions, const RopeOptions& opt) {
   auto xa = as<T>(x_in);
   const auto x = view_of<const T>(xa);
@@ -204,19 +206,23 @@ py::array rope_t(const py::array& x_in, const py::object& positions, const RopeO
   auto o = view_of<T>(out);
   {
     py::gil_scoped_release nogil;
-    apply_rope(x, o, opt, pos);
+    if constexpr (backward) rope_backward(x, o, opt, pos);
+    else apply_rope(x, o, opt, pos);
   }
   return out;
 }
 
+// apply_rope, or with `backward` rope_backward.
+template <bool backward>
 py::array py_rope(const py::object& x_obj, const py::object& positions, double base,
                   bool interleaved, const py::object& rotary_dim) {
-  const auto x = as_numeric_array(x_obj, "x");
+  const auto x = as_numeric_array(x_obj, backward ? "dy" : "x");
   RopeOptions opt;
   opt.base = base;
   opt.interleaved = interleaved;
   opt.rotary_dim = optional_int(rotary_dim, "rope: rotary_dim");
-  return is_float64(x) ? rope_t<double>(x, positions, opt) : rope_t<float>(x, positions, opt);
+  return is_float64(x) ? rope_t<double, backward>(x, positions, opt)
+                       : rope_t<float, backward>(x, positions, opt);
 }
 
 }  // namespace
@@ -233,10 +239,12 @@ AttentionOptions attention_options(const py::object& causal, const py::object& s
 
 }  // namespace attn::python
 
-PYBIND11_MODULE(attn, m) {
+PYBIND11_MODULE(_core, m) {
   using namespace attn::python;
   namespace py = pybind11;
   using py::arg;
+  py::options options;
+  options.disable_function_signatures();  // each docstring opens with its own
   m.doc() = docs::kModule;
   m.attr("__version__") = ATTN_VERSION;
   py::register_exception_translator([](std::exception_ptr p) {
@@ -268,9 +276,12 @@ PYBIND11_MODULE(attn, m) {
   m.def("positional_encoding", &py_positional_encoding, arg("n"), arg("d"), py::kw_only(),
         arg("base") = 10000.0, arg("dtype") = py::module_::import("numpy").attr("float32"),
         docs::kPositionalEncoding);
-  m.def("rope", &py_rope, arg("x"), arg("positions") = py::none(), py::kw_only(),
+  m.def("rope", &py_rope<false>, arg("x"), arg("positions") = py::none(), py::kw_only(),
         arg("base") = 10000.0, arg("interleaved") = false, arg("rotary_dim") = py::none(),
         docs::kRope);
+  m.def("rope_backward", &py_rope<true>, arg("dy"), arg("positions") = py::none(), py::kw_only(),
+        arg("base") = 10000.0, arg("interleaved") = false, arg("rotary_dim") = py::none(),
+        docs::kRopeBackward);
   m.def("num_threads", &attn::num_threads,
         "num_threads() -> int: threads the kernels use (default: ATTN_NUM_THREADS, else all "
         "cores). Results do not depend on it.");

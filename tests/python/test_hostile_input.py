@@ -165,12 +165,13 @@ def test_numpy_scalars_and_path_like_objects_are_accepted(tmp_path):
         m.save(3)
 
 
-def test_a_torch_tensor_that_requires_grad_says_to_detach():
+def test_a_torch_tensor_that_requires_grad_is_read_and_gets_a_gradient():
     t = torch.ones(2, 3, 4, requires_grad=True)
-    with pytest.raises(TypeError, match=r"q must be an array, got <class 'torch.Tensor'>.*detach"):
-        attn.attention(t, t, t)
-    out = attn.attention(t.detach(), t.detach(), t.detach())  # what the message says works
-    np.testing.assert_allclose(out, np.ones((2, 3, 4)), rtol=1e-6)
+    out = attn.attention(t, t, t)
+    assert isinstance(out, torch.Tensor) and out.grad_fn is not None
+    np.testing.assert_allclose(out.detach().numpy(), np.ones((2, 3, 4)), rtol=1e-6)
+    out.sum().backward()
+    assert t.grad is not None and t.grad.shape == t.shape
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])

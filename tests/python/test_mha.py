@@ -66,7 +66,7 @@ def test_self_attention_defaults_key_and_value_to_query():
     t, a = torch_pair(16, 4)
     x = np.random.default_rng(1).normal(size=(2, 6, 16)).astype(np.float32)
     ref, _ = run_torch(t, x, x, x)
-    out, w = a(x)
+    out, w = a(x, need_weights=False)
     assert w is None
     assert rel_err(out, ref) <= 1e-5
     assert rel_err(a.forward(x)[0], ref) <= 1e-5
@@ -236,10 +236,11 @@ def test_load_state_dict_errors():
     sd = a.state_dict()
     with pytest.raises(ValueError, match="missing key 'out_proj.bias'"):
         a.load_state_dict({k: v for k, v in sd.items() if k != "out_proj.bias"})
-    # add_bias_kv is named, not reported as an unknown key
+    # add_bias_kv's keys in a layer built without it name the option
     t = torch.nn.MultiheadAttention(8, 2, add_bias_kv=True, batch_first=True)
-    with pytest.raises(ValueError, match=r"'bias_k' comes from nn.MultiheadAttention\(add_bias_kv=True\)"):
-        a.load_state_dict({k: v.detach().numpy() for k, v in t.state_dict().items()})
+    with pytest.raises(ValueError, match=r"unexpected key 'bias_k'.*nn.MultiheadAttention\(add_bias_kv=True\)"
+                                         r": build the layer with add_bias_kv=True"):
+        a.load_state_dict(t.state_dict())
     with pytest.raises(ValueError, match=r"'in_proj_weight' has shape \(8, 24\), expected \(24, 8\)"):
         a.load_state_dict({**sd, "in_proj_weight": sd["in_proj_weight"].T})
 
@@ -287,14 +288,16 @@ def test_save_to_a_full_disk_and_load_from_a_folder_are_os_errors(tmp_path):
 # ---------------------------------------------------------------------------
 # The export script -> file -> `attn mha` CLI -> PyTorch's output
 
-@pytest.mark.parametrize("kdim,bias,causal", [(None, True, False), (None, False, True),
-                                             (None, True, True)])
-def test_export_then_cli_equals_torch(tmp_path, kdim, bias, causal):
+@pytest.mark.parametrize("kdim,bias,causal,extras", [(None, True, False, False), (None, False, True, False),
+                                                    (None, True, True, False), (None, True, False, True)])
+def test_export_then_cli_equals_torch(tmp_path, kdim, bias, causal, extras):
+    """extras: add_bias_kv, add_zero_attn and batch_first=False, which the file keeps."""
     torch.manual_seed(5)
-    t = torch.nn.MultiheadAttention(32, 4, bias=bias, batch_first=True).eval()
+    t = torch.nn.MultiheadAttention(32, 4, bias=bias, batch_first=not extras, add_bias_kv=extras,
+                                    add_zero_attn=extras).eval()
     weights = str(tmp_path / "w.safetensors")
     export_torch_mha.export_mha(t, weights)
-    x = np.random.default_rng(8).normal(size=(2, 9, 32)).astype(np.float32)
+    x = np.random.default_rng(8).normal(size=(9, 2, 32) if extras else (2, 9, 32)).astype(np.float32)
     np.save(tmp_path / "in.npy", x)
     cmd = [CLI, "mha", "--weights", weights, str(tmp_path / "in.npy"), "--out",
            str(tmp_path / "out.npy")] + (["--causal"] if causal else [])
@@ -305,11 +308,12 @@ def test_export_then_cli_equals_torch(tmp_path, kdim, bias, causal):
         ref = t(*(torch.from_numpy(x),) * 3, attn_mask=mask)[0].numpy()
     assert got.dtype == np.float32 and rel_err(got, ref) <= 1e-5
     # float64 in, float64 out; unbatched input
-    np.save(tmp_path / "in64.npy", x[0].astype(np.float64))
+    first = x[:, 0] if extras else x[0]
+    np.save(tmp_path / "in64.npy", first.astype(np.float64))
     subprocess.run([CLI, "mha", "--weights", weights, str(tmp_path / "in64.npy"), "--out",
                     str(tmp_path / "out64.npy")] + (["--causal"] if causal else []), check=True)
     got64 = np.load(tmp_path / "out64.npy")
-    assert got64.dtype == np.float64 and rel_err(got64, ref[0]) <= 1e-5
+    assert got64.dtype == np.float64 and rel_err(got64, ref[:, 0] if extras else ref[0]) <= 1e-5
 
 
 def test_export_script_command_line(tmp_path):
@@ -428,7 +432,7 @@ def test_padding_mask_costs_no_dense_mask():
             f"pad = np.zeros((1, {n}), bool); pad[0, -100:] = True\n"
             "before = peak_bytes()\n"
             f"x = np.random.default_rng(0).standard_normal((1, {n}, {E}), dtype=np.float32)\n"
-            "y, w = m(x, key_padding_mask=pad)\n"
+            "y, w = m(x, key_padding_mask=pad, need_weights=False)\n"
             "assert w is None and np.isfinite(y).all()\n"
             "print(peak_bytes() - before)\n")
     r = run_python(code, timeout=300)

@@ -1,0 +1,28 @@
+"""attn: multi-head attention and positional encodings.
+
+The system of the article "为什么要 Multi-head？attention 其实「不认顺序」":
+attention as a soft lookup, multi-head attention on slices of the model
+dimension, and the positional encodings (sinusoidal, RoPE) that give attention
+the word order it cannot see on its own.
+
+Every function and the layer take NumPy arrays or CPU torch tensors and return
+the kind they were given. float32 runs the fast kernels; float64 is computed in
+double precision (the reference path); other numeric dtypes are converted to
+float32. Inputs are read in place when their dtype matches (any strides); the
+GIL is released while computing. With torch autograd on, outputs carry a
+grad_fn computed by attn's backward.
+
+For code written for PyTorch: scaled_dot_product_attention has
+torch.nn.functional's signature, MultiHeadAttention torch.nn.MultiheadAttention's
+(and MultiHeadAttention.from_torch(module) copies a live one).
+"""
+from ._core import (KVCache, __version__, max_num_threads, num_threads,  # noqa: F401
+                    set_num_threads)
+from .functional import (attention, attention_backward, multi_head,  # noqa: F401
+                         positional_encoding, rope, rope_backward, scaled_dot_product_attention,
+                         softmax)
+from .layer import MultiHeadAttention  # noqa: F401
+
+__all__ = ["attention", "attention_backward", "scaled_dot_product_attention", "softmax",
+           "multi_head", "positional_encoding", "rope", "rope_backward", "MultiHeadAttention",
+           "KVCache", "num_threads", "set_num_threads", "max_num_threads", "__version__"]

@@ -1,0 +1,142 @@
+"""NumPy arrays and torch tensors at the package's edge.
+
+Every public function takes NumPy arrays or CPU torch tensors and returns the
+kind it was given. torch is never imported here: a torch tensor can only be
+passed once the caller has imported torch, so `sys.modules` is where it is
+found. Tensors are read through `Tensor.numpy()` (no copy, any strides);
+results are the library's fresh arrays, wrapped by `torch.from_numpy`, so they
+share no memory with any input.
+
+With autograd on and an input that requires grad, the result carries a
+`grad_fn`: `differentiable` runs the forward and backward that the caller
+gives inside a `torch.autograd.Function`. A gradient the library does not
+compute (of a mask, of the attention weights, a second derivative) is an
+error, never silently zero.
+"""
+import functools
+import sys
+
+import numpy as np
+
+
+def _torch():
+    return sys.modules.get("torch")
+
+
+def is_tensor(x):
+    torch = _torch()
+    return torch is not None and isinstance(x, torch.Tensor)
+
+
+def any_tensor(*xs):
+    return any(is_tensor(x) for x in xs)
+
+
+def to_array(x, name):
+    """x as a NumPy array: a CPU torch tensor without copying (bfloat16, which
+    NumPy lacks, as float32); anything else as numpy.asarray reads it (the
+    library then refuses what is not numeric, naming `name`)."""
+    if not is_tensor(x):
+        return x
+    torch = _torch()
+    if x.device.type != "cpu":
+        raise TypeError(f"{name} is a tensor on {x.device}; attn runs on the CPU: pass {name}.cpu()")
+    if x.layout != torch.strided:
+        raise TypeError(f"{name} is a {x.layout} tensor; attn reads dense tensors: pass {name}.to_dense()")
+    if x.is_complex():
+        raise TypeError(f"{name} must be a real tensor, got dtype {x.dtype}")
+    x = x.detach().resolve_neg()
+    if x.dtype == torch.bfloat16:
+        x = x.float()
+    return x.numpy()
+
+
+def to_tensor(a, dtype=None):
+    """A library result as a torch tensor (of `dtype` when given)."""
+    if a is None:
+        return None
+    t = _torch().from_numpy(np.asarray(a))
+    return t if dtype is None or t.dtype == dtype else t.to(dtype)
+
+
+def result_dtype(*xs):
+    """The dtype a torch result takes: float64 if any input is float64, else
+    float32, except that inputs all of one other float dtype (float16,
+    bfloat16) get it back, computed in float32."""
+    torch = _torch()
+    dtypes = {x.dtype for x in xs if is_tensor(x)}
+    if torch.float64 in dtypes:
+        return torch.float64
+    if len(dtypes) == 1 and next(iter(dtypes)) in (torch.float16, torch.bfloat16):
+        return next(iter(dtypes))
+    return torch.float32
+
+
+def wants_grad(*xs):
+    torch = _torch()
+    return torch is not None and torch.is_grad_enabled() and any(
+        is_tensor(x) and x.requires_grad for x in xs)
+
+
+def refuse_grad(x, name, why):
+    """An error when x would need a gradient the library does not compute."""
+    if wants_grad(x):
+        raise RuntimeError(f"{name} requires grad, but {why}; pass {name}.detach() "
+                           "(or call under torch.no_grad())")
+
+
+@functools.lru_cache(maxsize=None)
+def _function_class():
+    torch = _torch()
+    from torch.autograd.function import once_differentiable
+
+    class Function(torch.autograd.Function):
+        """forward(ctx, run, *tensors): run.forward() gives the outputs (the
+        first `run.differentiable` of them with gradients) and
+        run.backward(*grads) the inputs' gradients as arrays (or None)."""
+
+        @staticmethod
+        def forward(ctx, run, *tensors):
+            ctx.run = run
+            ctx.set_materialize_grads(False)
+            # Every output stays differentiable, so that a gradient reaching one
+            # the library cannot differentiate is an error in backward, not dropped.
+            return tuple(run.forward())
+
+        @staticmethod
+        @once_differentiable
+        def backward(ctx, *grads):
+            run = ctx.run
+            for g, name in zip(grads[run.differentiable:], run.output_names[run.differentiable:]):
+                if g is not None:
+                    raise RuntimeError(f"attn computes no gradient through {name}; use it "
+                                       "detached, or compute it with torch ops")
+            if all(g is None for g in grads[:run.differentiable]):
+                return (None,) * (1 + len(run.inputs))
+            grads = [to_array(g, "grad") if g is not None else None for g in grads[:run.differentiable]]
+            input_grads = run.backward(*grads)
+            return (None,) + tuple(
+                to_tensor(g, x.dtype) if g is not None and is_tensor(x) and x.requires_grad else None
+                for g, x in zip(input_grads, run.inputs))
+
+    return Function
+
+
+class Differentiable:
+    """A call whose outputs take part in autograd. Subclasses set `inputs`
+    (the tensors the outputs depend on, in order), `output_names`,
+    `differentiable` (how many leading outputs get gradients) and define
+    forward() -> tuple of torch tensors and backward(*grad arrays) -> tuple of
+    arrays or None, one per input."""
+
+    def apply(self):
+        return _function_class().apply(self, *self.inputs)
+
+
+def sum_to_shape(a, shape):
+    """a summed over the axes NumPy broadcasting added or stretched to reach
+    a.shape from `shape` (the gradient of a broadcast)."""
+    lead = a.ndim - len(shape)
+    a = a.sum(axis=tuple(range(lead))) if lead else a
+    stretched = tuple(i for i, n in enumerate(shape) if n == 1 and a.shape[i] != 1)
+    return a.sum(axis=stretched, keepdims=True) if stretched else a

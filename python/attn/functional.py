@@ -1,0 +1,232 @@
+"""attn's functions on NumPy arrays or torch tensors, and PyTorch's
+scaled_dot_product_attention. The computing is attn._core's; this file adds
+torch tensors in and out and their gradients (see _interop)."""
+import numpy as np
+
+from . import _core
+from ._interop import (Differentiable, any_tensor, is_tensor, refuse_grad, result_dtype,
+                       sum_to_shape, to_array, to_tensor, wants_grad, _torch)
+
+__all__ = ["softmax", "attention", "attention_backward", "scaled_dot_product_attention",
+           "multi_head", "positional_encoding", "rope", "rope_backward"]
+
+
+class _Attention(Differentiable):
+    """_core.attention on arrays, as an autograd node over the tensors
+    `inputs` (q, k, v as given). `arrays` are what the library reads: the
+    inputs, or views of them broadcast to a common batch shape, whose
+    gradients are summed back to the inputs' shapes."""
+
+    output_names = ("the output", "the attention weights")
+    differentiable = 1
+
+    def __init__(self, inputs, arrays, mask, options, return_weights, dtype):
+        self.inputs, self.arrays, self.mask = inputs, arrays, mask
+        self.options, self.return_weights, self.dtype = options, return_weights, dtype
+
+    def forward(self):
+        r = _core.attention(*self.arrays, self.mask, return_weights=self.return_weights, **self.options)
+        return tuple(to_tensor(a, self.dtype) for a in (r if self.return_weights else (r,)))
+
+    def backward(self, dout):
+        grads = _core.attention_backward(*self.arrays, dout, self.mask, **self.options)
+        return tuple(sum_to_shape(g, tuple(x.shape)) for g, x in zip(grads, self.inputs))
+
+
+def _attention(inputs, arrays, mask, options, return_weights):
+    """The output (and weights), as arrays or, when any input or the mask is a
+    tensor, as tensors with autograd."""
+    mask_array = to_array(mask, "mask")
+    if not any_tensor(*inputs, mask):
+        return _core.attention(*arrays, mask_array, return_weights=return_weights, **options)
+    refuse_grad(mask, "the mask", "attn computes no gradient for masks")
+    run = _Attention(inputs, arrays, mask_array, options, return_weights, result_dtype(*inputs))
+    out = run.apply() if wants_grad(*inputs) else run.forward()
+    return out if return_weights else out[0]
+
+
+def attention(q, k, v, mask=None, *, causal=False, scale=None, softcap=None, window=None,
+              return_weights=False):
+    arrays = tuple(to_array(x, name) for x, name in ((q, "q"), (k, "k"), (v, "v")))
+    options = dict(causal=causal, scale=scale, softcap=softcap, window=window)
+    return _attention((q, k, v), arrays, mask, options, return_weights)
+
+
+attention.__doc__ = _core.attention.__doc__ + """
+Torch tensors (CPU) are read in place and give tensors back; with autograd on,
+the output's grad_fn calls attention_backward (the weights and the mask get no
+gradient: backpropagating into them is an error).
+"""
+
+
+def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0,
+                                 is_causal=False, scale=None, enable_gqa=False):
+    """scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0,
+                             is_causal=False, scale=None, enable_gqa=False)
+
+PyTorch's torch.nn.functional.scaled_dot_product_attention (2.5), computed by
+attn: softmax(query @ key.T * scale + bias) @ value.
+
+query (..., L, E), key (..., S, E), value (..., S, Ev); the leading axes
+broadcast as torch.matmul broadcasts them (read in place, never expanded).
+attn_mask: boolean, True = takes part; or float, added to the logits; it
+broadcasts to (..., L, S). is_causal=True: query i attends keys j <= i (the
+upper-left triangle), and attn_mask must be None. scale: default
+1/sqrt(E). enable_gqa=True: key and value may have fewer heads (axis -3)
+than query, a divisor of its count; query head h reads key/value head
+h // (Hq // Hkv). Without it, heads broadcast like batch axes.
+
+Differences from torch: dropout_p must be 0 (attn is for inference: a
+ValueError names it); a query row with no allowed key gives zeros (torch: NaN
+or zeros, by version and backend); errors are ValueError/TypeError naming
+the argument. NumPy arrays or torch tensors, returned as given (float16 and
+bfloat16 tensors are computed in float32 and returned in their dtype);
+autograd as attn.attention.
+"""
+    if dropout_p != 0.0:
+        raise ValueError(f"dropout_p={dropout_p!r}: attn computes attention for inference and has "
+                         "no dropout; pass dropout_p=0.0 (what nn.MultiheadAttention does in eval())")
+    if is_causal and attn_mask is not None:
+        raise ValueError("scaled_dot_product_attention: attn_mask given with is_causal=True; "
+                         "give one or the other, as torch requires")
+    inputs = (query, key, value)
+    names = ("query", "key", "value")
+    arrays = [np.asarray(to_array(x, n)) for x, n in zip(inputs, names)]
+    dtypes = [str(x.dtype).replace("torch.", "") if is_tensor(x) else str(a.dtype)
+              for x, a in zip(inputs, arrays)]
+    if len(set(dtypes)) != 1:
+        raise TypeError("scaled_dot_product_attention: query, key and value must have the same "
+                        f"dtype, got {', '.join(dtypes)}")
+    for a, n in zip(arrays, names):
+        if a.ndim < 2:
+            raise ValueError(f"scaled_dot_product_attention: {n} must have at least 2 axes "
+                             f"(..., seq, features), got shape {a.shape}")
+    mask = to_array(attn_mask, "attn_mask")
+    if mask is not None and np.asarray(mask).dtype.kind not in "bf":
+        raise TypeError("scaled_dot_product_attention: attn_mask must be a bool or float array "
+                        f"(as in torch), got dtype {np.asarray(mask).dtype}")
+    mask_shape = () if mask is None else np.shape(mask)
+    shapes = " ".join(f"{n} {a.shape}" for n, a in zip(names, arrays))
+    q, k, v = arrays
+    gqa = enable_gqa and min(a.ndim for a in arrays) >= 3
+    own = 3 if gqa else 2  # trailing axes of each operand that do not broadcast
+    if gqa and (k.shape[-3] != v.shape[-3] or q.shape[-3] % k.shape[-3]):
+        raise ValueError("scaled_dot_product_attention: with enable_gqa, key and value need the "
+                         "same number of heads (axis -3), a divisor of query's; got " + shapes)
+    try:
+        lead = np.broadcast_shapes(*(a.shape[:-own] for a in arrays), mask_shape[:-own])
+    except ValueError:
+        hint = "" if gqa else "; for fewer key/value heads than query heads pass enable_gqa=True"
+        raise ValueError("scaled_dot_product_attention: the batch axes of " + shapes +
+                         (f" attn_mask {mask_shape}" if mask is not None else "") +
+                         " do not broadcast" + hint) from None
+    views = tuple(np.broadcast_to(a, lead + a.shape[-own:]) for a in arrays)
+    options = dict(causal="top_left" if is_causal else False, scale=scale, softcap=None, window=None)
+    out = _attention(inputs, views, attn_mask, options, False)
+    if not is_tensor(out) and out.dtype != q.dtype and q.dtype.kind == "f":
+        out = out.astype(q.dtype)  # float16 in, float16 out, as torch
+    return out
+
+
+def attention_backward(q, k, v, dout, mask=None, *, causal=False, scale=None, softcap=None,
+                       window=None):
+    inputs = (q, k, v, dout)
+    refuse_second = [x for x in inputs if wants_grad(x)]
+    if refuse_second:
+        raise RuntimeError("attention_backward has no backward (no second derivative); call it "
+                           "under torch.no_grad() or on detached tensors")
+    arrays = [to_array(x, n) for x, n in zip(inputs, ("q", "k", "v", "dout"))]
+    grads = _core.attention_backward(*arrays, to_array(mask, "mask"), causal=causal, scale=scale,
+                                     softcap=softcap, window=window)
+    if not any_tensor(*inputs, mask):
+        return grads
+    dtype = result_dtype(*inputs)
+    return tuple(to_tensor(g, dtype) for g in grads)
+
+
+attention_backward.__doc__ = _core.attention_backward.__doc__
+
+
+class _Unary(Differentiable):
+    """f(x) -> y as an autograd node; backward(dy) from `gradient`."""
+
+    output_names = ("the output",)
+    differentiable = 1
+
+    def __init__(self, x, array, compute, gradient, dtype):
+        self.inputs, self.array, self.compute, self.gradient, self.dtype = (x,), array, compute, gradient, dtype
+
+    def forward(self):
+        self.y = self.compute(self.array)
+        return (to_tensor(self.y, self.dtype),)
+
+    def backward(self, dy):
+        return (self.gradient(self.array, self.y, dy),)
+
+
+def _unary(x, name, compute, gradient):
+    array = to_array(x, name)
+    if not is_tensor(x):
+        return compute(array)
+    run = _Unary(x, array, compute, gradient, result_dtype(x))
+    return (run.apply() if wants_grad(x) else run.forward())[0]
+
+
+def softmax(a, axis=-1):
+    def gradient(_, y, dy):
+        return y * (dy - (dy * y).sum(axis=axis, keepdims=True))
+    return _unary(a, "a", lambda x: _core.softmax(x, axis), gradient)
+
+
+softmax.__doc__ = _core.softmax.__doc__
+
+
+def multi_head(x, heads=4):
+    def gradient(x, _, dy):
+        # each head is attention(s, s, s) on its slice s: the three gradients add up
+        def split(t):
+            t = np.asarray(t)
+            return t.reshape(t.shape[:-1] + (heads, t.shape[-1] // heads)).swapaxes(-2, -3)
+        s = split(x)
+        dq, dk, dv = _core.attention_backward(s, s, s, split(dy))
+        return (dq + dk + dv).swapaxes(-2, -3).reshape(np.shape(x))
+    return _unary(x, "x", lambda a: _core.multi_head(a, heads), gradient)
+
+
+multi_head.__doc__ = _core.multi_head.__doc__
+
+
+def rope(x, positions=None, *, base=10000.0, interleaved=False, rotary_dim=None):
+    p = to_array(positions, "positions")
+    options = dict(base=base, interleaved=interleaved, rotary_dim=rotary_dim)
+    return _unary(x, "x", lambda a: _core.rope(a, p, **options),
+                  lambda _, __, dy: _core.rope_backward(dy, p, **options))
+
+
+rope.__doc__ = _core.rope.__doc__
+
+
+def rope_backward(dy, positions=None, *, base=10000.0, interleaved=False, rotary_dim=None):
+    refuse_grad(dy, "dy", "rope_backward has no backward")
+    out = _core.rope_backward(to_array(dy, "dy"), to_array(positions, "positions"), base=base,
+                              interleaved=interleaved, rotary_dim=rotary_dim)
+    return to_tensor(out, result_dtype(dy)) if is_tensor(dy) else out
+
+
+rope_backward.__doc__ = _core.rope_backward.__doc__
+
+
+def positional_encoding(n, d, *, base=10000.0, dtype=np.float32):
+    torch = _torch()
+    if torch is not None and isinstance(dtype, torch.dtype):
+        if dtype not in (torch.float32, torch.float64):
+            raise TypeError(f"positional_encoding: dtype must be float32 or float64, got {dtype}")
+        table = _core.positional_encoding(n, d, base=base,
+                                          dtype=np.float64 if dtype == torch.float64 else np.float32)
+        return to_tensor(table)
+    return _core.positional_encoding(n, d, base=base, dtype=dtype)
+
+
+positional_encoding.__doc__ = _core.positional_encoding.__doc__ + """
+dtype may also be torch.float32 or torch.float64: the table is then a tensor.
+"""
