@@ -17,26 +17,17 @@ class _Forward(Differentiable):
     output_names = ("the output", "the attention weights")
     differentiable = 1
 
-    def __init__(self, layer, inputs, arrays, masks, options, dtype):
+    def __init__(self, layer, inputs, arrays, masks, options, call, dtype):
         self.layer, self.inputs, self.arrays = layer, inputs, arrays
-        self.masks, self.options, self.dtype = masks, options, dtype
+        self.masks, self.options, self.call, self.dtype = masks, options, call, dtype
 
-    def forward(self, **call):
-        out, weights = self.layer.forward(*self.arrays, **self.masks, **self.options, **call)
+    def forward(self):
+        out, weights = self.layer.forward(*self.arrays, **self.masks, **self.options, **self.call)
         return to_tensor(out, self.dtype), to_tensor(weights, self.dtype)
 
     def backward(self, dout):
         dq, dk, dv, _ = self.layer.backward(dout, *self.arrays, **self.masks, **self.options)
         return dq, dk, dv
-
-
-class _Call(_Forward):
-    def __init__(self, *args, call):
-        super().__init__(*args)
-        self.call = call
-
-    def forward(self):
-        return super().forward(**self.call)
 
 
 def _checked_device_and_dtype(device, dtype):
@@ -198,7 +189,7 @@ add_zero_attn append.
         for m, name in ((key_padding_mask, "key_padding_mask"), (attn_mask, "attn_mask")):
             refuse_grad(m, name, "attn computes no gradient for masks")
         given = [x for x in inputs if x is not None]
-        run = _Call(self._layer, inputs, arrays, masks, options, result_dtype(*given), call=call)
+        run = _Forward(self._layer, inputs, arrays, masks, options, call, result_dtype(*given))
         if not wants_grad(*given):
             return run.forward()
         if cache is not None:
