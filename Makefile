@@ -32,7 +32,7 @@ FUZZ_SECONDS ?= 60
 TEST_FUZZ_SECONDS ?= 20
 SANITIZER_ENV := ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1
 
-.PHONY: all build configure demo test bench check-arm deps test-deps clean asan fuzz fuzz-build tsan package
+.PHONY: all build configure demo test bench arm-build test-arm test-arm-kernels package-arm deps test-deps clean asan fuzz fuzz-build tsan package
 
 all: build
 
@@ -62,6 +62,7 @@ test: test-deps configure
 	ctest --test-dir $(BUILD) --output-on-failure -j $(JOBS)
 	$(MAKE) asan
 	tools/run-fuzzers.sh $(ASAN_BUILD) $(TEST_FUZZ_SECONDS) 1
+	$(MAKE) test-arm-kernels
 
 # The C++ tests (not pytest, not the CLI) in the checked build, but one: under
 # ASan an impossible operator new (64 TiB) aborts with a report instead of
@@ -96,17 +97,42 @@ bench: test-deps
 	env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE ATEN_CPU_CAPABILITY=avx512 \
 	    $(PYTHON) bench/compare.py
 
-# The SIMD kernels compile for Arm too (NEON, SVE, SVE2): build them with
-# Debian's aarch64 cross compiler against the same Highway headers.
-ARM_CXX := aarch64-linux-gnu-g++
-check-arm:
-	@tools/install-deps.sh g++-aarch64-linux-gnu libhwy-dev
-	@mkdir -p $(BUILD)/arm/include && cp -r /usr/include/hwy $(BUILD)/arm/include/
-	@for f in src/kernels/*.cc; do \
-	  $(ARM_CXX) -std=c++20 -O2 -c $$f -Iinclude -Isrc -Isrc/core -I$(BUILD)/arm/include \
-	      -o $(BUILD)/arm/$$(basename $$f .cc).o || exit 1; \
-	  echo "$$f: $$(aarch64-linux-gnu-nm -C $(BUILD)/arm/$$(basename $$f .cc).o | \
-	      grep -o 'N_[A-Z0-9_]*::' | sort -u | tr '\n' ' ')"; done
+# Arm (aarch64): the library, the CLI and the C++ tests cross-built with
+# Debian's toolchain against Debian's arm64 packages (multiarch; tools/
+# install-deps.sh adds the architecture), in $(ARM_BUILD)/, and run under
+# qemu-aarch64 on emulated CPUs. Each CPU is qemu's -cpu value / the best
+# Highway target it must dispatch to; on each, the kernel tests force every
+# target the CPU can run, one at a time. qemu 7.2's max has SVE2 (and BF16)
+# at 512 bits; sve128/sve256 set its vector length; a64fx is SVE without SVE2.
+ARM_BUILD     ?= build-arm
+ARM_DEBS      := g++-aarch64-linux-gnu qemu-user libhwy-dev:arm64 libgtest-dev:arm64 libstb-dev:arm64
+ARM_CPUS      := cortex-a72/NEON a64fx/SVE max,sve128=on/SVE2_128 max,sve256=on/SVE_256 max/SVE2
+# make test runs the kernel tests and the edge cases on three of them.
+ARM_TEST_CPUS := cortex-a72/NEON max,sve256=on/SVE_256 max/SVE2
+ARM_KERNEL_TESTS := Kernels.*:EdgeCases.*
+
+arm-build:
+	@tools/install-deps.sh $(ARM_DEBS)
+	cmake -S . -B $(ARM_BUILD) -DCMAKE_TOOLCHAIN_FILE=cmake/aarch64-linux-gnu.cmake -DCMAKE_BUILD_TYPE=Release >/dev/null
+	cmake --build $(ARM_BUILD) -j $(JOBS) --target attn_tests attn_cli attn_shared attn_static
+
+# The whole C++ suite on every CPU of ARM_CPUS, and the arm64 packages
+# (built, checked, their C consumer and CLI run under qemu).
+test-arm: arm-build
+	tools/test-arm.sh $(ARM_BUILD)/bin/attn_tests '*' $(ARM_CPUS)
+	tests/packages.sh . $(ARM_BUILD) arm64
+
+# make test's part: the kernel tests and the edge cases, each CPU's best
+# target forced (SVE emulation is slow: make test-arm forces all of them),
+# and the arm64 packages.
+test-arm-kernels: arm-build
+	tools/test-arm.sh --best-only $(ARM_BUILD)/bin/attn_tests '$(ARM_KERNEL_TESTS)' $(ARM_TEST_CPUS)
+	tests/packages.sh . $(ARM_BUILD) arm64
+
+# The arm64 Debian packages (libattn0, libattn-dev, attn) in $(ARM_BUILD)/.
+package-arm: arm-build
+	@tools/install-deps.sh dpkg-dev
+	cd $(ARM_BUILD) && DEB_HOST_ARCH=arm64 cpack -G DEB
 
 clean:
-	rm -rf $(BUILD) $(ASAN_BUILD) $(TSAN_BUILD)
+	rm -rf $(BUILD) $(ASAN_BUILD) $(TSAN_BUILD) $(ARM_BUILD)

@@ -13,6 +13,12 @@ set(CPACK_PACKAGING_INSTALL_PREFIX /usr)
 set(CPACK_DEB_COMPONENT_INSTALL ON)
 set(CPACK_COMPONENTS_ALL runtime dev cli)
 set(CPACK_DEBIAN_FILE_NAME DEB-DEFAULT)
+# A cross build (make package-arm) packages for its target architecture;
+# cpack runs there with DEB_HOST_ARCH=arm64 so that dpkg-shlibdeps reads the
+# binaries with the cross objdump and looks up the arm64 libraries.
+if(CMAKE_CROSSCOMPILING AND CMAKE_SYSTEM_PROCESSOR STREQUAL "aarch64")
+  set(CPACK_DEBIAN_PACKAGE_ARCHITECTURE arm64)
+endif()
 set(CPACK_DEBIAN_PACKAGE_SHLIBDEPS ON)
 set(CPACK_DEBIAN_PACKAGE_SECTION science)
 set(CPACK_DEBIAN_RUNTIME_PACKAGE_NAME libattn${PROJECT_VERSION_MAJOR})

@@ -4,8 +4,13 @@
 #include <gtest/gtest.h>
 #include <hwy/targets.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <random>
+#include <sstream>
+#include <string>
+#include <vector>
 
 #include "attn/attn.hpp"
 #include "attn/file.hpp"
@@ -62,12 +67,31 @@ double max_abs_diff(const Tensor<A>& a, const Tensor<B>& b) {
     }                                                                           \
   } while (0)
 
+// True under instruction-set emulation (make test-arm sets ATTN_TEST_EMULATED):
+// the few tests whose sizes make them impractical there (an emulated SVE
+// instruction costs ~1000 native ones) run smaller, never skipped.
+inline bool emulated() { return std::getenv("ATTN_TEST_EMULATED") != nullptr; }
+
 // Runs body() once with each SIMD target this CPU can run forced, then
-// restores the dispatcher's own choice.
+// restores the dispatcher's own choice. ATTN_TEST_TARGETS (names, e.g.
+// "SVE_256 NEON") limits the targets to those: make test runs the Arm kernel
+// tests under emulation with each CPU's best target only (make test-arm with
+// all of them). A listed name this CPU cannot run is a failure.
 template <class Body>
 void on_every_simd_target(Body body) {
-  const auto targets = hwy::SupportedAndGeneratedTargets();
+  auto targets = hwy::SupportedAndGeneratedTargets();
   ASSERT_FALSE(targets.empty());
+  if (const char* only = std::getenv("ATTN_TEST_TARGETS")) {
+    std::vector<int64_t> chosen;
+    std::istringstream names(only);
+    for (std::string name; names >> name;) {
+      const auto it = std::find_if(targets.begin(), targets.end(),
+                                   [&](int64_t t) { return name == hwy::TargetName(t); });
+      if (it == targets.end()) ADD_FAILURE() << "ATTN_TEST_TARGETS: this CPU cannot run " << name;
+      else chosen.push_back(*it);
+    }
+    targets = chosen;
+  }
   for (int64_t target : targets) {
     SCOPED_TRACE(hwy::TargetName(target));
     hwy::SetSupportedTargetsForTest(target);

@@ -2,17 +2,25 @@
 # The Debian packages (cmake/packaging.cmake), built from a build folder:
 # each holds what it should, depends on what it needs, and unpacked into a
 # scratch root (dpkg -x, no install) they are enough to build and run the C
-# consumer with pkg-config, and the attn command.
-#   tests/packages.sh SOURCE_DIR BUILD_DIR
+# consumer with pkg-config, and the attn command. With ARCH arm64 (a cross
+# build, make test-arm): the arm64 packages, the consumer built with the
+# cross compiler, both run under qemu-aarch64.
+#   tests/packages.sh SOURCE_DIR BUILD_DIR [ARCH]
 set -euo pipefail
 src=$(cd "$1" && pwd)
 build=$(cd "$2" && pwd)
+arch=${3:-$(dpkg --print-architecture)}
+cc=${CC:-cc} run=() pkg_config_dirs=
+if [ "$arch" != "$(dpkg --print-architecture)" ]; then
+  [ "$arch" = arm64 ] || { echo "packages: no cross setup for $arch"; exit 1; }
+  cc=aarch64-linux-gnu-gcc run=(qemu-aarch64) pkg_config_dirs=/usr/lib/aarch64-linux-gnu/pkgconfig:/usr/share/pkgconfig
+fi
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 version=$(sed -n 's/^#define ATTN_VERSION_\(MAJOR\|MINOR\|PATCH\) \([0-9]*\)$/\2/p' "$src/include/attn/version.h" | paste -sd.)
 major=${version%%.*}
-(cd "$build" && cpack -G DEB -B "$work/debs" >"$work/cpack.log" 2>&1) || { cat "$work/cpack.log"; exit 1; }
-arch=$(dpkg --print-architecture)
+(cd "$build" && DEB_HOST_ARCH=$arch cpack -G DEB -B "$work/debs" >"$work/cpack.log" 2>&1) ||
+  { cat "$work/cpack.log"; exit 1; }
 runtime=$work/debs/libattn${major}_${version}_$arch.deb
 dev=$work/debs/libattn-dev_${version}_$arch.deb
 cli=$work/debs/attn_${version}_$arch.deb
@@ -34,13 +42,17 @@ if dpkg-deb -c "$runtime" | grep -q 'include/\|\.a$'; then fail "the runtime pac
 dpkg-deb -f "$runtime" Depends | grep -q 'libhwy1' || fail "libattn$major does not depend on libhwy1 (dpkg-shlibdeps)"
 dpkg-deb -f "$dev" Depends | grep -q "libattn$major (= $version)" || fail "libattn-dev does not depend on libattn$major"
 dpkg-deb -f "$cli" Depends | grep -q "libattn$major (= $version)" || fail "attn does not depend on libattn$major"
+for deb in "$runtime" "$dev" "$cli"; do
+  [ "$(dpkg-deb -f "$deb" Architecture)" = "$arch" ] || fail "$(basename "$deb") is not for $arch"
+done
 
 root=$work/root
 for deb in "$runtime" "$dev" "$cli"; do dpkg -x "$deb" "$root"; done
 export PKG_CONFIG_PATH=$root/usr/lib/pkgconfig
+[ -n "$pkg_config_dirs" ] && export PKG_CONFIG_LIBDIR=$pkg_config_dirs
 # shellcheck disable=SC2046
-${CC:-cc} -std=c99 -pedantic -Wall -Werror "$src/tests/consumers/consumer.c" -o "$work/consumer" \
+$cc -std=c99 -pedantic -Wall -Werror "$src/tests/consumers/consumer.c" -o "$work/consumer" \
   $(pkg-config --cflags --libs attn) -lm -Wl,-rpath,"$root/usr/lib"
-"$work/consumer"
-[ "$("$root/usr/bin/attn" --version)" = "attn $version" ] || fail "the packaged attn is not version $version"
+"${run[@]}" "$work/consumer"
+[ "$("${run[@]}" "$root/usr/bin/attn" --version)" = "attn $version" ] || fail "the packaged attn is not version $version"
 echo "packages: $(basename "$runtime") $(basename "$dev") $(basename "$cli"): contents, dependencies, a C consumer and the CLI"

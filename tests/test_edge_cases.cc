@@ -315,7 +315,7 @@ int64_t peak_rss() {
 // 2^17 keys: memory grows with n, never with n_q · n_k. (Under ctest each
 // test runs in its own process, so the peak before is this test's.)
 TEST(EdgeCases, LongSequencesUseLinearMemory) {
-  const int64_t n_k = int64_t{1} << 17, d = 32;
+  const int64_t n_k = int64_t{1} << (test::emulated() ? 15 : 17), d = 32;
   for (Path p : kPaths) {
     SCOPED_TRACE(name(p));
     const int64_t n_q = p == Path::Prefill ? 256 : 2;
@@ -329,9 +329,10 @@ TEST(EdgeCases, LongSequencesUseLinearMemory) {
     if (p == Path::Reference) attention(q.view(), k.view(), v.view(), out64.view());
     else attention(q32.view(), k32.view(), v32.view(), out32.view());
     const int64_t grown = peak_rss() - before;
-    // The weights alone would be n_q · n_k · 4 bytes: 128 MiB for prefill.
-    // Allowed: one packed copy of K (16 MiB) and small per-thread tiles.
-    EXPECT_LT(grown, 40 << 20) << grown << " bytes";
+    // The weights alone would be n_q · n_k · 4 bytes: 128 MiB for prefill
+    // (32 MiB emulated). Allowed: one packed copy of K (16 MiB; 4 MiB) and
+    // small per-thread tiles (24 MiB).
+    EXPECT_LT(grown, n_k * d * 4 + (24 << 20)) << grown << " bytes";
     // The first two rows against the reference.
     const Tensor<double> ref = attention(TensorView<const double>(q.data(), {2, d}), k.view(), v.view());
     for (int64_t e = 0; e < 2 * d; ++e)

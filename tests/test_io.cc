@@ -65,9 +65,10 @@ std::string le(uint64_t v, int n) {
 // 16-bit floats, against the compiler's half type and the definition of
 // round-to-nearest-even for bfloat16.
 
-// _Float16, or __fp16 where clang (before 15) has no _Float16 on x86 (the
-// sanitizer build); both convert with round-to-nearest-even.
-#if defined(__clang__) && __clang_major__ < 15
+// _Float16, or __fp16 where the compiler has no _Float16 in C++ (clang before
+// 15 on x86, the sanitizer build; g++ 12 on aarch64); both are IEEE binary16
+// and convert with round-to-nearest-even.
+#if (defined(__clang__) && __clang_major__ < 15) || (defined(__aarch64__) && !defined(__clang__) && __GNUC__ < 13)
 using CompilerHalf = __fp16;
 #else
 using CompilerHalf = _Float16;

@@ -6,6 +6,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <optional>
@@ -44,7 +46,8 @@ std::string describe(const KernelCase& c) {
 }
 
 // Checks out (and weights when asked) against the reference; returns out.
-Tensor<float> check(const KernelCase& c, bool weights, uint32_t seed) {
+// Without against_reference, only computes out (for comparing two runs).
+Tensor<float> check(const KernelCase& c, bool weights, uint32_t seed, bool against_reference = true) {
   SCOPED_TRACE(describe(c));
   std::mt19937 rng(seed);
   const auto q = random_tensor({c.batch, c.hq, c.n_q, c.d}, rng);
@@ -62,6 +65,8 @@ Tensor<float> check(const KernelCase& c, bool weights, uint32_t seed) {
   Mask m32, m64;
   if (c.mask == 1) m32 = m64 = TensorView<const bool>(mb.view());
   if (c.mask == 2) m32 = TensorView<const float>(mf.view()), m64 = TensorView<const double>(md.view());
+  if (!against_reference)
+    return attention(cast<float>(q).view(), cast<float>(k).view(), cast<float>(v).view(), o, m32);
   const auto ref = attention_with_weights(q.view(), k.view(), v.view(), o, m64);
   if (weights) {
     const auto got = attention_with_weights(cast<float>(q).view(), cast<float>(k).view(),
@@ -161,6 +166,20 @@ TEST(Kernels, FlashMatchesReferenceAcrossTiles) {
 TEST(Kernels, DecodeMatchesReference) {
   uint32_t seed = 200;
   for (const auto& c : decode_cases()) check(c, false, seed++);
+}
+
+// The targets the tests force one at a time on this CPU, best first, as one
+// line that make test-arm shows per emulated CPU. With ATTN_EXPECT_TARGET set
+// (make test-arm sets it per CPU), the best one must be that target: an
+// emulator or library that silently fell back to a lesser target fails here.
+TEST(Kernels, SimdTargetsOfThisCpu) {
+  std::string names;
+  for (int64_t t : hwy::SupportedAndGeneratedTargets())
+    names += std::string(names.empty() ? "" : " ") + hwy::TargetName(t);
+  std::printf("SIMD targets of this CPU: %s\n", names.c_str());
+  ASSERT_FALSE(names.empty());
+  if (const char* expected = std::getenv("ATTN_EXPECT_TARGET"))
+    EXPECT_EQ(names.substr(0, names.find(' ')), std::string(expected)) << "targets: " << names;
 }
 
 TEST(Kernels, EverySimdTarget) {
@@ -302,7 +321,7 @@ TEST(Kernels, BitwiseIdenticalForAnyThreadCount) {
     const auto one = check(c, false, 7);
     for (int t : {2, 3, 8}) {
       set_num_threads(t);
-      const auto many = check(c, false, 7);
+      const auto many = check(c, false, 7, false);
       EXPECT_EQ(std::memcmp(one.data(), many.data(), one.numel() * sizeof(float)), 0)
           << describe(c) << " threads=" << t;
     }

@@ -11,6 +11,14 @@ done
 echo "installing Debian packages: ${missing[*]}"
 sudo=""
 [ "$(id -u)" -eq 0 ] || sudo="sudo"
+# A package of another architecture (libhwy-dev:arm64) needs that
+# architecture added to dpkg (multiarch) before apt-get update.
+for pkg in "${missing[@]}"; do
+  case "$pkg" in
+    *:*) arch=${pkg##*:}
+         dpkg --print-foreign-architectures | grep -qx "$arch" || $sudo dpkg --add-architecture "$arch" ;;
+  esac
+done
 export DEBIAN_FRONTEND=noninteractive
 $sudo apt-get update -q
 $sudo apt-get install -y -q --no-install-recommends "${missing[@]}"

@@ -105,17 +105,33 @@ template <int MR, int NV, class KV>
 HWY_INLINE void ValueBlock(DF d, const float* p, int64_t p_stride, int64_t count,
                            const KV* v0, int64_t v_stride, float* o, int64_t o_stride) {
   const size_t N = hn::Lanes(d);
-#if HWY_HAVE_SCALABLE
-  // Sizeless (SVE, RVV) vectors cannot form arrays: one accumulator at a time.
-  for (int r = 0; r < MR; ++r)
-    for (int v = 0; v < NV; ++v) {
-      VF acc = hn::Load(d, o + r * o_stride + v * N);
-      for (int64_t j = 0; j < count; ++j)
-        acc = hn::MulAdd(hn::Set(d, p[r * p_stride + j]), LoadKV(d, v0 + j * v_stride + v * N), acc);
-      hn::Store(acc, d, o + r * o_stride + v * N);
-    }
-#else
   constexpr int S = MR * NV >= 8 ? 1 : 8 / (MR * NV);
+#if HWY_HAVE_SCALABLE
+  // Accumulator i = s · MR · NV + r · NV + v, named (see Acc): the same sets,
+  // loads and FMAs as the array form below.
+  constexpr int RV = MR * NV;
+  static_assert(S * RV <= 8, "the accumulators fit in eight names");
+  VF a0 = hn::Zero(d), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
+  Unroll<RV>([&](auto i) HWY_ATTR {
+    Acc<i>(a0, a1, a2, a3, a4, a5, a6, a7) = hn::Load(d, o + (i / NV) * o_stride + (i % NV) * N);
+  });
+  for (int64_t j = 0; j < count; j += S) {
+    const int step = static_cast<int>(std::min<int64_t>(S, count - j));
+    Unroll<S * RV>([&](auto i) HWY_ATTR {
+      constexpr int s = i / RV, r = i % RV / NV, v = i % NV;
+      if (S > 1 && s >= step) return;
+      VF& acc = Acc<i>(a0, a1, a2, a3, a4, a5, a6, a7);
+      acc = hn::MulAdd(hn::Set(d, p[r * p_stride + j + s]), LoadKV(d, v0 + (j + s) * v_stride + v * N), acc);
+    });
+  }
+  Unroll<(S - 1) * RV>([&](auto i) HWY_ATTR {
+    VF& to = Acc<i % RV>(a0, a1, a2, a3, a4, a5, a6, a7);
+    to = hn::Add(to, Acc<RV + i>(a0, a1, a2, a3, a4, a5, a6, a7));
+  });
+  Unroll<RV>([&](auto i) HWY_ATTR {
+    hn::Store(Acc<i>(a0, a1, a2, a3, a4, a5, a6, a7), d, o + (i / NV) * o_stride + (i % NV) * N);
+  });
+#else
   VF acc[S][MR][NV];
   for (int r = 0; r < MR; ++r)
     for (int v = 0; v < NV; ++v) {

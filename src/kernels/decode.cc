@@ -48,14 +48,30 @@ HWY_INLINE void DotRows(DF d, const float* const* q, const KV* k, int64_t D, flo
   const size_t N = hn::Lanes(d);
   const int64_t full = D / static_cast<int64_t>(N) * static_cast<int64_t>(N);
 #if HWY_HAVE_SCALABLE
-  // Sizeless (SVE, RVV) vectors cannot form arrays: one row at a time.
-  for (int r = 0; r < MR; ++r) {
-    VF acc = hn::Zero(d);
-    for (int64_t c = 0; c < full; c += static_cast<int64_t>(N))
-      acc = hn::MulAdd(hn::LoadU(d, q[r] + c), LoadKV(d, k + c), acc);
-    if (full < D) acc = hn::MulAdd(LoadPart(d, q[r] + full, D - full, 0.0f), LoadPart(d, k + full, D - full, 0.0f), acc);
-    s[r * s_stride] = hn::GetLane(hn::SumOfLanes(d, acc)) * scale;
+  // Two accumulators per row, r and MR + r (the even and odd vector steps),
+  // named (see Acc): the same loads and FMAs as the array form below.
+  static_assert(2 * MR <= 8, "the accumulators fit in eight names");
+  VF a0 = hn::Zero(d), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
+  const auto acc = [&](auto i) HWY_ATTR -> VF& { return Acc<i>(a0, a1, a2, a3, a4, a5, a6, a7); };
+  int64_t c = 0;
+  for (; c + 2 * static_cast<int64_t>(N) <= full; c += 2 * static_cast<int64_t>(N)) {
+    const VF kv = LoadKV(d, k + c), kv2 = LoadKV(d, k + c + N);
+    Unroll<MR>([&](auto r) HWY_ATTR {
+      acc(r) = hn::MulAdd(hn::LoadU(d, q[r] + c), kv, acc(r));
+      acc(std::integral_constant<int, MR + r>()) =
+          hn::MulAdd(hn::LoadU(d, q[r] + c + N), kv2, acc(std::integral_constant<int, MR + r>()));
+    });
   }
+  for (; c < full; c += static_cast<int64_t>(N)) {
+    const VF kv = LoadKV(d, k + c);
+    Unroll<MR>([&](auto r) HWY_ATTR { acc(r) = hn::MulAdd(hn::LoadU(d, q[r] + c), kv, acc(r)); });
+  }
+  Unroll<MR>([&](auto r) HWY_ATTR {
+    VF sum = hn::Add(acc(r), acc(std::integral_constant<int, MR + r>()));
+    if (full < D)
+      sum = hn::MulAdd(LoadPart(d, q[r] + full, D - full, 0.0f), LoadPart(d, k + full, D - full, 0.0f), sum);
+    s[r * s_stride] = hn::GetLane(hn::SumOfLanes(d, sum)) * scale;
+  });
 #else
   // Two accumulators per row halve the chain of FMAs a key's score waits on:
   // more keys, and so more memory reads, in flight.

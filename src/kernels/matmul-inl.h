@@ -13,6 +13,7 @@
 
 #include <cstdint>
 #include <type_traits>
+#include <utility>
 
 #include "kernels/config.hpp"
 
@@ -35,6 +36,33 @@ constexpr int kVecs = 2;  // 8 accumulators, room left on 16-register targets
 static_assert(kPanel % (kVecs * HWY_LANES(float)) == 0, "a panel is whole blocks of kVecs vectors");
 #endif
 
+// Sizeless vectors (SVE, RVV) cannot form arrays, nor be members of a
+// struct, so there the micro-kernels keep their accumulators in eight named
+// variables: Acc<I>(a0, ..., a7) is the I-th, and Unroll<Count>(f) calls
+// f(std::integral_constant<int, i>()) for i < Count, the loop over them.
+// Inlined, each named variable is one register, as each array element is on
+// the other targets.
+template <int Count, class F, int... I>
+HWY_INLINE void UnrollSequence(const F& f, std::integer_sequence<int, I...>) {
+  (f(std::integral_constant<int, I>()), ...);
+}
+template <int Count, class F>
+HWY_INLINE void Unroll(const F& f) {
+  UnrollSequence<Count>(f, std::make_integer_sequence<int, Count>());
+}
+template <int I, class V>
+HWY_INLINE V& Acc(V& a0, V& a1, V& a2, V& a3, V& a4, V& a5, V& a6, V& a7) {
+  static_assert(0 <= I && I < 8, "eight named accumulators");
+  if constexpr (I == 0) return a0;
+  else if constexpr (I == 1) return a1;
+  else if constexpr (I == 2) return a2;
+  else if constexpr (I == 3) return a3;
+  else if constexpr (I == 4) return a4;
+  else if constexpr (I == 5) return a5;
+  else if constexpr (I == 6) return a6;
+  else return a7;
+}
+
 // c[r][0 .. kVecs·N) = scale · Σ_k a_r[k] · panel[k][0 .. kVecs·N), r < MR.
 // (kVecs·N divides kPanel: asserted above.)
 template <int MR, class D, typename T = hn::TFromD<D>>
@@ -44,14 +72,24 @@ HWY_INLINE void MatmulBlock(D d, const T* const* a, int64_t K, const T* panel, T
   const size_t N = hn::Lanes(d);
   const V sc = hn::Set(d, scale);
 #if HWY_HAVE_SCALABLE
-  // Sizeless (SVE, RVV) vectors cannot form arrays: one accumulator at a time.
-  for (int r = 0; r < MR; ++r)
-    for (int v = 0; v < kVecs; ++v) {
-      V acc = hn::Zero(d);
-      for (int64_t k = 0; k < K; ++k)
-        acc = hn::MulAdd(hn::Set(d, a[r][k]), hn::Load(d, panel + k * kPanel + v * N), acc);
-      hn::StoreU(hn::Mul(acc, sc), d, c + r * c_stride + v * N);
-    }
+  // Accumulator i = r · kVecs + v, named (see Acc); the same loads and FMAs
+  // as the array form below.
+  static_assert(kVecs == 2 && kRows * kVecs <= 8, "two vectors per row, eight names in all");
+  V a0 = hn::Zero(d), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
+  for (int64_t k = 0; k < K; ++k) {
+    const V b0 = hn::Load(d, panel + k * kPanel), b1 = hn::Load(d, panel + k * kPanel + N);
+    Unroll<MR>([&](auto r) HWY_ATTR {
+      const V ar = hn::Set(d, a[r][k]);
+      V& lo = Acc<r * kVecs>(a0, a1, a2, a3, a4, a5, a6, a7);
+      V& hi = Acc<r * kVecs + 1>(a0, a1, a2, a3, a4, a5, a6, a7);
+      lo = hn::MulAdd(ar, b0, lo);
+      hi = hn::MulAdd(ar, b1, hi);
+    });
+  }
+  Unroll<MR * kVecs>([&](auto i) HWY_ATTR {
+    hn::StoreU(hn::Mul(Acc<i>(a0, a1, a2, a3, a4, a5, a6, a7), sc), d,
+               c + (i / kVecs) * c_stride + (i % kVecs) * N);
+  });
 #else
   V acc[MR][kVecs];
   for (int r = 0; r < MR; ++r)

@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# Runs the aarch64 C++ test binary under qemu-aarch64 on emulated Arm CPUs.
+#   tools/test-arm.sh [--best-only] BINARY GTEST_FILTER CPU/TARGET...
+# CPU is qemu's -cpu value, TARGET the best Highway target it must dispatch to
+# (the test Kernels.SimdTargetsOfThisCpu checks it). On each CPU the kernel
+# tests force every target it can run, one at a time, as on x86; with
+# --best-only, TARGET alone (ATTN_TEST_TARGETS). ATTN_TEST_EMULATED makes the
+# few tests that are impractical under emulation run smaller. The CPUs run
+# ARM_JOBS at a time (default: the number of cores). Prints, per CPU, the
+# targets that ran, the test counts and the time; fails on any failure.
+set -uo pipefail
+best_only=0
+[ "${1:-}" = --best-only ] && best_only=1 && shift
+bin=$1 filter=$2
+shift 2
+logs=$(dirname "$bin")/../test-arm-logs
+mkdir -p "$logs"
+jobs=${ARM_JOBS:-$(nproc)}
+
+log_of() { echo "$logs/$(echo "${1%/*}" | tr ',=' '__').log"; }
+
+run_one() {  # CPU/TARGET: the log, then its exit status and seconds in LOG.status
+  local cpu=${1%/*} expected=${1##*/} log only=() start rc
+  log=$(log_of "$1")
+  [ $best_only = 1 ] && only=(ATTN_TEST_TARGETS="$expected")
+  start=$(date +%s)
+  env "${only[@]}" ATTN_TEST_EMULATED=1 ATTN_EXPECT_TARGET="$expected" \
+      qemu-aarch64 -cpu "$cpu" "$bin" --gtest_filter="$filter" >"$log" 2>&1
+  rc=$?
+  echo "$rc $(( $(date +%s) - start ))" >"$log.status"
+}
+
+for spec in "$@"; do
+  while [ "$(jobs -rp | wc -l)" -ge "$jobs" ]; do wait -n; done
+  run_one "$spec" &
+done
+wait
+
+failed=0
+for spec in "$@"; do
+  log=$(log_of "$spec")
+  read -r rc seconds <"$log.status"
+  targets=$(sed -n 's/^SIMD targets of this CPU: //p' "$log")
+  [ $best_only = 1 ] && targets="${spec##*/} (of: $targets)"
+  passed=$(sed -n 's/^\[  PASSED  \] \([0-9]*\) tests\?\..*/\1/p' "$log")
+  failures=$(grep -c '^\[  FAILED  \] [A-Za-z]' "$log")
+  printf '%-16s targets: %-40s %4s passed, %s failed, %4d s\n' "${spec%/*}" "${targets:-?}" \
+      "${passed:-0}" "$failures" "$seconds"
+  if [ "$rc" -ne 0 ] || [ -z "$passed" ]; then
+    failed=1
+    grep -E '^\[  FAILED  \] [A-Za-z]' "$log" | head -20
+    echo "  (whole log: $log)"
+  fi
+done
+exit $failed
