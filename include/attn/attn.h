@@ -42,7 +42,8 @@ typedef struct {
   attn_dtype dtype;
   int32_t rank;
   const int64_t* shape;   /* rank dimensions; may be NULL at rank 0 */
-  const int64_t* strides; /* in elements (may be 0 or negative); NULL = C-contiguous */
+  const int64_t* strides; /* in elements (may be 0 or negative); NULL = C-contiguous;
+                             reaching 2^57 bytes or more from data is an error */
 } attn_tensor;
 
 /* Attention options (attn::AttentionOptions). Set with attn_options_init,

@@ -127,17 +127,21 @@ Layout layout_of(const attn_tensor* t, const char* function, const char* name) {
   const int64_t n = attn::checked_numel(l.shape, bytes, what.c_str());
   l.strides = t->strides ? Strides(t->strides, t->strides + t->rank) : attn::contiguous_strides(l.shape);
   if (n > 0 && !t->data) fail(function, name, "data is NULL for shape " + attn::shape_str(l.shape));
-  // The farthest index from data, in bytes, must be addressable: strides
-  // that overflow it cannot describe memory the caller has. Checked for an
-  // empty view too: the kernels still step its rows' pointers by the strides.
-  int64_t reach = 0;
+  // The farthest element from data must be addressable: strides that reach
+  // 2^57 bytes or more (past the widest virtual address space of any 64-bit
+  // machine: x86-64 with 5-level paging) cannot describe memory the caller
+  // has. Checked for an empty view too: the kernels still step its rows'
+  // pointers by the strides.
+  constexpr int64_t kAddressable = int64_t{1} << 57;
+  int64_t reach = 0, reach_bytes = 0;
   for (int a = 0; a < t->rank; ++a) {
     int64_t step;
     const int64_t stride = l.strides[a];
     if (stride == std::numeric_limits<int64_t>::min() ||
         __builtin_mul_overflow(stride < 0 ? -stride : stride, std::max<int64_t>(l.shape[a] - 1, 0), &step) ||
         __builtin_add_overflow(reach, step, &reach) ||
-        __builtin_mul_overflow(reach, static_cast<int64_t>(bytes), &step))
+        __builtin_mul_overflow(reach, static_cast<int64_t>(bytes), &reach_bytes) ||
+        reach_bytes >= kAddressable)
       fail(function, name, "strides " + attn::shape_str(l.strides) + " for shape " +
                                attn::shape_str(l.shape) + " reach beyond any memory");
   }

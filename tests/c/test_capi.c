@@ -265,6 +265,16 @@ static void test_attention_errors(void) {
   bad.strides = huge_strides;
   EXPECT_ERROR(attn_attention(&tq, &bad, &tv, NULL, NULL, &tout), ATTN_ERROR_INVALID_ARGUMENT,
                "reach beyond any memory");
+  /* A one-byte (BOOL) mask whose reach, 2^62 bytes, still fits in int64
+     but in no address space: read, it crashed (fuzz_capi found it). */
+  {
+    const int64_t mask_shape[] = {2, 4}, far_strides[] = {INT64_MAX / 2, 1};
+    _Bool mask[2 * 4] = {1, 1, 1, 1, 1, 1, 1, 1};
+    bad = tensor(mask, ATTN_BOOL, 2, mask_shape);
+    bad.strides = far_strides;
+    EXPECT_ERROR(attn_attention(&tq, &tk, &tv, &bad, NULL, &tout), ATTN_ERROR_INVALID_ARGUMENT,
+                 "attn_attention: mask: strides (4611686018427387903, 1) for shape (2, 4) reach beyond any memory");
+  }
   /* Even with no element: the kernels would step row pointers by them
      (fuzz_capi found it). */
   {
