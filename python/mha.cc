@@ -78,6 +78,34 @@ struct PyMha {
   }
 };
 
+// Key and value are optional (None means self-attention); the arrays keep the
+// converted data alive for the views.
+template <class T>
+struct KeyValueArgs {
+  py::array_t<T> key_array, value_array;
+  TensorView<const T> key, value;
+  KeyValueArgs(const py::object& k, const py::object& v) {
+    if (!k.is_none()) key_array = as<T>(as_numeric_array(k, "key")), key = view_of<const T>(key_array);
+    if (!v.is_none())
+      value_array = as<T>(as_numeric_array(v, "value")), value = view_of<const T>(value_array);
+  }
+};
+
+bool any_float64(const py::object& key, const py::object& value) {
+  return (!key.is_none() && is_float64(as_numeric_array(key, "key"))) ||
+         (!value.is_none() && is_float64(as_numeric_array(value, "value")));
+}
+
+template <class T>
+MhaForwardOptions<T> forward_options(const MaskArg& kpm, const MaskArg& am,
+                                     const AttentionOptions& options) {
+  MhaForwardOptions<T> opt;
+  opt.key_padding_mask = kpm.mask;
+  opt.attn_mask = am.mask;
+  opt.attention = options;
+  return opt;
+}
+
 template <class T>
 py::tuple forward_t(PyMha& self, const py::array& q_in, const py::object& k_obj,
                     const py::object& v_obj, const MaskArg& kpm, const MaskArg& am,
@@ -85,21 +113,15 @@ py::tuple forward_t(PyMha& self, const py::array& q_in, const py::object& k_obj,
                     PyKVCache* cache) {
   const auto& layer = self.layer<T>();
   auto qa = as<T>(q_in);
-  py::array_t<T> ka, va;
-  TensorView<const T> q = view_of<const T>(qa), k, v;
-  if (!k_obj.is_none()) ka = as<T>(as_numeric_array(k_obj, "key")), k = view_of<const T>(ka);
-  if (!v_obj.is_none()) va = as<T>(as_numeric_array(v_obj, "value")), v = view_of<const T>(va);
-  MhaForwardOptions<T> opt;
-  opt.key_padding_mask = kpm.mask;
-  opt.attn_mask = am.mask;
-  opt.attention = options;
+  const KeyValueArgs<T> kv(k_obj, v_obj);
+  MhaForwardOptions<T> opt = forward_options<T>(kpm, am, options);
   opt.need_weights = need_weights;
   opt.average_attn_weights = average;
   opt.cache = cache ? cache->get<T>() : nullptr;
   MhaOutput<T> r;
   {
     py::gil_scoped_release nogil;
-    r = layer.forward(q, k, v, opt);
+    r = layer.forward(view_of<const T>(qa), kv.key, kv.value, opt);
   }
   py::object w = py::none();
   if (r.weights) w = to_numpy(std::move(*r.weights));
@@ -123,29 +145,24 @@ py::tuple py_forward(PyMha& self, const py::object& query, const py::object& key
   const MaskArg kpm(key_padding_mask, "key_padding_mask", IntegerMask::Uint8AsBool),
       am(attn_mask, "attn_mask", IntegerMask::Uint8AsBool);
   const AttentionOptions options = attention_options(causal, scale, softcap, window);
-  const bool f64 = is_float64(q) ||
-                   (!key.is_none() && is_float64(as_numeric_array(key, "key"))) ||
-                   (!value.is_none() && is_float64(as_numeric_array(value, "value")));
+  const bool f64 = is_float64(q) || any_float64(key, value);
   if (f64) return forward_t<double>(self, q, key, value, kpm, am, options, need_weights,
                                     average_attn_weights, c);
   return forward_t<float>(self, q, key, value, kpm, am, options, need_weights,
                           average_attn_weights, c);
 }
 
-py::dict named_arrays(std::map<std::string, Tensor<float>>&& tensors) {
+template <class T>
+py::dict named_arrays(std::map<std::string, Tensor<T>>&& tensors) {
   py::dict d;
   for (auto& [name, t] : tensors) d[py::str(name)] = to_numpy(std::move(t));
   return d;
 }
 
-py::dict named_arrays(std::map<std::string, Tensor<double>>&& tensors) {
-  py::dict d;
-  for (auto& [name, t] : tensors) d[py::str(name)] = to_numpy(std::move(t));
-  return d;
+template <class T>
+py::object array_or_none(Tensor<T>&& t) {
+  return t.rank() ? py::object(to_numpy(std::move(t))) : py::none();
 }
-
-py::object array_or_none(Tensor<float>&& t) { return t.rank() ? py::object(to_numpy(std::move(t))) : py::none(); }
-py::object array_or_none(Tensor<double>&& t) { return t.rank() ? py::object(to_numpy(std::move(t))) : py::none(); }
 
 py::dict py_state_dict(const PyMha& self) { return named_arrays(self.f32->state_dict()); }
 
@@ -155,19 +172,13 @@ py::tuple backward_t(PyMha& self, const py::array& dout_in, const py::array& q_i
                      const MaskArg& am, const AttentionOptions& options) {
   const auto& layer = self.layer<T>();
   auto da = as<T>(dout_in), qa = as<T>(q_in);
-  py::array_t<T> ka, va;
-  TensorView<const T> dout = view_of<const T>(da), q = view_of<const T>(qa), k, v;
-  if (!k_obj.is_none()) ka = as<T>(as_numeric_array(k_obj, "key")), k = view_of<const T>(ka);
-  if (!v_obj.is_none()) va = as<T>(as_numeric_array(v_obj, "value")), v = view_of<const T>(va);
-  MhaForwardOptions<T> opt;
-  opt.key_padding_mask = kpm.mask;
-  opt.attn_mask = am.mask;
-  opt.attention = options;
+  const KeyValueArgs<T> kv(k_obj, v_obj);
+  const MhaForwardOptions<T> opt = forward_options<T>(kpm, am, options);
   MhaGradients<T> g;
   std::map<std::string, Tensor<T>> named;
   {
     py::gil_scoped_release nogil;
-    g = layer.backward(dout, q, k, v, opt);
+    g = layer.backward(view_of<const T>(da), view_of<const T>(qa), kv.key, kv.value, opt);
     named = layer.gradient_dict(g);
   }
   return py::make_tuple(array_or_none(std::move(g.query)), array_or_none(std::move(g.key)),
@@ -183,9 +194,7 @@ py::tuple py_backward(PyMha& self, const py::object& dout, const py::object& que
   const MaskArg kpm(key_padding_mask, "key_padding_mask", IntegerMask::Uint8AsBool),
       am(attn_mask, "attn_mask", IntegerMask::Uint8AsBool);
   const AttentionOptions options = attention_options(causal, scale, softcap, window);
-  const bool f64 = is_float64(q) || is_float64(d) ||
-                   (!key.is_none() && is_float64(as_numeric_array(key, "key"))) ||
-                   (!value.is_none() && is_float64(as_numeric_array(value, "value")));
+  const bool f64 = is_float64(q) || is_float64(d) || any_float64(key, value);
   if (f64) return backward_t<double>(self, d, q, key, value, kpm, am, options);
   return backward_t<float>(self, d, q, key, value, kpm, am, options);
 }
