@@ -335,50 +335,6 @@ TEST(Kernels, BitwiseIdenticalForAnyThreadCount) {
 namespace attn {
 namespace {
 
-// bfloat16 / fp16 keys and values: against the reference on the rounded
-// values (only float32 error allowed), and on the original values (≤ 1e-2,
-// the storage rounding).
-template <class H>
-void check_16bit(const KernelCase& c, uint32_t seed, uint16_t (*to_bits)(float),
-                 float (*from_bits)(uint16_t)) {
-  SCOPED_TRACE(describe(c));
-  std::mt19937 rng(seed);
-  const auto q = random_tensor({c.batch, c.hq, c.n_q, c.d}, rng);
-  const auto k = random_tensor({c.batch, c.hkv, c.n_k, c.d}, rng);
-  const auto v = random_tensor({c.batch, c.hkv, c.n_k, c.d_v}, rng);
-  Tensor<H> k16(k.shape()), v16(v.shape());
-  Tensor<double> k_rounded(k.shape()), v_rounded(v.shape());
-  for (int64_t i = 0; i < k.numel(); ++i) {
-    k16[i].bits = to_bits(static_cast<float>(k[i]));
-    k_rounded[i] = from_bits(k16[i].bits);
-  }
-  for (int64_t i = 0; i < v.numel(); ++i) {
-    v16[i].bits = to_bits(static_cast<float>(v[i]));
-    v_rounded[i] = from_bits(v16[i].bits);
-  }
-  AttentionOptions o;
-  o.causal = c.causal;
-  o.window = c.window;
-  o.softcap = c.softcap;
-  Tensor<float> out({c.batch, c.hq, c.n_q, c.d_v});
-  attention(cast<float>(q).view(), TensorView<const H>(k16.view()), TensorView<const H>(v16.view()),
-            out.view(), o);
-  EXPECT_LT(rel_error(out, attention(q.view(), k_rounded.view(), v_rounded.view(), o)), 1e-5);
-  EXPECT_LT(rel_error(out, attention(q.view(), k.view(), v.view(), o)), 1e-2);
-}
-
-TEST(Kernels, SixteenBitKeysAndValues) {
-  std::vector<KernelCase> cases = decode_cases();
-  for (const auto& c : flash_cases())
-    if (c.mask == 0) cases.push_back(c);
-  uint32_t seed = 400;
-  for (auto& c : cases) {
-    c.mask = 0;
-    check_16bit<bfloat16>(c, seed++, float_to_bf16, bf16_to_float);
-    check_16bit<float16>(c, seed++, float_to_fp16, fp16_to_float);
-  }
-}
-
 // A NaN or +inf value row of a key causal masking excludes from the first
 // half of the rows, stored in 16 bits: those rows are untouched (the kernels'
 // recomputation of a NaN row reads 16-bit values too), the others NaN or

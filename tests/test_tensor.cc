@@ -58,6 +58,17 @@ TEST(Tensor, BroadcastStrides) {
                    "does not broadcast");
 }
 
+// A default tensor holds nothing (its rank-0 shape is not a scalar): its
+// copies hold nothing either. (The copy read one element from null.)
+TEST(Tensor, CopiesOfADefaultTensorHoldNothing) {
+  const Tensor<float> none;
+  const Tensor<float> copied(none);
+  EXPECT_EQ(copied.data(), nullptr);
+  Tensor<float> assigned({2, 3});
+  assigned = none;
+  EXPECT_EQ(assigned.data(), nullptr);
+}
+
 TEST(Tensor, CopyFollowsStrides) {
   Tensor<double> a({2, 3}, {1, 2, 3, 4, 5, 6});
   Tensor<float> t({3, 2});

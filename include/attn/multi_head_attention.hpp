@@ -134,7 +134,9 @@ class MultiHeadAttention {
   std::vector<Tensor<T>*> parameters();
   std::vector<const Tensor<T>*> parameters() const;
 
-  KVCache<T> new_cache() const { return {}; }
+  // An empty cache for forward(): tokens stored as T, or (float32 layers)
+  // bf16, f16 or q8_0 (head_dim a multiple of 32 for q8_0).
+  KVCache<T> new_cache(KVDtype dtype = KVDtype::F32) const { return KVCache<T>(dtype); }
 
   // PyTorch's names: in_proj_weight (3E, E) / q_proj_weight, k_proj_weight,
   // v_proj_weight; in_proj_bias; out_proj.weight; out_proj.bias; bias_k,

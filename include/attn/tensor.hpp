@@ -169,7 +169,11 @@ class Tensor {
                        " values for shape " + shape_str(shape_));
     std::copy(values.begin(), values.end(), data_.get());
   }
-  Tensor(const Tensor& other) : Tensor(other.shape_) {
+  // (A default-constructed tensor holds no element, not a scalar: its copy
+  // holds none either.)
+  Tensor(const Tensor& other) {
+    if (!other.data_) return;
+    *this = Tensor(other.shape_);
     std::copy(other.data(), other.data() + numel(), data_.get());
   }
   Tensor& operator=(const Tensor& other) {

@@ -103,15 +103,32 @@ void point_at(AttentionProblem<T>& p, TensorView<const T> q, TensorView<const KV
     p.k = operand(k, batch, p.batch);
     p.v = operand(v, batch, p.batch);
   } else {
-    static_assert(sizeof(KV) == sizeof(uint16_t));
-    const auto bits = [](const TensorView<const KV>& t) {
-      return TensorView<const uint16_t>(reinterpret_cast<const uint16_t*>(t.data()), t.shape(),
-                                        t.strides());
+    const auto bytes = [&](const TensorView<const KV>& t) {
+      const Operand<const KV> o = operand(t, batch, p.batch);
+      constexpr auto size = static_cast<int64_t>(sizeof(KV));
+      Operand<const std::byte> b;
+      b.data = reinterpret_cast<const std::byte*>(o.data);
+      for (int64_t off : o.batch_offset) b.batch_offset.push_back(off * size);
+      b.head_stride = o.head_stride * size;
+      b.row_stride = o.row_stride * size;
+      b.col_stride = o.col_stride * size;
+      return b;
     };
-    p.kv = std::is_same_v<KV, bfloat16> ? KVStorage::BF16 : KVStorage::F16;
-    p.k16 = operand(bits(k), batch, p.batch);
-    p.v16 = operand(bits(v), batch, p.batch);
+    p.kv = std::is_same_v<KV, bfloat16> ? KVStorage::BF16
+           : std::is_same_v<KV, float16> ? KVStorage::F16
+                                         : KVStorage::Q8_0;
+    p.k_stored = bytes(k);
+    p.v_stored = bytes(v);
   }
+}
+
+// The logical shape of a K or V view: a q8_0 view's last axis counts blocks.
+template <class KV>
+Shape logical_shape(const TensorView<const KV>& t) {
+  Shape s = t.shape();
+  if constexpr (std::is_same_v<KV, block_q8_0>)
+    if (!s.empty()) s.back() *= kQ8_0Block;
+  return s;
 }
 
 // Whether the kernels can read the view's rows in place (unit column stride).
@@ -126,7 +143,7 @@ template <class T, class KV>
 AttentionProblem<T> make_problem(TensorView<const T> q, TensorView<const KV> k,
                                  TensorView<const KV> v, const AttentionOptions& options,
                                  const MaskInput& mask, const MaskInput& second) {
-  const Dims s = check_shapes(q.shape(), k.shape(), v.shape());
+  const Dims s = check_shapes(q.shape(), logical_shape(k), logical_shape(v));
   if (options.scale && !std::isfinite(*options.scale))
     fail("scale must be finite, got " + std::to_string(*options.scale));
   if (!(options.softcap >= 0) || !std::isfinite(options.softcap))
@@ -226,6 +243,7 @@ void PreparedAttention<T, KV>::run(TensorView<T> out, TensorView<T> weights) con
 template struct PreparedAttention<float, float>;
 template struct PreparedAttention<float, bfloat16>;
 template struct PreparedAttention<float, float16>;
+template struct PreparedAttention<float, block_q8_0>;
 template struct PreparedAttention<double, double>;
 
 template <class T>
@@ -386,6 +404,7 @@ AttentionGradients<T> attention_backward(TensorView<const T> q, TensorView<const
 ATTN_INSTANTIATE(float, float)
 ATTN_INSTANTIATE(float, bfloat16)
 ATTN_INSTANTIATE(float, float16)
+ATTN_INSTANTIATE(float, block_q8_0)
 ATTN_INSTANTIATE(double, double)
 #undef ATTN_INSTANTIATE
 

@@ -2,6 +2,7 @@
 // col) operands, the one form both the reference and the fast kernel consume.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <utility>
 #include <vector>
@@ -67,8 +68,9 @@ struct MaskOperand {
   }
 };
 
-// How keys and values are stored (float32 problems only).
-enum class KVStorage { Native, BF16, F16 };
+// How keys and values are stored (float32 problems only): as T, or as
+// bfloat16, fp16 or q8_0 blocks (attn/quantize.hpp).
+enum class KVStorage { Native, BF16, F16, Q8_0 };
 
 template <class T>
 struct AttentionProblem {
@@ -79,7 +81,9 @@ struct AttentionProblem {
   Shape out_shape, weights_shape;      // of the caller's out and weights
   Operand<const T> q, k, v;            // k, v unset when kv != Native
   KVStorage kv = KVStorage::Native;
-  Operand<const uint16_t> k16, v16;    // bfloat16 or fp16 bits when kv != Native
+  // When kv != Native: K and V as bytes, strides in bytes (a q8_0 column is
+  // a block of 32 values).
+  Operand<const std::byte> k_stored, v_stored;
   Operand<T> out, weights;  // bound by run(); weights.data == nullptr when not requested
   MaskOperand mask;
   double scale = 1;
@@ -93,7 +97,7 @@ struct AttentionProblem {
 // Validates the arguments of attention() and builds the problem, without
 // its outputs; every error names the argument and its shape. `second` is the
 // MultiHeadAttention layer's other mask (its key_padding_mask).
-// KV is T, or bfloat16 / float16 with T = float.
+// KV is T, or bfloat16 / float16 / block_q8_0 with T = float.
 template <class T, class KV>
 AttentionProblem<T> make_problem(TensorView<const T> q, TensorView<const KV> k,
                                  TensorView<const KV> v, const AttentionOptions& options,

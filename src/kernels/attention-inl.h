@@ -26,6 +26,7 @@
 #include <type_traits>
 
 #include "attention_problem.hpp"
+#include "attn/quantize.hpp"
 
 HWY_BEFORE_NAMESPACE();
 namespace attn::detail {
@@ -79,20 +80,98 @@ HWY_INLINE VF PromoteF16(DF d, hn::Vec<D16> h) {
 #endif
 }
 
-// Keys and values may be stored as float32, bfloat16 or fp16; arithmetic is
-// float32 (a 16-bit load is promoted; ToFloat, partial-inl.h, is the scalar
-// form).
+// Keys and values may be stored as float32, bfloat16, fp16 or q8_0 blocks;
+// arithmetic is float32. A row is read by column: element c of a q8_0 row is
+// code c % 32 of block c / 32 times its scale.
+
+// Element c of a K or V row.
 template <class KV>
-HWY_INLINE VF LoadKV(DF d, const KV* p) {
-  if constexpr (std::is_same_v<KV, float>) {
-    return hn::LoadU(d, p);
-  } else if constexpr (std::is_same_v<KV, hwy::float16_t>) {
-    return PromoteF16<hn::Rebind<KV, DF>>(d, hn::LoadU(hn::Rebind<KV, DF>(), p));
+HWY_INLINE float KVValue(const KV* row, int64_t c) {
+  if constexpr (std::is_same_v<KV, block_q8_0>) {
+    const block_q8_0& b = row[c / kQ8_0Block];
+    return fp16_to_float(b.d.bits) * b.qs[c % kQ8_0Block];
   } else {
-    return hn::PromoteTo(d, hn::LoadU(hn::Rebind<KV, DF>(), p));
+    return ToFloat(row[c]);
   }
 }
 
+// Elements c .. c + N - 1 of a row, c a multiple of the lanes N.
+template <class KV>
+HWY_INLINE VF LoadKV(DF d, const KV* row, int64_t c) {
+  if constexpr (std::is_same_v<KV, float>) {
+    return hn::LoadU(d, row + c);
+  } else if constexpr (std::is_same_v<KV, hwy::float16_t>) {
+    return PromoteF16<hn::Rebind<KV, DF>>(d, hn::LoadU(hn::Rebind<KV, DF>(), row + c));
+  } else if constexpr (std::is_same_v<KV, block_q8_0>) {
+    const auto N = static_cast<int64_t>(hn::Lanes(d));
+    if (N <= kQ8_0Block) {  // N, a power of 2, divides 32: the lanes lie in one block
+      const block_q8_0& b = row[c / kQ8_0Block];
+      const hn::Rebind<int8_t, DF> d8;
+      const hn::Rebind<int32_t, DF> d32;
+      const VF codes = hn::ConvertTo(d, hn::PromoteTo(d32, hn::LoadU(d8, b.qs + c % kQ8_0Block)));
+      return hn::Mul(codes, hn::Set(d, fp16_to_float(b.d.bits)));
+    }
+    alignas(HWY_MAX_BYTES) float buf[HWY_MAX_BYTES / sizeof(float)];
+    for (int64_t i = 0; i < N; ++i) buf[i] = KVValue(row, c + i);
+    return hn::Load(d, buf);
+  } else {
+    return hn::PromoteTo(d, hn::LoadU(hn::Rebind<KV, DF>(), row + c));
+  }
+}
+
+// Elements c .. c + m - 1 of a row, m < N; the other lanes 0.
+template <class KV>
+HWY_INLINE VF LoadKVPart(DF d, const KV* row, int64_t c, int64_t m) {
+  if constexpr (std::is_same_v<KV, block_q8_0>) {
+    alignas(HWY_MAX_BYTES) float buf[HWY_MAX_BYTES / sizeof(float)] = {};
+    for (int64_t i = 0; i < m; ++i) buf[i] = KVValue(row, c + i);
+    return hn::Load(d, buf);
+  } else {
+    return LoadPart(d, row + c, m, 0.0f);
+  }
+}
+
+// Row j of K or V of (b, h) in its storage type KV, and how many KVs apart
+// rows are.
+template <class KV>
+const KV* KeyRow(const AttentionProblem<float>& p, int64_t b, int64_t h, int64_t j) {
+  if constexpr (std::is_same_v<KV, float>) return p.k.row(b, h, j);
+  else return reinterpret_cast<const KV*>(p.k_stored.row(b, h, j));
+}
+template <class KV>
+const KV* ValueRow(const AttentionProblem<float>& p, int64_t b, int64_t h, int64_t j) {
+  if constexpr (std::is_same_v<KV, float>) return p.v.row(b, h, j);
+  else return reinterpret_cast<const KV*>(p.v_stored.row(b, h, j));
+}
+template <class KV>
+int64_t KeyStride(const AttentionProblem<float>& p) {
+  if constexpr (std::is_same_v<KV, float>) return p.k.row_stride;
+  else return p.k_stored.row_stride / static_cast<int64_t>(sizeof(KV));
+}
+template <class KV>
+int64_t ValueStride(const AttentionProblem<float>& p) {
+  if constexpr (std::is_same_v<KV, float>) return p.v.row_stride;
+  else return p.v_stored.row_stride / static_cast<int64_t>(sizeof(KV));
+}
+
+// Bytes of n values of a row.
+template <class KV>
+constexpr int64_t RowBytes(int64_t n) {
+  if constexpr (std::is_same_v<KV, block_q8_0>) return n / kQ8_0Block * static_cast<int64_t>(sizeof(KV));
+  else return n * static_cast<int64_t>(sizeof(KV));
+}
+
+// Calls f with a value of the storage type of p's K and V (hwy's 16-bit
+// types, whose loads Highway knows).
+template <class F>
+HWY_INLINE void WithKVType(const AttentionProblem<float>& p, F&& f) {
+  switch (p.kv) {
+    case KVStorage::BF16: return f(hwy::bfloat16_t());
+    case KVStorage::F16: return f(hwy::float16_t());
+    case KVStorage::Q8_0: return f(block_q8_0());
+    case KVStorage::Native: return f(0.0f);
+  }
+}
 
 // o[r][0 .. NV·N) += Σ_j p[r][j] · v_j[0 .. NV·N) for r < MR, j < count
 // (row r of p starts at p + r · p_stride). An FMA waits 4 cycles for the one
@@ -101,9 +180,10 @@ HWY_INLINE VF LoadKV(DF d, const KV* p) {
 // the keys are then dealt round-robin to S sets of accumulators, summed at
 // the end. (At head dim 16 the 4 rows × 1 vector of a single set ran at a
 // quarter of the FMA rate.)
+// Columns c0 .. c0 + NV·N of the V rows, c0 a multiple of N.
 template <int MR, int NV, class KV>
 HWY_INLINE void ValueBlock(DF d, const float* p, int64_t p_stride, int64_t count,
-                           const KV* v0, int64_t v_stride, float* o, int64_t o_stride) {
+                           const KV* v0, int64_t v_stride, int64_t c0, float* o, int64_t o_stride) {
   const size_t N = hn::Lanes(d);
   constexpr int S = MR * NV >= 8 ? 1 : 8 / (MR * NV);
 #if HWY_HAVE_SCALABLE
@@ -121,7 +201,7 @@ HWY_INLINE void ValueBlock(DF d, const float* p, int64_t p_stride, int64_t count
       constexpr int s = i / RV, r = i % RV / NV, v = i % NV;
       if (S > 1 && s >= step) return;
       VF& acc = Acc<i>(a0, a1, a2, a3, a4, a5, a6, a7);
-      acc = hn::MulAdd(hn::Set(d, p[r * p_stride + j + s]), LoadKV(d, v0 + (j + s) * v_stride + v * N), acc);
+      acc = hn::MulAdd(hn::Set(d, p[r * p_stride + j + s]), LoadKV(d, v0 + (j + s) * v_stride, c0 + v * N), acc);
     });
   }
   Unroll<(S - 1) * RV>([&](auto i) HWY_ATTR {
@@ -145,7 +225,7 @@ HWY_INLINE void ValueBlock(DF d, const float* p, int64_t p_stride, int64_t count
     for (int s = 0; s < S; ++s) {
       if (S > 1 && s >= step) break;
       VF vv[NV];
-      for (int v = 0; v < NV; ++v) vv[v] = LoadKV(d, v0 + (j + s) * v_stride + v * N);
+      for (int v = 0; v < NV; ++v) vv[v] = LoadKV(d, v0 + (j + s) * v_stride, c0 + v * N);
       for (int r = 0; r < MR; ++r) {
         const VF pb = hn::Set(d, p[r * p_stride + j + s]);
         for (int v = 0; v < NV; ++v) acc[s][r][v] = hn::MulAdd(pb, vv[v], acc[s][r][v]);
@@ -171,7 +251,7 @@ HWY_INLINE void ValueTail(DF d, int rows, const float* p, int64_t p_stride, int6
   for (int r = 0; r < rows; ++r) {
     VF acc = hn::Load(d, o + r * o_stride + c);
     for (int64_t j = 0; j < count; ++j)
-      acc = hn::MulAdd(hn::Set(d, p[r * p_stride + j]), LoadPart(d, v0 + j * v_stride + c, n, 0.0f), acc);
+      acc = hn::MulAdd(hn::Set(d, p[r * p_stride + j]), LoadKVPart(d, v0 + j * v_stride, c, n), acc);
     hn::Store(acc, d, o + r * o_stride + c);
   }
 }
@@ -188,10 +268,10 @@ HWY_INLINE void ValueRows(DF d, const float* p, int64_t p_stride, int64_t count,
   const int64_t whole = d_v / N;
   int64_t vec = 0;
   for (; vec + NV <= whole; vec += NV)
-    ValueBlock<MR, NV>(d, p, p_stride, count, v0 + vec * N, v_stride, o + vec * N, o_stride);
+    ValueBlock<MR, NV>(d, p, p_stride, count, v0, v_stride, vec * N, o + vec * N, o_stride);
   if (vec < whole) {
     WithCount<NV - 1>(whole - vec, [&](auto nv) HWY_ATTR {
-      ValueBlock<MR, decltype(nv)::value>(d, p, p_stride, count, v0 + vec * N, v_stride, o + vec * N, o_stride);
+      ValueBlock<MR, decltype(nv)::value>(d, p, p_stride, count, v0, v_stride, vec * N, o + vec * N, o_stride);
     });
   }
   if (whole * N < d_v) ValueTail(d, MR, p, p_stride, count, v0, v_stride, whole * N, d_v, o, o_stride);

@@ -26,21 +26,6 @@ HWY_BEFORE_NAMESPACE();
 namespace attn::detail {
 namespace HWY_NAMESPACE {
 
-// Row j of K or V of (b, hkv), in its storage type, and the row stride.
-template <class KV>
-const KV* KeyRow(const AttentionProblem<float>& p, int64_t b, int64_t h, int64_t j) {
-  if constexpr (std::is_same_v<KV, float>) return p.k.row(b, h, j);
-  else return reinterpret_cast<const KV*>(p.k16.row(b, h, j));
-}
-template <class KV>
-const KV* ValueRow(const AttentionProblem<float>& p, int64_t b, int64_t h, int64_t j) {
-  if constexpr (std::is_same_v<KV, float>) return p.v.row(b, h, j);
-  else return reinterpret_cast<const KV*>(p.v16.row(b, h, j));
-}
-inline int64_t ValueStride(const AttentionProblem<float>& p) {
-  return p.kv == KVStorage::Native ? p.v.row_stride : p.v16.row_stride;
-}
-
 // s[r · s_stride] = scale · q_r · k for r < MR.
 template <int MR, class KV>
 HWY_INLINE void DotRows(DF d, const float* const* q, const KV* k, int64_t D, float scale,
@@ -55,7 +40,7 @@ HWY_INLINE void DotRows(DF d, const float* const* q, const KV* k, int64_t D, flo
   const auto acc = [&](auto i) HWY_ATTR -> VF& { return Acc<i>(a0, a1, a2, a3, a4, a5, a6, a7); };
   int64_t c = 0;
   for (; c + 2 * static_cast<int64_t>(N) <= full; c += 2 * static_cast<int64_t>(N)) {
-    const VF kv = LoadKV(d, k + c), kv2 = LoadKV(d, k + c + N);
+    const VF kv = LoadKV(d, k, c), kv2 = LoadKV(d, k, c + N);
     Unroll<MR>([&](auto r) HWY_ATTR {
       acc(r) = hn::MulAdd(hn::LoadU(d, q[r] + c), kv, acc(r));
       acc(std::integral_constant<int, MR + r>()) =
@@ -63,13 +48,13 @@ HWY_INLINE void DotRows(DF d, const float* const* q, const KV* k, int64_t D, flo
     });
   }
   for (; c < full; c += static_cast<int64_t>(N)) {
-    const VF kv = LoadKV(d, k + c);
+    const VF kv = LoadKV(d, k, c);
     Unroll<MR>([&](auto r) HWY_ATTR { acc(r) = hn::MulAdd(hn::LoadU(d, q[r] + c), kv, acc(r)); });
   }
   Unroll<MR>([&](auto r) HWY_ATTR {
     VF sum = hn::Add(acc(r), acc(std::integral_constant<int, MR + r>()));
     if (full < D)
-      sum = hn::MulAdd(LoadPart(d, q[r] + full, D - full, 0.0f), LoadPart(d, k + full, D - full, 0.0f), sum);
+      sum = hn::MulAdd(LoadPart(d, q[r] + full, D - full, 0.0f), LoadKVPart(d, k, full, D - full), sum);
     s[r * s_stride] = hn::GetLane(hn::SumOfLanes(d, sum)) * scale;
   });
 #else
@@ -79,19 +64,19 @@ HWY_INLINE void DotRows(DF d, const float* const* q, const KV* k, int64_t D, flo
   for (int r = 0; r < MR; ++r) acc[r] = acc2[r] = hn::Zero(d);
   int64_t c = 0;
   for (; c + 2 * static_cast<int64_t>(N) <= full; c += 2 * static_cast<int64_t>(N)) {
-    const VF kv = LoadKV(d, k + c), kv2 = LoadKV(d, k + c + N);
+    const VF kv = LoadKV(d, k, c), kv2 = LoadKV(d, k, c + N);
     for (int r = 0; r < MR; ++r) {
       acc[r] = hn::MulAdd(hn::LoadU(d, q[r] + c), kv, acc[r]);
       acc2[r] = hn::MulAdd(hn::LoadU(d, q[r] + c + N), kv2, acc2[r]);
     }
   }
   for (; c < full; c += static_cast<int64_t>(N)) {
-    const VF kv = LoadKV(d, k + c);
+    const VF kv = LoadKV(d, k, c);
     for (int r = 0; r < MR; ++r) acc[r] = hn::MulAdd(hn::LoadU(d, q[r] + c), kv, acc[r]);
   }
   for (int r = 0; r < MR; ++r) acc[r] = hn::Add(acc[r], acc2[r]);
   if (full < D) {
-    const VF kv = LoadPart(d, k + full, D - full, 0.0f);
+    const VF kv = LoadKVPart(d, k, full, D - full);
     for (int r = 0; r < MR; ++r) acc[r] = hn::MulAdd(LoadPart(d, q[r] + full, D - full, 0.0f), kv, acc[r]);
   }
   for (int r = 0; r < MR; ++r) s[r * s_stride] = hn::GetLane(hn::SumOfLanes(d, acc[r])) * scale;
@@ -128,7 +113,7 @@ void DecodeChunk(DF d, const AttentionProblem<float>& p, int64_t b, int64_t hkv,
   for (int64_t r = 0; r < R; ++r) q[r] = p.q.row(b, row_head(r), r % p.n_q);
   const float scale = ScoreScale(p);
   const KV* v_rows = ValueRow<KV>(p, b, hkv, j0);
-  const int64_t v_stride = ValueStride(p), v_bytes = p.d_v * static_cast<int64_t>(sizeof(KV));
+  const int64_t v_stride = ValueStride<KV>(p), v_bytes = RowBytes<KV>(p.d_v);
   for (int64_t j = 0; j < jn; ++j) {
     const KV* k = KeyRow<KV>(p, b, hkv, j0 + j);
     // Fetch row j of V while K streams in: both arrays come from memory
@@ -201,11 +186,7 @@ void DecodeForwardT(const AttentionProblem<float>& p) {
 }
 
 void DecodeForward(const AttentionProblem<float>& p) {
-  switch (p.kv) {
-    case KVStorage::BF16: return DecodeForwardT<hwy::bfloat16_t>(p);
-    case KVStorage::F16: return DecodeForwardT<hwy::float16_t>(p);
-    default: return DecodeForwardT<float>(p);
-  }
+  WithKVType(p, [&](auto kv) HWY_ATTR { DecodeForwardT<decltype(kv)>(p); });
 }
 
 }  // namespace HWY_NAMESPACE

@@ -11,13 +11,15 @@
 //   S → softcap, masks          only on blocks that need it
 //   m' = max(m, rowmax S); P = 2^(S − m'); l = l·2^(m−m') + rowsum P;
 //   O = O·2^(m−m') + P V        register-blocked: kRows rows × kVecs vectors
-//                                of value columns, V read in place
+//                                of value columns, V read in place (or its
+//                                tile widened to float32 first: WidenValues)
 // and finally out = O / l (0 for a row with no allowed key). Base 2 makes
 // every exponential a cheap 2^x (exp2-inl.h); it is the same softmax.
 //
-// K is packed once per call, into transposed tiles. With one query tile per
-// (batch, kv head), at most one item's queries, that item packs its K
-// tiles itself, each just before its rows use it (FlashTiles).
+// K is packed once per call, into transposed float32 tiles. With one query
+// tile per (batch, kv head), at most one item's queries, or K stored in 16
+// or 8 bits, each item packs its K tiles itself, each just before its rows
+// use it (FlashTiles): no float32 copy of all of a compact K or V is made.
 //
 // Loop order: the key tile is outer and the row blocks inner, so the K tile
 // (d·kBlockK·4 = 16 KiB at d = 64) and the V tile stay in cache while all
@@ -51,13 +53,25 @@ namespace HWY_NAMESPACE {
 static_assert(kBlockK == kPanel, "a key tile is one packed matmul panel");
 static_assert(kBlockRows % kRows == 0, "ATTN_BLOCK_ROWS must be a multiple of kRows (4)");
 
+// Packs K tile kt of (b, hkv) (PackK) or widens V rows j0 .. j0 + count - 1
+// (WidenValues): the steps that depend on K/V's storage type.
+using PackKFn = void (*)(const AttentionProblem<float>& p, int64_t b, int64_t hkv, int64_t kt,
+                         float* dst);
+using WidenValuesFn = void (*)(const AttentionProblem<float>& p, int64_t b, int64_t hkv,
+                               int64_t j0, int64_t count, int64_t width, float* dst);
+
 // Everything one work item needs to see.
 struct Item {
   const AttentionProblem<float>& p;
   float* kpack;  // this (batch, kv head)'s packed K tiles: n_tiles × d × kBlockK
   bool pack;     // whether the item packs them itself (see FlashTiles)
-  const float* v;    // this (batch, kv head)'s V rows, whole vectors each
-  int64_t v_stride;  // and how far apart
+  PackKFn pack_k;
+  // This (batch, kv head)'s V rows when they are float32 rows of whole
+  // vectors side by side, read in place; otherwise null, and each tile's rows
+  // are widened into v_tile first.
+  const float* v;
+  WidenValuesFn widen_v;
+  float* v_tile;
   int64_t b, hkv, i0, rows;
 };
 
@@ -83,30 +97,50 @@ struct RowBlock {
 // past n_k are zero (their scores are masked anyway). Four keys at a time:
 // their rows, interleaved, are each dim's four keys side by side, one
 // 16-byte copy per dim (an element at a time, the transpose took 15% of a
-// call at n = 128).
+// call at n = 128). 16-bit and q8_0 keys are widened on the way.
+template <class KV>
 void PackK(const AttentionProblem<float>& p, int64_t b, int64_t hkv, int64_t kt, float* dst) {
   const DF d;
   const int64_t N = static_cast<int64_t>(hn::Lanes(d));
   const int64_t j0 = kt * kBlockK, jn = std::min(kBlockK, p.n_k - j0);
-  const int64_t whole = p.d / N * N;
+  const int64_t whole = p.d / N * N, rs = KeyStride<KV>(p);
   alignas(HWY_MAX_BYTES) float four[4 * HWY_MAX_BYTES / sizeof(float)];
   int64_t j = 0;
   for (; j + 4 <= jn; j += 4) {
-    const float* k0 = p.k.row(b, hkv, j0 + j);
-    const int64_t rs = p.k.row_stride;
+    const KV* k0 = KeyRow<KV>(p, b, hkv, j0 + j);
     for (int64_t c = 0; c < whole; c += N) {
-      hn::StoreInterleaved4(hn::LoadU(d, k0 + c), hn::LoadU(d, k0 + rs + c), hn::LoadU(d, k0 + 2 * rs + c),
-                            hn::LoadU(d, k0 + 3 * rs + c), d, four);
+      hn::StoreInterleaved4(LoadKV(d, k0, c), LoadKV(d, k0 + rs, c), LoadKV(d, k0 + 2 * rs, c),
+                            LoadKV(d, k0 + 3 * rs, c), d, four);
       for (int64_t e = 0; e < N; ++e) std::memcpy(dst + (c + e) * kBlockK + j, four + 4 * e, 4 * sizeof(float));
     }
     for (int64_t c = whole; c < p.d; ++c)
-      for (int64_t r = 0; r < 4; ++r) dst[c * kBlockK + j + r] = k0[r * rs + c];
+      for (int64_t r = 0; r < 4; ++r) dst[c * kBlockK + j + r] = KVValue(k0 + r * rs, c);
   }
   for (; j < jn; ++j) {
-    const float* k = p.k.row(b, hkv, j0 + j);
-    for (int64_t c = 0; c < p.d; ++c) dst[c * kBlockK + j] = k[c];
+    const KV* k = KeyRow<KV>(p, b, hkv, j0 + j);
+    for (int64_t c = 0; c < p.d; ++c) dst[c * kBlockK + j] = KVValue(k, c);
   }
   for (int64_t c = 0; c < p.d; ++c) std::fill(dst + c * kBlockK + jn, dst + (c + 1) * kBlockK, 0.0f);
+}
+
+// V rows j0 .. j0 + count - 1 of (b, hkv) as float32 rows `width` (d_v
+// rounded up to whole vectors) apart at dst, zeros past d_v: the tile P·V
+// reads when V's own rows are not float32 whole vectors side by side. Per
+// tile, so that no copy of all of V is ever made; V rows far apart (heads
+// sliced from one wide array, as multi_head and the layer pass them) also
+// share few cache sets, which the copy avoids.
+template <class KV>
+void WidenValues(const AttentionProblem<float>& p, int64_t b, int64_t hkv, int64_t j0,
+                 int64_t count, int64_t width, float* dst) {
+  const DF d;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(d));
+  const int64_t whole = p.d_v / N * N;
+  for (int64_t j = 0; j < count; ++j) {
+    const KV* in = ValueRow<KV>(p, b, hkv, j0 + j);
+    float* out = dst + j * width;
+    for (int64_t c = 0; c < whole; c += N) hn::Store(LoadKV(d, in, c), d, out + c);
+    if (whole < p.d_v) hn::Store(LoadKVPart(d, in, whole, p.d_v - whole), d, out + whole);
+  }
 }
 
 // S = masked, softcapped scores of row block rb (head h) against key tile kt;
@@ -188,8 +222,9 @@ HWY_INLINE void SoftmaxPass(DF d, const Item& it, int64_t h, bool pack, ItemStat
   std::fill(o, o + it.rows * dvp, 0.0f);
   for (int64_t kt = st.t_begin; kt < st.t_end; ++kt) {
     const int64_t j0 = kt * kBlockK, jn = std::min(kBlockK, p.n_k - j0);
-    const float* v0 = it.v + j0 * it.v_stride;
-    if (pack) PackK(p, it.b, it.hkv, kt, it.kpack + kt * p.d * kBlockK);
+    const float* v0 = it.v ? it.v + j0 * dvp : it.v_tile;
+    if (!it.v) it.widen_v(p, it.b, it.hkv, j0, jn, dvp, it.v_tile);
+    if (pack) it.pack_k(p, it.b, it.hkv, kt, it.kpack + kt * p.d * kBlockK);
     for (int64_t r0 = 0; r0 < it.rows; r0 += kBlockRows) {
       const RowBlock& rb = st.blocks[r0 / kBlockRows];
       if (rb.masks_all(j0, jn)) continue;
@@ -204,7 +239,7 @@ HWY_INLINE void SoftmaxPass(DF d, const Item& it, int64_t h, bool pack, ItemStat
             hn::Store(hn::Mul(hn::Load(d, orow + c), a), d, orow + c);
         }
       }
-      AccumulateValues(d, rows, s, kBlockK, jn, v0, it.v_stride, dvp, o + r0 * dvp, dvp);
+      AccumulateValues(d, rows, s, kBlockK, jn, v0, dvp, dvp, o + r0 * dvp, dvp);
     }
   }
 }
@@ -262,48 +297,9 @@ void ProcessItem(DF d, const Item& it) {
 }
 
 // Packed K of every (batch, kv head) (the calling thread's), of one in each
-// thread (items that pack their own), a kv head's V rows (items whose V rows
-// are far apart), float32 copies of K and V.
-thread_local Scratch<float> tls_kpack, tls_item_kpack, tls_item_v, tls_k32, tls_v32;
+// thread (items that pack their own), and a V tile in each thread.
+thread_local Scratch<float> tls_kpack, tls_item_kpack, tls_v_tile;
 
-// The rows of src (each `cols` values of type KV) of every (batch, kv head)
-// as float32 rows `width` >= cols apart in dst, zeros past cols; returns them
-// as an operand over dst. Prefill gives the tile loop float32 K and V rows
-// this way when they are not already: 16-bit K/V are widened, and V rows
-// that are not whole vectors are padded (so that P·V never takes a partial
-// one). O(n) work against the O(n²) of the attention: bf16 prefill
-// runs at 98–101% of the float32 rate (docs/performance.md). Decode reads
-// each K/V row once, so it widens in registers instead (LoadKV).
-template <class KV, class T>
-Operand<const float> ContiguousRows(const AttentionProblem<float>& p, const Operand<const T>& src,
-                                    int64_t cols, int64_t width, float* dst) {
-  const DF d;
-  const int64_t N = static_cast<int64_t>(hn::Lanes(d));
-  const int64_t rows = p.batch * p.heads_kv * p.n_k;
-  parallel_for((rows + 255) / 256, [&](int64_t block) {
-    for (int64_t r = block * 256; r < std::min(rows, (block + 1) * 256); ++r) {
-      const int64_t bh = r / p.n_k;
-      const KV* in = reinterpret_cast<const KV*>(src.row(bh / p.heads_kv, bh % p.heads_kv, r % p.n_k));
-      float* out = dst + r * width;
-      int64_t c = 0;
-      for (; c + N <= cols; c += N) hn::StoreU(LoadKV(d, in + c), d, out + c);
-      for (; c < cols; ++c) out[c] = ToFloat(in[c]);
-      std::fill(out + cols, out + width, 0.0f);
-    }
-  });
-  Operand<const float> o;
-  o.data = dst;
-  o.batch_offset.resize(static_cast<size_t>(p.batch));
-  for (int64_t b = 0; b < p.batch; ++b) o.batch_offset[b] = b * p.heads_kv * p.n_k * width;
-  o.head_stride = p.n_k * width;
-  o.row_stride = width;
-  o.col_stride = 1;
-  return o;
-}
-
-// The tiles of p, whose K is float32 (any row stride) and whose V rows are
-// float32 with whole vectors of columns readable (ItemState::dvp of them;
-// any past d_v are zeros).
 // Query rows per work item: kBlockQ, or half as many when there would be
 // fewer than 2 items per thread (config.hpp).
 int64_t ItemRows(const AttentionProblem<float>& p) {
@@ -311,6 +307,7 @@ int64_t ItemRows(const AttentionProblem<float>& p) {
   return items >= 2 * static_cast<int64_t>(num_threads()) ? kBlockQ : kBlockQ / 2;
 }
 
+template <class KV>
 void FlashTiles(const AttentionProblem<float>& p) {
   const DF d;
   const int64_t n_tiles = (p.n_k + kBlockK - 1) / kBlockK;
@@ -318,69 +315,48 @@ void FlashTiles(const AttentionProblem<float>& p) {
   const int64_t heads = p.batch * p.heads_kv;
   const int64_t rows = ItemRows(p);
   const int64_t n_qt = (p.n_q + rows - 1) / rows;
+  const int64_t dvp = WholeVectors(p.d_v);
   // Several query tiles share each (batch, kv head)'s packed K: a pass packs
   // it all first. A single one packs it inside its item, each tile just
   // before use, while it is in L1, with no pass of its own (short sequences:
   // n = 128, batch 8, head dim 64 went from 0.49 to 0.55 of the FMA peak;
   // packing in the items always took n = 4096 from 0.68 to 0.64, Xeon, 2
-  // threads, medians of 3–5).
-  const bool shared = n_qt > 1;
+  // threads, medians of 3–5). K stored in 16 or 8 bits is always packed in
+  // the items: packed all at once it would be a float32 copy of K, twice
+  // or four times the memory of K itself.
+  const bool shared = n_qt > 1 && std::is_same_v<KV, float>;
   const auto size = static_cast<size_t>(std::max<int64_t>(shared ? heads * head_pack : head_pack, 1));
   float* kpack = shared ? tls_kpack.get(size) : nullptr;
   if (shared) {
     parallel_for(heads * n_tiles, [&](int64_t item) {
       const int64_t bh = item / n_tiles, kt = item % n_tiles;
-      PackK(p, bh / p.heads_kv, bh % p.heads_kv, kt, kpack + bh * head_pack + kt * p.d * kBlockK);
+      PackK<KV>(p, bh / p.heads_kv, bh % p.heads_kv, kt, kpack + bh * head_pack + kt * p.d * kBlockK);
     });
   }
-  // V rows far apart (heads sliced from one wide array, as multi_head and
-  // the layer pass them) share few cache sets: each item reads a contiguous
-  // copy of its kv head's rows, made at its start (multi_head, n = 4096,
-  // width 512, 8 heads: 138–145 ms in place, 107–117 with the copy; a copy
-  // of all heads at once cost the layer n·d_v floats of memory more).
-  const bool copy_v = p.v.row_stride != WholeVectors(p.d_v);
+  const bool v_in_place = std::is_same_v<KV, float> && p.d_v == dvp && ValueStride<KV>(p) == dvp;
   // The most expensive (last, under causal masking) query tiles go first.
   parallel_for(heads * n_qt, [&](int64_t item) {
     const int64_t qt = n_qt - 1 - item / heads, bh = item % heads;
     const int64_t b = bh / p.heads_kv, hkv = bh % p.heads_kv, i0 = qt * rows;
-    const float* v = p.v.row(b, hkv, 0);
-    int64_t v_stride = p.v.row_stride;
-    if (copy_v) {
-      float* rows_v = tls_item_v.get(static_cast<size_t>(std::max<int64_t>(p.n_k * p.d_v, 1)));
-      for (int64_t j = 0; j < p.n_k; ++j) std::copy(v + j * v_stride, v + j * v_stride + p.d_v, rows_v + j * p.d_v);
-      v = rows_v;
-      v_stride = p.d_v;
-    }
-    const Item it{p, shared ? kpack + bh * head_pack : tls_item_kpack.get(size), !shared, v, v_stride,
-                  b, hkv, i0, std::min(rows, p.n_q - i0)};
+    float* v_tile = v_in_place ? nullptr : tls_v_tile.get(static_cast<size_t>(kBlockK * std::max<int64_t>(dvp, 1)));
+    const Item it{p,
+                  shared ? kpack + bh * head_pack : tls_item_kpack.get(size),
+                  !shared,
+                  &PackK<KV>,
+                  v_in_place ? p.v.row(b, hkv, 0) : nullptr,
+                  &WidenValues<KV>,
+                  v_tile,
+                  b,
+                  hkv,
+                  i0,
+                  std::min(rows, p.n_q - i0)};
     ProcessItem(d, it);
   });
 }
 
-void FlashForward(const AttentionProblem<float>& p_in) {
-  const int64_t dvp = WholeVectors(p_in.d_v);
-  // float32 V rows of whole vectors are read in place, however far apart;
-  // others are copied first (ContiguousRows), and 16-bit K with them. (A
-  // copy of every strided V too cost the layer n·d_v floats more memory.)
-  if (p_in.kv == KVStorage::Native && dvp == p_in.d_v)
-    return FlashTiles(p_in);
-  AttentionProblem<float> p = p_in;
-  const auto size = [&](int64_t w) { return static_cast<size_t>(std::max<int64_t>(p.batch * p.heads_kv * p.n_k * w, 1)); };
-  float* v = tls_v32.get(size(dvp));
-  if (p.kv == KVStorage::Native) {
-    p.v = ContiguousRows<float>(p, p_in.v, p.d_v, dvp, v);
-  } else {
-    float* k = tls_k32.get(size(p.d));
-    const bool bf16 = p.kv == KVStorage::BF16;
-    p.k = bf16 ? ContiguousRows<hwy::bfloat16_t>(p, p.k16, p.d, p.d, k)
-               : ContiguousRows<hwy::float16_t>(p, p.k16, p.d, p.d, k);
-    p.v = bf16 ? ContiguousRows<hwy::bfloat16_t>(p, p.v16, p.d_v, dvp, v)
-               : ContiguousRows<hwy::float16_t>(p, p.v16, p.d_v, dvp, v);
-    p.kv = KVStorage::Native;
-  }
-  FlashTiles(p);
+void FlashForward(const AttentionProblem<float>& p) {
+  WithKVType(p, [&](auto kv) HWY_ATTR { FlashTiles<decltype(kv)>(p); });
 }
-
 
 }  // namespace HWY_NAMESPACE
 }  // namespace attn::detail

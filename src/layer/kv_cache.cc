@@ -2,27 +2,106 @@
 
 #include <algorithm>
 #include <cstring>
+#include <string>
+#include <vector>
 
 namespace attn {
+namespace {
+
+// Storage elements per row of `cols` values.
+template <class S>
+int64_t row_elements(int64_t cols) {
+  return std::is_same_v<S, block_q8_0> ? cols / kQ8_0Block : cols;
+}
+
+// One row of cols values (contiguous) in the storage type.
+template <class S>
+void store_row(const float* x, S* out, int64_t cols) {
+  if constexpr (std::is_same_v<S, block_q8_0>) quantize_row_q8_0(x, out, cols);
+  else if constexpr (std::is_same_v<S, bfloat16>) for (int64_t c = 0; c < cols; ++c) out[c].bits = float_to_bf16(x[c]);
+  else if constexpr (std::is_same_v<S, float16>) for (int64_t c = 0; c < cols; ++c) out[c].bits = float_to_fp16(x[c]);
+  else std::copy(x, x + cols, out);
+}
+
+// Rows t of src (batch, heads, n, cols) to rows at + t of dst (batch, heads,
+// capacity, row_elements(cols)).
+template <class T, class S>
+void store_rows(TensorView<const T> src, Tensor<S>& dst, int64_t at) {
+  const int64_t B = src.dim(0), H = src.dim(1), n = src.dim(2), cols = src.dim(3);
+  if (cols == 0) return;
+  const int64_t cap = dst.dim(2), row = dst.dim(3);
+  std::vector<T> gathered(static_cast<size_t>(cols));
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t h = 0; h < H; ++h)
+      for (int64_t t = 0; t < n; ++t) {
+        T* x = gathered.data();
+        const T* in = &src.at({b, h, t, 0});
+        for (int64_t c = 0; c < cols; ++c) x[c] = in[c * src.stride(3)];
+        S* out = dst.data() + ((b * H + h) * cap + at + t) * row;
+        if constexpr (std::is_same_v<S, T>) std::copy(x, x + cols, out);
+        else if constexpr (std::is_same_v<T, float>) store_row(x, out, cols);
+      }
+}
+
+}  // namespace
 
 template <class T>
-TensorView<const T> KVCache<T>::view(const Tensor<T>& s) const {
-  if (s.rank() != 4) return TensorView<const T>(s.data(), {0, 0, 0, 0});
-  const int64_t cap = s.dim(2), dh = s.dim(3);
-  return TensorView<const T>(s.data(), {s.dim(0), s.dim(1), length_, dh},
-                             {s.dim(1) * cap * dh, cap * dh, dh, 1});
+KVCache<T>::KVCache(KVDtype dtype) : dtype_(dtype) {
+  if constexpr (std::is_same_v<T, double>)
+    if (dtype != KVDtype::F32)
+      throw ValueError(std::string("KVCache: a float64 cache stores float64 only, got dtype ") +
+                       kv_dtype_name(dtype));
+  switch (dtype) {
+    case KVDtype::F32: keys_ = values_ = Tensor<T>(); break;
+    case KVDtype::BF16: keys_ = values_ = Tensor<bfloat16>(); break;
+    case KVDtype::F16: keys_ = values_ = Tensor<float16>(); break;
+    case KVDtype::Q8_0: keys_ = values_ = Tensor<block_q8_0>(); break;
+  }
+}
+
+template <class T>
+int64_t KVCache<T>::capacity() const {
+  return std::visit([](const auto& s) { return s.rank() == 4 ? s.dim(2) : int64_t{0}; }, keys_);
+}
+
+template <class T>
+int64_t KVCache<T>::bytes() const {
+  const int64_t rows = std::visit([](const auto& s) { return s.rank() == 4 ? s.dim(0) * s.dim(1) : int64_t{0}; }, keys_);
+  const auto row_bytes = [&](int64_t cols) {
+    return dtype_ == KVDtype::F32 ? cols * static_cast<int64_t>(sizeof(T)) : kv_dtype_bytes(dtype_, cols);
+  };
+  return rows * length_ * (row_bytes(head_dim_k_) + row_bytes(head_dim_v_));
+}
+
+template <class T>
+TensorView<const T> KVCache<T>::keys() const {
+  if (dtype_ != KVDtype::F32)
+    throw ValueError(std::string("KVCache.keys: the cache stores ") + kv_dtype_name(dtype_) +
+                     ", not the layer's type: read it with visit()");
+  return view(std::get<Tensor<T>>(keys_));
+}
+
+template <class T>
+TensorView<const T> KVCache<T>::values() const {
+  if (dtype_ != KVDtype::F32)
+    throw ValueError(std::string("KVCache.values: the cache stores ") + kv_dtype_name(dtype_) +
+                     ", not the layer's type: read it with visit()");
+  return view(std::get<Tensor<T>>(values_));
 }
 
 template <class T>
 void KVCache<T>::reserve(int64_t capacity) {
-  for (Tensor<T>* s : {&keys_, &values_}) {
-    Tensor<T> grown(Shape{s->dim(0), s->dim(1), capacity, s->dim(3)});
-    const int64_t old_cap = s->dim(2), dh = s->dim(3);
-    for (int64_t bh = 0; bh < s->dim(0) * s->dim(1); ++bh)
-      std::memcpy(grown.data() + bh * capacity * dh, s->data() + bh * old_cap * dh,
-                  sizeof(T) * length_ * dh);
-    *s = std::move(grown);
-  }
+  const auto grow = [&](auto& s) {
+    using S = std::remove_cvref_t<decltype(*s.data())>;
+    Tensor<S> grown(Shape{s.dim(0), s.dim(1), capacity, s.dim(3)});
+    const int64_t old_cap = s.dim(2), row = s.dim(3);
+    for (int64_t bh = 0; bh < s.dim(0) * s.dim(1); ++bh)
+      std::memcpy(grown.data() + bh * capacity * row, s.data() + bh * old_cap * row,
+                  sizeof(S) * length_ * row);
+    s = std::move(grown);
+  };
+  std::visit(grow, keys_);
+  std::visit(grow, values_);
 }
 
 template <class T>
@@ -32,26 +111,33 @@ void KVCache<T>::append(TensorView<const T> k, TensorView<const T> v) {
     throw ValueError("KVCache.append: k and v must be (batch, heads, n, head_dim) with equal "
                      "batch, heads and n, got k " + shape_str(k.shape()) + ", v " +
                      shape_str(v.shape()));
-  if (keys_.rank() != 4) {
-    keys_ = Tensor<T>(Shape{k.dim(0), k.dim(1), 0, k.dim(3)});
-    values_ = Tensor<T>(Shape{v.dim(0), v.dim(1), 0, v.dim(3)});
+  if (dtype_ == KVDtype::Q8_0 && (k.dim(3) % kQ8_0Block != 0 || v.dim(3) % kQ8_0Block != 0))
+    throw ValueError("KVCache.append: a q8_0 cache stores rows in blocks of 32, so head_dim "
+                     "must be a multiple of 32, got k " + shape_str(k.shape()) + ", v " +
+                     shape_str(v.shape()));
+  const bool first = std::visit([](const auto& s) { return s.rank() != 4; }, keys_);
+  if (first) {
+    const auto start = [&](auto& s, int64_t cols) {
+      using S = std::remove_cvref_t<decltype(*s.data())>;
+      s = Tensor<S>(Shape{k.dim(0), k.dim(1), 0, row_elements<S>(cols)});
+    };
+    std::visit([&](auto& s) { start(s, k.dim(3)); }, keys_);
+    std::visit([&](auto& s) { start(s, v.dim(3)); }, values_);
+    head_dim_k_ = k.dim(3), head_dim_v_ = v.dim(3);
   }
-  const Shape have{keys_.dim(0), keys_.dim(1), keys_.dim(3)};
-  if (k.dim(0) != have[0] || k.dim(1) != have[1] || k.dim(3) != have[2] ||
-      v.dim(3) != values_.dim(3))
-    throw ValueError("KVCache.append: the cache holds batch " + std::to_string(have[0]) +
-                     ", heads " + std::to_string(have[1]) + ", head_dim " +
-                     std::to_string(have[2]) + "; cannot append k " + shape_str(k.shape()) +
+  const int64_t batch = std::visit([](const auto& s) { return s.dim(0); }, keys_);
+  const int64_t heads = std::visit([](const auto& s) { return s.dim(1); }, keys_);
+  if (k.dim(0) != batch || k.dim(1) != heads || k.dim(3) != head_dim_k_ || v.dim(3) != head_dim_v_)
+    throw ValueError("KVCache.append: the cache holds batch " + std::to_string(batch) +
+                     ", heads " + std::to_string(heads) + ", head_dim " +
+                     std::to_string(head_dim_k_) + "; cannot append k " + shape_str(k.shape()) +
                      ", v " + shape_str(v.shape()));
   const int64_t n = k.dim(2);
-  if (length_ + n > keys_.dim(2)) reserve(std::max<int64_t>({16, 2 * keys_.dim(2), length_ + n}));
-  const int64_t cap = keys_.dim(2);
-  const auto dest = [&](Tensor<T>& s) {
-    return TensorView<T>(s.data() + length_ * s.dim(3), {s.dim(0), s.dim(1), n, s.dim(3)},
-                         {s.dim(1) * cap * s.dim(3), cap * s.dim(3), s.dim(3), 1});
-  };
-  copy<T>(k, dest(keys_));
-  copy<T>(v, dest(values_));
+  if (length_ + n > capacity()) reserve(std::max<int64_t>({16, 2 * capacity(), length_ + n}));
+  // Written past length_ first: a failure (a value q8_0 cannot hold) leaves
+  // the cached tokens as they were.
+  std::visit([&](auto& s) { store_rows(k, s, length_); }, keys_);
+  std::visit([&](auto& s) { store_rows(v, s, length_); }, values_);
   length_ += n;
 }
 

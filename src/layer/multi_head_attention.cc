@@ -289,7 +289,8 @@ struct MultiHeadAttention<T>::Activations {
   TensorView<const T> q_in, k_in, v_in;  // the inputs as (batch, n, width)
   bool is_batched;
   Tensor<T> q, k, v;                     // projections (batch, n, heads * head_dim); q, k rotated
-  TensorView<const T> K, V;              // the keys and values attended (the cache's, with one)
+  TensorView<const T> K, V;              // this call's keys and values (heads, rotated)
+  int64_t n_k;                           // keys attended: with a cache, all it holds
   Mask attn_mask, key_padding_mask;      // views that broadcast to (batch, heads, n_q, n_k)
   std::optional<PaddedMask> padded_attn_mask, padded_key_padding_mask;  // with extra keys
   AttentionOptions attention;
@@ -366,17 +367,24 @@ typename MultiHeadAttention<T>::Activations MultiHeadAttention<T>::forward_activ
     apply_rope(TensorView<const T>(kh), kh, a.rope);
   }
   a.K = kh, a.V = vh;
-  if (cache) {
-    cache->append(kh, vh);
-    a.K = cache->keys();
-    a.V = cache->values();
-  }
-
+  a.n_k = n_k + extra;
   a.ctx = seq_first(a) ? Tensor<T>({n_q, B, c.embed_dim}) : Tensor<T>({B, n_q, c.embed_dim});
-  if (opt.need_weights) a.weights = Tensor<T>({B, H, n_q, a.K.dim(2)});
+  if (opt.need_weights) a.weights = Tensor<T>({B, H, n_q, a.n_k});
   a.attention = opt.attention;
-  detail::PreparedAttention<T, T>(qh, a.K, a.V, a.attention, a.mask(), a.padding())
-      .run(ctx_heads(a.ctx, a), opt.need_weights ? a.weights.view() : TensorView<T>());
+  const auto attend = [&](auto K, auto V) {
+    using KV = std::remove_const_t<std::remove_reference_t<decltype(*K.data())>>;
+    if constexpr (AttentionTypes<T, KV>)  // (a float64 cache holds float64 only)
+      detail::PreparedAttention<T, KV>(qh, K, V, a.attention, a.mask(), a.padding())
+          .run(ctx_heads(a.ctx, a), opt.need_weights ? a.weights.view() : TensorView<T>());
+  };
+  if (cache) {
+    // The chunk's keys and values are read back from the cache, stored as
+    // the past tokens are (quantized, for a compact cache).
+    cache->append(kh, vh);
+    cache->visit(attend);
+  } else {
+    attend(a.K, a.V);
+  }
   return a;
 }
 
@@ -400,7 +408,7 @@ MhaOutput<T> MultiHeadAttention<T>::forward(TensorView<const T> query, TensorVie
                                             const MhaForwardOptions<T>& opt) const {
   const auto w = snapshot();
   Activations a = forward_activations(*w, query, key, value, opt);
-  const int64_t B = a.q_in.dim(0), n_q = a.q_in.dim(1), n_k = a.K.dim(2), H = config_.num_heads;
+  const int64_t B = a.q_in.dim(0), n_q = a.q_in.dim(1), n_k = a.n_k, H = config_.num_heads;
   Tensor<T>& weights = a.weights;
   MhaOutput<T> result;
   result.out = project(TensorView<const T>(a.ctx.view()), w->wo, w->bo);  // ctx's layout

@@ -3,6 +3,7 @@
 // is tested against and the float64 path of the library; keep it small and
 // obviously right. The backward mirrors the forward line by line (llm.c).
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <type_traits>
 #include <vector>
@@ -26,14 +27,27 @@ bool in_range(const AttentionProblem<T>& p, int64_t i, int64_t j) {
   return true;
 }
 
-// Element (j, c) of head (b, h) of K or V (x, or its 16-bit bits x16 in a
+// Element (j, c) of head (b, h) of K or V (x, or its stored bytes in a
 // float32 problem) as a double, whatever its storage.
 template <class T>
 double element(const AttentionProblem<T>& p, const Operand<const T>& x,
-               const Operand<const uint16_t>& x16, int64_t b, int64_t h, int64_t j, int64_t c) {
+               const Operand<const std::byte>& stored, int64_t b, int64_t h, int64_t j, int64_t c) {
   if constexpr (std::is_same_v<T, float>) {
-    if (p.kv == KVStorage::BF16) return bf16_to_float(x16.row(b, h, j)[c * x16.col_stride]);
-    if (p.kv == KVStorage::F16) return fp16_to_float(x16.row(b, h, j)[c * x16.col_stride]);
+    const std::byte* row = p.kv == KVStorage::Native ? nullptr : stored.row(b, h, j);
+    const auto at = [&](auto kind, int64_t col) {
+      decltype(kind) e;
+      std::memcpy(&e, row + col * stored.col_stride, sizeof e);
+      return e;
+    };
+    switch (p.kv) {
+      case KVStorage::BF16: return bf16_to_float(at(uint16_t{}, c));
+      case KVStorage::F16: return fp16_to_float(at(uint16_t{}, c));
+      case KVStorage::Q8_0: {
+        const block_q8_0 block = at(block_q8_0{}, c / kQ8_0Block);
+        return double(fp16_to_float(block.d.bits)) * block.qs[c % kQ8_0Block];
+      }
+      case KVStorage::Native: break;
+    }
   }
   return x.row(b, h, j)[c * x.col_stride];
 }
@@ -52,7 +66,7 @@ void row_weights(const AttentionProblem<T>& p, int64_t b, int64_t h, int64_t i,
   for (int64_t j = 0; j < p.n_k; ++j) {
     double dot = 0;
     for (int64_t c = 0; c < p.d; ++c)
-      dot += double(q[c * p.q.col_stride]) * element(p, p.k, p.k16, b, hkv, j, c);
+      dot += double(q[c * p.q.col_stride]) * element(p, p.k, p.k_stored, b, hkv, j, c);
     s[j] = dot * p.scale;
     const double logit = p.softcap > 0 ? p.softcap * std::tanh(s[j] / p.softcap) : s[j];
     part[j] = in_range(p, i, j) && p.mask.allows(b, h, i, j);
@@ -70,7 +84,7 @@ void row_output(const AttentionProblem<T>& p, int64_t b, int64_t h, const std::v
   for (int64_t c = 0; c < p.d_v; ++c) {
     double acc = 0;
     for (int64_t j = 0; j < p.n_k; ++j)
-      if (part[j]) acc += w[j] * element(p, p.v, p.v16, b, hkv, j, c);
+      if (part[j]) acc += w[j] * element(p, p.v, p.v_stored, b, hkv, j, c);
     out[c * out_stride] = static_cast<Out>(acc);
   }
 }

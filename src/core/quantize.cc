@@ -1,0 +1,123 @@
+#include "attn/quantize.hpp"
+
+#include <cmath>
+#include <algorithm>
+
+#include "attn/error.hpp"
+
+namespace attn {
+
+const char* kv_dtype_name(KVDtype dtype) {
+  switch (dtype) {
+    case KVDtype::F32: return "f32";
+    case KVDtype::BF16: return "bf16";
+    case KVDtype::F16: return "f16";
+    case KVDtype::Q8_0: return "q8_0";
+  }
+  return "?";
+}
+
+KVDtype parse_kv_dtype(const std::string& name) {
+  for (KVDtype t : {KVDtype::F32, KVDtype::BF16, KVDtype::F16, KVDtype::Q8_0})
+    if (name == kv_dtype_name(t)) return t;
+  throw ValueError("unknown K/V dtype '" + name + "': expected f32, bf16, f16 or q8_0");
+}
+
+int64_t kv_dtype_bytes(KVDtype dtype, int64_t n) {
+  switch (dtype) {
+    case KVDtype::F32: return 4 * n;
+    case KVDtype::BF16:
+    case KVDtype::F16: return 2 * n;
+    case KVDtype::Q8_0: return n / kQ8_0Block * static_cast<int64_t>(sizeof(block_q8_0));
+  }
+  return 0;
+}
+
+void quantize_row_q8_0(const float* x, block_q8_0* y, int64_t n) {
+  for (int64_t b = 0; b < n / kQ8_0Block; ++b, x += kQ8_0Block) {
+    float amax = 0.0f;
+    for (int64_t j = 0; j < kQ8_0Block; ++j) {
+      if (!std::isfinite(x[j]))
+        throw ValueError("quantize q8_0: value " + std::to_string(x[j]) + " at index " +
+                         std::to_string(b * kQ8_0Block + j) +
+                         " of the row cannot be stored (q8_0 holds finite values only)");
+      amax = std::max(amax, std::fabs(x[j]));
+    }
+    const float d = amax / 127.0f;
+    const uint16_t d16 = float_to_fp16(d);
+    if ((d16 & 0x7fffu) == 0x7c00u)
+      throw ValueError("quantize q8_0: |x| up to " + std::to_string(amax) +
+                       " in the block at index " + std::to_string(b * kQ8_0Block) +
+                       " of the row overflows its fp16 scale (|x| <= 65504 · 127)");
+    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    y[b].d.bits = d16;
+    for (int64_t j = 0; j < kQ8_0Block; ++j) y[b].qs[j] = static_cast<int8_t>(std::round(x[j] * id));
+  }
+}
+
+void dequantize_row_q8_0(const block_q8_0* x, float* y, int64_t n) {
+  for (int64_t b = 0; b < n / kQ8_0Block; ++b) {
+    const float d = fp16_to_float(x[b].d.bits);
+    for (int64_t j = 0; j < kQ8_0Block; ++j) y[b * kQ8_0Block + j] = d * x[b].qs[j];
+  }
+}
+
+namespace {
+
+// Calls row(src, dst) for every row of x (its last axis), in and out
+// contiguous; out has x's shape with the last axis `out_cols`.
+template <class Out, class Row>
+Tensor<Out> by_rows(TensorView<const float> x, int64_t out_cols, Row row) {
+  const Tensor<float> c = contiguous(x);
+  Shape shape = x.shape();
+  if (shape.empty()) shape.push_back(1);
+  const int64_t cols = shape.back();
+  shape.back() = out_cols;
+  Tensor<Out> out(shape);
+  if (x.rank() == 0) out = std::move(out).reshape({});
+  const int64_t rows = cols == 0 ? 0 : c.numel() / cols;
+  for (int64_t r = 0; r < rows; ++r) row(c.data() + r * cols, out.data() + r * out_cols, cols);
+  return out;
+}
+
+template <class Half>
+Tensor<Half> to_half(TensorView<const float> x, uint16_t (*to_bits)(float)) {
+  return by_rows<Half>(x, x.rank() ? x.dim(-1) : 1, [&](const float* s, Half* d, int64_t n) {
+    for (int64_t j = 0; j < n; ++j) d[j].bits = to_bits(s[j]);
+  });
+}
+
+template <class Half>
+Tensor<float> from_half(TensorView<const Half> x, float (*from_bits)(uint16_t)) {
+  Tensor<float> out(x.shape());
+  const Tensor<Half> c = contiguous(x);
+  for (int64_t i = 0; i < c.numel(); ++i) out[i] = from_bits(c[i].bits);
+  return out;
+}
+
+}  // namespace
+
+Tensor<block_q8_0> quantize_q8_0(TensorView<const float> x) {
+  if (x.rank() == 0 || x.dim(-1) % kQ8_0Block != 0)
+    throw ValueError("quantize q8_0: the last axis must be a multiple of 32 (blocks of 32 "
+                     "values), got shape " + shape_str(x.shape()));
+  return by_rows<block_q8_0>(x, x.dim(-1) / kQ8_0Block, quantize_row_q8_0);
+}
+
+Tensor<bfloat16> to_bfloat16(TensorView<const float> x) { return to_half<bfloat16>(x, float_to_bf16); }
+Tensor<float16> to_float16(TensorView<const float> x) { return to_half<float16>(x, float_to_fp16); }
+
+Tensor<float> dequantize(TensorView<const block_q8_0> x) {
+  if (x.rank() == 0) throw ValueError("dequantize q8_0: expected blocks along a last axis, got a scalar");
+  Shape shape = x.shape();
+  shape.back() *= kQ8_0Block;
+  Tensor<float> out(shape);
+  const Tensor<block_q8_0> c = contiguous(x);
+  dequantize_row_q8_0(c.data(), out.data(), out.numel());
+  return out;
+}
+
+Tensor<float> dequantize(TensorView<const bfloat16> x) { return from_half(x, bf16_to_float); }
+Tensor<float> dequantize(TensorView<const float16> x) { return from_half(x, fp16_to_float); }
+
+}  // namespace attn

@@ -1,0 +1,361 @@
+// Keys and values stored compactly (attn/quantize.hpp): q8_0 blocks as GGUF
+// defines them, both kernels reading every storage type on every SIMD target
+// against the double reference, the accuracy each storage type keeps, the
+// KV cache in every storage type, and the memory a compact prefill uses.
+#include <gtest/gtest.h>
+
+#include <cstddef>
+#include <cstring>
+#include <fstream>
+#include <limits>
+#include <string>
+
+#include "attn/attn.hpp"
+#include "attn/quantize.hpp"
+#include "helpers.hpp"
+
+// Whether a sanitizer runs this build (GCC's and clang's ways of saying so).
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+#define ATTN_SANITIZED 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer) || __has_feature(memory_sanitizer)
+#define ATTN_SANITIZED 1
+#endif
+#endif
+#ifndef ATTN_SANITIZED
+#define ATTN_SANITIZED 0
+#endif
+
+namespace attn {
+namespace {
+
+using test::cast;
+using test::random_tensor;
+using test::rel_error;
+
+// GGUF's q8_0, from its definition: d = max|x| / 127 in float32, stored as
+// fp16; q = x / d rounded to the nearest integer (either way at a tie).
+TEST(Q8_0, BlocksFollowTheGgufDefinition) {
+  EXPECT_EQ(offsetof(block_q8_0, qs), 2u);  // d first, then the 32 codes
+  std::mt19937 rng(5);
+  for (double scale : {1e-4, 1.0, 3e5}) {
+    auto x = cast<float>(random_tensor({7 * 32}, rng, -scale, scale));
+    for (int j = 0; j < 32; ++j) x[j] = 0.0f;               // an all-zero block: d = 0
+    x[32 + 5] = static_cast<float>(-2 * scale);             // a negative maximum
+    for (int j = 64; j < 96; ++j) x[j] = j == 70 ? 1.0f : 0.0f;  // one value
+    std::vector<block_q8_0> blocks(7);
+    quantize_row_q8_0(x.data(), blocks.data(), x.numel());
+    for (int b = 0; b < 7; ++b) {
+      float amax = 0;
+      for (int j = 0; j < 32; ++j) amax = std::max(amax, std::fabs(x[b * 32 + j]));
+      const float d = amax / 127.0f;
+      ASSERT_EQ(blocks[b].d.bits, float_to_fp16(d)) << "block " << b;
+      for (int j = 0; j < 32; ++j) {
+        const float xj = x[b * 32 + j];
+        const int q = blocks[b].qs[j];
+        if (d == 0) {
+          EXPECT_EQ(q, 0);
+          continue;
+        }
+        EXPECT_LE(std::fabs(q - double(xj) / d), 0.5 + 1e-5) << "block " << b << " value " << j;
+        if (std::fabs(xj) == amax) EXPECT_EQ(std::abs(q), 127);
+      }
+    }
+    std::vector<float> y(x.numel());
+    dequantize_row_q8_0(blocks.data(), y.data(), x.numel());
+    for (int64_t i = 0; i < x.numel(); ++i)
+      EXPECT_EQ(y[i], fp16_to_float(blocks[i / 32].d.bits) * blocks[i / 32].qs[i % 32]);
+  }
+}
+
+TEST(Q8_0, ValuesItCannotHoldAreClearErrors) {
+  EXPECT_THROW_MSG(quantize_q8_0(Tensor<float>({2, 48}).view()), ValueError, "multiple of 32");
+  Tensor<float> x({2, 64});
+  x[70] = std::numeric_limits<float>::quiet_NaN();
+  EXPECT_THROW_MSG(quantize_q8_0(x.view()), ValueError, "finite");
+  x[70] = 1e7f * 127;
+  EXPECT_THROW_MSG(quantize_q8_0(x.view()), ValueError, "overflows its fp16 scale");
+  EXPECT_THROW_MSG(parse_kv_dtype("q4_0"), ValueError, "f32, bf16, f16 or q8_0");
+}
+
+// K and V in a storage type, with their values as the kernels must see them
+// (dequantized by the library's scalar code, not the kernels' SIMD loads).
+template <class F>
+void with_storage(KVDtype dtype, const Tensor<float>& k, const Tensor<float>& v, F&& f) {
+  const auto run = [&](auto ks, auto vs) {
+    f(TensorView<const std::remove_cvref_t<decltype(*ks.data())>>(ks.view()),
+      TensorView<const std::remove_cvref_t<decltype(*vs.data())>>(vs.view()), cast<double>(dequantize(ks.view())),
+      cast<double>(dequantize(vs.view())));
+  };
+  switch (dtype) {
+    case KVDtype::BF16: return run(to_bfloat16(k.view()), to_bfloat16(v.view()));
+    case KVDtype::F16: return run(to_float16(k.view()), to_float16(v.view()));
+    case KVDtype::Q8_0: return run(quantize_q8_0(k.view()), quantize_q8_0(v.view()));
+    case KVDtype::F32: break;
+  }
+  FAIL() << "with_storage takes the compact dtypes";
+}
+
+struct StorageCase {
+  int64_t batch, hq, hkv, n_q, n_k, d, d_v;
+  Causal causal;
+  Window window;
+  double softcap;
+  int mask;  // 0 none, 1 bool (n_q, n_k), 2 float (hq, 1, n_k)
+};
+
+std::string describe(const StorageCase& c) {
+  return "b=" + std::to_string(c.batch) + " hq=" + std::to_string(c.hq) + " hkv=" +
+         std::to_string(c.hkv) + " n_q=" + std::to_string(c.n_q) + " n_k=" +
+         std::to_string(c.n_k) + " d=" + std::to_string(c.d) + " d_v=" + std::to_string(c.d_v) +
+         " causal=" + std::to_string(int(c.causal)) + " mask=" + std::to_string(c.mask);
+}
+
+// Prefill (straddling 64-key tiles and 8-row blocks, several query tiles)
+// and decode (n_q <= 8, several 512-key chunks): GQA, both causal
+// alignments, windows, softcap and both kinds of mask. Head dims are
+// multiples of 32 (q8_0's blocks); the 16-bit types also take odd ones.
+std::vector<StorageCase> storage_cases(bool odd_dims) {
+  std::vector<StorageCase> cases = {
+      {1, 2, 1, 300, 260, 64, 64, Causal::None, {}, 0, 0},
+      {1, 2, 1, 300, 260, 64, 64, Causal::BottomRight, {}, 0, 1},
+      {2, 4, 2, 129, 65, 32, 96, Causal::TopLeft, {}, 0, 0},
+      {1, 2, 2, 200, 333, 64, 32, Causal::None, {70, 10}, 0, 1},
+      {1, 3, 3, 150, 150, 32, 32, Causal::TopLeft, {}, 30.0, 2},
+      {1, 1, 1, 64, 64, 128, 128, Causal::None, {}, 0, 0},
+      {1, 4, 2, 1100, 1100, 64, 64, Causal::BottomRight, {}, 0, 0},  // several query tiles
+      {1, 8, 8, 1, 1500, 128, 128, Causal::None, {}, 0, 0},
+      {2, 8, 2, 3, 1025, 64, 64, Causal::BottomRight, {}, 0, 0},
+      {1, 4, 1, 8, 2048, 32, 64, Causal::None, {600, -1}, 0, 1},
+      {1, 2, 2, 2, 700, 32, 32, Causal::TopLeft, {}, 15.0, 2},
+      {1, 2, 2, 1, 600, 32, 224, Causal::None, {}, 0, 0},
+  };
+  if (odd_dims) {
+    cases.push_back({1, 2, 1, 70, 130, 17, 5, Causal::BottomRight, {}, 0, 0});
+    cases.push_back({1, 2, 2, 2, 770, 40, 221, Causal::None, {}, 0, 1});
+    cases.push_back({1, 1, 1, 257, 500, 7, 5, Causal::BottomRight, {0, -1}, 0, 0});
+  }
+  return cases;
+}
+
+AttentionOptions options_of(const StorageCase& c) {
+  AttentionOptions o;
+  o.causal = c.causal;
+  o.window = c.window;
+  o.softcap = c.softcap;
+  return o;
+}
+
+// Both kernels on the stored K/V against the reference on the values they
+// hold: float32 rounding only (the storage's own rounding is measured in
+// StorageTypesKeepTheirAccuracy).
+void check_storage(KVDtype dtype, const StorageCase& c, uint32_t seed) {
+  SCOPED_TRACE(std::string(kv_dtype_name(dtype)) + " " + describe(c));
+  std::mt19937 rng(seed);
+  const auto q = random_tensor({c.batch, c.hq, c.n_q, c.d}, rng);
+  const auto k = cast<float>(random_tensor({c.batch, c.hkv, c.n_k, c.d}, rng));
+  const auto v = cast<float>(random_tensor({c.batch, c.hkv, c.n_k, c.d_v}, rng));
+  Tensor<bool> mb({c.n_q, c.n_k});
+  for (int64_t i = 0; i < mb.numel(); ++i) mb[i] = rng() % 5 != 0;
+  Tensor<double> md = random_tensor({c.hq, 1, c.n_k}, rng, -2, 1);
+  const Tensor<float> mf = cast<float>(md);
+  Mask m32, m64;
+  if (c.mask == 1) m32 = m64 = TensorView<const bool>(mb.view());
+  if (c.mask == 2) m32 = TensorView<const float>(mf.view()), m64 = TensorView<const double>(md.view());
+  const AttentionOptions o = options_of(c);
+  with_storage(dtype, k, v, [&](auto ks, auto vs, const Tensor<double>& kd, const Tensor<double>& vd) {
+    const auto got = attention(cast<float>(q).view(), ks, vs, o, m32);
+    EXPECT_LT(rel_error(got, attention(q.view(), kd.view(), vd.view(), o, m64)), 1e-5);
+  });
+}
+
+TEST(KVStorage, KernelsReadEveryStorageTypeOnEveryTarget) {
+  test::on_every_simd_target([] {
+    uint32_t seed = 900;
+    for (KVDtype dtype : {KVDtype::BF16, KVDtype::F16, KVDtype::Q8_0})
+      for (const auto& c : storage_cases(dtype != KVDtype::Q8_0)) check_storage(dtype, c, seed++);
+  });
+}
+
+// q8_0 blocks viewed in place with strides: heads sliced from one wider
+// array of blocks (a cache laid out as another engine lays it out) give the
+// result of their contiguous copy.
+TEST(KVStorage, StridedBlocksAreReadInPlace) {
+  std::mt19937 rng(12);
+  const auto q = cast<float>(random_tensor({2, 40, 64}, rng));
+  const auto k = quantize_q8_0(cast<float>(random_tensor({40, 2, 64}, rng)).view());  // (n, heads, blocks)
+  const auto v = quantize_q8_0(cast<float>(random_tensor({40, 2, 64}, rng)).view());
+  const TensorView<const block_q8_0> kh(k.data(), {2, 40, 2}, {2, 4, 1}), vh(v.data(), {2, 40, 2}, {2, 4, 1});
+  const auto got = attention(q.view(), kh, vh);
+  const auto want = attention(q.view(), contiguous(kh).view(), contiguous(vh).view());
+  EXPECT_EQ(std::memcmp(got.data(), want.data(), got.numel() * sizeof(float)), 0);
+  EXPECT_THROW_MSG(attention(q.view(), TensorView<const block_q8_0>(k.data(), {2, 40, 1}, {2, 4, 1}), vh),
+                   ValueError, "(2, 40, 32)");
+}
+
+// The accuracy of each storage type on N(0, 1) inputs: the relative
+// Frobenius error of the output against the double reference on the
+// original values, plain and with one outlier channel (×30) in K, V or both.
+// The bounds are issue 18's (q8_0 with outliers in both: its bound for K);
+// what each measures is printed.
+struct Bound {
+  KVDtype dtype;
+  double plain, outlier_k, outlier_v, outlier_both;
+};
+
+TEST(KVStorage, StorageTypesKeepTheirAccuracy) {
+  const Bound bounds[] = {
+      {KVDtype::BF16, 1e-2, 5e-2, 5e-2, 5e-2},
+      // (The issue bounds fp16 without outliers only; with them, five times
+      // that, as it allows bf16: an outlier ×30 raises the logits' rounding.)
+      {KVDtype::F16, 2e-3, 1e-2, 1e-2, 1e-2},
+      {KVDtype::Q8_0, 2e-2, 1e-1, 5e-2, 1e-1},
+  };
+  // Prefill with GQA, a mask and causal; decode with GQA and causal. An
+  // error over few rows is mostly that of their largest: decode takes its
+  // most rows (8 queries × 8 heads), as with 16 the K-outlier error of q8_0
+  // spread from 0.03 to 0.105 over seeds (0.04–0.07 with 64).
+  const StorageCase cases[] = {{1, 8, 2, 256, 256, 128, 128, Causal::BottomRight, {}, 0, 1},
+                               {1, 8, 2, 8, 4096, 128, 128, Causal::BottomRight, {}, 0, 0}};
+  test::on_every_simd_target([&] {
+    for (const StorageCase& c : cases) {
+      std::mt19937 rng(77);
+      std::normal_distribution<double> normal;
+      const auto gaussian = [&](const Shape& s) {
+        Tensor<double> t(s);
+        for (int64_t i = 0; i < t.numel(); ++i) t[i] = normal(rng);
+        return t;
+      };
+      const auto q = gaussian({c.batch, c.hq, c.n_q, c.d});
+      const auto k = gaussian({c.batch, c.hkv, c.n_k, c.d}), v = gaussian({c.batch, c.hkv, c.n_k, c.d_v});
+      Tensor<bool> mb({c.n_q, c.n_k});
+      for (int64_t i = 0; i < mb.numel(); ++i) mb[i] = rng() % 5 != 0;
+      const Mask mask = c.mask ? Mask(TensorView<const bool>(mb.view())) : Mask();
+      const AttentionOptions o = options_of(c);
+      for (int outlier = 0; outlier < 4; ++outlier) {  // none, in K, in V, in both
+        auto ko = k, vo = v;
+        const int64_t channel = 37;
+        for (int64_t row = 0; row < ko.numel() / c.d; ++row)
+          if (outlier == 1 || outlier == 3) ko[row * c.d + channel] *= 30;
+        for (int64_t row = 0; row < vo.numel() / c.d_v; ++row)
+          if (outlier == 2 || outlier == 3) vo[row * c.d_v + channel] *= 30;
+        const auto ref = attention(q.view(), ko.view(), vo.view(), o, mask);
+        for (const Bound& b : bounds) {
+          const double bound = outlier == 0 ? b.plain : outlier == 1 ? b.outlier_k : outlier == 2 ? b.outlier_v : b.outlier_both;
+          with_storage(b.dtype, cast<float>(ko), cast<float>(vo), [&](auto ks, auto vs, const auto&, const auto&) {
+            const double err = rel_error(attention(cast<float>(q).view(), ks, vs, o, mask), ref);
+            const char* where[] = {"none", "K", "V", "K and V"};
+            std::printf("accuracy %s n_q=%lld outlier in %s: %.2e (bound %.0e)\n", kv_dtype_name(b.dtype),
+                        (long long)c.n_q, where[outlier], err, bound);
+            EXPECT_LT(err, bound) << kv_dtype_name(b.dtype) << ", outlier in " << where[outlier];
+          });
+        }
+      }
+    }
+  });
+}
+
+// The cache in every storage type: fed chunk by chunk, its attention equals
+// one causal attention over the whole sequence's keys and values stored
+// the same way, whatever the chunking; it reports the bytes its tokens use.
+TEST(KVStorage, CacheInEveryStorageTypeEqualsOneCausalCall) {
+  std::mt19937 rng(31);
+  const int64_t B = 2, Hq = 4, Hkv = 2, n = 70, d = 64;
+  const auto q = cast<float>(random_tensor({B, Hq, n, d}, rng));
+  const auto k = cast<float>(random_tensor({B, Hkv, n, d}, rng));
+  const auto v = cast<float>(random_tensor({B, Hkv, n, d}, rng));
+  AttentionOptions causal;
+  causal.causal = Causal::BottomRight;
+  const auto rows = [](const Tensor<float>& t, int64_t from, int64_t count) {
+    return TensorView<const float>(t.data() + from * t.dim(3), {t.dim(0), t.dim(1), count, t.dim(3)},
+                                   {t.dim(1) * t.dim(2) * t.dim(3), t.dim(2) * t.dim(3), t.dim(3), 1});
+  };
+  for (KVDtype dtype : {KVDtype::F32, KVDtype::BF16, KVDtype::F16, KVDtype::Q8_0}) {
+    Tensor<float> whole;
+    if (dtype == KVDtype::F32) whole = attention(q.view(), k.view(), v.view(), causal);
+    else with_storage(dtype, k, v, [&](auto ks, auto vs, const auto&, const auto&) {
+      whole = attention(q.view(), ks, vs, causal);
+    });
+    for (const std::vector<int64_t>& chunks : {std::vector<int64_t>{70}, {1, 1, 5, 63}, {33, 7, 30}}) {
+      SCOPED_TRACE(std::string(kv_dtype_name(dtype)) + ", chunks of " + std::to_string(chunks[0]) + "...");
+      KVCache<float> cache(dtype);
+      Tensor<float> out({B, Hq, n, d});
+      int64_t at = 0;
+      for (int64_t count : chunks) {
+        cache.append(rows(k, at, count), rows(v, at, count));
+        const TensorView<float> out_rows(out.data() + at * d, {B, Hq, count, d}, {Hq * n * d, n * d, d, 1});
+        cache.visit([&](auto K, auto V) { attention(rows(q, at, count), K, V, out_rows, causal); });
+        at += count;
+      }
+      EXPECT_LT(rel_error(out, whole), 1e-6);
+      EXPECT_EQ(cache.bytes(), 2 * B * Hkv * n * kv_dtype_bytes(dtype, d));
+    }
+  }
+  KVCache<float> q8(KVDtype::Q8_0);
+  EXPECT_THROW_MSG(q8.append(Tensor<float>({1, 1, 2, 48}).view(), Tensor<float>({1, 1, 2, 48}).view()), ValueError,
+                   "multiple of 32");
+  Tensor<float> bad({1, 1, 2, 32});
+  bad[40] = std::numeric_limits<float>::infinity();
+  q8.append(Tensor<float>({1, 1, 3, 32}).view(), Tensor<float>({1, 1, 3, 32}).view());
+  EXPECT_THROW_MSG(q8.append(bad.view(), bad.view()), ValueError, "finite");
+  EXPECT_EQ(q8.length(), 3) << "a failed append keeps the tokens that were there";
+  EXPECT_THROW_MSG(KVCache<double>(KVDtype::BF16), ValueError, "float64 only");
+}
+
+// The peak resident memory of this process since the last reset (Linux's
+// VmHWM), in bytes; -1 where it cannot be read or reset.
+int64_t status_bytes(const char* field) {
+  std::ifstream status("/proc/self/status");
+  for (std::string line; std::getline(status, line);)
+    if (line.rfind(field, 0) == 0) return std::stoll(line.substr(std::strlen(field))) * 1024;
+  return -1;
+}
+bool reset_peak_rss() {
+  std::ofstream clear("/proc/self/clear_refs");
+  clear << "5";
+  clear.flush();
+  return clear.good();
+}
+
+// Prefill at n = 32768, 8 heads × 128, with bf16 and q8_0 K/V: the call's
+// peak memory (its scratch included) grows by at most 64 MiB, measured in
+// this process around the call: no float32 copy of K or V (128 MiB each
+// here) is made. A causal window keeps the arithmetic short; the copies it
+// must not make do not depend on it. Each test runs in a process of its own
+// (ctest), so no earlier call's scratch hides what this one takes.
+TEST(KVStorageMemory, CompactPrefillMakesNoFullSizeCopy) {
+#if ATTN_SANITIZED
+  GTEST_SKIP() << "a sanitizer's shadow memory makes resident memory no measure of the library's";
+#endif
+  if (!reset_peak_rss() || status_bytes("VmHWM:") < 0) GTEST_SKIP() << "no /proc/self peak memory here";
+  const int64_t n = 32768, H = 8, d = 128;
+  Tensor<float> q({1, H, n, d}), out({1, H, n, d});
+  Tensor<bfloat16> kb, vb;
+  Tensor<block_q8_0> kq, vq;
+  {
+    std::mt19937 rng(3);
+    std::normal_distribution<float> normal;
+    Tensor<float> k({1, H, n, d}), v({1, H, n, d});
+    for (Tensor<float>* t : {&q, &k, &v})
+      for (int64_t i = 0; i < t->numel(); ++i) (*t)[i] = normal(rng);
+    kb = to_bfloat16(k.view()), vb = to_bfloat16(v.view());
+    kq = quantize_q8_0(k.view()), vq = quantize_q8_0(v.view());
+  }
+  AttentionOptions o;
+  o.causal = Causal::BottomRight;
+  o.window = {64, 0};
+  const auto measure = [&](const char* name, auto k, auto v) {
+    ASSERT_TRUE(reset_peak_rss());
+    const int64_t before = status_bytes("VmRSS:");
+    attention(q.view(), k, v, out.view(), o);
+    const int64_t growth = status_bytes("VmHWM:") - before;
+    std::printf("%s prefill n=%lld, %lld heads x %lld: peak memory grew %.1f MiB\n", name, (long long)n,
+                (long long)H, (long long)d, growth / 1048576.0);
+    EXPECT_LE(growth, 64 << 20) << name;
+  };
+  measure("bf16", TensorView<const bfloat16>(kb.view()), TensorView<const bfloat16>(vb.view()));
+  measure("q8_0", TensorView<const block_q8_0>(kq.view()), TensorView<const block_q8_0>(vq.view()));
+}
+
+}  // namespace
+}  // namespace attn
