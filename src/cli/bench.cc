@@ -13,7 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "attn/attn.hpp"
-#include "attn/half.hpp"
+#include "attn/quantize.hpp"
 #include "attn/machine.hpp"
 #include "attn/threads.hpp"
 #include "cli/commands.hpp"
@@ -83,32 +83,49 @@ double rounded(double x, int digits) {
   return std::round(x * f) / f;
 }
 
-template <class H>
-Tensor<H> to_16bit(const Tensor<float>& t, uint16_t (*to_bits)(float)) {
-  Tensor<H> out(t.shape());
-  for (int64_t i = 0; i < t.numel(); ++i) out[i].bits = to_bits(t[i]);
-  return out;
-}
-
-// attention() with keys and values stored as `kv_dtype` (f32, bf16 or f16).
+// attention() with keys and values stored as `kv_dtype` (f32, bf16, f16 or
+// q8_0), converted from the same float32 K and V.
 struct Attend {
   const Tensor<float>& q;
   Tensor<float> k, v;
+  KVDtype dtype;
   Tensor<bfloat16> kb, vb;
   Tensor<float16> kh, vh;
-  std::string dtype;
+  Tensor<block_q8_0> kq, vq;
 
-  Attend(const Tensor<float>& q_, Tensor<float> k_, Tensor<float> v_, std::string kv_dtype)
-      : q(q_), k(std::move(k_)), v(std::move(v_)), dtype(std::move(kv_dtype)) {
-    if (dtype == "bf16") kb = to_16bit<bfloat16>(k, float_to_bf16), vb = to_16bit<bfloat16>(v, float_to_bf16);
-    if (dtype == "f16") kh = to_16bit<float16>(k, float_to_fp16), vh = to_16bit<float16>(v, float_to_fp16);
+  Attend(const Tensor<float>& q_, Tensor<float> k_, Tensor<float> v_, const std::string& kv_dtype)
+      : q(q_), k(std::move(k_)), v(std::move(v_)), dtype(parse_kv_dtype(kv_dtype)) {
+    if (dtype == KVDtype::BF16) kb = to_bfloat16(k.view()), vb = to_bfloat16(v.view());
+    if (dtype == KVDtype::F16) kh = to_float16(k.view()), vh = to_float16(v.view());
+    if (dtype == KVDtype::Q8_0) kq = quantize_q8_0(k.view()), vq = quantize_q8_0(v.view());
   }
-  int element_bytes() const { return dtype == "f32" ? 4 : 2; }
+  // Bytes of K and V in their storage.
+  double kv_bytes() const { return 2.0 * double(kv_dtype_bytes(dtype, k.numel())); }
   // as_f32: with the float32 copies of K and V whatever the dtype.
   void operator()(Tensor<float>& out, const AttentionOptions& opt, bool as_f32 = false) const {
-    if (dtype == "bf16" && !as_f32) attention(q.view(), kb.view(), vb.view(), out.view(), opt);
-    else if (dtype == "f16" && !as_f32) attention(q.view(), kh.view(), vh.view(), out.view(), opt);
-    else attention(q.view(), k.view(), v.view(), out.view(), opt);
+    const auto run = [&](const auto& ks, const auto& vs) { attention(q.view(), ks.view(), vs.view(), out.view(), opt); };
+    if (as_f32 || dtype == KVDtype::F32) return run(k, v);
+    if (dtype == KVDtype::BF16) return run(kb, vb);
+    if (dtype == KVDtype::F16) return run(kh, vh);
+    run(kq, vq);
+  }
+  // ||out - ref|| / ||ref|| (Frobenius) of this dtype's output against the
+  // double-precision reference on the same (float32) inputs.
+  double error_vs_f64(const AttentionOptions& opt) const {
+    Tensor<float> out(attention_output_shape(q.shape(), k.shape(), v.shape()));
+    (*this)(out, opt);
+    const auto widened = [](const Tensor<float>& t) {
+      Tensor<double> w(t.shape());
+      std::copy(t.data(), t.data() + t.numel(), w.data());
+      return w;
+    };
+    const Tensor<double> ref = attention(widened(q).view(), widened(k).view(), widened(v).view(), opt);
+    double num = 0, den = 0;
+    for (int64_t i = 0; i < ref.numel(); ++i) {
+      num += (out[i] - ref[i]) * (out[i] - ref[i]);
+      den += ref[i] * ref[i];
+    }
+    return den > 0 ? std::sqrt(num / den) : std::sqrt(num);
   }
 
   // In turns with the ceiling: this kernel, then (with `baselines`) those of
@@ -122,7 +139,7 @@ struct Attend {
   };
   Timing time(Tensor<float>& out, const AttentionOptions& opt, bool baselines,
               const std::function<double()>& ceiling) const {
-    const bool vs_f32 = baselines && dtype != "f32";
+    const bool vs_f32 = baselines && dtype != KVDtype::F32;
     const bool vs_noncausal = baselines && opt.causal != Causal::None;
     std::vector<std::function<void()>> kernels{[&] { (*this)(out, opt); }};
     if (vs_f32) kernels.push_back([&] { (*this)(out, opt, true); });
@@ -138,6 +155,12 @@ struct Attend {
                     ms[i] / ms[0]);
       t.text += buf;
       ++i;
+    }
+    if (baselines) {
+      const double err = error_vs_f64(opt);
+      t.json["error_vs_f64"] = err;
+      std::snprintf(buf, sizeof buf, "  relative error against the float64 reference: %.2e\n", err);
+      t.text += buf;
     }
     if (vs_noncausal) {
       t.json["noncausal_median_ms"] = rounded(ms[i], 4);
@@ -217,7 +240,7 @@ Measurement bench_decode(const BenchArgs& a, int threads) {
   const ReadBandwidth bandwidth;
   const auto timing = attend.time(out, {}, a.baselines, [&] { return bandwidth.measure_gbps(threads); });
   const double ms = timing.turns.kernel_ms[0], peak = timing.turns.ceiling;
-  const double bytes = 2.0 * double(attend.k.numel()) * attend.element_bytes();
+  const double bytes = attend.kv_bytes();
   const double gbps = bytes / ms * 1e-6;
   Measurement m{{{"kind", "decode"}, {"kv_len", a.kv_len}, {"heads", a.heads}, {"kv_heads", hkv},
                  {"head_dim", a.head_dim}, {"batch", a.batch}, {"queries", a.queries},

@@ -235,8 +235,8 @@ void add_bench_flags(CLI::App* sub, attn::cli::BenchArgs& args) {
       ->check(integer_in<int64_t>(1, kMaxBenchAxis));
   sub->add_option("--threads", args.threads, "threads (default: all cores)")
       ->check(integer_in<int>(1, attn::max_num_threads()));
-  sub->add_option("--kv-dtype", args.kv_dtype, "key/value storage")
-      ->check(CLI::IsMember({"f32", "bf16", "f16"}));
+  sub->add_option("--kv-dtype", args.kv_dtype, "key/value storage (q8_0: GGUF's 8-bit blocks)")
+      ->check(CLI::IsMember({"f32", "bf16", "f16", "q8_0"}));
   sub->add_flag("--json", args.json, "print one JSON object");
 }
 

@@ -95,6 +95,14 @@ HWY_INLINE float KVValue(const KV* row, int64_t c) {
   }
 }
 
+// A q8_0 block's fp16 scale in every lane, converted by the vector unit
+// (the scalar conversion's branches cost more than the block's arithmetic).
+HWY_INLINE VF Q8Scale(DF d, const block_q8_0& b) {
+  const hn::Rebind<uint16_t, DF> du16;
+  const hn::Rebind<hwy::float16_t, DF> df16;
+  return PromoteF16<decltype(df16)>(d, hn::BitCast(df16, hn::Set(du16, b.d.bits)));
+}
+
 // Elements c .. c + N - 1 of a row, c a multiple of the lanes N.
 template <class KV>
 HWY_INLINE VF LoadKV(DF d, const KV* row, int64_t c) {
@@ -109,7 +117,7 @@ HWY_INLINE VF LoadKV(DF d, const KV* row, int64_t c) {
       const hn::Rebind<int8_t, DF> d8;
       const hn::Rebind<int32_t, DF> d32;
       const VF codes = hn::ConvertTo(d, hn::PromoteTo(d32, hn::LoadU(d8, b.qs + c % kQ8_0Block)));
-      return hn::Mul(codes, hn::Set(d, fp16_to_float(b.d.bits)));
+      return hn::Mul(codes, Q8Scale(d, b));
     }
     alignas(HWY_MAX_BYTES) float buf[HWY_MAX_BYTES / sizeof(float)];
     for (int64_t i = 0; i < N; ++i) buf[i] = KVValue(row, c + i);
@@ -117,6 +125,27 @@ HWY_INLINE VF LoadKV(DF d, const KV* row, int64_t c) {
   } else {
     return hn::PromoteTo(d, hn::LoadU(hn::Rebind<KV, DF>(), row + c));
   }
+}
+
+// Elements c .. c + 2N - 1 of a row as two vectors, c a multiple of 2N: for
+// q8_0 with 2N <= 32 one block, whose scale is converted once.
+template <class KV>
+HWY_INLINE void LoadKVPair(DF d, const KV* row, int64_t c, VF& first, VF& second) {
+  const auto N = static_cast<int64_t>(hn::Lanes(d));
+  if constexpr (std::is_same_v<KV, block_q8_0>) {
+    if (2 * N <= kQ8_0Block) {
+      const block_q8_0& b = row[c / kQ8_0Block];
+      const hn::Rebind<int8_t, DF> d8;
+      const hn::Rebind<int32_t, DF> d32;
+      const int8_t* codes = b.qs + c % kQ8_0Block;
+      const VF scale = Q8Scale(d, b);
+      first = hn::Mul(hn::ConvertTo(d, hn::PromoteTo(d32, hn::LoadU(d8, codes))), scale);
+      second = hn::Mul(hn::ConvertTo(d, hn::PromoteTo(d32, hn::LoadU(d8, codes + N))), scale);
+      return;
+    }
+  }
+  first = LoadKV(d, row, c);
+  second = LoadKV(d, row, c + N);
 }
 
 // Elements c .. c + m - 1 of a row, m < N; the other lanes 0.

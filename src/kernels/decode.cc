@@ -40,7 +40,8 @@ HWY_INLINE void DotRows(DF d, const float* const* q, const KV* k, int64_t D, flo
   const auto acc = [&](auto i) HWY_ATTR -> VF& { return Acc<i>(a0, a1, a2, a3, a4, a5, a6, a7); };
   int64_t c = 0;
   for (; c + 2 * static_cast<int64_t>(N) <= full; c += 2 * static_cast<int64_t>(N)) {
-    const VF kv = LoadKV(d, k, c), kv2 = LoadKV(d, k, c + N);
+    VF kv, kv2;
+    LoadKVPair(d, k, c, kv, kv2);
     Unroll<MR>([&](auto r) HWY_ATTR {
       acc(r) = hn::MulAdd(hn::LoadU(d, q[r] + c), kv, acc(r));
       acc(std::integral_constant<int, MR + r>()) =
@@ -64,7 +65,8 @@ HWY_INLINE void DotRows(DF d, const float* const* q, const KV* k, int64_t D, flo
   for (int r = 0; r < MR; ++r) acc[r] = acc2[r] = hn::Zero(d);
   int64_t c = 0;
   for (; c + 2 * static_cast<int64_t>(N) <= full; c += 2 * static_cast<int64_t>(N)) {
-    const VF kv = LoadKV(d, k, c), kv2 = LoadKV(d, k, c + N);
+    VF kv, kv2;
+    LoadKVPair(d, k, c, kv, kv2);
     for (int r = 0; r < MR; ++r) {
       acc[r] = hn::MulAdd(hn::LoadU(d, q[r] + c), kv, acc[r]);
       acc2[r] = hn::MulAdd(hn::LoadU(d, q[r] + c + N), kv2, acc2[r]);
@@ -114,13 +116,21 @@ void DecodeChunk(DF d, const AttentionProblem<float>& p, int64_t b, int64_t hkv,
   const float scale = ScoreScale(p);
   const KV* v_rows = ValueRow<KV>(p, b, hkv, j0);
   const int64_t v_stride = ValueStride<KV>(p), v_bytes = RowBytes<KV>(p.d_v);
+  const int64_t k_stride = KeyStride<KV>(p), k_bytes = RowBytes<KV>(p.d);
   for (int64_t j = 0; j < jn; ++j) {
     const KV* k = KeyRow<KV>(p, b, hkv, j0 + j);
     // Fetch row j of V while K streams in: both arrays come from memory
-    // concurrently, and P·V below reads V from cache.
+    // concurrently, and P·V below reads V from cache. And K's row
+    // kDecodePrefetchRows ahead: the hardware's prefetcher alone leaves K's
+    // reads waiting (config.hpp).
     const char* vj = reinterpret_cast<const char*>(v_rows + j * v_stride);
     for (int64_t off = 0; off < v_bytes; off += 64) hwy::Prefetch(vj + off);
     if (v_bytes > 0) hwy::Prefetch(vj + v_bytes - 1);  // the last line, if not line-aligned
+    if (j + kDecodePrefetchRows < jn) {
+      const char* ka = reinterpret_cast<const char*>(k + kDecodePrefetchRows * k_stride);
+      for (int64_t off = 0; off < k_bytes; off += 64) hwy::Prefetch(ka + off);
+      if (k_bytes > 0) hwy::Prefetch(ka + k_bytes - 1);
+    }
     for (int64_t r0 = 0; r0 < R; r0 += kRows) {
       float* sj = s + r0 * kDecodeChunk + j;
       WithCount<kRows>(std::min<int64_t>(kRows, R - r0), [&](auto mr) HWY_ATTR {
