@@ -58,8 +58,40 @@ window
     p = i + (n_k - n_q), key j is allowed iff p - left <= j <= p + right.
     Combines with causal and mask by intersection.
 
+Compact k and v
+    float16 k and v (both) are read as float16, in place; k and v as
+    attn.QuantizedTensor (from attn.quantize or QuantizedTensor.from_buffer,
+    one dtype for both: 'bf16', 'f16' or 'q8_0') are read in place too. The
+    kernels widen them to float32 tile by tile; q and the result are float32.
+
 A query row with no allowed key (including n_k = 0) outputs zeros and zero
 weights, never NaN.
+)";
+
+inline constexpr const char* kQuantize = R"(quantize(x, dtype) -> QuantizedTensor
+
+x (any shape, converted to float32) stored as dtype: 'bf16' or 'f16' (round
+to nearest even), or 'q8_0', GGUF's 8-bit blocks: each 32 consecutive values
+of the last axis (whose length must be a multiple of 32) as an fp16 scale
+d = max|x| / 127 and 32 int8 codes round(x / d), 34 bytes in all (ggml's
+quantize_row_q8_0_ref). q8_0 holds finite values only: NaN, inf, or a block
+whose scale overflows fp16 (|x| > 65504 * 127) is a ValueError.
+)";
+
+inline constexpr const char* kQuantizedTensor = R"(QuantizedTensor: keys or values stored as bf16, f16 or q8_0 (see
+attn.quantize), read-only, for attn.attention(q, k, v). dtype is the name,
+shape the logical shape (values, not blocks), nbytes the bytes stored (q8_0:
+34 per 32 values); dequantize() returns the values as a float32 array, and
+memoryview(t) its bytes (read-only; q8_0 in GGUF's block layout).
+)";
+
+inline constexpr const char* kFromBuffer = R"(QuantizedTensor.from_buffer(buffer, dtype, shape) -> QuantizedTensor
+
+Wraps bytes another engine filled (a llama.cpp-style q8_0 or fp16 cache, a
+NumPy array, bytes, a memoryview) without copying them: buffer must be
+C-contiguous, 2-byte aligned and hold exactly the bytes of dtype at shape
+(q8_0: shape[-1] a multiple of 32, blocks in GGUF's layout). The buffer is
+kept alive, and must not change while attention reads it.
 )";
 
 inline constexpr const char* kAttentionBackward = R"(attention_backward(q, k, v, dout, mask=None, *, causal=False, scale=None,
@@ -136,10 +168,18 @@ shapes. The forward is recomputed; no cache.
 
 inline constexpr const char* kKVCache = R"(KVCache: the keys and values a MultiHeadAttention has seen, for incremental
 decoding. Make one with MultiHeadAttention.new_cache(); len(cache) is the number
-of cached positions. It takes the dtype of its first input.
+of cached positions, dtype how they are stored, nbytes the bytes they take.
+An 'f32' cache takes the dtype of its first input (float32 or float64).
 )";
 
-inline constexpr const char* kNewCache = R"(new_cache() -> KVCache: an empty key/value cache for forward(..., cache=c).)";
+inline constexpr const char* kNewCache = R"(new_cache(dtype='f32') -> KVCache: an empty key/value cache for forward(..., cache=c).
+
+dtype: how keys and values are stored: 'f32' (the input's own float type),
+'bf16', 'f16' or 'q8_0' (GGUF's 8-bit blocks; head_dim a multiple of 32), for
+float32 input. Tokens are converted as they are appended, the chunk's own keys
+and values included, so feeding a sequence chunk by chunk equals one causal
+forward over the same stored keys and values, whatever the chunking.
+)";
 
 inline constexpr const char* kStateDict = R"(state_dict() -> dict of float32 numpy arrays with PyTorch's names:
 in_proj_weight (3E, E) (or q_proj_weight, k_proj_weight, v_proj_weight when kdim/vdim

@@ -19,24 +19,35 @@
 namespace attn::python {
 namespace {
 
-// A cache takes the dtype of the first input it sees.
+// An 'f32' cache takes the dtype of the first input it sees; a compact one
+// (bf16, f16, q8_0) is a float32 cache from the start.
 struct PyKVCache {
+  KVDtype dtype = KVDtype::F32;
   std::variant<std::monostate, KVCache<float>, KVCache<double>> cache;
+
+  explicit PyKVCache(KVDtype d) : dtype(d) {
+    if (d != KVDtype::F32) cache.emplace<KVCache<float>>(d);
+  }
 
   template <class T>
   KVCache<T>* get() {
     if (std::holds_alternative<std::monostate>(cache)) cache = KVCache<T>();
     if (auto* c = std::get_if<KVCache<T>>(&cache)) return c;
     throw TypeError(std::string("this cache holds ") +
-                    (std::holds_alternative<KVCache<float>>(cache) ? "float32" : "float64") +
-                    " keys and values; feed it input of the same dtype");
+                    (dtype != KVDtype::F32 ? std::string(kv_dtype_name(dtype)) + " keys and values of float32"
+                     : std::holds_alternative<KVCache<float>>(cache) ? "float32 keys and values"
+                                                                     : "float64 keys and values") +
+                    " input; feed it float32 input");
   }
-  int64_t length() const {
-    return std::visit([](const auto& c) -> int64_t {
+  template <class F>
+  int64_t read(F f) const {
+    return std::visit([&](const auto& c) -> int64_t {
       if constexpr (std::is_same_v<std::decay_t<decltype(c)>, std::monostate>) return 0;
-      else return c.length();
+      else return f(c);
     }, cache);
   }
+  int64_t length() const { return read([](const auto& c) { return c.length(); }); }
+  int64_t nbytes() const { return read([](const auto& c) { return c.bytes(); }); }
 };
 
 // The float32 layer, and a float64 twin built on the first float64 call.
@@ -215,9 +226,12 @@ void bind_mha(py::module_& m) {
   using py::arg;
   py::class_<PyKVCache>(m, "KVCache", docs::kKVCache)
       .def_property_readonly("length", &PyKVCache::length)
+      .def_property_readonly("dtype", [](const PyKVCache& c) { return kv_dtype_name(c.dtype); })
+      .def_property_readonly("nbytes", &PyKVCache::nbytes)
       .def("__len__", &PyKVCache::length)
       .def("__repr__", [](const PyKVCache& c) {
-        return "attn.KVCache(length=" + std::to_string(c.length()) + ")";
+        return "attn.KVCache(length=" + std::to_string(c.length()) + ", dtype='" +
+               kv_dtype_name(c.dtype) + "', nbytes=" + std::to_string(c.nbytes()) + ")";
       });
 
   py::class_<PyMha>(m, "MultiHeadAttention",
@@ -257,7 +271,16 @@ void bind_mha(py::module_& m) {
            arg("value") = py::none(), py::kw_only(), arg("key_padding_mask") = py::none(),
            arg("attn_mask") = py::none(), arg("causal") = false, arg("window") = py::none(),
            arg("softcap") = py::none(), arg("scale") = py::none(), docs::kMhaBackward)
-      .def("new_cache", [](const PyMha&) { return PyKVCache{}; }, docs::kNewCache)
+      .def("new_cache", [](const PyMha& self, const py::object& dtype) {
+             if (!py::isinstance<py::str>(dtype))
+               throw TypeError("new_cache: dtype must be 'f32', 'bf16', 'f16' or 'q8_0', got " +
+                               std::string(py::repr(dtype)));
+             const KVDtype d = parse_kv_dtype(dtype.cast<std::string>());
+             if (d == KVDtype::Q8_0 && self.f32->config().head_dim() % kQ8_0Block != 0)
+               throw ValueError("new_cache: q8_0 stores blocks of 32 values, so head_dim (" +
+                                std::to_string(self.f32->config().head_dim()) + ") must be a multiple of 32");
+             return PyKVCache(d);
+           }, arg("dtype") = "f32", docs::kNewCache)
       .def("state_dict", &py_state_dict, docs::kStateDict)
       .def("load_state_dict", &py_load_state_dict, arg("state_dict"), docs::kLoadStateDict)
       .def("save", [](const PyMha& self, const py::object& path) { self.f32->save(path_arg(path, "path")); },

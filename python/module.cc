@@ -18,6 +18,7 @@
 #include "attn/version.h"
 #include "bindings.hpp"
 #include "docstrings.hpp"
+#include "quantized.hpp"
 
 namespace attn::python {
 
@@ -85,14 +86,14 @@ py::array py_softmax(const py::object& a_obj, int64_t axis) {
   return same_shape(as_numeric_array(a_obj, "a"), [&](auto in, auto out) { softmax(in, out, axis); });
 }
 
-template <class T>
-py::object attention_t(const py::array& q_in, const py::array& k_in, const py::array& v_in,
+template <class T, class KV>
+py::object attention_t(const py::array& q_in, TensorView<const KV> k, TensorView<const KV> v,
                        const py::object& mask_obj, const AttentionOptions& opt,
                        bool return_weights) {
-  auto qa = as<T>(q_in), ka = as<T>(k_in), va = as<T>(v_in);
-  const auto q = view_of<const T>(qa), k = view_of<const T>(ka), v = view_of<const T>(va);
+  auto qa = as<T>(q_in);
+  const auto q = view_of<const T>(qa);
   const MaskArg m(mask_obj, "mask", IntegerMask::Refuse);  // boolean: True = may attend
-  const AttentionPlan<T> plan(q, k, v, opt, m.mask);        // every check, once
+  const AttentionPlan<T, KV> plan(q, k, v, opt, m.mask);    // every check, once
   auto out = empty<T>(plan.output_shape());
   py::array_t<T> weights;
   TensorView<T> w;
@@ -109,17 +110,73 @@ py::object attention_t(const py::array& q_in, const py::array& k_in, const py::a
   return out;
 }
 
+template <class T>
+py::object attention_t(const py::array& q, const py::array& k_in, const py::array& v_in,
+                       const py::object& mask, const AttentionOptions& opt, bool return_weights) {
+  auto ka = as<T>(k_in), va = as<T>(v_in);
+  return attention_t<T, T>(q, view_of<const T>(ka), view_of<const T>(va), mask, opt, return_weights);
+}
+
+// float16 with whole-element strides (an as_strided view may have others).
+bool is_float16(const py::array& a) {
+  if (!a.dtype().is(py::dtype("float16"))) return false;
+  for (py::ssize_t i = 0; i < a.ndim(); ++i)
+    if (a.strides(i) % 2 != 0) return false;
+  return reinterpret_cast<uintptr_t>(a.data()) % 2 == 0;
+}
+
+// A NumPy float16 array as the library's fp16 view, in place.
+TensorView<const float16> half_view(const py::array& a) {
+  Shape shape(a.shape(), a.shape() + a.ndim());
+  Strides strides;
+  for (py::ssize_t i = 0; i < a.ndim(); ++i) strides.push_back(a.strides(i) / 2);
+  return TensorView<const float16>(static_cast<const float16*>(a.data()), shape, strides);
+}
+
+// k and v stored compactly (attn.QuantizedTensor, one dtype for both) with
+// float32 queries.
+py::object attention_compact(const py::object& q_obj, const py::object& k_obj,
+                             const py::object& v_obj, const py::object& mask,
+                             const AttentionOptions& opt, bool return_weights) {
+  if (!py::isinstance<PyQuantizedTensor>(k_obj) || !py::isinstance<PyQuantizedTensor>(v_obj))
+    throw TypeError("attention: k and v must both be attn.QuantizedTensor or both arrays, got " +
+                    std::string(py::str(py::type::of(k_obj))) + " and " + std::string(py::str(py::type::of(v_obj))));
+  const auto& k = k_obj.cast<const PyQuantizedTensor&>();
+  const auto& v = v_obj.cast<const PyQuantizedTensor&>();
+  if (k.dtype != v.dtype)
+    throw TypeError(std::string("attention: k and v must be stored alike, got k ") + kv_dtype_name(k.dtype) +
+                    " and v " + kv_dtype_name(v.dtype));
+  const auto q = as_numeric_array(q_obj, "q");
+  if (is_float64(q))
+    throw TypeError(std::string("attention: q is float64, but compact k and v (") + kv_dtype_name(k.dtype) +
+                    ") are read with float32 queries: pass q as float32");
+  return k.visit([&](auto kv) {
+    using S = std::remove_const_t<std::remove_reference_t<decltype(*kv.data())>>;
+    return v.visit([&](auto vv) -> py::object {
+      using SV = std::remove_const_t<std::remove_reference_t<decltype(*vv.data())>>;
+      if constexpr (std::is_same_v<S, SV>)
+        return attention_t<float, S>(q, kv, vv, mask, opt, return_weights);
+      else
+        throw TypeError("attention: k and v must be stored alike");  // (checked above)
+    });
+  });
+}
 
 py::object py_attention(const py::object& q_obj, const py::object& k_obj,
                         const py::object& v_obj, const py::object& mask,
                         const py::object& causal, const py::object& scale,
                         const py::object& softcap, const py::object& window,
                         bool return_weights) {
+  const AttentionOptions opt = attention_options(causal, scale, softcap, window);
+  if (py::isinstance<PyQuantizedTensor>(k_obj) || py::isinstance<PyQuantizedTensor>(v_obj))
+    return attention_compact(q_obj, k_obj, v_obj, mask, opt, return_weights);
   const auto q = as_numeric_array(q_obj, "q"), k = as_numeric_array(k_obj, "k"),
              v = as_numeric_array(v_obj, "v");
-  const AttentionOptions opt = attention_options(causal, scale, softcap, window);
   if (is_float64(q) || is_float64(k) || is_float64(v))
     return attention_t<double>(q, k, v, mask, opt, return_weights);
+  // float16 keys and values are read as they are (half the bytes of float32).
+  if (is_float16(k) && is_float16(v))
+    return attention_t<float, float16>(q, half_view(k), half_view(v), mask, opt, return_weights);
   return attention_t<float>(q, k, v, mask, opt, return_weights);
 }
 
@@ -291,5 +348,6 @@ PYBIND11_MODULE(_core, m) {
   m.def("max_num_threads", &attn::max_num_threads,
         "max_num_threads() -> int: the largest count set_num_threads accepts, "
         "min(1024, max(64, 4 x hardware threads)).");
+  bind_quantized(m);
   bind_mha(m);
 }

@@ -16,8 +16,8 @@ For code written for PyTorch: scaled_dot_product_attention has
 torch.nn.functional's signature, MultiHeadAttention torch.nn.MultiheadAttention's
 (and MultiHeadAttention.from_torch(module) copies a live one).
 """
-from ._core import (KVCache, __version__, max_num_threads, num_threads,  # noqa: F401
-                    set_num_threads)
+from ._core import (KVCache, QuantizedTensor, __version__, max_num_threads,  # noqa: F401
+                    num_threads, quantize, set_num_threads)
 from .functional import (attention, attention_backward, multi_head,  # noqa: F401
                          positional_encoding, rope, rope_backward, scaled_dot_product_attention,
                          softmax)
@@ -25,4 +25,4 @@ from .layer import MultiHeadAttention  # noqa: F401
 
 __all__ = ["attention", "attention_backward", "scaled_dot_product_attention", "softmax",
            "multi_head", "positional_encoding", "rope", "rope_backward", "MultiHeadAttention",
-           "KVCache", "num_threads", "set_num_threads", "max_num_threads", "__version__"]
+           "KVCache", "QuantizedTensor", "quantize", "num_threads", "set_num_threads", "max_num_threads", "__version__"]

@@ -227,8 +227,8 @@ add_zero_attn append.
             state = {**current, **{k: v for k, v in state.items() if k in current}}
         self._layer.load_state_dict(state)
 
-    def new_cache(self):
-        return self._layer.new_cache()
+    def new_cache(self, dtype="f32"):
+        return self._layer.new_cache(dtype)
 
     new_cache.__doc__ = _core.MultiHeadAttention.new_cache.__doc__
 

@@ -1,0 +1,179 @@
+"""Keys and values stored compactly from Python: attn.quantize and
+attn.QuantizedTensor (bf16, f16 and GGUF's q8_0) checked against a NumPy
+implementation of their definitions, NumPy float16 read in place, and the
+layer's KV cache in every storage type."""
+import numpy as np
+import pytest
+
+import attn
+from util import PEAK_BYTES, rel_err, run_python
+
+BLOCK = np.dtype([("d", "<f2"), ("qs", "i1", 32)])  # GGUF's block_q8_0, 34 bytes
+
+
+def q8_0_numpy(x):
+    """ggml's quantize_row_q8_0_ref in NumPy: per 32 values d = max|x| / 127
+    in float32 (stored as fp16) and codes round(x * (1 / d))."""
+    b = np.asarray(x, np.float32).reshape(-1, 32)
+    d = np.abs(b).max(axis=1) / np.float32(127)
+    inv = np.divide(np.float32(1), d, out=np.zeros_like(d), where=d != 0)
+    return d.astype(np.float16), b * inv[:, None]  # the codes before rounding
+
+
+def blocks(t):
+    return np.frombuffer(memoryview(t), dtype=BLOCK)
+
+
+@pytest.mark.parametrize("scale", [1e-3, 1.0, 1e4])
+def test_q8_0_is_ggufs_block(scale):
+    rng = np.random.default_rng(1)
+    x = (rng.standard_normal((3, 5, 64)) * scale).astype(np.float32)
+    x[0, 0, :32] = 0  # an all-zero block
+    t = attn.quantize(x, "q8_0")
+    assert (t.dtype, t.shape, t.nbytes, t.ndim) == ("q8_0", x.shape, x.size // 32 * 34, 3)
+    assert BLOCK.itemsize == 34
+    d, exact = q8_0_numpy(x)
+    got = blocks(t)
+    np.testing.assert_array_equal(got["d"].view(np.uint16), d.view(np.uint16))
+    codes = got["qs"].astype(np.float64)
+    assert np.all(np.abs(codes - exact) <= 0.5 + 1e-6)  # the nearest integer; either at a tie
+    tie = np.isclose(np.abs(exact - np.trunc(exact)), 0.5)
+    np.testing.assert_array_equal(codes[~tie], np.round(exact)[~tie])
+    np.testing.assert_array_equal(t.dequantize(), (got["d"].astype(np.float32)[:, None] * got["qs"]).reshape(x.shape))
+
+
+@pytest.mark.parametrize("dtype,np_dtype", [("f16", np.float16)])
+def test_sixteen_bit_rounding_matches_numpy(dtype, np_dtype):
+    x = np.random.default_rng(2).standard_normal((4, 40)).astype(np.float32) * 100
+    t = attn.quantize(x, dtype)
+    np.testing.assert_array_equal(np.frombuffer(memoryview(t), np.uint16).reshape(x.shape),
+                                  x.astype(np_dtype).view(np.uint16))
+    np.testing.assert_array_equal(t.dequantize(), x.astype(np_dtype).astype(np.float32))
+
+
+def test_bf16_rounds_to_nearest_even():
+    x = np.random.default_rng(3).standard_normal(1000).astype(np.float32)
+    bits = x.view(np.uint32).astype(np.uint64)
+    want = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
+    t = attn.quantize(x, "bf16")
+    np.testing.assert_array_equal(np.frombuffer(memoryview(t), np.uint16), want)
+    np.testing.assert_array_equal(t.dequantize(), (want.astype(np.uint32) << 16).view(np.float32))
+
+
+def softmax_attention(q, k, v):
+    """The article's attention in float64: softmax(q kᵀ / sqrt(d)) v."""
+    q, k, v = (np.asarray(a, np.float64) for a in (q, k, v))
+    s = q @ np.swapaxes(k, -1, -2) / np.sqrt(q.shape[-1])
+    w = np.exp(s - s.max(axis=-1, keepdims=True))
+    return (w / w.sum(axis=-1, keepdims=True)) @ v
+
+
+@pytest.mark.parametrize("dtype,bound", [("bf16", 1e-2), ("f16", 2e-3), ("q8_0", 2e-2)])
+@pytest.mark.parametrize("n_q", [3, 200])  # decode and prefill
+def test_attention_reads_quantized_kv(dtype, bound, n_q):
+    rng = np.random.default_rng(4)
+    q = rng.standard_normal((2, 4, n_q, 64)).astype(np.float32)
+    k = rng.standard_normal((2, 4, 1100, 64)).astype(np.float32)
+    v = rng.standard_normal((2, 4, 1100, 64)).astype(np.float32)
+    kq, vq = attn.quantize(k, dtype), attn.quantize(v, dtype)
+    out = attn.attention(q, kq, vq)
+    assert out.dtype == np.float32 and out.shape == q.shape
+    # float32 rounding against the values stored, the storage's own against the originals
+    assert rel_err(out, softmax_attention(q, kq.dequantize(), vq.dequantize())) < 1e-5
+    assert rel_err(out, softmax_attention(q, k, v)) < bound
+
+
+def test_from_buffer_wraps_bytes_in_place():
+    rng = np.random.default_rng(5)
+    q = rng.standard_normal((2, 8, 64)).astype(np.float32)
+    k = rng.standard_normal((2, 600, 64)).astype(np.float32)
+    kq = attn.quantize(k, "q8_0")
+    raw = np.frombuffer(memoryview(kq), np.uint8).copy()  # bytes another engine wrote
+    wrapped = attn.QuantizedTensor.from_buffer(raw, "q8_0", k.shape)
+    np.testing.assert_array_equal(attn.attention(q, wrapped, wrapped), attn.attention(q, kq, kq))
+    raw.view(BLOCK)["d"] *= 2  # the wrapped tensor reads these very bytes: no copy was made
+    np.testing.assert_array_equal(wrapped.dequantize(), 2 * kq.dequantize())
+    f16 = k.astype(np.float16)
+    wrapped16 = attn.QuantizedTensor.from_buffer(f16, "f16", k.shape)
+    np.testing.assert_array_equal(attn.attention(q, wrapped16, wrapped16), attn.attention(q, f16, f16))
+
+
+def test_bad_compact_input_is_a_clear_error():
+    x = np.ones((4, 64), np.float32)
+    t = attn.quantize(x, "q8_0")
+    with pytest.raises(ValueError, match="multiple of 32"):
+        attn.quantize(np.ones((4, 20)), "q8_0")
+    with pytest.raises(ValueError, match="finite"):
+        attn.quantize(np.float32([np.nan] * 32), "q8_0")
+    with pytest.raises(ValueError, match="'bf16', 'f16' or 'q8_0'"):
+        attn.quantize(x, "q4_0")
+    with pytest.raises(ValueError, match="takes 136 bytes, the buffer holds 135"):
+        attn.QuantizedTensor.from_buffer(bytes(135), "q8_0", (2, 64))
+    with pytest.raises(ValueError, match="C-contiguous"):
+        attn.QuantizedTensor.from_buffer(np.zeros((4, 68), np.uint8)[:, ::2], "q8_0", (2, 32))
+    with pytest.raises(ValueError, match="aligned"):
+        attn.QuantizedTensor.from_buffer(np.zeros(69, np.uint8)[1:], "q8_0", (2, 32))
+    with pytest.raises(TypeError, match="both be attn.QuantizedTensor or both arrays"):
+        attn.attention(x, t, x)
+    with pytest.raises(TypeError, match="stored alike"):
+        attn.attention(x, t, attn.quantize(x, "bf16"))
+    with pytest.raises(TypeError, match="float64"):
+        attn.attention(x.astype(np.float64), t, t)
+    with pytest.raises(ValueError, match=r"\(4, 32\)"):  # shapes named as values, not blocks
+        attn.attention(x, attn.quantize(np.ones((4, 32)), "q8_0"), attn.quantize(np.ones((4, 32)), "q8_0"))
+    assert memoryview(t).readonly
+
+
+def test_float16_kv_are_read_without_a_float32_copy():
+    """Peak memory of the call (n = 32768, 8 heads x 128, a causal window to
+    keep it short), measured in a fresh interpreter: the output (128 MiB)
+    and at most 64 MiB more; converting float16 K and V to float32 first
+    would add 256 MiB."""
+    code = PEAK_BYTES + """
+import numpy as np, attn
+q = np.ones((8, 32768, 128), np.float32)
+k = np.ones((8, 32768, 128), np.float16); v = k.copy()
+open('/proc/self/clear_refs', 'w').write('5')
+before = peak_bytes()
+out = attn.attention(q, k, v, causal=True, window=(64, 0))
+print(peak_bytes() - before - out.nbytes)
+"""
+    r = run_python(code, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert int(r.stdout) <= 64 << 20, f"{int(r.stdout) / 2**20:.0f} MiB beyond the output"
+
+
+@pytest.mark.parametrize("dtype", ["f32", "bf16", "f16", "q8_0"])
+def test_layer_cache_in_every_storage_type(dtype):
+    rng = np.random.default_rng(6)
+    m = attn.MultiHeadAttention(128, 4, num_kv_heads=2, rope=True)
+    x = rng.standard_normal((2, 37, 128)).astype(np.float32)
+    outs = []
+    for chunks in ([37], [1, 1, 10, 25], [20, 17]):
+        cache = m.new_cache(dtype)
+        assert cache.dtype == dtype and cache.nbytes == 0
+        parts, at = [], 0
+        for n in chunks:
+            parts.append(m(x[:, at:at + n], cache=cache, causal=True)[0])
+            at += n
+        outs.append(np.concatenate(parts, axis=1))
+        bytes_per_row = {"f32": 4 * 32, "bf16": 2 * 32, "f16": 2 * 32, "q8_0": 34}[dtype]
+        assert len(cache) == 37 and cache.nbytes == 2 * 2 * 2 * 37 * bytes_per_row
+    for other in outs[1:]:  # whatever the chunking
+        assert rel_err(other, outs[0]) < 1e-6
+    exact = m(x, causal=True)[0]  # float32 keys and values, no cache
+    err = rel_err(outs[0], exact)
+    assert err < {"f32": 1e-6, "bf16": 1e-2, "f16": 2e-3, "q8_0": 2e-2}[dtype]
+    if dtype != "f32":
+        assert err > 1e-7  # the cache did store them compactly
+
+
+def test_cache_dtype_errors():
+    m = attn.MultiHeadAttention(40, 2)
+    with pytest.raises(ValueError, match="head_dim \\(20\\) must be a multiple of 32"):
+        m.new_cache("q8_0")
+    with pytest.raises(ValueError, match="f32, bf16, f16 or q8_0"):
+        m.new_cache("int8")
+    c = m.new_cache("bf16")
+    with pytest.raises(TypeError, match="feed it float32 input"):
+        m(np.ones((1, 2, 40)), cache=c)
