@@ -23,8 +23,9 @@ namespace {
 
 constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
 
+// Bytes per element (Q8_0: per block of 32 values; its strides count blocks).
 size_t element_size(int dtype) {
-  return dtype == ATTN_F64 ? 8 : dtype == ATTN_F32 ? 4 : dtype == ATTN_BOOL ? 1 : 2;
+  return dtype == ATTN_Q8_0 ? 34 : dtype == ATTN_F64 ? 8 : dtype == ATTN_F32 ? 4 : dtype == ATTN_BOOL ? 1 : 2;
 }
 
 // One fuzzed descriptor and the memory it points into.
@@ -47,7 +48,7 @@ void read_descriptor(attn::fuzz::Input& in, std::mt19937& rng, Descriptor& d, in
   const uint8_t choice = in.byte();
   const int kind = choice < 200 ? kReal : 1 + choice % (kKinds - 1);
   if (kind == kNull) d.null = true;
-  if (kind == kBadDtype) dtype = static_cast<int>(in.in(5, 255)) * (in.flag() ? 1 : -1);
+  if (kind == kBadDtype) dtype = static_cast<int>(in.in(ATTN_Q8_0 + 1, 255)) * (in.flag() ? 1 : -1);
   const uint8_t change = in.byte();
   if (change < 16 && !shape.empty()) shape[in.in(0, static_cast<int64_t>(shape.size()) - 1)] = in.in(0, 5);
   if (change >= 16 && change < 20 && !shape.empty()) shape.erase(shape.begin());
@@ -87,7 +88,7 @@ void read_descriptor(attn::fuzz::Input& in, std::mt19937& rng, Descriptor& d, in
     for (size_t a = 0; a < r; ++a)
       if (d.shape[a] > 0) (d.strides[a] < 0 ? lo : hi) += d.strides[a] * (d.shape[a] - 1);
   const size_t esize = element_size(dtype);
-  d.buffer.resize(static_cast<size_t>(hi - lo + 1) * 8);  // room for any dtype
+  d.buffer.resize(static_cast<size_t>(hi - lo + 1) * element_size(ATTN_Q8_0));  // room for any dtype
   // Booleans must be 0 or 1 (a C _Bool); floats any bits, NaN included.
   for (auto& b : d.buffer) b = dtype == ATTN_BOOL ? rng() & 1 : static_cast<unsigned char>(rng());
   d.tensor.data = kind == kNullData ? nullptr : d.buffer.data() + static_cast<size_t>(-lo) * esize;
@@ -140,13 +141,17 @@ void check(int status, const char* function) {
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   attn::fuzz::Input in(data, size);
   std::mt19937 rng(in.u32());
-  // Mostly the dtypes that run (F32 with F32/BF16/F16 keys, F64), sometimes any.
-  const int dtypes[] = {ATTN_F32, ATTN_F32, ATTN_F64, ATTN_BF16, ATTN_F16, ATTN_BOOL};
+  // Mostly the dtypes that run (F32 with F32/BF16/F16/Q8_0 keys, F64), sometimes any.
+  const int dtypes[] = {ATTN_F32, ATTN_F32, ATTN_F64, ATTN_BF16, ATTN_F16, ATTN_Q8_0, ATTN_BOOL};
   if (in.flag()) {
+    const int q_dtype = in.pick(dtypes), kv_dtype = in.flag() ? q_dtype : in.pick(dtypes);
     // Shapes that fit together (batch, heads, n_q, n_k, d, d_v), each of them
-    // then maybe changed by read_descriptor: no heads axis, or GQA.
-    const int64_t batch = in.in(0, 2), n_q = in.in(0, 5), n_k = in.in(0, 6), d = in.in(0, 5),
-                  d_v = in.in(0, 4), kv_heads = in.in(1, 2), q_heads = kv_heads * in.in(1, 2);
+    // then maybe changed by read_descriptor: no heads axis, or GQA. Q8_0's
+    // head dims are whole blocks of 32.
+    const int64_t block = kv_dtype == ATTN_Q8_0 ? 32 : 1;
+    const int64_t batch = in.in(0, 2), n_q = in.in(0, 5), n_k = in.in(0, 6),
+                  d = block * in.in(0, block > 1 ? 2 : 5), d_v = block * in.in(0, block > 1 ? 1 : 4),
+                  kv_heads = in.in(1, 2), q_heads = kv_heads * in.in(1, 2);
     attn::Shape lead = batch ? attn::Shape{batch} : attn::Shape{};
     const auto with = [](attn::Shape s, std::initializer_list<int64_t> tail) {
       s.insert(s.end(), tail);
@@ -155,7 +160,6 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     const bool heads = in.flag();
     const attn::Shape q_lead = heads ? with(lead, {q_heads}) : lead,
                       kv_lead = heads ? with(lead, {kv_heads}) : lead;
-    const int q_dtype = in.pick(dtypes), kv_dtype = in.flag() ? q_dtype : in.pick(dtypes);
     Descriptor q, k, v, mask, out;
     read_descriptor(in, rng, q, q_dtype, with(q_lead, {n_q, d}));
     read_descriptor(in, rng, k, kv_dtype, with(kv_lead, {n_k, d}));

@@ -33,7 +33,11 @@ typedef enum {
   ATTN_F64 = 1,  /* double */
   ATTN_BF16 = 2, /* bfloat16 bits in a uint16_t */
   ATTN_F16 = 3,  /* IEEE half bits in a uint16_t */
-  ATTN_BOOL = 4  /* C99 _Bool (one byte holding 0 or 1) */
+  ATTN_BOOL = 4, /* C99 _Bool (one byte holding 0 or 1) */
+  ATTN_Q8_0 = 5  /* GGUF's q8_0 blocks: per 32 values of the last axis, an fp16
+                    scale d then 32 int8 codes (34 bytes; value = d * code).
+                    shape is the logical shape (its last axis a multiple of 32),
+                    data the blocks, strides count blocks (NULL: C-contiguous) */
 } attn_dtype;
 
 /* A strided view of caller memory; never owned by attn. Ranks 0..16. */
@@ -63,7 +67,8 @@ void attn_options_init(attn_options* options);
 
 /* softmax(q kᵀ · scale + mask) v into out (..., Hq, n_q, d_v), as
    attn::attention: q (..., Hq, n_q, d), k (..., Hkv, n_k, d), v (..., Hkv,
-   n_k, d_v). q and out F32 with k, v F32, BF16 or F16; or all F64. mask: NULL
+   n_k, d_v). q and out F32 with k, v F32, BF16, F16 or Q8_0 (read in place,
+   widened as the kernels go); or all F64. mask: NULL
    for none; BOOL (1 = may attend) or F32/F64 (added to the logits),
    broadcasting to (..., Hq, n_q, n_k). options: NULL for the defaults. */
 int attn_attention(const attn_tensor* q, const attn_tensor* k, const attn_tensor* v,
@@ -94,8 +99,13 @@ int attn_mha_load(const char* safetensors_path, attn_mha** layer);
 int attn_mha_forward(attn_mha* layer, const attn_tensor* x, attn_cache* cache,
                      const attn_options* options, attn_tensor* out);
 
-/* An empty KV cache for layer. */
+/* An empty KV cache for layer, storing float32 keys and values. */
 int attn_cache_new(const attn_mha* layer, attn_cache** cache);
+/* The same, storing them as dtype: F32, BF16, F16 or Q8_0 (the layer's
+   head_dim a multiple of 32), converted as tokens are appended. */
+int attn_cache_new_dtype(const attn_mha* layer, attn_dtype dtype, attn_cache** cache);
+/* The bytes the cached tokens' keys and values take. */
+int attn_cache_bytes(const attn_cache* cache, int64_t* bytes);
 /* Free what the functions above made; NULL does nothing. */
 void attn_cache_free(attn_cache* cache);
 void attn_mha_free(attn_mha* layer);

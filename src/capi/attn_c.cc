@@ -86,6 +86,7 @@ size_t element_size(attn_dtype dtype) {
     case ATTN_BF16:
     case ATTN_F16: return sizeof(uint16_t);
     case ATTN_BOOL: return sizeof(bool);
+    case ATTN_Q8_0: return sizeof(attn::block_q8_0);  // per block of 32 values
   }
   return 0;
 }
@@ -97,6 +98,7 @@ const char* dtype_name(attn_dtype dtype) {
     case ATTN_BF16: return "BF16";
     case ATTN_F16: return "F16";
     case ATTN_BOOL: return "BOOL";
+    case ATTN_Q8_0: return "Q8_0";
   }
   return "?";
 }
@@ -115,13 +117,19 @@ Layout layout_of(const attn_tensor* t, const char* function, const char* name) {
   static_assert(sizeof(attn_dtype) == sizeof(int));
   int dtype;
   std::memcpy(&dtype, &t->dtype, sizeof dtype);
-  if (dtype < ATTN_F32 || dtype > ATTN_BOOL)
+  if (dtype < ATTN_F32 || dtype > ATTN_Q8_0)
     fail(function, name, "dtype " + std::to_string(dtype) + " is not an attn_dtype");
   if (t->rank < 0 || t->rank > kMaxRank)
     fail(function, name, "rank " + std::to_string(t->rank) + " is not in [0, " +
                              std::to_string(kMaxRank) + "]");
   if (t->rank > 0 && !t->shape) fail(function, name, "shape is NULL at rank " + std::to_string(t->rank));
   Layout l{static_cast<attn_dtype>(dtype), Shape(t->shape, t->shape + t->rank), {}};
+  if (l.dtype == ATTN_Q8_0) {  // the logical shape in, a shape of blocks out
+    if (l.shape.empty() || l.shape.back() % attn::kQ8_0Block != 0)
+      fail(function, name, "Q8_0 stores blocks of 32 values along the last axis, which must be a "
+                           "multiple of 32, got shape " + attn::shape_str(l.shape));
+    l.shape.back() /= attn::kQ8_0Block;
+  }
   const std::string what = std::string(function) + ": " + name;
   const size_t bytes = element_size(l.dtype);
   const int64_t n = attn::checked_numel(l.shape, bytes, what.c_str());
@@ -223,6 +231,30 @@ void attention_as(const attn_tensor* q, const Layout& lq, const attn_tensor* k, 
                          view_of<T>(out, lo), options, mask);
 }
 
+int new_cache(const attn_mha* layer, attn_dtype dtype, attn_cache** cache, const char* fn) {
+  return guarded([&] {
+    require(layer, fn, "layer");
+    require(cache, fn, "cache");
+    *cache = nullptr;
+    int d;  // read as the int it is (see layout_of)
+    std::memcpy(&d, &dtype, sizeof d);
+    attn::KVDtype stored;
+    switch (d) {
+      case ATTN_F32: stored = attn::KVDtype::F32; break;
+      case ATTN_BF16: stored = attn::KVDtype::BF16; break;
+      case ATTN_F16: stored = attn::KVDtype::F16; break;
+      case ATTN_Q8_0: stored = attn::KVDtype::Q8_0; break;
+      default:
+        unsupported(fn, "dtype " + std::to_string(d) + " is not a cache's: F32, BF16, F16 or Q8_0");
+    }
+    const int64_t head_dim = layer->layer.config().head_dim();
+    if (stored == attn::KVDtype::Q8_0 && head_dim % attn::kQ8_0Block != 0)
+      fail(fn, "dtype", "Q8_0 stores blocks of 32 values, so the layer's head_dim (" +
+                            std::to_string(head_dim) + ") must be a multiple of 32");
+    *cache = new attn_cache{layer->layer.new_cache(stored)};
+  });
+}
+
 }  // namespace
 
 extern "C" {
@@ -245,14 +277,16 @@ int attn_attention(const attn_tensor* q, const attn_tensor* k, const attn_tensor
     const attn::AttentionOptions o = options_of(options, fn);
     if (lk.dtype != lv.dtype || lo.dtype != lq.dtype ||
         !((lq.dtype == ATTN_F64 && lk.dtype == ATTN_F64) ||
-          (lq.dtype == ATTN_F32 && (lk.dtype == ATTN_F32 || lk.dtype == ATTN_BF16 || lk.dtype == ATTN_F16))))
+          (lq.dtype == ATTN_F32 && (lk.dtype == ATTN_F32 || lk.dtype == ATTN_BF16 ||
+                                    lk.dtype == ATTN_F16 || lk.dtype == ATTN_Q8_0))))
       unsupported(fn, std::string("dtypes q ") + dtype_name(lq.dtype) + ", k " + dtype_name(lk.dtype) +
                           ", v " + dtype_name(lv.dtype) + ", out " + dtype_name(lo.dtype) +
-                          " are not supported: q and out F32 with k and v F32, BF16 or F16, or all F64");
+                          " are not supported: q and out F32 with k and v F32, BF16, F16 or Q8_0, or all F64");
     switch (lk.dtype) {
       case ATTN_F64: return attention_as<double, double>(q, lq, k, lk, v, lv, m, o, out, lo);
       case ATTN_BF16: return attention_as<float, attn::bfloat16>(q, lq, k, lk, v, lv, m, o, out, lo);
       case ATTN_F16: return attention_as<float, attn::float16>(q, lq, k, lk, v, lv, m, o, out, lo);
+      case ATTN_Q8_0: return attention_as<float, attn::block_q8_0>(q, lq, k, lk, v, lv, m, o, out, lo);
       default: return attention_as<float, float>(q, lq, k, lk, v, lv, m, o, out, lo);
     }
   });
@@ -325,12 +359,17 @@ int attn_mha_forward(attn_mha* layer, const attn_tensor* x, attn_cache* cache,
 }
 
 int attn_cache_new(const attn_mha* layer, attn_cache** cache) {
+  return new_cache(layer, ATTN_F32, cache, "attn_cache_new");
+}
+
+int attn_cache_new_dtype(const attn_mha* layer, attn_dtype dtype, attn_cache** cache) {
+  return new_cache(layer, dtype, cache, "attn_cache_new_dtype");
+}
+int attn_cache_bytes(const attn_cache* cache, int64_t* bytes) {
   return guarded([&] {
-    const char* fn = "attn_cache_new";
-    require(layer, fn, "layer");
-    require(cache, fn, "cache");
-    *cache = nullptr;
-    *cache = new attn_cache{layer->layer.new_cache()};
+    require(cache, "attn_cache_bytes", "cache");
+    require(bytes, "attn_cache_bytes", "bytes");
+    *bytes = cache->cache.bytes();
   });
 }
 

@@ -300,6 +300,54 @@ static void test_attention_errors(void) {
   CHECK(strcmp(attn_last_error(), "") == 0);
 }
 
+/* GGUF's q8_0 block as a C caller lays it out: 34 bytes. */
+typedef struct {
+  uint16_t d; /* fp16 bits */
+  int8_t qs[32];
+} q8_0_block;
+
+/* K and V as q8_0 blocks written here from codes and power-of-two scales
+   (exact in fp16 and float), against the naive attention of the values they
+   hold; a logical last axis that is not whole blocks is refused. */
+static void test_q8_0(void) {
+  enum { N = 6, DK = 64, DQ = 32 };
+  static q8_0_block kb[N * DK / 32], vb[N * DQ / 32];
+  static float q[2 * DK], out[2 * DQ];
+  static double qd[2 * DK], kd[N * DK], vd[N * DQ], want[2 * DQ];
+  const uint16_t scale_bits[] = {0x2000, 0x2800, 0x3000}; /* 2^-7, 2^-5, 2^-3 */
+  const double scales[] = {1.0 / 128, 1.0 / 32, 1.0 / 8};
+  const int64_t q_shape[] = {2, DK}, k_shape[] = {N, DK}, v_shape[] = {N, DQ}, out_shape[] = {2, DQ},
+                bad_shape[] = {N, 20};
+  uint32_t state = 7;
+  int64_t i, b, j;
+  attn_tensor tq, tk, tv, tout;
+  CHECK(sizeof(q8_0_block) == 34);
+  for (i = 0; i < 2 * DK; ++i) q[i] = (float)(qd[i] = next_value(&state));
+  for (b = 0; b < N * DK / 32 + N * DQ / 32; ++b) {
+    q8_0_block* blk = b < N * DK / 32 ? &kb[b] : &vb[b - N * DK / 32];
+    double* values = b < N * DK / 32 ? kd + b * 32 : vd + (b - N * DK / 32) * 32;
+    blk->d = scale_bits[b % 3];
+    for (j = 0; j < 32; ++j) {
+      blk->qs[j] = (int8_t)(j == 5 ? -127 : (int)(next_value(&state) * 127));
+      values[j] = scales[b % 3] * blk->qs[j];
+    }
+  }
+  reference_head(qd, kd, vd, 2, N, DK, DQ, NULL, 0, -1, -1, 1 / sqrt((double)DK), 0, want);
+  tq = tensor(q, ATTN_F32, 2, q_shape);
+  tk = tensor(kb, ATTN_Q8_0, 2, k_shape);
+  tv = tensor(vb, ATTN_Q8_0, 2, v_shape);
+  tout = tensor(out, ATTN_F32, 2, out_shape);
+  CHECK(attn_attention(&tq, &tk, &tv, NULL, NULL, &tout) == ATTN_OK);
+  expect_close_f(out, want, 2 * DQ, 1e-5, __LINE__);
+  tk.shape = bad_shape;
+  EXPECT_ERROR(attn_attention(&tq, &tk, &tv, NULL, NULL, &tout), ATTN_ERROR_INVALID_ARGUMENT,
+               "attn_attention: k: Q8_0 stores blocks of 32 values along the last axis");
+  tk = tensor(kb, ATTN_Q8_0, 2, k_shape);
+  tq = tensor(kb, ATTN_Q8_0, 2, k_shape);
+  EXPECT_ERROR(attn_attention(&tq, &tk, &tv, NULL, NULL, &tout), ATTN_ERROR_UNSUPPORTED,
+               "q Q8_0, k Q8_0");
+}
+
 static void test_sinusoidal(void) {
   enum { N = 7, W = 6 };
   double got[N * W], want[N * W];
@@ -515,6 +563,28 @@ static void test_mha(void) {
                "attn_cache_new: layer is NULL");
   EXPECT_ERROR(attn_cache_new(layer, NULL), ATTN_ERROR_INVALID_ARGUMENT,
                "attn_cache_new: cache is NULL");
+  {
+    /* A bf16 cache: the same chunks within bf16's rounding; its bytes are
+       2 per value of K and V. The layer's head_dim is too small for q8_0. */
+    attn_cache* compact = NULL;
+    int64_t bytes = -1, f32_bytes = -1;
+    CHECK(attn_cache_bytes(cache, &f32_bytes) == ATTN_OK);
+    CHECK(attn_cache_new_dtype(layer, ATTN_BF16, &compact) == ATTN_OK);
+    tx = tensor(x, ATTN_F32, 3, first);
+    tout = tensor(out, ATTN_F32, 3, first);
+    CHECK(attn_mha_forward(layer, &tx, compact, &options, &tout) == ATTN_OK);
+    tx = tensor(x + 2 * E, ATTN_F32, 3, last);
+    tout = tensor(out + 2 * E, ATTN_F32, 3, last);
+    CHECK(attn_mha_forward(layer, &tx, compact, &options, &tout) == ATTN_OK);
+    expect_close_f(out, want, T * E, 2e-2, __LINE__);
+    CHECK(attn_cache_bytes(compact, &bytes) == ATTN_OK);
+    CHECK(bytes * 2 == f32_bytes && bytes > 0);
+    attn_cache_free(compact);
+    EXPECT_ERROR(attn_cache_new_dtype(layer, ATTN_Q8_0, &compact), ATTN_ERROR_INVALID_ARGUMENT,
+                 "attn_cache_new_dtype: dtype: Q8_0 stores blocks of 32 values");
+    EXPECT_ERROR(attn_cache_new_dtype(layer, ATTN_F64, &compact), ATTN_ERROR_UNSUPPORTED,
+                 "is not a cache's");
+  }
   attn_cache_free(cache);
   attn_mha_free(layer);
   attn_cache_free(NULL);
@@ -548,6 +618,7 @@ static void test_misc(void) {
 int main(void) {
   test_attention();
   test_attention_errors();
+  test_q8_0();
   test_sinusoidal();
   test_rope();
   test_mha();

@@ -508,6 +508,7 @@ def test_bench_reports_consistent_numbers():
     assert r["ratio_to_peak"] == pytest.approx(r["gflops"] / r["peak_gflops"], rel=2e-3, abs=1e-4)
     assert r["speedup_vs_f32"] == pytest.approx(r["f32_median_ms"] / r["median_ms"], rel=2e-3, abs=1e-4)
     assert 0.2 < r["speedup_vs_f32"] < 5  # the float32 time of the same kernel, not the ceiling's
+    assert 1e-4 < r["error_vs_f64"] < 1e-2  # bf16's rounding, against the float64 reference
     r = json.loads(ok("bench", "attention", "--n", n, "--heads", heads, "--head-dim", d, "--causal",
                       "--threads", 1, "--json").stdout)
     pairs = n * (n + 1) / 2
@@ -534,3 +535,12 @@ def test_bench_reports_consistent_numbers():
     assert r["gbps"] == pytest.approx(2 * heads * L * d * 4 / r["median_ms"] * 1e-6,
                                       rel=rate_tol(r["median_ms"], r["gbps"]))
     assert r["ratio_to_peak"] == pytest.approx(r["gbps"] / r["peak_gbps"], rel=2e-3, abs=1e-4)
+    # q8_0 K/V: the bytes counted are q8_0's (34 per 32 values), the error is
+    # q8_0's rounding; a head dim that is not whole blocks is an error naming it.
+    r = json.loads(ok("bench", "decode", "--kv-len", L, "--heads", heads, "--head-dim", d,
+                      "--kv-dtype", "q8_0", "--threads", 1, "--json").stdout)
+    assert r["gbps"] == pytest.approx(2 * heads * L * d // 32 * 34 / r["median_ms"] * 1e-6,
+                                      rel=rate_tol(r["median_ms"], r["gbps"]))
+    assert 1e-4 < r["error_vs_f64"] < 2e-2 and r["speedup_vs_f32"] > 0
+    bad = run("bench", "decode", "--kv-len", L, "--heads", heads, "--head-dim", 20, "--kv-dtype", "q8_0")
+    assert bad.returncode != 0 and "multiple of 32" in bad.stderr
