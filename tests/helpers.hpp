@@ -55,6 +55,24 @@ double max_abs_diff(const Tensor<A>& a, const Tensor<B>& b) {
   return m;
 }
 
+// One attention problem of the kernel tests: shapes, options and a mask kind.
+struct KernelCase {
+  int64_t batch, hq, hkv, n_q, n_k, d, d_v;
+  Causal causal;
+  Window window;
+  double softcap;
+  int mask;  // 0 none, 1 bool (n_q, n_k), 2 float (hq, 1, n_k)
+};
+
+inline std::string describe(const KernelCase& c) {
+  return "b=" + std::to_string(c.batch) + " hq=" + std::to_string(c.hq) + " hkv=" +
+         std::to_string(c.hkv) + " n_q=" + std::to_string(c.n_q) + " n_k=" +
+         std::to_string(c.n_k) + " d=" + std::to_string(c.d) + " d_v=" + std::to_string(c.d_v) +
+         " causal=" + std::to_string(int(c.causal)) + " window=(" +
+         std::to_string(c.window.left) + "," + std::to_string(c.window.right) +
+         ") softcap=" + std::to_string(c.softcap) + " mask=" + std::to_string(c.mask);
+}
+
 // Expects `stmt` to throw E with a message containing `needle`.
 #define EXPECT_THROW_MSG(stmt, E, needle)                                       \
   do {                                                                          \

@@ -25,25 +25,10 @@ namespace attn {
 namespace {
 
 using test::cast;
+using test::describe;
+using test::KernelCase;
 using test::random_tensor;
 using test::rel_error;
-
-struct KernelCase {
-  int64_t batch, hq, hkv, n_q, n_k, d, d_v;
-  Causal causal;
-  Window window;
-  double softcap;
-  int mask;  // 0 none, 1 bool (n_q, n_k), 2 float (hq, 1, n_k)
-};
-
-std::string describe(const KernelCase& c) {
-  return "b=" + std::to_string(c.batch) + " hq=" + std::to_string(c.hq) + " hkv=" +
-         std::to_string(c.hkv) + " n_q=" + std::to_string(c.n_q) + " n_k=" +
-         std::to_string(c.n_k) + " d=" + std::to_string(c.d) + " d_v=" + std::to_string(c.d_v) +
-         " causal=" + std::to_string(int(c.causal)) + " window=(" +
-         std::to_string(c.window.left) + "," + std::to_string(c.window.right) +
-         ") softcap=" + std::to_string(c.softcap) + " mask=" + std::to_string(c.mask);
-}
 
 // Checks out (and weights when asked) against the reference; returns out.
 // Without against_reference, only computes out (for comparing two runs).

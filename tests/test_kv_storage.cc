@@ -30,6 +30,8 @@ namespace attn {
 namespace {
 
 using test::cast;
+using test::describe;
+using test::KernelCase;
 using test::random_tensor;
 using test::rel_error;
 
@@ -96,27 +98,12 @@ void with_storage(KVDtype dtype, const Tensor<float>& k, const Tensor<float>& v,
   FAIL() << "with_storage takes the compact dtypes";
 }
 
-struct StorageCase {
-  int64_t batch, hq, hkv, n_q, n_k, d, d_v;
-  Causal causal;
-  Window window;
-  double softcap;
-  int mask;  // 0 none, 1 bool (n_q, n_k), 2 float (hq, 1, n_k)
-};
-
-std::string describe(const StorageCase& c) {
-  return "b=" + std::to_string(c.batch) + " hq=" + std::to_string(c.hq) + " hkv=" +
-         std::to_string(c.hkv) + " n_q=" + std::to_string(c.n_q) + " n_k=" +
-         std::to_string(c.n_k) + " d=" + std::to_string(c.d) + " d_v=" + std::to_string(c.d_v) +
-         " causal=" + std::to_string(int(c.causal)) + " mask=" + std::to_string(c.mask);
-}
-
 // Prefill (straddling 64-key tiles and 8-row blocks, several query tiles)
 // and decode (n_q <= 8, several 512-key chunks): GQA, both causal
 // alignments, windows, softcap and both kinds of mask. Head dims are
 // multiples of 32 (q8_0's blocks); the 16-bit types also take odd ones.
-std::vector<StorageCase> storage_cases(bool odd_dims) {
-  std::vector<StorageCase> cases = {
+std::vector<KernelCase> storage_cases(bool odd_dims) {
+  std::vector<KernelCase> cases = {
       {1, 2, 1, 300, 260, 64, 64, Causal::None, {}, 0, 0},
       {1, 2, 1, 300, 260, 64, 64, Causal::BottomRight, {}, 0, 1},
       {2, 4, 2, 129, 65, 32, 96, Causal::TopLeft, {}, 0, 0},
@@ -138,7 +125,7 @@ std::vector<StorageCase> storage_cases(bool odd_dims) {
   return cases;
 }
 
-AttentionOptions options_of(const StorageCase& c) {
+AttentionOptions options_of(const KernelCase& c) {
   AttentionOptions o;
   o.causal = c.causal;
   o.window = c.window;
@@ -149,7 +136,7 @@ AttentionOptions options_of(const StorageCase& c) {
 // Both kernels on the stored K/V against the reference on the values they
 // hold: float32 rounding only (the storage's own rounding is measured in
 // StorageTypesKeepTheirAccuracy).
-void check_storage(KVDtype dtype, const StorageCase& c, uint32_t seed) {
+void check_storage(KVDtype dtype, const KernelCase& c, uint32_t seed) {
   SCOPED_TRACE(std::string(kv_dtype_name(dtype)) + " " + describe(c));
   std::mt19937 rng(seed);
   const auto q = random_tensor({c.batch, c.hq, c.n_q, c.d}, rng);
@@ -215,10 +202,10 @@ TEST(KVStorage, StorageTypesKeepTheirAccuracy) {
   // error over few rows is mostly that of their largest: decode takes its
   // most rows (8 queries × 8 heads), as with 16 the K-outlier error of q8_0
   // spread from 0.03 to 0.105 over seeds (0.04–0.07 with 64).
-  const StorageCase cases[] = {{1, 8, 2, 256, 256, 128, 128, Causal::BottomRight, {}, 0, 1},
+  const KernelCase cases[] = {{1, 8, 2, 256, 256, 128, 128, Causal::BottomRight, {}, 0, 1},
                                {1, 8, 2, 8, 4096, 128, 128, Causal::BottomRight, {}, 0, 0}};
   test::on_every_simd_target([&] {
-    for (const StorageCase& c : cases) {
+    for (const KernelCase& c : cases) {
       std::mt19937 rng(77);
       std::normal_distribution<double> normal;
       const auto gaussian = [&](const Shape& s) {
@@ -299,7 +286,8 @@ TEST(KVStorage, CacheInEveryStorageTypeEqualsOneCausalCall) {
   q8.append(Tensor<float>({1, 1, 3, 32}).view(), Tensor<float>({1, 1, 3, 32}).view());
   EXPECT_THROW_MSG(q8.append(bad.view(), bad.view()), ValueError, "finite");
   EXPECT_EQ(q8.length(), 3) << "a failed append keeps the tokens that were there";
-  EXPECT_THROW_MSG(KVCache<double>(KVDtype::BF16), ValueError, "float64 only");
+  EXPECT_THROW_MSG(KVCache<double>{KVDtype::BF16}, ValueError, "float64 only");
+  EXPECT_THROW_MSG(q8.keys(), ValueError, "read it with visit()");
 }
 
 // The peak resident memory of this process since the last reset (Linux's

@@ -65,6 +65,7 @@ class KVCache {
     return TensorView<const S>(s.data(), {s.dim(0), s.dim(1), length_, row},
                                {s.dim(1) * cap * row, cap * row, row, 1});
   }
+  TensorView<const T> own_type(const Storage& s, const char* name) const;
   void reserve(int64_t capacity);
 
   KVDtype dtype_;

@@ -129,7 +129,7 @@ struct Attend {
   }
 
   // In turns with the ceiling: this kernel, then (with `baselines`) those of
-  // the same turns that its targets compare with: float32 K/V for a 16-bit
+  // the same turns that its targets compare with: float32 K/V for a compact
   // dtype, the non-causal kernel for a causal one. JSON members and text for
   // them.
   struct Timing {

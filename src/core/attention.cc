@@ -93,7 +93,7 @@ Operand<const M> mask_operand(const TensorView<const M>& m, const AttentionProbl
   return operand(TensorView<const M>(m.data(), p.weights_shape, s), p.batch_axes, p.batch);
 }
 
-// Points the problem's q, k and v at these views (16-bit K/V as their bits).
+// Points the problem's q, k and v at these views (compact K/V as their bytes).
 template <class T, class KV>
 void point_at(AttentionProblem<T>& p, TensorView<const T> q, TensorView<const KV> k,
               TensorView<const KV> v) {

@@ -74,20 +74,18 @@ int64_t KVCache<T>::bytes() const {
 }
 
 template <class T>
-TensorView<const T> KVCache<T>::keys() const {
+TensorView<const T> KVCache<T>::own_type(const Storage& s, const char* name) const {
   if (dtype_ != KVDtype::F32)
-    throw ValueError(std::string("KVCache.keys: the cache stores ") + kv_dtype_name(dtype_) +
+    throw ValueError(std::string("KVCache.") + name + ": the cache stores " + kv_dtype_name(dtype_) +
                      ", not the layer's type: read it with visit()");
-  return view(std::get<Tensor<T>>(keys_));
+  return view(std::get<Tensor<T>>(s));
 }
 
 template <class T>
-TensorView<const T> KVCache<T>::values() const {
-  if (dtype_ != KVDtype::F32)
-    throw ValueError(std::string("KVCache.values: the cache stores ") + kv_dtype_name(dtype_) +
-                     ", not the layer's type: read it with visit()");
-  return view(std::get<Tensor<T>>(values_));
-}
+TensorView<const T> KVCache<T>::keys() const { return own_type(keys_, "keys"); }
+
+template <class T>
+TensorView<const T> KVCache<T>::values() const { return own_type(values_, "values"); }
 
 template <class T>
 void KVCache<T>::reserve(int64_t capacity) {

@@ -510,6 +510,20 @@ static void reference_mha(const double* x, int causal, double* out) {
   linear(concat, w_out, b_out, T, E, E, out);
 }
 
+/* x (1, T, E) through the layer in two chunks, 2 tokens then 1, appending
+   to cache, bottom-right causal, into out. */
+static void forward_in_chunks(attn_mha* layer, attn_cache* cache, float* x, float* out) {
+  const int64_t first[] = {1, 2, E}, last[] = {1, 1, E};
+  attn_tensor tx = tensor(x, ATTN_F32, 3, first), tout = tensor(out, ATTN_F32, 3, first);
+  attn_options options;
+  attn_options_init(&options);
+  options.causal = 1;
+  CHECK(attn_mha_forward(layer, &tx, cache, &options, &tout) == ATTN_OK);
+  tx = tensor(x + 2 * E, ATTN_F32, 3, last);
+  tout = tensor(out + 2 * E, ATTN_F32, 3, last);
+  CHECK(attn_mha_forward(layer, &tx, cache, &options, &tout) == ATTN_OK);
+}
+
 static void test_mha(void) {
   const char* path = "capi_test_layer.safetensors";
   const char* corrupt = "capi_test_corrupt.safetensors";
@@ -517,9 +531,8 @@ static void test_mha(void) {
   attn_cache* cache = NULL;
   double xd[T * E], want[T * E];
   float x[T * E], out[T * E];
-  const int64_t shape[] = {1, T, E}, first[] = {1, 2, E}, last[] = {1, 1, E}, wrong[] = {1, T, 2};
+  const int64_t shape[] = {1, T, E}, wrong[] = {1, T, 2};
   attn_tensor tx = tensor(x, ATTN_F32, 3, shape), tout = tensor(out, ATTN_F32, 3, shape), bad;
-  attn_options options;
   uint32_t state = 5;
   int i;
   FILE* f;
@@ -536,15 +549,8 @@ static void test_mha(void) {
   /* With a cache: 2 tokens, then 1, attend as the whole sequence does with
      bottom-right causal masking. */
   reference_mha(xd, 1, want);
-  attn_options_init(&options);
-  options.causal = 1;
   CHECK(attn_cache_new(layer, &cache) == ATTN_OK);
-  tx = tensor(x, ATTN_F32, 3, first);
-  tout = tensor(out, ATTN_F32, 3, first);
-  CHECK(attn_mha_forward(layer, &tx, cache, &options, &tout) == ATTN_OK);
-  tx = tensor(x + 2 * E, ATTN_F32, 3, last);
-  tout = tensor(out + 2 * E, ATTN_F32, 3, last);
-  CHECK(attn_mha_forward(layer, &tx, cache, &options, &tout) == ATTN_OK);
+  forward_in_chunks(layer, cache, x, out);
   expect_close_f(out, want, T * E, 1e-5, __LINE__);
 
   tx = tensor(x, ATTN_F32, 3, shape);
@@ -570,12 +576,7 @@ static void test_mha(void) {
     int64_t bytes = -1, f32_bytes = -1;
     CHECK(attn_cache_bytes(cache, &f32_bytes) == ATTN_OK);
     CHECK(attn_cache_new_dtype(layer, ATTN_BF16, &compact) == ATTN_OK);
-    tx = tensor(x, ATTN_F32, 3, first);
-    tout = tensor(out, ATTN_F32, 3, first);
-    CHECK(attn_mha_forward(layer, &tx, compact, &options, &tout) == ATTN_OK);
-    tx = tensor(x + 2 * E, ATTN_F32, 3, last);
-    tout = tensor(out + 2 * E, ATTN_F32, 3, last);
-    CHECK(attn_mha_forward(layer, &tx, compact, &options, &tout) == ATTN_OK);
+    forward_in_chunks(layer, compact, x, out);
     expect_close_f(out, want, T * E, 2e-2, __LINE__);
     CHECK(attn_cache_bytes(compact, &bytes) == ATTN_OK);
     CHECK(bytes * 2 == f32_bytes && bytes > 0);
