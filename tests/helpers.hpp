@@ -4,9 +4,12 @@
 #include <gtest/gtest.h>
 #include <hwy/targets.h>
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <filesystem>
 #include <random>
 #include <sstream>
 #include <string>
@@ -72,6 +75,25 @@ inline std::string describe(const KernelCase& c) {
          std::to_string(c.window.left) + "," + std::to_string(c.window.right) +
          ") softcap=" + std::to_string(c.softcap) + " mask=" + std::to_string(c.mask);
 }
+
+// A fresh folder for one test's files, removed with its contents at the end.
+// Named by the test's suite and name and this process, so that tests run in
+// parallel (ctest -j, two builds' suites at once) never share one: two suites
+// have a test CorruptFilesAreClearErrors, and sharing a folder made one
+// remove the other's file mid-test.
+struct TempDir {
+  std::filesystem::path path;
+  TempDir() {
+    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
+    path = std::filesystem::temp_directory_path() /
+           ("attn_test_" + std::to_string(::getpid()) + "_" + info->test_suite_name() + "_" + info->name());
+    std::filesystem::create_directories(path);
+  }
+  ~TempDir() { std::filesystem::remove_all(path); }
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  std::string file(const std::string& name) const { return (path / name).string(); }
+};
 
 // Expects `stmt` to throw E with a message containing `needle`.
 #define EXPECT_THROW_MSG(stmt, E, needle)                                       \

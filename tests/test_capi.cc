@@ -119,11 +119,11 @@ TEST(Capi, MhaForwardWithAndWithoutCacheIsTheCppResult) {
   config.num_kv_heads = 2;
   config.rope = true;
   const MultiHeadAttention<float> layer(config, 9);
-  const auto path = (std::filesystem::temp_directory_path() / "attn_capi_test.safetensors").string();
+  const test::TempDir dir;
+  const auto path = dir.file("layer.safetensors");
   layer.save(path);
   attn_mha* c_layer = nullptr;
   ASSERT_EQ(attn_mha_load(path.c_str(), &c_layer), ATTN_OK) << attn_last_error();
-  std::filesystem::remove(path);
 
   std::mt19937 rng(6);
   const auto x = cast<float>(random_tensor({2, 5, 8}, rng));

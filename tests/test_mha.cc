@@ -320,7 +320,8 @@ TEST(MultiHeadAttention, AppendedKeysTakePartInEveryRow) {
 }
 
 TEST(MultiHeadAttention, SaveAndLoad) {
-  const auto path = (std::filesystem::temp_directory_path() / "attn_mha_test.safetensors").string();
+  const test::TempDir dir;
+  const auto path = dir.file("layer.safetensors");
   std::mt19937 rng(54);
   auto c = config(12, 3);
   c.num_kv_heads = 1;
@@ -360,7 +361,6 @@ TEST(MultiHeadAttention, SaveAndLoad) {
   const auto back = MultiHeadAttention<float>::load(path);
   EXPECT_TRUE(back.config().add_bias_kv && back.config().add_zero_attn && !back.config().batch_first);
   EXPECT_EQ(max_abs_diff(back.state_dict().at("bias_v"), torch_like.state_dict().at("bias_v")), 0.0);
-  std::filesystem::remove(path);
 }
 
 TEST(MultiHeadAttention, InvalidConfigurationsAndInputs) {

@@ -21,17 +21,7 @@ namespace fs = std::filesystem;
 // matplotlib's viridis(0), viridis(0.5) and viridis(1), as 8-bit sRGB.
 constexpr Rgb kViridis0{68, 1, 84}, kViridisHalf{33, 145, 140}, kViridis1{253, 231, 37};
 
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    path = fs::temp_directory_path() /
-           ("attn_picture_test_" + std::to_string(::testing::UnitTest::GetInstance()->random_seed()) +
-            "_" + ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::create_directories(path);
-  }
-  ~TempDir() { fs::remove_all(path); }
-  std::string file(const std::string& name) const { return (path / name).string(); }
-};
+using test::TempDir;
 
 // A PNG decoded by stb_image, RGB.
 struct Decoded {
