@@ -104,10 +104,11 @@ void with_storage(KVDtype dtype, const Tensor<float>& k, const Tensor<float>& v,
 // and decode (n_q <= 8, several 512-key chunks): GQA, both causal
 // alignments, windows, softcap and both kinds of mask. Head dims are
 // multiples of 32 (q8_0's blocks); the 16-bit types also take odd ones.
-// Under emulation (SVE in qemu runs this about 300 times slower) the
-// longest cases are shorter, still straddling what they straddle.
+// Under emulation (SVE in qemu runs this about 300 times slower) and
+// sanitizers the longest cases are shorter, still straddling what they
+// straddle.
 std::vector<KernelCase> storage_cases(bool odd_dims) {
-  const bool small = test::emulated();
+  const bool small = test::emulated() || ATTN_SANITIZED;
   const int64_t tiles = small ? 300 : 1100, long_keys = small ? 1025 : 2048;
   std::vector<KernelCase> cases = {
       {1, 2, 1, 300, 260, 64, 64, Causal::None, {}, 0, 0},
@@ -156,18 +157,17 @@ void check_storage(KVDtype dtype, const KernelCase& c, uint32_t seed) {
   if (c.mask == 1) m32 = m64 = TensorView<const bool>(mb.view());
   if (c.mask == 2) m32 = TensorView<const float>(mf.view()), m64 = TensorView<const double>(md.view());
   const AttentionOptions o = options_of(c);
+  const Tensor<float> q32 = cast<float>(q);
   with_storage(dtype, k, v, [&](auto ks, auto vs, const Tensor<double>& kd, const Tensor<double>& vd) {
-    const auto got = attention(cast<float>(q).view(), ks, vs, o, m32);
-    EXPECT_LT(rel_error(got, attention(q.view(), kd.view(), vd.view(), o, m64)), 1e-5);
+    const auto ref = attention(q.view(), kd.view(), vd.view(), o, m64);  // once for every target
+    test::on_every_simd_target([&] { EXPECT_LT(rel_error(attention(q32.view(), ks, vs, o, m32), ref), 1e-5); });
   });
 }
 
 TEST(KVStorage, KernelsReadEveryStorageTypeOnEveryTarget) {
-  test::on_every_simd_target([] {
-    uint32_t seed = 900;
-    for (KVDtype dtype : {KVDtype::BF16, KVDtype::F16, KVDtype::Q8_0})
-      for (const auto& c : storage_cases(dtype != KVDtype::Q8_0)) check_storage(dtype, c, seed++);
-  });
+  uint32_t seed = 900;
+  for (KVDtype dtype : {KVDtype::BF16, KVDtype::F16, KVDtype::Q8_0})
+    for (const auto& c : storage_cases(dtype != KVDtype::Q8_0)) check_storage(dtype, c, seed++);
 }
 
 // q8_0 blocks viewed in place with strides: heads sliced from one wider
@@ -208,47 +208,49 @@ TEST(KVStorage, StorageTypesKeepTheirAccuracy) {
   // error over few rows is mostly that of their largest: decode takes its
   // most rows (8 queries × 8 heads), as with 16 the K-outlier error of q8_0
   // spread from 0.03 to 0.105 over seeds (0.04–0.07 with 64).
-  // Under emulation, 128 queries and 1024 keys (two decode chunks).
-  const bool small = test::emulated();
+  // Under emulation and sanitizers, 128 queries and 1024 keys (two decode
+  // chunks).
+  const bool small = test::emulated() || ATTN_SANITIZED;
   const KernelCase cases[] = {
       {1, 8, 2, small ? 128 : 256, small ? 128 : 256, 128, 128, Causal::BottomRight, {}, 0, 1},
       {1, 8, 2, 8, small ? 1024 : 4096, 128, 128, Causal::BottomRight, {}, 0, 0}};
-  test::on_every_simd_target([&] {
-    for (const KernelCase& c : cases) {
-      std::mt19937 rng(77);
-      std::normal_distribution<double> normal;
-      const auto gaussian = [&](const Shape& s) {
-        Tensor<double> t(s);
-        for (int64_t i = 0; i < t.numel(); ++i) t[i] = normal(rng);
-        return t;
-      };
-      const auto q = gaussian({c.batch, c.hq, c.n_q, c.d});
-      const auto k = gaussian({c.batch, c.hkv, c.n_k, c.d}), v = gaussian({c.batch, c.hkv, c.n_k, c.d_v});
-      Tensor<bool> mb({c.n_q, c.n_k});
-      for (int64_t i = 0; i < mb.numel(); ++i) mb[i] = rng() % 5 != 0;
-      const Mask mask = c.mask ? Mask(TensorView<const bool>(mb.view())) : Mask();
-      const AttentionOptions o = options_of(c);
-      for (int outlier = 0; outlier < 4; ++outlier) {  // none, in K, in V, in both
-        auto ko = k, vo = v;
-        const int64_t channel = 37;
-        for (int64_t row = 0; row < ko.numel() / c.d; ++row)
-          if (outlier == 1 || outlier == 3) ko[row * c.d + channel] *= 30;
-        for (int64_t row = 0; row < vo.numel() / c.d_v; ++row)
-          if (outlier == 2 || outlier == 3) vo[row * c.d_v + channel] *= 30;
-        const auto ref = attention(q.view(), ko.view(), vo.view(), o, mask);
-        for (const Bound& b : bounds) {
-          const double bound = outlier == 0 ? b.plain : outlier == 1 ? b.outlier_k : outlier == 2 ? b.outlier_v : b.outlier_both;
-          with_storage(b.dtype, cast<float>(ko), cast<float>(vo), [&](auto ks, auto vs, const auto&, const auto&) {
-            const double err = rel_error(attention(cast<float>(q).view(), ks, vs, o, mask), ref);
+  for (const KernelCase& c : cases) {
+    std::mt19937 rng(77);
+    std::normal_distribution<double> normal;
+    const auto gaussian = [&](const Shape& s) {
+      Tensor<double> t(s);
+      for (int64_t i = 0; i < t.numel(); ++i) t[i] = normal(rng);
+      return t;
+    };
+    const auto q = gaussian({c.batch, c.hq, c.n_q, c.d});
+    const auto k = gaussian({c.batch, c.hkv, c.n_k, c.d}), v = gaussian({c.batch, c.hkv, c.n_k, c.d_v});
+    Tensor<bool> mb({c.n_q, c.n_k});
+    for (int64_t i = 0; i < mb.numel(); ++i) mb[i] = rng() % 5 != 0;
+    const Mask mask = c.mask ? Mask(TensorView<const bool>(mb.view())) : Mask();
+    const AttentionOptions o = options_of(c);
+    for (int outlier = 0; outlier < 4; ++outlier) {  // none, in K, in V, in both
+      auto ko = k, vo = v;
+      const int64_t channel = 37;
+      for (int64_t row = 0; row < ko.numel() / c.d; ++row)
+        if (outlier == 1 || outlier == 3) ko[row * c.d + channel] *= 30;
+      for (int64_t row = 0; row < vo.numel() / c.d_v; ++row)
+        if (outlier == 2 || outlier == 3) vo[row * c.d_v + channel] *= 30;
+      const auto ref = attention(q.view(), ko.view(), vo.view(), o, mask);  // once for every target
+      const Tensor<float> q32 = cast<float>(q);
+      for (const Bound& b : bounds) {
+        const double bound = outlier == 0 ? b.plain : outlier == 1 ? b.outlier_k : outlier == 2 ? b.outlier_v : b.outlier_both;
+        with_storage(b.dtype, cast<float>(ko), cast<float>(vo), [&](auto ks, auto vs, const auto&, const auto&) {
+          test::on_every_simd_target([&] {
+            const double err = rel_error(attention(q32.view(), ks, vs, o, mask), ref);
             const char* where[] = {"none", "K", "V", "K and V"};
             std::printf("accuracy %s n_q=%lld outlier in %s: %.2e (bound %.0e)\n", kv_dtype_name(b.dtype),
                         (long long)c.n_q, where[outlier], err, bound);
             EXPECT_LT(err, bound) << kv_dtype_name(b.dtype) << ", outlier in " << where[outlier];
           });
-        }
+        });
       }
     }
-  });
+  }
 }
 
 // The cache in every storage type: fed chunk by chunk, its attention equals
