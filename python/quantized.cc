@@ -67,13 +67,12 @@ PyQuantizedTensor from_buffer(const py::buffer& buf, const py::object& dtype_obj
   const int64_t want = kv_dtype_bytes(dtype, checked_numel(shape, 4, "QuantizedTensor.from_buffer"));
   auto held = std::make_shared<BufferExport>(BufferExport{buf.request()});
   const py::buffer_info& info = held->info;
-  int64_t bytes = info.itemsize, expected_stride = info.itemsize;
+  int64_t bytes = info.itemsize;  // the stride a C-contiguous axis has, then the total
   for (py::ssize_t a = info.ndim - 1; a >= 0; --a) {
-    if (info.shape[a] != 1 && info.strides[a] != expected_stride)
+    if (info.shape[a] != 1 && info.strides[a] != bytes)
       throw ValueError("QuantizedTensor.from_buffer: the buffer must be C-contiguous");
-    expected_stride *= info.shape[a];
+    bytes *= info.shape[a];
   }
-  bytes = expected_stride;
   if (bytes != want)
     throw ValueError("QuantizedTensor.from_buffer: " + std::string(kv_dtype_name(dtype)) + " of shape " +
                      shape_str(shape) + " takes " + std::to_string(want) + " bytes, the buffer holds " +

@@ -19,8 +19,7 @@ template <class S>
 void store_row(const float* x, S* out, int64_t cols) {
   if constexpr (std::is_same_v<S, block_q8_0>) quantize_row_q8_0(x, out, cols);
   else if constexpr (std::is_same_v<S, bfloat16>) for (int64_t c = 0; c < cols; ++c) out[c].bits = float_to_bf16(x[c]);
-  else if constexpr (std::is_same_v<S, float16>) for (int64_t c = 0; c < cols; ++c) out[c].bits = float_to_fp16(x[c]);
-  else std::copy(x, x + cols, out);
+  else for (int64_t c = 0; c < cols; ++c) out[c].bits = float_to_fp16(x[c]);
 }
 
 // Rows t of src (batch, heads, n, cols) to rows at + t of dst (batch, heads,
@@ -30,16 +29,17 @@ void store_rows(TensorView<const T> src, Tensor<S>& dst, int64_t at) {
   const int64_t B = src.dim(0), H = src.dim(1), n = src.dim(2), cols = src.dim(3);
   if (cols == 0) return;
   const int64_t cap = dst.dim(2), row = dst.dim(3);
-  std::vector<T> gathered(static_cast<size_t>(cols));
+  // Stored as T: each row copied straight in; otherwise gathered (float32)
+  // and converted.
+  std::vector<T> gathered(std::is_same_v<S, T> ? 0 : static_cast<size_t>(cols));
   for (int64_t b = 0; b < B; ++b)
     for (int64_t h = 0; h < H; ++h)
       for (int64_t t = 0; t < n; ++t) {
-        T* x = gathered.data();
         const T* in = &src.at({b, h, t, 0});
-        for (int64_t c = 0; c < cols; ++c) x[c] = in[c * src.stride(3)];
         S* out = dst.data() + ((b * H + h) * cap + at + t) * row;
-        if constexpr (std::is_same_v<S, T>) std::copy(x, x + cols, out);
-        else if constexpr (std::is_same_v<T, float>) store_row(x, out, cols);
+        T* x = std::is_same_v<S, T> ? reinterpret_cast<T*>(out) : gathered.data();
+        for (int64_t c = 0; c < cols; ++c) x[c] = in[c * src.stride(3)];
+        if constexpr (!std::is_same_v<S, T> && std::is_same_v<T, float>) store_row(x, out, cols);
       }
 }
 
