@@ -13,7 +13,7 @@ set(ATTN_ROOMS ${ATTN_LIBRARY_ROOMS} cli python)
 set(ATTN_PUBLIC_core attention.hpp error.hpp half.hpp mask.hpp quantize.hpp softmax.hpp tensor.hpp
                      threads.hpp version.h)
 set(ATTN_PUBLIC_layer attn.hpp kv_cache.hpp multi_head.hpp multi_head_attention.hpp
-                      positional.hpp)
+                      positional.hpp rope_scaling.hpp)
 set(ATTN_PUBLIC_io io.hpp file.hpp)
 set(ATTN_PUBLIC_picture picture.hpp)
 set(ATTN_PUBLIC_train adam.hpp embedding.hpp experiments.hpp train.hpp)
@@ -26,12 +26,13 @@ set(ATTN_PUBLIC_capi attn.h)
 #   core: the API validates once, then calls the kernels (and the reference,
 #     declared in core's own plan header) -- through the kernels' door only.
 #   kernels: the plan and the types; no file formats, no pictures.
-#   layer: the API, the kernels' linear map, and io for its save/load.
+#   layer: the API, the kernels' linear map, io for its save/load, and json
+#     for rope_scaling dicts.
 #   capi: the C API, a thin layer over the C++ API's public headers.
 set(ATTN_MAY_INCLUDE_core kernels)
 set(ATTN_MAY_INCLUDE_kernels core hwy)
 set(ATTN_MAY_INCLUDE_reference core)
-set(ATTN_MAY_INCLUDE_layer core kernels io)
+set(ATTN_MAY_INCLUDE_layer core kernels io json)
 set(ATTN_MAY_INCLUDE_io core json)
 set(ATTN_MAY_INCLUDE_picture core io stb)
 set(ATTN_MAY_INCLUDE_train core kernels layer io)

@@ -225,5 +225,184 @@ TEST(Rope, Errors) {
   EXPECT_EQ(apply_rope(x.view(), o).shape(), x.shape());
 }
 
+// ---------------------------------------------------------------------------
+// RoPE scaling (Hugging Face's rope_scaling): each type against its closed
+// form; tests/python/test_positional_encodings.py checks them against
+// Hugging Face's formulas at real models' settings.
+
+std::vector<double> plain_frequencies(int64_t r, double base) {
+  std::vector<double> f(r / 2);
+  for (int64_t k = 0; k < r / 2; ++k) f[k] = std::pow(base, -2.0 * double(k) / double(r));
+  return f;
+}
+
+TEST(RopeScaling, EachTypeFollowsItsClosedForm) {
+  const auto plain = plain_frequencies(64, 10000.0);
+  RopeScaling s = parse_rope_scaling(R"({"rope_type": "linear", "factor": 4})");
+  auto f = rope_frequencies(64, 10000.0, s);
+  for (int64_t k = 0; k < 32; ++k) EXPECT_DOUBLE_EQ(f.inv_freq[k], plain[k] / 4);
+  EXPECT_EQ(f.attention_factor, 1.0);
+
+  // dynamic: unchanged up to the original context, then base · (f·s/o − f + 1)^(r/(r−2))
+  s = parse_rope_scaling(R"({"type": "dynamic", "factor": 2, "original_max_position_embeddings": 1000})");
+  f = rope_frequencies(64, 10000.0, s, 1000);
+  for (int64_t k = 0; k < 32; ++k) EXPECT_DOUBLE_EQ(f.inv_freq[k], plain[k]);
+  f = rope_frequencies(64, 10000.0, s, 3000);
+  const auto grown = plain_frequencies(64, 10000.0 * std::pow(2.0 * 3 - 1, 64.0 / 62));
+  for (int64_t k = 0; k < 32; ++k) EXPECT_DOUBLE_EQ(f.inv_freq[k], grown[k]);
+
+  // yarn: the fastest pairs extrapolate (kept), the slowest interpolate (/ factor)
+  s = parse_rope_scaling(R"({"rope_type": "yarn", "factor": 8, "original_max_position_embeddings": 4096})");
+  f = rope_frequencies(64, 10000.0, s);
+  EXPECT_DOUBLE_EQ(f.inv_freq[0], plain[0]);
+  EXPECT_DOUBLE_EQ(f.inv_freq[31], plain[31] / 8);
+  EXPECT_DOUBLE_EQ(f.attention_factor, 0.1 * std::log(8.0) + 1);
+  s.attention_factor = 1.5;
+  EXPECT_EQ(rope_frequencies(64, 10000.0, s).attention_factor, 1.5);
+
+  // longrope: per-pair factors, short up to the original context, long beyond
+  RopeScaling lr;
+  lr.rope_type = RopeType::LongRope;
+  lr.short_factor = {1, 2, 3, 4};
+  lr.long_factor = {5, 6, 7, 8};
+  lr.original_max_position_embeddings = 100;
+  lr.max_position_embeddings = 400;
+  const auto p8 = plain_frequencies(8, 10000.0);
+  for (auto [seq, factors] : {std::pair{100, lr.short_factor}, {101, lr.long_factor}}) {
+    f = rope_frequencies(8, 10000.0, lr, seq);
+    for (int64_t k = 0; k < 4; ++k) EXPECT_DOUBLE_EQ(f.inv_freq[k], p8[k] / factors[k]);
+    EXPECT_DOUBLE_EQ(f.attention_factor, std::sqrt(1 + std::log(4.0) / std::log(100.0)));
+  }
+
+  // llama3: wavelengths shorter than original / high_freq_factor kept,
+  // longer than original / low_freq_factor divided by factor, a blend between
+  s = parse_rope_scaling(R"({"rope_type": "llama3", "factor": 8, "low_freq_factor": 1,
+                             "high_freq_factor": 4, "original_max_position_embeddings": 8192})");
+  const auto p128 = plain_frequencies(128, 500000.0);
+  f = rope_frequencies(128, 500000.0, s);
+  for (int64_t k = 0; k < 64; ++k) {
+    const double wavelen = 2 * M_PI / p128[k];
+    if (wavelen < 2048) EXPECT_DOUBLE_EQ(f.inv_freq[k], p128[k]);
+    else if (wavelen > 8192) EXPECT_DOUBLE_EQ(f.inv_freq[k], p128[k] / 8);
+    else EXPECT_TRUE(f.inv_freq[k] < p128[k] && f.inv_freq[k] > p128[k] / 8) << k;
+  }
+}
+
+TEST(RopeScaling, JsonRoundTrips) {
+  for (const char* text : {
+           R"({"rope_type": "default"})",
+           R"({"type": "linear", "factor": 2.5})",
+           R"({"rope_type": "yarn", "factor": 40, "beta_fast": 32, "beta_slow": 1, "mscale": 0.707,
+               "mscale_all_dim": 0.707, "original_max_position_embeddings": 4096, "truncate": false})",
+           R"({"rope_type": "longrope", "short_factor": [1, 1.5], "long_factor": [2, 4.25],
+               "original_max_position_embeddings": 4096, "max_position_embeddings": 131072,
+               "attention_factor": null, "partial_rotary_factor": 0.5})",
+           R"({"type": "mrope", "mrope_section": [1, 2, 3]})"}) {
+    SCOPED_TRACE(text);
+    const RopeScaling s = parse_rope_scaling(text);
+    EXPECT_EQ(parse_rope_scaling(rope_scaling_json(s)), s);
+  }
+  EXPECT_EQ(parse_rope_scaling(R"({"type": "mrope", "mrope_section": [16, 24, 24]})").rope_type,
+            RopeType::Default);
+}
+
+TEST(RopeScaling, ErrorsNameTheKey) {
+  EXPECT_THROW_MSG(parse_rope_scaling("{"), ValueError, "rope_scaling: not valid JSON");
+  EXPECT_THROW_MSG(parse_rope_scaling("[1]"), ValueError, "must be a dict");
+  EXPECT_THROW_MSG(parse_rope_scaling(R"({"rope_type": "su"})"), ValueError, "unknown rope_type 'su'");
+  EXPECT_THROW_MSG(parse_rope_scaling(R"({"rope_type": "linear"})"), ValueError,
+                   "rope_type 'linear' needs 'factor'");
+  EXPECT_THROW_MSG(parse_rope_scaling(R"({"rope_type": "dynamic", "factor": 2})"), ValueError,
+                   "needs 'original_max_position_embeddings'");
+  EXPECT_THROW_MSG(parse_rope_scaling(R"({"rope_type": "linear", "factor": 2, "low_freq_factor": 1})"),
+                   ValueError, "'low_freq_factor' is not a key of rope_type 'linear'");
+  EXPECT_THROW_MSG(parse_rope_scaling(R"({"rope_type": "linear", "factor": 0})"), ValueError,
+                   "'factor' must be a finite number > 0, got 0");
+  EXPECT_THROW_MSG(parse_rope_scaling(R"({"rope_type": "default", "partial_rotary_factor": 1.5})"),
+                   ValueError, "'partial_rotary_factor' must be in (0, 1]");
+  EXPECT_THROW_MSG(parse_rope_scaling(R"({"rope_type": "default", "mrope_section": [1, "2"]})"),
+                   ValueError, "'mrope_section' must be a number");
+  // A struct built in C++ is checked the same way when it is used.
+  RopeScaling s;
+  s.rope_type = RopeType::Linear;
+  EXPECT_THROW_MSG(rope_frequencies(8, 10000.0, s), ValueError, "needs 'factor'");
+  s.factor = 2;
+  s.beta_fast = 32;
+  EXPECT_THROW_MSG(rope_frequencies(8, 10000.0, s), ValueError, "'beta_fast' is not a key");
+  EXPECT_THROW_MSG(rope_frequencies(7, 10000.0, {}), ValueError, "rotary_dim must be even");
+}
+
+TEST(Rope, ScalingTurnsByItsFrequenciesTimesTheAttentionFactor) {
+  std::mt19937 rng(40);
+  const auto x = random_tensor({3, 5, 16}, rng);
+  const Tensor<int64_t> pos({5}, {0, 7, 100000, 3, 999999});
+  RopeOptions o;
+  o.scaling = parse_rope_scaling(R"({"rope_type": "yarn", "factor": 4, "original_max_position_embeddings": 64})");
+  const auto f = rope_frequencies(16, o.base, o.scaling);
+  const auto y = apply_rope(x.view(), o, pos.view());
+  for (int64_t h = 0; h < 3; ++h)
+    for (int64_t t = 0; t < 5; ++t)
+      for (int64_t k = 0; k < 8; ++k) {
+        const double theta = double(pos[t]) * f.inv_freq[k];
+        const double a = x.at({h, t, k}), b = x.at({h, t, k + 8});
+        EXPECT_NEAR(y.at({h, t, k}), f.attention_factor * (a * std::cos(theta) - b * std::sin(theta)), 1e-14);
+        EXPECT_NEAR(y.at({h, t, k + 8}), f.attention_factor * (b * std::cos(theta) + a * std::sin(theta)), 1e-14);
+      }
+}
+
+// Tables holding the computed angles' cos and sin give the computed rotation
+// exactly, for both pairings and in the backward.
+TEST(Rope, TablesOfTheComputedAnglesGiveTheSameRotation) {
+  std::mt19937 rng(41);
+  const auto x = random_tensor({2, 6, 12}, rng);
+  const Tensor<int64_t> pos({2, 6}, {5, 0, 3, 3, 9, 1, 2, 2, 8, 7, 6, 0});
+  RopeOptions o;
+  o.rotary_dim = 8;
+  o.scaling = parse_rope_scaling(R"({"rope_type": "linear", "factor": 2})");
+  const auto f = rope_frequencies(8, o.base, o.scaling);
+  Tensor<double> c({10, 4}), s({10, 4});
+  for (int64_t p = 0; p < 10; ++p)
+    for (int64_t k = 0; k < 4; ++k) {
+      c.at({p, k}) = f.attention_factor * std::cos(double(p) * f.inv_freq[k]);
+      s.at({p, k}) = f.attention_factor * std::sin(double(p) * f.inv_freq[k]);
+    }
+  RopeOptions table_options;
+  for (bool inter : {false, true}) {
+    o.interleaved = table_options.interleaved = inter;
+    const RopeTables<double> tables{c.view(), s.view()};
+    EXPECT_EQ(max_abs_diff(apply_rope(x.view(), tables, table_options, pos.view()),
+                           apply_rope(x.view(), o, pos.view())), 0.0);
+    EXPECT_EQ(max_abs_diff(rope_backward(x.view(), tables, table_options, pos.view()),
+                           rope_backward(x.view(), o, pos.view())), 0.0);
+  }
+  const Tensor<int64_t> far({6}, {0, 1, 2, 3, 4, 10});
+  EXPECT_THROW_MSG(apply_rope(x.view(), RopeTables<double>{c.view(), s.view()}, {}, far.view()), ValueError,
+                   "position 10 is outside the cos/sin tables, which hold positions 0..9");
+}
+
+// M-RoPE: pair k turns by the position of its section's row.
+TEST(Rope, MropeSectionsTurnByTheirRow) {
+  std::mt19937 rng(42);
+  const auto x = random_tensor({4, 12}, rng);
+  RopeOptions o;
+  o.scaling.mrope_section = {1, 2, 3};
+  const Tensor<int64_t> pos({3, 4}, {0, 1, 2, 3, 10, 11, 12, 13, 20, 21, 22, 23});
+  const auto y = apply_rope(x.view(), o, pos.view());
+  const int64_t row_of[6] = {0, 1, 1, 2, 2, 2};
+  for (int64_t t = 0; t < 4; ++t)
+    for (int64_t k = 0; k < 6; ++k) {
+      const double theta = double(pos.at({row_of[k], t})) * std::pow(10000.0, -2.0 * double(k) / 12);
+      const double a = x.at({t, k}), b = x.at({t, k + 6});
+      EXPECT_NEAR(y.at({t, k}), a * std::cos(theta) - b * std::sin(theta), 1e-14);
+      EXPECT_NEAR(y.at({t, k + 6}), b * std::cos(theta) + a * std::sin(theta), 1e-14);
+    }
+  // every row at one position: plain RoPE
+  const Tensor<int64_t> same({3, 4}, {4, 5, 6, 7, 4, 5, 6, 7, 4, 5, 6, 7});
+  const Tensor<int64_t> plain({4}, {4, 5, 6, 7});
+  EXPECT_EQ(max_abs_diff(apply_rope(x.view(), o, same.view()), apply_rope(x.view(), {}, plain.view())), 0.0);
+  o.scaling.mrope_section = {1, 2, 2};
+  EXPECT_THROW_MSG(apply_rope(x.view(), o, pos.view()), ValueError, "must add up to rotary_dim / 2 = 6");
+}
+
 }  // namespace
 }  // namespace attn

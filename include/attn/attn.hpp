@@ -13,6 +13,7 @@
 #include "attn/multi_head.hpp"
 #include "attn/multi_head_attention.hpp"
 #include "attn/positional.hpp"
+#include "attn/rope_scaling.hpp"
 #include "attn/softmax.hpp"
 #include "attn/tensor.hpp"
 #include "attn/threads.hpp"

@@ -1,8 +1,11 @@
 #include "attn/positional.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <string>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 namespace attn {
@@ -14,86 +17,117 @@ void check_base(double base, const char* what) {
                      std::to_string(base));
 }
 
-// Validates apply_rope's arguments; returns the rotated width r.
+// A rope call checked once: the rotated width, the positions as a view
+// broadcast to x's rows, and where each pair's angle comes from.
+struct RopePlan {
+  int64_t d = 0, n = 0, r = 0, half = 0;
+  Shape rows_shape;                // x's shape without its last axis
+  std::vector<int64_t> section;    // per pair: its row of M-RoPE positions (all 0 without)
+  int64_t sections = 1;
+  // Positions: (rows_shape), or with M-RoPE sections (sections, rows_shape).
+  TensorView<const int64_t> pos;
+  bool has_positions = false;
+  int64_t min_position = 0, max_position = 0;  // over every row (offset + 0..n-1 without positions)
+};
+
+// The smallest and largest value of a view (it has at least one element).
+std::pair<int64_t, int64_t> value_range(const TensorView<const int64_t>& v) {
+  const Tensor<int64_t> c = contiguous(v);
+  const auto [lo, hi] = std::minmax_element(c.data(), c.data() + c.numel());
+  return {*lo, *hi};
+}
+
+// Validates apply_rope's arguments (the tables' own shapes apart).
 template <class T>
-int64_t check_rope(const TensorView<const T>& x, const TensorView<T>& out, const RopeOptions& opt,
-                   const TensorView<const int64_t>& positions) {
+RopePlan plan_rope(const TensorView<const T>& x, const TensorView<T>& out, const RopeOptions& opt,
+                   const TensorView<const int64_t>& positions, std::optional<int64_t> table_width) {
   if (x.rank() < 2)
     throw ValueError("rope: x must have shape (..., n, d), got " + shape_str(x.shape()));
   if (out.shape() != x.shape())
     throw ValueError("rope: out has shape " + shape_str(out.shape()) +
                      ", expected x's shape " + shape_str(x.shape()));
   check_base(opt.base, "rope");
-  const int64_t d = x.dim(-1);
-  const int64_t r = opt.rotary_dim.value_or(d);
-  if (r < 0 || r > d || r % 2 != 0)
-    throw ValueError("rope: rotary_dim must be even and in [0, d=" + std::to_string(d) +
-                     "], got " + std::to_string(r) +
-                     (opt.rotary_dim ? "" : " (the default, all of d); pass an even rotary_dim"));
-  const int64_t n = x.dim(-2);
-  if (positions.empty_view() && n > 0 &&
-      opt.offset > std::numeric_limits<int64_t>::max() - (n - 1))
-    throw ValueError("rope: positions offset + 0.." + std::to_string(n - 1) + " overflow int64 (offset " +
-                     std::to_string(opt.offset) + ")");
-  return r;
+  RopePlan p;
+  p.d = x.dim(-1);
+  p.n = x.dim(-2);
+  const double prf = opt.scaling.partial_rotary_factor;
+  const auto partial = static_cast<int64_t>(double(p.d) * prf);  // int(head_dim * factor), as Hugging Face
+  const char* from = table_width ? " (twice the tables' width)"
+                     : prf != 1  ? " (int(d * partial_rotary_factor))"
+                                 : " (the default, all of d); pass an even rotary_dim";
+  p.r = opt.rotary_dim.value_or(table_width ? 2 * *table_width : partial);
+  if (opt.rotary_dim && table_width && *opt.rotary_dim != 2 * *table_width)
+    throw ValueError("rope: rotary_dim " + std::to_string(*opt.rotary_dim) +
+                     " does not match the cos/sin tables' width " + std::to_string(*table_width) +
+                     " (rotary_dim / 2)");
+  if (opt.rotary_dim && prf != 1 && *opt.rotary_dim != partial)
+    throw ValueError("rope: rotary_dim " + std::to_string(*opt.rotary_dim) +
+                     " contradicts partial_rotary_factor " + std::to_string(prf) + " of d=" +
+                     std::to_string(p.d) + " (" + std::to_string(partial) + ")");
+  if (p.r < 0 || p.r > p.d || p.r % 2 != 0)
+    throw ValueError("rope: rotary_dim must be even and in [0, d=" + std::to_string(p.d) +
+                     "], got " + std::to_string(p.r) + (opt.rotary_dim ? "" : from));
+  p.half = p.r / 2;
+  p.section.assign(static_cast<size_t>(p.half), 0);
+  if (const auto& ms = opt.scaling.mrope_section; !ms.empty()) {
+    int64_t total = 0;
+    for (int64_t s : ms) {
+      if (s < 0) throw ValueError("rope: mrope_section sizes must be >= 0, got " + std::to_string(s));
+      total += s;
+    }
+    if (total != p.half)
+      throw ValueError("rope: mrope_section must add up to rotary_dim / 2 = " + std::to_string(p.half) +
+                       " frequency pairs, got a total of " + std::to_string(total));
+    p.sections = static_cast<int64_t>(ms.size());
+    for (int64_t s = 0, k = 0; s < p.sections; ++s)
+      for (int64_t e = 0; e < ms[s]; ++e) p.section[k++] = s;
+  }
+  p.rows_shape.assign(x.shape().begin(), x.shape().end() - 1);
+  p.has_positions = !positions.empty_view();
+  if (p.has_positions) {
+    if (opt.scaling.mrope_section.empty()) {
+      p.pos = TensorView<const int64_t>(
+          positions.data(), p.rows_shape,
+          broadcast_strides(positions.shape(), positions.strides(), p.rows_shape, "rope: positions"));
+    } else {
+      // (sections, ...): each section's row broadcast to x's rows.
+      if (positions.rank() < 1 || positions.dim(0) != p.sections)
+        throw ValueError("rope: with mrope_section of " + std::to_string(p.sections) +
+                         " sections, positions must be (" + std::to_string(p.sections) +
+                         ", ..., n), one row per section, got " + shape_str(positions.shape()));
+      const Shape row(positions.shape().begin() + 1, positions.shape().end());
+      const Strides row_strides(positions.strides().begin() + 1, positions.strides().end());
+      Strides strides = broadcast_strides(row, row_strides, p.rows_shape, "rope: positions[s]");
+      strides.insert(strides.begin(), positions.stride(0));
+      Shape target = p.rows_shape;
+      target.insert(target.begin(), p.sections);
+      p.pos = TensorView<const int64_t>(positions.data(), target, strides);
+    }
+    if (positions.numel() > 0) std::tie(p.min_position, p.max_position) = value_range(positions);
+  } else if (p.n > 0) {
+    if (opt.offset > std::numeric_limits<int64_t>::max() - (p.n - 1))
+      throw ValueError("rope: positions offset + 0.." + std::to_string(p.n - 1) +
+                       " overflow int64 (offset " + std::to_string(opt.offset) + ")");
+    p.min_position = opt.offset;
+    p.max_position = opt.offset + p.n - 1;
+  }
+  return p;
 }
 
-// Rotates pair k of each row by direction * angle: +1 is RoPE, -1 its
-// backward (a rotation's transpose is the rotation by -angle).
-template <class T>
-void rope_impl(TensorView<const T> x, TensorView<T> out, const RopeOptions& opt,
-               TensorView<const int64_t> positions, double direction) {
-  const int64_t r = check_rope(x, out, opt, positions), d = x.dim(-1), n = x.dim(-2);
-  // Positions are read through a view broadcast to x's shape minus the last axis.
-  const Shape rows_shape(x.shape().begin(), x.shape().end() - 1);
-  TensorView<const int64_t> pos;
-  if (!positions.empty_view())
-    pos = TensorView<const int64_t>(
-        positions.data(), rows_shape,
-        broadcast_strides(positions.shape(), positions.strides(), rows_shape,
-                          "rope: positions"));
-
-  // Angles in double: exact enough at position 1e6 and beyond.
-  const int64_t half = r / 2;
-  std::vector<double> inv_freq(half);
-  for (int64_t k = 0; k < half; ++k)
-    inv_freq[k] = std::pow(opt.base, -2.0 * double(k) / double(r));
-
+// Turns pair k of each row by the angle whose cos and sin `angles` gives,
+// times `direction` on the sine: +1 is RoPE, -1 its backward (a rotation's
+// transpose is the rotation by -angle). angles(index, c, s) fills c[k] and
+// s[k] for the row at `index` (x's index without its last axis) and returns
+// them, or pointers to them.
+template <class T, class Angles>
+void rotate_rows(const TensorView<const T>& x, const TensorView<T>& out, const RopeOptions& opt,
+                 const RopePlan& p, Angles&& angles) {
   const int lead = x.rank() - 1;
-  const int64_t rows = numel_of(rows_shape);
+  const int64_t rows = numel_of(p.rows_shape), half = p.half;
   const int64_t sx = x.stride(-1), so = out.stride(-1);
-  const auto fill_angles = [&](int64_t position, double* c, double* s) {
-    for (int64_t k = 0; k < half; ++k) {
-      const double theta = double(position) * inv_freq[k];
-      c[k] = std::cos(theta);
-      s[k] = direction * std::sin(theta);
-    }
-  };
-  // Default positions offset + t repeat for every head and batch entry: one
-  // table of n rows of cos/sin serves them all. Given positions are computed
-  // per row (reused while consecutive rows share a position).
-  std::vector<double> table_c, table_s;
-  if (!pos.data()) {
-    table_c.resize(static_cast<size_t>(n * half));
-    table_s.resize(static_cast<size_t>(n * half));
-    for (int64_t t = 0; t < n; ++t)
-      fill_angles(opt.offset + t, table_c.data() + t * half, table_s.data() + t * half);
-  }
-  std::vector<double> row_c(half), row_s(half);
   std::vector<int64_t> index(lead + 1, 0);
-  bool have_angles = false;
-  int64_t last = 0;
   for (int64_t row = 0; row < rows; ++row) {
-    const double* c = row_c.data();
-    const double* s = row_s.data();
-    if (!pos.data()) {
-      c = table_c.data() + index[lead - 1] * half;  // (half may be 0: no element)
-      s = table_s.data() + index[lead - 1] * half;
-    } else if (const int64_t p = pos.at(index.data()); !have_angles || p != last) {
-      fill_angles(p, row_c.data(), row_s.data());
-      have_angles = true;
-      last = p;
-    }
+    const auto [c, s] = angles(index.data());
     const T* xr = &x.at(index.data());
     T* yr = &out.at(index.data());
     for (int64_t k = 0; k < half; ++k) {
@@ -103,7 +137,7 @@ void rope_impl(TensorView<const T> x, TensorView<T> out, const RopeOptions& opt,
       yr[a * so] = static_cast<T>(xa * c[k] - xb * s[k]);
       yr[b * so] = static_cast<T>(xb * c[k] + xa * s[k]);
     }
-    for (int64_t f = r; f < d; ++f) yr[f * so] = xr[f * sx];
+    for (int64_t f = p.r; f < p.d; ++f) yr[f * so] = xr[f * sx];
     for (int a = lead - 1; a >= 0; --a) {
       if (++index[a] < x.dim(a)) break;
       index[a] = 0;
@@ -111,11 +145,136 @@ void rope_impl(TensorView<const T> x, TensorView<T> out, const RopeOptions& opt,
   }
 }
 
+// The row's position of each section: positions[s, index...].
+void row_positions(const RopePlan& p, const int64_t* index, int64_t* out) {
+  const int lead = static_cast<int>(p.rows_shape.size());
+  const int first = p.pos.rank() - lead;  // 1 with M-RoPE sections, else 0
+  int64_t off = 0;
+  for (int a = 0; a < lead; ++a) off += index[a] * p.pos.stride(first + a);
+  for (int64_t s = 0; s < p.sections; ++s) out[s] = p.pos.data()[off + (first ? s * p.pos.stride(0) : 0)];
+}
+
+// RoPE with computed angles: rope_frequencies for the options, the sequence
+// length the largest position + 1.
+template <class T>
+void rope_computed(TensorView<const T> x, TensorView<T> out, const RopeOptions& opt,
+                   TensorView<const int64_t> positions, double direction) {
+  const RopePlan p = plan_rope(x, out, opt, positions, std::nullopt);
+  const int64_t max = p.max_position;
+  const int64_t seq_len = max == std::numeric_limits<int64_t>::max() ? max : max + 1;
+  const RopeFrequencies f = rope_frequencies(p.r, opt.base, opt.scaling, seq_len);
+  const int64_t half = p.half;
+  const double af = f.attention_factor;
+  // Angles in double: exact enough at position 1e6 and beyond.
+  const auto fill = [&](const int64_t* pos, double* c, double* s) {
+    for (int64_t k = 0; k < half; ++k) {
+      const double theta = double(pos[p.section[k]]) * f.inv_freq[k];
+      c[k] = af * std::cos(theta);
+      s[k] = direction * af * std::sin(theta);
+    }
+  };
+  std::vector<double> c(half), s(half);
+  if (!p.has_positions) {
+    // Positions offset + t repeat for every head and batch entry: one table
+    // of n rows of cos/sin serves them all.
+    std::vector<double> tc(static_cast<size_t>(p.n * half)), ts(tc.size());
+    for (int64_t t = 0; t < p.n; ++t) {
+      const std::vector<int64_t> same(static_cast<size_t>(p.sections), opt.offset + t);
+      fill(same.data(), tc.data() + t * half, ts.data() + t * half);
+    }
+    const int lead = static_cast<int>(p.rows_shape.size());
+    rotate_rows(x, out, opt, p, [&](const int64_t* index) {
+      const int64_t t = index[lead - 1];  // (half may be 0: no element)
+      return std::pair{tc.data() + t * half, ts.data() + t * half};
+    });
+    return;
+  }
+  // Given positions: computed per row, reused while consecutive rows share them.
+  std::vector<int64_t> pos(p.sections), last(p.sections);
+  bool have = false;
+  rotate_rows(x, out, opt, p, [&](const int64_t* index) {
+    row_positions(p, index, pos.data());
+    if (!have || pos != last) {
+      fill(pos.data(), c.data(), s.data());
+      last = pos;
+      have = true;
+    }
+    return std::pair{c.data(), s.data()};
+  });
+}
+
+// RoPE with explicit cos/sin tables.
+template <class T>
+void rope_tables(TensorView<const T> x, TensorView<T> out, const RopeTables<T>& tables,
+                 const RopeOptions& opt, TensorView<const int64_t> positions, double direction) {
+  const TensorView<const T>& tc = tables.cos;
+  const TensorView<const T>& ts = tables.sin;
+  if (tc.rank() < 2 || tc.shape() != ts.shape())
+    throw ValueError("rope: cos and sin tables must have one shape, (max_position + 1, rotary_dim / 2) "
+                     "or (..., n, rotary_dim / 2), got cos " + shape_str(tc.shape()) + " and sin " +
+                     shape_str(ts.shape()));
+  RopeScaling sections_only;
+  sections_only.mrope_section = opt.scaling.mrope_section;
+  if (!(opt.scaling == sections_only))
+    throw ValueError("rope: rope_scaling '" + rope_type_name(opt.scaling.rope_type) +
+                     "' with explicit cos/sin tables: tables are used as given, so bake the scaling "
+                     "into them (only mrope_section applies)");
+  const RopePlan p = plan_rope(x, out, opt, positions, tc.dim(-1));
+  const int64_t half = p.half;
+  std::vector<double> c(half), s(half);
+  if (p.has_positions) {
+    if (tc.rank() != 2)
+      throw ValueError("rope: with positions, the cos and sin tables must be (max_position + 1, "
+                       "rotary_dim / 2), got " + shape_str(tc.shape()));
+    const int64_t rows = tc.dim(0);
+    if (p.pos.numel() > 0 && (p.min_position < 0 || p.max_position >= rows))
+      throw ValueError("rope: position " +
+                       std::to_string(p.min_position < 0 ? p.min_position : p.max_position) +
+                       " is outside the cos/sin tables, which hold positions 0.." +
+                       std::to_string(rows - 1));
+    std::vector<int64_t> pos(p.sections);
+    rotate_rows(x, out, opt, p, [&](const int64_t* index) {
+      row_positions(p, index, pos.data());
+      for (int64_t k = 0; k < half; ++k) {
+        const int64_t row = pos[p.section[k]];
+        c[k] = double(tc.at({row, k}));
+        s[k] = direction * double(ts.at({row, k}));
+      }
+      return std::pair{c.data(), s.data()};
+    });
+    return;
+  }
+  if (!opt.scaling.mrope_section.empty())
+    throw ValueError("rope: mrope_section needs positions, one row per section");
+  if (opt.offset != 0)
+    throw ValueError("rope: offset " + std::to_string(opt.offset) +
+                     " with tables and no positions: the tables' rows are x's rows; pass positions "
+                     "to index them");
+  // The tables broadcast to (rows_shape, half).
+  Shape target = p.rows_shape;
+  target.push_back(half);
+  const TensorView<const T> bc(tc.data(), target, broadcast_strides(tc.shape(), tc.strides(), target, "rope: cos"));
+  const TensorView<const T> bs(ts.data(), target, broadcast_strides(ts.shape(), ts.strides(), target, "rope: sin"));
+  const int lead = static_cast<int>(p.rows_shape.size());
+  std::vector<int64_t> at(lead + 1);
+  rotate_rows(x, out, opt, p, [&](const int64_t* index) {
+    std::copy(index, index + lead, at.begin());
+    for (int64_t k = 0; k < half; ++k) {
+      at[lead] = k;
+      c[k] = double(bc.at(at.data()));
+      s[k] = direction * double(bs.at(at.data()));
+    }
+    return std::pair{c.data(), s.data()};
+  });
+}
+
 template <class T>
 Tensor<T> rope_alloc(TensorView<const T> x, const RopeOptions& opt,
-                     TensorView<const int64_t> positions, double direction) {
+                     TensorView<const int64_t> positions, const RopeTables<T>* tables,
+                     double direction) {
   Tensor<T> out(x.shape());
-  rope_impl<T>(x, out.view(), opt, positions, direction);
+  if (tables) rope_tables<T>(x, out.view(), *tables, opt, positions, direction);
+  else rope_computed<T>(x, out.view(), opt, positions, direction);
   return out;
 }
 
@@ -155,31 +314,75 @@ template Tensor<double> sinusoidal_encoding<double>(int64_t, int64_t, double);
 template <Real T>
 void apply_rope(TensorView<const T> x, TensorView<T> out, const RopeOptions& options,
                 TensorView<const int64_t> positions) {
-  rope_impl<T>(x, out, options, positions, 1);
+  rope_computed<T>(x, out, options, positions, 1);
 }
 template <Real T>
 Tensor<T> apply_rope(TensorView<const T> x, const RopeOptions& options,
                      TensorView<const int64_t> positions) {
-  return rope_alloc<T>(x, options, positions, 1);
+  return rope_alloc<T>(x, options, positions, nullptr, 1);
+}
+template <Real T>
+void apply_rope(TensorView<const T> x, TensorView<T> out, const RopeTables<T>& tables,
+                const RopeOptions& options, TensorView<const int64_t> positions) {
+  rope_tables<T>(x, out, tables, options, positions, 1);
+}
+template <Real T>
+Tensor<T> apply_rope(TensorView<const T> x, const RopeTables<T>& tables, const RopeOptions& options,
+                     TensorView<const int64_t> positions) {
+  return rope_alloc<T>(x, options, positions, &tables, 1);
 }
 template <Real T>
 void rope_backward(TensorView<const T> dy, TensorView<T> dx, const RopeOptions& options,
                    TensorView<const int64_t> positions) {
-  rope_impl<T>(dy, dx, options, positions, -1);
+  rope_computed<T>(dy, dx, options, positions, -1);
 }
 template <Real T>
 Tensor<T> rope_backward(TensorView<const T> dy, const RopeOptions& options,
                         TensorView<const int64_t> positions) {
-  return rope_alloc<T>(dy, options, positions, -1);
+  return rope_alloc<T>(dy, options, positions, nullptr, -1);
+}
+template <Real T>
+void rope_backward(TensorView<const T> dy, TensorView<T> dx, const RopeTables<T>& tables,
+                   const RopeOptions& options, TensorView<const int64_t> positions) {
+  rope_tables<T>(dy, dx, tables, options, positions, -1);
+}
+template <Real T>
+Tensor<T> rope_backward(TensorView<const T> dy, const RopeTables<T>& tables,
+                        const RopeOptions& options, TensorView<const int64_t> positions) {
+  return rope_alloc<T>(dy, options, positions, &tables, -1);
+}
+
+std::vector<double> alibi_slopes(int64_t num_heads, double max_bias) {
+  if (num_heads < 1)
+    throw ValueError("alibi_slopes: num_heads must be >= 1, got " + std::to_string(num_heads));
+  if (!(max_bias > 0) || !std::isfinite(max_bias))
+    throw ValueError("alibi_slopes: max_bias must be a finite number > 0, got " + std::to_string(max_bias));
+  int64_t c = 1;  // the largest power of 2 <= num_heads
+  while (c <= num_heads / 2) c *= 2;
+  // m0^(h+1) and m1^(2(h-c)+1) with m0 = 2^(-max_bias/c), m1 = 2^(-max_bias/2c),
+  // as one power of 2 each: exact where the paper's slopes are (2^-1 .. 2^-8).
+  std::vector<double> slopes(static_cast<size_t>(num_heads));
+  for (int64_t h = 0; h < num_heads; ++h)
+    slopes[h] = h < c ? std::exp2(-max_bias * double(h + 1) / double(c))
+                      : std::exp2(-max_bias / 2 * double(2 * (h - c) + 1) / double(c));
+  return slopes;
 }
 
 #define ATTN_INSTANTIATE(T)                                                                     \
   template void apply_rope(TensorView<const T>, TensorView<T>, const RopeOptions&,             \
                            TensorView<const int64_t>);                                         \
   template Tensor<T> apply_rope(TensorView<const T>, const RopeOptions&, TensorView<const int64_t>); \
+  template void apply_rope(TensorView<const T>, TensorView<T>, const RopeTables<T>&,           \
+                           const RopeOptions&, TensorView<const int64_t>);                     \
+  template Tensor<T> apply_rope(TensorView<const T>, const RopeTables<T>&, const RopeOptions&, \
+                                TensorView<const int64_t>);                                    \
   template void rope_backward(TensorView<const T>, TensorView<T>, const RopeOptions&,          \
                               TensorView<const int64_t>);                                      \
   template Tensor<T> rope_backward(TensorView<const T>, const RopeOptions&,                    \
+                                   TensorView<const int64_t>);                                 \
+  template void rope_backward(TensorView<const T>, TensorView<T>, const RopeTables<T>&,        \
+                              const RopeOptions&, TensorView<const int64_t>);                  \
+  template Tensor<T> rope_backward(TensorView<const T>, const RopeTables<T>&, const RopeOptions&, \
                                    TensorView<const int64_t>);
 ATTN_INSTANTIATE(float)
 ATTN_INSTANTIATE(double)
