@@ -65,7 +65,23 @@ struct KernelCase {
   Window window;
   double softcap;
   int mask;  // 0 none, 1 bool (n_q, n_k), 2 float (hq, 1, n_k)
+  // ALiBi with alibi_slopes(hq, |alibi|) (negated when alibi < 0); 0: none.
+  double alibi = 0;
 };
+
+// The case's AttentionOptions.
+inline AttentionOptions options_of(const KernelCase& c) {
+  AttentionOptions o;
+  o.causal = c.causal;
+  o.window = c.window;
+  o.softcap = c.softcap;
+  if (c.alibi != 0) {
+    o.alibi_slopes = alibi_slopes(c.hq, std::abs(c.alibi));
+    if (c.alibi < 0)
+      for (double& s : o.alibi_slopes) s = -s;
+  }
+  return o;
+}
 
 inline std::string describe(const KernelCase& c) {
   return "b=" + std::to_string(c.batch) + " hq=" + std::to_string(c.hq) + " hkv=" +
@@ -73,7 +89,8 @@ inline std::string describe(const KernelCase& c) {
          std::to_string(c.n_k) + " d=" + std::to_string(c.d) + " d_v=" + std::to_string(c.d_v) +
          " causal=" + std::to_string(int(c.causal)) + " window=(" +
          std::to_string(c.window.left) + "," + std::to_string(c.window.right) +
-         ") softcap=" + std::to_string(c.softcap) + " mask=" + std::to_string(c.mask);
+         ") softcap=" + std::to_string(c.softcap) + " mask=" + std::to_string(c.mask) +
+         " alibi=" + std::to_string(c.alibi);
 }
 
 // A fresh folder for one test's files, removed with its contents at the end.

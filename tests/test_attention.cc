@@ -129,6 +129,37 @@ TEST(Reference, BroadcastMaskEqualsExpandedMask) {
   EXPECT_EQ(max_abs_diff(a, b), 0.0);
 }
 
+// ALiBi is an additive bias -slope[h] · (p - j), p = i + (n_k - n_q), the same
+// for every batch entry: the reference with alibi_slopes equals the reference
+// with that bias as a dense float mask, for each causal alignment, with GQA
+// and a boolean mask beside it.
+TEST(Reference, AlibiIsADenseAdditiveBias) {
+  std::mt19937 rng(9);
+  const int64_t hq = 6, hkv = 2;
+  for (const auto& [n_q, n_k] : {std::pair<int64_t, int64_t>{4, 7}, {7, 4}, {5, 5}})
+    for (Causal causal : {Causal::None, Causal::BottomRight, Causal::TopLeft}) {
+      SCOPED_TRACE("n_q " + std::to_string(n_q) + " n_k " + std::to_string(n_k) + " causal " +
+                   std::to_string(int(causal)));
+      const auto q = random_tensor({2, hq, n_q, 5}, rng), k = random_tensor({2, hkv, n_k, 5}, rng),
+                 v = random_tensor({2, hkv, n_k, 3}, rng);
+      AttentionOptions o;
+      o.causal = causal;
+      o.alibi_slopes = {0.5, 0.25, -0.125, 2.0, 0.0, 1.0 / 3};
+      Tensor<double> bias({hq, n_q, n_k});
+      for (int64_t h = 0; h < hq; ++h)
+        for (int64_t i = 0; i < n_q; ++i)
+          for (int64_t j = 0; j < n_k; ++j)
+            bias.at({h, i, j}) = -o.alibi_slopes[h] * double(i + (n_k - n_q) - j);
+      const auto got = attention_with_weights(q.view(), k.view(), v.view(), o);
+      AttentionOptions plain = o;
+      plain.alibi_slopes.clear();
+      const auto want = attention_with_weights(q.view(), k.view(), v.view(), plain,
+                                               TensorView<const double>(bias.view()));
+      EXPECT_LT(max_abs_diff(got.out, want.out), 1e-15);
+      EXPECT_LT(max_abs_diff(got.weights, want.weights), 1e-15);
+    }
+}
+
 TEST(Reference, ScaleMultipliesTheLogits) {
   std::mt19937 rng(7);
   auto q = random_tensor({3, 4}, rng);
@@ -379,6 +410,21 @@ TEST(Attention, InvalidOptionsAreRefused) {
   o = {};
   o.scale = kInf;
   EXPECT_THROW_MSG(attention(q.view(), q.view(), q.view(), o), ValueError, "scale");
+}
+
+TEST(Attention, AlibiSlopesAreChecked) {
+  const Tensor<float> q({2, 3, 4});
+  AttentionOptions o;
+  o.alibi_slopes = {0.5, 0.25, 0.125};
+  EXPECT_THROW_MSG(attention(q.view(), q.view(), q.view(), o), ValueError,
+                   "alibi_slopes must hold one slope per query head (2), got 3");
+  o.alibi_slopes = {0.5, std::numeric_limits<double>::quiet_NaN()};
+  EXPECT_THROW_MSG(attention(q.view(), q.view(), q.view(), o), ValueError, "alibi_slopes must be finite");
+  // BLOOM's slopes: 2^(-8(h + 1) / H) for H a power of two
+  const auto slopes = alibi_slopes(16);
+  for (int64_t h = 0; h < 16; ++h) EXPECT_DOUBLE_EQ(slopes[h], std::exp2(-0.5 * double(h + 1)));
+  EXPECT_THROW_MSG(alibi_slopes(0), ValueError, "num_heads must be >= 1, got 0");
+  EXPECT_THROW_MSG(alibi_slopes(4, -1.0), ValueError, "max_bias must be a finite number > 0");
 }
 
 TEST(Attention, HugeWindowsDoNotOverflow) {

@@ -38,10 +38,7 @@ Tensor<float> check(const KernelCase& c, bool weights, uint32_t seed, bool again
   const auto q = random_tensor({c.batch, c.hq, c.n_q, c.d}, rng);
   const auto k = random_tensor({c.batch, c.hkv, c.n_k, c.d}, rng);
   const auto v = random_tensor({c.batch, c.hkv, c.n_k, c.d_v}, rng);
-  AttentionOptions o;
-  o.causal = c.causal;
-  o.window = c.window;
-  o.softcap = c.softcap;
+  const AttentionOptions o = test::options_of(c);
   Tensor<bool> mb({c.n_q, c.n_k});
   Tensor<double> md = random_tensor({c.hq, 1, c.n_k}, rng, -2, 1);
   for (int64_t i = 0; i < mb.numel(); ++i) mb[i] = rng() % 5 != 0;
@@ -76,6 +73,14 @@ std::vector<KernelCase> flash_cases() {
   cases.push_back({1, 3, 3, 150, 150, 16, 20, Causal::TopLeft, {}, 30.0, 2});
   cases.push_back({1, 1, 1, 64, 64, 128, 128, Causal::None, {}, 0, 0});
   cases.push_back({1, 1, 1, 257, 500, 7, 5, Causal::BottomRight, {0, -1}, 0, 0});
+  // ALiBi: BLOOM's slopes (6 heads: the interleaved extension), slopes of
+  // larger magnitude, and negative ones, with every mask kind and alignment;
+  // added as the scores are stored (no softcap, no mask), after softcap, or
+  // with the masks.
+  cases.push_back({1, 6, 2, 300, 260, 64, 64, Causal::None, {}, 0, 0, 8.0});
+  cases.push_back({2, 4, 2, 129, 65, 32, 48, Causal::BottomRight, {}, 0, 1, -8.0});
+  cases.push_back({1, 2, 2, 200, 333, 40, 24, Causal::TopLeft, {70, 10}, 30.0, 2, 16.0});
+  cases.push_back({1, 2, 1, 150, 300, 32, 32, Causal::BottomRight, {}, 25.0, 0, 8.0});
   return cases;
 }
 
@@ -90,6 +95,9 @@ std::vector<KernelCase> decode_cases() {
       // one row: value columns in double-width blocks, a half block and a
       // partial tail on 4-, 8- and 16-lane targets alike
       {1, 2, 2, 1, 600, 16, 221, Causal::None, {}, 0, 0},
+      // ALiBi, keys of each chunk biased by their distance from the queries
+      {1, 6, 3, 3, 1500, 64, 64, Causal::BottomRight, {}, 0, 0, 8.0},
+      {1, 4, 1, 1, 1100, 32, 40, Causal::None, {600, -1}, 0, 2, -8.0},
   };
 }
 

@@ -32,6 +32,7 @@ namespace {
 using test::cast;
 using test::describe;
 using test::KernelCase;
+using test::options_of;
 using test::random_tensor;
 using test::rel_error;
 
@@ -130,14 +131,6 @@ std::vector<KernelCase> storage_cases(bool odd_dims) {
     cases.push_back({1, 1, 1, 257, 500, 7, 5, Causal::BottomRight, {0, -1}, 0, 0});
   }
   return cases;
-}
-
-AttentionOptions options_of(const KernelCase& c) {
-  AttentionOptions o;
-  o.causal = c.causal;
-  o.window = c.window;
-  o.softcap = c.softcap;
-  return o;
 }
 
 // Both kernels on the stored K/V against the reference on the values they

@@ -15,6 +15,7 @@
 #include <concepts>
 #include <memory>
 #include <optional>
+#include <vector>
 
 #include "attn/half.hpp"
 #include "attn/mask.hpp"
@@ -28,6 +29,11 @@ struct AttentionOptions {
   Causal causal = Causal::None;
   Window window;                // combines with causal and mask by intersection
   double softcap = 0;           // > 0: logits = softcap * tanh(logits / softcap)
+  // ALiBi (alibi_slopes(Hq) of attn/positional.hpp gives BLOOM's): one slope
+  // per query head, adding -slope[h] · (p - j) to the logits after softcap,
+  // with the masks (p = i + n_k - n_q); computed per tile, never stored as
+  // an n_q × n_k bias. Empty: none.
+  std::vector<double> alibi_slopes;
 };
 
 // T, the element type of q and of the results, is float (the SIMD kernels)

@@ -6,6 +6,7 @@
 // boolean convention and converts before calling attention().
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <variant>
@@ -34,13 +35,24 @@ struct Window {
 
 // The contiguous range [begin, end) of keys allowed for query i by causal
 // masking and the window together (both are interval constraints). Empty
-// (begin >= end) when no key is allowed.
+// (begin >= end) when no key is allowed. (Inline: the kernels ask for it per
+// row and tile.)
 struct KeyRange {
   int64_t begin;
   int64_t end;
 };
-KeyRange allowed_keys(int64_t i, int64_t n_q, int64_t n_k, Causal causal,
-                      Window window);
+inline KeyRange allowed_keys(int64_t i, int64_t n_q, int64_t n_k, Causal causal,
+                             Window window) {
+  const int64_t p = i + (n_k - n_q);  // bottom-right aligned position of query i
+  int64_t begin = 0;
+  int64_t end = n_k;
+  if (causal == Causal::BottomRight) end = std::min(end, p + 1);
+  if (causal == Causal::TopLeft) end = std::min(end, i + 1);
+  // Written so that huge window sizes cannot overflow.
+  if (window.left >= 0 && p - begin > window.left) begin = p - window.left;
+  if (window.right >= 0 && end - 1 - p > window.right) end = p + window.right + 1;
+  return {begin, std::max(begin, end)};
+}
 
 // An optional mask: boolean (true = may attend) or additive (float or double).
 // Its view must broadcast to the logits' shape (..., heads, n_q, n_k).

@@ -141,9 +141,13 @@ struct Attend {
               const std::function<double()>& ceiling) const {
     const bool vs_f32 = baselines && dtype != KVDtype::F32;
     const bool vs_noncausal = baselines && opt.causal != Causal::None;
+    const bool vs_no_alibi = baselines && !opt.alibi_slopes.empty();
+    AttentionOptions no_alibi = opt;
+    no_alibi.alibi_slopes.clear();
     std::vector<std::function<void()>> kernels{[&] { (*this)(out, opt); }};
     if (vs_f32) kernels.push_back([&] { (*this)(out, opt, true); });
     if (vs_noncausal) kernels.push_back([&] { (*this)(out, {}); });
+    if (vs_no_alibi) kernels.push_back([&] { (*this)(out, no_alibi); });
     Timing t{run_in_turns(kernels, ceiling), nlohmann::ordered_json::object(), ""};
     const std::vector<double>& ms = t.turns.kernel_ms;
     char buf[160];
@@ -168,12 +172,27 @@ struct Attend {
       std::snprintf(buf, sizeof buf, "  non-causal in the same turns: %.3f ms (this takes %.2fx its time)\n", ms[i],
                     ms[0] / ms[i]);
       t.text += buf;
+      ++i;
+    }
+    if (vs_no_alibi) {
+      t.json["no_alibi_median_ms"] = rounded(ms[i], 4);
+      t.json["time_vs_no_alibi"] = rounded(ms[0] / ms[i], 4);
+      std::snprintf(buf, sizeof buf, "  without ALiBi in the same turns: %.3f ms (this takes %.3fx its time)\n",
+                    ms[i], ms[0] / ms[i]);
+      t.text += buf;
     }
     return t;
   }
 };
 
 int64_t keys_of(const BenchArgs& a) { return a.kv_len > 0 ? a.kv_len : a.n; }
+
+// The options timed: --causal, and with --alibi BLOOM's slopes.
+AttentionOptions options_of(const BenchArgs& a) {
+  AttentionOptions o = a.attention;
+  if (a.alibi) o.alibi_slopes = alibi_slopes(a.heads);
+  return o;
+}
 
 // Query-key pairs the options allow: what a causal kernel must compute.
 double allowed_pairs(int64_t n_q, int64_t n_k, Causal causal) {
@@ -199,7 +218,7 @@ Measurement bench_attention(const BenchArgs& a, int threads) {
   const auto q = random_tensor(qs, 1);
   const Attend attend(q, random_tensor(ks, 2), random_tensor(ks, 3), a.kv_dtype);
   Tensor<float> out(qs);
-  const AttentionOptions& opt = a.attention;
+  const AttentionOptions opt = options_of(a);
   const bool causal = opt.causal != Causal::None;
   const auto timing = attend.time(out, opt, a.baselines, [&] { return measure_fma_peak_gflops(threads); });
   const double ms = timing.turns.kernel_ms[0], peak = timing.turns.ceiling;
@@ -209,7 +228,7 @@ Measurement bench_attention(const BenchArgs& a, int threads) {
   const double ratio = (causal ? gflops_unmasked : gflops) / peak;
   Measurement m{{{"kind", "attention"}, {"n", a.n}, {"kv_len", n_k}, {"heads", a.heads},
                  {"kv_heads", hkv}, {"head_dim", a.head_dim}, {"batch", a.batch}, {"causal", causal},
-                 {"kv_dtype", a.kv_dtype}, {"threads", threads}, {"median_ms", rounded(ms, 4)},
+                 {"kv_dtype", a.kv_dtype}, {"alibi", a.alibi}, {"threads", threads}, {"median_ms", rounded(ms, 4)},
                  {"gflops", rounded(gflops, 2)}, {"gflops_unmasked", rounded(gflops_unmasked, 2)},
                  {"peak_gflops", rounded(peak, 2)}, {"ratio_to_peak", rounded(ratio, 4)}},
                 "", ms, causal ? gflops_unmasked : gflops, ratio};
@@ -217,9 +236,10 @@ Measurement bench_attention(const BenchArgs& a, int threads) {
   char buf[400];
   std::snprintf(buf, sizeof buf,
                 "attention n=%lld kv_len=%lld heads=%lld kv_heads=%lld head_dim=%lld batch=%lld causal=%s "
-                "kv_dtype=%s threads=%d\n  median %.3f ms, %.1f GFLOP/s (4·n·kv_len·d·H)",
+                "kv_dtype=%s%s threads=%d\n  median %.3f ms, %.1f GFLOP/s (4·n·kv_len·d·H)",
                 (long long)a.n, (long long)n_k, (long long)a.heads, (long long)hkv, (long long)a.head_dim,
-                (long long)a.batch, causal ? "yes" : "no", a.kv_dtype.c_str(), threads, ms, gflops);
+                (long long)a.batch, causal ? "yes" : "no", a.kv_dtype.c_str(), a.alibi ? " alibi=yes" : "",
+                threads, ms, gflops);
   m.text = buf;
   if (causal) {
     std::snprintf(buf, sizeof buf, ", %.1f GFLOP/s on unmasked pairs", gflops_unmasked);
@@ -238,13 +258,13 @@ Measurement bench_decode(const BenchArgs& a, int threads) {
   const Attend attend(q, random_tensor(ks, 2), random_tensor(ks, 3), a.kv_dtype);
   Tensor<float> out(qs);
   const ReadBandwidth bandwidth;
-  const auto timing = attend.time(out, {}, a.baselines, [&] { return bandwidth.measure_gbps(threads); });
+  const auto timing = attend.time(out, options_of(a), a.baselines, [&] { return bandwidth.measure_gbps(threads); });
   const double ms = timing.turns.kernel_ms[0], peak = timing.turns.ceiling;
   const double bytes = attend.kv_bytes();
   const double gbps = bytes / ms * 1e-6;
   Measurement m{{{"kind", "decode"}, {"kv_len", a.kv_len}, {"heads", a.heads}, {"kv_heads", hkv},
                  {"head_dim", a.head_dim}, {"batch", a.batch}, {"queries", a.queries},
-                 {"kv_dtype", a.kv_dtype}, {"threads", threads}, {"median_ms", rounded(ms, 4)},
+                 {"kv_dtype", a.kv_dtype}, {"alibi", a.alibi}, {"threads", threads}, {"median_ms", rounded(ms, 4)},
                  {"gbps", rounded(gbps, 2)}, {"peak_gbps", rounded(peak, 2)},
                  {"ratio_to_peak", rounded(gbps / peak, 4)}},
                 "", ms, gbps, gbps / peak};
@@ -252,10 +272,11 @@ Measurement bench_decode(const BenchArgs& a, int threads) {
   char buf[400];
   std::snprintf(buf, sizeof buf,
                 "decode kv_len=%lld heads=%lld kv_heads=%lld head_dim=%lld batch=%lld queries=%lld "
-                "kv_dtype=%s threads=%d\n  median %.3f ms, %.1f GB/s of K/V read, read bandwidth %.1f GB/s "
+                "kv_dtype=%s%s threads=%d\n  median %.3f ms, %.1f GB/s of K/V read, read bandwidth %.1f GB/s "
                 "-> %.1f%% of peak\n",
                 (long long)a.kv_len, (long long)a.heads, (long long)hkv, (long long)a.head_dim,
-                (long long)a.batch, (long long)a.queries, a.kv_dtype.c_str(), threads, ms, gbps, peak,
+                (long long)a.batch, (long long)a.queries, a.kv_dtype.c_str(), a.alibi ? " alibi=yes" : "",
+                threads, ms, gbps, peak,
                 100 * gbps / peak);
   m.text = buf + timing.text;
   return m;

@@ -41,6 +41,7 @@ struct BenchArgs {
   int64_t n = 4096, heads = 8, kv_heads = 0, head_dim = 64, batch = 1;
   int64_t kv_len = 32768, queries = 1;  // keys (attention sets 0: as many as queries)
   AttentionOptions attention;  // --causal
+  bool alibi = false;          // ALiBi with BLOOM's slopes, timed against the same call without
   bool json = false;
   bool sweep = false;      // attention --sweep: a fixed grid of shapes
   bool baselines = true;   // also time the float32 K/V and non-causal baselines

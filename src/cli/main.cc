@@ -237,6 +237,8 @@ void add_bench_flags(CLI::App* sub, attn::cli::BenchArgs& args) {
       ->check(integer_in<int>(1, attn::max_num_threads()));
   sub->add_option("--kv-dtype", args.kv_dtype, "key/value storage (q8_0: GGUF's 8-bit blocks)")
       ->check(CLI::IsMember({"f32", "bf16", "f16", "q8_0"}));
+  sub->add_flag("--alibi", args.alibi,
+                "ALiBi with BLOOM's slopes, timed against the same call without it");
   sub->add_flag("--json", args.json, "print one JSON object");
 }
 
@@ -258,7 +260,7 @@ void add_bench(CLI::App& app, Command& chosen) {
       "--sweep", a->sweep,
       "a fixed grid of shapes (head dims 16-256 at n 128-8192, batch, GQA, cross-attention, causal, "
       "long, decode), one line each; --threads, --kv-dtype and --json apply");
-  for (const char* shape : {"--causal", "--heads", "--kv-heads", "--head-dim", "--batch"})
+  for (const char* shape : {"--causal", "--heads", "--kv-heads", "--head-dim", "--batch", "--alibi"})
     sweep->excludes(attention->get_option(shape));
   sweep->excludes(n)->excludes(kv_len);
   auto* decode = bench->add_subcommand("decode", "a few queries against a long KV cache");

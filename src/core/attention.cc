@@ -154,6 +154,14 @@ AttentionProblem<T> make_problem(TensorView<const T> q, TensorView<const KV> k,
          std::to_string(options.window.left) + ", " +
          std::to_string(options.window.right) + ")");
 
+  if (!options.alibi_slopes.empty()) {
+    if (static_cast<int64_t>(options.alibi_slopes.size()) != s.heads_q)
+      fail("alibi_slopes must hold one slope per query head (" + std::to_string(s.heads_q) +
+           "), got " + std::to_string(options.alibi_slopes.size()));
+    for (double slope : options.alibi_slopes)
+      if (!std::isfinite(slope)) fail("alibi_slopes must be finite, got " + std::to_string(slope));
+  }
+
   AttentionProblem<T> p;
   p.batch_axes = s.batch;
   p.heads_q = s.heads_q;
@@ -189,6 +197,7 @@ AttentionProblem<T> make_problem(TensorView<const T> q, TensorView<const KV> k,
   p.causal = options.causal;
   p.window = options.window;
   p.softcap = options.softcap;
+  p.alibi = options.alibi_slopes;
   return p;
 }
 

@@ -90,6 +90,7 @@ struct AttentionProblem {
   Causal causal = Causal::None;
   Window window;
   double softcap = 0;
+  std::vector<double> alibi;  // ALiBi slopes, one per query head; empty: none
 
   int64_t group() const { return heads_q / heads_kv; }  // query heads per kv head
 };

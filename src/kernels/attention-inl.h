@@ -1,6 +1,6 @@
 // The pieces both attention kernels use, prefill (prefill.cc) and decode
 // (decode.cc): base-2 scores, loads of float32/bfloat16/fp16 K and V rows,
-// masks and softcap on a row of scores, the online-softmax step, P·V into
+// masks, softcap and ALiBi on a row of scores, the online-softmax step, P·V into
 // the output rows, and the settling of rows that came out NaN.
 // Highway's per-target include: include after hwy/highway.h inside a file
 // compiled by foreach_target.h.
@@ -319,18 +319,56 @@ void AccumulateValues(DF d, int64_t rows, const float* p, int64_t p_stride, int6
   }
 }
 
-// Masks keys j0 .. j0 + count of query row i (head h) in s: -inf outside the
-// causal/window range (when check_range), then the explicit masks.
-inline void MaskRow(const AttentionProblem<float>& p, int64_t b, int64_t h, int64_t i, int64_t j0,
-             int64_t count, bool check_range, float* s) {
+// ALiBi's bias, -slope·(p - j) in base-2 units, up to a constant per row,
+// which the softmax does not see. The constant puts the bias's 0 at the
+// row's last key that causal masking and the window allow (its first, for a
+// negative slope): the bias is then never positive, and small, so exact to
+// float32's last bit, where the row's largest weights are. (Taken
+// literally, -slope·(p - j) would reach +slope·n_k on the last keys of a
+// non-causal row, where a float32 bias of 2000 carries an absolute rounding
+// error of 1e-4 into the logits.) AlibiAnchor is that key for row range kr.
+inline int64_t AlibiAnchor(double slope, const KeyRange& kr) { return slope >= 0 ? kr.end - 1 : kr.begin; }
+
+// 0, 1, 2, ...: the lanes' key offsets within a tile. (Highway 1.0.3's Iota
+// fills its lanes one by one through memory: too slow per row.)
+struct KeyOffsets {
+  alignas(64) float at[kBlockK > kDecodeChunk ? kBlockK : kDecodeChunk];
+  constexpr KeyOffsets() : at() {
+    for (int64_t j = 0; j < static_cast<int64_t>(sizeof at / sizeof at[0]); ++j) at[j] = static_cast<float>(j);
+  }
+};
+inline constexpr KeyOffsets kKeyOffsets;
+
+// x + slope2 · (first + col + lane): ALiBi's bias on keys j0 + col .. of a
+// row whose anchor is j0 - first, added to their scores x; slope2 is the
+// slope in base-2 units (Base2). The distances are whole numbers, exact in
+// float32 below 2^24, so the bias is rounded once, with the sum.
+HWY_INLINE VF WithAlibi(DF d, float slope2, int64_t first, int64_t col, VF x) {
+  const VF distance = hn::Add(hn::Load(d, kKeyOffsets.at + col), hn::Set(d, static_cast<float>(first)));
+  return hn::MulAdd(hn::Set(d, slope2), distance, x);
+}
+
+// The same on s[0 .. count) (up to whole vectors; s aligned; entries past
+// count are -inf and stay so).
+HWY_INLINE void AddAlibi(DF d, float slope2, int64_t first, int64_t count, float* s) {
+  const auto N = static_cast<int64_t>(hn::Lanes(d));
+  for (int64_t j = 0; j < count; j += N) hn::Store(WithAlibi(d, slope2, first, j, hn::Load(d, s + j)), d, s + j);
+}
+
+// Masks keys j0 .. j0 + count of query row i (head h) in s (aligned; -inf
+// past count, up to whole vectors): -inf outside the causal/window range
+// (when check_range), then the explicit masks and ALiBi's bias.
+inline void MaskRow(DF d, const AttentionProblem<float>& p, int64_t b, int64_t h, int64_t i, int64_t j0,
+                    int64_t count, bool check_range, float* s) {
   const float ninf = -std::numeric_limits<float>::infinity();
+  const KeyRange kr = allowed_keys(i, p.n_q, p.n_k, p.causal, p.window);
   if (check_range) {
-    const KeyRange kr = allowed_keys(i, p.n_q, p.n_k, p.causal, p.window);
     const int64_t a = std::clamp(kr.begin - j0, int64_t{0}, count);
     const int64_t z = std::clamp(kr.end - j0, a, count);
     std::fill(s, s + a, ninf);
     std::fill(s + z, s + count, ninf);
   }
+  if (!p.alibi.empty()) AddAlibi(d, Base2(p.alibi[h]), j0 - AlibiAnchor(p.alibi[h], kr), count, s);
   for (const MaskTerm& m : p.mask.terms) {
     if (m.f32) {
       const float* mr = m.f32.row(b, h, i) + j0 * m.f32.col_stride;

@@ -139,12 +139,12 @@ void DecodeChunk(DF d, const AttentionProblem<float>& p, int64_t b, int64_t hkv,
     }
   }
   if (p.softcap > 0) Softcap(d, p.softcap, s, R * kDecodeChunk);
-  const bool masked = !inside || p.mask.present();
+  const bool masked = !inside || p.mask.present() || !p.alibi.empty();
   for (int64_t r = 0; r < R; ++r) {
     float* sr = s + r * kDecodeChunk;
     std::fill(sr + jn, sr + kDecodeChunk, ninf);
     if (masked)
-      MaskRow(p, b, row_head(r), r % p.n_q, j0, jn, !inside, sr);
+      MaskRow(d, p, b, row_head(r), r % p.n_q, j0, jn, !inside, sr);
     std::fill(l_lanes, l_lanes + N, 0.0f);
     SoftmaxStep(d, sr, kDecodeChunk, m[r], l_lanes);
     l[r] = hn::GetLane(hn::SumOfLanes(d, hn::Load(d, l_lanes)));

@@ -63,11 +63,20 @@ HWY_INLINE V& Acc(V& a0, V& a1, V& a2, V& a3, V& a4, V& a5, V& a6, V& a7) {
   else return a7;
 }
 
-// c[r][0 .. kVecs·N) = scale · Σ_k a_r[k] · panel[k][0 .. kVecs·N), r < MR.
-// (kVecs·N divides kPanel: asserted above.)
-template <int MR, class D, typename T = hn::TFromD<D>>
+// What MatmulBlock stores of row r's scaled sums x at panel column col: x
+// itself, or (Epilogue) x plus a term of the row and column, added while x
+// is still in a register.
+struct Plain {
+  template <class D, class V>
+  HWY_INLINE V operator()(D, int, int64_t, V x) const { return x; }
+};
+
+// c[r][0 .. kVecs·N) = epilogue(scale · Σ_k a_r[k] · panel[k][0 .. kVecs·N)),
+// r < MR; col0 is the block's first column in the panel. (kVecs·N divides
+// kPanel: asserted above.)
+template <int MR, class D, class Epilogue = Plain, typename T = hn::TFromD<D>>
 HWY_INLINE void MatmulBlock(D d, const T* const* a, int64_t K, const T* panel, T scale, T* c,
-                            int64_t c_stride) {
+                            int64_t c_stride, int64_t col0 = 0, const Epilogue& epilogue = {}) {
   using V = hn::Vec<D>;
   const size_t N = hn::Lanes(d);
   const V sc = hn::Set(d, scale);
@@ -87,8 +96,8 @@ HWY_INLINE void MatmulBlock(D d, const T* const* a, int64_t K, const T* panel, T
     });
   }
   Unroll<MR * kVecs>([&](auto i) HWY_ATTR {
-    hn::StoreU(hn::Mul(Acc<i>(a0, a1, a2, a3, a4, a5, a6, a7), sc), d,
-               c + (i / kVecs) * c_stride + (i % kVecs) * N);
+    hn::StoreU(epilogue(d, i / kVecs, col0 + (i % kVecs) * N, hn::Mul(Acc<i>(a0, a1, a2, a3, a4, a5, a6, a7), sc)),
+               d, c + (i / kVecs) * c_stride + (i % kVecs) * N);
   });
 #else
   V acc[MR][kVecs];
@@ -103,7 +112,9 @@ HWY_INLINE void MatmulBlock(D d, const T* const* a, int64_t K, const T* panel, T
     }
   }
   for (int r = 0; r < MR; ++r)
-    for (int v = 0; v < kVecs; ++v) hn::StoreU(hn::Mul(acc[r][v], sc), d, c + r * c_stride + v * N);
+    for (int v = 0; v < kVecs; ++v)
+      hn::StoreU(epilogue(d, r, col0 + v * static_cast<int64_t>(N), hn::Mul(acc[r][v], sc)), d,
+                 c + r * c_stride + v * N);
 #endif
 }
 
@@ -118,13 +129,13 @@ HWY_INLINE void WithCount(int64_t n, const F& f) {
 }
 
 // All kPanel columns for `rows` rows of A (rows <= kRows).
-template <class D, typename T = hn::TFromD<D>>
+template <class D, class Epilogue = Plain, typename T = hn::TFromD<D>>
 HWY_INLINE void MatmulPanel(D d, const T* const* a, int rows, int64_t K, const T* panel, T scale,
-                            T* c, int64_t c_stride) {
+                            T* c, int64_t c_stride, const Epilogue& epilogue = {}) {
   const int64_t W = kVecs * static_cast<int64_t>(hn::Lanes(d));
   WithCount<kRows>(rows, [&](auto mr) HWY_ATTR {
     for (int64_t j = 0; j < kPanel; j += W)
-      MatmulBlock<decltype(mr)::value>(d, a, K, panel + j, scale, c + j, c_stride);
+      MatmulBlock<decltype(mr)::value>(d, a, K, panel + j, scale, c + j, c_stride, j, epilogue);
   });
 }
 

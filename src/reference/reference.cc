@@ -53,7 +53,7 @@ double element(const AttentionProblem<T>& p, const Operand<const T>& x,
 }
 
 // Row (b, h, i) of the attention weights into w (n_k); the scaled logits
-// before softcap and mask into s (the backward needs them); in part[j]
+// before softcap, mask and ALiBi bias into s (the backward needs them); in part[j]
 // whether key j takes part at all: causal, window and a false boolean mask
 // exclude a key whatever its logit or value, even NaN (an additive -inf is a
 // value like any other). A row with no allowed key gets all-zero weights;
@@ -62,7 +62,7 @@ template <class T>
 void row_weights(const AttentionProblem<T>& p, int64_t b, int64_t h, int64_t i,
                  std::vector<double>& s, std::vector<double>& w, std::vector<char>& part) {
   const T* q = p.q.row(b, h, i);
-  const int64_t hkv = h / p.group();
+  const int64_t hkv = h / p.group(), pos = i + (p.n_k - p.n_q);
   for (int64_t j = 0; j < p.n_k; ++j) {
     double dot = 0;
     for (int64_t c = 0; c < p.d; ++c)
@@ -70,7 +70,8 @@ void row_weights(const AttentionProblem<T>& p, int64_t b, int64_t h, int64_t i,
     s[j] = dot * p.scale;
     const double logit = p.softcap > 0 ? p.softcap * std::tanh(s[j] / p.softcap) : s[j];
     part[j] = in_range(p, i, j) && p.mask.allows(b, h, i, j);
-    w[j] = part[j] ? logit + p.mask.added(b, h, i, j) : -std::numeric_limits<double>::infinity();
+    const double alibi = p.alibi.empty() ? 0.0 : -p.alibi[h] * double(pos - j);
+    w[j] = part[j] ? logit + p.mask.added(b, h, i, j) + alibi : -std::numeric_limits<double>::infinity();
   }
   softmax_by_definition(w.data(), p.n_k);
 }
