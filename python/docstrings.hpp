@@ -17,7 +17,7 @@ Returns an array of a's shape (float64 for float64 input, else float32).
 )";
 
 inline constexpr const char* kAttention = R"(attention(q, k, v, mask=None, *, causal=False, scale=None, softcap=None,
-          window=None, return_weights=False)
+          window=None, alibi_slopes=None, return_weights=False)
 
 Scaled dot-product attention: softmax(q @ k.T * scale + mask) @ v.
 
@@ -58,6 +58,11 @@ window
     p = i + (n_k - n_q), key j is allowed iff p - left <= j <= p + right.
     Combines with causal and mask by intersection.
 
+alibi_slopes
+    ALiBi: one slope per query head, shape (Hq,) (attn.alibi_slopes(Hq) gives
+    BLOOM's); adds -slope[h] * (p - j) to the logits after softcap, with the
+    masks, p = i + (n_k - n_q). Computed per tile, never as an (n_q, n_k) bias.
+
 Compact k and v
     float16 k and v (both) are read as float16, in place; k and v as
     attn.QuantizedTensor (from attn.quantize or QuantizedTensor.from_buffer,
@@ -95,7 +100,7 @@ kept alive, and must not change while attention reads it.
 )";
 
 inline constexpr const char* kAttentionBackward = R"(attention_backward(q, k, v, dout, mask=None, *, causal=False, scale=None,
-                   softcap=None, window=None) -> (dq, dk, dv)
+                   softcap=None, window=None, alibi_slopes=None) -> (dq, dk, dv)
 
 The gradient of attention(q, k, v, mask, ...) with respect to q, k and v,
 given dout = dL/dout of the output's shape (..., Hq, n_q, d_v). Takes the same
@@ -129,26 +134,82 @@ Any n >= 0 and d >= 1 (odd d too); angles computed in double. dtype is
 float32 or float64. Add it to the word vectors: x + positional_encoding(n, d).
 )";
 
-inline constexpr const char* kRopeBackward = R"(rope_backward(dy, positions=None, *, base=10000.0, interleaved=False, rotary_dim=None)
+inline constexpr const char* kRopeBackward = R"(rope_backward(dy, positions=None, *, base=10000.0, interleaved=False, rotary_dim=None,
+              scaling=None, cos=None, sin=None, mrope_section=None)
 
 The gradient of rope(x, positions, ...) for dy = dL/d rope(x): RoPE rotates
-each pair of features, so this is the rotation by the opposite angle. Takes
-rope()'s options and returns an array of dy's shape.
+each pair of features (times the attention factor of the scaling), so this
+is the rotation by the opposite angle, times the same factor. Takes rope()'s
+options and returns an array of dy's shape.
 )";
 
-inline constexpr const char* kRope = R"(rope(x, positions=None, *, base=10000.0, interleaved=False, rotary_dim=None)
+inline constexpr const char* kRope = R"(rope(x, positions=None, *, base=10000.0, interleaved=False, rotary_dim=None,
+     scaling=None, cos=None, sin=None, mrope_section=None)
 
 Rotary position embedding of x (..., n, d): the first rotary_dim features
-(default all of d; must be even) are rotated in pairs, pair i by the angle
-pos * base ** (-2 * i / rotary_dim); the rest pass through unchanged.
+(default all of d, or int(d * partial_rotary_factor) of the scaling; must be
+even) are rotated in pairs, pair k by the angle pos * inv_freq[k], where
+inv_freq = rope_frequencies(rotary_dim, base=base, scaling=scaling) (by
+default base ** (-2k / rotary_dim)); the rest pass through unchanged.
 
-interleaved=False pairs features (i, i + rotary_dim/2), the "rotate_half" form
-of GPT-NeoX and LLaMA in Hugging Face; interleaved=True pairs (2i, 2i + 1), as
+interleaved=False pairs features (k, k + rotary_dim/2), the "rotate_half" form
+of GPT-NeoX and LLaMA in Hugging Face; interleaved=True pairs (2k, 2k + 1), as
 GPT-J and Meta's original LLaMA.
 
 positions: None (0 .. n-1) or an integer array broadcastable to (..., n); any
 integers, negative too (offsets for a KV cache). Angles are computed in double,
 so position 1,000,000 is still accurate. Returns an array of x's shape.
+
+scaling: Hugging Face's rope_scaling dict ({"rope_type": "llama3", "factor":
+8.0, ...}; types default, linear, dynamic, yarn, longrope, llama3, with their
+keys and defaults; see rope_frequencies). cos and sin are multiplied by its
+attention factor. dynamic and longrope take max(positions) + 1 as the
+sequence length.
+
+cos, sin: explicit tables (ONNX RotaryEmbedding's cos_cache and sin_cache),
+used as given instead of computed angles, in x's dtype: (max_position + 1,
+rotary_dim / 2) indexed by positions (a position outside them is a
+ValueError), or without positions (..., n, rotary_dim / 2) broadcast against
+x's rows. rotary_dim defaults to twice their width; scaling must be None.
+
+mrope_section: M-RoPE (Qwen2-VL), e.g. [16, 24, 24] summing to rotary_dim / 2:
+positions then have shape (3, ..., n), and the pairs of section s turn by
+position row s (both pairings).
+)";
+
+inline constexpr const char* kRopeFrequencies = R"(rope_frequencies(rotary_dim, *, base=10000.0, scaling=None, seq_len=None)
+    -> (inv_freq, attention_factor)
+
+RoPE's inverse frequencies, float64 of shape (rotary_dim / 2,), and the factor
+that multiplies cos and sin: the pair Hugging Face's rope init functions
+(ROPE_INIT_FUNCTIONS) return, computed in double. scaling is a rope_scaling
+dict with "rope_type" (or the legacy "type"):
+    default   base ** (-2k / rotary_dim)
+    linear    factor: inv_freq / factor
+    dynamic   factor, original_max_position_embeddings: the base grows as
+              base * (factor * s / orig - (factor - 1)) ** (r / (r - 2)) for
+              s = max(seq_len, orig)
+    yarn      factor, original_max_position_embeddings; optional beta_fast
+              (32), beta_slow (1), attention_factor (0.1 ln(factor) + 1, or
+              the mscale / mscale_all_dim ratio), truncate (True)
+    longrope  short_factor, long_factor (rotary_dim / 2 each; long when
+              seq_len > orig), original_max_position_embeddings; optional
+              factor (else max_position_embeddings / orig), attention_factor
+              (sqrt(1 + ln(factor) / ln(orig)))
+    llama3    factor, low_freq_factor, high_freq_factor,
+              original_max_position_embeddings
+max_position_embeddings stands in for an absent original_max_position_embeddings;
+partial_rotary_factor and mrope_section are accepted (rope() and the layer use
+them). An unknown rope_type, a missing or unknown key, or a bad value is a
+ValueError naming it.
+)";
+
+inline constexpr const char* kAlibiSlopes = R"(alibi_slopes(num_heads, *, max_bias=8.0) -> float64 array (num_heads,)
+
+ALiBi's slopes (BLOOM's build_alibi_tensor, ggml's max_bias): with c the
+largest power of 2 <= num_heads, head h < c gets 2 ** (-max_bias * (h + 1) / c)
+and the others the odd powers of 2 ** (-max_bias / (2c)): 1, 3, 5, ...
+Pass them to attention(..., alibi_slopes=...).
 )";
 
 }  // namespace attn::python::docs

@@ -239,7 +239,8 @@ void bind_mha(py::module_& m) {
       .def(py::init([](const py::object& embed_dim, const py::object& num_heads, double dropout,
                        bool bias, bool add_bias_kv, bool add_zero_attn, const py::object& kdim,
                        const py::object& vdim, bool batch_first, const py::object& num_kv_heads,
-                       bool rope, double rope_base, bool rope_interleaved, uint64_t seed) {
+                       bool rope, double rope_base, bool rope_interleaved,
+                       const py::object& rope_scaling, bool alibi, uint64_t seed) {
              MultiHeadAttentionConfig c;
              c.embed_dim = int_arg(embed_dim, "embed_dim");
              c.num_heads = int_arg(num_heads, "num_heads");
@@ -254,13 +255,16 @@ void bind_mha(py::module_& m) {
              c.rope = rope;
              c.rope_base = rope_base;
              c.rope_interleaved = rope_interleaved;
+             if (!rope_scaling.is_none()) c.rope_scaling = parse_rope_scaling(rope_scaling.cast<std::string>());
+             c.alibi = alibi;
              return PyMha{std::make_unique<MultiHeadAttention<float>>(c, seed), nullptr};
            }),
            arg("embed_dim"), arg("num_heads"), py::kw_only(), arg("dropout") = 0.0,
            arg("bias") = true, arg("add_bias_kv") = false, arg("add_zero_attn") = false,
            arg("kdim") = py::none(), arg("vdim") = py::none(), arg("batch_first") = true,
            arg("num_kv_heads") = py::none(), arg("rope") = false, arg("rope_base") = 10000.0,
-           arg("rope_interleaved") = false, arg("seed") = 0)
+           arg("rope_interleaved") = false, arg("rope_scaling") = py::none(), arg("alibi") = false,
+           arg("seed") = 0)
       .def("forward", &py_forward, arg("query"), arg("key") = py::none(),
            arg("value") = py::none(), py::kw_only(), arg("key_padding_mask") = py::none(),
            arg("attn_mask") = py::none(), arg("causal") = false, arg("window") = py::none(),
@@ -303,7 +307,13 @@ void bind_mha(py::module_& m) {
       .def_property_readonly("kdim", [](const PyMha& s) { return s.f32->config().key_dim(); })
       .def_property_readonly("vdim", [](const PyMha& s) { return s.f32->config().value_dim(); })
       .def_property_readonly("bias", [](const PyMha& s) { return s.f32->config().bias; })
-      .def_property_readonly("rope", [](const PyMha& s) { return s.f32->config().rope; });
+      .def_property_readonly("rope", [](const PyMha& s) { return s.f32->config().rope; })
+      .def_property_readonly("rope_scaling", [](const PyMha& s) -> py::object {  // as JSON text
+        const RopeScaling& r = s.f32->config().rope_scaling;
+        if (r == RopeScaling{}) return py::none();
+        return py::str(rope_scaling_json(r));
+      })
+      .def_property_readonly("alibi", [](const PyMha& s) { return s.f32->config().alibi; });
 }
 
 }  // namespace attn::python

@@ -62,6 +62,18 @@ std::optional<double> optional_float(const py::object& o, const char* name) {
   }
 }
 
+// alibi_slopes=None | one slope per query head.
+std::vector<double> alibi_from(const py::object& o) {
+  if (o.is_none()) return {};
+  auto a = as<double>(as_numeric_array(o, "alibi_slopes"));
+  if (a.ndim() != 1)
+    throw ValueError("alibi_slopes must be a 1-D array, one slope per query head, got shape " +
+                     shape_str(Shape(a.shape(), a.shape() + a.ndim())));
+  std::vector<double> slopes(static_cast<size_t>(a.shape(0)));
+  for (py::ssize_t h = 0; h < a.shape(0); ++h) slopes[h] = a.at(h);
+  return slopes;
+}
+
 // ---------------------------------------------------------------------------
 
 // f(in, out) into a new array of in's shape, as T, without the GIL.
@@ -166,8 +178,9 @@ py::object py_attention(const py::object& q_obj, const py::object& k_obj,
                         const py::object& v_obj, const py::object& mask,
                         const py::object& causal, const py::object& scale,
                         const py::object& softcap, const py::object& window,
-                        bool return_weights) {
-  const AttentionOptions opt = attention_options(causal, scale, softcap, window);
+                        const py::object& alibi_slopes, bool return_weights) {
+  AttentionOptions opt = attention_options(causal, scale, softcap, window);
+  opt.alibi_slopes = alibi_from(alibi_slopes);
   if (py::isinstance<PyQuantizedTensor>(k_obj) || py::isinstance<PyQuantizedTensor>(v_obj))
     return attention_compact(q_obj, k_obj, v_obj, mask, opt, return_weights);
   const auto q = as_numeric_array(q_obj, "q"), k = as_numeric_array(k_obj, "k"),
@@ -201,10 +214,11 @@ py::tuple py_attention_backward(const py::object& q_obj, const py::object& k_obj
                                 const py::object& v_obj, const py::object& dout_obj,
                                 const py::object& mask, const py::object& causal,
                                 const py::object& scale, const py::object& softcap,
-                                const py::object& window) {
+                                const py::object& window, const py::object& alibi_slopes) {
   const auto q = as_numeric_array(q_obj, "q"), k = as_numeric_array(k_obj, "k"),
              v = as_numeric_array(v_obj, "v"), dout = as_numeric_array(dout_obj, "dout");
-  const AttentionOptions opt = attention_options(causal, scale, softcap, window);
+  AttentionOptions opt = attention_options(causal, scale, softcap, window);
+  opt.alibi_slopes = alibi_from(alibi_slopes);
   if (is_float64(q) || is_float64(k) || is_float64(v) || is_float64(dout))
     return attention_backward_t<double>(q, k, v, dout, mask, opt);
   return attention_backward_t<float>(q, k, v, dout, mask, opt);
@@ -243,43 +257,102 @@ py::array_t<int64_t> int64_positions(const py::array& p) {
   return as<int64_t>(p);
 }
 
+// An integer array of positions as int64 (TypeError for any other dtype).
+py::array_t<int64_t> positions_from(const py::object& positions) {
+  const py::array p = py::array::ensure(positions);
+  const char kind = p ? p.dtype().kind() : '?';
+  if (kind != 'i' && kind != 'u')
+    throw TypeError("rope: positions must be an integer array, got " +
+                    (p ? "dtype " + std::string(py::str(p.dtype()))
+                       : std::string(py::str(py::type::of(positions)))));
+  return int64_positions(p);
+}
+
 template <class T, bool backward>
-py::array rope_t(const py::array& x_in, const py::object& positions, const RopeOptions& opt) {
+py::array rope_t(const py::array& x_in, const py::object& positions, const RopeOptions& opt,
+                 const py::object& cos, const py::object& sin) {
   auto xa = as<T>(x_in);
   const auto x = view_of<const T>(xa);
   py::array_t<int64_t> pa;
   TensorView<const int64_t> pos;
   if (!positions.is_none()) {
-    const py::array p = py::array::ensure(positions);
-    const char kind = p ? p.dtype().kind() : '?';
-    if (kind != 'i' && kind != 'u')
-      throw TypeError("rope: positions must be an integer array, got " +
-                      (p ? "dtype " + std::string(py::str(p.dtype()))
-                         : std::string(py::str(py::type::of(positions)))));
-    pa = int64_positions(p);
+    pa = positions_from(positions);
     pos = view_of<const int64_t>(pa);
+  }
+  // Explicit tables, in x's dtype.
+  py::array_t<T> ca, sa;
+  RopeTables<T> tables;
+  const bool with_tables = !cos.is_none() || !sin.is_none();
+  if (with_tables) {
+    if (cos.is_none() || sin.is_none())
+      throw ValueError(std::string("rope: cos and sin tables go together, got only ") +
+                       (cos.is_none() ? "sin" : "cos"));
+    ca = as<T>(as_numeric_array(cos, "cos"));
+    sa = as<T>(as_numeric_array(sin, "sin"));
+    tables = {view_of<const T>(ca), view_of<const T>(sa)};
   }
   auto out = empty<T>(x.shape());
   auto o = view_of<T>(out);
   {
     py::gil_scoped_release nogil;
-    if constexpr (backward) rope_backward(x, o, opt, pos);
-    else apply_rope(x, o, opt, pos);
+    if (with_tables) {
+      if constexpr (backward) rope_backward(x, o, tables, opt, pos);
+      else apply_rope(x, o, tables, opt, pos);
+    } else {
+      if constexpr (backward) rope_backward(x, o, opt, pos);
+      else apply_rope(x, o, opt, pos);
+    }
   }
   return out;
+}
+
+// rope_scaling as the JSON text attn.rope makes of its dict (None: none).
+RopeScaling scaling_from(const py::object& json) {
+  if (json.is_none()) return {};
+  if (!py::isinstance<py::str>(json))
+    throw TypeError("scaling must be a rope_scaling dict or None, got " + repr_of(json));
+  return parse_rope_scaling(json.cast<std::string>());
 }
 
 // apply_rope, or with `backward` rope_backward.
 template <bool backward>
 py::array py_rope(const py::object& x_obj, const py::object& positions, double base,
-                  bool interleaved, const py::object& rotary_dim) {
+                  bool interleaved, const py::object& rotary_dim, const py::object& scaling,
+                  const py::object& cos, const py::object& sin, const py::object& mrope_section) {
   const auto x = as_numeric_array(x_obj, backward ? "dy" : "x");
   RopeOptions opt;
   opt.base = base;
   opt.interleaved = interleaved;
   opt.rotary_dim = optional_int(rotary_dim, "rope: rotary_dim");
-  return is_float64(x) ? rope_t<double, backward>(x, positions, opt)
-                       : rope_t<float, backward>(x, positions, opt);
+  opt.scaling = scaling_from(scaling);
+  if (!mrope_section.is_none()) {
+    if (!py::isinstance<py::sequence>(mrope_section) || py::isinstance<py::str>(mrope_section))
+      throw TypeError("rope: mrope_section must be a list of section sizes, e.g. [16, 24, 24], got " +
+                      repr_of(mrope_section));
+    std::vector<int64_t> sections;
+    for (const py::handle& h : mrope_section) sections.push_back(int_arg(h, "rope: mrope_section sizes"));
+    if (!opt.scaling.mrope_section.empty() && opt.scaling.mrope_section != sections)
+      throw ValueError("rope: mrope_section given twice, as an argument and in scaling, and they differ");
+    opt.scaling.mrope_section = sections;
+  }
+  return is_float64(x) ? rope_t<double, backward>(x, positions, opt, cos, sin)
+                       : rope_t<float, backward>(x, positions, opt, cos, sin);
+}
+
+py::tuple py_rope_frequencies(const py::object& rotary_dim, double base, const py::object& scaling,
+                              const py::object& seq_len) {
+  const RopeFrequencies f = rope_frequencies(int_arg(rotary_dim, "rope_frequencies: rotary_dim"), base,
+                                             scaling_from(scaling), optional_int(seq_len, "rope_frequencies: seq_len"));
+  auto inv = empty<double>({static_cast<int64_t>(f.inv_freq.size())});
+  std::copy(f.inv_freq.begin(), f.inv_freq.end(), inv.mutable_data());
+  return py::make_tuple(inv, f.attention_factor);
+}
+
+py::array py_alibi_slopes(const py::object& num_heads, double max_bias) {
+  const std::vector<double> slopes = alibi_slopes(int_arg(num_heads, "alibi_slopes: num_heads"), max_bias);
+  auto out = empty<double>({static_cast<int64_t>(slopes.size())});
+  std::copy(slopes.begin(), slopes.end(), out.mutable_data());
+  return out;
 }
 
 }  // namespace
@@ -323,22 +396,30 @@ PYBIND11_MODULE(_core, m) {
   m.def("softmax", &py_softmax, arg("a"), arg("axis") = -1, docs::kSoftmax);
   m.def("attention", &py_attention, arg("q"), arg("k"), arg("v"), arg("mask") = py::none(),
         py::kw_only(), arg("causal") = false, arg("scale") = py::none(),
-        arg("softcap") = py::none(), arg("window") = py::none(),
+        arg("softcap") = py::none(), arg("window") = py::none(), arg("alibi_slopes") = py::none(),
         arg("return_weights") = false, docs::kAttention);
   m.def("attention_backward", &py_attention_backward, arg("q"), arg("k"), arg("v"),
         arg("dout"), arg("mask") = py::none(), py::kw_only(), arg("causal") = false,
         arg("scale") = py::none(), arg("softcap") = py::none(), arg("window") = py::none(),
-        docs::kAttentionBackward);
+        arg("alibi_slopes") = py::none(), docs::kAttentionBackward);
   m.def("multi_head", &py_multi_head, arg("x"), arg("heads") = 4, docs::kMultiHead);
   m.def("positional_encoding", &py_positional_encoding, arg("n"), arg("d"), py::kw_only(),
         arg("base") = 10000.0, arg("dtype") = py::module_::import("numpy").attr("float32"),
         docs::kPositionalEncoding);
+  // scaling: the JSON text of a rope_scaling dict (attn.rope makes it).
   m.def("rope", &py_rope<false>, arg("x"), arg("positions") = py::none(), py::kw_only(),
         arg("base") = 10000.0, arg("interleaved") = false, arg("rotary_dim") = py::none(),
-        docs::kRope);
+        arg("scaling") = py::none(), arg("cos") = py::none(), arg("sin") = py::none(),
+        arg("mrope_section") = py::none(), docs::kRope);
   m.def("rope_backward", &py_rope<true>, arg("dy"), arg("positions") = py::none(), py::kw_only(),
         arg("base") = 10000.0, arg("interleaved") = false, arg("rotary_dim") = py::none(),
-        docs::kRopeBackward);
+        arg("scaling") = py::none(), arg("cos") = py::none(), arg("sin") = py::none(),
+        arg("mrope_section") = py::none(), docs::kRopeBackward);
+  m.def("rope_frequencies", &py_rope_frequencies, arg("rotary_dim"), py::kw_only(),
+        arg("base") = 10000.0, arg("scaling") = py::none(), arg("seq_len") = py::none(),
+        docs::kRopeFrequencies);
+  m.def("alibi_slopes", &py_alibi_slopes, arg("num_heads"), py::kw_only(), arg("max_bias") = 8.0,
+        docs::kAlibiSlopes);
   m.def("num_threads", &attn::num_threads,
         "num_threads() -> int: threads the kernels use (default: ATTN_NUM_THREADS, else all "
         "cores). Results do not depend on it.");

@@ -85,6 +85,12 @@ TEST(MultiHeadAttention, KVCacheChunksEqualTheFullCausalForward) {
   c.num_kv_heads = 2;
   c.rope_interleaved = true;
   check_chunks<float>(c, 1e-5);
+  // ALiBi: each chunk's queries sit at their cache position; a scaling that
+  // does not depend on the sequence length rotates as in one call
+  c.alibi = true;
+  c.rope_scaling = parse_rope_scaling(R"({"rope_type": "yarn", "factor": 4, "original_max_position_embeddings": 16})");
+  check_chunks<float>(c, 1e-5);
+  check_chunks<double>(c, 1e-12);
 }
 
 TEST(MultiHeadAttention, FloatAndDoubleLayersAgree) {
@@ -329,10 +335,15 @@ TEST(MultiHeadAttention, SaveAndLoad) {
   c.rope = true;
   c.rope_base = 500000.0;
   c.rope_interleaved = true;
+  c.rope_scaling = parse_rope_scaling(R"({"rope_type": "llama3", "factor": 8, "low_freq_factor": 1,
+                                          "high_freq_factor": 4, "original_max_position_embeddings": 8})");
+  c.alibi = true;
   c.dropout = 0.25;
   const MultiHeadAttention<float> layer(c, 4);
   layer.save(path);
   const auto loaded = MultiHeadAttention<float>::load(path);
+  EXPECT_EQ(loaded.config().rope_scaling, c.rope_scaling);
+  EXPECT_TRUE(loaded.config().alibi);
   EXPECT_EQ(loaded.config().num_kv_heads, std::optional<int64_t>(1));
   EXPECT_EQ(loaded.config().value_dim(), 6);
   EXPECT_TRUE(loaded.config().rope && loaded.config().rope_interleaved);
@@ -352,6 +363,10 @@ TEST(MultiHeadAttention, SaveAndLoad) {
   EXPECT_THROW_MSG(MultiHeadAttention<float>::load(path), ValueError, "'embed_dim' is not an integer");
   write_safetensors(path, {}, {{"embed_dim", "12"}, {"num_heads", "3"}});
   EXPECT_THROW_MSG(MultiHeadAttention<float>::load(path), ValueError, "missing key");
+  write_safetensors(path, {}, {{"embed_dim", "12"}, {"num_heads", "3"}, {"rope", "true"},
+                               {"rope_scaling", R"({"rope_type": "linear"})"}});
+  EXPECT_THROW_MSG(MultiHeadAttention<float>::load(path), ValueError,
+                   "metadata 'rope_scaling': rope_scaling: rope_type 'linear' needs 'factor'");
   // the options of nn.MultiheadAttention round-trip too
   auto t = config(8, 2);
   t.add_bias_kv = t.add_zero_attn = true;
@@ -373,6 +388,30 @@ TEST(MultiHeadAttention, InvalidConfigurationsAndInputs) {
   c = config(12, 4);
   c.rope = true;
   EXPECT_THROW_MSG(MultiHeadAttention<float>{c}, ValueError, "rope needs an even head dim");
+  c = config(12, 2);
+  c.rope_scaling.partial_rotary_factor = 0.5;  // rope off
+  EXPECT_THROW_MSG(MultiHeadAttention<float>{c}, ValueError, "rope_scaling is given but rope is off");
+  c.rope = true;
+  c.rope_scaling.partial_rotary_factor = 0.25;  // int(6 * 0.25) = 1
+  EXPECT_THROW_MSG(MultiHeadAttention<float>{c}, ValueError, "rope needs an even rotary dim, got int(head_dim 6");
+  c.rope_scaling = {};
+  c.rope_scaling.rope_type = RopeType::Dynamic;
+  EXPECT_THROW_MSG(MultiHeadAttention<float>{c}, ValueError,
+                   "MultiHeadAttention: rope_scaling: rope_type 'dynamic' needs 'factor'");
+  c.rope_scaling = {};
+  c.rope_scaling.mrope_section = {1, 1};
+  EXPECT_THROW_MSG(MultiHeadAttention<float>{c}, ValueError, "mrope_section must add up to the rotary dim / 2 = 3");
+  c = config(12, 2);
+  c.alibi = true;
+  c.add_zero_attn = true;
+  EXPECT_THROW_MSG(MultiHeadAttention<float>{c}, ValueError, "alibi with add_bias_kv or add_zero_attn");
+  c = config(12, 2);
+  c.alibi = true;
+  MhaForwardOptions<float> own_slopes;
+  own_slopes.attention.alibi_slopes = {0.5, 0.25};
+  const Tensor<float> x6({1, 3, 12});
+  EXPECT_THROW_MSG(MultiHeadAttention<float>(c).forward(x6.view(), {}, {}, own_slopes), ValueError,
+                   "this layer has alibi on, which sets the slopes");
   c = config(12, 4);
   c.dropout = 1.5;
   EXPECT_THROW_MSG(MultiHeadAttention<float>{c}, ValueError, "dropout must be in [0, 1], got 1.5");

@@ -2,7 +2,8 @@
 // are the inputs times learned weights Wq, Wk, Wv; the heads' outputs are
 // concatenated and multiplied by Wo. A drop-in for PyTorch's
 // nn.MultiheadAttention: the same options, parameter names and shapes, the
-// same mask conventions, plus GQA/MQA, RoPE and a KV cache.
+// same mask conventions, plus GQA/MQA, RoPE (with Hugging Face's scalings),
+// ALiBi and a KV cache.
 #pragma once
 
 #include <cstdint>
@@ -17,6 +18,7 @@
 #include "attn/half.hpp"
 #include "attn/kv_cache.hpp"
 #include "attn/mask.hpp"
+#include "attn/rope_scaling.hpp"
 #include "attn/tensor.hpp"
 
 namespace attn {
@@ -30,6 +32,13 @@ struct MultiHeadAttentionConfig {
   bool rope = false;                    // rotate q and k per head after projection
   double rope_base = 10000.0;
   bool rope_interleaved = false;
+  // Hugging Face's rope_scaling (attn/rope_scaling.hpp), with rope: the
+  // length-dependent types take the cache length after appending as the
+  // sequence length; a cached key keeps the rotation it was stored with.
+  RopeScaling rope_scaling;
+  // ALiBi: attention gets alibi_slopes(num_heads) (BLOOM's), a bias on the
+  // logits by distance from each query's position (cache length + row).
+  bool alibi = false;
   // nn.MultiheadAttention's options of the same names. add_bias_kv appends a
   // learned key bias_k and value bias_v to every sequence's keys and values,
   // add_zero_attn then a key and a value of zeros; both keys take part in

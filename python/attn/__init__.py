@@ -2,8 +2,9 @@
 
 The system of the article "为什么要 Multi-head？attention 其实「不认顺序」":
 attention as a soft lookup, multi-head attention on slices of the model
-dimension, and the positional encodings (sinusoidal, RoPE) that give attention
-the word order it cannot see on its own.
+dimension, and the positional encodings (sinusoidal, RoPE with the scalings
+real models use, M-RoPE, ALiBi) that give attention the word order it cannot
+see on its own.
 
 Every function and the layer take NumPy arrays or CPU torch tensors and return
 the kind they were given. float32 runs the fast kernels; float64 is computed in
@@ -18,11 +19,12 @@ torch.nn.functional's signature, MultiHeadAttention torch.nn.MultiheadAttention'
 """
 from ._core import (KVCache, QuantizedTensor, __version__, max_num_threads,  # noqa: F401
                     num_threads, quantize, set_num_threads)
-from .functional import (attention, attention_backward, multi_head,  # noqa: F401
-                         positional_encoding, rope, rope_backward, scaled_dot_product_attention,
-                         softmax)
+from .functional import (alibi_slopes, attention, attention_backward, multi_head,  # noqa: F401
+                         positional_encoding, rope, rope_backward, rope_frequencies,
+                         scaled_dot_product_attention, softmax)
 from .layer import MultiHeadAttention  # noqa: F401
 
 __all__ = ["attention", "attention_backward", "scaled_dot_product_attention", "softmax",
-           "multi_head", "positional_encoding", "rope", "rope_backward", "MultiHeadAttention",
+           "multi_head", "positional_encoding", "rope", "rope_backward", "rope_frequencies",
+           "alibi_slopes", "MultiHeadAttention",
            "KVCache", "QuantizedTensor", "quantize", "num_threads", "set_num_threads", "max_num_threads", "__version__"]

@@ -13,7 +13,10 @@ gives inside a `torch.autograd.Function`. A gradient the library does not
 compute (of a mask, of the attention weights, a second derivative) is an
 error, never silently zero.
 """
+import collections.abc
 import functools
+import json
+import math
 import sys
 
 import numpy as np
@@ -140,3 +143,33 @@ def sum_to_shape(a, shape):
     a = a.sum(axis=tuple(range(lead))) if lead else a
     stretched = tuple(i for i, n in enumerate(shape) if n == 1 and a.shape[i] != 1)
     return a.sum(axis=stretched, keepdims=True) if stretched else a
+
+
+def scaling_json(scaling):
+    """Hugging Face's rope_scaling dict as the JSON text the library parses
+    (None stays None). NumPy and torch scalars and arrays become numbers and
+    lists; a value that is not finite is a ValueError naming its key (JSON
+    cannot carry it)."""
+    if scaling is None:
+        return None
+    if not isinstance(scaling, collections.abc.Mapping):
+        raise TypeError(f"scaling must be a rope_scaling dict (Hugging Face's form) or None, got {scaling!r}")
+
+    def plain(value):
+        if is_tensor(value):
+            value = value.detach().cpu().numpy()
+        return value.tolist() if hasattr(value, "tolist") else value
+
+    out = {}
+    for key, value in scaling.items():
+        value = plain(value)
+        if isinstance(value, (list, tuple)):
+            value = [plain(v) for v in value]
+        for v in value if isinstance(value, list) else [value]:
+            if isinstance(v, float) and not math.isfinite(v):
+                raise ValueError(f"rope_scaling: {key!r} must be finite, got {v}")
+        out[key] = value
+    try:
+        return json.dumps(out)
+    except TypeError as e:
+        raise TypeError(f"rope_scaling: values must be numbers, strings, booleans or lists ({e})") from None

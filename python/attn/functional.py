@@ -5,10 +5,11 @@ import numpy as np
 
 from . import _core
 from ._interop import (Differentiable, any_tensor, is_tensor, refuse_grad, result_dtype,
-                       sum_to_shape, to_array, to_tensor, wants_grad, _torch)
+                       scaling_json, sum_to_shape, to_array, to_tensor, wants_grad, _torch)
 
 __all__ = ["softmax", "attention", "attention_backward", "scaled_dot_product_attention",
-           "multi_head", "positional_encoding", "rope", "rope_backward"]
+           "multi_head", "positional_encoding", "rope", "rope_backward", "rope_frequencies",
+           "alibi_slopes"]
 
 
 class _Attention(Differentiable):
@@ -46,9 +47,11 @@ def _attention(inputs, arrays, mask, options, return_weights):
 
 
 def attention(q, k, v, mask=None, *, causal=False, scale=None, softcap=None, window=None,
-              return_weights=False):
+              alibi_slopes=None, return_weights=False):
     arrays = tuple(to_array(x, name) for x, name in ((q, "q"), (k, "k"), (v, "v")))
-    options = dict(causal=causal, scale=scale, softcap=softcap, window=window)
+    refuse_grad(alibi_slopes, "alibi_slopes", "attn computes no gradient for ALiBi's slopes")
+    options = dict(causal=causal, scale=scale, softcap=softcap, window=window,
+                   alibi_slopes=to_array(alibi_slopes, "alibi_slopes"))
     return _attention((q, k, v), arrays, mask, options, return_weights)
 
 
@@ -129,7 +132,7 @@ autograd as attn.attention.
 
 
 def attention_backward(q, k, v, dout, mask=None, *, causal=False, scale=None, softcap=None,
-                       window=None):
+                       window=None, alibi_slopes=None):
     inputs = (q, k, v, dout)
     refuse_second = [x for x in inputs if wants_grad(x)]
     if refuse_second:
@@ -137,7 +140,8 @@ def attention_backward(q, k, v, dout, mask=None, *, causal=False, scale=None, so
                            "under torch.no_grad() or on detached tensors")
     arrays = [to_array(x, n) for x, n in zip(inputs, ("q", "k", "v", "dout"))]
     grads = _core.attention_backward(*arrays, to_array(mask, "mask"), causal=causal, scale=scale,
-                                     softcap=softcap, window=window)
+                                     softcap=softcap, window=window,
+                                     alibi_slopes=to_array(alibi_slopes, "alibi_slopes"))
     if not any_tensor(*inputs, mask):
         return grads
     dtype = result_dtype(*inputs)
@@ -196,9 +200,19 @@ def multi_head(x, heads=4):
 multi_head.__doc__ = _core.multi_head.__doc__
 
 
-def rope(x, positions=None, *, base=10000.0, interleaved=False, rotary_dim=None):
-    p = to_array(positions, "positions")
-    options = dict(base=base, interleaved=interleaved, rotary_dim=rotary_dim)
+def _rope_options(positions, base, interleaved, rotary_dim, scaling, cos, sin, mrope_section):
+    """rope's keyword arguments as _core takes them: arrays, the scaling as
+    JSON. The tables get no gradient (it is an error to ask for one)."""
+    for table, name in ((cos, "cos"), (sin, "sin")):
+        refuse_grad(table, name, "attn computes no gradient for the cos/sin tables")
+    return to_array(positions, "positions"), dict(
+        base=base, interleaved=interleaved, rotary_dim=rotary_dim, scaling=scaling_json(scaling),
+        cos=to_array(cos, "cos"), sin=to_array(sin, "sin"), mrope_section=mrope_section)
+
+
+def rope(x, positions=None, *, base=10000.0, interleaved=False, rotary_dim=None, scaling=None,
+         cos=None, sin=None, mrope_section=None):
+    p, options = _rope_options(positions, base, interleaved, rotary_dim, scaling, cos, sin, mrope_section)
     return _unary(x, "x", lambda a: _core.rope(a, p, **options),
                   lambda _, __, dy: _core.rope_backward(dy, p, **options))
 
@@ -206,14 +220,23 @@ def rope(x, positions=None, *, base=10000.0, interleaved=False, rotary_dim=None)
 rope.__doc__ = _core.rope.__doc__
 
 
-def rope_backward(dy, positions=None, *, base=10000.0, interleaved=False, rotary_dim=None):
+def rope_backward(dy, positions=None, *, base=10000.0, interleaved=False, rotary_dim=None,
+                  scaling=None, cos=None, sin=None, mrope_section=None):
     refuse_grad(dy, "dy", "rope_backward has no backward")
-    out = _core.rope_backward(to_array(dy, "dy"), to_array(positions, "positions"), base=base,
-                              interleaved=interleaved, rotary_dim=rotary_dim)
+    p, options = _rope_options(positions, base, interleaved, rotary_dim, scaling, cos, sin, mrope_section)
+    out = _core.rope_backward(to_array(dy, "dy"), p, **options)
     return to_tensor(out, result_dtype(dy)) if is_tensor(dy) else out
 
 
 rope_backward.__doc__ = _core.rope_backward.__doc__
+
+
+def rope_frequencies(rotary_dim, *, base=10000.0, scaling=None, seq_len=None):
+    return _core.rope_frequencies(rotary_dim, base=base, scaling=scaling_json(scaling), seq_len=seq_len)
+
+
+rope_frequencies.__doc__ = _core.rope_frequencies.__doc__
+alibi_slopes = _core.alibi_slopes
 
 
 def positional_encoding(n, d, *, base=10000.0, dtype=np.float32):

@@ -1,9 +1,11 @@
 """attn.MultiHeadAttention: the learnable layer with torch.nn.MultiheadAttention's
 constructor, call and state dict, over attn._core.MultiHeadAttention."""
+import json
+
 import numpy as np
 
 from . import _core
-from ._interop import (Differentiable, any_tensor, result_dtype, to_array, to_tensor,
+from ._interop import (Differentiable, any_tensor, result_dtype, scaling_json, to_array, to_tensor,
                        wants_grad, refuse_grad, _torch)
 
 __all__ = ["MultiHeadAttention"]
@@ -54,7 +56,8 @@ class MultiHeadAttention:
     """MultiHeadAttention(embed_dim, num_heads, dropout=0.0, bias=True, add_bias_kv=False,
                    add_zero_attn=False, kdim=None, vdim=None, batch_first=True,
                    device=None, dtype=None, *, num_kv_heads=None, rope=False,
-                   rope_base=10000.0, rope_interleaved=False, seed=0)
+                   rope_base=10000.0, rope_interleaved=False, rope_scaling=None,
+                   alibi=False, seed=0)
 
 The learnable multi-head attention layer: q = query Wqᵀ + bq, k = key Wkᵀ + bk,
 v = value Wvᵀ + bv, split into heads, attention per head, heads concatenated,
@@ -73,8 +76,13 @@ float64 input is computed in float64).
 attn's own, keyword-only: num_kv_heads (GQA; 1 = MQA; must divide num_heads),
 rope (rotate q and k per head after projection, at positions cache length +
 0..n-1; not with add_bias_kv or add_zero_attn), rope_base, rope_interleaved,
-and seed: weights are initialised as PyTorch does (Xavier-uniform, zero
-biases, bias_k and bias_v Xavier-normal), reproducibly from it.
+rope_scaling (Hugging Face's rope_scaling dict, as attn.rope takes it; with a
+KV cache the length-dependent types see the cache length after appending,
+and cached keys keep the rotation they were stored with), alibi (ALiBi:
+attention with attn.alibi_slopes(num_heads); not with add_bias_kv or
+add_zero_attn), and seed: weights are initialised as PyTorch does
+(Xavier-uniform, zero biases, bias_k and bias_v Xavier-normal), reproducibly
+from it.
 
 Inputs and outputs are NumPy arrays or CPU torch tensors (returned as given).
 With autograd on, the output of torch inputs carries a grad_fn whose backward
@@ -85,13 +93,14 @@ own: `backward()` returns theirs).
     def __init__(self, embed_dim, num_heads, dropout=0.0, bias=True, add_bias_kv=False,
                  add_zero_attn=False, kdim=None, vdim=None, batch_first=True, device=None,
                  dtype=None, *, num_kv_heads=None, rope=False, rope_base=10000.0,
-                 rope_interleaved=False, seed=0):
+                 rope_interleaved=False, rope_scaling=None, alibi=False, seed=0):
         _checked_device_and_dtype(device, dtype)
         self._layer = _core.MultiHeadAttention(
             embed_dim, num_heads, dropout=dropout, bias=bias, add_bias_kv=add_bias_kv,
             add_zero_attn=add_zero_attn, kdim=kdim, vdim=vdim, batch_first=batch_first,
             num_kv_heads=num_kv_heads, rope=rope, rope_base=rope_base,
-            rope_interleaved=rope_interleaved, seed=seed)
+            rope_interleaved=rope_interleaved, rope_scaling=scaling_json(rope_scaling),
+            alibi=alibi, seed=seed)
 
     @classmethod
     def _of(cls, layer):
@@ -253,12 +262,15 @@ add_zero_attn append.
 
     def __repr__(self):
         names = ("embed_dim", "num_heads", "num_kv_heads", "kdim", "vdim", "bias", "add_bias_kv",
-                 "add_zero_attn", "batch_first", "dropout", "rope")
+                 "add_zero_attn", "batch_first", "dropout", "rope", "alibi")
         return "attn.MultiHeadAttention(" + ", ".join(f"{n}={getattr(self, n)!r}" for n in names) + ")"
 
 
 for _name in ("embed_dim", "num_heads", "num_kv_heads", "head_dim", "kdim", "vdim", "bias",
               "add_bias_kv", "add_zero_attn", "batch_first", "dropout", "rope", "rope_base",
-              "rope_interleaved"):
+              "rope_interleaved", "alibi"):
     setattr(MultiHeadAttention, _name,
             property(lambda self, n=_name: getattr(self._layer, n)))
+MultiHeadAttention.rope_scaling = property(
+    lambda self: None if self._layer.rope_scaling is None else json.loads(self._layer.rope_scaling),
+    doc="The rope_scaling dict (rope_type and every key set), or None.")

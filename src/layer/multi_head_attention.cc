@@ -10,6 +10,7 @@
 #include "attn/io.hpp"
 #include "attention_problem.hpp"
 #include "attn/positional.hpp"
+#include "attn/rope_scaling.hpp"
 #include "kernels/linear.hpp"
 #include "layer/random.hpp"
 
@@ -201,12 +202,31 @@ void MultiHeadAttentionConfig::validate() const {
          std::to_string(num_heads) + ")");
   if (key_dim() < 1) fail("kdim must be >= 1, got " + std::to_string(key_dim()));
   if (value_dim() < 1) fail("vdim must be >= 1, got " + std::to_string(value_dim()));
-  if (rope && head_dim() % 2 != 0)
-    fail("rope needs an even head dim, got embed_dim / num_heads = " + std::to_string(head_dim()));
   if (!(rope_base > 0) || !std::isfinite(rope_base))
     fail("rope_base must be a finite number > 0, got " + std::to_string(rope_base));
-  if (rope && extra_keys())
-    fail("rope with add_bias_kv or add_zero_attn is not supported: the appended keys have no position");
+  if (rope) {
+    const double share = rope_scaling.partial_rotary_factor;
+    const auto rotary = static_cast<int64_t>(double(head_dim()) * share);
+    if (rotary % 2 != 0)
+      fail(share == 1 ? "rope needs an even head dim, got embed_dim / num_heads = " + std::to_string(head_dim())
+                      : "rope needs an even rotary dim, got int(head_dim " + std::to_string(head_dim()) +
+                            " * partial_rotary_factor " + std::to_string(share) + ") = " + std::to_string(rotary));
+    int64_t sections = 0;
+    for (int64_t s : rope_scaling.mrope_section) sections += s;
+    if (!rope_scaling.mrope_section.empty() && sections != rotary / 2)
+      fail("rope_scaling's mrope_section must add up to the rotary dim / 2 = " + std::to_string(rotary / 2) +
+           ", got " + std::to_string(sections));
+    try {
+      rope_frequencies(rotary, rope_base, rope_scaling);  // every key checked now, not at the first forward
+    } catch (const ValueError& e) {
+      fail(e.what());
+    }
+  } else if (!(rope_scaling == RopeScaling{})) {
+    fail("rope_scaling is given but rope is off: pass rope=true");
+  }
+  for (const auto& [on, name] : {std::pair{rope, "rope"}, {alibi, "alibi"}})
+    if (on && extra_keys())
+      fail(std::string(name) + " with add_bias_kv or add_zero_attn is not supported: the appended keys have no position");
   if (!(dropout >= 0 && dropout <= 1))
     fail("dropout must be in [0, 1], got " + std::to_string(dropout));
 }
@@ -362,6 +382,7 @@ typename MultiHeadAttention<T>::Activations MultiHeadAttention<T>::forward_activ
   if (c.rope) {
     a.rope.base = c.rope_base;
     a.rope.interleaved = c.rope_interleaved;
+    a.rope.scaling = c.rope_scaling;
     a.rope.offset = cache ? cache->length() : 0;
     apply_rope(TensorView<const T>(qh), qh, a.rope);
     apply_rope(TensorView<const T>(kh), kh, a.rope);
@@ -371,6 +392,11 @@ typename MultiHeadAttention<T>::Activations MultiHeadAttention<T>::forward_activ
   a.ctx = seq_first(a) ? Tensor<T>({n_q, B, c.embed_dim}) : Tensor<T>({B, n_q, c.embed_dim});
   if (opt.need_weights) a.weights = Tensor<T>({B, H, n_q, a.n_k});
   a.attention = opt.attention;
+  if (c.alibi) {
+    if (!a.attention.alibi_slopes.empty())
+      fail("this layer has alibi on, which sets the slopes: pass no alibi_slopes of your own");
+    a.attention.alibi_slopes = alibi_slopes(H);
+  }
   const auto attend = [&](auto K, auto V) {
     using KV = std::remove_const_t<std::remove_reference_t<decltype(*K.data())>>;
     if constexpr (AttentionTypes<T, KV>)  // (a float64 cache holds float64 only)
@@ -658,6 +684,7 @@ std::map<std::string, std::string> to_metadata(const MultiHeadAttentionConfig& c
       {"bias", c.bias ? "true" : "false"},
       {"rope", c.rope ? "true" : "false"},
       {"rope_interleaved", c.rope_interleaved ? "true" : "false"},
+      {"alibi", c.alibi ? "true" : "false"},
       {"add_bias_kv", c.add_bias_kv ? "true" : "false"},
       {"add_zero_attn", c.add_zero_attn ? "true" : "false"},
       {"batch_first", c.batch_first ? "true" : "false"},
@@ -670,6 +697,7 @@ std::map<std::string, std::string> to_metadata(const MultiHeadAttentionConfig& c
   m["rope_base"] = number(c.rope_base);
   m["dropout"] = number(c.dropout);
   if (c.num_kv_heads) m["num_kv_heads"] = std::to_string(*c.num_kv_heads);
+  if (!(c.rope_scaling == RopeScaling{})) m["rope_scaling"] = rope_scaling_json(c.rope_scaling);
   return m;
 }
 
@@ -714,6 +742,14 @@ MultiHeadAttentionConfig from_metadata(const std::string& path,
   c.bias = get_bool("bias", true);
   c.rope = get_bool("rope", false);
   c.rope_interleaved = get_bool("rope_interleaved", false);
+  c.alibi = get_bool("alibi", false);
+  if (const auto it = m.find("rope_scaling"); it != m.end()) {
+    try {
+      c.rope_scaling = parse_rope_scaling(it->second);
+    } catch (const ValueError& e) {
+      bad(std::string("metadata 'rope_scaling': ") + e.what());
+    }
+  }
   c.add_bias_kv = get_bool("add_bias_kv", false);
   c.add_zero_attn = get_bool("add_zero_attn", false);
   c.batch_first = get_bool("batch_first", true);
