@@ -22,8 +22,12 @@ struct MhaArgs {
 int run_mha(const MhaArgs& args);
 
 struct PeArgs {
-  int64_t n = 0, d = 0;
+  std::string encoding = "sinusoidal";  // sinusoidal, rope or alibi
+  int64_t n = 0;  // positions (alibi: distances)
+  int64_t d = 0;  // sinusoidal: model dimension; rope: rotated dimension
+  int64_t heads = 8;  // alibi
   double base = 10000.0;
+  std::string scaling;  // rope: a rope_scaling dict as JSON; empty: none
   std::string out;  // .npy, .csv, .png or .svg
 };
 int run_pe(const PeArgs& args);

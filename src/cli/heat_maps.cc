@@ -1,8 +1,22 @@
 #include "cli/heat_maps.hpp"
 
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <numbers>
 #include <sstream>
 
 namespace attn::cli {
+namespace {
+
+// A number as a label: 4 significant digits.
+std::string number_text(double x) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%.4g", x);
+  return text;
+}
+
+}  // namespace
 
 std::string encoding_picture(const std::string& path, const Tensor<float>& table) {
   HeatMap map;
@@ -16,6 +30,57 @@ std::string encoding_picture(const std::string& path, const Tensor<float>& table
   options.vmin = -1;
   options.vmax = 1;
   options.scale_title = "sin or cos";
+  return encode_picture(path, {map}, options);
+}
+
+std::string rope_picture(const std::string& path, const Tensor<double>& plain, double base,
+                         const RopeScaling& scaling, double attention_factor,
+                         const Tensor<double>& scaled) {
+  const int64_t n = plain.dim(0), pairs = plain.dim(1);
+  // Drawn one pair per row, positions along it: a wide picture, as a page wants.
+  const auto turned = [&](const Tensor<double>& angles, std::string title) {
+    HeatMap map;
+    map.title = std::move(title);
+    map.values = Tensor<double>({pairs, n});
+    const double turn = 2 * std::numbers::pi;
+    for (int64_t t = 0; t < n; ++t)
+      for (int64_t k = 0; k < pairs; ++k) {
+        const double a = angles[t * pairs + k];
+        map.values[k * n + t] = a - turn * std::floor(a / turn);
+      }
+    map.row_axis = "frequency pair";
+    map.col_axis = "position";
+    return map;
+  };
+  char text[160];
+  std::snprintf(text, sizeof text, "RoPE, d=%lld, base %g", static_cast<long long>(2 * pairs), base);
+  std::vector<HeatMap> maps{turned(plain, text)};
+  if (scaled.rank()) {
+    const std::string factor = scaling.factor ? ", factor " + number_text(*scaling.factor) : "";
+    std::snprintf(text, sizeof text, "%s scaling%s, attention factor %.4g", rope_type_name(scaling.rope_type).c_str(),
+                  factor.c_str(), attention_factor);
+    maps.push_back(turned(scaled, text));
+  }
+  PictureOptions options;
+  options.columns = 1;                                     // one above the other: positions line up
+  options.cell_px = std::clamp<int64_t>(640 / std::max<int64_t>(n, 1), 1, 40);  // about 640 pixels wide
+  options.vmin = 0;
+  options.vmax = 2 * std::numbers::pi;
+  options.scale_title = "angle mod 2π (radians)";
+  return encode_picture(path, maps, options);
+}
+
+std::string alibi_picture(const std::string& path, const Tensor<double>& bias,
+                          const std::vector<double>& slopes) {
+  HeatMap map;
+  map.title = "ALiBi, " + std::to_string(bias.dim(0)) + " heads";
+  map.values = bias;
+  for (double s : slopes) map.row_labels.push_back(number_text(s));
+  map.row_axis = "head (its slope)";
+  map.col_axis = "distance p - j";
+  PictureOptions options;
+  options.cell_px = std::clamp<int64_t>(640 / std::max<int64_t>(bias.dim(1), 1), 1, 40);  // about 640 pixels wide
+  options.scale_title = "bias added to the logit";
   return encode_picture(path, {map}, options);
 }
 

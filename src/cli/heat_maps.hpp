@@ -1,5 +1,5 @@
-// The heat maps the CLI draws: the sinusoidal table, and attention weights
-// head by head. Each gives the bytes of the picture for `path` (.png or .svg
+// The heat maps the CLI draws: the positional encodings (the sinusoidal
+// table, RoPE's angles, ALiBi's biases), and attention weights head by head. Each gives the bytes of the picture for `path` (.png or .svg
 // by its extension) without writing it, so that a command can check a picture
 // before it writes its other outputs (attend does: a picture too large to draw
 // leaves no .npy behind).
@@ -9,11 +9,24 @@
 #include <vector>
 
 #include "attn/picture.hpp"
+#include "attn/rope_scaling.hpp"
 
 namespace attn::cli {
 
 // The table (n, d) as one map, on the scale [-1, 1] of sin and cos.
 std::string encoding_picture(const std::string& path, const Tensor<float>& table);
+
+// RoPE's angles (n, d/2), drawn as one row per frequency pair along the
+// positions, mod 2π (so that each stripe along a row is one full turn):
+// `plain` for base alone and, when `scaled` is not empty, under it the angles
+// with `scaling`, whose attention factor the title gives.
+std::string rope_picture(const std::string& path, const Tensor<double>& plain, double base,
+                         const RopeScaling& scaling, double attention_factor,
+                         const Tensor<double>& scaled);
+
+// ALiBi's bias (heads, n) by head and distance, each head labelled with its slope.
+std::string alibi_picture(const std::string& path, const Tensor<double>& bias,
+                          const std::vector<double>& slopes);
 
 // The scale of probabilities, [0, 1], comparable from one picture to the next.
 PictureOptions probability_scale();

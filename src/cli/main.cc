@@ -132,21 +132,49 @@ void add_demo(CLI::App& app, Command& chosen) {
 }
 
 void add_pe(CLI::App& app, Command& chosen) {
-  auto* pe = app.add_subcommand("pe", "write the sinusoidal positional-encoding table");
+  auto* pe = app.add_subcommand(
+      "pe", "write a positional encoding: the sinusoidal table, RoPE's angles or ALiBi's biases");
   auto args = on_chosen(pe, chosen, attn::cli::run_pe);
-  pe->add_option("--n", args->n, "number of positions (rows)")
+  pe->add_option("--encoding", args->encoding,
+                 "sinusoidal (the article's table), rope (each frequency pair's angle by position) "
+                 "or alibi (each head's bias by distance)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"sinusoidal", "rope", "alibi"}));
+  pe->add_option("--n", args->n, "number of positions (rows; alibi: distances 0..n-1)")
       ->required()
       ->check(integer_in<int64_t>(0, kMaxPositions));
-  pe->add_option("--d", args->d, "model dimension (columns)")
-      ->required()
-      ->check(integer_in<int64_t>(1, kMaxDim));
-  pe->add_option("--base", args->base, "base of the wavelengths")
-      ->capture_default_str()
-      ->check(positive_finite());
+  auto* d = pe->add_option("--d", args->d, "model dimension (sinusoidal) or rotated dimension, even (rope)")
+                ->check(integer_in<int64_t>(1, kMaxDim));
+  auto* heads = pe->add_option("--heads", args->heads, "alibi: number of heads")
+                    ->capture_default_str()
+                    ->check(integer_in<int64_t>(1, kMaxDim));
+  auto* base = pe->add_option("--base", args->base, "base of the wavelengths (sinusoidal, rope)")
+                   ->capture_default_str()
+                   ->check(positive_finite());
+  auto* scaling = pe->add_option("--scaling", args->scaling,
+                                 "rope: a rope_scaling dict as JSON (Hugging Face's form), e.g. "
+                                 "'{\"rope_type\": \"linear\", \"factor\": 8}'; pictures show the "
+                                 "angles without and with it side by side");
   pe->add_option("--out", args->out,
-                 "output file: .npy (float32), .csv, .png or .svg (a heat map)")
+                 "output file: .npy, .csv (the table, the angles in radians, the biases), "
+                 ".png or .svg (a heat map)")
       ->required()
       ->check(extension_in({".npy", ".csv", ".png", ".svg"}));
+  // Which flags go with which encoding: a usage error otherwise.
+  pe->parse_complete_callback([args, d, heads, base, scaling] {
+    const std::string& e = args->encoding;
+    const auto refuse = [&](CLI::Option* o, const char* why) {
+      if (o->count()) throw CLI::ValidationError(o->get_name(), why);
+    };
+    if (e == "alibi") {
+      refuse(d, "does not apply to --encoding alibi (its size is --heads)");
+      refuse(base, "does not apply to --encoding alibi");
+    } else {
+      if (!d->count()) throw CLI::ValidationError("--d", "is required for --encoding " + e);
+      refuse(heads, "applies to --encoding alibi only");
+    }
+    if (e != "rope") refuse(scaling, "applies to --encoding rope only");
+  });
 }
 
 void add_attend(CLI::App& app, Command& chosen) {

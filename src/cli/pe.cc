@@ -1,7 +1,11 @@
-// `attn pe`: the sinusoidal table as an array (.npy, .csv) or a picture
-// (.png, .svg).
+// `attn pe`: a positional encoding as an array (.npy, .csv) or a picture
+// (.png, .svg): the article's sinusoidal table, RoPE's angles (with and
+// without a rope_scaling), ALiBi's biases.
 #include <cstdio>
+#include <optional>
 #include <string>
+#include <type_traits>
+#include <vector>
 
 #include "attn/attn.hpp"
 #include "attn/file.hpp"
@@ -13,31 +17,67 @@
 namespace attn::cli {
 namespace {
 
-// One row per position, d comma-separated values, each read back as the same float (np.loadtxt(f, delimiter=",")).
-std::string csv(const Tensor<float>& table) {
+// One row per line, comma-separated values, each read back as the same
+// number (np.loadtxt(f, delimiter=",")): 9 digits for float32, 17 for float64.
+template <class T>
+std::string csv(const Tensor<T>& table) {
   std::string text;
-  char value[32];
+  char value[40];
+  const int digits = std::is_same_v<T, float> ? 9 : 17;
   for (int64_t p = 0; p < table.dim(0); ++p)
     for (int64_t i = 0; i < table.dim(1); ++i) {
-      std::snprintf(value, sizeof value, "%.9g%c", double(table[p * table.dim(1) + i]),
+      std::snprintf(value, sizeof value, "%.*g%c", digits, double(table[p * table.dim(1) + i]),
                     i + 1 < table.dim(1) ? ',' : '\n');
       text += value;
     }
   return text;
 }
 
+// The table as the file its extension names; `picture` draws it.
+template <class T, class Picture>
+void write_table(const std::string& path, const Tensor<T>& table, Picture picture) {
+  const std::string ext = lower_extension(path);
+  if (ext == ".npy") write_npy(path, table.view());
+  else if (ext == ".csv") write_file(path, {csv(table)});
+  else write_file(path, {picture()});
+}
+
+// RoPE's angle θ[t, k] = t · inv_freq[k] of pair k at position t (n, d/2),
+// in double, for positions 0..n-1 (so the length-dependent scalings see n).
+Tensor<double> rope_angles(int64_t n, const RopeFrequencies& f) {
+  const auto half = static_cast<int64_t>(f.inv_freq.size());
+  Tensor<double> angles({n, half});
+  for (int64_t t = 0; t < n; ++t)
+    for (int64_t k = 0; k < half; ++k) angles[t * half + k] = double(t) * f.inv_freq[k];
+  return angles;
+}
+
 }  // namespace
 
 int run_pe(const PeArgs& args) {
-  // float32, as attn.positional_encoding gives by default (angles in double).
-  const auto table = sinusoidal_encoding<float>(args.n, args.d, args.base);
-  const std::string ext = lower_extension(args.out);
-  if (ext == ".npy")
-    write_npy(args.out, table.view());
-  else if (ext == ".csv")
-    write_file(args.out, {csv(table)});
-  else
-    write_file(args.out, {encoding_picture(args.out, table)});
+  if (args.encoding == "sinusoidal") {
+    // float32, as attn.positional_encoding gives by default (angles in double).
+    const auto table = sinusoidal_encoding<float>(args.n, args.d, args.base);
+    write_table(args.out, table, [&] { return encoding_picture(args.out, table); });
+  } else if (args.encoding == "rope") {
+    if (args.d % 2 != 0)
+      throw ValueError("--d must be even for rope (it rotates pairs of features), got " + std::to_string(args.d));
+    const RopeScaling scaling = args.scaling.empty() ? RopeScaling{} : parse_rope_scaling(args.scaling);
+    const std::optional<int64_t> seq_len = args.n;
+    const auto plain = rope_angles(args.n, rope_frequencies(args.d, args.base, {}, seq_len));
+    const RopeFrequencies scaled = rope_frequencies(args.d, args.base, scaling, seq_len);
+    const auto angles = rope_angles(args.n, scaled);
+    write_table(args.out, angles, [&] {
+      return args.scaling.empty() ? rope_picture(args.out, plain, args.base, {}, 1.0, {})
+                                  : rope_picture(args.out, plain, args.base, scaling, scaled.attention_factor, angles);
+    });
+  } else {
+    const std::vector<double> slopes = alibi_slopes(args.heads);
+    Tensor<double> bias({args.heads, args.n});
+    for (int64_t h = 0; h < args.heads; ++h)
+      for (int64_t t = 0; t < args.n; ++t) bias[h * args.n + t] = 0.0 - slopes[h] * double(t);  // +0 at t = 0
+    write_table(args.out, bias, [&] { return alibi_picture(args.out, bias, slopes); });
+  }
   return 0;
 }
 

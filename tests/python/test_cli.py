@@ -94,6 +94,65 @@ def test_pe_pictures(tmp_path):
     assert width > 10 and height > 12
 
 
+def test_pe_rope_angles_and_their_scaling(tmp_path):
+    # the angles t * base^(-2k/d) in radians, float64; with --scaling, the scaled ones
+    ok("pe", "--encoding", "rope", "--n", 20, "--d", 8, "--base", 100, "--out", tmp_path / "r.npy")
+    want = np.arange(20)[:, None] * 100.0 ** (-np.arange(0, 8, 2) / 8)
+    got = np.load(tmp_path / "r.npy")
+    assert got.dtype == np.float64 and np.allclose(got, want, rtol=1e-15, atol=0)
+    linear = '{"rope_type": "linear", "factor": 4}'
+    ok("pe", "--encoding", "rope", "--n", 20, "--d", 8, "--base", 100, "--scaling", linear,
+       "--out", tmp_path / "r.csv")
+    assert np.allclose(np.loadtxt(tmp_path / "r.csv", delimiter=","), want / 4, rtol=1e-15, atol=0)
+    # the picture: the plain and the scaled angles mod 2π, one row per pair along the positions
+    ok("pe", "--encoding", "rope", "--n", 20, "--d", 8, "--scaling", linear, "--out", tmp_path / "r.svg")
+    _, maps = svg_maps(tmp_path / "r.svg")
+    assert [m["title"] for m in maps] == ["RoPE, d=8, base 10000",
+                                          "linear scaling, factor 4, attention factor 1"]
+    assert maps[0]["row_axis"] == "frequency pair" and maps[0]["col_axis"] == "position"
+    tip = maps[1]["tips"][1 * 20 + 13]  # pair 1, position 13
+    assert tip.startswith("frequency pair 1, position 13: ")
+    assert float(tip.split(": ")[1]) == pytest.approx(13 * 10000 ** -0.25 / 4, abs=1e-3)
+    turned = maps[0]["tips"][0 * 20 + 13]  # pair 0 turns a radian per position: 13 mod 2π
+    assert float(turned.split(": ")[1]) == pytest.approx(13 - 2 * (2 * np.pi), abs=1e-3)
+    yarn = '{"rope_type": "yarn", "factor": 4, "original_max_position_embeddings": 16}'
+    ok("pe", "--encoding", "rope", "--n", 20, "--d", 8, "--scaling", yarn, "--out", tmp_path / "y.svg")
+    _, maps = svg_maps(tmp_path / "y.svg")
+    assert maps[1]["title"] == "yarn scaling, factor 4, attention factor 1.139"
+    ok("pe", "--encoding", "rope", "--n", 20, "--d", 8, "--out", tmp_path / "plain.png")
+
+
+def test_pe_alibi_biases(tmp_path):
+    ok("pe", "--encoding", "alibi", "--n", 10, "--heads", 6, "--out", tmp_path / "a.npy")
+    slopes = attn.alibi_slopes(6)
+    got = np.load(tmp_path / "a.npy")
+    assert got.shape == (6, 10) and np.array_equal(got, -slopes[:, None] * np.arange(10))
+    ok("pe", "--encoding", "alibi", "--n", 10, "--out", tmp_path / "a.svg")  # 8 heads by default
+    _, maps = svg_maps(tmp_path / "a.svg")
+    assert maps[0]["title"] == "ALiBi, 8 heads" and maps[0]["rows"][:2] == ["0.5", "0.25"]
+    assert maps[0]["col_axis"] == "distance p - j"
+
+
+@pytest.mark.parametrize("args, status, needle", [
+    (("--encoding", "alibi", "--n", 4, "--d", 8), 2, "--d: does not apply to --encoding alibi"),
+    (("--encoding", "rope", "--n", 4), 2, "--d: is required for --encoding rope"),
+    (("--n", 4, "--d", 4, "--scaling", '{"rope_type": "linear", "factor": 2}'), 2,
+     "--scaling: applies to --encoding rope only"),
+    (("--n", 4, "--d", 4, "--heads", 2), 2, "--heads: applies to --encoding alibi only"),
+    (("--encoding", "alibi", "--n", 4, "--base", 10), 2, "--base: does not apply"),
+    (("--encoding", "ntk", "--n", 4, "--d", 4), 2, "--encoding"),
+    (("--encoding", "rope", "--n", 4, "--d", 5), 1, "--d must be even for rope"),
+    (("--encoding", "rope", "--n", 4, "--d", 4, "--scaling", '{"rope_type": "yarn"'), 1, "not valid JSON"),
+    (("--encoding", "rope", "--n", 4, "--d", 4, "--scaling", '{"rope_type": "linear"}'), 1,
+     "rope_type 'linear' needs 'factor'"),
+])
+def test_pe_encoding_errors(tmp_path, args, status, needle):
+    out = tmp_path / "x.npy"
+    r = run("pe", *args, "--out", out)
+    assert r.returncode == status and needle in r.stderr and r.stderr.count("\n") == 1, r.stderr
+    assert not out.exists()
+
+
 # ---------------------------------------------------------------------------
 # attn attend
 
