@@ -15,13 +15,14 @@ namespace attn {
 // that." Sentences "A VERB B" (nouns A != B); the question "who does the
 // action?" (class: A) is read out from the mean over the tokens, a summary
 // with no position of its own. One model per positional variant, evaluated
-// on noun pairs never seen in training, each in both orders.
+// on noun pairs never seen in training, each in both orders. (ALiBi's slopes
+// follow the head count: 2 heads get 1/16 and 1/256, 8 heads 1/2 .. 1/256.)
 struct OrderExperimentOptions {
   int64_t steps = 600, batch_size = 64, embed_dim = 32, num_heads = 2;
   double learning_rate = 3e-3;
   uint64_t seed = 1;
   std::vector<Positional> variants{Positional::None, Positional::Sinusoidal, Positional::Learned,
-                                   Positional::Rope};
+                                   Positional::Rope, Positional::Alibi};
 };
 
 struct OrderVariantResult {

@@ -21,8 +21,9 @@ enum class Positional {
   Sinusoidal,  // the article's table, added to the embeddings (fixed)
   Learned,     // a learned absolute table, added to the embeddings
   Rope,        // q and k rotated in every layer
+  Alibi,       // ALiBi's bias on every layer's logits (BLOOM's slopes)
 };
-// "none", "sinusoidal", "learned", "rope"
+// "none", "sinusoidal", "learned", "rope", "alibi"
 Positional parse_positional(const std::string& name);
 std::string positional_name(Positional p);
 

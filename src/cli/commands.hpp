@@ -56,6 +56,7 @@ int run_bench(const BenchArgs& args);
 
 struct OrderArgs {
   std::optional<int64_t> steps;
+  int64_t heads = 2;
   uint64_t seed = 1;
   std::string out;  // folder for the weights; empty: none written
   bool json = false;

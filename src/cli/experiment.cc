@@ -16,6 +16,7 @@ namespace attn::cli {
 int run_order_experiment(const OrderArgs& args) {
   OrderExperimentOptions o;
   if (args.steps) o.steps = *args.steps;
+  o.num_heads = args.heads;
   o.seed = args.seed;
   // Before training: a bad folder must not cost the run.
   if (!args.out.empty()) make_folder(args.out, "experiment order");
@@ -40,15 +41,17 @@ int run_order_experiment(const OrderArgs& args) {
     for (const auto& v : r.variants)
       j["variants"][positional_name(v.positional)] = {{"accuracy", v.accuracy}, {"loss", v.loss}};
     j["test_sentences"] = r.test_sentences;
+    j["heads"] = o.num_heads;
     j["weights"] = files;
     std::printf("%s\n", j.dump(2).c_str());
     return 0;
   }
   std::printf("Who does the action? Sentences \"A VERB B\" over %zu nouns and %zu verbs, "
-              "answered from the mean over the tokens.\n"
+              "answered from the mean over the tokens (%lld heads).\n"
               "Trained on %lld noun pairs; tested on %lld sentences of held-out pairs, "
               "each also mirrored (\"B VERB A\").\n\n",
-              r.nouns.size(), r.verbs.size(), static_cast<long long>(r.train_pairs),
+              r.nouns.size(), r.verbs.size(), static_cast<long long>(o.num_heads),
+              static_cast<long long>(r.train_pairs),
               static_cast<long long>(r.test_sentences));
   std::printf("%-22s %9s %12s\n", "positional encoding", "accuracy", "train loss");
   for (const auto& v : r.variants)

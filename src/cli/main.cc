@@ -237,6 +237,10 @@ void add_experiment(CLI::App& app, Command& chosen) {
   auto order_args = on_chosen(order, chosen, attn::cli::run_order_experiment);
   add_training_flags(order, *order_args, "training steps per variant (default 600)",
                      "seed of data split, weights and batches");
+  order->add_option("--heads", order_args->heads,
+                    "heads of the layer (embed_dim 32: a divisor of it); ALiBi's slopes depend on it")
+      ->capture_default_str()
+      ->check(CLI::IsMember({1, 2, 4, 8, 16, 32}));
   order->add_option("--out", order_args->out,
                     "write each variant's head weights on 猫 咬 狗 / 狗 咬 猫 (.npy) into this "
                     "folder (none are written without it)");
@@ -246,8 +250,8 @@ void add_experiment(CLI::App& app, Command& chosen) {
   add_training_flags(heads, *heads_args, "training steps per head count (default 1500)",
                      "seed of weights, batches and test set");
   heads->add_option("--positional", heads_args->positional,
-                    "positional encoding: none, sinusoidal, learned or rope")
-      ->check(CLI::IsMember({"none", "sinusoidal", "learned", "rope"}))
+                    "positional encoding: none, sinusoidal, learned, rope or alibi")
+      ->check(CLI::IsMember({"none", "sinusoidal", "learned", "rope", "alibi"}))
       ->capture_default_str();
 }
 

@@ -17,8 +17,9 @@ Positional parse_positional(const std::string& name) {
   if (name == "sinusoidal") return Positional::Sinusoidal;
   if (name == "learned") return Positional::Learned;
   if (name == "rope") return Positional::Rope;
-  throw ValueError("positional encoding must be none, sinusoidal, learned or rope, got '" + name +
-                   "'");
+  if (name == "alibi") return Positional::Alibi;
+  throw ValueError("positional encoding must be none, sinusoidal, learned, rope or alibi, got '" +
+                   name + "'");
 }
 
 std::string positional_name(Positional p) {
@@ -27,6 +28,7 @@ std::string positional_name(Positional p) {
     case Positional::Sinusoidal: return "sinusoidal";
     case Positional::Learned: return "learned";
     case Positional::Rope: return "rope";
+    case Positional::Alibi: return "alibi";
   }
   return "?";
 }
@@ -47,6 +49,7 @@ Classifier::Classifier(const ClassifierConfig& c, uint64_t seed) : config_(c) {
   mc.embed_dim = c.embed_dim;
   mc.num_heads = c.num_heads;
   mc.rope = c.positional == Positional::Rope;
+  mc.alibi = c.positional == Positional::Alibi;
   for (int64_t l = 0; l < c.num_layers; ++l) layers_.emplace_back(mc, rng());
   readout_w_ = detail::uniform<double>({c.num_classes, c.embed_dim}, 1 / std::sqrt(double(c.embed_dim)), rng);
   readout_b_ = Tensor<double>({c.num_classes});

@@ -16,9 +16,9 @@ def test_order_json_and_weights(tmp_path):
                           "--out", str(tmp_path)], capture_output=True, text=True, check=True)
     assert out.stderr == ""  # no progress bar when stderr is not a terminal
     result = json.loads(out.stdout)
-    assert set(result["variants"]) == {"none", "sinusoidal", "learned", "rope"}
-    assert result["variants"]["none"]["accuracy"] <= 0.6
-    for variant in ("none", "sinusoidal", "learned", "rope"):
+    assert set(result["variants"]) == {"none", "sinusoidal", "learned", "rope", "alibi"}
+    assert result["variants"]["none"]["accuracy"] <= 0.6 and result["heads"] == 2
+    for variant in ("none", "sinusoidal", "learned", "rope", "alibi"):
         cat = np.load(tmp_path / f"order_{variant}_cat_bites_dog.npy")
         dog = np.load(tmp_path / f"order_{variant}_dog_bites_cat.npy")
         assert cat.shape == dog.shape == (2, 3, 3)
@@ -36,6 +36,14 @@ def test_heads_json():
     assert set(result["heads"]) == {"1", "2", "4", "8"}
     assert len({h["parameters"] for h in result["heads"].values()}) == 1
     assert [len(result["heads"][h]["top_positions"]) for h in ("1", "2", "4", "8")] == [1, 2, 4, 8]
+
+
+def test_order_heads():
+    out = subprocess.run([CLI, "experiment", "order", "--steps", "20", "--heads", "8", "--json"],
+                         capture_output=True, text=True, check=True)
+    assert json.loads(out.stdout)["heads"] == 8
+    bad = subprocess.run([CLI, "experiment", "order", "--heads", "3"], capture_output=True, text=True)
+    assert bad.returncode == 2 and "--heads" in bad.stderr
 
 
 def test_bad_flag_is_a_usage_error():
