@@ -152,9 +152,25 @@ struct AlibiEpilogue {
   HWY_INLINE VF operator()(DF d, int r, int64_t col, VF x) const { return WithAlibi(d, slope2, first[r], col, x); }
 };
 
+// ALiBi on one head's rows of an item: the slope in base 2 and each row's
+// anchor (AlibiAnchor), worked out once per head, not per row and tile.
+struct AlibiRows {
+  float slope2 = 0;
+  int64_t anchor[kBlockQ];
+
+  void Set(const Item& it, int64_t h) {
+    const auto& p = it.p;
+    if (p.alibi.empty()) return;
+    slope2 = Base2(p.alibi[h]);
+    for (int64_t r = 0; r < it.rows; ++r)
+      anchor[r] = AlibiAnchor(p.alibi[h], allowed_keys(it.i0 + r, p.n_q, p.n_k, p.causal, p.window));
+  }
+};
+
 // S = masked, softcapped scores of row block rb (head h) against key tile kt,
 // ALiBi's bias added; row r at s + r · kBlockK.
-void Scores(DF d, const Item& it, int64_t h, int64_t kt, const RowBlock& rb, float* s) {
+void Scores(DF d, const Item& it, int64_t h, int64_t kt, const RowBlock& rb, const AlibiRows& alibi,
+            float* s) {
   const auto& p = it.p;
   const int64_t j0 = kt * kBlockK, jn = std::min(kBlockK, p.n_k - j0);
   const int64_t i0 = it.i0 + rb.r0;
@@ -169,10 +185,9 @@ void Scores(DF d, const Item& it, int64_t h, int64_t kt, const RowBlock& rb, flo
     const float* panel = it.kpack + kt * p.d * kBlockK;
     if (alibi_now) {
       int64_t first[kRows];
-      for (int r = 0; r < rows; ++r)
-        first[r] = j0 - AlibiAnchor(p.alibi[h], allowed_keys(i0 + r0 + r, p.n_q, p.n_k, p.causal, p.window));
+      for (int r = 0; r < rows; ++r) first[r] = j0 - alibi.anchor[rb.r0 + r0 + r];
       MatmulPanel(d, q, rows, p.d, panel, ScoreScale(p), s + r0 * kBlockK, kBlockK,
-                  AlibiEpilogue{Base2(p.alibi[h]), first});
+                  AlibiEpilogue{alibi.slope2, first});
     } else {
       MatmulPanel(d, q, rows, p.d, panel, ScoreScale(p), s + r0 * kBlockK, kBlockK);
     }
@@ -180,11 +195,8 @@ void Scores(DF d, const Item& it, int64_t h, int64_t kt, const RowBlock& rb, flo
   if (p.softcap > 0) Softcap(d, p.softcap, s, rb.rows * kBlockK);
   if (inside && !p.mask.present()) {
     if (p.alibi.empty() || alibi_now) return;
-    const double slope = p.alibi[h];
-    for (int r = 0; r < rb.rows; ++r) {
-      const KeyRange kr = allowed_keys(i0 + r, p.n_q, p.n_k, p.causal, p.window);
-      AddAlibi(d, Base2(slope), j0 - AlibiAnchor(slope, kr), kBlockK, s + r * kBlockK);
-    }
+    for (int r = 0; r < rb.rows; ++r)
+      AddAlibi(d, alibi.slope2, j0 - alibi.anchor[rb.r0 + r], kBlockK, s + r * kBlockK);
     return;
   }
   const float ninf = -std::numeric_limits<float>::infinity();
@@ -207,6 +219,7 @@ struct ItemState {
   float* o;                // unnormalised output rows, rows × dvp
   float* l_lanes;          // per-lane running sums, rows × lanes
   RowBlock blocks[kBlockQ / kBlockRows];
+  AlibiRows alibi;         // of the head being processed
   float m[kBlockQ], l[kBlockQ];
 };
 
@@ -256,7 +269,7 @@ HWY_INLINE void SoftmaxPass(DF d, const Item& it, int64_t h, bool pack, ItemStat
     for (int64_t r0 = 0; r0 < it.rows; r0 += kBlockRows) {
       const RowBlock& rb = st.blocks[r0 / kBlockRows];
       if (rb.masks_all(j0, jn)) continue;
-      Scores(d, it, h, kt, rb, s);
+      Scores(d, it, h, kt, rb, st.alibi, s);
       const int rows = rb.rows;
       for (int r = 0; r < rows; ++r) {
         float* orow = o + (r0 + r) * dvp;
@@ -299,7 +312,7 @@ void WriteWeights(DF d, const Item& it, int64_t h, ItemState& st) {
     for (int64_t r0 = 0; r0 < it.rows; r0 += kBlockRows) {
       const RowBlock& rb = st.blocks[r0 / kBlockRows];
       if (rb.masks_all(j0, jn)) continue;
-      Scores(d, it, h, kt, rb, s);
+      Scores(d, it, h, kt, rb, st.alibi, s);
       for (int r = 0; r < rb.rows; ++r) {
         const int64_t i = r0 + r;
         if (st.l[i] == 0) continue;
@@ -318,6 +331,7 @@ void ProcessItem(DF d, const Item& it) {
   ItemState st = StartItem(d, it);
   for (int64_t g = 0; g < it.p.group(); ++g) {
     const int64_t h = it.hkv * it.p.group() + g;
+    st.alibi.Set(it, h);
     SoftmaxPass(d, it, h, it.pack && g == 0, st);
     WriteOutput(d, it, h, st);
     if (it.p.weights) WriteWeights(d, it, h, st);
