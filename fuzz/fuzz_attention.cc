@@ -1,4 +1,5 @@
-// attention() on fuzzed shapes, strides, masks, options and values. Every
+// attention() on fuzzed shapes, strides, masks, options (ALiBi's slopes
+// among them) and values. Every
 // call either refuses with attn::Error or writes its outputs and nothing else
 // (guard cells intact). The float32 kernel (float32, bfloat16 or fp16 keys
 // and values) and the float64 reference accept exactly the same calls; on
@@ -123,6 +124,14 @@ Case read_case(fuzz::Input& in, int kv_bits) {
   const double mask_values[] = {0, 0, 0, -1, 0.5, -kInf};
   c.values.mask.resize(static_cast<size_t>(checked_numel(c.mask, 8, "fuzz")));
   for (double& m : c.values.mask) m = c.mask_kind == 1 ? rng() % 5 != 0 : mask_values[rng() % 6];
+
+  // ALiBi (read last, so that the older corpus keeps its meaning): a slope
+  // per query head, now and then a wrong count or a slope that is not finite.
+  if (in.byte() >= 160) {
+    const double slopes[] = {0.5, 0.25, 1.0 / 256, 0, -0.5, 2, 1e30, kNaN, kInf};
+    const int64_t count = in.byte() < 240 ? (rank >= 3 ? hq : 1) : in.in(0, 5);
+    for (int64_t h = 0; h < count; ++h) c.options.alibi_slopes.push_back(in.pick(slopes));
+  }
   return c;
 }
 
@@ -137,6 +146,7 @@ std::string describe(const Case& c) {
          (o.scale ? std::to_string(*o.scale) : "default") + " causal " +
          std::to_string(static_cast<int>(o.causal)) + " window " + std::to_string(o.window.left) +
          "," + std::to_string(o.window.right) + " softcap " + std::to_string(o.softcap) +
+         " alibi slopes " + std::to_string(o.alibi_slopes.size()) +
          (c.values.finite ? "" : " with a non-finite value");
 }
 

@@ -1,6 +1,7 @@
 // The C API (attn/attn.h) on fuzzed descriptors: dtypes (valid or not),
 // ranks, shapes, strides (negative, zero, padded), NULL pointers, shapes and
-// strides no memory can have, and options structs of any size. Each
+// strides no memory can have, and options structs of any size (ALiBi's slopes
+// among their fields). Each
 // descriptor that claims memory has it (a buffer as large as its strides
 // reach): then attn_attention and attn_rope must return a status, with a
 // message exactly when it is not ATTN_OK, and never crash. A RUNTIME status
@@ -170,6 +171,13 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     if (with_mask) read_descriptor(in, rng, mask, in.pick(mask_dtypes), {n_q, n_k});
     LongerOptions options;
     const attn_options* o = read_options(in, options);
+    // ALiBi's slopes, one per query head (read last: the older corpus keeps its meaning).
+    Descriptor slopes;
+    const int slope_dtypes[] = {ATTN_F64, ATTN_F64, ATTN_F32, ATTN_BOOL};
+    if (o && in.byte() >= 192) {
+      read_descriptor(in, rng, slopes, in.pick(slope_dtypes), {heads ? q_heads : 1});
+      options.options.alibi_slopes = slopes.get();
+    }
     check(attn_attention(q.get(), k.get(), v.get(), with_mask ? mask.get() : nullptr, o, out.get()),
           "attn_attention");
   } else {

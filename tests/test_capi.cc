@@ -3,6 +3,7 @@
 // stride, a dtype). tests/c/test_capi.c checks the values themselves.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
 #include <random>
@@ -39,6 +40,7 @@ TEST(Capi, AttentionWithMaskAndOptionsIsTheCppResult) {
   options.window = {3, 1};
   options.scale = 0.4;
   options.softcap = 2.5;
+  options.alibi_slopes = alibi_slopes(4);
   const Tensor<float> want = attention<float, float>(q.view(), k.view(), v.view(), options, mask.view());
 
   attn_options c_options;
@@ -48,6 +50,10 @@ TEST(Capi, AttentionWithMaskAndOptionsIsTheCppResult) {
   c_options.window_right = 1;
   c_options.scale = 0.4;
   c_options.softcap = 2.5;
+  Tensor<double> slopes({4});
+  std::copy(options.alibi_slopes.begin(), options.alibi_slopes.end(), slopes.data());
+  const attn_tensor c_slopes = descriptor(slopes, ATTN_F64);
+  c_options.alibi_slopes = &c_slopes;
   Tensor<float> got(want.shape());
   const attn_tensor cq = descriptor(q, ATTN_F32), ck = descriptor(k, ATTN_F32),
                     cv = descriptor(v, ATTN_F32), cmask = descriptor(mask, ATTN_F32);

@@ -60,9 +60,12 @@ typedef struct {
   double softcap;       /* 0: off; > 0: logits = softcap * tanh(logits / softcap) */
   int64_t window_left;  /* -1: unbounded */
   int64_t window_right; /* -1: unbounded */
+  /* ALiBi: one slope per query head, F64 or F32 of shape (Hq); NULL: none.
+     Adds -slope[h] * (p - j) to the logits, p = i + (n_k - n_q). */
+  const attn_tensor* alibi_slopes;
 } attn_options;
 
-/* The defaults: no causal mask, scale 1/sqrt(d), no softcap, no window. */
+/* The defaults: no causal mask, scale 1/sqrt(d), no softcap, no window, no ALiBi. */
 void attn_options_init(attn_options* options);
 
 /* softmax(q kᵀ · scale + mask) v into out (..., Hq, n_q, d_v), as
@@ -83,6 +86,19 @@ int attn_sinusoidal_encoding(int64_t n, int64_t d, double base, attn_tensor* out
    rotate the first r features, 0 for all. */
 int attn_rope(const attn_tensor* x, const int64_t* positions, double base, int32_t interleaved,
               int64_t rotary_dim, attn_tensor* out);
+
+/* RoPE's frequencies (attn::rope_frequencies): rotary_dim / 2 doubles into
+   inv_freq and the factor cos and sin are multiplied by into
+   attention_factor, for base and rope_scaling, a Hugging Face rope_scaling
+   dict as JSON text ("{\"rope_type\": \"llama3\", ...}"; NULL: none).
+   seq_len: the sequence length the dynamic and longrope types depend on;
+   negative: the original context. */
+int attn_rope_frequencies(int64_t rotary_dim, double base, const char* rope_scaling, int64_t seq_len,
+                          double* inv_freq, double* attention_factor);
+
+/* ALiBi's slopes for num_heads heads into slopes (num_heads doubles):
+   BLOOM's for max_bias 8 (attn::alibi_slopes). */
+int attn_alibi_slopes(int64_t num_heads, double max_bias, double* slopes);
 
 /* attn::MultiHeadAttention<float>, and its KV cache. */
 typedef struct attn_mha attn_mha;

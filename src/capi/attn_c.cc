@@ -10,12 +10,15 @@
 #include <cstring>
 #include <limits>
 #include <new>
+#include <optional>
 #include <string>
+#include <vector>
 
 #include "attn/attention.hpp"
 #include "attn/file.hpp"
 #include "attn/multi_head_attention.hpp"
 #include "attn/positional.hpp"
+#include "attn/rope_scaling.hpp"
 #include "attn/threads.hpp"
 
 struct attn_mha {
@@ -195,6 +198,7 @@ attn::AttentionOptions options_of(const attn_options* given, const char* functio
     take(o.softcap, given->softcap);
     take(o.window_left, given->window_left);
     take(o.window_right, given->window_right);
+    take(o.alibi_slopes, given->alibi_slopes);
   }
   attn::AttentionOptions a;
   switch (o.causal) {
@@ -208,6 +212,21 @@ attn::AttentionOptions options_of(const attn_options* given, const char* functio
   if (o.scale != 0) a.scale = o.scale;
   a.softcap = o.softcap;
   a.window = {o.window_left, o.window_right};
+  if (o.alibi_slopes) {
+    const Layout l = layout_of(o.alibi_slopes, function, "options.alibi_slopes");
+    if (l.shape.size() != 1)
+      fail(function, "options.alibi_slopes", "must be one slope per query head, shape (Hq), got " +
+                                                 attn::shape_str(l.shape));
+    const auto read = [&](auto element) {
+      using T = decltype(element);
+      const TensorView<const T> v = view_of<const T>(o.alibi_slopes, l);
+      for (int64_t h = 0; h < l.shape[0]; ++h) a.alibi_slopes.push_back(v.at({h}));
+    };
+    if (l.dtype == ATTN_F64) read(double{});
+    else if (l.dtype == ATTN_F32) read(float{});
+    else unsupported(function, std::string("options.alibi_slopes: dtype ") + dtype_name(l.dtype) +
+                                   " is not F64 or F32");
+  }
   return a;
 }
 
@@ -323,6 +342,28 @@ int attn_rope(const attn_tensor* x, const int64_t* positions, double base, int32
     if (lx.dtype == ATTN_F32)
       return attn::apply_rope(view_of<const float>(x, lx), view_of<float>(out, lo), options, pos);
     attn::apply_rope(view_of<const double>(x, lx), view_of<double>(out, lo), options, pos);
+  });
+}
+
+int attn_rope_frequencies(int64_t rotary_dim, double base, const char* rope_scaling, int64_t seq_len,
+                          double* inv_freq, double* attention_factor) {
+  return guarded([&] {
+    const char* fn = "attn_rope_frequencies";
+    require(attention_factor, fn, "attention_factor");
+    if (rotary_dim > 0) require(inv_freq, fn, "inv_freq");
+    const attn::RopeScaling scaling = rope_scaling ? attn::parse_rope_scaling(rope_scaling) : attn::RopeScaling{};
+    const attn::RopeFrequencies f = attn::rope_frequencies(
+        rotary_dim, base, scaling, seq_len < 0 ? std::nullopt : std::optional<int64_t>(seq_len));
+    std::copy(f.inv_freq.begin(), f.inv_freq.end(), inv_freq);
+    *attention_factor = f.attention_factor;
+  });
+}
+
+int attn_alibi_slopes(int64_t num_heads, double max_bias, double* slopes) {
+  return guarded([&] {
+    const std::vector<double> s = attn::alibi_slopes(num_heads, max_bias);
+    require(slopes, "attn_alibi_slopes", "slopes");
+    std::copy(s.begin(), s.end(), slopes);
   });
 }
 

@@ -17,8 +17,8 @@ void check_base(double base, const char* what) {
                      std::to_string(base));
 }
 
-// A rope call checked once: the rotated width, the positions as a view
-// broadcast to x's rows, and where each pair's angle comes from.
+// A rope call checked once: the rotated width, each pair's M-RoPE section,
+// and the positions as a view broadcast to x's rows.
 struct RopePlan {
   int64_t d = 0, n = 0, r = 0, half = 0;
   Shape rows_shape;                // x's shape without its last axis
@@ -109,16 +109,16 @@ RopePlan plan_rope(const TensorView<const T>& x, const TensorView<T>& out, const
       throw ValueError("rope: positions offset + 0.." + std::to_string(p.n - 1) +
                        " overflow int64 (offset " + std::to_string(opt.offset) + ")");
     p.min_position = opt.offset;
-    p.max_position = opt.offset + p.n - 1;
+    p.max_position = opt.offset + (p.n - 1);  // (offset + n may overflow: the last position just fits)
   }
   return p;
 }
 
-// Turns pair k of each row by the angle whose cos and sin `angles` gives,
-// times `direction` on the sine: +1 is RoPE, -1 its backward (a rotation's
-// transpose is the rotation by -angle). angles(index, c, s) fills c[k] and
-// s[k] for the row at `index` (x's index without its last axis) and returns
-// them, or pointers to them.
+// Turns pair k of each row by the angle whose cos and sin `angles` gives:
+// angles(index) returns pointers (c, s) to them for the row at `index` (x's
+// index without its last axis), the sine already times the direction (+1
+// for RoPE, -1 for its backward: a rotation's transpose is the rotation by
+// -angle) and both times the attention factor.
 template <class T, class Angles>
 void rotate_rows(const TensorView<const T>& x, const TensorView<T>& out, const RopeOptions& opt,
                  const RopePlan& p, Angles&& angles) {

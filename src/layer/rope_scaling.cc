@@ -372,6 +372,11 @@ RopeFrequencies rope_frequencies(int64_t rotary_dim, double base, const RopeScal
       break;
     }
   }
+  for (int64_t k = 0; k < half; ++k)
+    if (!std::isfinite(f.inv_freq[k]))
+      fail("pair " + std::to_string(k) + "'s frequency comes out as " + number_text(f.inv_freq[k]) +
+           " for base " + number_text(base) + " and rope_type '" + rope_type_name(s.rope_type) +
+           "': a factor or the base is too extreme");
   return f;
 }
 

@@ -73,12 +73,12 @@ static attn_tensor tensor(void* data, attn_dtype dtype, int32_t rank, const int6
 }
 
 /* Attention of one head, naively: q (nq, d), k (nk, d), v (nk, dv) with row
-   strides d, d and dv; allowed[i*nk+j] (NULL: all), causal/window/softcap as
-   docs/semantics.md states them. */
+   strides d, d and dv; allowed[i*nk+j] (NULL: all), causal/window/softcap and
+   the ALiBi slope (0: none) as docs/semantics.md states them. */
 static void reference_head(const double* q, const double* k, const double* v, int64_t nq,
                            int64_t nk, int64_t d, int64_t dv, const unsigned char* allowed,
                            int causal, int64_t left, int64_t right, double scale, double softcap,
-                           double* out) {
+                           double alibi, double* out) {
   int64_t i, j, c;
   for (i = 0; i < nq; ++i) {
     double logits[64], max = -INFINITY, sum = 0;
@@ -93,6 +93,7 @@ static void reference_head(const double* q, const double* k, const double* v, in
       for (c = 0; c < d; ++c) s += q[i * d + c] * k[j * d + c];
       s *= scale;
       if (softcap > 0) s = softcap * tanh(s / softcap);
+      s -= alibi * (double)(p - j);
       logits[j] = ok ? s : -INFINITY;
       if (logits[j] > max) max = logits[j];
     }
@@ -107,35 +108,47 @@ static void reference_head(const double* q, const double* k, const double* v, in
 }
 
 enum { HQ = 4, HKV = 2, NQ = 3, NK = 5, D = 4, DV = 3 };
+static const int64_t q_shape[] = {HQ, NQ, D}, k_shape[] = {HKV, NK, D}, v_shape[] = {HKV, NK, DV},
+                     out_shape[] = {HQ, NQ, DV};
+
+/* The attention tests' GQA problem (4 query heads over 2 kv heads): q, k and
+   v in float32 (behind the F32 descriptors tq, tk, tv; tout for the output)
+   and the same values in double. */
+static struct {
+  float q[HQ * NQ * D], k[HKV * NK * D], v[HKV * NK * DV], out[HQ * NQ * DV];
+  double qd[HQ * NQ * D], kd[HKV * NK * D], vd[HKV * NK * DV];
+  attn_tensor tq, tk, tv, tout;
+} gqa;
+
+static void random_gqa(uint32_t state) {
+  int i;
+  for (i = 0; i < HQ * NQ * D; ++i) gqa.q[i] = (float)(gqa.qd[i] = next_value(&state));
+  for (i = 0; i < HKV * NK * D; ++i) gqa.k[i] = (float)(gqa.kd[i] = next_value(&state));
+  for (i = 0; i < HKV * NK * DV; ++i) gqa.v[i] = (float)(gqa.vd[i] = next_value(&state));
+  gqa.tq = tensor(gqa.q, ATTN_F32, 3, q_shape);
+  gqa.tk = tensor(gqa.k, ATTN_F32, 3, k_shape);
+  gqa.tv = tensor(gqa.v, ATTN_F32, 3, v_shape);
+  gqa.tout = tensor(gqa.out, ATTN_F32, 3, out_shape);
+}
 
 static void test_attention(void) {
-  /* GQA (4 query heads over 2 kv heads), a bool mask broadcast over heads,
-     bottom-right causal, a window, softcap and scale all at once. */
-  static float q[HQ * NQ * D], k[HKV * NK * D], v[HKV * NK * DV], out[HQ * NQ * DV];
-  static double qd[HQ * NQ * D], kd[HKV * NK * D], vd[HKV * NK * DV], want[HQ * NQ * DV],
-      outd[HQ * NQ * DV];
+  /* A bool mask broadcast over heads, bottom-right causal, a window, softcap
+     and scale all at once. */
+  static double want[HQ * NQ * DV], outd[HQ * NQ * DV];
   _Bool mask[NQ * NK];
   unsigned char allowed[NQ * NK];
-  const int64_t q_shape[] = {HQ, NQ, D}, k_shape[] = {HKV, NK, D}, v_shape[] = {HKV, NK, DV},
-                out_shape[] = {HQ, NQ, DV}, mask_shape[] = {NQ, NK};
+  const int64_t mask_shape[] = {NQ, NK};
   const int64_t k_strides[] = {D * NK, 1, NK}; /* k stored transposed, in kt below */
-  uint32_t state = 1;
   int i, h;
-  attn_tensor tq, tk, tv, tout, tmask;
+  attn_tensor tmask;
   attn_options options;
-  for (i = 0; i < HQ * NQ * D; ++i) q[i] = (float)(qd[i] = next_value(&state));
-  for (i = 0; i < HKV * NK * D; ++i) k[i] = (float)(kd[i] = next_value(&state));
-  for (i = 0; i < HKV * NK * DV; ++i) v[i] = (float)(vd[i] = next_value(&state));
+  random_gqa(1);
   /* Query i may not attend key i + 1 (mod NK): with the causal window every
      row keeps two keys. */
   for (i = 0; i < NQ * NK; ++i) {
     allowed[i] = (unsigned char)(i % NK != (i / NK + 1) % NK);
     mask[i] = allowed[i] != 0;
   }
-  tq = tensor(q, ATTN_F32, 3, q_shape);
-  tk = tensor(k, ATTN_F32, 3, k_shape);
-  tv = tensor(v, ATTN_F32, 3, v_shape);
-  tout = tensor(out, ATTN_F32, 3, out_shape);
   tmask = tensor(mask, ATTN_BOOL, 2, mask_shape);
   attn_options_init(&options);
   options.causal = 1;
@@ -143,13 +156,13 @@ static void test_attention(void) {
   options.scale = 0.75;
   options.softcap = 1.5;
   for (h = 0; h < HQ; ++h)
-    reference_head(qd + h * NQ * D, kd + h / 2 * NK * D, vd + h / 2 * NK * DV, NQ, NK, D, DV,
-                   allowed, 1, 2, -1, 0.75, 1.5, want + h * NQ * DV);
-  CHECK(attn_attention(&tq, &tk, &tv, &tmask, &options, &tout) == ATTN_OK);
+    reference_head(gqa.qd + h * NQ * D, gqa.kd + h / 2 * NK * D, gqa.vd + h / 2 * NK * DV, NQ, NK, D, DV,
+                   allowed, 1, 2, -1, 0.75, 1.5, 0, want + h * NQ * DV);
+  CHECK(attn_attention(&gqa.tq, &gqa.tk, &gqa.tv, &tmask, &options, &gqa.tout) == ATTN_OK);
   CHECK(strcmp(attn_last_error(), "") == 0);
   /* float32 kernel (float32 dot products, exponentials and sums over at most
      5 keys of values in [-1, 1]) against double: a few float ulps, < 1e-5. */
-  expect_close_f(out, want, HQ * NQ * DV, 1e-5, __LINE__);
+  expect_close_f(gqa.out, want, HQ * NQ * DV, 1e-5, __LINE__);
 
   /* float64, defaults (NULL options), no mask, and k as a strided view: the
      reference path in double agrees to rounding (1e-12). */
@@ -158,16 +171,16 @@ static void test_attention(void) {
     int64_t kv, j, c;
     for (kv = 0; kv < HKV; ++kv)
       for (j = 0; j < NK; ++j)
-        for (c = 0; c < D; ++c) kt[kv * D * NK + c * NK + j] = kd[kv * NK * D + j * D + c];
-    tq = tensor(qd, ATTN_F64, 3, q_shape);
-    tk = tensor(kt, ATTN_F64, 3, k_shape);
-    tk.strides = k_strides;
-    tv = tensor(vd, ATTN_F64, 3, v_shape);
-    tout = tensor(outd, ATTN_F64, 3, out_shape);
+        for (c = 0; c < D; ++c) kt[kv * D * NK + c * NK + j] = gqa.kd[kv * NK * D + j * D + c];
+    gqa.tq = tensor(gqa.qd, ATTN_F64, 3, q_shape);
+    gqa.tk = tensor(kt, ATTN_F64, 3, k_shape);
+    gqa.tk.strides = k_strides;
+    gqa.tv = tensor(gqa.vd, ATTN_F64, 3, v_shape);
+    gqa.tout = tensor(outd, ATTN_F64, 3, out_shape);
     for (h = 0; h < HQ; ++h)
-      reference_head(qd + h * NQ * D, kd + h / 2 * NK * D, vd + h / 2 * NK * DV, NQ, NK, D, DV,
-                     NULL, 0, -1, -1, 1 / sqrt((double)D), 0, want + h * NQ * DV);
-    CHECK(attn_attention(&tq, &tk, &tv, NULL, NULL, &tout) == ATTN_OK);
+      reference_head(gqa.qd + h * NQ * D, gqa.kd + h / 2 * NK * D, gqa.vd + h / 2 * NK * DV, NQ, NK, D, DV,
+                     NULL, 0, -1, -1, 1 / sqrt((double)D), 0, 0, want + h * NQ * DV);
+    CHECK(attn_attention(&gqa.tq, &gqa.tk, &gqa.tv, NULL, NULL, &gqa.tout) == ATTN_OK);
     expect_close_d(outd, want, HQ * NQ * DV, 1e-12, __LINE__);
   }
 
@@ -181,9 +194,9 @@ static void test_attention(void) {
     old.causal = 2;
     old.scale = 123; /* past old.size: not read */
     for (h = 0; h < HQ; ++h)
-      reference_head(qd + h * NQ * D, kd + h / 2 * NK * D, vd + h / 2 * NK * DV, NQ, NK, D, DV,
-                     NULL, 2, -1, -1, 1 / sqrt((double)D), 0, want_causal + h * NQ * DV);
-    CHECK(attn_attention(&tq, &tk, &tv, NULL, &old, &tout) == ATTN_OK);
+      reference_head(gqa.qd + h * NQ * D, gqa.kd + h / 2 * NK * D, gqa.vd + h / 2 * NK * DV, NQ, NK, D, DV,
+                     NULL, 2, -1, -1, 1 / sqrt((double)D), 0, 0, want_causal + h * NQ * DV);
+    CHECK(attn_attention(&gqa.tq, &gqa.tk, &gqa.tv, NULL, &old, &gqa.tout) == ATTN_OK);
     expect_close_d(outd, want_causal, HQ * NQ * DV, 1e-12, __LINE__);
   }
   /* A newer, longer struct: zero extra bytes are fine, others refused. */
@@ -195,9 +208,9 @@ static void test_attention(void) {
     memset(&newer, 0, sizeof newer);
     attn_options_init(&newer.options);
     newer.options.size = sizeof newer;
-    CHECK(attn_attention(&tq, &tk, &tv, NULL, &newer.options, &tout) == ATTN_OK);
+    CHECK(attn_attention(&gqa.tq, &gqa.tk, &gqa.tv, NULL, &newer.options, &gqa.tout) == ATTN_OK);
     newer.future = 1;
-    EXPECT_ERROR(attn_attention(&tq, &tk, &tv, NULL, &newer.options, &tout),
+    EXPECT_ERROR(attn_attention(&gqa.tq, &gqa.tk, &gqa.tv, NULL, &newer.options, &gqa.tout),
                  ATTN_ERROR_INVALID_ARGUMENT, "extra bytes are not zero");
   }
 }
@@ -309,6 +322,65 @@ typedef struct {
 /* K and V as q8_0 blocks written here from codes and power-of-two scales
    (exact in fp16 and float), against the naive attention of the values they
    hold; a logical last axis that is not whole blocks is refused. */
+/* ALiBi through options.alibi_slopes (F64 or F32, one per query head) and
+   attn_alibi_slopes; RoPE's frequencies with a rope_scaling dict. */
+static void test_positional(void) {
+  static double want[HQ * NQ * DV];
+  const int64_t slopes_shape[] = {HQ}, three[] = {3}, square[] = {2, 2};
+  double slopes[HQ], inv_freq[4], factor;
+  float slopes32[HQ];
+  int i, h;
+  attn_tensor ts;
+  attn_options options;
+  CHECK(attn_alibi_slopes(HQ, 8.0, slopes) == ATTN_OK); /* 2^(-8(h+1)/4) */
+  for (h = 0; h < HQ; ++h) CHECK(slopes[h] == ldexp(1.0, -2 * (h + 1)));
+  EXPECT_ERROR(attn_alibi_slopes(0, 8.0, slopes), ATTN_ERROR_INVALID_ARGUMENT, "num_heads must be >= 1");
+  random_gqa(3);
+  for (h = 0; h < HQ; ++h) slopes32[h] = (float)slopes[h];
+  attn_options_init(&options);
+  options.causal = 1;
+  for (h = 0; h < HQ; ++h)
+    reference_head(gqa.qd + h * NQ * D, gqa.kd + h / 2 * NK * D, gqa.vd + h / 2 * NK * DV, NQ, NK, D,
+                   DV, NULL, 1, -1, -1, 1 / sqrt((double)D), 0, slopes[h], want + h * NQ * DV);
+  ts = tensor(slopes, ATTN_F64, 1, slopes_shape);
+  options.alibi_slopes = &ts;
+  CHECK(attn_attention(&gqa.tq, &gqa.tk, &gqa.tv, NULL, &options, &gqa.tout) == ATTN_OK);
+  expect_close_f(gqa.out, want, HQ * NQ * DV, 1e-5, __LINE__);
+  ts = tensor(slopes32, ATTN_F32, 1, slopes_shape);  /* the slopes are powers of 2: exact in float */
+  CHECK(attn_attention(&gqa.tq, &gqa.tk, &gqa.tv, NULL, &options, &gqa.tout) == ATTN_OK);
+  expect_close_f(gqa.out, want, HQ * NQ * DV, 1e-5, __LINE__);
+  ts = tensor(slopes, ATTN_F64, 1, three);
+  EXPECT_ERROR(attn_attention(&gqa.tq, &gqa.tk, &gqa.tv, NULL, &options, &gqa.tout),
+               ATTN_ERROR_INVALID_ARGUMENT,
+               "alibi_slopes must hold one slope per query head (4), got 3");
+  ts = tensor(slopes, ATTN_F64, 2, square);
+  EXPECT_ERROR(attn_attention(&gqa.tq, &gqa.tk, &gqa.tv, NULL, &options, &gqa.tout),
+               ATTN_ERROR_INVALID_ARGUMENT,
+               "options.alibi_slopes: must be one slope per query head");
+  ts = tensor(slopes, ATTN_BOOL, 1, slopes_shape);
+  EXPECT_ERROR(attn_attention(&gqa.tq, &gqa.tk, &gqa.tv, NULL, &options, &gqa.tout), ATTN_ERROR_UNSUPPORTED,
+               "options.alibi_slopes: dtype BOOL is not F64 or F32");
+  /* An older struct, without the field, has no ALiBi. */
+  options.size = offsetof(attn_options, alibi_slopes);
+  CHECK(attn_attention(&gqa.tq, &gqa.tk, &gqa.tv, NULL, &options, &gqa.tout) == ATTN_OK);
+
+  CHECK(attn_rope_frequencies(8, 10000.0, "{\"rope_type\": \"linear\", \"factor\": 2}", -1, inv_freq,
+                              &factor) == ATTN_OK);
+  for (i = 0; i < 4; ++i) CHECK(fabs(inv_freq[i] - pow(10000.0, -i / 4.0) / 2) <= 1e-15);
+  CHECK(factor == 1.0);
+  CHECK(attn_rope_frequencies(8, 10000.0, "{\"type\": \"yarn\", \"factor\": 4, "
+                              "\"original_max_position_embeddings\": 64}", -1, inv_freq, &factor) == ATTN_OK);
+  CHECK(fabs(factor - (0.1 * log(4.0) + 1)) <= 1e-15);
+  CHECK(attn_rope_frequencies(8, 100.0, NULL, -1, inv_freq, &factor) == ATTN_OK);
+  CHECK(inv_freq[1] == pow(100.0, -0.25));
+  EXPECT_ERROR(attn_rope_frequencies(8, 10000.0, "{\"rope_type\": \"linear\"", -1, inv_freq, &factor),
+               ATTN_ERROR_INVALID_ARGUMENT, "rope_scaling: not valid JSON");
+  EXPECT_ERROR(attn_rope_frequencies(8, 10000.0, "{\"rope_type\": \"linear\"}", -1, inv_freq, &factor),
+               ATTN_ERROR_INVALID_ARGUMENT, "rope_type 'linear' needs 'factor'");
+  EXPECT_ERROR(attn_rope_frequencies(8, 10000.0, NULL, -1, inv_freq, NULL), ATTN_ERROR_INVALID_ARGUMENT,
+               "attention_factor is NULL");
+}
+
 static void test_q8_0(void) {
   enum { N = 6, DK = 64, DQ = 32 };
   static q8_0_block kb[N * DK / 32], vb[N * DQ / 32];
@@ -332,7 +404,7 @@ static void test_q8_0(void) {
       values[j] = scales[b % 3] * blk->qs[j];
     }
   }
-  reference_head(qd, kd, vd, 2, N, DK, DQ, NULL, 0, -1, -1, 1 / sqrt((double)DK), 0, want);
+  reference_head(qd, kd, vd, 2, N, DK, DQ, NULL, 0, -1, -1, 1 / sqrt((double)DK), 0, 0, want);
   tq = tensor(q, ATTN_F32, 2, q_shape);
   tk = tensor(kb, ATTN_Q8_0, 2, k_shape);
   tv = tensor(vb, ATTN_Q8_0, 2, v_shape);
@@ -503,7 +575,7 @@ static void reference_mha(const double* x, int causal, double* out) {
         kh[t * hd + c] = qkv[1][t * E + h * hd + c];
         vh[t * hd + c] = qkv[2][t * E + h * hd + c];
       }
-    reference_head(qh, kh, vh, T, T, hd, hd, NULL, causal, -1, -1, 1 / sqrt((double)hd), 0, oh);
+    reference_head(qh, kh, vh, T, T, hd, hd, NULL, causal, -1, -1, 1 / sqrt((double)hd), 0, 0, oh);
     for (t = 0; t < T; ++t)
       for (c = 0; c < hd; ++c) concat[t * E + h * hd + c] = oh[t * hd + c];
   }
@@ -620,6 +692,7 @@ int main(void) {
   test_attention();
   test_attention_errors();
   test_q8_0();
+  test_positional();
   test_sinusoidal();
   test_rope();
   test_mha();

@@ -694,3 +694,25 @@ def test_layer_keeps_scaling_and_alibi_through_save_and_load(tmp_path):
         attn.MultiHeadAttention(8, 2, rope_scaling={"rope_type": "linear", "factor": 2.0})
     with pytest.raises(ValueError, match="'factr' is not a key"):
         attn.MultiHeadAttention(8, 2, rope=True, rope_scaling={"rope_type": "linear", "factr": 2.0})
+
+
+def test_rope_autograd_with_scaling_and_tables():
+    torch = pytest.importorskip("torch")
+    dim, base, scaling = QWEN2_5_YARN
+    x = torch.randn(2, 5, dim, dtype=torch.float64, requires_grad=True)
+    positions = torch.tensor([0, 3, 40000, 70000, 999999])
+    y = attn.rope(x, positions=positions, base=base, scaling=scaling)
+    assert isinstance(y, torch.Tensor) and y.dtype == torch.float64
+    dy = torch.randn_like(y)
+    y.backward(dy)
+    want = attn.rope_backward(dy.numpy(), positions=positions.numpy(), base=base, scaling=scaling)
+    assert np.array_equal(x.grad.numpy(), want)
+    # tables as tensors; asking for their gradient is an error, not a silent zero
+    inv, af = attn.rope_frequencies(dim, base=base, scaling=scaling)
+    angles = np.arange(1000)[:, None] * inv
+    cos, sin = torch.tensor(np.cos(angles) * af), torch.tensor(np.sin(angles) * af)
+    z = attn.rope(x.detach(), positions=positions % 1000, cos=cos, sin=sin)
+    assert np.allclose(z.numpy(), attn.rope(x.detach().numpy(), positions=positions.numpy() % 1000,
+                                            base=base, scaling=scaling), rtol=0, atol=1e-12)
+    with pytest.raises(RuntimeError, match="cos requires grad"):
+        attn.rope(x, positions=positions % 1000, cos=cos.requires_grad_(), sin=sin)
