@@ -9,6 +9,10 @@
 namespace attn::cli {
 namespace {
 
+// Cells for `columns` columns about 640 pixels wide in all (pictures of
+// positions along a line of text).
+int64_t wide_cells(int64_t columns) { return std::clamp<int64_t>(640 / std::max<int64_t>(columns, 1), 1, 40); }
+
 // A number as a label: 4 significant digits.
 std::string number_text(double x) {
   char text[32];
@@ -62,8 +66,8 @@ std::string rope_picture(const std::string& path, const Tensor<double>& plain, d
     maps.push_back(turned(scaled, text));
   }
   PictureOptions options;
-  options.columns = 1;                                     // one above the other: positions line up
-  options.cell_px = std::clamp<int64_t>(640 / std::max<int64_t>(n, 1), 1, 40);  // about 640 pixels wide
+  options.columns = 1;  // one above the other: positions line up
+  options.cell_px = wide_cells(n);
   options.vmin = 0;
   options.vmax = 2 * std::numbers::pi;
   options.scale_title = "angle mod 2π (radians)";
@@ -79,7 +83,7 @@ std::string alibi_picture(const std::string& path, const Tensor<double>& bias,
   map.row_axis = "head (its slope)";
   map.col_axis = "distance p - j";
   PictureOptions options;
-  options.cell_px = std::clamp<int64_t>(640 / std::max<int64_t>(bias.dim(1), 1), 1, 40);  // about 640 pixels wide
+  options.cell_px = wide_cells(bias.dim(1));
   options.scale_title = "bias added to the logit";
   return encode_picture(path, {map}, options);
 }

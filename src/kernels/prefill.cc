@@ -176,7 +176,8 @@ void Scores(DF d, const Item& it, int64_t h, int64_t kt, const RowBlock& rb, con
   const int64_t i0 = it.i0 + rb.r0;
   const bool inside = rb.allows_all(j0, jn);
   // Without softcap (which comes first) and masks, the bias is added as the
-  // scores are stored; otherwise by MaskRow.
+  // scores are stored; otherwise after softcap (AddAlibi) or with the masks
+  // (MaskRow).
   const bool alibi_now = !p.alibi.empty() && p.softcap == 0 && inside && !p.mask.present();
   const float* q[kRows];
   for (int r0 = 0; r0 < rb.rows; r0 += kRows) {

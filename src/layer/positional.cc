@@ -178,8 +178,9 @@ void rope_computed(TensorView<const T> x, TensorView<T> out, const RopeOptions& 
     // Positions offset + t repeat for every head and batch entry: one table
     // of n rows of cos/sin serves them all.
     std::vector<double> tc(static_cast<size_t>(p.n * half)), ts(tc.size());
+    std::vector<int64_t> same(static_cast<size_t>(p.sections));  // every section at the row's position
     for (int64_t t = 0; t < p.n; ++t) {
-      const std::vector<int64_t> same(static_cast<size_t>(p.sections), opt.offset + t);
+      std::fill(same.begin(), same.end(), opt.offset + t);
       fill(same.data(), tc.data() + t * half, ts.data() + t * half);
     }
     const int lead = static_cast<int>(p.rows_shape.size());
