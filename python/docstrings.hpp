@@ -17,7 +17,8 @@ Returns an array of a's shape (float64 for float64 input, else float32).
 )";
 
 inline constexpr const char* kAttention = R"(attention(q, k, v, mask=None, *, causal=False, scale=None, softcap=None,
-          window=None, alibi_slopes=None, return_weights=False)
+          window=None, alibi_slopes=None, return_weights=False,
+          return_logits=None, return_lse=False)
 
 Scaled dot-product attention: softmax(q @ k.T * scale + mask) @ v.
 
@@ -27,8 +28,9 @@ Shapes
     k and v have Hkv heads, and Hq must be a multiple of Hkv (GQA/MQA: query
     head h uses key/value head h // (Hq // Hkv)). Leading axes are batch axes
     and must match.
-    Returns out (..., Hq, n_q, d_v), or (out, weights) with weights
-    (..., Hq, n_q, n_k) when return_weights=True.
+    Returns out (..., Hq, n_q, d_v); with extras asked for, the tuple
+    (out, *extras), the extras in the order weights, logits, lse (only those
+    asked for): weights and logits (..., Hq, n_q, n_k), lse (..., Hq, n_q).
 
 mask
     Boolean: True where the query MAY attend (as PyTorch's
@@ -40,11 +42,13 @@ mask
     NumPy rules; a mask that does not is a ValueError, never padded.
 
 causal
-    False (default; also 'none'), True (= 'bottom_right') or 'top_left'.
-    'bottom_right': query i attends key j iff j <= i + (n_k - n_q), which is
-    what a KV cache needs (FlashAttention >= 2.1, llama.cpp).
-    'top_left': j <= i, PyTorch's is_causal. With n_q == n_k both are the
-    ordinary lower triangle.
+    False (default; also 'none'), True (= 'bottom_right'), 'top_left' or
+    ('offset', k). 'bottom_right': query i attends key j iff
+    j <= i + (n_k - n_q), which is what a KV cache needs (FlashAttention
+    >= 2.1, llama.cpp). 'top_left': j <= i, PyTorch's is_causal. With
+    n_q == n_k both are the ordinary lower triangle. ('offset', k): j <= i + k
+    (ONNX's "past length + i" when the keys are longer than past + queries);
+    the window and ALiBi then measure from p = i + k.
 
 scale
     Multiplies q @ k.T; default 1/sqrt(d).
@@ -55,13 +59,23 @@ softcap
 
 window
     (left, right) sliding window; -1 or None = unbounded on that side. With
-    p = i + (n_k - n_q), key j is allowed iff p - left <= j <= p + right.
+    p = i + (n_k - n_q) (i + k with causal=('offset', k)), key j is allowed
+    iff p - left <= j <= p + right.
     Combines with causal and mask by intersection.
 
 alibi_slopes
     ALiBi: one slope per query head, shape (Hq,) (attn.alibi_slopes(Hq) gives
     BLOOM's); adds -slope[h] * (p - j) to the logits after softcap, with the
-    masks, p = i + (n_k - n_q). Computed per tile, never as an (n_q, n_k) bias.
+    masks, p as for window. Computed per tile, never as an (n_q, n_k) bias.
+
+return_weights, return_logits, return_lse
+    return_weights=True: the softmax weights. return_logits: the logits
+    before the softmax, 'scaled' (scale * q.k), 'softcapped' (then softcap;
+    the same without one) or 'masked' (then plus the float mask and ALiBi's
+    bias, -inf where a key is excluded: what the softmax takes).
+    return_lse=True: each row's log-sum-exp, log(sum_j exp(masked logit)),
+    -inf for a row with no allowed key. The lse costs nothing measurable;
+    weights and logits are (n_q, n_k) per head by nature.
 
 Compact k and v
     float16 k and v (both) are read as float16, in place; k and v as

@@ -23,6 +23,8 @@
 namespace attn::python {
 
 Causal causal_from(const py::object& c) {
+  static const std::string kAccepted =
+      "False, True, 'bottom_right', 'top_left', 'none' or ('offset', k)";
   if (c.is_none()) return Causal::None;
   if (is_bool(c)) return py::cast<bool>(py::bool_(c)) ? Causal::BottomRight : Causal::None;
   if (py::isinstance<py::str>(c)) {
@@ -30,12 +32,13 @@ Causal causal_from(const py::object& c) {
     try {
       return parse_causal(name);
     } catch (const ValueError&) {
-      throw ValueError("causal must be False, True, 'bottom_right', 'top_left' or 'none', got '" +
-                       name + "'");
+      throw ValueError("causal must be " + kAccepted + ", got '" + name + "'");
     }
   }
-  throw TypeError("causal must be False, True, 'bottom_right' or 'top_left', got " +
-                  std::string(py::repr(c)));
+  if (py::isinstance<py::tuple>(c) && py::len(c) == 2 && py::isinstance<py::str>(c[py::int_(0)]) &&
+      c[py::int_(0)].cast<std::string>() == "offset")
+    return Causal::offset(int_arg(c[py::int_(1)], "causal=('offset', k): k"));
+  throw TypeError("causal must be " + kAccepted + ", got " + std::string(py::repr(c)));
 }
 
 namespace {
@@ -101,32 +104,42 @@ py::array py_softmax(const py::object& a_obj, int64_t axis) {
 template <class T, class KV>
 py::object attention_t(const py::array& q_in, TensorView<const KV> k, TensorView<const KV> v,
                        const py::object& mask_obj, const AttentionOptions& opt,
-                       bool return_weights) {
+                       const AttentionReturns& returns) {
   auto qa = as<T>(q_in);
   const auto q = view_of<const T>(qa);
   const MaskArg m(mask_obj, "mask", IntegerMask::Refuse);  // boolean: True = may attend
   const AttentionPlan<T, KV> plan(q, k, v, opt, m.mask);    // every check, once
   auto out = empty<T>(plan.output_shape());
-  py::array_t<T> weights;
-  TensorView<T> w;
-  if (return_weights) {
-    weights = empty<T>(plan.weights_shape());
-    w = view_of<T>(weights);
+  py::tuple result(1 + int(returns.weights) + int(returns.logits.has_value()) + int(returns.lse));
+  result[0] = out;
+  AttentionExtras<T> extras;
+  int next = 1;
+  const auto extra = [&](const Shape& shape) {
+    auto a = empty<T>(shape);
+    result[next++] = a;
+    return view_of<T>(a);
+  };
+  if (returns.weights) extras.weights = extra(plan.weights_shape());
+  if (returns.logits) {
+    extras.logits = extra(plan.weights_shape());
+    extras.logits_stage = *returns.logits;
   }
+  if (returns.lse) extras.lse = extra(plan.lse_shape());
   auto o = view_of<T>(out);
   {
     py::gil_scoped_release nogil;
-    plan.run(o, w);
+    plan.run(o, extras);
   }
-  if (return_weights) return py::make_tuple(out, weights);
-  return out;
+  if (next == 1) return out;
+  return result;
 }
 
 template <class T>
 py::object attention_t(const py::array& q, const py::array& k_in, const py::array& v_in,
-                       const py::object& mask, const AttentionOptions& opt, bool return_weights) {
+                       const py::object& mask, const AttentionOptions& opt,
+                       const AttentionReturns& returns) {
   auto ka = as<T>(k_in), va = as<T>(v_in);
-  return attention_t<T, T>(q, view_of<const T>(ka), view_of<const T>(va), mask, opt, return_weights);
+  return attention_t<T, T>(q, view_of<const T>(ka), view_of<const T>(va), mask, opt, returns);
 }
 
 // float16 with whole-element strides (an as_strided view may have others).
@@ -149,7 +162,7 @@ TensorView<const float16> half_view(const py::array& a) {
 // float32 queries.
 py::object attention_compact(const py::object& q_obj, const py::object& k_obj,
                              const py::object& v_obj, const py::object& mask,
-                             const AttentionOptions& opt, bool return_weights) {
+                             const AttentionOptions& opt, const AttentionReturns& returns) {
   if (!py::isinstance<PyQuantizedTensor>(k_obj) || !py::isinstance<PyQuantizedTensor>(v_obj))
     throw TypeError("attention: k and v must both be attn.QuantizedTensor or both arrays, got " +
                     std::string(py::str(py::type::of(k_obj))) + " and " + std::string(py::str(py::type::of(v_obj))));
@@ -167,7 +180,7 @@ py::object attention_compact(const py::object& q_obj, const py::object& k_obj,
     return v.visit([&](auto vv) -> py::object {
       using SV = std::remove_const_t<std::remove_reference_t<decltype(*vv.data())>>;
       if constexpr (std::is_same_v<S, SV>)
-        return attention_t<float, S>(q, kv, vv, mask, opt, return_weights);
+        return attention_t<float, S>(q, kv, vv, mask, opt, returns);
       else
         throw TypeError("attention: k and v must be stored alike");  // (checked above)
     });
@@ -178,19 +191,27 @@ py::object py_attention(const py::object& q_obj, const py::object& k_obj,
                         const py::object& v_obj, const py::object& mask,
                         const py::object& causal, const py::object& scale,
                         const py::object& softcap, const py::object& window,
-                        const py::object& alibi_slopes, bool return_weights) {
+                        const py::object& alibi_slopes, bool return_weights,
+                        const py::object& return_logits, bool return_lse) {
   AttentionOptions opt = attention_options(causal, scale, softcap, window);
   opt.alibi_slopes = alibi_from(alibi_slopes);
+  AttentionReturns returns{.weights = return_weights, .lse = return_lse};
+  if (!return_logits.is_none()) {
+    if (!py::isinstance<py::str>(return_logits))
+      throw TypeError("return_logits must be None, 'scaled', 'softcapped' or 'masked', got " +
+                      std::string(py::repr(return_logits)));
+    returns.logits = parse_logits(return_logits.cast<std::string>());
+  }
   if (py::isinstance<PyQuantizedTensor>(k_obj) || py::isinstance<PyQuantizedTensor>(v_obj))
-    return attention_compact(q_obj, k_obj, v_obj, mask, opt, return_weights);
+    return attention_compact(q_obj, k_obj, v_obj, mask, opt, returns);
   const auto q = as_numeric_array(q_obj, "q"), k = as_numeric_array(k_obj, "k"),
              v = as_numeric_array(v_obj, "v");
   if (is_float64(q) || is_float64(k) || is_float64(v))
-    return attention_t<double>(q, k, v, mask, opt, return_weights);
+    return attention_t<double>(q, k, v, mask, opt, returns);
   // float16 keys and values are read as they are (half the bytes of float32).
   if (is_float16(k) && is_float16(v))
-    return attention_t<float, float16>(q, half_view(k), half_view(v), mask, opt, return_weights);
-  return attention_t<float>(q, k, v, mask, opt, return_weights);
+    return attention_t<float, float16>(q, half_view(k), half_view(v), mask, opt, returns);
+  return attention_t<float>(q, k, v, mask, opt, returns);
 }
 
 template <class T>
@@ -397,7 +418,8 @@ PYBIND11_MODULE(_core, m) {
   m.def("attention", &py_attention, arg("q"), arg("k"), arg("v"), arg("mask") = py::none(),
         py::kw_only(), arg("causal") = false, arg("scale") = py::none(),
         arg("softcap") = py::none(), arg("window") = py::none(), arg("alibi_slopes") = py::none(),
-        arg("return_weights") = false, docs::kAttention);
+        arg("return_weights") = false, arg("return_logits") = py::none(),
+        arg("return_lse") = false, docs::kAttention);
   m.def("attention_backward", &py_attention_backward, arg("q"), arg("k"), arg("v"),
         arg("dout"), arg("mask") = py::none(), py::kw_only(), arg("causal") = false,
         arg("scale") = py::none(), arg("softcap") = py::none(), arg("window") = py::none(),

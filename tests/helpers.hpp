@@ -87,7 +87,7 @@ inline std::string describe(const KernelCase& c) {
   return "b=" + std::to_string(c.batch) + " hq=" + std::to_string(c.hq) + " hkv=" +
          std::to_string(c.hkv) + " n_q=" + std::to_string(c.n_q) + " n_k=" +
          std::to_string(c.n_k) + " d=" + std::to_string(c.d) + " d_v=" + std::to_string(c.d_v) +
-         " causal=" + std::to_string(int(c.causal)) + " window=(" +
+         " causal=" + causal_name(c.causal) + " window=(" +
          std::to_string(c.window.left) + "," + std::to_string(c.window.right) +
          ") softcap=" + std::to_string(c.softcap) + " mask=" + std::to_string(c.mask) +
          " alibi=" + std::to_string(c.alibi);

@@ -60,11 +60,14 @@ struct RangeCase {
   Window window;
 };
 
+// docs/semantics.md's table, written out: p is the query's position.
 bool allowed_by_spec(const RangeCase& c, int64_t i, int64_t j) {
-  const int64_t p = i + (c.n_k - c.n_q);
+  const bool offset = c.causal.kind() == Causal::Kind::Offset;
+  const int64_t p = i + (offset ? c.causal.offset_value() : c.n_k - c.n_q);
   bool ok = true;
   if (c.causal == Causal::BottomRight) ok = ok && j <= p;
   if (c.causal == Causal::TopLeft) ok = ok && j <= i;
+  if (offset) ok = ok && j <= i + c.causal.offset_value();
   if (c.window.left >= 0) ok = ok && p - c.window.left <= j;
   if (c.window.right >= 0) ok = ok && j <= p + c.window.right;
   return ok;
@@ -78,6 +81,11 @@ TEST(Reference, CausalAndWindowSelectTheSpecifiedKeys) {
       {7, 3, Causal::TopLeft, {}},     {6, 6, Causal::None, {2, 1}},
       {4, 9, Causal::BottomRight, {3, -1}}, {4, 9, Causal::TopLeft, {-1, 0}},
       {9, 4, Causal::None, {0, 0}},    {5, 8, Causal::None, {-1, 2}},
+      // explicit offsets: ONNX's padded caches (keys past i + k), rows with
+      // no key (k < 0), every key (k past n_k), windows centred on i + k
+      {4, 9, Causal::offset(2), {}},   {4, 9, Causal::offset(-2), {}},
+      {4, 9, Causal::offset(20), {}},  {4, 9, Causal::offset(3), {1, 1}},
+      {6, 3, Causal::offset(0), {-1, 0}}, {5, 5, Causal::offset(-7), {}},
   };
   for (const auto& c : cases) {
     const auto v = random_tensor({c.n_k, 3}, rng);
@@ -137,9 +145,12 @@ TEST(Reference, AlibiIsADenseAdditiveBias) {
   std::mt19937 rng(9);
   const int64_t hq = 6, hkv = 2;
   for (const auto& [n_q, n_k] : {std::pair<int64_t, int64_t>{4, 7}, {7, 4}, {5, 5}})
-    for (Causal causal : {Causal::None, Causal::BottomRight, Causal::TopLeft}) {
+    for (Causal causal : {Causal::None, Causal::BottomRight, Causal::TopLeft, Causal::offset(2),
+                          Causal::offset(-1)}) {
       SCOPED_TRACE("n_q " + std::to_string(n_q) + " n_k " + std::to_string(n_k) + " causal " +
-                   std::to_string(int(causal)));
+                   causal_name(causal));
+      // the query's position: the offset when one is given, else bottom-right
+      const int64_t shift = causal.kind() == Causal::Kind::Offset ? causal.offset_value() : n_k - n_q;
       const auto q = random_tensor({2, hq, n_q, 5}, rng), k = random_tensor({2, hkv, n_k, 5}, rng),
                  v = random_tensor({2, hkv, n_k, 3}, rng);
       AttentionOptions o;
@@ -149,7 +160,7 @@ TEST(Reference, AlibiIsADenseAdditiveBias) {
       for (int64_t h = 0; h < hq; ++h)
         for (int64_t i = 0; i < n_q; ++i)
           for (int64_t j = 0; j < n_k; ++j)
-            bias.at({h, i, j}) = -o.alibi_slopes[h] * double(i + (n_k - n_q) - j);
+            bias.at({h, i, j}) = -o.alibi_slopes[h] * double(i + shift - j);
       const auto got = attention_with_weights(q.view(), k.view(), v.view(), o);
       AttentionOptions plain = o;
       plain.alibi_slopes.clear();
@@ -158,6 +169,69 @@ TEST(Reference, AlibiIsADenseAdditiveBias) {
       EXPECT_LT(max_abs_diff(got.out, want.out), 1e-15);
       EXPECT_LT(max_abs_diff(got.weights, want.weights), 1e-15);
     }
+}
+
+// The extras by their definitions, computed here densely: the logits after
+// scale, softcap and mask (with a causal offset, a boolean and a float mask
+// and ALiBi, GQA), the log-sum-exp of the masked row (-inf for row 0, which
+// the offset leaves no key) and the weights as exp(masked - lse).
+TEST(Reference, ExtrasFollowTheirDefinitions) {
+  std::mt19937 rng(12);
+  const int64_t hq = 4, hkv = 2, n_q = 4, n_k = 6, d = 5;
+  const auto q = random_tensor({2, hq, n_q, d}, rng), k = random_tensor({2, hkv, n_k, d}, rng),
+             v = random_tensor({2, hkv, n_k, 3}, rng);
+  Tensor<double> add = random_tensor({n_q, n_k}, rng, -2, 1);
+  Tensor<bool> allow({n_q, n_k});
+  for (int64_t e = 0; e < add.numel(); ++e) allow[e] = e % 5 != 3;
+  add[7] = -kInf;
+  AttentionOptions o;
+  o.scale = 0.7;
+  o.softcap = 1.5;
+  o.causal = Causal::offset(-1);
+  o.alibi_slopes = {0.5, -0.25, 0.125, 1.0};
+  Tensor<double> scaled({2, hq, n_q, n_k}), capped(scaled.shape()), masked(scaled.shape()),
+      lse({2, hq, n_q}), weights(scaled.shape());
+  for (int64_t b = 0; b < 2; ++b)
+    for (int64_t h = 0; h < hq; ++h)
+      for (int64_t i = 0; i < n_q; ++i) {
+        double sum = 0;
+        for (int64_t j = 0; j < n_k; ++j) {
+          double dot = 0;
+          for (int64_t c = 0; c < d; ++c) dot += q.at({b, h, i, c}) * k.at({b, h / 2, j, c});
+          const double s = 0.7 * dot, cap = 1.5 * std::tanh(s / 1.5);
+          const bool part = j <= i - 1 && allow.at({i, j});
+          const double m = part ? cap + add.at({i, j}) - o.alibi_slopes[h] * double(i - 1 - j) : -kInf;
+          scaled.at({b, h, i, j}) = s;
+          capped.at({b, h, i, j}) = cap;
+          masked.at({b, h, i, j}) = m;
+          sum += std::exp(m);
+        }
+        lse.at({b, h, i}) = std::log(sum);  // log 0 = -inf
+        for (int64_t j = 0; j < n_k; ++j)
+          weights.at({b, h, i, j}) = sum > 0 ? std::exp(masked.at({b, h, i, j}) - lse.at({b, h, i})) : 0.0;
+      }
+  const auto expect_equal = [](const Tensor<double>& got, const Tensor<double>& want, const char* what) {
+    ASSERT_EQ(got.shape(), want.shape()) << what;
+    for (int64_t e = 0; e < want.numel(); ++e) {
+      if (std::isinf(want[e])) EXPECT_EQ(got[e], want[e]) << what << " at " << e;
+      else EXPECT_NEAR(got[e], want[e], 1e-13) << what << " at " << e;
+    }
+  };
+  // The two masks as one: allow and add (the boolean wins, as documented).
+  Tensor<double> both = add;
+  for (int64_t e = 0; e < both.numel(); ++e)
+    if (!allow[e]) both[e] = -kInf;
+  const Mask mask = TensorView<const double>(both.view());
+  const std::pair<Logits, const Tensor<double>*> stages[] = {
+      {Logits::Scaled, &scaled}, {Logits::Softcapped, &capped}, {Logits::Masked, &masked}};
+  for (const auto& [stage, want] : stages) {
+    const auto r = attention_with_extras(q.view(), k.view(), v.view(),
+                                         {.weights = true, .logits = stage, .lse = true}, o, mask);
+    expect_equal(r.logits, *want, "logits");
+    expect_equal(r.lse, lse, "lse");
+    expect_equal(r.weights, weights, "weights");
+    EXPECT_EQ(max_abs_diff(r.out, attention(q.view(), k.view(), v.view(), o, mask)), 0.0);
+  }
 }
 
 TEST(Reference, ScaleMultipliesTheLogits) {
@@ -221,7 +295,7 @@ std::string describe(const Case& c) {
   return "batch " + shape_str(c.batch) + " hq=" + std::to_string(c.hq) +
          " hkv=" + std::to_string(c.hkv) + " n_q=" + std::to_string(c.n_q) +
          " n_k=" + std::to_string(c.n_k) + " d=" + std::to_string(c.d) +
-         " d_v=" + std::to_string(c.d_v) + " causal=" + std::to_string(int(c.causal)) +
+         " d_v=" + std::to_string(c.d_v) + " causal=" + causal_name(c.causal) +
          " window=(" + std::to_string(c.window.left) + "," + std::to_string(c.window.right) +
          ") softcap=" + std::to_string(c.softcap) + " mask=" + std::to_string(int(c.mask)) +
          shape_str(c.mask_shape);

@@ -5,6 +5,7 @@
 
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -30,7 +31,26 @@ using test::KernelCase;
 using test::random_tensor;
 using test::rel_error;
 
-// Checks out (and weights when asked) against the reference; returns out.
+// ||a - b|| / ||b|| over the entries where b is finite, which must be -inf
+// (or +inf) exactly where b is: logits and log-sum-exps hold -inf for the
+// keys and rows that take no part.
+double finite_rel_error(const Tensor<float>& a, const Tensor<double>& b) {
+  EXPECT_EQ(a.shape(), b.shape());
+  long double num = 0, den = 0;
+  for (int64_t e = 0; e < b.numel(); ++e) {
+    if (std::isinf(b[e])) {
+      EXPECT_EQ(double(a[e]), b[e]) << "entry " << e;
+      continue;
+    }
+    const long double diff = static_cast<long double>(a[e]) - b[e];
+    num += diff * diff;
+    den += static_cast<long double>(b[e]) * b[e];
+  }
+  return den == 0 ? std::sqrt(double(num)) : std::sqrt(double(num / den));
+}
+
+// Checks out against the reference, with the log-sum-exp; with `weights`
+// also the weights and the logits (a stage chosen by the seed); returns out.
 // Without against_reference, only computes out (for comparing two runs).
 Tensor<float> check(const KernelCase& c, bool weights, uint32_t seed, bool against_reference = true) {
   SCOPED_TRACE(describe(c));
@@ -49,17 +69,18 @@ Tensor<float> check(const KernelCase& c, bool weights, uint32_t seed, bool again
   if (c.mask == 2) m32 = TensorView<const float>(mf.view()), m64 = TensorView<const double>(md.view());
   if (!against_reference)
     return attention(cast<float>(q).view(), cast<float>(k).view(), cast<float>(v).view(), o, m32);
-  const auto ref = attention_with_weights(q.view(), k.view(), v.view(), o, m64);
+  AttentionReturns returns{.weights = weights, .lse = true};
+  if (weights) returns.logits = std::array{Logits::Scaled, Logits::Softcapped, Logits::Masked}[seed % 3];
+  const auto ref = attention_with_extras(q.view(), k.view(), v.view(), returns, o, m64);
+  const auto got = attention_with_extras(cast<float>(q).view(), cast<float>(k).view(),
+                                         cast<float>(v).view(), returns, o, m32);
+  EXPECT_LT(rel_error(got.out, ref.out), 1e-5);
+  EXPECT_LT(finite_rel_error(got.lse, ref.lse), 1e-6);
   if (weights) {
-    const auto got = attention_with_weights(cast<float>(q).view(), cast<float>(k).view(),
-                                            cast<float>(v).view(), o, m32);
-    EXPECT_LT(rel_error(got.out, ref.out), 1e-5);
     EXPECT_LT(rel_error(got.weights, ref.weights), 1e-5);
-    return Tensor<float>(got.out);
+    EXPECT_LT(finite_rel_error(got.logits, ref.logits), 1e-6) << "stage " << int(*returns.logits);
   }
-  auto got = attention(cast<float>(q).view(), cast<float>(k).view(), cast<float>(v).view(), o, m32);
-  EXPECT_LT(rel_error(got, ref.out), 1e-5);
-  return got;
+  return got.out;
 }
 
 std::vector<KernelCase> flash_cases() {
@@ -81,6 +102,13 @@ std::vector<KernelCase> flash_cases() {
   cases.push_back({2, 4, 2, 129, 65, 32, 48, Causal::BottomRight, {}, 0, 1, -8.0});
   cases.push_back({1, 2, 2, 200, 333, 40, 24, Causal::TopLeft, {70, 10}, 30.0, 2, 16.0});
   cases.push_back({1, 2, 1, 150, 300, 32, 32, Causal::BottomRight, {}, 25.0, 0, 8.0});
+  // Explicit causal offsets: a padded cache (the diagonal left of
+  // bottom-right), rows with no key, one past every key, windows and ALiBi
+  // measured from i + k.
+  cases.push_back({1, 2, 1, 130, 400, 32, 32, Causal::offset(100), {}, 0, 0});
+  cases.push_back({1, 2, 2, 300, 260, 16, 24, Causal::offset(-40), {}, 0, 1});
+  cases.push_back({1, 2, 2, 70, 200, 32, 32, Causal::offset(500), {}, 0, 0});
+  cases.push_back({2, 4, 2, 129, 333, 40, 24, Causal::offset(150), {60, 5}, 20.0, 2, 8.0});
   return cases;
 }
 
@@ -98,6 +126,9 @@ std::vector<KernelCase> decode_cases() {
       // ALiBi, keys of each chunk biased by their distance from the queries
       {1, 6, 3, 3, 1500, 64, 64, Causal::BottomRight, {}, 0, 0, 8.0},
       {1, 4, 1, 1, 1100, 32, 40, Causal::None, {600, -1}, 0, 2, -8.0},
+      // a padded cache: the query sees the first 700 keys of 1500
+      {1, 4, 2, 2, 1500, 64, 64, Causal::offset(698), {}, 0, 0, 8.0},
+      {1, 2, 2, 3, 1200, 32, 32, Causal::offset(-5), {}, 0, 0},
   };
 }
 

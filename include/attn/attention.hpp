@@ -5,7 +5,8 @@
 // Rank 2 is a single head. At rank >= 3, axis -3 is heads: q has Hq heads and
 // k, v have Hkv heads, Hq a multiple of Hkv (GQA/MQA: query head h reads
 // key/value head h / (Hq / Hkv)). Leading axes are batch axes and must match.
-// out is (..., Hq, n_q, d_v); weights, when asked for, (..., Hq, n_q, n_k).
+// out is (..., Hq, n_q, d_v); the extras, when asked for: weights and logits
+// (..., Hq, n_q, n_k), the log-sum-exp (..., Hq, n_q).
 //
 // float32 runs the fast kernel; float64 runs the double-precision reference.
 // Any view may be strided (including the transposed head slices that
@@ -15,6 +16,7 @@
 #include <concepts>
 #include <memory>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "attn/half.hpp"
@@ -26,14 +28,37 @@ namespace attn {
 
 struct AttentionOptions {
   std::optional<double> scale;  // default 1/sqrt(d) (1 when d == 0)
-  Causal causal = Causal::None;
+  Causal causal = Causal::None;  // or Causal::offset(k), |k| <= Causal::kMaxOffset
   Window window;                // combines with causal and mask by intersection
   double softcap = 0;           // > 0: logits = softcap * tanh(logits / softcap)
   // ALiBi (alibi_slopes(Hq) of attn/positional.hpp gives BLOOM's): one slope
   // per query head, adding -slope[h] · (p - j) to the logits after softcap,
-  // with the masks (p = i + n_k - n_q); computed per tile, never stored as
+  // with the masks (p: the query's position, Causal::position); computed per tile, never stored as
   // an n_q × n_k bias. Empty: none.
   std::vector<double> alibi_slopes;
+};
+
+// The logits attention can return beside its output, by how far they have
+// gone through attn's order scale → softcap → mask: scale · q·k ("scaled"),
+// then softcap · tanh(· / softcap) ("softcapped"; the same without softcap),
+// then plus the additive masks and ALiBi's bias, −∞ for an excluded key
+// ("masked": what the softmax takes).
+enum class Logits { Scaled, Softcapped, Masked };
+// Parses "scaled", "softcapped" or "masked"; ValueError naming them otherwise.
+Logits parse_logits(const std::string& name);
+
+// The extra outputs of one call, each written when its view is not empty:
+//   weights  (..., Hq, n_q, n_k) the softmax of the masked logits
+//   logits   (..., Hq, n_q, n_k) the logits at logits_stage
+//   lse      (..., Hq, n_q)      log Σ_j exp(masked logit): the log of each
+//            row's softmax denominator, −∞ for a row with no allowed key
+//            (what a backward or a merge of partial results needs)
+template <class T>
+struct AttentionExtras {
+  TensorView<T> weights;
+  TensorView<T> logits;
+  Logits logits_stage = Logits::Masked;
+  TensorView<T> lse;
 };
 
 // T, the element type of q and of the results, is float (the SIMD kernels)
@@ -55,9 +80,9 @@ struct PreparedAttention;
 }  // namespace detail
 
 // One attention call validated once: the shapes, strides and element types
-// of q, k, v and the mask, and the options; the output and weights shapes
-// come from it. run() writes out (and weights unless it is an empty view),
-// checking only their shapes; it may run any number of times, from any
+// of q, k, v and the mask, and the options; the shapes of the output and the
+// extras come from it. run() writes out (and each extra whose view is not
+// empty), checking only their shapes; it may run any number of times, from any
 // thread, while q, k, v and the mask stay alive and unchanged. attention() is
 // a plan run once; build one to allocate the outputs first (as the Python
 // module does).
@@ -68,8 +93,10 @@ class AttentionPlan {
   AttentionPlan(TensorView<const T> q, TensorView<const KV> k, TensorView<const KV> v,
                 const AttentionOptions& options = {}, const Mask& mask = {});
   const Shape& output_shape() const;   // (..., Hq, n_q, d_v)
-  const Shape& weights_shape() const;  // (..., Hq, n_q, n_k)
+  const Shape& weights_shape() const;  // (..., Hq, n_q, n_k), also the logits'
+  const Shape& lse_shape() const;      // (..., Hq, n_q)
   void run(TensorView<T> out, TensorView<T> weights = {}) const;
+  void run(TensorView<T> out, const AttentionExtras<T>& extras) const;
 
  private:
   std::shared_ptr<const detail::PreparedAttention<T, KV>> prepared_;
@@ -85,12 +112,26 @@ template <class T, class KV>
 void attention(TensorView<const T> q, TensorView<const KV> k, TensorView<const KV> v,
                TensorView<T> out, const AttentionOptions& options = {}, const Mask& mask = {},
                TensorView<T> weights = {});
+// Writes into out and the extras asked for.
+template <class T, class KV>
+  requires AttentionTypes<T, KV>
+void attention(TensorView<const T> q, TensorView<const KV> k, TensorView<const KV> v,
+               TensorView<T> out, const AttentionExtras<T>& extras,
+               const AttentionOptions& options = {}, const Mask& mask = {});
 
-// Allocating forms.
+// Allocating forms. A result's extras are empty tensors unless asked for.
 template <class T>
 struct AttentionResult {
   Tensor<T> out;
   Tensor<T> weights;
+  Tensor<T> logits;
+  Tensor<T> lse;
+};
+// Which extras attention_with_extras returns.
+struct AttentionReturns {
+  bool weights = false;
+  std::optional<Logits> logits;  // the stage, when the logits are wanted
+  bool lse = false;
 };
 template <class T, class KV>
   requires AttentionTypes<T, KV>
@@ -102,6 +143,12 @@ AttentionResult<T> attention_with_weights(TensorView<const T> q, TensorView<cons
                                           TensorView<const KV> v,
                                           const AttentionOptions& options = {},
                                           const Mask& mask = {});
+template <class T, class KV>
+  requires AttentionTypes<T, KV>
+AttentionResult<T> attention_with_extras(TensorView<const T> q, TensorView<const KV> k,
+                                         TensorView<const KV> v, const AttentionReturns& returns,
+                                         const AttentionOptions& options = {},
+                                         const Mask& mask = {});
 
 // The gradient of attention: given dout = dL/dout (the output's shape),
 // writes dq, dk, dv (the shapes of q, k, v; overwritten) for the same inputs

@@ -55,14 +55,19 @@ typedef struct {
    (fields past a caller's size take their defaults). */
 typedef struct {
   size_t size;          /* sizeof(attn_options) */
-  int32_t causal;       /* 0 none, 1 bottom-right, 2 top-left */
+  int32_t causal;       /* 0 none, 1 bottom-right, 2 top-left, 3 offset (causal_offset) */
   double scale;         /* 0: 1/sqrt(d) */
   double softcap;       /* 0: off; > 0: logits = softcap * tanh(logits / softcap) */
   int64_t window_left;  /* -1: unbounded */
   int64_t window_right; /* -1: unbounded */
   /* ALiBi: one slope per query head, F64 or F32 of shape (Hq); NULL: none.
-     Adds -slope[h] * (p - j) to the logits, p = i + (n_k - n_q). */
+     Adds -slope[h] * (p - j) to the logits, p = i + (n_k - n_q), or
+     i + causal_offset with causal 3. */
   const attn_tensor* alibi_slopes;
+  /* causal 3: key j is allowed for query i iff j <= i + causal_offset
+     (attn::Causal::offset; |causal_offset| <= 2^62). Windows and ALiBi then
+     measure from p = i + causal_offset. */
+  int64_t causal_offset;
 } attn_options;
 
 /* The defaults: no causal mask, scale 1/sqrt(d), no softcap, no window, no ALiBi. */

@@ -15,19 +15,56 @@
 
 namespace attn {
 
-// Causal masking. With n_q == n_k both alignments are the lower triangle.
-enum class Causal {
-  None,
-  BottomRight,  // query i attends key j iff j <= i + (n_k - n_q): what a KV cache needs
-  TopLeft,      // query i attends key j iff j <= i: PyTorch's is_causal
+// Causal masking: which keys a query may see, by its position. Query i sits
+// at key position p = i + diagonal (np.tril's k, torch.tril's diagonal) and
+// attends key j iff j <= p. With n_q == n_k both named alignments are the
+// lower triangle.
+class Causal {
+ public:
+  enum class Kind {
+    None,
+    BottomRight,  // diagonal n_k - n_q: the queries are the last n_q keys (a KV cache)
+    TopLeft,      // diagonal 0: PyTorch's is_causal
+    Offset,       // diagonal k, given: ONNX's "past length + i" when the keys are padded
+  };
+  static const Causal None, BottomRight, TopLeft;
+  // Key j is allowed for query i iff j <= i + k (any k, |k| <= kMaxOffset).
+  static constexpr Causal offset(int64_t k) { return Causal(Kind::Offset, k); }
+  static constexpr int64_t kMaxOffset = int64_t{1} << 62;  // so that i + k cannot overflow
+
+  constexpr Kind kind() const { return kind_; }
+  constexpr bool masks() const { return kind_ != Kind::None; }
+  // The diagonal of query 0 (the row index's offset): see above.
+  constexpr int64_t diagonal(int64_t n_q, int64_t n_k) const {
+    return kind_ == Kind::TopLeft ? 0 : kind_ == Kind::Offset ? k_ : n_k - n_q;
+  }
+  // The key position of query 0 that windows and ALiBi measure distances
+  // from: the given offset, else bottom-right (n_k - n_q) whatever the
+  // alignment of the causal mask (docs/semantics.md "Which keys take part").
+  constexpr int64_t position(int64_t n_q, int64_t n_k) const {
+    return kind_ == Kind::Offset ? k_ : n_k - n_q;
+  }
+  constexpr int64_t offset_value() const { return k_; }  // k of offset(k); 0 otherwise
+  friend constexpr bool operator==(const Causal&, const Causal&) = default;
+
+ private:
+  constexpr explicit Causal(Kind kind, int64_t k = 0) : kind_(kind), k_(k) {}
+  Kind kind_;
+  int64_t k_;
 };
+inline constexpr Causal Causal::None{Causal::Kind::None};
+inline constexpr Causal Causal::BottomRight{Causal::Kind::BottomRight};
+inline constexpr Causal Causal::TopLeft{Causal::Kind::TopLeft};
 
 // Parses "none", "bottom_right" or "top_left" (the names the Python API uses
 // beside False and True); ValueError naming the three otherwise.
 Causal parse_causal(const std::string& name);
+// The name of a causal mode: "none", "bottom_right", "top_left" or "offset(k)".
+std::string causal_name(Causal causal);
 
-// Sliding window (left, right); -1 means unbounded on that side. With
-// p = i + (n_k - n_q), key j is allowed iff p - left <= j <= p + right.
+// Sliding window (left, right); -1 means unbounded on that side. With p the
+// query's position (Causal::position: i + (n_k - n_q) unless an offset is
+// given), key j is allowed iff p - left <= j <= p + right.
 struct Window {
   int64_t left = -1;
   int64_t right = -1;
@@ -43,14 +80,14 @@ struct KeyRange {
 };
 inline KeyRange allowed_keys(int64_t i, int64_t n_q, int64_t n_k, Causal causal,
                              Window window) {
-  const int64_t p = i + (n_k - n_q);  // bottom-right aligned position of query i
+  const int64_t p = i + causal.position(n_q, n_k);
   int64_t begin = 0;
   int64_t end = n_k;
-  if (causal == Causal::BottomRight) end = std::min(end, p + 1);
-  if (causal == Causal::TopLeft) end = std::min(end, i + 1);
+  // (Offsets are bounded by kMaxOffset and i by n_q: no sum here overflows.)
+  if (causal.masks()) end = std::clamp(i + causal.diagonal(n_q, n_k) + 1, int64_t{0}, end);
   // Written so that huge window sizes cannot overflow.
-  if (window.left >= 0 && p - begin > window.left) begin = p - window.left;
-  if (window.right >= 0 && end - 1 - p > window.right) end = p + window.right + 1;
+  if (window.left >= 0 && p - begin > window.left) begin = std::min(p - window.left, n_k);
+  if (window.right >= 0 && end - 1 - p > window.right) end = std::max(p + window.right + 1, int64_t{0});
   return {begin, std::max(begin, end)};
 }
 

@@ -16,48 +16,53 @@ class _Attention(Differentiable):
     """_core.attention on arrays, as an autograd node over the tensors
     `inputs` (q, k, v as given). `arrays` are what the library reads: the
     inputs, or views of them broadcast to a common batch shape, whose
-    gradients are summed back to the inputs' shapes."""
+    gradients are summed back to the inputs' shapes. `returns` are the
+    return_* keywords."""
 
-    output_names = ("the output", "the attention weights")
     differentiable = 1
 
-    def __init__(self, inputs, arrays, mask, options, return_weights, dtype):
+    def __init__(self, inputs, arrays, mask, options, returns, dtype):
         self.inputs, self.arrays, self.mask = inputs, arrays, mask
-        self.options, self.return_weights, self.dtype = options, return_weights, dtype
+        self.options, self.returns, self.dtype = options, returns, dtype
+        self.output_names = ("the output",) + tuple(
+            name for name, key in (("the attention weights", "return_weights"),
+                                   ("the logits", "return_logits"), ("the log-sum-exp", "return_lse"))
+            if returns[key] not in (None, False))
 
     def forward(self):
-        r = _core.attention(*self.arrays, self.mask, return_weights=self.return_weights, **self.options)
-        return tuple(to_tensor(a, self.dtype) for a in (r if self.return_weights else (r,)))
+        r = _core.attention(*self.arrays, self.mask, **self.returns, **self.options)
+        return tuple(to_tensor(a, self.dtype) for a in (r if isinstance(r, tuple) else (r,)))
 
     def backward(self, dout):
         grads = _core.attention_backward(*self.arrays, dout, self.mask, **self.options)
         return tuple(sum_to_shape(g, tuple(x.shape)) for g, x in zip(grads, self.inputs))
 
 
-def _attention(inputs, arrays, mask, options, return_weights):
-    """The output (and weights), as arrays or, when any input or the mask is a
-    tensor, as tensors with autograd."""
+def _attention(inputs, arrays, mask, options, returns):
+    """The output (and the extras asked for), as arrays or, when any input or
+    the mask is a tensor, as tensors with autograd."""
     mask_array = to_array(mask, "mask")
     if not any_tensor(*inputs, mask):
-        return _core.attention(*arrays, mask_array, return_weights=return_weights, **options)
+        return _core.attention(*arrays, mask_array, **returns, **options)
     refuse_grad(mask, "the mask", "attn computes no gradient for masks")
-    run = _Attention(inputs, arrays, mask_array, options, return_weights, result_dtype(*inputs))
+    run = _Attention(inputs, arrays, mask_array, options, returns, result_dtype(*inputs))
     out = run.apply() if wants_grad(*inputs) else run.forward()
-    return out if return_weights else out[0]
+    return out if len(out) > 1 else out[0]
 
 
 def attention(q, k, v, mask=None, *, causal=False, scale=None, softcap=None, window=None,
-              alibi_slopes=None, return_weights=False):
+              alibi_slopes=None, return_weights=False, return_logits=None, return_lse=False):
     arrays = tuple(to_array(x, name) for x, name in ((q, "q"), (k, "k"), (v, "v")))
     refuse_grad(alibi_slopes, "alibi_slopes", "attn computes no gradient for ALiBi's slopes")
     options = dict(causal=causal, scale=scale, softcap=softcap, window=window,
                    alibi_slopes=to_array(alibi_slopes, "alibi_slopes"))
-    return _attention((q, k, v), arrays, mask, options, return_weights)
+    returns = dict(return_weights=return_weights, return_logits=return_logits, return_lse=return_lse)
+    return _attention((q, k, v), arrays, mask, options, returns)
 
 
 attention.__doc__ = _core.attention.__doc__ + """
 Torch tensors (CPU) are read in place and give tensors back; with autograd on,
-the output's grad_fn calls attention_backward (the weights and the mask get no
+the output's grad_fn calls attention_backward (the extras and the mask get no
 gradient: backpropagating into them is an error).
 """
 
@@ -125,7 +130,8 @@ autograd as attn.attention.
                          " do not broadcast" + hint) from None
     views = tuple(np.broadcast_to(a, lead + a.shape[-own:]) for a in arrays)
     options = dict(causal="top_left" if is_causal else False, scale=scale, softcap=None, window=None)
-    out = _attention(inputs, views, attn_mask, options, False)
+    out = _attention(inputs, views, attn_mask, options,
+                     dict(return_weights=False, return_logits=None, return_lse=False))
     if not is_tensor(out) and out.dtype != q.dtype and q.dtype.kind == "f":
         out = out.astype(q.dtype)  # float16 in, float16 out, as torch
     return out

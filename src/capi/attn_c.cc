@@ -199,15 +199,17 @@ attn::AttentionOptions options_of(const attn_options* given, const char* functio
     take(o.window_left, given->window_left);
     take(o.window_right, given->window_right);
     take(o.alibi_slopes, given->alibi_slopes);
+    take(o.causal_offset, given->causal_offset);
   }
   attn::AttentionOptions a;
   switch (o.causal) {
     case 0: a.causal = attn::Causal::None; break;
     case 1: a.causal = attn::Causal::BottomRight; break;
     case 2: a.causal = attn::Causal::TopLeft; break;
+    case 3: a.causal = attn::Causal::offset(o.causal_offset); break;
     default:
       fail(function, "options", "causal " + std::to_string(o.causal) +
-                                    " is not 0 (none), 1 (bottom-right) or 2 (top-left)");
+                                    " is not 0 (none), 1 (bottom-right), 2 (top-left) or 3 (offset)");
   }
   if (o.scale != 0) a.scale = o.scale;
   a.softcap = o.softcap;

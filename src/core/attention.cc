@@ -149,6 +149,8 @@ AttentionProblem<T> make_problem(TensorView<const T> q, TensorView<const KV> k,
   if (!(options.softcap >= 0) || !std::isfinite(options.softcap))
     fail("softcap must be a finite number >= 0 (0 = off), got " +
          std::to_string(options.softcap));
+  if (std::abs(options.causal.offset_value()) > Causal::kMaxOffset)
+    fail("a causal offset must be within ±2^62, got " + std::to_string(options.causal.offset_value()));
   if (options.window.left < -1 || options.window.right < -1)
     fail("window sizes must be >= 0, or -1 for unbounded, got (" +
          std::to_string(options.window.left) + ", " +
@@ -173,6 +175,7 @@ AttentionProblem<T> make_problem(TensorView<const T> q, TensorView<const KV> k,
   const bool heads = q.rank() >= 3;
   p.out_shape = with_tail(s, heads, s.n_q, s.d_v);
   p.weights_shape = with_tail(s, heads, s.n_q, s.n_k);
+  p.lse_shape = Shape(p.weights_shape.begin(), p.weights_shape.end() - 1);
   // A call with no element anywhere (in q, k, v, the output, the weights and
   // so the gradients) visits no batch entry: beside an axis of 0 the batch
   // axes may multiply past what any memory holds, and each operand keeps an
@@ -202,14 +205,29 @@ AttentionProblem<T> make_problem(TensorView<const T> q, TensorView<const KV> k,
 }
 
 template <class T>
-void bind_outputs(AttentionProblem<T>& p, TensorView<T> out, TensorView<T> weights) {
-  if (out.shape() != p.out_shape)
-    fail("out has shape " + shape_str(out.shape()) + ", expected " + shape_str(p.out_shape));
-  if (!weights.empty_view() && weights.shape() != p.weights_shape)
-    fail("weights has shape " + shape_str(weights.shape()) + ", expected " +
-         shape_str(p.weights_shape));
+void bind_outputs(AttentionProblem<T>& p, TensorView<T> out, const AttentionExtras<T>& extras) {
+  const auto check = [](const char* name, const TensorView<T>& t, const Shape& want) {
+    if (!t.empty_view() && t.shape() != want)
+      fail(std::string(name) + " has shape " + shape_str(t.shape()) + ", expected " + shape_str(want));
+  };
+  check("out", out, p.out_shape);
+  check("weights", extras.weights, p.weights_shape);
+  check("logits", extras.logits, p.weights_shape);
+  check("lse", extras.lse, p.lse_shape);
+  const auto bind = [&](const TensorView<T>& t) {
+    return t.empty_view() ? Operand<T>() : operand(t, p.batch_axes, p.batch);
+  };
   p.out = operand(out, p.batch_axes, p.batch);
-  p.weights = weights.empty_view() ? Operand<T>() : operand(weights, p.batch_axes, p.batch);
+  p.weights = bind(extras.weights);
+  p.logits = bind(extras.logits);
+  p.logits_stage = extras.logits_stage;
+  if (!extras.lse.empty_view()) {  // seen as rows of one column
+    Shape shape = extras.lse.shape();
+    Strides strides = extras.lse.strides();
+    shape.push_back(1);
+    strides.push_back(1);
+    p.lse = bind(TensorView<T>(extras.lse.data(), shape, strides));
+  }
 }
 
 template <class T, class KV>
@@ -230,9 +248,9 @@ PreparedAttention<T, KV>::PreparedAttention(TensorView<const T> q, TensorView<co
 }
 
 template <class T, class KV>
-void PreparedAttention<T, KV>::run(TensorView<T> out, TensorView<T> weights) const {
+void PreparedAttention<T, KV>::run(TensorView<T> out, const AttentionExtras<T>& extras) const {
   AttentionProblem<T> p = problem;
-  bind_outputs(p, out, weights);
+  bind_outputs(p, out, extras);
   if constexpr (std::is_same_v<T, double>) {
     reference_attention(p);
   } else {
@@ -319,6 +337,13 @@ template void masked_attention_backward(TensorView<const double>, TensorView<con
 
 }  // namespace detail
 
+Logits parse_logits(const std::string& name) {
+  if (name == "scaled") return Logits::Scaled;
+  if (name == "softcapped") return Logits::Softcapped;
+  if (name == "masked") return Logits::Masked;
+  throw ValueError("return_logits must be 'scaled', 'softcapped' or 'masked', got '" + name + "'");
+}
+
 Shape attention_output_shape(const Shape& q, const Shape& k, const Shape& v) {
   const auto s = detail::check_shapes(q, k, v);
   return detail::with_tail(s, q.size() >= 3, s.n_q, s.d_v);
@@ -351,8 +376,20 @@ const Shape& AttentionPlan<T, KV>::weights_shape() const {
 
 template <class T, class KV>
   requires AttentionTypes<T, KV>
+const Shape& AttentionPlan<T, KV>::lse_shape() const {
+  return prepared_->problem.lse_shape;
+}
+
+template <class T, class KV>
+  requires AttentionTypes<T, KV>
 void AttentionPlan<T, KV>::run(TensorView<T> out, TensorView<T> weights) const {
-  prepared_->run(out, weights);
+  prepared_->run(out, {.weights = weights});
+}
+
+template <class T, class KV>
+  requires AttentionTypes<T, KV>
+void AttentionPlan<T, KV>::run(TensorView<T> out, const AttentionExtras<T>& extras) const {
+  prepared_->run(out, extras);
 }
 
 template <class T, class KV>
@@ -361,6 +398,14 @@ void attention(TensorView<const T> q, TensorView<const KV> k, TensorView<const K
                TensorView<T> out, const AttentionOptions& options, const Mask& mask,
                TensorView<T> weights) {
   AttentionPlan<T, KV>(q, k, v, options, mask).run(out, weights);
+}
+
+template <class T, class KV>
+  requires AttentionTypes<T, KV>
+void attention(TensorView<const T> q, TensorView<const KV> k, TensorView<const KV> v,
+               TensorView<T> out, const AttentionExtras<T>& extras,
+               const AttentionOptions& options, const Mask& mask) {
+  AttentionPlan<T, KV>(q, k, v, options, mask).run(out, extras);
 }
 
 template <class T, class KV>
@@ -378,9 +423,25 @@ template <class T, class KV>
 AttentionResult<T> attention_with_weights(TensorView<const T> q, TensorView<const KV> k,
                                           TensorView<const KV> v, const AttentionOptions& options,
                                           const Mask& mask) {
+  return attention_with_extras(q, k, v, {.weights = true}, options, mask);
+}
+
+template <class T, class KV>
+  requires AttentionTypes<T, KV>
+AttentionResult<T> attention_with_extras(TensorView<const T> q, TensorView<const KV> k,
+                                         TensorView<const KV> v, const AttentionReturns& returns,
+                                         const AttentionOptions& options, const Mask& mask) {
   const AttentionPlan<T, KV> plan(q, k, v, options, mask);
-  AttentionResult<T> r{Tensor<T>(plan.output_shape()), Tensor<T>(plan.weights_shape())};
-  plan.run(r.out.view(), r.weights.view());
+  AttentionResult<T> r;
+  r.out = Tensor<T>(plan.output_shape());
+  AttentionExtras<T> extras;
+  if (returns.weights) extras.weights = (r.weights = Tensor<T>(plan.weights_shape())).view();
+  if (returns.logits) {
+    extras.logits = (r.logits = Tensor<T>(plan.weights_shape())).view();
+    extras.logits_stage = *returns.logits;
+  }
+  if (returns.lse) extras.lse = (r.lse = Tensor<T>(plan.lse_shape())).view();
+  plan.run(r.out.view(), extras);
   return r;
 }
 
@@ -405,6 +466,13 @@ AttentionGradients<T> attention_backward(TensorView<const T> q, TensorView<const
   template class AttentionPlan<T, KV>;                                                          \
   template void attention(TensorView<const T>, TensorView<const KV>, TensorView<const KV>,      \
                           TensorView<T>, const AttentionOptions&, const Mask&, TensorView<T>);  \
+  template void attention(TensorView<const T>, TensorView<const KV>, TensorView<const KV>,      \
+                          TensorView<T>, const AttentionExtras<T>&, const AttentionOptions&,    \
+                          const Mask&);                                                         \
+  template AttentionResult<T> attention_with_extras(TensorView<const T>, TensorView<const KV>,  \
+                                                    TensorView<const KV>,                       \
+                                                    const AttentionReturns&,                    \
+                                                    const AttentionOptions&, const Mask&);      \
   template Tensor<T> attention(TensorView<const T>, TensorView<const KV>, TensorView<const KV>, \
                                const AttentionOptions&, const Mask&);                           \
   template AttentionResult<T> attention_with_weights(TensorView<const T>, TensorView<const KV>, \

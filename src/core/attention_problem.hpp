@@ -78,13 +78,16 @@ struct AttentionProblem {
   // call with no element anywhere: make_problem).
   int64_t batch = 1, heads_q = 1, heads_kv = 1, n_q = 0, n_k = 0, d = 0, d_v = 0;
   Shape batch_axes;                    // the leading axes flattened into batch
-  Shape out_shape, weights_shape;      // of the caller's out and weights
+  Shape out_shape, weights_shape, lse_shape;  // of the caller's out, weights (logits) and lse
   Operand<const T> q, k, v;            // k, v unset when kv != Native
   KVStorage kv = KVStorage::Native;
   // When kv != Native: K and V as bytes, strides in bytes (a q8_0 column is
   // a block of 32 values).
   Operand<const std::byte> k_stored, v_stored;
-  Operand<T> out, weights;  // bound by run(); weights.data == nullptr when not requested
+  // Bound by run(); an extra's data is nullptr when it is not asked for.
+  // lse is (batch, head, row) seen as rows of one column.
+  Operand<T> out, weights, logits, lse;
+  Logits logits_stage = Logits::Masked;
   MaskOperand mask;
   double scale = 1;
   Causal causal = Causal::None;
@@ -106,13 +109,13 @@ AttentionProblem<T> make_problem(TensorView<const T> q, TensorView<const KV> k,
 
 // A problem ready to run any number of times, from any thread: validated
 // once, with contiguous copies of the inputs the float32 kernels cannot read
-// in place. run() checks only the shapes of out and weights.
+// in place. run() checks only the shapes of out and the extras.
 template <class T, class KV>
 struct PreparedAttention {
   PreparedAttention(TensorView<const T> q, TensorView<const KV> k, TensorView<const KV> v,
                     const AttentionOptions& options, const MaskInput& mask,
                     const MaskInput& second = {});
-  void run(TensorView<T> out, TensorView<T> weights) const;
+  void run(TensorView<T> out, const AttentionExtras<T>& extras) const;
 
   AttentionProblem<T> problem;
   Tensor<T> q_copy;

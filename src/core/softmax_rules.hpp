@@ -4,6 +4,8 @@
 //   every entry −∞       zeros, not NaN (a row with nothing allowed)
 //   a +∞ maximum         the +∞ entries share the weight equally, the rest 0
 //   otherwise            e^(x − max) / Σ e^(x − max), the max subtracted first
+// and of its log-sum-exp, log Σ e^x (the log of the denominator): NaN, −∞,
+// +∞ and max + log Σ e^(x − max) in the same four cases.
 // The reference (reference.cc) and attn::softmax's plain rows (softmax.cc)
 // call it; the SIMD kernels' copy of the rules (SoftmaxStep and the
 // kernels' merges, kernels/attention-inl.h) is tested against it on every
@@ -17,9 +19,9 @@
 
 namespace attn::detail {
 
-// x[0 .. n) := softmax(x), in place.
+// x[0 .. n) := softmax(x), in place; returns the log-sum-exp of x.
 template <class T>
-void softmax_by_definition(T* x, int64_t n) {
+T softmax_by_definition(T* x, int64_t n) {
   const T inf = std::numeric_limits<T>::infinity();
   T max = -inf;
   bool nan = false;  // fmax skips NaN
@@ -27,7 +29,10 @@ void softmax_by_definition(T* x, int64_t n) {
     max = std::fmax(max, x[j]);
     nan = nan || std::isnan(x[j]);
   }
-  if (nan) return std::fill(x, x + n, std::numeric_limits<T>::quiet_NaN());
+  if (nan) {
+    std::fill(x, x + n, std::numeric_limits<T>::quiet_NaN());
+    return std::numeric_limits<T>::quiet_NaN();
+  }
   T sum = 0;
   for (int64_t j = 0; j < n; ++j) {
     if (max == -inf) x[j] = 0;
@@ -36,6 +41,7 @@ void softmax_by_definition(T* x, int64_t n) {
     sum += x[j];
   }
   for (int64_t j = 0; j < n; ++j) x[j] = sum > 0 ? x[j] / sum : 0;
+  return max == -inf || max == inf ? max : max + std::log(sum);
 }
 
 }  // namespace attn::detail

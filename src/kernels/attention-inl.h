@@ -357,9 +357,12 @@ HWY_INLINE void AddAlibi(DF d, float slope2, int64_t first, int64_t count, float
 
 // Masks keys j0 .. j0 + count of query row i (head h) in s (aligned; -inf
 // past count, up to whole vectors): -inf outside the causal/window range
-// (when check_range), then the explicit masks and ALiBi's bias.
+// (when check_range), then the explicit masks and ALiBi's bias. The softmax's
+// scores are in base-2 units with ALiBi anchored (AlibiAnchor); `natural`
+// adds both as the returned logits have them: natural units, ALiBi's bias
+// literal, -slope · (p - j).
 inline void MaskRow(DF d, const AttentionProblem<float>& p, int64_t b, int64_t h, int64_t i, int64_t j0,
-                    int64_t count, bool check_range, float* s) {
+                    int64_t count, bool check_range, float* s, bool natural = false) {
   const float ninf = -std::numeric_limits<float>::infinity();
   const KeyRange kr = allowed_keys(i, p.n_q, p.n_k, p.causal, p.window);
   if (check_range) {
@@ -368,14 +371,18 @@ inline void MaskRow(DF d, const AttentionProblem<float>& p, int64_t b, int64_t h
     std::fill(s, s + a, ninf);
     std::fill(s + z, s + count, ninf);
   }
-  if (!p.alibi.empty()) AddAlibi(d, Base2(p.alibi[h]), j0 - AlibiAnchor(p.alibi[h], kr), count, s);
+  const auto unit = [natural](double x) { return natural ? static_cast<float>(x) : Base2(x); };
+  if (!p.alibi.empty()) {
+    const int64_t anchor = natural ? i + p.causal.position(p.n_q, p.n_k) : AlibiAnchor(p.alibi[h], kr);
+    AddAlibi(d, unit(p.alibi[h]), j0 - anchor, count, s);
+  }
   for (const MaskTerm& m : p.mask.terms) {
     if (m.f32) {
       const float* mr = m.f32.row(b, h, i) + j0 * m.f32.col_stride;
-      for (int64_t j = 0; j < count; ++j) s[j] += Base2(mr[j * m.f32.col_stride]);
+      for (int64_t j = 0; j < count; ++j) s[j] += unit(mr[j * m.f32.col_stride]);
     } else if (m.f64) {
       const double* mr = m.f64.row(b, h, i) + j0 * m.f64.col_stride;
-      for (int64_t j = 0; j < count; ++j) s[j] += Base2(mr[j * m.f64.col_stride]);
+      for (int64_t j = 0; j < count; ++j) s[j] += unit(mr[j * m.f64.col_stride]);
     }
   }
   // After the additive masks, so that an excluded key is -inf whatever was added.
@@ -387,13 +394,27 @@ inline void MaskRow(DF d, const AttentionProblem<float>& p, int64_t b, int64_t h
     }
 }
 
-// softcap · tanh(s / softcap) over n entries (n a multiple of the lanes), in
-// base-2 units.
-inline void Softcap(DF d, double softcap, float* s, int64_t n) {
-  const VF cap = hn::Set(d, Base2(softcap));
+// softcap · tanh(s / softcap) over n entries (n a multiple of the lanes), s
+// in natural units; the result in base-2 units (the softmax's), or natural
+// ones (the returned logits).
+inline void Softcap(DF d, double softcap, float* s, int64_t n, bool natural = false) {
+  const VF cap = hn::Set(d, natural ? static_cast<float>(softcap) : Base2(softcap));
   const VF inv = hn::Set(d, static_cast<float>(1.0 / softcap));
   for (int64_t e = 0; e < n; e += static_cast<int64_t>(hn::Lanes(d)))
     hn::Store(hn::Mul(cap, hn::Tanh(d, hn::Mul(hn::Load(d, s + e), inv))), d, s + e);
+}
+
+// The log-sum-exp of row i of head h, in natural units, from the running max
+// m and sum l of its online softmax (base 2, ALiBi anchored: the anchor's
+// shift is undone): -inf for a row with no allowed key, NaN for a NaN row.
+inline float RowLse(const AttentionProblem<float>& p, int64_t h, int64_t i, float m, float l) {
+  if (l == 0) return -std::numeric_limits<float>::infinity();
+  double lse = (double(m) + std::log2(double(l))) * 0.69314718055994530942;  // NaN and +inf carry
+  if (!p.alibi.empty()) {
+    const int64_t anchor = AlibiAnchor(p.alibi[h], allowed_keys(i, p.n_q, p.n_k, p.causal, p.window));
+    lse += p.alibi[h] * double(anchor - (i + p.causal.position(p.n_q, p.n_k)));
+  }
+  return static_cast<float>(lse);
 }
 
 // out[0 .. d_v) = o · inv, the output row (b, h, i) from its unnormalised

@@ -8,16 +8,17 @@ namespace attn::detail {
 
 // Both require col_stride == 1 for q, k, v and out (PreparedAttention arranges it).
 
-// Tiled online-softmax attention (flash style), any shape; writes weights
-// when p.weights is set.
+// Tiled online-softmax attention (flash style), any shape; writes the
+// weights, logits and log-sum-exp when asked for.
 void flash_forward(const AttentionProblem<float>& p);
 
 // A few queries against a long key/value cache: keys split into fixed chunks
-// processed in parallel, partial softmax results merged exactly. No weights.
+// processed in parallel, partial softmax results merged exactly. No weights
+// or logits (the log-sum-exp, yes).
 void decode_forward(const AttentionProblem<float>& p);
 
 // Whether decode_forward is the better kernel for p (n_q <= kDecodeMaxQueries,
-// n_k beyond one chunk, no weights asked for; config.hpp).
+// n_k beyond one chunk, no weights or logits asked for; config.hpp).
 bool use_decode(const AttentionProblem<float>& p);
 
 // out[i] = 2^x[i], the kernels' softmax exponential, meant for x <= 0:

@@ -191,6 +191,7 @@ void DecodeForwardT(const AttentionProblem<float>& p) {
       }
       // No allowed key: zeros (o is). l NaN: the row is NaN.
       WriteRow(d, p, b, h, r % p.n_q, o, l == 0 ? 0.0f : 1.0f / l, p.out.row(b, h, r % p.n_q));
+      if (p.lse) *p.lse.row(b, h, r % p.n_q) = RowLse(p, h, r % p.n_q, mx, l);
     }
   });
 }
@@ -208,7 +209,7 @@ namespace attn::detail {
 HWY_EXPORT(DecodeForward);
 void decode_forward(const AttentionProblem<float>& p) { HWY_DYNAMIC_DISPATCH(DecodeForward)(p); }
 bool use_decode(const AttentionProblem<float>& p) {
-  return !p.weights && p.n_q <= kDecodeMaxQueries && p.n_k > kDecodeChunk;
+  return !p.weights && !p.logits && p.n_q <= kDecodeMaxQueries && p.n_k > kDecodeChunk;
 }
 }  // namespace attn::detail
 #endif

@@ -167,6 +167,29 @@ struct AlibiRows {
   }
 };
 
+// S = scale · Q Kᵀ of row block rb (head h) against packed key tile kt, row
+// r at s + r · kBlockK; with `alibi`, ALiBi's bias added as the products are
+// stored.
+HWY_INLINE void Products(DF d, const Item& it, int64_t h, int64_t kt, const RowBlock& rb, float scale,
+                         float* s, const AlibiRows* alibi) {
+  const auto& p = it.p;
+  const int64_t j0 = kt * kBlockK, i0 = it.i0 + rb.r0;
+  const float* panel = it.kpack + kt * p.d * kBlockK;
+  const float* q[kRows];
+  for (int r0 = 0; r0 < rb.rows; r0 += kRows) {
+    const int rows = std::min(kRows, rb.rows - r0);
+    for (int r = 0; r < rows; ++r) q[r] = p.q.row(it.b, h, i0 + r0 + r);
+    if (alibi) {
+      int64_t first[kRows];
+      for (int r = 0; r < rows; ++r) first[r] = j0 - alibi->anchor[rb.r0 + r0 + r];
+      MatmulPanel(d, q, rows, p.d, panel, scale, s + r0 * kBlockK, kBlockK,
+                  AlibiEpilogue{alibi->slope2, first});
+    } else {
+      MatmulPanel(d, q, rows, p.d, panel, scale, s + r0 * kBlockK, kBlockK);
+    }
+  }
+}
+
 // S = masked, softcapped scores of row block rb (head h) against key tile kt,
 // ALiBi's bias added; row r at s + r · kBlockK.
 void Scores(DF d, const Item& it, int64_t h, int64_t kt, const RowBlock& rb, const AlibiRows& alibi,
@@ -179,20 +202,7 @@ void Scores(DF d, const Item& it, int64_t h, int64_t kt, const RowBlock& rb, con
   // scores are stored; otherwise after softcap (AddAlibi) or with the masks
   // (MaskRow).
   const bool alibi_now = !p.alibi.empty() && p.softcap == 0 && inside && !p.mask.present();
-  const float* q[kRows];
-  for (int r0 = 0; r0 < rb.rows; r0 += kRows) {
-    const int rows = std::min(kRows, rb.rows - r0);
-    for (int r = 0; r < rows; ++r) q[r] = p.q.row(it.b, h, i0 + r0 + r);
-    const float* panel = it.kpack + kt * p.d * kBlockK;
-    if (alibi_now) {
-      int64_t first[kRows];
-      for (int r = 0; r < rows; ++r) first[r] = j0 - alibi.anchor[rb.r0 + r0 + r];
-      MatmulPanel(d, q, rows, p.d, panel, ScoreScale(p), s + r0 * kBlockK, kBlockK,
-                  AlibiEpilogue{alibi.slope2, first});
-    } else {
-      MatmulPanel(d, q, rows, p.d, panel, ScoreScale(p), s + r0 * kBlockK, kBlockK);
-    }
-  }
+  Products(d, it, h, kt, rb, ScoreScale(p), s, alibi_now ? &alibi : nullptr);
   if (p.softcap > 0) Softcap(d, p.softcap, s, rb.rows * kBlockK);
   if (inside && !p.mask.present()) {
     if (p.alibi.empty() || alibi_now) return;
@@ -286,15 +296,17 @@ HWY_INLINE void SoftmaxPass(DF d, const Item& it, int64_t h, bool pack, ItemStat
   }
 }
 
-// out = O / l for head h's rows (0 for a row with no allowed key); leaves each
-// row's final sum in st.l.
+// out = O / l for head h's rows (0 for a row with no allowed key), and their
+// log-sum-exp when asked for; leaves each row's final sum in st.l.
 void WriteOutput(DF d, const Item& it, int64_t h, ItemState& st) {
   const auto& p = it.p;
   const size_t N = hn::Lanes(d);
   for (int64_t r = 0; r < it.rows; ++r) {
+    const int64_t i = it.i0 + r;
     st.l[r] = hn::GetLane(hn::SumOfLanes(d, hn::Load(d, st.l_lanes + r * N)));
     const float inv = st.l[r] == 0 ? 0.0f : 1.0f / st.l[r];  // l NaN: the row is NaN
-    WriteRow(d, p, it.b, h, it.i0 + r, st.o + r * st.dvp, inv, p.out.row(it.b, h, it.i0 + r));
+    WriteRow(d, p, it.b, h, i, st.o + r * st.dvp, inv, p.out.row(it.b, h, i));
+    if (p.lse) *p.lse.row(it.b, h, i) = RowLse(p, h, i, st.m[r], st.l[r]);
   }
 }
 
@@ -326,6 +338,44 @@ void WriteWeights(DF d, const Item& it, int64_t h, ItemState& st) {
   }
 }
 
+// The logits of head h's rows at p.logits_stage, in natural units (MaskRow's
+// `natural`), from products computed again. The masked stage covers the
+// tiles the softmax visited (-inf elsewhere); the earlier ones every key, so
+// an item that packs its own K tiles packs the others here too.
+void WriteLogits(DF d, const Item& it, int64_t h, ItemState& st) {
+  const auto& p = it.p;
+  const float ninf = -std::numeric_limits<float>::infinity();
+  const bool masked = p.logits_stage == Logits::Masked;
+  const bool softcap = p.softcap > 0 && p.logits_stage != Logits::Scaled;
+  if (masked)
+    for (int64_t r = 0; r < it.rows; ++r) {
+      float* row = p.logits.row(it.b, h, it.i0 + r);
+      for (int64_t j = 0; j < p.n_k; ++j) row[j * p.logits.col_stride] = ninf;
+    }
+  const int64_t n_tiles = (p.n_k + kBlockK - 1) / kBlockK;
+  float* s = st.s;
+  for (int64_t kt = masked ? st.t_begin : 0; kt < (masked ? st.t_end : n_tiles); ++kt) {
+    const int64_t j0 = kt * kBlockK, jn = std::min(kBlockK, p.n_k - j0);
+    if (it.pack && (kt < st.t_begin || kt >= st.t_end)) it.pack_k(p, it.b, it.hkv, kt, it.kpack + kt * p.d * kBlockK);
+    for (int64_t r0 = 0; r0 < it.rows; r0 += kBlockRows) {
+      const RowBlock& rb = st.blocks[r0 / kBlockRows];
+      if (masked && rb.masks_all(j0, jn)) continue;
+      Products(d, it, h, kt, rb, static_cast<float>(p.scale), s, nullptr);
+      if (softcap) Softcap(d, p.softcap, s, rb.rows * kBlockK, /*natural=*/true);
+      for (int r = 0; r < rb.rows; ++r) {
+        float* sr = s + r * kBlockK;
+        const int64_t i = it.i0 + r0 + r;
+        if (masked) {
+          std::fill(sr + jn, sr + kBlockK, ninf);
+          MaskRow(d, p, it.b, h, i, j0, jn, true, sr, /*natural=*/true);
+        }
+        float* row = p.logits.row(it.b, h, i);
+        for (int64_t j = 0; j < jn; ++j) row[(j0 + j) * p.logits.col_stride] = sr[j];
+      }
+    }
+  }
+}
+
 // Every query head of the item's GQA group, one after the other, against the
 // same K/V tiles.
 void ProcessItem(DF d, const Item& it) {
@@ -336,6 +386,7 @@ void ProcessItem(DF d, const Item& it) {
     SoftmaxPass(d, it, h, it.pack && g == 0, st);
     WriteOutput(d, it, h, st);
     if (it.p.weights) WriteWeights(d, it, h, st);
+    if (it.p.logits) WriteLogits(d, it, h, st);
   }
 }
 

@@ -401,7 +401,7 @@ typename MultiHeadAttention<T>::Activations MultiHeadAttention<T>::forward_activ
     using KV = std::remove_const_t<std::remove_reference_t<decltype(*K.data())>>;
     if constexpr (AttentionTypes<T, KV>)  // (a float64 cache holds float64 only)
       detail::PreparedAttention<T, KV>(qh, K, V, a.attention, a.mask(), a.padding())
-          .run(ctx_heads(a.ctx, a), opt.need_weights ? a.weights.view() : TensorView<T>());
+          .run(ctx_heads(a.ctx, a), {.weights = opt.need_weights ? a.weights.view() : TensorView<T>()});
   };
   if (cache) {
     // The chunk's keys and values are read back from the cache, stored as

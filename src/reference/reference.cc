@@ -18,9 +18,8 @@ namespace {
 // Causal and window rules exactly as docs/semantics.md "Which keys take part" states them.
 template <class T>
 bool in_range(const AttentionProblem<T>& p, int64_t i, int64_t j) {
-  const int64_t pos = i + (p.n_k - p.n_q);
-  if (p.causal == Causal::BottomRight && j > pos) return false;
-  if (p.causal == Causal::TopLeft && j > i) return false;
+  const int64_t pos = i + p.causal.position(p.n_q, p.n_k);
+  if (p.causal.masks() && j > i + p.causal.diagonal(p.n_q, p.n_k)) return false;
   // (pos - j and j - pos cannot overflow; pos ± a window of up to INT64_MAX can.)
   if (p.window.left >= 0 && pos - j > p.window.left) return false;
   if (p.window.right >= 0 && j - pos > p.window.right) return false;
@@ -52,17 +51,19 @@ double element(const AttentionProblem<T>& p, const Operand<const T>& x,
   return x.row(b, h, j)[c * x.col_stride];
 }
 
-// Row (b, h, i) of the attention weights into w (n_k); the scaled logits
-// before softcap, mask and ALiBi bias into s (the backward needs them); in part[j]
-// whether key j takes part at all: causal, window and a false boolean mask
-// exclude a key whatever its logit or value, even NaN (an additive -inf is a
-// value like any other). A row with no allowed key gets all-zero weights;
-// one with a NaN logit, all-NaN weights.
+// Row (b, h, i) of the attention weights into w (n_k), returning the row's
+// log-sum-exp; the scaled logits before softcap, mask and ALiBi bias into s
+// (the backward needs them), and, when `logits` is given, the logits at its
+// stage; in part[j] whether key j takes part at all: causal, window and a
+// false boolean mask exclude a key whatever its logit or value, even NaN (an
+// additive -inf is a value like any other). A row with no allowed key gets
+// all-zero weights; one with a NaN logit, all-NaN weights.
 template <class T>
-void row_weights(const AttentionProblem<T>& p, int64_t b, int64_t h, int64_t i,
-                 std::vector<double>& s, std::vector<double>& w, std::vector<char>& part) {
+double row_weights(const AttentionProblem<T>& p, int64_t b, int64_t h, int64_t i,
+                   std::vector<double>& s, std::vector<double>& w, std::vector<char>& part,
+                   std::vector<double>* logits = nullptr) {
   const T* q = p.q.row(b, h, i);
-  const int64_t hkv = h / p.group(), pos = i + (p.n_k - p.n_q);
+  const int64_t hkv = h / p.group(), pos = i + p.causal.position(p.n_q, p.n_k);
   for (int64_t j = 0; j < p.n_k; ++j) {
     double dot = 0;
     for (int64_t c = 0; c < p.d; ++c)
@@ -72,8 +73,10 @@ void row_weights(const AttentionProblem<T>& p, int64_t b, int64_t h, int64_t i,
     part[j] = in_range(p, i, j) && p.mask.allows(b, h, i, j);
     const double alibi = p.alibi.empty() ? 0.0 : -p.alibi[h] * double(pos - j);
     w[j] = part[j] ? logit + p.mask.added(b, h, i, j) + alibi : -std::numeric_limits<double>::infinity();
+    if (logits)
+      (*logits)[j] = p.logits_stage == Logits::Scaled ? s[j] : p.logits_stage == Logits::Softcapped ? logit : w[j];
   }
-  softmax_by_definition(w.data(), p.n_k);
+  return softmax_by_definition(w.data(), p.n_k);
 }
 
 // out[c] = Σ w[j] v[j][c] over the keys that take part (a weight of 0 times
@@ -100,16 +103,20 @@ void zero(const Operand<double>& t, int64_t batch, int64_t heads, int64_t rows, 
 }  // namespace
 
 void reference_attention(const AttentionProblem<double>& p) {
-  std::vector<double> s(p.n_k), w(p.n_k);
+  std::vector<double> s(p.n_k), w(p.n_k), logits(p.n_k);
   std::vector<char> part(p.n_k);
+  const auto store = [&](const Operand<double>& t, int64_t b, int64_t h, int64_t i,
+                         const std::vector<double>& row) {
+    for (int64_t j = 0; j < p.n_k; ++j) t.row(b, h, i)[j * t.col_stride] = row[j];
+  };
   for (int64_t b = 0; b < p.batch; ++b)
     for (int64_t h = 0; h < p.heads_q; ++h)
       for (int64_t i = 0; i < p.n_q; ++i) {
-        row_weights(p, b, h, i, s, w, part);
+        const double lse = row_weights(p, b, h, i, s, w, part, p.logits ? &logits : nullptr);
         row_output(p, b, h, w, part, p.out.row(b, h, i), p.out.col_stride);
-        if (p.weights)
-          for (int64_t j = 0; j < p.n_k; ++j)
-            p.weights.row(b, h, i)[j * p.weights.col_stride] = w[j];
+        if (p.weights) store(p.weights, b, h, i, w);
+        if (p.logits) store(p.logits, b, h, i, logits);
+        if (p.lse) *p.lse.row(b, h, i) = lse;
       }
 }
 
