@@ -5,7 +5,7 @@
 # room of the library, composing attn::attn.
 
 # The library's rooms, from the bottom up, then the programs built on it.
-set(ATTN_LIBRARY_ROOMS core kernels reference layer io picture train bench capi)
+set(ATTN_LIBRARY_ROOMS core kernels reference layer onnx io picture train bench capi)
 set(ATTN_ROOMS ${ATTN_LIBRARY_ROOMS} cli python)
 
 # Where a file lives: src/<room>/ and python/ are rooms by folder; the public
@@ -14,6 +14,7 @@ set(ATTN_PUBLIC_core attention.hpp error.hpp half.hpp mask.hpp quantize.hpp soft
                      threads.hpp version.h)
 set(ATTN_PUBLIC_layer attn.hpp kv_cache.hpp multi_head.hpp multi_head_attention.hpp
                       positional.hpp rope_scaling.hpp)
+set(ATTN_PUBLIC_onnx onnx.hpp)
 set(ATTN_PUBLIC_io io.hpp file.hpp)
 set(ATTN_PUBLIC_picture picture.hpp)
 set(ATTN_PUBLIC_train adam.hpp embedding.hpp experiments.hpp train.hpp)
@@ -28,18 +29,21 @@ set(ATTN_PUBLIC_capi attn.h)
 #   kernels: the plan and the types; no file formats, no pictures.
 #   layer: the API, the kernels' linear map, io for its save/load, and json
 #     for rope_scaling dicts.
+#   onnx: ONNX's operators, an adapter over the API (and core's plan, for a
+#     second mask) and the positional encodings.
 #   capi: the C API, a thin layer over the C++ API's public headers.
 set(ATTN_MAY_INCLUDE_core kernels)
 set(ATTN_MAY_INCLUDE_kernels core hwy)
 set(ATTN_MAY_INCLUDE_reference core)
 set(ATTN_MAY_INCLUDE_layer core kernels io json)
+set(ATTN_MAY_INCLUDE_onnx core layer)
 set(ATTN_MAY_INCLUDE_io core json)
 set(ATTN_MAY_INCLUDE_picture core io stb)
 set(ATTN_MAY_INCLUDE_train core kernels layer io)
 set(ATTN_MAY_INCLUDE_bench core hwy)
 set(ATTN_MAY_INCLUDE_capi core layer io)
 set(ATTN_MAY_INCLUDE_cli core layer io picture train bench json)
-set(ATTN_MAY_INCLUDE_python core layer io)
+set(ATTN_MAY_INCLUDE_python core layer onnx io)
 
 # A room's door: the only files of it that other rooms may include (every
 # file, for a room without one). The rest of the kernels (-inl.h pieces,

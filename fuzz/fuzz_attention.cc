@@ -5,6 +5,7 @@
 // and values) and the float64 reference accept exactly the same calls; on
 // finite inputs they agree within float32 error, and otherwise they agree on
 // which outputs are NaN. Sizes stay small (at most ~10^5 elements).
+#include <array>
 #include <cmath>
 #include <optional>
 #include <random>
@@ -45,6 +46,8 @@ struct Case {
   Shape q, k, v, out, weights, mask;
   int q_layout, k_layout, v_layout, out_layout, weights_layout, mask_layout;
   bool want_weights;
+  bool want_lse = false;
+  std::optional<Logits> logits_stage;
   int mask_kind;  // 0 none, 1 bool, 2 float, 3 double
   AttentionOptions options;
   Values values;
@@ -132,6 +135,16 @@ Case read_case(fuzz::Input& in, int kv_bits) {
     const int64_t count = in.byte() < 240 ? (rank >= 3 ? hq : 1) : in.in(0, 5);
     for (int64_t h = 0; h < count; ++h) c.options.alibi_slopes.push_back(in.pick(slopes));
   }
+  // Then (read last likewise) a causal offset, now and then beyond its
+  // bound, and the extras: the log-sum-exp and the logits at a stage.
+  if (in.byte() >= 192) {
+    const int64_t offsets[] = {-3, 0, 2, 7, 100, -(int64_t{1} << 62), (int64_t{1} << 62) + 1,
+                               std::numeric_limits<int64_t>::max()};
+    c.options.causal = Causal::offset(in.pick(offsets));
+  }
+  c.want_lse = in.byte() >= 128;
+  const uint8_t stage = in.byte();
+  if (stage >= 160) c.logits_stage = std::array{Logits::Scaled, Logits::Softcapped, Logits::Masked}[stage % 3];
   return c;
 }
 
@@ -144,23 +157,27 @@ std::string describe(const Case& c) {
          std::to_string(c.q_layout) + std::to_string(c.k_layout) + std::to_string(c.v_layout) +
          std::to_string(c.out_layout) + std::to_string(c.mask_layout) + " scale " +
          (o.scale ? std::to_string(*o.scale) : "default") + " causal " +
-         std::to_string(static_cast<int>(o.causal)) + " window " + std::to_string(o.window.left) +
+         causal_name(o.causal) + " window " + std::to_string(o.window.left) +
          "," + std::to_string(o.window.right) + " softcap " + std::to_string(o.softcap) +
-         " alibi slopes " + std::to_string(o.alibi_slopes.size()) +
+         " alibi slopes " + std::to_string(o.alibi_slopes.size()) + (c.want_lse ? " lse" : "") +
+         (c.logits_stage ? " logits stage " + std::to_string(int(*c.logits_stage)) : "") +
          (c.values.finite ? "" : " with a non-finite value");
 }
 
 // Everything a call writes, in visiting order; nullopt when it refused.
 template <class T>
 struct Result {
-  std::vector<T> out, weights;
+  std::vector<T> out, weights, logits, lse;
 };
 
 template <class T, class KV>
 std::optional<Result<T>> run(const Case& c, bool& guards_ok) {
   Strided<T> q(c.q, c.q_layout, true), out(c.out, c.out_layout, false);
   Strided<KV> k(c.k, c.k_layout, true), v(c.v, c.v_layout, true);
-  Strided<T> weights(c.weights, c.weights_layout, false);
+  Strided<T> weights(c.weights, c.weights_layout, false), logits(c.weights, c.weights_layout, false);
+  Shape lse_shape = c.weights;
+  if (!lse_shape.empty()) lse_shape.pop_back();
+  Strided<T> lse(lse_shape, c.out_layout, false);
   const auto from = [](const std::vector<double>& values) {
     return [&values, i = size_t{0}]() mutable {
       const double x = values[i++];
@@ -184,14 +201,18 @@ std::optional<Result<T>> run(const Case& c, bool& guards_ok) {
   if (c.mask_kind == 1) fill_mask(mask_bool);
   if (c.mask_kind == 2) fill_mask(mask_float);
   if (c.mask_kind == 3) fill_mask(mask_double);
+  AttentionExtras<T> extras;
+  if (c.want_weights) extras.weights = weights.view();
+  if (c.logits_stage) extras.logits = logits.view(), extras.logits_stage = *c.logits_stage;
+  if (c.want_lse) extras.lse = lse.view();
   const bool ok = fuzz::accepted([&] {
-    attention(q.cview(), k.cview(), v.cview(), out.view(), c.options, mask,
-              c.want_weights ? weights.view() : TensorView<T>());
+    attention(q.cview(), k.cview(), v.cview(), out.view(), extras, c.options, mask);
   });
-  guards_ok = out.guards_intact() && weights.guards_intact();
+  guards_ok = out.guards_intact() && weights.guards_intact() && logits.guards_intact() && lse.guards_intact();
   if (!ok) return std::nullopt;
-  Result<T> r{out.values(), c.want_weights ? weights.values() : std::vector<T>()};
-  return r;
+  const auto values = [](bool wanted, auto& t) { return wanted ? t.values() : std::vector<T>(); };
+  return Result<T>{out.values(), values(c.want_weights, weights), values(c.logits_stage.has_value(), logits),
+                   values(c.want_lse, lse)};
 }
 
 // finite: all inputs finite, so the values must agree; nan_pattern: NaN
@@ -204,8 +225,10 @@ void compare(const std::vector<A>& got, const std::vector<B>& ref, bool finite, 
     if (nan_pattern && std::isnan(a) != std::isnan(b))
       fuzz::finding(what + ": float32 and float64 disagree on NaN at element " +
                     std::to_string(i) + ": " + std::to_string(a) + " vs " + std::to_string(b));
-    // Entries are convex combinations of values in [-1, 1] (weights: in [0, 1]).
-    if (finite && !(std::fabs(a - b) <= 1e-4))
+    // Entries are convex combinations of values in [-1, 1] (weights: in [0, 1]);
+    // logits and log-sum-exps are below 20 in magnitude (without ALiBi), or
+    // equal infinities.
+    if (finite && a != b && !(std::fabs(a - b) <= 1e-4))
       fuzz::finding(what + ": float32 " + std::to_string(a) + " vs float64 " +
                     std::to_string(b) + " at element " + std::to_string(i));
   }
@@ -249,5 +272,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const bool in_range = logits_fit_float32(c);
   compare(got->out, ref->out, finite, in_range && !c.values.special_in_v, "out of " + describe(c));
   compare(got->weights, ref->weights, finite, in_range, "weights of " + describe(c));
+  const bool small_logits = finite && c.options.alibi_slopes.empty();
+  compare(got->logits, ref->logits, small_logits, in_range, "logits of " + describe(c));
+  compare(got->lse, ref->lse, small_logits, in_range, "lse of " + describe(c));
   return 0;
 }

@@ -178,6 +178,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       read_descriptor(in, rng, slopes, in.pick(slope_dtypes), {heads ? q_heads : 1});
       options.options.alibi_slopes = slopes.get();
     }
+    // A causal offset (causal 3), read last likewise.
+    const int64_t offsets[] = {-2, 0, 3, 1000, (int64_t{1} << 62) + 1, std::numeric_limits<int64_t>::min()};
+    if (o && in.byte() >= 192) options.options.causal_offset = in.pick(offsets);
     check(attn_attention(q.get(), k.get(), v.get(), with_mask ? mask.get() : nullptr, o, out.get()),
           "attn_attention");
   } else {

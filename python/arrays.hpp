@@ -9,6 +9,7 @@
 #include <string>
 
 #include "attn/error.hpp"
+#include "attn/half.hpp"
 #include "attn/mask.hpp"
 #include "attn/tensor.hpp"
 
@@ -69,6 +70,22 @@ TensorView<T> view_of(py::array_t<std::remove_const_t<T>>& a) {
     return TensorView<T>(a.mutable_data(), shape, strides);
 }
 
+// float16 with whole-element strides (an as_strided view may have others).
+inline bool is_float16(const py::array& a) {
+  if (!a.dtype().is(py::dtype("float16"))) return false;
+  for (py::ssize_t i = 0; i < a.ndim(); ++i)
+    if (a.strides(i) % 2 != 0) return false;
+  return reinterpret_cast<uintptr_t>(a.data()) % 2 == 0;
+}
+
+// A NumPy float16 array (is_float16) as the library's fp16 view, in place.
+inline TensorView<const float16> half_view(const py::array& a) {
+  Shape shape(a.shape(), a.shape() + a.ndim());
+  Strides strides;
+  for (py::ssize_t i = 0; i < a.ndim(); ++i) strides.push_back(a.strides(i) / 2);
+  return TensorView<const float16>(static_cast<const float16*>(a.data()), shape, strides);
+}
+
 // A new C-contiguous array of this shape.
 template <class T>
 py::array_t<T> empty(const Shape& shape) {
@@ -94,6 +111,14 @@ py::array_t<T> to_numpy(Tensor<T>&& t) {
   const Shape& s = owner->shape();
   return py::array_t<T>(std::vector<py::ssize_t>(s.begin(), s.end()), owner->data(),
                         free_when_done);
+}
+// The same for fp16, as a NumPy float16 array.
+inline py::array to_numpy(Tensor<float16>&& t) {
+  auto* owner = new Tensor<float16>(std::move(t));
+  py::capsule free_when_done(owner, [](void* p) { delete static_cast<Tensor<float16>*>(p); });
+  const Shape& s = owner->shape();
+  return py::array(py::dtype("float16"), std::vector<py::ssize_t>(s.begin(), s.end()),
+                   owner->data(), free_when_done);
 }
 
 }  // namespace attn::python

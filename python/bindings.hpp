@@ -10,7 +10,7 @@ namespace attn::python {
 
 namespace py = pybind11;
 
-// causal=False | True | "bottom_right" | "top_left"
+// causal=False | True | "bottom_right" | "top_left" | ("offset", k)
 Causal causal_from(const py::object& c);
 
 // The keyword arguments causal, scale, softcap and window of attn.attention
@@ -19,5 +19,6 @@ AttentionOptions attention_options(const py::object& causal, const py::object& s
                                    const py::object& softcap, const py::object& window);
 
 void bind_mha(py::module_& m);
+void bind_onnx(py::module_& m);
 
 }  // namespace attn::python

@@ -272,4 +272,39 @@ inline constexpr const char* kSave = R"(save(path): write the parameters and con
 inline constexpr const char* kLoad = R"(MultiHeadAttention.load(path): a layer from a safetensors file written by save()
 or tools/export_torch_mha.py.)";
 
+inline constexpr const char* kOnnxAttention = R"(attention(Q, K, V, attn_mask=None, past_key=None, past_value=None,
+          nonpad_kv_seqlen=None, *, is_causal=0, kv_num_heads=0, q_num_heads=0,
+          qk_matmul_output_mode=0, scale=None, softcap=0.0, softmax_precision=None)
+    -> (Y, present_key, present_value, qk_matmul_output)
+
+ONNX's Attention operator (opsets 23 and 24), with its inputs, attributes,
+layouts and defaults, computed by attn.attention.
+
+Q (B, Hq, S, D), K (B, Hkv, L, D), V (B, Hkv, L, Dv); or all 3-D (B, S, H*D)
+with q_num_heads and kv_num_heads (Y is then 3-D too). float16 inputs are
+computed in float32 and rounded back; the other inputs take Q's dtype.
+attn_mask: boolean (True = takes part) or float (added), broadcastable to
+(B, Hq, S, P + L); a last axis shorter than P + L is padded with False / -inf.
+past_key, past_value (B, Hkv, P, D|Dv): present_* = past_* then K, V.
+nonpad_kv_seqlen (B,): keys j >= nonpad_kv_seqlen[b] take no part.
+is_causal=1: query i sees keys j <= i + offset, offset = P with a past,
+nonpad_kv_seqlen[b] - S with nonpad_kv_seqlen and no past, else 0 (top-left).
+qk_matmul_output (B, Hq, S, P + L): 0 the scaled logits, 1 after softcap, 2
+after the mask (-inf where excluded), 3 the softmax weights; softcap comes
+before the mask. softmax_precision 11 (DOUBLE) computes in float64; the
+others in float32 (float64 for float64 inputs).
+A row with no allowed key gives zeros (Y and mode 3), never NaN.
+)";
+
+inline constexpr const char* kOnnxRotaryEmbedding = R"(rotary_embedding(X, cos_cache, sin_cache, position_ids=None, *, interleaved=0,
+                 num_heads=0, rotary_embedding_dim=0) -> Y
+
+ONNX's RotaryEmbedding operator (opset 23), computed by attn.rope with
+explicit tables. X (B, H, S, D), or 3-D (B, S, H*D) with num_heads.
+cos_cache, sin_cache (max_position + 1, r/2) indexed by position_ids (B, S),
+or without position_ids (B, S, r/2). rotary_embedding_dim r (0: D) features
+of each head turn: pairs (i, i + r/2), or (2i, 2i+1) with interleaved=1; the
+rest pass through. float16 is computed in float32 and rounded back.
+)";
+
 }  // namespace attn::python::docs

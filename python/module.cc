@@ -142,22 +142,6 @@ py::object attention_t(const py::array& q, const py::array& k_in, const py::arra
   return attention_t<T, T>(q, view_of<const T>(ka), view_of<const T>(va), mask, opt, returns);
 }
 
-// float16 with whole-element strides (an as_strided view may have others).
-bool is_float16(const py::array& a) {
-  if (!a.dtype().is(py::dtype("float16"))) return false;
-  for (py::ssize_t i = 0; i < a.ndim(); ++i)
-    if (a.strides(i) % 2 != 0) return false;
-  return reinterpret_cast<uintptr_t>(a.data()) % 2 == 0;
-}
-
-// A NumPy float16 array as the library's fp16 view, in place.
-TensorView<const float16> half_view(const py::array& a) {
-  Shape shape(a.shape(), a.shape() + a.ndim());
-  Strides strides;
-  for (py::ssize_t i = 0; i < a.ndim(); ++i) strides.push_back(a.strides(i) / 2);
-  return TensorView<const float16>(static_cast<const float16*>(a.data()), shape, strides);
-}
-
 // k and v stored compactly (attn.QuantizedTensor, one dtype for both) with
 // float32 queries.
 py::object attention_compact(const py::object& q_obj, const py::object& k_obj,
@@ -195,7 +179,9 @@ py::object py_attention(const py::object& q_obj, const py::object& k_obj,
                         const py::object& return_logits, bool return_lse) {
   AttentionOptions opt = attention_options(causal, scale, softcap, window);
   opt.alibi_slopes = alibi_from(alibi_slopes);
-  AttentionReturns returns{.weights = return_weights, .lse = return_lse};
+  AttentionReturns returns;
+  returns.weights = return_weights;
+  returns.lse = return_lse;
   if (!return_logits.is_none()) {
     if (!py::isinstance<py::str>(return_logits))
       throw TypeError("return_logits must be None, 'scaled', 'softcapped' or 'masked', got " +
@@ -453,4 +439,5 @@ PYBIND11_MODULE(_core, m) {
         "min(1024, max(64, 4 x hardware threads)).");
   bind_quantized(m);
   bind_mha(m);
+  bind_onnx(m);
 }

@@ -69,7 +69,9 @@ Tensor<float> check(const KernelCase& c, bool weights, uint32_t seed, bool again
   if (c.mask == 2) m32 = TensorView<const float>(mf.view()), m64 = TensorView<const double>(md.view());
   if (!against_reference)
     return attention(cast<float>(q).view(), cast<float>(k).view(), cast<float>(v).view(), o, m32);
-  AttentionReturns returns{.weights = weights, .lse = true};
+  AttentionReturns returns;
+  returns.weights = weights;
+  returns.lse = true;
   if (weights) returns.logits = std::array{Logits::Scaled, Logits::Softcapped, Logits::Masked}[seed % 3];
   const auto ref = attention_with_extras(q.view(), k.view(), v.view(), returns, o, m64);
   const auto got = attention_with_extras(cast<float>(q).view(), cast<float>(k).view(),

@@ -223,22 +223,29 @@ class Tensor {
 
 namespace attn {
 
-// Element-wise copy between views of one shape (any strides), converting the
-// element type. Throws ValueError if the shapes differ.
-template <class Src, class Dst>
-void copy(TensorView<const Src> src, TensorView<Dst> dst) {
+// dst = f(src), element by element, between views of one shape (any
+// strides). Throws ValueError if the shapes differ.
+template <class Src, class Dst, class F>
+void transform(TensorView<const Src> src, TensorView<Dst> dst, F f) {
   if (src.shape() != dst.shape())
     throw ValueError("copy: source shape " + shape_str(src.shape()) +
                      " differs from destination shape " + shape_str(dst.shape()));
   const int64_t n = src.numel();
   std::vector<int64_t> index(src.rank(), 0);
   for (int64_t e = 0; e < n; ++e) {
-    dst.at(index.data()) = static_cast<Dst>(src.at(index.data()));
+    dst.at(index.data()) = f(src.at(index.data()));
     for (int a = src.rank() - 1; a >= 0; --a) {
       if (++index[a] < src.dim(a)) break;
       index[a] = 0;
     }
   }
+}
+
+// Element-wise copy between views of one shape (any strides), converting the
+// element type. Throws ValueError if the shapes differ.
+template <class Src, class Dst>
+void copy(TensorView<const Src> src, TensorView<Dst> dst) {
+  transform(src, dst, [](const Src& x) { return static_cast<Dst>(x); });
 }
 
 // A C-contiguous copy of a view.

@@ -23,8 +23,9 @@ from .functional import (alibi_slopes, attention, attention_backward, multi_head
                          positional_encoding, rope, rope_backward, rope_frequencies,
                          scaled_dot_product_attention, softmax)
 from .layer import MultiHeadAttention  # noqa: F401
+from . import onnx  # noqa: F401
 
 __all__ = ["attention", "attention_backward", "scaled_dot_product_attention", "softmax",
            "multi_head", "positional_encoding", "rope", "rope_backward", "rope_frequencies",
-           "alibi_slopes", "MultiHeadAttention",
+           "alibi_slopes", "MultiHeadAttention", "onnx",
            "KVCache", "QuantizedTensor", "quantize", "num_threads", "set_num_threads", "max_num_threads", "__version__"]

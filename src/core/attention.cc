@@ -383,7 +383,9 @@ const Shape& AttentionPlan<T, KV>::lse_shape() const {
 template <class T, class KV>
   requires AttentionTypes<T, KV>
 void AttentionPlan<T, KV>::run(TensorView<T> out, TensorView<T> weights) const {
-  prepared_->run(out, {.weights = weights});
+  AttentionExtras<T> extras;
+  extras.weights = weights;
+  prepared_->run(out, extras);
 }
 
 template <class T, class KV>
@@ -423,7 +425,9 @@ template <class T, class KV>
 AttentionResult<T> attention_with_weights(TensorView<const T> q, TensorView<const KV> k,
                                           TensorView<const KV> v, const AttentionOptions& options,
                                           const Mask& mask) {
-  return attention_with_extras(q, k, v, {.weights = true}, options, mask);
+  AttentionReturns returns;
+  returns.weights = true;
+  return attention_with_extras(q, k, v, returns, options, mask);
 }
 
 template <class T, class KV>

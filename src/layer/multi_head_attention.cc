@@ -397,11 +397,13 @@ typename MultiHeadAttention<T>::Activations MultiHeadAttention<T>::forward_activ
       fail("this layer has alibi on, which sets the slopes: pass no alibi_slopes of your own");
     a.attention.alibi_slopes = alibi_slopes(H);
   }
+  AttentionExtras<T> extras;
+  if (opt.need_weights) extras.weights = a.weights.view();
   const auto attend = [&](auto K, auto V) {
     using KV = std::remove_const_t<std::remove_reference_t<decltype(*K.data())>>;
     if constexpr (AttentionTypes<T, KV>)  // (a float64 cache holds float64 only)
       detail::PreparedAttention<T, KV>(qh, K, V, a.attention, a.mask(), a.padding())
-          .run(ctx_heads(a.ctx, a), {.weights = opt.need_weights ? a.weights.view() : TensorView<T>()});
+          .run(ctx_heads(a.ctx, a), extras);
   };
   if (cache) {
     // The chunk's keys and values are read back from the cache, stored as

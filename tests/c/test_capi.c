@@ -199,6 +199,22 @@ static void test_attention(void) {
     CHECK(attn_attention(&gqa.tq, &gqa.tk, &gqa.tv, NULL, &old, &gqa.tout) == ATTN_OK);
     expect_close_d(outd, want_causal, HQ * NQ * DV, 1e-12, __LINE__);
   }
+  /* causal 3 with an explicit offset: n_k - n_q is bottom-right, 0 top-left. */
+  {
+    attn_options offset;
+    double want_offset[HQ * NQ * DV];
+    int align;
+    for (align = 1; align <= 2; ++align) {
+      attn_options_init(&offset);
+      offset.causal = 3;
+      offset.causal_offset = align == 1 ? NK - NQ : 0;
+      for (h = 0; h < HQ; ++h)
+        reference_head(gqa.qd + h * NQ * D, gqa.kd + h / 2 * NK * D, gqa.vd + h / 2 * NK * DV, NQ, NK, D, DV,
+                       NULL, align, -1, -1, 1 / sqrt((double)D), 0, 0, want_offset + h * NQ * DV);
+      CHECK(attn_attention(&gqa.tq, &gqa.tk, &gqa.tv, NULL, &offset, &gqa.tout) == ATTN_OK);
+      expect_close_d(outd, want_offset, HQ * NQ * DV, 1e-12, __LINE__);
+    }
+  }
   /* A newer, longer struct: zero extra bytes are fine, others refused. */
   {
     struct {
@@ -305,9 +321,13 @@ static void test_attention_errors(void) {
   EXPECT_ERROR(attn_attention(&tq, &tk, &tv, NULL, &options, &tout), ATTN_ERROR_INVALID_ARGUMENT,
                "softcap");
   attn_options_init(&options);
-  options.causal = 3;
+  options.causal = 4;
   EXPECT_ERROR(attn_attention(&tq, &tk, &tv, NULL, &options, &tout), ATTN_ERROR_INVALID_ARGUMENT,
-               "causal 3");
+               "causal 4");
+  options.causal = 3;
+  options.causal_offset = -((int64_t)1 << 62) - 1;
+  EXPECT_ERROR(attn_attention(&tq, &tk, &tv, NULL, &options, &tout), ATTN_ERROR_INVALID_ARGUMENT,
+               "causal offset");
   /* The next successful call clears the message. */
   CHECK(attn_attention(&tq, &tk, &tv, NULL, NULL, &tout) == ATTN_OK);
   CHECK(strcmp(attn_last_error(), "") == 0);
