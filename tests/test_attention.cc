@@ -458,6 +458,15 @@ TEST(Attention, ErrorsNameTheArgumentAndShapes) {
   Tensor<float> bad_w({2, 4, 5, 5});
   EXPECT_THROW_MSG(attention(q.view(), k.view(), v.view(), out.view(), {}, {}, bad_w.view()),
                    ValueError, "weights has shape (2, 4, 5, 5), expected (2, 4, 5, 6)");
+  AttentionExtras<float> logits, lse;
+  logits.logits = bad_w.view();
+  EXPECT_THROW_MSG(attention(q.view(), k.view(), v.view(), out.view(), logits), ValueError,
+                   "logits has shape (2, 4, 5, 5), expected (2, 4, 5, 6)");
+  Tensor<float> bad_lse({2, 4, 6});
+  lse.lse = bad_lse.view();
+  EXPECT_THROW_MSG(attention(q.view(), k.view(), v.view(), out.view(), lse), ValueError,
+                   "lse has shape (2, 4, 6), expected (2, 4, 5)");
+  EXPECT_THROW_MSG(parse_logits("softmax"), ValueError, "'scaled', 'softcapped' or 'masked', got 'softmax'");
 }
 
 TEST(Attention, MasksMustBroadcastNeverPad) {
@@ -484,6 +493,13 @@ TEST(Attention, InvalidOptionsAreRefused) {
   o = {};
   o.scale = kInf;
   EXPECT_THROW_MSG(attention(q.view(), q.view(), q.view(), o), ValueError, "scale");
+  o = {};
+  o.causal = Causal::offset(-(int64_t{1} << 62) - 1);
+  EXPECT_THROW_MSG(attention(q.view(), q.view(), q.view(), o), ValueError,
+                   "a causal offset must be within ±2^62, got -4611686018427387905");
+  o.causal = Causal::offset(int64_t{1} << 62);  // the bound itself: every key, no overflow
+  EXPECT_EQ(max_abs_diff(attention(q.view(), q.view(), q.view(), o), attention(q.view(), q.view(), q.view())),
+            0.0);
 }
 
 TEST(Attention, AlibiSlopesAreChecked) {

@@ -447,3 +447,12 @@ def test_extras_are_not_differentiable():
     out, lse = attn.attention(q, q.detach(), q.detach(), return_lse=True)
     with pytest.raises(RuntimeError, match="log-sum-exp"):
         lse.sum().backward()
+
+
+def test_causal_offset_backward_is_the_dense_masks():
+    rng = np.random.default_rng(32)
+    q, k, v, dout = rand(rng, 2, 4, 8), rand(rng, 2, 7, 8), rand(rng, 2, 7, 3), rand(rng, 2, 4, 3)
+    allowed = np.arange(7)[None, :] <= np.arange(4)[:, None] + 2
+    for got, want in zip(attn.attention_backward(q, k, v, dout, causal=("offset", 2)),
+                         attn.attention_backward(q, k, v, dout, allowed)):
+        np.testing.assert_array_equal(got, want)
