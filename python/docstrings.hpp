@@ -17,7 +17,7 @@ Returns an array of a's shape (float64 for float64 input, else float32).
 )";
 
 inline constexpr const char* kAttention = R"(attention(q, k, v, mask=None, *, causal=False, scale=None, softcap=None,
-          window=None, alibi_slopes=None, return_weights=False,
+          window=None, alibi_slopes=None, sinks=None, return_weights=False,
           return_logits=None, return_lse=False)
 
 Scaled dot-product attention: softmax(q @ k.T * scale + mask) @ v.
@@ -68,6 +68,12 @@ alibi_slopes
     BLOOM's); adds -slope[h] * (p - j) to the logits after softcap, with the
     masks, p as for window. Computed per tile, never as an (n_q, n_k) bias.
 
+sinks
+    Attention sinks (gpt-oss): one logit per query head, shape (Hq,), in
+    every row's softmax denominator as a key of value zero: used as given
+    (not scaled, not softcapped); the weights exclude it (rows sum below 1)
+    and the log-sum-exp includes it.
+
 return_weights, return_logits, return_lse
     return_weights=True: the softmax weights. return_logits: the logits
     before the softmax, 'scaled' (scale * q.k), 'softcapped' (then softcap;
@@ -114,14 +120,16 @@ kept alive, and must not change while attention reads it.
 )";
 
 inline constexpr const char* kAttentionBackward = R"(attention_backward(q, k, v, dout, mask=None, *, causal=False, scale=None,
-                   softcap=None, window=None, alibi_slopes=None) -> (dq, dk, dv)
+                   softcap=None, window=None, alibi_slopes=None, sinks=None)
+    -> (dq, dk, dv), or (dq, dk, dv, dsinks) with sinks
 
 The gradient of attention(q, k, v, mask, ...) with respect to q, k and v,
 given dout = dL/dout of the output's shape (..., Hq, n_q, d_v). Takes the same
 arguments and options as attention() and returns arrays of q's, k's and v's
 shapes. With GQA, a key/value head's gradient sums over the query heads that
 share it. A row with no allowed key contributes zero gradient (never NaN).
-The mask gets no gradient.
+The mask gets no gradient; the sinks get dsinks (Hq,), summed over the batch
+and the rows.
 
 Computed in double precision; float32 input is converted and the gradients
 returned as float32 (float64 if any of q, k, v, dout is float64).

@@ -65,16 +65,17 @@ std::optional<double> optional_float(const py::object& o, const char* name) {
   }
 }
 
-// alibi_slopes=None | one slope per query head.
-std::vector<double> alibi_from(const py::object& o) {
+// alibi_slopes=None | one slope per query head; sinks=None | one logit per
+// query head.
+std::vector<double> per_head_from(const py::object& o, const char* name, const char* what) {
   if (o.is_none()) return {};
-  auto a = as<double>(as_numeric_array(o, "alibi_slopes"));
+  auto a = as<double>(as_numeric_array(o, name));
   if (a.ndim() != 1)
-    throw ValueError("alibi_slopes must be a 1-D array, one slope per query head, got shape " +
+    throw ValueError(std::string(name) + " must be a 1-D array, one " + what + " per query head, got shape " +
                      shape_str(Shape(a.shape(), a.shape() + a.ndim())));
-  std::vector<double> slopes(static_cast<size_t>(a.shape(0)));
-  for (py::ssize_t h = 0; h < a.shape(0); ++h) slopes[h] = a.at(h);
-  return slopes;
+  std::vector<double> values(static_cast<size_t>(a.shape(0)));
+  for (py::ssize_t h = 0; h < a.shape(0); ++h) values[h] = a.at(h);
+  return values;
 }
 
 // ---------------------------------------------------------------------------
@@ -175,10 +176,11 @@ py::object py_attention(const py::object& q_obj, const py::object& k_obj,
                         const py::object& v_obj, const py::object& mask,
                         const py::object& causal, const py::object& scale,
                         const py::object& softcap, const py::object& window,
-                        const py::object& alibi_slopes, bool return_weights,
+                        const py::object& alibi_slopes, const py::object& sinks, bool return_weights,
                         const py::object& return_logits, bool return_lse) {
   AttentionOptions opt = attention_options(causal, scale, softcap, window);
-  opt.alibi_slopes = alibi_from(alibi_slopes);
+  opt.alibi_slopes = per_head_from(alibi_slopes, "alibi_slopes", "slope");
+  opt.sinks = per_head_from(sinks, "sinks", "logit");
   AttentionReturns returns;
   returns.weights = return_weights;
   returns.lse = return_lse;
@@ -208,24 +210,29 @@ py::tuple attention_backward_t(const py::array& q_in, const py::array& k_in,
   const auto q = view_of<const T>(qa), k = view_of<const T>(ka), v = view_of<const T>(va),
              dout = view_of<const T>(da);
   auto dq = empty<T>(q.shape()), dk = empty<T>(k.shape()), dv = empty<T>(v.shape());
+  auto dsinks = empty<T>({static_cast<int64_t>(opt.sinks.size())});
   auto dqv = view_of<T>(dq), dkv = view_of<T>(dk), dvv = view_of<T>(dv);
+  const TensorView<T> dsv = opt.sinks.empty() ? TensorView<T>() : view_of<T>(dsinks);
   const MaskArg m(mask_obj, "mask", IntegerMask::Refuse);
   {
     py::gil_scoped_release nogil;
-    attention_backward(q, k, v, dout, dqv, dkv, dvv, opt, m.mask);
+    attention_backward(q, k, v, dout, dqv, dkv, dvv, opt, m.mask, dsv);
   }
-  return py::make_tuple(dq, dk, dv);
+  if (opt.sinks.empty()) return py::make_tuple(dq, dk, dv);
+  return py::make_tuple(dq, dk, dv, dsinks);
 }
 
 py::tuple py_attention_backward(const py::object& q_obj, const py::object& k_obj,
                                 const py::object& v_obj, const py::object& dout_obj,
                                 const py::object& mask, const py::object& causal,
                                 const py::object& scale, const py::object& softcap,
-                                const py::object& window, const py::object& alibi_slopes) {
+                                const py::object& window, const py::object& alibi_slopes,
+                                const py::object& sinks) {
   const auto q = as_numeric_array(q_obj, "q"), k = as_numeric_array(k_obj, "k"),
              v = as_numeric_array(v_obj, "v"), dout = as_numeric_array(dout_obj, "dout");
   AttentionOptions opt = attention_options(causal, scale, softcap, window);
-  opt.alibi_slopes = alibi_from(alibi_slopes);
+  opt.alibi_slopes = per_head_from(alibi_slopes, "alibi_slopes", "slope");
+  opt.sinks = per_head_from(sinks, "sinks", "logit");
   if (is_float64(q) || is_float64(k) || is_float64(v) || is_float64(dout))
     return attention_backward_t<double>(q, k, v, dout, mask, opt);
   return attention_backward_t<float>(q, k, v, dout, mask, opt);
@@ -404,12 +411,12 @@ PYBIND11_MODULE(_core, m) {
   m.def("attention", &py_attention, arg("q"), arg("k"), arg("v"), arg("mask") = py::none(),
         py::kw_only(), arg("causal") = false, arg("scale") = py::none(),
         arg("softcap") = py::none(), arg("window") = py::none(), arg("alibi_slopes") = py::none(),
-        arg("return_weights") = false, arg("return_logits") = py::none(),
+        arg("sinks") = py::none(), arg("return_weights") = false, arg("return_logits") = py::none(),
         arg("return_lse") = false, docs::kAttention);
   m.def("attention_backward", &py_attention_backward, arg("q"), arg("k"), arg("v"),
         arg("dout"), arg("mask") = py::none(), py::kw_only(), arg("causal") = false,
         arg("scale") = py::none(), arg("softcap") = py::none(), arg("window") = py::none(),
-        arg("alibi_slopes") = py::none(), docs::kAttentionBackward);
+        arg("alibi_slopes") = py::none(), arg("sinks") = py::none(), docs::kAttentionBackward);
   m.def("multi_head", &py_multi_head, arg("x"), arg("heads") = 4, docs::kMultiHead);
   m.def("positional_encoding", &py_positional_encoding, arg("n"), arg("d"), py::kw_only(),
         arg("base") = 10000.0, arg("dtype") = py::module_::import("numpy").attr("float32"),

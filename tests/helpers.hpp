@@ -67,6 +67,9 @@ struct KernelCase {
   int mask;  // 0 none, 1 bool (n_q, n_k), 2 float (hq, 1, n_k)
   // ALiBi with alibi_slopes(hq, |alibi|) (negated when alibi < 0); 0: none.
   double alibi = 0;
+  // Sinks: head h's logit is sinks · (h % 3 - 1) + 0.5 (some above the
+  // row's logits, some below); 0: none.
+  double sinks = 0;
 };
 
 // The case's AttentionOptions.
@@ -80,6 +83,7 @@ inline AttentionOptions options_of(const KernelCase& c) {
     if (c.alibi < 0)
       for (double& s : o.alibi_slopes) s = -s;
   }
+  for (int64_t h = 0; c.sinks != 0 && h < c.hq; ++h) o.sinks.push_back(c.sinks * double(h % 3 - 1) + 0.5);
   return o;
 }
 
@@ -90,7 +94,7 @@ inline std::string describe(const KernelCase& c) {
          " causal=" + causal_name(c.causal) + " window=(" +
          std::to_string(c.window.left) + "," + std::to_string(c.window.right) +
          ") softcap=" + std::to_string(c.softcap) + " mask=" + std::to_string(c.mask) +
-         " alibi=" + std::to_string(c.alibi);
+         " alibi=" + std::to_string(c.alibi) + " sinks=" + std::to_string(c.sinks);
 }
 
 // A fresh folder for one test's files, removed with its contents at the end.

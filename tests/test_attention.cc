@@ -234,6 +234,46 @@ TEST(Reference, ExtrasFollowTheirDefinitions) {
   }
 }
 
+// Sinks by their definition (gpt-oss): one more term e^sink[h] in every
+// row's denominator, no value; row 0, which the offset leaves no key, is
+// the sink alone: zero output and weights, lse = the sink.
+TEST(Reference, SinksJoinTheDenominator) {
+  std::mt19937 rng(13);
+  const int64_t hq = 2, n_q = 3, n_k = 4, d = 5;
+  const auto q = random_tensor({hq, n_q, d}, rng), k = random_tensor({1, n_k, d}, rng),
+             v = random_tensor({1, n_k, 2}, rng);
+  AttentionOptions o;
+  o.causal = Causal::offset(-1);
+  o.softcap = 1.5;
+  o.sinks = {0.75, -2.0};
+  AttentionReturns returns;
+  returns.weights = true;
+  returns.lse = true;
+  const auto r = attention_with_extras(q.view(), k.view(), v.view(), returns, o);
+  for (int64_t h = 0; h < hq; ++h)
+    for (int64_t i = 0; i < n_q; ++i) {
+      double denominator = std::exp(o.sinks[h]), out[2] = {0, 0};
+      std::vector<double> e(n_k, 0.0);
+      for (int64_t j = 0; j <= i - 1; ++j) {
+        double dot = 0;
+        for (int64_t c = 0; c < d; ++c) dot += q.at({h, i, c}) * k.at({0, j, c});
+        e[j] = std::exp(1.5 * std::tanh(dot / std::sqrt(double(d)) / 1.5));  // the sink: not softcapped
+        denominator += e[j];
+        for (int64_t c = 0; c < 2; ++c) out[c] += e[j] * v.at({0, j, c});
+      }
+      for (int64_t c = 0; c < 2; ++c) EXPECT_NEAR(r.out.at({h, i, c}), out[c] / denominator, 1e-14);
+      for (int64_t j = 0; j < n_k; ++j) EXPECT_NEAR(r.weights.at({h, i, j}), e[j] / denominator, 1e-15);
+      EXPECT_NEAR(r.lse.at({h, i}), std::log(denominator), 1e-14);
+    }
+  EXPECT_EQ(r.lse.at({1, 0}), -2.0);
+  AttentionOptions wrong;
+  wrong.sinks = {1.0};
+  EXPECT_THROW_MSG(attention(q.view(), k.view(), v.view(), wrong), ValueError,
+                   "sinks must hold one logit per query head (2), got 1");
+  wrong.sinks = {1.0, kInf};
+  EXPECT_THROW_MSG(attention(q.view(), k.view(), v.view(), wrong), ValueError, "sinks must be finite");
+}
+
 TEST(Reference, ScaleMultipliesTheLogits) {
   std::mt19937 rng(7);
   auto q = random_tensor({3, 4}, rng);

@@ -53,11 +53,23 @@ TEST_P(AttentionBackward, MatchesFiniteDifferences) {
       mask = TensorView<const double>(mf.view());
     }
   }
-  const auto loss = [&] { return dot(attention(q.view(), k.view(), v.view(), c.options, mask), dout); };
+  // The sinks as a tensor, so that the loss can be differentiated by them too.
+  Tensor<double> sinks({static_cast<int64_t>(c.options.sinks.size())});
+  for (int64_t h = 0; h < sinks.numel(); ++h) sinks[h] = c.options.sinks[h];
+  const auto loss = [&] {
+    AttentionOptions o = c.options;
+    for (int64_t h = 0; h < sinks.numel(); ++h) o.sinks[h] = sinks[h];
+    return dot(attention(q.view(), k.view(), v.view(), o, mask), dout);
+  };
   const auto g = attention_backward(q.view(), k.view(), v.view(), dout.view(), c.options, mask);
   EXPECT_LE(rel_error(g.dq, numeric_gradient(q, loss)), kTol);
   EXPECT_LE(rel_error(g.dk, numeric_gradient(k, loss)), kTol);
   EXPECT_LE(rel_error(g.dv, numeric_gradient(v, loss)), kTol);
+  if (!c.options.sinks.empty()) {
+    EXPECT_LE(rel_error(g.dsinks, numeric_gradient(sinks, loss)), kTol);
+  } else {
+    EXPECT_EQ(g.dsinks.data(), nullptr);  // no sinks: none
+  }
 
   // float32 goes through the same double computation, rounded.
   const auto f = [](const Tensor<double>& t) { return test::cast<float>(t); };
@@ -67,6 +79,9 @@ TEST_P(AttentionBackward, MatchesFiniteDifferences) {
   EXPECT_LE(rel_error(g32.dq, g.dq), 1e-5);
   EXPECT_LE(rel_error(g32.dk, g.dk), 1e-5);
   EXPECT_LE(rel_error(g32.dv, g.dv), 1e-5);
+  if (!c.options.sinks.empty()) {
+    EXPECT_LE(rel_error(g32.dsinks, g.dsinks), 1e-5);
+  }
 }
 
 AttentionOptions with_causal(Causal c, Window w = {}) {
@@ -112,6 +127,23 @@ INSTANTIATE_TEST_SUITE_P(
                         AttentionOptions o = with_causal(Causal::BottomRight, {3, -1});
                         o.softcap = 2;
                         o.scale = 0.8;
+                        return o;
+                      }(),
+                      {2, 1, 5, 7}},
+        // Sinks (and their own gradient), with GQA and rows that a causal
+        // offset leaves without a key (only the sink: no gradient to q).
+        AttentionCase{"sinks", {2, 4, 5, 4}, {2, 2, 6, 4}, {2, 2, 6, 3},
+                      [] {
+                        AttentionOptions o = with_causal(Causal::offset(-1));
+                        o.sinks = {0.5, -1.0, 2.0, 0.0};
+                        return o;
+                      }()},
+        AttentionCase{"sinks_everything", {2, 3, 5, 4}, {2, 3, 7, 4}, {2, 3, 7, 3},
+                      [] {
+                        AttentionOptions o = with_causal(Causal::TopLeft, {4, -1});
+                        o.softcap = 2;
+                        o.alibi_slopes = {0.5, 0.25, -0.125};
+                        o.sinks = {1.0, -0.5, 3.0};
                         return o;
                       }(),
                       {2, 1, 5, 7}}),

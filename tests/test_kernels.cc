@@ -111,6 +111,11 @@ std::vector<KernelCase> flash_cases() {
   cases.push_back({1, 2, 2, 300, 260, 16, 24, Causal::offset(-40), {}, 0, 1});
   cases.push_back({1, 2, 2, 70, 200, 32, 32, Causal::offset(500), {}, 0, 0});
   cases.push_back({2, 4, 2, 129, 333, 40, 24, Causal::offset(150), {60, 5}, 20.0, 2, 8.0});
+  // Sinks: alone, with rows that have no key (the sink alone), with ALiBi
+  // (whose anchor shifts the sink with the row), softcap and masks.
+  cases.push_back({1, 3, 1, 300, 260, 64, 64, Causal::None, {}, 0, 0, 0, 4.0});
+  cases.push_back({1, 6, 3, 200, 150, 32, 48, Causal::offset(-30), {}, 0, 1, 0, 2.0});
+  cases.push_back({2, 6, 2, 129, 333, 40, 24, Causal::BottomRight, {60, 5}, 20.0, 2, 8.0, 3.0});
   return cases;
 }
 
@@ -131,6 +136,9 @@ std::vector<KernelCase> decode_cases() {
       // a padded cache: the query sees the first 700 keys of 1500
       {1, 4, 2, 2, 1500, 64, 64, Causal::offset(698), {}, 0, 0, 8.0},
       {1, 2, 2, 3, 1200, 32, 32, Causal::offset(-5), {}, 0, 0},
+      // sinks, merged once with the chunks' partial results
+      {1, 6, 2, 2, 1500, 64, 64, Causal::BottomRight, {}, 0, 0, 8.0, 3.0},
+      {1, 3, 3, 3, 1100, 32, 32, Causal::offset(-2), {300, 0}, 0, 1, 0, 1.0},
   };
 }
 

@@ -36,6 +36,11 @@ struct AttentionOptions {
   // with the masks (p: the query's position, Causal::position); computed per tile, never stored as
   // an n_q × n_k bias. Empty: none.
   std::vector<double> alibi_slopes;
+  // Attention sinks (gpt-oss): one logit per query head, included in every
+  // row's softmax denominator as a key of value zero would be: used as given
+  // (neither scaled nor softcapped), it takes weight from the row's keys
+  // (their weights then sum below 1) and enters the log-sum-exp. Empty: none.
+  std::vector<double> sinks;
 };
 
 // The logits attention can return beside its output, by how far they have
@@ -152,19 +157,21 @@ AttentionResult<T> attention_with_extras(TensorView<const T> q, TensorView<const
 
 // The gradient of attention: given dout = dL/dout (the output's shape),
 // writes dq, dk, dv (the shapes of q, k, v; overwritten) for the same inputs
-// and options. With GQA a key/value head's gradient sums over the query heads
-// that share it; a row with no allowed key contributes no gradient; a mask
-// gets none (it is not learned). Computed in double (float32 converts in and
-// out; a fast float32 kernel is future work).
+// and options, and with sinks their gradient into dsinks (Hq,) unless it is
+// an empty view. With GQA a key/value head's gradient sums over the query
+// heads that share it; a row with no allowed key contributes no gradient to
+// q, k, v; a mask gets none (it is not learned). Computed in double (float32
+// converts in and out; a fast float32 kernel is future work).
 template <Real T>
 void attention_backward(TensorView<const T> q, TensorView<const T> k, TensorView<const T> v,
                         TensorView<const T> dout, TensorView<T> dq, TensorView<T> dk,
                         TensorView<T> dv, const AttentionOptions& options = {},
-                        const Mask& mask = {});
+                        const Mask& mask = {}, TensorView<T> dsinks = {});
 
 template <class T>
 struct AttentionGradients {
   Tensor<T> dq, dk, dv;
+  Tensor<T> dsinks;  // (Hq,) with sinks; empty otherwise
 };
 template <Real T>
 AttentionGradients<T> attention_backward(TensorView<const T> q, TensorView<const T> k,

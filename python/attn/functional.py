@@ -14,10 +14,10 @@ __all__ = ["softmax", "attention", "attention_backward", "scaled_dot_product_att
 
 class _Attention(Differentiable):
     """_core.attention on arrays, as an autograd node over the tensors
-    `inputs` (q, k, v as given). `arrays` are what the library reads: the
-    inputs, or views of them broadcast to a common batch shape, whose
-    gradients are summed back to the inputs' shapes. `returns` are the
-    return_* keywords."""
+    `inputs` (q, k, v as given, and the sinks when there are some). `arrays`
+    are what the library reads: q, k, v, or views of them broadcast to a
+    common batch shape, whose gradients are summed back to the inputs'
+    shapes. `returns` are the return_* keywords."""
 
     differentiable = 1
 
@@ -35,7 +35,7 @@ class _Attention(Differentiable):
 
     def backward(self, dout):
         grads = _core.attention_backward(*self.arrays, dout, self.mask, **self.options)
-        return tuple(sum_to_shape(g, tuple(x.shape)) for g, x in zip(grads, self.inputs))
+        return tuple(sum_to_shape(g, tuple(x.shape)) for g, x in zip(grads, self.inputs))  # (dsinks: (Hq,))
 
 
 def _attention(inputs, arrays, mask, options, returns):
@@ -45,25 +45,27 @@ def _attention(inputs, arrays, mask, options, returns):
     if not any_tensor(*inputs, mask):
         return _core.attention(*arrays, mask_array, **returns, **options)
     refuse_grad(mask, "the mask", "attn computes no gradient for masks")
-    run = _Attention(inputs, arrays, mask_array, options, returns, result_dtype(*inputs))
+    run = _Attention(inputs, arrays, mask_array, options, returns, result_dtype(*inputs[:3]))
     out = run.apply() if wants_grad(*inputs) else run.forward()
     return out if len(out) > 1 else out[0]
 
 
 def attention(q, k, v, mask=None, *, causal=False, scale=None, softcap=None, window=None,
-              alibi_slopes=None, return_weights=False, return_logits=None, return_lse=False):
+              alibi_slopes=None, sinks=None, return_weights=False, return_logits=None, return_lse=False):
     arrays = tuple(to_array(x, name) for x, name in ((q, "q"), (k, "k"), (v, "v")))
     refuse_grad(alibi_slopes, "alibi_slopes", "attn computes no gradient for ALiBi's slopes")
     options = dict(causal=causal, scale=scale, softcap=softcap, window=window,
-                   alibi_slopes=to_array(alibi_slopes, "alibi_slopes"))
+                   alibi_slopes=to_array(alibi_slopes, "alibi_slopes"), sinks=to_array(sinks, "sinks"))
     returns = dict(return_weights=return_weights, return_logits=return_logits, return_lse=return_lse)
-    return _attention((q, k, v), arrays, mask, options, returns)
+    inputs = (q, k, v) + ((sinks,) if is_tensor(sinks) else ())  # learnable sinks get a gradient
+    return _attention(inputs, arrays, mask, options, returns)
 
 
 attention.__doc__ = _core.attention.__doc__ + """
 Torch tensors (CPU) are read in place and give tensors back; with autograd on,
-the output's grad_fn calls attention_backward (the extras and the mask get no
-gradient: backpropagating into them is an error).
+the output's grad_fn calls attention_backward (q, k, v and the sinks get their
+gradients; the extras and the mask get none: backpropagating into them is an
+error).
 """
 
 
@@ -138,7 +140,7 @@ autograd as attn.attention.
 
 
 def attention_backward(q, k, v, dout, mask=None, *, causal=False, scale=None, softcap=None,
-                       window=None, alibi_slopes=None):
+                       window=None, alibi_slopes=None, sinks=None):
     inputs = (q, k, v, dout)
     refuse_second = [x for x in inputs if wants_grad(x)]
     if refuse_second:
@@ -147,7 +149,8 @@ def attention_backward(q, k, v, dout, mask=None, *, causal=False, scale=None, so
     arrays = [to_array(x, n) for x, n in zip(inputs, ("q", "k", "v", "dout"))]
     grads = _core.attention_backward(*arrays, to_array(mask, "mask"), causal=causal, scale=scale,
                                      softcap=softcap, window=window,
-                                     alibi_slopes=to_array(alibi_slopes, "alibi_slopes"))
+                                     alibi_slopes=to_array(alibi_slopes, "alibi_slopes"),
+                                     sinks=to_array(sinks, "sinks"))
     if not any_tensor(*inputs, mask):
         return grads
     dtype = result_dtype(*inputs)

@@ -156,13 +156,17 @@ AttentionProblem<T> make_problem(TensorView<const T> q, TensorView<const KV> k,
          std::to_string(options.window.left) + ", " +
          std::to_string(options.window.right) + ")");
 
-  if (!options.alibi_slopes.empty()) {
-    if (static_cast<int64_t>(options.alibi_slopes.size()) != s.heads_q)
-      fail("alibi_slopes must hold one slope per query head (" + std::to_string(s.heads_q) +
-           "), got " + std::to_string(options.alibi_slopes.size()));
-    for (double slope : options.alibi_slopes)
-      if (!std::isfinite(slope)) fail("alibi_slopes must be finite, got " + std::to_string(slope));
-  }
+  // ALiBi's slopes and the sinks: one finite number per query head, or none.
+  const auto per_head = [&](const std::vector<double>& values, const char* name, const char* what) {
+    if (values.empty()) return;
+    if (static_cast<int64_t>(values.size()) != s.heads_q)
+      fail(std::string(name) + " must hold one " + what + " per query head (" + std::to_string(s.heads_q) +
+           "), got " + std::to_string(values.size()));
+    for (double x : values)
+      if (!std::isfinite(x)) fail(std::string(name) + " must be finite, got " + std::to_string(x));
+  };
+  per_head(options.alibi_slopes, "alibi_slopes", "slope");
+  per_head(options.sinks, "sinks", "logit");
 
   AttentionProblem<T> p;
   p.batch_axes = s.batch;
@@ -201,6 +205,7 @@ AttentionProblem<T> make_problem(TensorView<const T> q, TensorView<const KV> k,
   p.window = options.window;
   p.softcap = options.softcap;
   p.alibi = options.alibi_slopes;
+  p.sinks = options.sinks;
   return p;
 }
 
@@ -277,7 +282,8 @@ template <class T>
 std::pair<AttentionProblem<T>, GradientOperands<T>> make_backward_problem(
     TensorView<const T> q, TensorView<const T> k, TensorView<const T> v,
     TensorView<const T> dout, TensorView<T> dq, TensorView<T> dk, TensorView<T> dv,
-    const AttentionOptions& options, const MaskInput& mask, const MaskInput& second) {
+    const AttentionOptions& options, const MaskInput& mask, const MaskInput& second,
+    TensorView<T> dsinks) {
   std::pair<AttentionProblem<T>, GradientOperands<T>> r{
       make_problem(q, k, v, options, mask, second), {}};
   const AttentionProblem<T>& p = r.first;
@@ -296,6 +302,12 @@ std::pair<AttentionProblem<T>, GradientOperands<T>> make_backward_problem(
   r.second.dq = operand(dq, p.batch_axes, p.batch);
   r.second.dk = operand(dk, p.batch_axes, p.batch);
   r.second.dv = operand(dv, p.batch_axes, p.batch);
+  if (!dsinks.empty_view()) {
+    if (p.sinks.empty()) fail("dsinks given without sinks");
+    check_grad("dsinks", dsinks.shape(), "sinks", Shape{p.heads_q});
+    r.second.dsinks = dsinks.data();
+    r.second.dsinks_stride = dsinks.stride(0);
+  }
   return r;
 }
 
@@ -303,9 +315,9 @@ template <class T>
 void masked_attention_backward(TensorView<const T> q, TensorView<const T> k,
                                TensorView<const T> v, TensorView<const T> dout, TensorView<T> dq,
                                TensorView<T> dk, TensorView<T> dv, const AttentionOptions& options,
-                               const MaskInput& mask, const MaskInput& second) {
+                               const MaskInput& mask, const MaskInput& second, TensorView<T> dsinks) {
   if constexpr (std::is_same_v<T, double>) {
-    const auto [p, g] = make_backward_problem(q, k, v, dout, dq, dk, dv, options, mask, second);
+    const auto [p, g] = make_backward_problem(q, k, v, dout, dq, dk, dv, options, mask, second, dsinks);
     reference_attention_backward(p, g);
   } else {
     // No float32 kernel yet (a fast one is planned): compute through the
@@ -316,24 +328,26 @@ void masked_attention_backward(TensorView<const T> q, TensorView<const T> k,
       return d;
     };
     const Tensor<double> q64 = wide(q), k64 = wide(k), v64 = wide(v), dout64 = wide(dout);
-    Tensor<double> dq64(dq.shape()), dk64(dk.shape()), dv64(dv.shape());
+    Tensor<double> dq64(dq.shape()), dk64(dk.shape()), dv64(dv.shape()), dsinks64(dsinks.shape());
     masked_attention_backward<double>(q64.view(), k64.view(), v64.view(), dout64.view(),
-                                      dq64.view(), dk64.view(), dv64.view(), options, mask, second);
+                                      dq64.view(), dk64.view(), dv64.view(), options, mask, second,
+                                      dsinks.empty_view() ? TensorView<double>() : dsinks64.view());
     copy<double>(dq64.view(), dq);
     copy<double>(dk64.view(), dk);
     copy<double>(dv64.view(), dv);
+    if (!dsinks.empty_view()) copy<double>(dsinks64.view(), dsinks);
   }
 }
 template void masked_attention_backward(TensorView<const float>, TensorView<const float>,
                                         TensorView<const float>, TensorView<const float>,
                                         TensorView<float>, TensorView<float>, TensorView<float>,
                                         const AttentionOptions&, const MaskInput&,
-                                        const MaskInput&);
+                                        const MaskInput&, TensorView<float>);
 template void masked_attention_backward(TensorView<const double>, TensorView<const double>,
                                         TensorView<const double>, TensorView<const double>,
                                         TensorView<double>, TensorView<double>, TensorView<double>,
                                         const AttentionOptions&, const MaskInput&,
-                                        const MaskInput&);
+                                        const MaskInput&, TensorView<double>);
 
 }  // namespace detail
 
@@ -452,16 +466,19 @@ AttentionResult<T> attention_with_extras(TensorView<const T> q, TensorView<const
 template <Real T>
 void attention_backward(TensorView<const T> q, TensorView<const T> k, TensorView<const T> v,
                         TensorView<const T> dout, TensorView<T> dq, TensorView<T> dk,
-                        TensorView<T> dv, const AttentionOptions& options, const Mask& mask) {
-  detail::masked_attention_backward(q, k, v, dout, dq, dk, dv, options, {mask}, {});
+                        TensorView<T> dv, const AttentionOptions& options, const Mask& mask,
+                        TensorView<T> dsinks) {
+  detail::masked_attention_backward(q, k, v, dout, dq, dk, dv, options, {mask}, {}, dsinks);
 }
 
 template <Real T>
 AttentionGradients<T> attention_backward(TensorView<const T> q, TensorView<const T> k,
                                          TensorView<const T> v, TensorView<const T> dout,
                                          const AttentionOptions& options, const Mask& mask) {
-  AttentionGradients<T> g{Tensor<T>(q.shape()), Tensor<T>(k.shape()), Tensor<T>(v.shape())};
-  attention_backward(q, k, v, dout, g.dq.view(), g.dk.view(), g.dv.view(), options, mask);
+  AttentionGradients<T> g{Tensor<T>(q.shape()), Tensor<T>(k.shape()), Tensor<T>(v.shape()), {}};
+  if (!options.sinks.empty()) g.dsinks = Tensor<T>({static_cast<int64_t>(options.sinks.size())});
+  attention_backward(q, k, v, dout, g.dq.view(), g.dk.view(), g.dv.view(), options, mask,
+                     options.sinks.empty() ? TensorView<T>() : g.dsinks.view());
   return g;
 }
 
@@ -492,11 +509,11 @@ ATTN_INSTANTIATE(double, double)
 template void attention_backward(TensorView<const float>, TensorView<const float>,
                                  TensorView<const float>, TensorView<const float>,
                                  TensorView<float>, TensorView<float>, TensorView<float>,
-                                 const AttentionOptions&, const Mask&);
+                                 const AttentionOptions&, const Mask&, TensorView<float>);
 template void attention_backward(TensorView<const double>, TensorView<const double>,
                                  TensorView<const double>, TensorView<const double>,
                                  TensorView<double>, TensorView<double>, TensorView<double>,
-                                 const AttentionOptions&, const Mask&);
+                                 const AttentionOptions&, const Mask&, TensorView<double>);
 template AttentionGradients<float> attention_backward(TensorView<const float>,
                                                       TensorView<const float>,
                                                       TensorView<const float>,

@@ -94,6 +94,7 @@ struct AttentionProblem {
   Window window;
   double softcap = 0;
   std::vector<double> alibi;  // ALiBi slopes, one per query head; empty: none
+  std::vector<double> sinks;  // sink logits, one per query head; empty: none
 
   int64_t group() const { return heads_q / heads_kv; }  // query heads per kv head
 };
@@ -128,6 +129,8 @@ template <class T>
 struct GradientOperands {
   Operand<const T> dout;
   Operand<T> dq, dk, dv;
+  T* dsinks = nullptr;  // (Hq,) contiguous, when the sinks' gradient is asked for
+  int64_t dsinks_stride = 1;
 };
 
 // Validates the arguments of attention_backward() and builds the forward
@@ -136,7 +139,8 @@ template <class T>
 std::pair<AttentionProblem<T>, GradientOperands<T>> make_backward_problem(
     TensorView<const T> q, TensorView<const T> k, TensorView<const T> v,
     TensorView<const T> dout, TensorView<T> dq, TensorView<T> dk, TensorView<T> dv,
-    const AttentionOptions& options, const MaskInput& mask, const MaskInput& second = {});
+    const AttentionOptions& options, const MaskInput& mask, const MaskInput& second = {},
+    TensorView<T> dsinks = {});
 
 // attention_backward() with two masks as in make_problem: the entry of the
 // MultiHeadAttention layer. T is float or double.
@@ -144,7 +148,8 @@ template <class T>
 void masked_attention_backward(TensorView<const T> q, TensorView<const T> k,
                                TensorView<const T> v, TensorView<const T> dout, TensorView<T> dq,
                                TensorView<T> dk, TensorView<T> dv, const AttentionOptions& options,
-                               const MaskInput& mask, const MaskInput& second);
+                               const MaskInput& mask, const MaskInput& second,
+                               TensorView<T> dsinks = {});
 
 // The double-precision oracle: plain loops, accumulation in double.
 void reference_attention(const AttentionProblem<double>& p);

@@ -5,7 +5,8 @@
 //   a +∞ maximum         the +∞ entries share the weight equally, the rest 0
 //   otherwise            e^(x − max) / Σ e^(x − max), the max subtracted first
 // and of its log-sum-exp, log Σ e^x (the log of the denominator): NaN, −∞,
-// +∞ and max + log Σ e^(x − max) in the same four cases.
+// +∞ and max + log Σ e^(x − max) in the same four cases. An attention sink
+// is one more entry of the denominator that gets no weight of its own.
 // The reference (reference.cc) and attn::softmax's plain rows (softmax.cc)
 // call it; the SIMD kernels' copy of the rules (SoftmaxStep and the
 // kernels' merges, kernels/attention-inl.h) is tested against it on every
@@ -19,11 +20,12 @@
 
 namespace attn::detail {
 
-// x[0 .. n) := softmax(x), in place; returns the log-sum-exp of x.
+// x[0 .. n) := softmax(x), in place; returns the log-sum-exp of x (and the
+// sink, a finite logit or −∞ for none).
 template <class T>
-T softmax_by_definition(T* x, int64_t n) {
+T softmax_by_definition(T* x, int64_t n, T sink = -std::numeric_limits<T>::infinity()) {
   const T inf = std::numeric_limits<T>::infinity();
-  T max = -inf;
+  T max = sink;
   bool nan = false;  // fmax skips NaN
   for (int64_t j = 0; j < n; ++j) {
     max = std::fmax(max, x[j]);
@@ -40,6 +42,7 @@ T softmax_by_definition(T* x, int64_t n) {
     else x[j] = std::exp(x[j] - max);
     sum += x[j];
   }
+  if (max != -inf && max != inf) sum += std::exp(sink - max);
   for (int64_t j = 0; j < n; ++j) x[j] = sum > 0 ? x[j] / sum : 0;
   return max == -inf || max == inf ? max : max + std::log(sum);
 }

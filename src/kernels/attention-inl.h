@@ -404,17 +404,30 @@ inline void Softcap(DF d, double softcap, float* s, int64_t n, bool natural = fa
     hn::Store(hn::Mul(cap, hn::Tanh(d, hn::Mul(hn::Load(d, s + e), inv))), d, s + e);
 }
 
+// How far the kernels' logits of row i of head h lie above the true ones,
+// in natural units: ALiBi's anchor (AlibiAnchor) shifts them by
+// slope · (p - anchor); 0 without ALiBi.
+inline double AlibiShift(const AttentionProblem<float>& p, int64_t h, int64_t i) {
+  if (p.alibi.empty()) return 0;
+  const int64_t anchor = AlibiAnchor(p.alibi[h], allowed_keys(i, p.n_q, p.n_k, p.causal, p.window));
+  return p.alibi[h] * double(i + p.causal.position(p.n_q, p.n_k) - anchor);
+}
+
+// Row i of head h's attention sink in the kernels' units (base 2, shifted
+// with the row's logits), the running max its online softmax starts from
+// (with a sum of 1: the sink is a key of value zero); -inf without sinks.
+inline float SinkLogit(const AttentionProblem<float>& p, int64_t h, int64_t i) {
+  if (p.sinks.empty()) return -std::numeric_limits<float>::infinity();
+  return Base2(p.sinks[h] + AlibiShift(p, h, i));
+}
+
 // The log-sum-exp of row i of head h, in natural units, from the running max
-// m and sum l of its online softmax (base 2, ALiBi anchored: the anchor's
-// shift is undone): -inf for a row with no allowed key, NaN for a NaN row.
+// m and sum l of its online softmax (base 2, shifted: AlibiShift is undone):
+// -inf for a row with no allowed key (and no sink), NaN for a NaN row.
 inline float RowLse(const AttentionProblem<float>& p, int64_t h, int64_t i, float m, float l) {
   if (l == 0) return -std::numeric_limits<float>::infinity();
-  double lse = (double(m) + std::log2(double(l))) * 0.69314718055994530942;  // NaN and +inf carry
-  if (!p.alibi.empty()) {
-    const int64_t anchor = AlibiAnchor(p.alibi[h], allowed_keys(i, p.n_q, p.n_k, p.causal, p.window));
-    lse += p.alibi[h] * double(anchor - (i + p.causal.position(p.n_q, p.n_k)));
-  }
-  return static_cast<float>(lse);
+  const double lse = (double(m) + std::log2(double(l))) * 0.69314718055994530942;  // NaN and +inf carry
+  return static_cast<float>(lse - AlibiShift(p, h, i));
 }
 
 // out[0 .. d_v) = o · inv, the output row (b, h, i) from its unnormalised

@@ -174,11 +174,12 @@ void DecodeForwardT(const AttentionProblem<float>& p) {
     float* o = tls_merged.get(static_cast<size_t>(std::max<int64_t>(dvp, 1)));  // one merged row
     const float* first = parts + bh * chunks * part_size;
     for (int64_t r = 0; r < R; ++r) {
-      float mx = -std::numeric_limits<float>::infinity();
-      for (int64_t c = 0; c < chunks; ++c) mx = std::max(mx, first[c * part_size + R * dvp + r]);
       const int64_t h = hkv * p.group() + r / p.n_q;
+      const float sink = SinkLogit(p, h, r % p.n_q);  // a key of value zero; -inf without sinks
+      float mx = sink;
+      for (int64_t c = 0; c < chunks; ++c) mx = std::max(mx, first[c * part_size + R * dvp + r]);
       std::fill(o, o + dvp, 0.0f);
-      float l = 0;
+      float l = p.sinks.empty() ? 0.0f : ExpDifference(sink, mx);
       for (int64_t c = 0; c < chunks; ++c) {
         const float* part = first + c * part_size;
         const float m_c = part[R * dvp + r], l_c = part[R * dvp + R + r];

@@ -269,8 +269,11 @@ HWY_INLINE void SoftmaxPass(DF d, const Item& it, int64_t h, bool pack, ItemStat
   const int64_t dvp = st.dvp;
   float* s = st.s;
   float* o = st.o;
-  std::fill(st.m, st.m + it.rows, -std::numeric_limits<float>::infinity());
   std::fill(st.l_lanes, st.l_lanes + it.rows * N, 0.0f);
+  for (int64_t r = 0; r < it.rows; ++r) {
+    st.m[r] = SinkLogit(p, h, it.i0 + r);  // -inf without sinks
+    if (!p.sinks.empty()) st.l_lanes[r * N] = 1.0f;
+  }
   std::fill(o, o + it.rows * dvp, 0.0f);
   for (int64_t kt = st.t_begin; kt < st.t_end; ++kt) {
     const int64_t j0 = kt * kBlockK, jn = std::min(kBlockK, p.n_k - j0);

@@ -76,7 +76,8 @@ double row_weights(const AttentionProblem<T>& p, int64_t b, int64_t h, int64_t i
     if (logits)
       (*logits)[j] = p.logits_stage == Logits::Scaled ? s[j] : p.logits_stage == Logits::Softcapped ? logit : w[j];
   }
-  return softmax_by_definition(w.data(), p.n_k);
+  return softmax_by_definition(w.data(), p.n_k,
+                               p.sinks.empty() ? -std::numeric_limits<double>::infinity() : p.sinks[h]);
 }
 
 // out[c] = Σ w[j] v[j][c] over the keys that take part (a weight of 0 times
@@ -133,6 +134,8 @@ void reference_attention_backward(const AttentionProblem<double>& p,
   zero(g.dq, p.batch, p.heads_q, p.n_q, p.d);
   zero(g.dk, p.batch, p.heads_kv, p.n_k, p.d);
   zero(g.dv, p.batch, p.heads_kv, p.n_k, p.d_v);
+  if (g.dsinks)
+    for (int64_t h = 0; h < p.heads_q; ++h) g.dsinks[h * g.dsinks_stride] = 0;
   std::vector<double> s(p.n_k), w(p.n_k), dw(p.n_k);
   std::vector<char> part(p.n_k);
   for (int64_t b = 0; b < p.batch; ++b)
@@ -140,7 +143,7 @@ void reference_attention_backward(const AttentionProblem<double>& p,
       // GQA: every query head of a group adds into its one key/value head.
       const int64_t hkv = h / p.group();
       for (int64_t i = 0; i < p.n_q; ++i) {
-        row_weights(p, b, h, i, s, w, part);
+        const double lse = row_weights(p, b, h, i, s, w, part);
         const double* dout = g.dout.row(b, h, i);
         // forward: out[c] = sum_j w[j] v[j][c]
         // so:      dw[j] = dout · v[j];  dv[j][c] += w[j] dout[c]
@@ -154,10 +157,12 @@ void reference_attention_backward(const AttentionProblem<double>& p,
             dv[c * g.dv.col_stride] += w[j] * dout[c * g.dout.col_stride];
           }
         }
-        // forward: w = softmax(logits)
-        // so:      dlogit[j] = w[j] (dw[j] - sum_l w[l] dw[l])
+        // forward: w = softmax(logits) (the sink: one more logit, value 0)
+        // so:      dlogit[j] = w[j] (dw[j] - sum_l w[l] dw[l]),
+        //          dsink = w_sink (0 - sum_l w[l] dw[l]), w_sink = exp(sink - lse)
         double wdw = 0;
         for (int64_t j = 0; j < p.n_k; ++j) wdw += w[j] * dw[j];
+        if (g.dsinks) g.dsinks[h * g.dsinks_stride] -= std::exp(p.sinks[h] - lse) * wdw;
         const double* q = p.q.row(b, h, i);
         double* dq = g.dq.row(b, h, i);
         for (int64_t j = 0; j < p.n_k; ++j) {
