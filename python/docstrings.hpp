@@ -135,6 +135,21 @@ Computed in double precision; float32 input is converted and the gradients
 returned as float32 (float64 if any of q, k, v, dout is float64).
 )";
 
+inline constexpr const char* kAttentionVarlen = R"(attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, causal=False, scale=None,
+                 softcap=None, window=None, alibi_slopes=None, sinks=None,
+                 return_lse=False)
+
+Attention over a packed batch of variable-length sequences, FlashAttention's
+varlen layout (flash_attn_varlen_func): q (total_q, Hq, d), k (total_k, Hkv,
+d), v (total_k, Hkv, d_v); cu_seqlens_q and cu_seqlens_k (batch + 1,) integer
+offsets from 0 to total_q and total_k (non-decreasing: empty sequences are
+allowed). Sequence b's queries q[cu_seqlens_q[b]:cu_seqlens_q[b+1]] attend
+only its keys k[cu_seqlens_k[b]:cu_seqlens_k[b+1]]; every option is that of
+attention(), applied within each sequence (causal=True: bottom-right within
+the sequence). Returns out (total_q, Hq, d_v), or (out, lse) with lse
+(Hq, total_q) when return_lse=True. No work is spent on padding.
+)";
+
 inline constexpr const char* kMultiHead = R"(multi_head(x, heads=4)
 
 The article's multi-head attention: split the last axis of x (..., n, d) into

@@ -240,7 +240,7 @@ void bind_mha(py::module_& m) {
                        bool bias, bool add_bias_kv, bool add_zero_attn, const py::object& kdim,
                        const py::object& vdim, bool batch_first, const py::object& num_kv_heads,
                        bool rope, double rope_base, bool rope_interleaved,
-                       const py::object& rope_scaling, bool alibi, uint64_t seed) {
+                       const py::object& rope_scaling, bool alibi, bool sinks, uint64_t seed) {
              MultiHeadAttentionConfig c;
              c.embed_dim = int_arg(embed_dim, "embed_dim");
              c.num_heads = int_arg(num_heads, "num_heads");
@@ -257,6 +257,7 @@ void bind_mha(py::module_& m) {
              c.rope_interleaved = rope_interleaved;
              if (!rope_scaling.is_none()) c.rope_scaling = parse_rope_scaling(rope_scaling.cast<std::string>());
              c.alibi = alibi;
+             c.sinks = sinks;
              return PyMha{std::make_unique<MultiHeadAttention<float>>(c, seed), nullptr};
            }),
            arg("embed_dim"), arg("num_heads"), py::kw_only(), arg("dropout") = 0.0,
@@ -264,7 +265,7 @@ void bind_mha(py::module_& m) {
            arg("kdim") = py::none(), arg("vdim") = py::none(), arg("batch_first") = true,
            arg("num_kv_heads") = py::none(), arg("rope") = false, arg("rope_base") = 10000.0,
            arg("rope_interleaved") = false, arg("rope_scaling") = py::none(), arg("alibi") = false,
-           arg("seed") = 0)
+           arg("sinks") = false, arg("seed") = 0)
       .def("forward", &py_forward, arg("query"), arg("key") = py::none(),
            arg("value") = py::none(), py::kw_only(), arg("key_padding_mask") = py::none(),
            arg("attn_mask") = py::none(), arg("causal") = false, arg("window") = py::none(),
@@ -313,7 +314,8 @@ void bind_mha(py::module_& m) {
         if (r == RopeScaling{}) return py::none();
         return py::str(rope_scaling_json(r));
       })
-      .def_property_readonly("alibi", [](const PyMha& s) { return s.f32->config().alibi; });
+      .def_property_readonly("alibi", [](const PyMha& s) { return s.f32->config().alibi; })
+      .def_property_readonly("sinks", [](const PyMha& s) { return s.f32->config().sinks; });
 }
 
 }  // namespace attn::python

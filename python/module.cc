@@ -238,6 +238,53 @@ py::tuple py_attention_backward(const py::object& q_obj, const py::object& k_obj
   return attention_backward_t<float>(q, k, v, dout, mask, opt);
 }
 
+// cu_seqlens: an integer array as int64.
+py::array_t<int64_t> offsets_arg(const py::object& o, const char* name) {
+  const py::array a = as_numeric_array(o, name);
+  if (a.dtype().kind() != 'i' && a.dtype().kind() != 'u')
+    throw TypeError(std::string(name) + " must be an integer array (int32 or int64), got dtype " +
+                    std::string(py::str(a.dtype())));
+  return as<int64_t>(a);
+}
+
+template <class T>
+py::object attention_varlen_t(const py::array& q_in, const py::array& k_in, const py::array& v_in,
+                              py::array_t<int64_t> cu_q, py::array_t<int64_t> cu_k,
+                              const AttentionOptions& opt, bool return_lse) {
+  auto qa = as<T>(q_in), ka = as<T>(k_in), va = as<T>(v_in);
+  const auto q = view_of<const T>(qa), k = view_of<const T>(ka), v = view_of<const T>(va);
+  if (q.rank() != 3 || v.rank() != 3)
+    throw ValueError("attention_varlen: q, k and v must be packed (total, heads, head_dim), got q " +
+                     shape_str(q.shape()) + ", v " + shape_str(v.shape()));
+  auto out = empty<T>({q.dim(0), q.dim(1), v.dim(2)});
+  auto lse = empty<T>(return_lse ? Shape{q.dim(1), q.dim(0)} : Shape{0});
+  const auto o = view_of<T>(out);
+  const TensorView<T> l = return_lse ? view_of<T>(lse) : TensorView<T>();
+  const auto cq = view_of<const int64_t>(cu_q), ck = view_of<const int64_t>(cu_k);
+  {
+    py::gil_scoped_release nogil;
+    attention_varlen(q, k, v, cq, ck, o, opt, l);
+  }
+  if (return_lse) return py::make_tuple(out, lse);
+  return out;
+}
+
+py::object py_attention_varlen(const py::object& q_obj, const py::object& k_obj, const py::object& v_obj,
+                               const py::object& cu_seqlens_q, const py::object& cu_seqlens_k,
+                               const py::object& causal, const py::object& scale,
+                               const py::object& softcap, const py::object& window,
+                               const py::object& alibi_slopes, const py::object& sinks, bool return_lse) {
+  AttentionOptions opt = attention_options(causal, scale, softcap, window);
+  opt.alibi_slopes = per_head_from(alibi_slopes, "alibi_slopes", "slope");
+  opt.sinks = per_head_from(sinks, "sinks", "logit");
+  const auto q = as_numeric_array(q_obj, "q"), k = as_numeric_array(k_obj, "k"),
+             v = as_numeric_array(v_obj, "v");
+  const auto cu_q = offsets_arg(cu_seqlens_q, "cu_seqlens_q"), cu_k = offsets_arg(cu_seqlens_k, "cu_seqlens_k");
+  if (is_float64(q) || is_float64(k) || is_float64(v))
+    return attention_varlen_t<double>(q, k, v, cu_q, cu_k, opt, return_lse);
+  return attention_varlen_t<float>(q, k, v, cu_q, cu_k, opt, return_lse);
+}
+
 py::array py_multi_head(const py::object& x_obj, int64_t heads) {
   return same_shape(as_numeric_array(x_obj, "x"), [&](auto x, auto out) { multi_head(x, out, heads); });
 }
@@ -417,6 +464,10 @@ PYBIND11_MODULE(_core, m) {
         arg("dout"), arg("mask") = py::none(), py::kw_only(), arg("causal") = false,
         arg("scale") = py::none(), arg("softcap") = py::none(), arg("window") = py::none(),
         arg("alibi_slopes") = py::none(), arg("sinks") = py::none(), docs::kAttentionBackward);
+  m.def("attention_varlen", &py_attention_varlen, arg("q"), arg("k"), arg("v"), arg("cu_seqlens_q"),
+        arg("cu_seqlens_k"), py::kw_only(), arg("causal") = false, arg("scale") = py::none(),
+        arg("softcap") = py::none(), arg("window") = py::none(), arg("alibi_slopes") = py::none(),
+        arg("sinks") = py::none(), arg("return_lse") = false, docs::kAttentionVarlen);
   m.def("multi_head", &py_multi_head, arg("x"), arg("heads") = 4, docs::kMultiHead);
   m.def("positional_encoding", &py_positional_encoding, arg("n"), arg("d"), py::kw_only(),
         arg("base") = 10000.0, arg("dtype") = py::module_::import("numpy").attr("float32"),

@@ -274,6 +274,52 @@ TEST(Reference, SinksJoinTheDenominator) {
   EXPECT_THROW_MSG(attention(q.view(), k.view(), v.view(), wrong), ValueError, "sinks must be finite");
 }
 
+// A packed batch (an empty sequence, a decode-sized one, one that crosses
+// tiles) equals one attention call per sequence, bitwise, lse included, in
+// float32 and float64, with causal masking, sinks and GQA.
+template <class T>
+void check_varlen() {
+  std::mt19937 rng(14);
+  const std::vector<int64_t> lens_q = {3, 0, 130, 2}, lens_k = {5, 4, 130, 700};
+  const int64_t hq = 4, hkv = 2, d = 16, d_v = 8;
+  Tensor<int64_t> cu_q({5}), cu_k({5});
+  cu_q[0] = cu_k[0] = 0;
+  for (size_t b = 0; b < 4; ++b) cu_q[b + 1] = cu_q[b] + lens_q[b], cu_k[b + 1] = cu_k[b] + lens_k[b];
+  const auto q = cast<T>(random_tensor({cu_q[4], hq, d}, rng)), k = cast<T>(random_tensor({cu_k[4], hkv, d}, rng)),
+             v = cast<T>(random_tensor({cu_k[4], hkv, d_v}, rng));
+  AttentionOptions o;
+  o.causal = Causal::BottomRight;
+  o.sinks = {0.5, -1.0, 2.0, 0.0};
+  const auto r = attention_varlen(q.view(), k.view(), v.view(), cu_q.view(), cu_k.view(), o, true);
+  ASSERT_EQ(r.out.shape(), (Shape{cu_q[4], hq, d_v}));
+  ASSERT_EQ(r.lse.shape(), (Shape{hq, cu_q[4]}));
+  const auto rows = [](const Tensor<T>& t, int64_t begin, int64_t n) {  // (H, n, width)
+    return contiguous(TensorView<const T>(t.data() + begin * t.dim(1) * t.dim(2), {t.dim(1), n, t.dim(2)},
+                                          {t.dim(2), t.dim(1) * t.dim(2), 1}));
+  };
+  AttentionReturns lse;
+  lse.lse = true;
+  for (size_t b = 0; b < 4; ++b) {
+    const auto want = attention_with_extras(rows(q, cu_q[b], lens_q[b]).view(), rows(k, cu_k[b], lens_k[b]).view(),
+                                            rows(v, cu_k[b], lens_k[b]).view(), lse, o);
+    EXPECT_EQ(max_abs_diff(rows(r.out, cu_q[b], lens_q[b]), want.out), 0.0) << "sequence " << b;
+    for (int64_t h = 0; h < hq; ++h)
+      for (int64_t i = 0; i < lens_q[b]; ++i)
+        EXPECT_EQ(r.lse.at({h, cu_q[b] + i}), want.lse.at({h, i})) << "sequence " << b;
+  }
+  Tensor<int64_t> bad({3}, {0, 2, 1});
+  EXPECT_THROW_MSG(attention_varlen(q.view(), k.view(), v.view(), bad.view(), cu_k.view()), ValueError,
+                   "cu_seqlens_q must not decrease, got 2 then 1 at 2");
+  Tensor<int64_t> short_k({5}, {0, 5, 9, 139, 838});
+  EXPECT_THROW_MSG(attention_varlen(q.view(), k.view(), v.view(), cu_q.view(), short_k.view()), ValueError,
+                   "cu_seqlens_k must end at k's length 839, got 838");
+}
+
+TEST(Varlen, EqualsOneCallPerSequence) {
+  check_varlen<double>();
+  check_varlen<float>();
+}
+
 TEST(Reference, ScaleMultipliesTheLogits) {
   std::mt19937 rng(7);
   auto q = random_tensor({3, 4}, rng);

@@ -308,7 +308,10 @@ INSTANTIATE_TEST_SUITE_P(
                 true, true, Causal::None, true},
         MhaCase{"bias_kv_gqa_no_bias", variant(mha_config(8, 4), [](auto& c) {
                   c.add_bias_kv = true; c.num_kv_heads = 2; c.bias = false; })},
-        MhaCase{"zero_attn_unbatched", variant(mha_config(8, 2), [](auto& c) { c.add_zero_attn = true; }), false}),
+        MhaCase{"zero_attn_unbatched", variant(mha_config(8, 2), [](auto& c) { c.add_zero_attn = true; }), false},
+        // learnable sinks (the last parameter), with GQA, RoPE and masks
+        MhaCase{"sinks_gqa_rope_masks", variant(mha_config(8, 4), [](auto& c) {
+                  c.sinks = true; c.num_kv_heads = 2; c.rope = true; }), true, true, Causal::BottomRight, true}),
     [](const auto& info) { return std::string(info.param.name); });
 
 TEST(MhaBackward, RefusesACacheAndAWrongDout) {

@@ -17,3 +17,4 @@
 #include "attn/softmax.hpp"
 #include "attn/tensor.hpp"
 #include "attn/threads.hpp"
+#include "attn/varlen.hpp"

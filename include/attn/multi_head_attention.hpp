@@ -39,6 +39,9 @@ struct MultiHeadAttentionConfig {
   // ALiBi: attention gets alibi_slopes(num_heads) (BLOOM's), a bias on the
   // logits by distance from each query's position (cache length + row).
   bool alibi = false;
+  // Attention sinks (gpt-oss): a learnable logit per query head, the
+  // parameter `sinks` (num_heads,), initialised to 0 (attention's sinks).
+  bool sinks = false;
   // nn.MultiheadAttention's options of the same names. add_bias_kv appends a
   // learned key bias_k and value bias_v to every sequence's keys and values,
   // add_zero_attn then a key and a value of zeros; both keys take part in
@@ -138,7 +141,8 @@ class MultiHeadAttention {
                            const MhaForwardOptions<T>& options = {}) const;
 
   // The learnable tensors: Wq, Wk, Wv, Wo, then (with bias) bq, bk, bv, bo,
-  // then (with add_bias_kv) bias_k, bias_v; matrices (out, in) as nn.Linear. For optimizers and gradient checks; the
+  // then (with add_bias_kv) bias_k, bias_v, then (with sinks) sinks;
+  // matrices (out, in) as nn.Linear. For optimizers and gradient checks; the
   // pointers stay valid until the next load_state_dict or assignment.
   std::vector<Tensor<T>*> parameters();
   std::vector<const Tensor<T>*> parameters() const;
@@ -149,7 +153,7 @@ class MultiHeadAttention {
 
   // PyTorch's names: in_proj_weight (3E, E) / q_proj_weight, k_proj_weight,
   // v_proj_weight; in_proj_bias; out_proj.weight; out_proj.bias; bias_k,
-  // bias_v (1, 1, dkv).
+  // bias_v (1, 1, dkv); and attn's sinks (num_heads,).
   std::map<std::string, Tensor<T>> state_dict() const;
   // backward()'s parameter gradients under the same names and shapes.
   std::map<std::string, Tensor<T>> gradient_dict(const MhaGradients<T>& gradients) const;
@@ -166,6 +170,7 @@ class MultiHeadAttention {
     Tensor<T> wq, wk, wv, wo;  // (out, in), as nn.Linear
     Tensor<T> bq, bk, bv, bo;  // empty when !bias
     Tensor<T> bias_k, bias_v;  // (1, 1, dkv); empty when !add_bias_kv
+    Tensor<T> sinks;           // (num_heads,); empty when !sinks
     std::vector<const Tensor<T>*> list(const MultiHeadAttentionConfig& c) const;  // parameters()' order
   };
   // A parameter set (or its gradients) under PyTorch's names.

@@ -19,13 +19,14 @@ torch.nn.functional's signature, MultiHeadAttention torch.nn.MultiheadAttention'
 """
 from ._core import (KVCache, QuantizedTensor, __version__, max_num_threads,  # noqa: F401
                     num_threads, quantize, set_num_threads)
-from .functional import (alibi_slopes, attention, attention_backward, multi_head,  # noqa: F401
-                         positional_encoding, rope, rope_backward, rope_frequencies,
+from .functional import (alibi_slopes, attention, attention_backward, attention_varlen,  # noqa: F401
+                         multi_head, positional_encoding, rope, rope_backward, rope_frequencies,
                          scaled_dot_product_attention, softmax)
 from .layer import MultiHeadAttention  # noqa: F401
 from . import onnx  # noqa: F401
 
-__all__ = ["attention", "attention_backward", "scaled_dot_product_attention", "softmax",
+__all__ = ["attention", "attention_backward", "attention_varlen", "scaled_dot_product_attention",
+           "softmax",
            "multi_head", "positional_encoding", "rope", "rope_backward", "rope_frequencies",
            "alibi_slopes", "MultiHeadAttention", "onnx",
            "KVCache", "QuantizedTensor", "quantize", "num_threads", "set_num_threads", "max_num_threads", "__version__"]

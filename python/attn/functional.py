@@ -7,7 +7,7 @@ from . import _core
 from ._interop import (Differentiable, any_tensor, is_tensor, refuse_grad, result_dtype,
                        scaling_json, sum_to_shape, to_array, to_tensor, wants_grad, _torch)
 
-__all__ = ["softmax", "attention", "attention_backward", "scaled_dot_product_attention",
+__all__ = ["softmax", "attention", "attention_backward", "attention_varlen", "scaled_dot_product_attention",
            "multi_head", "positional_encoding", "rope", "rope_backward", "rope_frequencies",
            "alibi_slopes"]
 
@@ -67,6 +67,26 @@ the output's grad_fn calls attention_backward (q, k, v and the sinks get their
 gradients; the extras and the mask get none: backpropagating into them is an
 error).
 """
+
+
+def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, causal=False, scale=None, softcap=None,
+                     window=None, alibi_slopes=None, sinks=None, return_lse=False):
+    inputs = (q, k, v, sinks)
+    for x, name in zip(inputs, ("q", "k", "v", "sinks")):
+        refuse_grad(x, name, "attention_varlen has no backward yet")
+    arrays = [None if x is None else to_array(x, n) for x, n in zip(inputs, ("q", "k", "v", "sinks"))]
+    r = _core.attention_varlen(*arrays[:3], to_array(cu_seqlens_q, "cu_seqlens_q"),
+                               to_array(cu_seqlens_k, "cu_seqlens_k"), causal=causal, scale=scale,
+                               softcap=softcap, window=window,
+                               alibi_slopes=to_array(alibi_slopes, "alibi_slopes"), sinks=arrays[3],
+                               return_lse=return_lse)
+    if not any_tensor(q, k, v):
+        return r
+    dtype = result_dtype(q, k, v)
+    return tuple(to_tensor(a, dtype) for a in r) if return_lse else to_tensor(r, dtype)
+
+
+attention_varlen.__doc__ = _core.attention_varlen.__doc__
 
 
 def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0,

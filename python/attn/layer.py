@@ -57,7 +57,7 @@ class MultiHeadAttention:
                    add_zero_attn=False, kdim=None, vdim=None, batch_first=True,
                    device=None, dtype=None, *, num_kv_heads=None, rope=False,
                    rope_base=10000.0, rope_interleaved=False, rope_scaling=None,
-                   alibi=False, seed=0)
+                   alibi=False, sinks=False, seed=0)
 
 The learnable multi-head attention layer: q = query Wqᵀ + bq, k = key Wkᵀ + bk,
 v = value Wvᵀ + bv, split into heads, attention per head, heads concatenated,
@@ -80,7 +80,9 @@ rope_scaling (Hugging Face's rope_scaling dict, as attn.rope takes it; with a
 KV cache the length-dependent types see the cache length after appending,
 and cached keys keep the rotation they were stored with), alibi (ALiBi:
 attention with attn.alibi_slopes(num_heads); not with add_bias_kv or
-add_zero_attn), and seed: weights are initialised as PyTorch does
+add_zero_attn), sinks (attention sinks, gpt-oss's: a learnable logit per
+head in every row's softmax denominator, the parameter `sinks` (num_heads,),
+initialised to 0), and seed: weights are initialised as PyTorch does
 (Xavier-uniform, zero biases, bias_k and bias_v Xavier-normal), reproducibly
 from it.
 
@@ -93,14 +95,14 @@ own: `backward()` returns theirs).
     def __init__(self, embed_dim, num_heads, dropout=0.0, bias=True, add_bias_kv=False,
                  add_zero_attn=False, kdim=None, vdim=None, batch_first=True, device=None,
                  dtype=None, *, num_kv_heads=None, rope=False, rope_base=10000.0,
-                 rope_interleaved=False, rope_scaling=None, alibi=False, seed=0):
+                 rope_interleaved=False, rope_scaling=None, alibi=False, sinks=False, seed=0):
         _checked_device_and_dtype(device, dtype)
         self._layer = _core.MultiHeadAttention(
             embed_dim, num_heads, dropout=dropout, bias=bias, add_bias_kv=add_bias_kv,
             add_zero_attn=add_zero_attn, kdim=kdim, vdim=vdim, batch_first=batch_first,
             num_kv_heads=num_kv_heads, rope=rope, rope_base=rope_base,
             rope_interleaved=rope_interleaved, rope_scaling=scaling_json(rope_scaling),
-            alibi=alibi, seed=seed)
+            alibi=alibi, sinks=sinks, seed=seed)
 
     @classmethod
     def _of(cls, layer):
@@ -262,13 +264,13 @@ add_zero_attn append.
 
     def __repr__(self):
         names = ("embed_dim", "num_heads", "num_kv_heads", "kdim", "vdim", "bias", "add_bias_kv",
-                 "add_zero_attn", "batch_first", "dropout", "rope", "alibi")
+                 "add_zero_attn", "batch_first", "dropout", "rope", "alibi", "sinks")
         return "attn.MultiHeadAttention(" + ", ".join(f"{n}={getattr(self, n)!r}" for n in names) + ")"
 
 
 for _name in ("embed_dim", "num_heads", "num_kv_heads", "head_dim", "kdim", "vdim", "bias",
               "add_bias_kv", "add_zero_attn", "batch_first", "dropout", "rope", "rope_base",
-              "rope_interleaved", "alibi"):
+              "rope_interleaved", "alibi", "sinks"):
     setattr(MultiHeadAttention, _name,
             property(lambda self, n=_name: getattr(self._layer, n)))
 MultiHeadAttention.rope_scaling = property(

@@ -146,12 +146,15 @@ struct Attend {
     const bool vs_f32 = baselines && dtype != KVDtype::F32;
     const bool vs_noncausal = baselines && opt.causal != Causal::None;
     const bool vs_no_alibi = baselines && !opt.alibi_slopes.empty();
-    AttentionOptions no_alibi = opt;
+    const bool vs_no_sinks = baselines && !opt.sinks.empty();
+    AttentionOptions no_alibi = opt, no_sinks = opt;
     no_alibi.alibi_slopes.clear();
+    no_sinks.sinks.clear();
     std::vector<std::function<void()>> kernels{[&] { (*this)(out, opt); }};
     if (vs_f32) kernels.push_back([&] { (*this)(out, opt, true); });
     if (vs_noncausal) kernels.push_back([&] { (*this)(out, {}); });
     if (vs_no_alibi) kernels.push_back([&] { (*this)(out, no_alibi); });
+    if (vs_no_sinks) kernels.push_back([&] { (*this)(out, no_sinks); });
     Timing t{run_in_turns(kernels, ceiling), nlohmann::ordered_json::object(), ""};
     const std::vector<double>& ms = t.turns.kernel_ms;
     char buf[160];
@@ -184,6 +187,14 @@ struct Attend {
       std::snprintf(buf, sizeof buf, "  without ALiBi in the same turns: %.3f ms (this takes %.3fx its time)\n",
                     ms[i], ms[0] / ms[i]);
       t.text += buf;
+      ++i;
+    }
+    if (vs_no_sinks) {
+      t.json["no_sinks_median_ms"] = rounded(ms[i], 4);
+      t.json["time_vs_no_sinks"] = rounded(ms[0] / ms[i], 4);
+      std::snprintf(buf, sizeof buf, "  without sinks in the same turns: %.3f ms (this takes %.3fx its time)\n",
+                    ms[i], ms[0] / ms[i]);
+      t.text += buf;
     }
     return t;
   }
@@ -191,10 +202,12 @@ struct Attend {
 
 int64_t keys_of(const BenchArgs& a) { return a.kv_len > 0 ? a.kv_len : a.n; }
 
-// The options timed: --causal, and with --alibi BLOOM's slopes.
+// The options timed: --causal, with --alibi BLOOM's slopes, with --sinks a
+// sink per head (logits 0, ±1, ...: of the size of the scores).
 AttentionOptions options_of(const BenchArgs& a) {
   AttentionOptions o = a.attention;
   if (a.alibi) o.alibi_slopes = alibi_slopes(a.heads);
+  for (int64_t h = 0; a.sinks && h < a.heads; ++h) o.sinks.push_back(double(h % 3) - 1.0);
   return o;
 }
 
@@ -232,18 +245,18 @@ Measurement bench_attention(const BenchArgs& a, int threads) {
   const double ratio = (causal ? gflops_unmasked : gflops) / peak;
   Measurement m{{{"kind", "attention"}, {"n", a.n}, {"kv_len", n_k}, {"heads", a.heads},
                  {"kv_heads", hkv}, {"head_dim", a.head_dim}, {"batch", a.batch}, {"causal", causal},
-                 {"kv_dtype", a.kv_dtype}, {"alibi", a.alibi}, {"threads", threads}, {"median_ms", rounded(ms, 4)},
-                 {"gflops", rounded(gflops, 2)}, {"gflops_unmasked", rounded(gflops_unmasked, 2)},
+                 {"kv_dtype", a.kv_dtype}, {"alibi", a.alibi}, {"sinks", a.sinks}, {"threads", threads},
+                 {"median_ms", rounded(ms, 4)}, {"gflops", rounded(gflops, 2)}, {"gflops_unmasked", rounded(gflops_unmasked, 2)},
                  {"peak_gflops", rounded(peak, 2)}, {"ratio_to_peak", rounded(ratio, 4)}},
                 "", ms, causal ? gflops_unmasked : gflops, ratio};
   m.json.update(timing.json);
   char buf[400];
   std::snprintf(buf, sizeof buf,
                 "attention n=%lld kv_len=%lld heads=%lld kv_heads=%lld head_dim=%lld batch=%lld causal=%s "
-                "kv_dtype=%s%s threads=%d\n  median %.3f ms, %.1f GFLOP/s (4·n·kv_len·d·H)",
+                "kv_dtype=%s%s%s threads=%d\n  median %.3f ms, %.1f GFLOP/s (4·n·kv_len·d·H)",
                 (long long)a.n, (long long)n_k, (long long)a.heads, (long long)hkv, (long long)a.head_dim,
                 (long long)a.batch, causal ? "yes" : "no", a.kv_dtype.c_str(), a.alibi ? " alibi=yes" : "",
-                threads, ms, gflops);
+                a.sinks ? " sinks=yes" : "", threads, ms, gflops);
   m.text = buf;
   if (causal) {
     std::snprintf(buf, sizeof buf, ", %.1f GFLOP/s on unmasked pairs", gflops_unmasked);
@@ -286,7 +299,66 @@ Measurement bench_decode(const BenchArgs& a, int threads) {
   return m;
 }
 
+// varlen: one packed call, against the same sequences one call each and
+// against padding them all to the longest with a key mask, in the same turns.
+Measurement bench_varlen(const BenchArgs& a, int threads) {
+  const int64_t H = a.heads, d = a.head_dim, batch = static_cast<int64_t>(a.lengths.size());
+  if (batch == 0) throw ValueError("bench varlen: --lengths needs at least one length");
+  Tensor<int64_t> cu({batch + 1});
+  cu[0] = 0;
+  int64_t longest = 0;
+  for (int64_t b = 0; b < batch; ++b) {
+    cu[b + 1] = cu[b] + a.lengths[b];
+    longest = std::max(longest, a.lengths[b]);
+  }
+  const int64_t total = cu[batch];
+  const auto q = random_tensor({total, H, d}, 1), k = random_tensor({total, H, d}, 2),
+             v = random_tensor({total, H, d}, 3);
+  Tensor<float> out({total, H, d});
+  // One call per sequence, (H, n, d) views of the packed arrays.
+  std::vector<Tensor<float>> outs;
+  for (int64_t b = 0; b < batch; ++b) outs.emplace_back(Shape{H, a.lengths[b], d});
+  const auto seq = [&](const Tensor<float>& t, int64_t b) {
+    return TensorView<const float>(t.data() + cu[b] * H * d, {H, a.lengths[b], d}, {d, H * d, 1});
+  };
+  // Padded: (batch, H, longest, d), keys past each length masked.
+  const Shape padded{batch, H, longest, d};
+  const auto qp = random_tensor(padded, 4), kp = random_tensor(padded, 5), vp = random_tensor(padded, 6);
+  Tensor<float> outp(padded);
+  Tensor<bool> valid({batch, 1, 1, longest});
+  for (int64_t b = 0; b < batch; ++b)
+    for (int64_t j = 0; j < longest; ++j) valid[b * longest + j] = j < a.lengths[b];
+  const AttentionOptions& opt = a.attention;
+  const std::vector<std::function<void()>> kernels{
+      [&] { attention_varlen(q.view(), k.view(), v.view(), cu.view(), cu.view(), out.view(), opt); },
+      [&] {
+        for (int64_t b = 0; b < batch; ++b)
+          attention(seq(q, b), seq(k, b), seq(v, b), outs[b].view(), opt);
+      },
+      [&] { attention(qp.view(), kp.view(), vp.view(), outp.view(), opt, TensorView<const bool>(valid.view())); }};
+  const Turns t = run_in_turns(kernels, [] { return 0.0; });
+  const double packed = t.kernel_ms[0], separate = t.kernel_ms[1], padding = t.kernel_ms[2];
+  std::string lengths;
+  for (int64_t n : a.lengths) lengths += (lengths.empty() ? "" : ",") + std::to_string(n);
+  Measurement m{{{"kind", "varlen"}, {"lengths", a.lengths}, {"heads", H}, {"head_dim", d},
+                 {"causal", opt.causal != Causal::None}, {"threads", threads},
+                 {"median_ms", rounded(packed, 4)}, {"per_sequence_ms", rounded(separate, 4)},
+                 {"padded_ms", rounded(padding, 4)}, {"time_vs_per_sequence", rounded(packed / separate, 4)},
+                 {"speedup_vs_padded", rounded(padding / packed, 4)}},
+                "", packed, 0, 0};
+  char buf[400];
+  std::snprintf(buf, sizeof buf,
+                "varlen lengths=%s heads=%lld head_dim=%lld causal=%s threads=%d\n"
+                "  packed %.3f ms; one call per sequence %.3f ms (packed takes %.3fx its time); "
+                "padded to %lld with a key mask %.3f ms (packed is %.2fx as fast)\n",
+                lengths.c_str(), (long long)H, (long long)d, opt.causal != Causal::None ? "yes" : "no", threads,
+                packed, separate, packed / separate, (long long)longest, padding, padding / packed);
+  m.text = buf;
+  return m;
+}
+
 Measurement measure(const BenchArgs& a, int threads) {
+  if (a.kind == "varlen") return bench_varlen(a, threads);
   return a.kind == "attention" ? bench_attention(a, threads) : bench_decode(a, threads);
 }
 

@@ -41,16 +41,18 @@ struct AttendArgs {
 int run_attend(const AttendArgs& args);
 
 struct BenchArgs {
-  std::string kind;  // "attention" or "decode"
+  std::string kind;  // "attention", "decode" or "varlen"
   int64_t n = 4096, heads = 8, kv_heads = 0, head_dim = 64, batch = 1;
   int64_t kv_len = 32768, queries = 1;  // keys (attention sets 0: as many as queries)
   AttentionOptions attention;  // --causal
   bool alibi = false;          // ALiBi with BLOOM's slopes, timed against the same call without
+  bool sinks = false;          // a sink per head, timed against the same call without
   bool json = false;
   bool sweep = false;      // attention --sweep: a fixed grid of shapes
   bool baselines = true;   // also time the float32 K/V and non-causal baselines
   int threads = 0;  // 0: the library's default
   std::string kv_dtype = "f32";
+  std::vector<int64_t> lengths;  // varlen: the packed sequences' lengths
 };
 int run_bench(const BenchArgs& args);
 

@@ -271,6 +271,7 @@ void add_bench_flags(CLI::App* sub, attn::cli::BenchArgs& args) {
       ->check(CLI::IsMember({"f32", "bf16", "f16", "q8_0"}));
   sub->add_flag("--alibi", args.alibi,
                 "ALiBi with BLOOM's slopes, timed against the same call without it");
+  sub->add_flag("--sinks", args.sinks, "a sink logit per head, timed against the same call without them");
   sub->add_flag("--json", args.json, "print one JSON object");
 }
 
@@ -292,7 +293,7 @@ void add_bench(CLI::App& app, Command& chosen) {
       "--sweep", a->sweep,
       "a fixed grid of shapes (head dims 16-256 at n 128-8192, batch, GQA, cross-attention, causal, "
       "long, decode), one line each; --threads, --kv-dtype and --json apply");
-  for (const char* shape : {"--causal", "--heads", "--kv-heads", "--head-dim", "--batch", "--alibi"})
+  for (const char* shape : {"--causal", "--heads", "--kv-heads", "--head-dim", "--batch", "--alibi", "--sinks"})
     sweep->excludes(attention->get_option(shape));
   sweep->excludes(n)->excludes(kv_len);
   auto* decode = bench->add_subcommand("decode", "a few queries against a long KV cache");
@@ -303,6 +304,22 @@ void add_bench(CLI::App& app, Command& chosen) {
   decode->add_option("--queries", d->queries, "queries per head (1-8)")
       ->check(integer_in<int64_t>(1, 8));
   add_bench_flags(decode, *d);
+  auto* varlen = bench->add_subcommand(
+      "varlen", "a packed batch of variable-length sequences, against one call per sequence and padding");
+  auto v = on_chosen(varlen, chosen, attn::cli::run_bench);
+  v->kind = "varlen";
+  v->lengths = {4096, 512, 64, 64, 64, 64, 64, 64, 64, 64};
+  varlen->add_option("--lengths", v->lengths, "the sequences' lengths (queries = keys)")
+      ->check(integer_in<int64_t>(0, kMaxPositions))
+      ->capture_default_str();
+  add_causal(varlen, v->attention, "causal masking within each sequence");
+  varlen->add_option("--heads", v->heads, "query (and key/value) heads")
+      ->check(integer_in<int64_t>(1, kMaxBenchAxis));
+  varlen->add_option("--head-dim", v->head_dim, "head dimension")
+      ->check(integer_in<int64_t>(1, kMaxBenchAxis));
+  varlen->add_option("--threads", v->threads, "threads (default: all cores)")
+      ->check(integer_in<int>(1, attn::max_num_threads()));
+  varlen->add_flag("--json", v->json, "print one JSON object");
 }
 
 }  // namespace

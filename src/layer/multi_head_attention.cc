@@ -265,6 +265,7 @@ MultiHeadAttention<T>::MultiHeadAttention(const MultiHeadAttentionConfig& config
     w.bias_k = detail::normal<T>({1, 1, kv}, std::sqrt(1.0 / double(kv)), rng);
     w.bias_v = detail::normal<T>({1, 1, kv}, std::sqrt(1.0 / double(kv)), rng);
   }
+  if (config_.sinks) w.sinks = Tensor<T>({config_.num_heads});  // zeros
 }
 
 template <class T>
@@ -397,6 +398,11 @@ typename MultiHeadAttention<T>::Activations MultiHeadAttention<T>::forward_activ
       fail("this layer has alibi on, which sets the slopes: pass no alibi_slopes of your own");
     a.attention.alibi_slopes = alibi_slopes(H);
   }
+  if (c.sinks) {
+    if (!a.attention.sinks.empty())
+      fail("this layer has sinks on, which are its parameter: pass no sinks of your own");
+    a.attention.sinks.assign(w.sinks.data(), w.sinks.data() + H);
+  }
   AttentionExtras<T> extras;
   if (opt.need_weights) extras.weights = a.weights.view();
   const auto attend = [&](auto K, auto V) {
@@ -465,6 +471,7 @@ std::vector<const Tensor<T>*> MultiHeadAttention<T>::Parameters::list(
   std::vector<const Tensor<T>*> l{&wq, &wk, &wv, &wo};
   if (c.bias) l.insert(l.end(), {&bq, &bk, &bv, &bo});
   if (c.add_bias_kv) l.insert(l.end(), {&bias_k, &bias_v});
+  if (c.sinks) l.push_back(&sinks);
   return l;
 }
 
@@ -516,7 +523,8 @@ MhaGradients<T> MultiHeadAttention<T>::backward(TensorView<const T> dout,
   auto dqh = heads_view(dq, H), dkh = heads_view(dk, Hkv);
   detail::masked_attention_backward(TensorView<const T>(heads_view(a.q, H)), a.K, a.V,
                                     TensorView<const T>(ctx_heads(dctx, a)), dqh, dkh,
-                                    heads_view(dv, Hkv), a.attention, a.mask(), a.padding());
+                                    heads_view(dv, Hkv), a.attention, a.mask(), a.padding(),
+                                    c.sinks ? g.parameters.back().view() : TensorView<T>());
   // forward: bias_k, bias_v (add_bias_kv) and zeros (add_zero_attn) appended
   // after the n_in keys the inputs gave
   if (const int64_t n_in = a.k_in.dim(1); n_in != n_k) {
@@ -618,6 +626,7 @@ std::map<std::string, Tensor<T>> MultiHeadAttention<T>::named(const Parameters& 
     s["bias_k"] = w->bias_k;
     s["bias_v"] = w->bias_v;
   }
+  if (config_.sinks) s["sinks"] = w->sinks;
   return s;
 }
 
@@ -632,7 +641,7 @@ void MultiHeadAttention<T>::load_state_dict(const std::map<std::string, Tensor<T
       fail("load_state_dict: unexpected key '" + name + "' (expected " + names + ")" +
            (bias_kv ? "; it comes from nn.MultiheadAttention(add_bias_kv=True): build the layer "
                       "with add_bias_kv=True"
-                    : ""));
+                    : name == "sinks" ? "; build the layer with sinks=True" : ""));
     }
   for (const auto& [name, e] : expected) {
     const auto it = state.find(name);
@@ -670,6 +679,7 @@ void MultiHeadAttention<T>::load_state_dict(const std::map<std::string, Tensor<T
     w->bias_k = state.at("bias_k");
     w->bias_v = state.at("bias_v");
   }
+  if (config_.sinks) w->sinks = state.at("sinks");
   std::lock_guard lock(mutex_);
   params_ = std::move(w);
 }
@@ -687,6 +697,7 @@ std::map<std::string, std::string> to_metadata(const MultiHeadAttentionConfig& c
       {"rope", c.rope ? "true" : "false"},
       {"rope_interleaved", c.rope_interleaved ? "true" : "false"},
       {"alibi", c.alibi ? "true" : "false"},
+      {"sinks", c.sinks ? "true" : "false"},
       {"add_bias_kv", c.add_bias_kv ? "true" : "false"},
       {"add_zero_attn", c.add_zero_attn ? "true" : "false"},
       {"batch_first", c.batch_first ? "true" : "false"},
@@ -745,6 +756,7 @@ MultiHeadAttentionConfig from_metadata(const std::string& path,
   c.rope = get_bool("rope", false);
   c.rope_interleaved = get_bool("rope_interleaved", false);
   c.alibi = get_bool("alibi", false);
+  c.sinks = get_bool("sinks", false);
   if (const auto it = m.find("rope_scaling"); it != m.end()) {
     try {
       c.rope_scaling = parse_rope_scaling(it->second);

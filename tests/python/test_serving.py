@@ -95,3 +95,86 @@ def test_sinks_refuse_bad_input():
         attn.attention(q, q, q, sinks=np.array([0, np.inf]))
     with pytest.raises(ValueError, match="sinks must be a 1-D array"):
         attn.attention(q, q, q, sinks=np.zeros((2, 1)))
+
+
+# ---------------------------------------------------------------------------
+# Packed variable-length batches, against one attention call per sequence
+
+def packed(rng, lengths_q, lengths_k, hq=4, hkv=2, d=16, d_v=8, dtype=np.float32):
+    cu_q, cu_k = np.concatenate([[0], np.cumsum(lengths_q)]), np.concatenate([[0], np.cumsum(lengths_k)])
+    q, k, v = rand(rng, cu_q[-1], hq, d, dtype=dtype), rand(rng, cu_k[-1], hkv, d, dtype=dtype), \
+        rand(rng, cu_k[-1], hkv, d_v, dtype=dtype)
+    return q, k, v, cu_q, cu_k
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("options", [dict(), dict(causal=True), dict(causal="top_left", window=(3, 0)),
+                                     dict(causal=True, softcap=5.0, scale=0.3,
+                                          alibi_slopes=np.array([0.5, 0.25, -0.125, 1.0]),
+                                          sinks=np.array([0.0, 1.0, -1.0, 2.0]))])
+def test_varlen_equals_one_call_per_sequence(dtype, options):
+    rng = np.random.default_rng(40)
+    lengths_q, lengths_k = [5, 0, 300, 1, 2, 70], [9, 3, 300, 600, 0, 70]  # decode, empty, prefill
+    q, k, v, cu_q, cu_k = packed(rng, lengths_q, lengths_k, dtype=dtype)
+    out, lse = attn.attention_varlen(q, k, v, cu_q.astype(np.int32), cu_k, return_lse=True, **options)
+    assert out.shape == (cu_q[-1], 4, 8) and lse.shape == (4, cu_q[-1]) and out.dtype == dtype
+    for b in range(len(lengths_q)):
+        rows, keys = slice(cu_q[b], cu_q[b + 1]), slice(cu_k[b], cu_k[b + 1])
+        want, want_lse = attn.attention(*(x.transpose(1, 0, 2) for x in (q[rows], k[keys], v[keys])),
+                                        return_lse=True, **options)
+        np.testing.assert_array_equal(out[rows], want.transpose(1, 0, 2))
+        np.testing.assert_array_equal(lse[:, rows], want_lse)
+    np.testing.assert_array_equal(attn.attention_varlen(q, k, v, cu_q, cu_k, **options), out)
+
+
+def test_varlen_torch_tensors():
+    torch = pytest.importorskip("torch")
+    q, k, v, cu_q, cu_k = packed(np.random.default_rng(41), [3, 4], [5, 4])
+    out = attn.attention_varlen(*(torch.from_numpy(x) for x in (q, k, v)), torch.from_numpy(cu_q), cu_k)
+    assert isinstance(out, torch.Tensor)
+    np.testing.assert_array_equal(out.numpy(), attn.attention_varlen(q, k, v, cu_q, cu_k))
+
+
+@pytest.mark.parametrize("change, error, message", [
+    (dict(cu_seqlens_q=np.array([1, 3, 7])), ValueError, "cu_seqlens_q[0] must be 0, got 1"),
+    (dict(cu_seqlens_q=np.array([0, 5, 3, 7])), ValueError, "must not decrease"),
+    (dict(cu_seqlens_k=np.array([0, 5, 8])), ValueError, "cu_seqlens_k must end at k's length 9, got 8"),
+    (dict(cu_seqlens_k=np.array([0, 9])), ValueError, "as many sequences"),
+    (dict(cu_seqlens_q=np.array([0.0, 3.0, 7.0])), TypeError, "integer array"),
+    (dict(q=np.zeros((7, 3, 16), np.float32)), ValueError, "multiple of key/value heads"),
+    (dict(q=np.zeros((7, 16), np.float32)), ValueError, "packed (total, heads, head_dim)"),
+])
+def test_varlen_refuses_bad_input(change, error, message):
+    q, k, v, cu_q, cu_k = packed(np.random.default_rng(42), [3, 4], [5, 4])
+    args = dict(q=q, k=k, v=v, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k)
+    args.update(change)
+    with pytest.raises(error) as e:
+        attn.attention_varlen(**args)
+    assert message in str(e.value)
+
+
+# ---------------------------------------------------------------------------
+# The layer's learnable sinks
+
+def test_layer_sinks_are_a_parameter(tmp_path):
+    rng = np.random.default_rng(43)
+    m = attn.MultiHeadAttention(8, 2, sinks=True, seed=1)
+    sd = m.state_dict()
+    assert m.sinks and np.array_equal(sd["sinks"], np.zeros(2, np.float32))
+    sd["sinks"] = np.array([1.5, -2.0], np.float32)
+    m.load_state_dict(sd)
+    x = rand(rng, 2, 5, 8)
+    y = m(x, x, x, causal=True)[0]
+    # the layer by hand: projections, attention with the sinks per head, out_proj
+    wq, wk, wv = np.split(sd["in_proj_weight"], 3)
+    bq, bk, bv = np.split(sd["in_proj_bias"], 3)
+    heads = [(x @ w.T + b).reshape(2, 5, 2, 4).transpose(0, 2, 1, 3) for w, b in ((wq, bq), (wk, bk), (wv, bv))]
+    ctx = attn.attention(*heads, causal=True, sinks=sd["sinks"]).transpose(0, 2, 1, 3).reshape(2, 5, 8)
+    np.testing.assert_allclose(y, ctx @ sd["out_proj.weight"].T + sd["out_proj.bias"], **F32)
+    path = tmp_path / "sinks.safetensors"
+    m.save(path)
+    loaded = attn.MultiHeadAttention.load(path)
+    assert loaded.sinks and np.array_equal(loaded.state_dict()["sinks"], sd["sinks"])
+    np.testing.assert_array_equal(loaded(x, x, x, causal=True)[0], y)
+    with pytest.raises(ValueError, match="build the layer with sinks=True"):
+        attn.MultiHeadAttention(8, 2, seed=1).load_state_dict(sd)
