@@ -266,17 +266,29 @@ shapes. The forward is recomputed; no cache.
 
 inline constexpr const char* kKVCache = R"(KVCache: the keys and values a MultiHeadAttention has seen, for incremental
 decoding. Make one with MultiHeadAttention.new_cache(); len(cache) is the number
-of cached positions, dtype how they are stored, nbytes the bytes they take.
+of cached positions, seen the tokens appended (more than len(cache) once a
+streaming cache has evicted some), dtype how they are stored, nbytes the bytes
+they take.
 An 'f32' cache takes the dtype of its first input (float32 or float64).
 )";
 
-inline constexpr const char* kNewCache = R"(new_cache(dtype='f32') -> KVCache: an empty key/value cache for forward(..., cache=c).
+inline constexpr const char* kNewCache = R"(new_cache(dtype='f32', *, sink_tokens=None, window=None, positions='original')
+    -> KVCache: an empty key/value cache for forward(..., cache=c).
 
 dtype: how keys and values are stored: 'f32' (the input's own float type),
 'bf16', 'f16' or 'q8_0' (GGUF's 8-bit blocks; head_dim a multiple of 32), for
 float32 input. Tokens are converted as they are appended, the chunk's own keys
 and values included, so feeding a sequence chunk by chunk equals one causal
 forward over the same stored keys and values, whatever the chunking.
+
+sink_tokens=S, window=W: StreamingLLM's cache, which keeps the stream's first
+S tokens and its last W, so a stream of any length runs in bounded memory:
+token t attends key j iff j <= t and (j < S or j > t - W). forward must then
+be causal=True (no window, no masks, no ALiBi). positions='original' keeps
+each key's rotation as stored (the same as a dense mask over the whole
+history); 'cache' turns q and every cached key by its slot in the cache, as
+StreamingLLM and Hugging Face's SinkCache do to run past the trained length
+(dtype 'f32' only).
 )";
 
 inline constexpr const char* kStateDict = R"(state_dict() -> dict of float32 numpy arrays with PyTorch's names:

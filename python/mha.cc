@@ -23,15 +23,17 @@ namespace {
 // (bf16, f16, q8_0) is a float32 cache from the start.
 struct PyKVCache {
   KVDtype dtype = KVDtype::F32;
+  StreamingCache streaming;
   std::variant<std::monostate, KVCache<float>, KVCache<double>> cache;
 
-  explicit PyKVCache(KVDtype d) : dtype(d) {
-    if (d != KVDtype::F32) cache.emplace<KVCache<float>>(d);
+  PyKVCache(KVDtype d, const StreamingCache& s) : dtype(d), streaming(s) {
+    cache.emplace<KVCache<float>>(d, s);  // checks the options now
+    if (d == KVDtype::F32) cache = std::monostate();
   }
 
   template <class T>
   KVCache<T>* get() {
-    if (std::holds_alternative<std::monostate>(cache)) cache = KVCache<T>();
+    if (std::holds_alternative<std::monostate>(cache)) cache = KVCache<T>(dtype, streaming);
     if (auto* c = std::get_if<KVCache<T>>(&cache)) return c;
     throw TypeError(std::string("this cache holds ") +
                     (dtype != KVDtype::F32 ? std::string(kv_dtype_name(dtype)) + " keys and values of float32"
@@ -226,6 +228,7 @@ void bind_mha(py::module_& m) {
   using py::arg;
   py::class_<PyKVCache>(m, "KVCache", docs::kKVCache)
       .def_property_readonly("length", &PyKVCache::length)
+      .def_property_readonly("seen", [](const PyKVCache& c) { return c.read([](const auto& k) { return k.seen(); }); })
       .def_property_readonly("dtype", [](const PyKVCache& c) { return kv_dtype_name(c.dtype); })
       .def_property_readonly("nbytes", &PyKVCache::nbytes)
       .def("__len__", &PyKVCache::length)
@@ -276,7 +279,8 @@ void bind_mha(py::module_& m) {
            arg("value") = py::none(), py::kw_only(), arg("key_padding_mask") = py::none(),
            arg("attn_mask") = py::none(), arg("causal") = false, arg("window") = py::none(),
            arg("softcap") = py::none(), arg("scale") = py::none(), docs::kMhaBackward)
-      .def("new_cache", [](const PyMha& self, const py::object& dtype) {
+      .def("new_cache", [](const PyMha& self, const py::object& dtype, const py::object& sink_tokens,
+                           const py::object& window, const std::string& positions) {
              if (!py::isinstance<py::str>(dtype))
                throw TypeError("new_cache: dtype must be 'f32', 'bf16', 'f16' or 'q8_0', got " +
                                std::string(py::repr(dtype)));
@@ -284,8 +288,20 @@ void bind_mha(py::module_& m) {
              if (d == KVDtype::Q8_0 && self.f32->config().head_dim() % kQ8_0Block != 0)
                throw ValueError("new_cache: q8_0 stores blocks of 32 values, so head_dim (" +
                                 std::to_string(self.f32->config().head_dim()) + ") must be a multiple of 32");
-             return PyKVCache(d);
-           }, arg("dtype") = "f32", docs::kNewCache)
+             StreamingCache s;
+             if (window.is_none() != sink_tokens.is_none())
+               throw ValueError("new_cache: a streaming cache takes both sink_tokens and window");
+             if (!window.is_none()) {
+               s.sink_tokens = int_arg(sink_tokens, "new_cache: sink_tokens");
+               s.window = int_arg(window, "new_cache: window");
+               if (s.window < 1) throw ValueError("new_cache: window must be >= 1, got " + std::to_string(s.window));
+             }
+             if (positions != "original" && positions != "cache")
+               throw ValueError("new_cache: positions must be 'original' or 'cache', got '" + positions + "'");
+             s.positions = positions == "cache" ? CachePositions::Cache : CachePositions::Original;
+             return PyKVCache(d, s);
+           }, arg("dtype") = "f32", py::kw_only(), arg("sink_tokens") = py::none(),
+           arg("window") = py::none(), arg("positions") = "original", docs::kNewCache)
       .def("state_dict", &py_state_dict, docs::kStateDict)
       .def("load_state_dict", &py_load_state_dict, arg("state_dict"), docs::kLoadStateDict)
       .def("save", [](const PyMha& self, const py::object& path) { self.f32->save(path_arg(path, "path")); },

@@ -93,6 +93,46 @@ TEST(MultiHeadAttention, KVCacheChunksEqualTheFullCausalForward) {
   check_chunks<double>(c, 1e-12);
 }
 
+// A StreamingLLM cache (2 sink tokens, a window of 5) fed 23 tokens in
+// chunks of 1 to 6 equals one forward over all of them whose mask is the
+// streaming rule (token t attends j iff j <= t and (j < 2 or j > t - 5)),
+// and holds at most 7 tokens.
+TEST(MultiHeadAttention, StreamingCacheIsADenseMaskOverTheHistory) {
+  std::mt19937 rng(54);
+  auto c = config(16, 4);
+  c.rope = true;
+  c.num_kv_heads = 2;
+  c.sinks = true;
+  const MultiHeadAttention<double> layer(c, 4);
+  const int64_t N = 23, S = 2, W = 5;
+  const auto x = random_tensor({1, N, 16}, rng);
+  Tensor<bool> blocked({N, N});  // the layer's convention: true blocks
+  for (int64_t t = 0; t < N; ++t)
+    for (int64_t j = 0; j < N; ++j) blocked[t * N + j] = !(j <= t && (j < S || j > t - W));
+  MhaForwardOptions<double> dense;
+  dense.attn_mask = TensorView<const bool>(blocked.view());
+  const auto full = layer.forward(x.view(), {}, {}, dense).out;
+  auto cache = layer.new_cache(KVDtype::F32, {S, W, CachePositions::Original});
+  MhaForwardOptions<double> step;
+  step.cache = &cache;
+  step.attention.causal = Causal::BottomRight;
+  Tensor<double> got({1, N, 16});
+  int64_t at = 0;
+  for (int64_t n : {1, 3, 6, 2, 1, 4, 5, 1}) {
+    const TensorView<const double> chunk(x.data() + at * 16, {1, n, 16}, {N * 16, 16, 1});
+    const auto y = layer.forward(chunk, {}, {}, step).out;
+    std::copy(y.data(), y.data() + y.numel(), got.data() + at * 16);
+    at += n;
+    EXPECT_LE(cache.length(), S + W);
+    EXPECT_EQ(cache.seen(), at);
+  }
+  EXPECT_LT(rel_error(got, full), 1e-12);
+  step.attention.causal = Causal::None;
+  EXPECT_THROW_MSG(layer.forward(x.view(), {}, {}, step), ValueError, "attends causally");
+  EXPECT_THROW_MSG(KVCache<float>(KVDtype::BF16, {1, 4, CachePositions::Cache}), ValueError,
+                   "positions 'cache' rotates the cached keys");
+}
+
 TEST(MultiHeadAttention, FloatAndDoubleLayersAgree) {
   std::mt19937 rng(52);
   auto c = config(24, 6);

@@ -6,11 +6,29 @@
 #include <cstdint>
 #include <type_traits>
 #include <variant>
+#include <vector>
 
 #include "attn/quantize.hpp"
 #include "attn/tensor.hpp"
 
 namespace attn {
+
+// Where a streaming cache's keys sit for RoPE: at the positions their tokens
+// had in the stream (Original: each key keeps the rotation it was stored
+// with), or at their slots in the cache (Cache: StreamingLLM's and Hugging
+// Face's SinkCache re-indexing, to run past the trained length; the cache
+// then keeps keys unrotated and the layer rotates them by slot each call).
+enum class CachePositions { Original, Cache };
+
+// StreamingLLM (Xiao et al.): a cache that keeps the stream's first
+// sink_tokens tokens and its last `window`, so a stream of any length runs
+// in bounded memory. Token t attends key j iff j <= t and (j < sink_tokens
+// or j > t - window). window = 0: not streaming (every token is kept).
+struct StreamingCache {
+  int64_t sink_tokens = 0;
+  int64_t window = 0;
+  CachePositions positions = CachePositions::Original;
+};
 
 // Storage is (batch, heads, capacity, head_dim) for keys and for values (a
 // q8_0 row: head_dim / 32 blocks, one row per token and head, so appending
@@ -23,10 +41,16 @@ class KVCache {
   // dtype: how tokens are stored. F32 stores T itself (float64 for
   // KVCache<double>, its only storage); BF16, F16 and Q8_0 need T = float,
   // and Q8_0 a head_dim that is a multiple of 32.
-  explicit KVCache(KVDtype dtype = KVDtype::F32);
+  explicit KVCache(KVDtype dtype = KVDtype::F32, const StreamingCache& streaming = {});
 
   KVDtype dtype() const { return dtype_; }
-  int64_t length() const { return length_; }
+  const StreamingCache& streaming() const { return streaming_; }
+  bool is_streaming() const { return streaming_.window > 0; }
+  int64_t length() const { return length_; }  // tokens held
+  int64_t seen() const { return seen_; }      // tokens appended since the start (or clear())
+  // The stream positions of the tokens held, ascending (0 .. length - 1
+  // unless the cache streams).
+  const std::vector<int64_t>& positions() const { return positions_; }
   int64_t capacity() const;
   bool empty() const { return length_ == 0; }
   // The bytes the cached tokens' keys and values take (not the capacity).
@@ -54,7 +78,15 @@ class KVCache {
   TensorView<const T> keys() const;
   TensorView<const T> values() const;
 
-  void clear() { length_ = 0; }
+  // A streaming cache: drops every token but the first sink_tokens of the
+  // stream and its last `window` (nothing otherwise). The layer calls it
+  // after each forward, when the chunk's queries have seen the chunk.
+  void evict();
+
+  void clear() {
+    length_ = seen_ = 0;
+    positions_.clear();
+  }
 
  private:
   using Storage = std::variant<Tensor<T>, Tensor<bfloat16>, Tensor<float16>, Tensor<block_q8_0>>;
@@ -69,9 +101,11 @@ class KVCache {
   void reserve(int64_t capacity);
 
   KVDtype dtype_;
+  StreamingCache streaming_;
   Storage keys_, values_;  // (batch, heads, capacity, row), row in the storage type
   int64_t head_dim_k_ = 0, head_dim_v_ = 0;
-  int64_t length_ = 0;
+  int64_t length_ = 0, seen_ = 0;
+  std::vector<int64_t> positions_;
 };
 
 extern template class KVCache<float>;

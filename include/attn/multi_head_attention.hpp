@@ -148,8 +148,14 @@ class MultiHeadAttention {
   std::vector<const Tensor<T>*> parameters() const;
 
   // An empty cache for forward(): tokens stored as T, or (float32 layers)
-  // bf16, f16 or q8_0 (head_dim a multiple of 32 for q8_0).
-  KVCache<T> new_cache(KVDtype dtype = KVDtype::F32) const { return KVCache<T>(dtype); }
+  // bf16, f16 or q8_0 (head_dim a multiple of 32 for q8_0); with
+  // `streaming`, StreamingLLM's (attn/kv_cache.hpp): forward then attends
+  // causally (causal = BottomRight, no window, no masks, no ALiBi) by the
+  // streaming rule, in stream positions, and evicts after each call. With
+  // positions Cache, RoPE turns q and every cached key by its cache slot.
+  KVCache<T> new_cache(KVDtype dtype = KVDtype::F32, const StreamingCache& streaming = {}) const {
+    return KVCache<T>(dtype, streaming);
+  }
 
   // PyTorch's names: in_proj_weight (3E, E) / q_proj_weight, k_proj_weight,
   // v_proj_weight; in_proj_bias; out_proj.weight; out_proj.bias; bias_k,

@@ -238,8 +238,8 @@ add_zero_attn append.
             state = {**current, **{k: v for k, v in state.items() if k in current}}
         self._layer.load_state_dict(state)
 
-    def new_cache(self, dtype="f32"):
-        return self._layer.new_cache(dtype)
+    def new_cache(self, dtype="f32", *, sink_tokens=None, window=None, positions="original"):
+        return self._layer.new_cache(dtype, sink_tokens=sink_tokens, window=window, positions=positions)
 
     new_cache.__doc__ = _core.MultiHeadAttention.new_cache.__doc__
 

@@ -46,7 +46,15 @@ void store_rows(TensorView<const T> src, Tensor<S>& dst, int64_t at) {
 }  // namespace
 
 template <class T>
-KVCache<T>::KVCache(KVDtype dtype) : dtype_(dtype) {
+KVCache<T>::KVCache(KVDtype dtype, const StreamingCache& streaming) : dtype_(dtype), streaming_(streaming) {
+  if (streaming.sink_tokens < 0 || streaming.window < 0)
+    throw ValueError("KVCache: sink_tokens and window must be >= 0 (window 0: not streaming), got " +
+                     std::to_string(streaming.sink_tokens) + " and " + std::to_string(streaming.window));
+  if (streaming.window == 0 && (streaming.sink_tokens > 0 || streaming.positions != CachePositions::Original))
+    throw ValueError("KVCache: sink_tokens and positions need a window (> 0)");
+  if (streaming.positions == CachePositions::Cache && dtype != KVDtype::F32)
+    throw ValueError(std::string("KVCache: positions 'cache' rotates the cached keys every call: it needs "
+                                 "keys stored as the layer's type, not ") + kv_dtype_name(dtype));
   if constexpr (std::is_same_v<T, double>)
     if (dtype != KVDtype::F32)
       throw ValueError(std::string("KVCache: a float64 cache stores float64 only, got dtype ") +
@@ -137,6 +145,31 @@ void KVCache<T>::append(TensorView<const T> k, TensorView<const T> v) {
   std::visit([&](auto& s) { store_rows(k, s, length_); }, keys_);
   std::visit([&](auto& s) { store_rows(v, s, length_); }, values_);
   length_ += n;
+  for (int64_t t = 0; t < n; ++t) positions_.push_back(seen_ + t);
+  seen_ += n;
+}
+
+template <class T>
+void KVCache<T>::evict() {
+  if (!is_streaming()) return;
+  // The first sink_tokens of the stream are the first slots; the window's
+  // tokens the last. Those in between go, and the window's move down.
+  int64_t sinks = 0;
+  while (sinks < length_ && positions_[sinks] < streaming_.sink_tokens) ++sinks;
+  const int64_t keep_from = std::max(sinks, length_ - streaming_.window);
+  if (keep_from == sinks) return;
+  const int64_t kept = length_ - keep_from;
+  const auto compact = [&](auto& s) {
+    using S = std::remove_cvref_t<decltype(*s.data())>;
+    const int64_t cap = s.dim(2), row = s.dim(3);
+    for (int64_t bh = 0; bh < s.dim(0) * s.dim(1); ++bh)
+      std::memmove(s.data() + (bh * cap + sinks) * row, s.data() + (bh * cap + keep_from) * row,
+                   sizeof(S) * kept * row);
+  };
+  std::visit(compact, keys_);
+  std::visit(compact, values_);
+  positions_.erase(positions_.begin() + sinks, positions_.begin() + keep_from);
+  length_ = sinks + kept;
 }
 
 template class KVCache<float>;

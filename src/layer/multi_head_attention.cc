@@ -318,6 +318,7 @@ struct MultiHeadAttention<T>::Activations {
   RopeOptions rope;
   Tensor<T> ctx;                         // the heads' outputs concatenated, in query's layout
   Tensor<T> weights;                     // (batch, heads, n_q, n_k) when need_weights
+  Tensor<bool> stream_mask;              // a streaming cache's rule, (n_q, n_k), true = blocked
 
   // In PyTorch's convention: a boolean true blocks.
   detail::MaskInput mask() const { return {attn_mask, true}; }
@@ -364,6 +365,17 @@ typename MultiHeadAttention<T>::Activations MultiHeadAttention<T>::forward_activ
                 opt.attention.window.right >= 0))
     fail("causal and window with add_bias_kv or add_zero_attn: give the pattern as attn_mask, "
          "as nn.MultiheadAttention does (the appended keys take part in every row)");
+  const bool streaming = cache && cache->is_streaming();
+  if (streaming) {
+    if (opt.attention.causal != Causal::BottomRight)
+      fail("a streaming cache (sink_tokens, window) attends causally: pass causal=True");
+    if (opt.attention.window.left >= 0 || opt.attention.window.right >= 0)
+      fail("a streaming cache sets the window itself: pass no window");
+    if (has_mask(opt.attn_mask) || has_mask(opt.key_padding_mask))
+      fail("a streaming cache takes no attn_mask or key_padding_mask (they would cover evicted tokens)");
+    if (c.alibi)
+      fail("ALiBi with a streaming cache is not supported: its distances would count cache slots");
+  }
   // Checked before anything is computed or appended to the cache.
   const int64_t n_k = (cache ? cache->length() : 0) + a.k_in.dim(1);
   std::tie(a.attn_mask, a.key_padding_mask) =
@@ -384,9 +396,12 @@ typename MultiHeadAttention<T>::Activations MultiHeadAttention<T>::forward_activ
     a.rope.base = c.rope_base;
     a.rope.interleaved = c.rope_interleaved;
     a.rope.scaling = c.rope_scaling;
-    a.rope.offset = cache ? cache->length() : 0;
+    // Stream positions: the tokens seen so far, or with positions "cache"
+    // the slots the chunk takes (its keys are rotated by slot at each call).
+    const bool by_slot = cache && cache->streaming().positions == CachePositions::Cache;
+    a.rope.offset = !cache ? 0 : by_slot ? cache->length() : cache->seen();
     apply_rope(TensorView<const T>(qh), qh, a.rope);
-    apply_rope(TensorView<const T>(kh), kh, a.rope);
+    if (!by_slot) apply_rope(TensorView<const T>(kh), kh, a.rope);
   }
   a.K = kh, a.V = vh;
   a.n_k = n_k + extra;
@@ -412,10 +427,32 @@ typename MultiHeadAttention<T>::Activations MultiHeadAttention<T>::forward_activ
           .run(ctx_heads(a.ctx, a), extras);
   };
   if (cache) {
+    if (streaming) {
+      // Token t attends key j iff j <= t and (j < sink_tokens or j > t - window),
+      // in stream positions; the mask stands in for causal masking.
+      const StreamingCache& s = cache->streaming();
+      const int64_t t0 = cache->seen(), held = cache->length();
+      a.stream_mask = Tensor<bool>({n_q, n_k});
+      for (int64_t i = 0; i < n_q; ++i)
+        for (int64_t j = 0; j < n_k; ++j) {
+          const int64_t t = t0 + i, p = j < held ? cache->positions()[j] : t0 + (j - held);
+          a.stream_mask[i * n_k + j] = !(p <= t && (p < s.sink_tokens || p > t - s.window));
+        }
+      a.attn_mask = TensorView<const bool>(a.stream_mask.view());
+      a.attention.causal = Causal::None;
+    }
     // The chunk's keys and values are read back from the cache, stored as
     // the past tokens are (quantized, for a compact cache).
     cache->append(kh, vh);
-    cache->visit(attend);
+    if (c.rope && cache->streaming().positions == CachePositions::Cache) {
+      RopeOptions by_slot = a.rope;  // every cached key at its slot
+      by_slot.offset = 0;
+      const Tensor<T> keys = apply_rope(cache->keys(), by_slot);
+      attend(keys.view(), cache->values());
+    } else {
+      cache->visit(attend);
+    }
+    cache->evict();
   } else {
     attend(a.K, a.V);
   }

@@ -178,3 +178,98 @@ def test_layer_sinks_are_a_parameter(tmp_path):
     np.testing.assert_array_equal(loaded(x, x, x, causal=True)[0], y)
     with pytest.raises(ValueError, match="build the layer with sinks=True"):
         attn.MultiHeadAttention(8, 2, seed=1).load_state_dict(sd)
+
+
+# ---------------------------------------------------------------------------
+# The StreamingLLM cache
+
+def streaming_allowed(positions_q, positions_k, sink_tokens, window):
+    """Token t attends key j iff j <= t and (j < S or j > t - W)."""
+    t, j = np.asarray(positions_q)[:, None], np.asarray(positions_k)[None, :]
+    return (j <= t) & ((j < sink_tokens) | (j > t - window))
+
+
+@pytest.mark.parametrize("chunks", [[1] * 40, [3, 7, 1, 12, 2, 15], [40]])
+def test_streaming_cache_original_positions_is_a_dense_mask(chunks):
+    S, W, N = 4, 9, sum(chunks)
+    rng = np.random.default_rng(44)
+    m = attn.MultiHeadAttention(16, 4, num_kv_heads=2, rope=True, sinks=True, seed=2)
+    sd = m.state_dict()
+    sd["sinks"] = np.array([0.5, -1.0, 1.0, 0.0], np.float32)
+    m.load_state_dict(sd)
+    x = rand(rng, 2, N, 16)
+    blocked = ~streaming_allowed(np.arange(N), np.arange(N), S, W)  # the layer's mask: True blocks
+    want = m(x, attn_mask=blocked)[0]
+    cache = m.new_cache(sink_tokens=S, window=W)
+    parts, start = [], 0
+    for n in chunks:
+        parts.append(m(x[:, start:start + n], cache=cache, causal=True)[0])
+        start += n
+        assert len(cache) <= S + W   # bounded memory
+    np.testing.assert_allclose(np.concatenate(parts, axis=1), want, rtol=1e-5, atol=1e-6)
+
+
+def rope_half(x, positions, base=10000.0):
+    """RoPE (half-split pairs) at the given positions, float64: x (..., n, d)."""
+    d = x.shape[-1]
+    angles = np.asarray(positions, np.float64)[:, None] * base ** (-np.arange(0, d, 2) / d)
+    cos, sin = np.cos(angles), np.sin(angles)
+    x1, x2 = x[..., :d // 2], x[..., d // 2:]
+    return np.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+
+
+def test_streaming_cache_positions_in_the_cache():
+    """positions='cache': q and every kept key turn by their slot in the
+    cache, re-rotated as tokens are evicted; computed here in NumPy."""
+    S, W, E, H = 2, 5, 8, 2
+    rng = np.random.default_rng(45)
+    m = attn.MultiHeadAttention(E, H, rope=True, seed=3)
+    sd = {k: v.astype(np.float64) for k, v in m.state_dict().items()}
+    wq, wk, wv = np.split(sd["in_proj_weight"], 3)
+    bq, bk, bv = np.split(sd["in_proj_bias"], 3)
+    heads = lambda y: y.reshape(len(y), H, E // H).transpose(1, 0, 2)  # (H, n, dh)
+    x = rand(rng, 1, 20, E)
+    cache = m.new_cache(sink_tokens=S, window=W, positions="cache")
+    raw_k, values, positions, seen = np.zeros((H, 0, E // H)), np.zeros((H, 0, E // H)), [], 0
+    for n in [3, 1, 4, 2, 6, 1, 3]:
+        chunk = x[0, seen:seen + n].astype(np.float64)
+        got = m(x[:, seen:seen + n], cache=cache, causal=True)[0][0]
+        held = raw_k.shape[1]
+        raw_k = np.concatenate([raw_k, heads(chunk @ wk.T + bk)], axis=1)
+        values = np.concatenate([values, heads(chunk @ wv.T + bv)], axis=1)
+        positions += list(range(seen, seen + n))
+        q = rope_half(heads(chunk @ wq.T + bq), held + np.arange(n))        # the chunk's slots
+        k = rope_half(raw_k, np.arange(raw_k.shape[1]))                     # every key at its slot
+        logits = q @ k.swapaxes(-1, -2) / np.sqrt(E // H)
+        logits = np.where(streaming_allowed(seen + np.arange(n), positions, S, W), logits, -np.inf)
+        w = np.exp(logits - logits.max(-1, keepdims=True))
+        ctx = (w / w.sum(-1, keepdims=True) @ values).transpose(1, 0, 2).reshape(n, E)
+        np.testing.assert_allclose(got, ctx @ sd["out_proj.weight"].T + sd["out_proj.bias"], rtol=1e-5, atol=1e-6)
+        keep = [i for i, p in enumerate(positions) if p < S or i >= len(positions) - W]
+        raw_k, values, positions = raw_k[:, keep], values[:, keep], [positions[i] for i in keep]
+        seen += n
+        assert len(cache) == len(positions)
+
+
+def test_streaming_cache_refuses_what_it_cannot_honour():
+    m = attn.MultiHeadAttention(8, 2, rope=True)
+    x = np.zeros((1, 3, 8), np.float32)
+    cache = m.new_cache(sink_tokens=2, window=4)
+    with pytest.raises(ValueError, match="attends causally: pass causal=True"):
+        m(x, cache=cache)
+    with pytest.raises(ValueError, match="sets the window itself"):
+        m(x, cache=cache, causal=True, window=(2, 0))
+    with pytest.raises(ValueError, match="no attn_mask or key_padding_mask"):
+        m(x, cache=cache, causal=True, attn_mask=np.zeros((3, 3), bool))
+    assert len(cache) == 0                                         # nothing appended
+    with pytest.raises(ValueError, match="ALiBi with a streaming cache"):
+        attn.MultiHeadAttention(8, 2, alibi=True)(x, cache=attn.MultiHeadAttention(8, 2, alibi=True).new_cache(
+            sink_tokens=1, window=2), causal=True)
+    with pytest.raises(ValueError, match="positions 'cache' rotates the cached keys"):
+        m.new_cache("bf16", sink_tokens=1, window=4, positions="cache")
+    with pytest.raises(ValueError, match="both sink_tokens and window"):
+        m.new_cache(window=4)
+    with pytest.raises(ValueError, match="window must be >= 1"):
+        m.new_cache(sink_tokens=1, window=0)
+    with pytest.raises(ValueError, match="positions must be 'original' or 'cache'"):
+        m.new_cache(sink_tokens=1, window=4, positions="slot")
