@@ -145,6 +145,13 @@ Case read_case(fuzz::Input& in, int kv_bits) {
   c.want_lse = in.byte() >= 128;
   const uint8_t stage = in.byte();
   if (stage >= 160) c.logits_stage = std::array{Logits::Scaled, Logits::Softcapped, Logits::Masked}[stage % 3];
+  // Then sinks: a logit per query head, now and then a wrong count or one
+  // that is not finite.
+  if (in.byte() >= 192) {
+    const double sinks[] = {0, 1, -2, 15, -15, kNaN, kInf};
+    const int64_t count = in.byte() < 240 ? (rank >= 3 ? hq : 1) : in.in(0, 5);
+    for (int64_t h = 0; h < count; ++h) c.options.sinks.push_back(in.pick(sinks));
+  }
   return c;
 }
 
@@ -159,7 +166,8 @@ std::string describe(const Case& c) {
          (o.scale ? std::to_string(*o.scale) : "default") + " causal " +
          causal_name(o.causal) + " window " + std::to_string(o.window.left) +
          "," + std::to_string(o.window.right) + " softcap " + std::to_string(o.softcap) +
-         " alibi slopes " + std::to_string(o.alibi_slopes.size()) + (c.want_lse ? " lse" : "") +
+         " alibi slopes " + std::to_string(o.alibi_slopes.size()) + " sinks " + std::to_string(o.sinks.size()) +
+         (c.want_lse ? " lse" : "") +
          (c.logits_stage ? " logits stage " + std::to_string(int(*c.logits_stage)) : "") +
          (c.values.finite ? "" : " with a non-finite value");
 }

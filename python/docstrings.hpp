@@ -309,7 +309,8 @@ or tools/export_torch_mha.py.)";
 
 inline constexpr const char* kOnnxAttention = R"(attention(Q, K, V, attn_mask=None, past_key=None, past_value=None,
           nonpad_kv_seqlen=None, *, is_causal=0, kv_num_heads=0, q_num_heads=0,
-          qk_matmul_output_mode=0, scale=None, softcap=0.0, softmax_precision=None)
+          qk_matmul_output_mode=0, scale=None, softcap=0.0, softmax_precision=None,
+          qk_matmul_output=True)
     -> (Y, present_key, present_value, qk_matmul_output)
 
 ONNX's Attention operator (opsets 23 and 24), with its inputs, attributes,
@@ -326,8 +327,11 @@ is_causal=1: query i sees keys j <= i + offset, offset = P with a past,
 nonpad_kv_seqlen[b] - S with nonpad_kv_seqlen and no past, else 0 (top-left).
 qk_matmul_output (B, Hq, S, P + L): 0 the scaled logits, 1 after softcap, 2
 after the mask (-inf where excluded), 3 the softmax weights; softcap comes
-before the mask. softmax_precision 11 (DOUBLE) computes in float64; the
-others in float32 (float64 for float64 inputs).
+before the mask. qk_matmul_output=False: not computed (None in its place), as
+when a graph does not ask for that output; a decode step (S of a few queries
+against a long cache) then runs the split-KV kernel. softmax_precision 11
+(DOUBLE) computes in float64; the others in float32 (float64 for float64
+inputs).
 A row with no allowed key gives zeros (Y and mode 3), never NaN.
 )";
 

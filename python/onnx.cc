@@ -54,7 +54,7 @@ template <class T>
 py::tuple attention_t(const py::object& q, const py::object& k, const py::object& v,
                       const py::object& mask_obj, const py::object& past_key,
                       const py::object& past_value, const py::object& nonpad,
-                      const onnx::AttentionAttributes& attributes) {
+                      const onnx::AttentionAttributes& attributes, bool qk_matmul_output) {
   const auto Q = input<T>(q, "Q"), K = input<T>(k, "K"), V = input<T>(v, "V");
   if (K.view.empty_view() || V.view.empty_view()) throw TypeError("onnx.attention: K and V are required");
   const auto pk = input<T>(past_key, "past_key"), pv = input<T>(past_value, "past_value");
@@ -80,10 +80,11 @@ py::tuple attention_t(const py::object& q, const py::object& k, const py::object
   {
     py::gil_scoped_release nogil;
     out = onnx::attention<T>(Q.view, K.view, V.view, mask, pk.view, pv.view, lengths.view, attributes,
-                             /*qk_matmul_output=*/true);
+                             qk_matmul_output);
   }
   return py::make_tuple(to_numpy(std::move(out.Y)), to_numpy(std::move(out.present_key)),
-                        to_numpy(std::move(out.present_value)), to_numpy(std::move(out.qk_matmul_output)));
+                        to_numpy(std::move(out.present_value)),
+                        qk_matmul_output ? py::object(to_numpy(std::move(out.qk_matmul_output))) : py::none());
 }
 
 // The element type of Q (X): float16, float32 or float64.
@@ -103,7 +104,7 @@ py::tuple py_onnx_attention(const py::object& q, const py::object& k, const py::
                             const py::object& is_causal, const py::object& kv_num_heads,
                             const py::object& q_num_heads, const py::object& qk_matmul_output_mode,
                             const py::object& scale, double softcap,
-                            const py::object& softmax_precision) {
+                            const py::object& softmax_precision, bool qk_matmul_output) {
   onnx::AttentionAttributes a;
   a.is_causal = int_arg(is_causal, "is_causal");
   a.kv_num_heads = int_arg(kv_num_heads, "kv_num_heads");
@@ -113,7 +114,8 @@ py::tuple py_onnx_attention(const py::object& q, const py::object& k, const py::
   a.softcap = softcap;
   a.softmax_precision = softmax_precision.is_none() ? 0 : int_arg(softmax_precision, "softmax_precision");
   return by_dtype(q, "onnx.attention", "Q", [&](auto t) {
-    return attention_t<decltype(t)>(q, k, v, attn_mask, past_key, past_value, nonpad_kv_seqlen, a);
+    return attention_t<decltype(t)>(q, k, v, attn_mask, past_key, past_value, nonpad_kv_seqlen, a,
+                                    qk_matmul_output);
   });
 }
 
@@ -150,7 +152,7 @@ void bind_onnx(py::module_& m) {
         arg("nonpad_kv_seqlen") = py::none(), py::kw_only(), arg("is_causal") = 0,
         arg("kv_num_heads") = 0, arg("q_num_heads") = 0, arg("qk_matmul_output_mode") = 0,
         arg("scale") = py::none(), arg("softcap") = 0.0, arg("softmax_precision") = py::none(),
-        docs::kOnnxAttention);
+        arg("qk_matmul_output") = true, docs::kOnnxAttention);
   m.def("onnx_rotary_embedding", &py_onnx_rotary_embedding, arg("X"), arg("cos_cache"),
         arg("sin_cache"), arg("position_ids") = py::none(), py::kw_only(), arg("interleaved") = 0,
         arg("num_heads") = 0, arg("rotary_embedding_dim") = 0, docs::kOnnxRotaryEmbedding);

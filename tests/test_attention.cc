@@ -310,6 +310,12 @@ void check_varlen() {
   Tensor<int64_t> bad({3}, {0, 2, 1});
   EXPECT_THROW_MSG(attention_varlen(q.view(), k.view(), v.view(), bad.view(), cu_k.view()), ValueError,
                    "cu_seqlens_q must not decrease, got 2 then 1 at 2");
+  AttentionOptions bad_sinks;  // options are checked even with no sequence to run
+  bad_sinks.sinks = {1.0};
+  const Tensor<int64_t> none({1}, {0});
+  const Tensor<T> q0({0, hq, d}), k0({0, hkv, d}), v0({0, hkv, d_v});
+  EXPECT_THROW_MSG(attention_varlen(q0.view(), k0.view(), v0.view(), none.view(), none.view(), bad_sinks),
+                   ValueError, "sinks must hold one logit per query head (4), got 1");
   Tensor<int64_t> short_k({5}, {0, 5, 9, 139, 838});
   EXPECT_THROW_MSG(attention_varlen(q.view(), k.view(), v.view(), cu_q.view(), short_k.view()), ValueError,
                    "cu_seqlens_k must end at k's length 839, got 838");
@@ -553,6 +559,9 @@ TEST(Attention, ErrorsNameTheArgumentAndShapes) {
   EXPECT_THROW_MSG(attention(q.view(), k.view(), v.view(), out.view(), lse), ValueError,
                    "lse has shape (2, 4, 6), expected (2, 4, 5)");
   EXPECT_THROW_MSG(parse_logits("softmax"), ValueError, "'scaled', 'softcapped' or 'masked', got 'softmax'");
+  // out is never optional: an empty view is the wrong shape (it was read as (rank 0) rows)
+  EXPECT_THROW_MSG(attention(q.view(), k.view(), v.view(), TensorView<float>(), lse), ValueError,
+                   "out has shape (), expected (2, 4, 5, 3)");
 }
 
 TEST(Attention, MasksMustBroadcastNeverPad) {
@@ -583,6 +592,8 @@ TEST(Attention, InvalidOptionsAreRefused) {
   o.causal = Causal::offset(-(int64_t{1} << 62) - 1);
   EXPECT_THROW_MSG(attention(q.view(), q.view(), q.view(), o), ValueError,
                    "a causal offset must be within ±2^62, got -4611686018427387905");
+  o.causal = Causal::offset(std::numeric_limits<int64_t>::min());  // (whose abs overflows)
+  EXPECT_THROW_MSG(attention(q.view(), q.view(), q.view(), o), ValueError, "a causal offset must be within");
   o.causal = Causal::offset(int64_t{1} << 62);  // the bound itself: every key, no overflow
   EXPECT_EQ(max_abs_diff(attention(q.view(), q.view(), q.view(), o), attention(q.view(), q.view(), q.view())),
             0.0);

@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <filesystem>
+#include <limits>
 
 #include "attn/io.hpp"
 #include "helpers.hpp"
@@ -127,10 +128,34 @@ TEST(MultiHeadAttention, StreamingCacheIsADenseMaskOverTheHistory) {
     EXPECT_EQ(cache.seen(), at);
   }
   EXPECT_LT(rel_error(got, full), 1e-12);
+  step.attention.alibi_slopes = {0.5, 0.25, 0.125, 0.0625};
+  EXPECT_THROW_MSG(layer.forward(x.view(), {}, {}, step), ValueError, "ALiBi with a streaming cache");
+  step.attention.alibi_slopes.clear();
   step.attention.causal = Causal::None;
   EXPECT_THROW_MSG(layer.forward(x.view(), {}, {}, step), ValueError, "attends causally");
   EXPECT_THROW_MSG(KVCache<float>(KVDtype::BF16, {1, 4, CachePositions::Cache}), ValueError,
                    "positions 'cache' rotates the cached keys");
+}
+
+// A forward whose options attention() refuses appends nothing to the cache,
+// so the cache stays usable (bad options, and a layer's sinks made NaN).
+TEST(MultiHeadAttention, ACallThatFailsAppendsNothing) {
+  auto c = config(8, 2);
+  c.sinks = true;
+  MultiHeadAttention<float> layer(c, 1);
+  const Tensor<float> x({1, 3, 8});
+  auto cache = layer.new_cache(KVDtype::F32, {1, 4, CachePositions::Original});
+  MhaForwardOptions<float> opt;
+  opt.cache = &cache;
+  opt.attention.causal = Causal::BottomRight;
+  layer.forward(x.view(), {}, {}, opt);
+  opt.attention.softcap = -1;
+  EXPECT_THROW_MSG(layer.forward(x.view(), {}, {}, opt), ValueError, "softcap");
+  opt.attention.softcap = 0;
+  (*layer.parameters().back())[0] = std::numeric_limits<float>::quiet_NaN();  // the sinks
+  EXPECT_THROW_MSG(layer.forward(x.view(), {}, {}, opt), ValueError, "sinks must be finite");
+  EXPECT_EQ(cache.seen(), 3);
+  EXPECT_EQ(cache.length(), 3);
 }
 
 TEST(MultiHeadAttention, FloatAndDoubleLayersAgree) {

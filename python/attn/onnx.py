@@ -18,13 +18,14 @@ def _arrays(named):
 
 def attention(Q, K, V, attn_mask=None, past_key=None, past_value=None, nonpad_kv_seqlen=None, *,
               is_causal=0, kv_num_heads=0, q_num_heads=0, qk_matmul_output_mode=0, scale=None,
-              softcap=0.0, softmax_precision=None):
+              softcap=0.0, softmax_precision=None, qk_matmul_output=True):
     arrays = _arrays(((Q, "Q"), (K, "K"), (V, "V"), (attn_mask, "attn_mask"), (past_key, "past_key"),
                       (past_value, "past_value"), (nonpad_kv_seqlen, "nonpad_kv_seqlen")))
     out = _core.onnx_attention(*arrays, is_causal=is_causal, kv_num_heads=kv_num_heads,
                                q_num_heads=q_num_heads, qk_matmul_output_mode=qk_matmul_output_mode,
-                               scale=scale, softcap=softcap, softmax_precision=softmax_precision)
-    return tuple(to_tensor(a) for a in out) if is_tensor(Q) else out
+                               scale=scale, softcap=softcap, softmax_precision=softmax_precision,
+                               qk_matmul_output=qk_matmul_output)
+    return tuple(to_tensor(a) for a in out) if is_tensor(Q) else out  # (to_tensor(None) is None)
 
 
 attention.__doc__ = _core.onnx_attention.__doc__

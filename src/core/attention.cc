@@ -139,18 +139,15 @@ bool unit_rows(const TensorView<const T>& t) {
 
 }  // namespace
 
-template <class T, class KV>
-AttentionProblem<T> make_problem(TensorView<const T> q, TensorView<const KV> k,
-                                 TensorView<const KV> v, const AttentionOptions& options,
-                                 const MaskInput& mask, const MaskInput& second) {
-  const Dims s = check_shapes(q.shape(), logical_shape(k), logical_shape(v));
+void check_options(const AttentionOptions& options, int64_t heads_q) {
   if (options.scale && !std::isfinite(*options.scale))
     fail("scale must be finite, got " + std::to_string(*options.scale));
   if (!(options.softcap >= 0) || !std::isfinite(options.softcap))
     fail("softcap must be a finite number >= 0 (0 = off), got " +
          std::to_string(options.softcap));
-  if (std::abs(options.causal.offset_value()) > Causal::kMaxOffset)
-    fail("a causal offset must be within ±2^62, got " + std::to_string(options.causal.offset_value()));
+  const int64_t offset = options.causal.offset_value();  // (std::abs(INT64_MIN) overflows)
+  if (offset < -Causal::kMaxOffset || offset > Causal::kMaxOffset)
+    fail("a causal offset must be within ±2^62, got " + std::to_string(offset));
   if (options.window.left < -1 || options.window.right < -1)
     fail("window sizes must be >= 0, or -1 for unbounded, got (" +
          std::to_string(options.window.left) + ", " +
@@ -159,14 +156,22 @@ AttentionProblem<T> make_problem(TensorView<const T> q, TensorView<const KV> k,
   // ALiBi's slopes and the sinks: one finite number per query head, or none.
   const auto per_head = [&](const std::vector<double>& values, const char* name, const char* what) {
     if (values.empty()) return;
-    if (static_cast<int64_t>(values.size()) != s.heads_q)
-      fail(std::string(name) + " must hold one " + what + " per query head (" + std::to_string(s.heads_q) +
+    if (static_cast<int64_t>(values.size()) != heads_q)
+      fail(std::string(name) + " must hold one " + what + " per query head (" + std::to_string(heads_q) +
            "), got " + std::to_string(values.size()));
     for (double x : values)
       if (!std::isfinite(x)) fail(std::string(name) + " must be finite, got " + std::to_string(x));
   };
   per_head(options.alibi_slopes, "alibi_slopes", "slope");
   per_head(options.sinks, "sinks", "logit");
+}
+
+template <class T, class KV>
+AttentionProblem<T> make_problem(TensorView<const T> q, TensorView<const KV> k,
+                                 TensorView<const KV> v, const AttentionOptions& options,
+                                 const MaskInput& mask, const MaskInput& second) {
+  const Dims s = check_shapes(q.shape(), logical_shape(k), logical_shape(v));
+  check_options(options, s.heads_q);
 
   AttentionProblem<T> p;
   p.batch_axes = s.batch;
@@ -212,13 +217,16 @@ AttentionProblem<T> make_problem(TensorView<const T> q, TensorView<const KV> k,
 template <class T>
 void bind_outputs(AttentionProblem<T>& p, TensorView<T> out, const AttentionExtras<T>& extras) {
   const auto check = [](const char* name, const TensorView<T>& t, const Shape& want) {
-    if (!t.empty_view() && t.shape() != want)
+    if (t.shape() != want)
       fail(std::string(name) + " has shape " + shape_str(t.shape()) + ", expected " + shape_str(want));
   };
-  check("out", out, p.out_shape);
-  check("weights", extras.weights, p.weights_shape);
-  check("logits", extras.logits, p.weights_shape);
-  check("lse", extras.lse, p.lse_shape);
+  check("out", out, p.out_shape);  // never optional (an empty view is the wrong shape)
+  const auto check_extra = [&](const char* name, const TensorView<T>& t, const Shape& want) {
+    if (!t.empty_view()) check(name, t, want);
+  };
+  check_extra("weights", extras.weights, p.weights_shape);
+  check_extra("logits", extras.logits, p.weights_shape);
+  check_extra("lse", extras.lse, p.lse_shape);
   const auto bind = [&](const TensorView<T>& t) {
     return t.empty_view() ? Operand<T>() : operand(t, p.batch_axes, p.batch);
   };

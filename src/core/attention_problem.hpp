@@ -99,6 +99,10 @@ struct AttentionProblem {
   int64_t group() const { return heads_q / heads_kv; }  // query heads per kv head
 };
 
+// Validates the options of attention() for heads_q query heads (make_problem
+// does; callers that must not act on bad options first call it themselves).
+void check_options(const AttentionOptions& options, int64_t heads_q);
+
 // Validates the arguments of attention() and builds the problem, without
 // its outputs; every error names the argument and its shape. `second` is the
 // MultiHeadAttention layer's other mask (its key_padding_mask).

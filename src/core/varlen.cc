@@ -46,14 +46,18 @@ void attention_varlen(TensorView<const T> q, TensorView<const T> k, TensorView<c
   if (q.rank() != 3 || k.rank() != 3 || v.rank() != 3)
     fail("q, k and v must be packed (total, heads, head_dim), got " + shapes);
   if (k.dim(0) != v.dim(0)) fail("k and v must have the same total length (axis 0), got " + shapes);
+  detail::check_options(options, q.dim(1));  // also when there is no sequence to run
   check_offsets(cu_q, "cu_seqlens_q", q.dim(0), "q");
   check_offsets(cu_k, "cu_seqlens_k", k.dim(0), "k");
   if (cu_q.dim(0) != cu_k.dim(0))
     fail("cu_seqlens_q and cu_seqlens_k must describe as many sequences, got " +
          std::to_string(cu_q.dim(0) - 1) + " and " + std::to_string(cu_k.dim(0) - 1));
-  // The shapes of one sequence (heads, dims) as attention() checks them.
+  if (k.dim(1) != v.dim(1)) fail("k and v must have the same number of heads (axis 1), got " + shapes);
+  if (k.dim(1) == 0 ? q.dim(1) != 0 : q.dim(1) % k.dim(1) != 0)
+    fail("query heads (" + std::to_string(q.dim(1)) + ") must be a multiple of key/value heads (" +
+         std::to_string(k.dim(1)) + "), got " + shapes);
+  if (q.dim(2) != k.dim(2)) fail("q and k must have the same head dimension (last axis), got " + shapes);
   const Shape out_shape = {q.dim(0), q.dim(1), v.dim(2)}, lse_shape = {q.dim(1), q.dim(0)};
-  (void)attention_output_shape({q.dim(1), 0, q.dim(2)}, {k.dim(1), 0, k.dim(2)}, {v.dim(1), 0, v.dim(2)});
   if (out.shape() != out_shape)
     fail("out has shape " + shape_str(out.shape()) + ", expected " + shape_str(out_shape));
   if (!lse.empty_view() && lse.shape() != lse_shape)

@@ -366,6 +366,8 @@ typename MultiHeadAttention<T>::Activations MultiHeadAttention<T>::forward_activ
     fail("causal and window with add_bias_kv or add_zero_attn: give the pattern as attn_mask, "
          "as nn.MultiheadAttention does (the appended keys take part in every row)");
   const bool streaming = cache && cache->is_streaming();
+  // Keys at their cache slots (StreamingCache positions Cache), rotated each call.
+  const bool by_slot = c.rope && cache && cache->streaming().positions == CachePositions::Cache;
   if (streaming) {
     if (opt.attention.causal != Causal::BottomRight)
       fail("a streaming cache (sink_tokens, window) attends causally: pass causal=True");
@@ -373,7 +375,7 @@ typename MultiHeadAttention<T>::Activations MultiHeadAttention<T>::forward_activ
       fail("a streaming cache sets the window itself: pass no window");
     if (has_mask(opt.attn_mask) || has_mask(opt.key_padding_mask))
       fail("a streaming cache takes no attn_mask or key_padding_mask (they would cover evicted tokens)");
-    if (c.alibi)
+    if (c.alibi || !opt.attention.alibi_slopes.empty())
       fail("ALiBi with a streaming cache is not supported: its distances would count cache slots");
   }
   // Checked before anything is computed or appended to the cache.
@@ -398,7 +400,6 @@ typename MultiHeadAttention<T>::Activations MultiHeadAttention<T>::forward_activ
     a.rope.scaling = c.rope_scaling;
     // Stream positions: the tokens seen so far, or with positions "cache"
     // the slots the chunk takes (its keys are rotated by slot at each call).
-    const bool by_slot = cache && cache->streaming().positions == CachePositions::Cache;
     a.rope.offset = !cache ? 0 : by_slot ? cache->length() : cache->seen();
     apply_rope(TensorView<const T>(qh), qh, a.rope);
     if (!by_slot) apply_rope(TensorView<const T>(kh), kh, a.rope);
@@ -443,11 +444,12 @@ typename MultiHeadAttention<T>::Activations MultiHeadAttention<T>::forward_activ
     }
     // The chunk's keys and values are read back from the cache, stored as
     // the past tokens are (quantized, for a compact cache).
+    detail::check_options(a.attention, H);  // nothing is appended for a call that fails
     cache->append(kh, vh);
-    if (c.rope && cache->streaming().positions == CachePositions::Cache) {
-      RopeOptions by_slot = a.rope;  // every cached key at its slot
-      by_slot.offset = 0;
-      const Tensor<T> keys = apply_rope(cache->keys(), by_slot);
+    if (by_slot) {
+      RopeOptions slots = a.rope;  // every cached key at its slot
+      slots.offset = 0;
+      const Tensor<T> keys = apply_rope(cache->keys(), slots);
       attend(keys.view(), cache->values());
     } else {
       cache->visit(attend);

@@ -456,3 +456,16 @@ def test_causal_offset_backward_is_the_dense_masks():
     for got, want in zip(attn.attention_backward(q, k, v, dout, causal=("offset", 2)),
                          attn.attention_backward(q, k, v, dout, allowed)):
         np.testing.assert_array_equal(got, want)
+
+
+def test_attention_without_qk_matmul_output():
+    """A graph that does not ask for qk_matmul_output: None, and a decode
+    step against a long cache (the split-KV kernel) gives the same Y."""
+    rng = np.random.default_rng(33)
+    Q, K, V = rand(rng, 1, 4, 1, 64), rand(rng, 1, 2, 1, 64), rand(rng, 1, 2, 1, 64)
+    past_key, past_value = rand(rng, 1, 2, 1500, 64), rand(rng, 1, 2, 1500, 64)
+    got = attn.onnx.attention(Q, K, V, None, past_key, past_value, is_causal=1, qk_matmul_output=False)
+    assert got[3] is None
+    want = onnx_attention(Q, K, V, None, past_key, past_value, is_causal=1)
+    np.testing.assert_allclose(got[0], want[0], **F32)
+    np.testing.assert_array_equal(got[1], want[1])
