@@ -201,6 +201,24 @@ TEST(Rope, InPlace) {
   EXPECT_EQ(max_abs_diff(x, expected), 0.0);
 }
 
+// A frequency of 1e300 (base 1e-300, linear factor 1e-150) at position
+// INT64_MAX: the angle overflows to infinity, whose cosine is NaN. Refused
+// (it gave NaN on finite input; fuzz_rope found it), in place leaving x as it was.
+TEST(Rope, AnglesBeyondDoubleAreRefused) {
+  Tensor<double> x({1, 4});
+  for (int64_t i = 0; i < 4; ++i) x[i] = 1;
+  const Tensor<int64_t> far({1}, {std::numeric_limits<int64_t>::max()});
+  RopeOptions o;
+  o.base = 1e-300;
+  o.scaling = parse_rope_scaling(R"({"rope_type": "linear", "factor": 1e-150})");
+  EXPECT_THROW_MSG(apply_rope(TensorView<const double>(x.view()), x.view(), o, far.view()), ValueError,
+                   "the angle position × frequency overflows: position 9223372036854775807");
+  for (int64_t i = 0; i < 4; ++i) EXPECT_EQ(x[i], 1.0);
+  o.scaling = {};  // 1e150 at that position: finite angles
+  const auto y = apply_rope(TensorView<const double>(x.view()), o, far.view());
+  for (int64_t i = 0; i < 4; ++i) EXPECT_TRUE(std::isfinite(y[i]));
+}
+
 TEST(Rope, Errors) {
   Tensor<float> x({4, 6}), odd({4, 5});
   RopeOptions o;

@@ -165,6 +165,15 @@ void rope_computed(TensorView<const T> x, TensorView<T> out, const RopeOptions& 
   const RopeFrequencies f = rope_frequencies(p.r, opt.base, opt.scaling, seq_len);
   const int64_t half = p.half;
   const double af = f.attention_factor;
+  // An angle position × frequency beyond double's range has no cosine (NaN):
+  // refused, naming the two, before anything is written.
+  const double farthest = std::max(std::fabs(double(p.min_position)), std::fabs(double(p.max_position)));
+  for (double w : f.inv_freq)
+    if (!std::isfinite(farthest * w))
+      throw ValueError("rope: the angle position × frequency overflows: position " +
+                       std::to_string(std::fabs(double(p.min_position)) > std::fabs(double(p.max_position))
+                                          ? p.min_position : p.max_position) +
+                       " times frequency " + std::to_string(w));
   // Angles in double: exact enough at position 1e6 and beyond.
   const auto fill = [&](const int64_t* pos, double* c, double* s) {
     for (int64_t k = 0; k < half; ++k) {
