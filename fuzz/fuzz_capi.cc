@@ -181,6 +181,22 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     // A causal offset (causal 3), read last likewise.
     const int64_t offsets[] = {-2, 0, 3, 1000, (int64_t{1} << 62) + 1, std::numeric_limits<int64_t>::min()};
     if (o && in.byte() >= 192) options.options.causal_offset = in.pick(offsets);
+    // Then sinks, and the extras (the log-sum-exp, the logits at a stage).
+    Descriptor sinks, lse, logits;
+    if (o && in.byte() >= 192) {
+      read_descriptor(in, rng, sinks, in.pick(slope_dtypes), {heads ? q_heads : 1});
+      options.options.sinks = sinks.get();
+    }
+    if (in.byte() >= 160) {
+      const bool want_lse = in.flag(), want_logits = in.flag();
+      if (want_lse) read_descriptor(in, rng, lse, in.flag() ? q_dtype : in.pick(dtypes), with(q_lead, {n_q}));
+      if (want_logits) read_descriptor(in, rng, logits, in.flag() ? q_dtype : in.pick(dtypes), with(q_lead, {n_q, n_k}));
+      check(attn_attention_extras(q.get(), k.get(), v.get(), with_mask ? mask.get() : nullptr, o, out.get(),
+                                  nullptr, want_logits ? logits.get() : nullptr, int32_t(in.in(-1, 3)),
+                                  want_lse ? lse.get() : nullptr),
+            "attn_attention_extras");
+      return 0;
+    }
     check(attn_attention(q.get(), k.get(), v.get(), with_mask ? mask.get() : nullptr, o, out.get()),
           "attn_attention");
   } else {

@@ -68,6 +68,10 @@ typedef struct {
      (attn::Causal::offset; |causal_offset| <= 2^62). Windows and ALiBi then
      measure from p = i + causal_offset. */
   int64_t causal_offset;
+  /* Attention sinks (gpt-oss): one logit per query head, F64 or F32 of shape
+     (Hq), in every row's softmax denominator as a key of value zero; NULL:
+     none. */
+  const attn_tensor* sinks;
 } attn_options;
 
 /* The defaults: no causal mask, scale 1/sqrt(d), no softcap, no window, no ALiBi. */
@@ -81,6 +85,15 @@ void attn_options_init(attn_options* options);
    broadcasting to (..., Hq, n_q, n_k). options: NULL for the defaults. */
 int attn_attention(const attn_tensor* q, const attn_tensor* k, const attn_tensor* v,
                    const attn_tensor* mask, const attn_options* options, attn_tensor* out);
+
+/* attn_attention with its extras (attn::AttentionExtras), each NULL when not
+   wanted, of q's dtype: weights and logits (..., Hq, n_q, n_k), the logits at
+   logits_stage 0 (scaled), 1 (softcapped) or 2 (masked: -inf where a key is
+   excluded), and lse (..., Hq, n_q), each row's log-sum-exp. */
+int attn_attention_extras(const attn_tensor* q, const attn_tensor* k, const attn_tensor* v,
+                          const attn_tensor* mask, const attn_options* options, attn_tensor* out,
+                          attn_tensor* weights, attn_tensor* logits, int32_t logits_stage,
+                          attn_tensor* lse);
 
 /* The sinusoidal table (n, d) into out (F32 or F64, shape (n, d)). */
 int attn_sinusoidal_encoding(int64_t n, int64_t d, double base, attn_tensor* out);

@@ -6,6 +6,7 @@
 #include "attn/attn.h"
 
 #include <algorithm>
+#include <array>
 #include <cstddef>
 #include <cstring>
 #include <limits>
@@ -200,6 +201,7 @@ attn::AttentionOptions options_of(const attn_options* given, const char* functio
     take(o.window_right, given->window_right);
     take(o.alibi_slopes, given->alibi_slopes);
     take(o.causal_offset, given->causal_offset);
+    take(o.sinks, given->sinks);
   }
   attn::AttentionOptions a;
   switch (o.causal) {
@@ -214,21 +216,26 @@ attn::AttentionOptions options_of(const attn_options* given, const char* functio
   if (o.scale != 0) a.scale = o.scale;
   a.softcap = o.softcap;
   a.window = {o.window_left, o.window_right};
-  if (o.alibi_slopes) {
-    const Layout l = layout_of(o.alibi_slopes, function, "options.alibi_slopes");
+  // ALiBi's slopes and the sinks: an F64 or F32 tensor (Hq).
+  const auto per_head = [&](const attn_tensor* t, const char* name, const char* what) {
+    std::vector<double> values;
+    if (!t) return values;
+    const Layout l = layout_of(t, function, name);
     if (l.shape.size() != 1)
-      fail(function, "options.alibi_slopes", "must be one slope per query head, shape (Hq), got " +
-                                                 attn::shape_str(l.shape));
+      fail(function, name, std::string("must be one ") + what + " per query head, shape (Hq), got " +
+                               attn::shape_str(l.shape));
     const auto read = [&](auto element) {
       using T = decltype(element);
-      const TensorView<const T> v = view_of<const T>(o.alibi_slopes, l);
-      for (int64_t h = 0; h < l.shape[0]; ++h) a.alibi_slopes.push_back(v.at({h}));
+      const TensorView<const T> v = view_of<const T>(t, l);
+      for (int64_t h = 0; h < l.shape[0]; ++h) values.push_back(v.at({h}));
     };
     if (l.dtype == ATTN_F64) read(double{});
     else if (l.dtype == ATTN_F32) read(float{});
-    else unsupported(function, std::string("options.alibi_slopes: dtype ") + dtype_name(l.dtype) +
-                                   " is not F64 or F32");
-  }
+    else unsupported(function, std::string(name) + ": dtype " + dtype_name(l.dtype) + " is not F64 or F32");
+    return values;
+  };
+  a.alibi_slopes = per_head(o.alibi_slopes, "options.alibi_slopes", "slope");
+  a.sinks = per_head(o.sinks, "options.sinks", "logit");
   return a;
 }
 
@@ -244,12 +251,31 @@ attn::Mask mask_of(const attn_tensor* mask, const char* function) {
   }
 }
 
+// The extras of attn_attention_extras, each an optional tensor of q's dtype.
+struct CExtras {
+  attn_tensor *weights = nullptr, *logits = nullptr, *lse = nullptr;
+  attn::Logits stage = attn::Logits::Masked;
+};
+
 template <class T, class KV>
 void attention_as(const attn_tensor* q, const Layout& lq, const attn_tensor* k, const Layout& lk,
                   const attn_tensor* v, const Layout& lv, const attn::Mask& mask,
-                  const attn::AttentionOptions& options, attn_tensor* out, const Layout& lo) {
+                  const attn::AttentionOptions& options, attn_tensor* out, const Layout& lo,
+                  const CExtras& c, const char* fn) {
+  attn::AttentionExtras<T> extras;
+  const auto bind = [&](attn_tensor* t, const char* name) {
+    if (!t) return TensorView<T>();
+    const Layout l = layout_of(t, fn, name);
+    if (l.dtype != lq.dtype)
+      unsupported(fn, std::string(name) + ": dtype " + dtype_name(l.dtype) + " is not q's, " + dtype_name(lq.dtype));
+    return view_of<T>(t, l);
+  };
+  extras.weights = bind(c.weights, "weights");
+  extras.logits = bind(c.logits, "logits");
+  extras.logits_stage = c.stage;
+  extras.lse = bind(c.lse, "lse");
   attn::attention<T, KV>(view_of<const T>(q, lq), view_of<const KV>(k, lk), view_of<const KV>(v, lv),
-                         view_of<T>(out, lo), options, mask);
+                         view_of<T>(out, lo), extras, options, mask);
 }
 
 int new_cache(const attn_mha* layer, attn_dtype dtype, attn_cache** cache, const char* fn) {
@@ -276,6 +302,31 @@ int new_cache(const attn_mha* layer, attn_dtype dtype, attn_cache** cache, const
   });
 }
 
+// attn_attention and attn_attention_extras: one call with or without extras.
+int attention_with(const attn_tensor* q, const attn_tensor* k, const attn_tensor* v, const attn_tensor* mask,
+                   const attn_options* options, attn_tensor* out, const CExtras& extras, const char* fn) {
+  return guarded([&] {
+    const Layout lq = layout_of(q, fn, "q"), lk = layout_of(k, fn, "k"), lv = layout_of(v, fn, "v"),
+                 lo = layout_of(out, fn, "out");
+    const attn::Mask m = mask_of(mask, fn);
+    const attn::AttentionOptions o = options_of(options, fn);
+    if (lk.dtype != lv.dtype || lo.dtype != lq.dtype ||
+        !((lq.dtype == ATTN_F64 && lk.dtype == ATTN_F64) ||
+          (lq.dtype == ATTN_F32 && (lk.dtype == ATTN_F32 || lk.dtype == ATTN_BF16 ||
+                                    lk.dtype == ATTN_F16 || lk.dtype == ATTN_Q8_0))))
+      unsupported(fn, std::string("dtypes q ") + dtype_name(lq.dtype) + ", k " + dtype_name(lk.dtype) +
+                          ", v " + dtype_name(lv.dtype) + ", out " + dtype_name(lo.dtype) +
+                          " are not supported: q and out F32 with k and v F32, BF16, F16 or Q8_0, or all F64");
+    switch (lk.dtype) {
+      case ATTN_F64: return attention_as<double, double>(q, lq, k, lk, v, lv, m, o, out, lo, extras, fn);
+      case ATTN_BF16: return attention_as<float, attn::bfloat16>(q, lq, k, lk, v, lv, m, o, out, lo, extras, fn);
+      case ATTN_F16: return attention_as<float, attn::float16>(q, lq, k, lk, v, lv, m, o, out, lo, extras, fn);
+      case ATTN_Q8_0: return attention_as<float, attn::block_q8_0>(q, lq, k, lk, v, lv, m, o, out, lo, extras, fn);
+      default: return attention_as<float, float>(q, lq, k, lk, v, lv, m, o, out, lo, extras, fn);
+    }
+  });
+}
+
 }  // namespace
 
 extern "C" {
@@ -290,27 +341,20 @@ void attn_options_init(attn_options* options) {
 
 int attn_attention(const attn_tensor* q, const attn_tensor* k, const attn_tensor* v,
                    const attn_tensor* mask, const attn_options* options, attn_tensor* out) {
-  return guarded([&] {
-    const char* fn = "attn_attention";
-    const Layout lq = layout_of(q, fn, "q"), lk = layout_of(k, fn, "k"), lv = layout_of(v, fn, "v"),
-                 lo = layout_of(out, fn, "out");
-    const attn::Mask m = mask_of(mask, fn);
-    const attn::AttentionOptions o = options_of(options, fn);
-    if (lk.dtype != lv.dtype || lo.dtype != lq.dtype ||
-        !((lq.dtype == ATTN_F64 && lk.dtype == ATTN_F64) ||
-          (lq.dtype == ATTN_F32 && (lk.dtype == ATTN_F32 || lk.dtype == ATTN_BF16 ||
-                                    lk.dtype == ATTN_F16 || lk.dtype == ATTN_Q8_0))))
-      unsupported(fn, std::string("dtypes q ") + dtype_name(lq.dtype) + ", k " + dtype_name(lk.dtype) +
-                          ", v " + dtype_name(lv.dtype) + ", out " + dtype_name(lo.dtype) +
-                          " are not supported: q and out F32 with k and v F32, BF16, F16 or Q8_0, or all F64");
-    switch (lk.dtype) {
-      case ATTN_F64: return attention_as<double, double>(q, lq, k, lk, v, lv, m, o, out, lo);
-      case ATTN_BF16: return attention_as<float, attn::bfloat16>(q, lq, k, lk, v, lv, m, o, out, lo);
-      case ATTN_F16: return attention_as<float, attn::float16>(q, lq, k, lk, v, lv, m, o, out, lo);
-      case ATTN_Q8_0: return attention_as<float, attn::block_q8_0>(q, lq, k, lk, v, lv, m, o, out, lo);
-      default: return attention_as<float, float>(q, lq, k, lk, v, lv, m, o, out, lo);
-    }
-  });
+  return attention_with(q, k, v, mask, options, out, {}, "attn_attention");
+}
+
+int attn_attention_extras(const attn_tensor* q, const attn_tensor* k, const attn_tensor* v,
+                          const attn_tensor* mask, const attn_options* options, attn_tensor* out,
+                          attn_tensor* weights, attn_tensor* logits, int32_t logits_stage, attn_tensor* lse) {
+  const char* fn = "attn_attention_extras";
+  CExtras extras{weights, logits, lse, attn::Logits::Masked};
+  if (logits_stage < 0 || logits_stage > 2)
+    return guarded([&] {
+      fail(fn, "logits_stage", std::to_string(logits_stage) + " is not 0 (scaled), 1 (softcapped) or 2 (masked)");
+    });
+  extras.stage = std::array{attn::Logits::Scaled, attn::Logits::Softcapped, attn::Logits::Masked}[logits_stage];
+  return attention_with(q, k, v, mask, options, out, extras, fn);
 }
 
 int attn_sinusoidal_encoding(int64_t n, int64_t d, double base, attn_tensor* out) {

@@ -708,9 +708,64 @@ static void test_misc(void) {
   CHECK(attn_set_num_threads(1) == ATTN_OK);
 }
 
+/* attn_attention_extras and options.sinks, against a closed form: two heads
+   (q = 1, -0.5), one key/value head with keys 0.5, 2 and values 10, -4, d = 1,
+   scale 1, causal offset 0 (each query sees key 0 only), sinks 0.25, -1. */
+static void test_extras_and_sinks(void) {
+  static const int64_t q_shape[] = {2, 1, 1}, kv_shape[] = {1, 2, 1}, w_shape[] = {2, 1, 2},
+                       lse_shape[] = {2, 1}, sink_shape[] = {2}, bad_shape[] = {2, 1};
+  double qd[2] = {1.0, -0.5}, kd[2] = {0.5, 2.0}, vd[2] = {10.0, -4.0}, sinks[2] = {0.25, -1.0};
+  double out[2], weights[4], logits[4], lse[2], want_out[2], want_w[4], want_lse[2];
+  float qf[2] = {1.0f, -0.5f}, kf[2] = {0.5f, 2.0f}, vf[2] = {10.0f, -4.0f}, outf[2], lsef[2];
+  attn_tensor tq = tensor(qd, ATTN_F64, 3, q_shape), tk = tensor(kd, ATTN_F64, 3, kv_shape),
+              tv = tensor(vd, ATTN_F64, 3, kv_shape), tout = tensor(out, ATTN_F64, 3, q_shape),
+              tw = tensor(weights, ATTN_F64, 3, w_shape), tl = tensor(logits, ATTN_F64, 3, w_shape),
+              tlse = tensor(lse, ATTN_F64, 2, lse_shape), tsinks = tensor(sinks, ATTN_F64, 1, sink_shape),
+              tbad = tensor(sinks, ATTN_F64, 2, bad_shape);
+  attn_options options;
+  int h;
+  attn_options_init(&options);
+  options.scale = 1;
+  options.causal = 3;
+  options.causal_offset = 0;
+  options.sinks = &tsinks;
+  for (h = 0; h < 2; ++h) {
+    const double e = exp(qd[h] * kd[0]), denominator = e + exp(sinks[h]);
+    want_w[2 * h] = e / denominator;
+    want_w[2 * h + 1] = 0;
+    want_out[h] = want_w[2 * h] * vd[0];
+    want_lse[h] = log(denominator);
+  }
+  CHECK(attn_attention_extras(&tq, &tk, &tv, NULL, &options, &tout, &tw, &tl, 2, &tlse) == ATTN_OK);
+  expect_close_d(out, want_out, 2, 1e-15, __LINE__);
+  expect_close_d(weights, want_w, 4, 1e-15, __LINE__);
+  expect_close_d(lse, want_lse, 2, 1e-15, __LINE__);
+  CHECK(logits[0] == 0.5 && isinf(logits[1]) && logits[1] < 0);  /* masked: -inf past the offset */
+  CHECK(attn_attention_extras(&tq, &tk, &tv, NULL, &options, &tout, NULL, &tl, 0, NULL) == ATTN_OK);
+  CHECK(logits[1] == 2.0 && logits[3] == -1.0);                    /* scaled: every key */
+  {  /* float32: the kernels */
+    attn_tensor fq = tensor(qf, ATTN_F32, 3, q_shape), fk = tensor(kf, ATTN_F32, 3, kv_shape),
+                fv = tensor(vf, ATTN_F32, 3, kv_shape), fout = tensor(outf, ATTN_F32, 3, q_shape),
+                flse = tensor(lsef, ATTN_F32, 2, lse_shape);
+    CHECK(attn_attention_extras(&fq, &fk, &fv, NULL, &options, &fout, NULL, NULL, 2, &flse) == ATTN_OK);
+    expect_close_f(outf, want_out, 2, 1e-6, __LINE__);
+    expect_close_f(lsef, want_lse, 2, 1e-6, __LINE__);
+    EXPECT_ERROR(attn_attention_extras(&fq, &fk, &fv, NULL, &options, &fout, NULL, NULL, 2, &tlse),
+                 ATTN_ERROR_UNSUPPORTED, "lse: dtype F64 is not q's, F32");
+  }
+  EXPECT_ERROR(attn_attention_extras(&tq, &tk, &tv, NULL, &options, &tout, NULL, &tl, 3, NULL),
+               ATTN_ERROR_INVALID_ARGUMENT, "logits_stage: 3 is not 0 (scaled), 1 (softcapped) or 2 (masked)");
+  EXPECT_ERROR(attn_attention_extras(&tq, &tk, &tv, NULL, &options, &tout, NULL, NULL, 0, &tout),
+               ATTN_ERROR_INVALID_ARGUMENT, "lse has shape (2, 1, 1), expected (2, 1)");
+  options.sinks = &tbad;
+  EXPECT_ERROR(attn_attention(&tq, &tk, &tv, NULL, &options, &tout), ATTN_ERROR_INVALID_ARGUMENT,
+               "options.sinks: must be one logit per query head, shape (Hq), got (2, 1)");
+}
+
 int main(void) {
   test_attention();
   test_attention_errors();
+  test_extras_and_sinks();
   test_q8_0();
   test_positional();
   test_sinusoidal();
