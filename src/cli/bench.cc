@@ -144,17 +144,26 @@ struct Attend {
   Timing time(Tensor<float>& out, const AttentionOptions& opt, bool baselines,
               const std::function<double()>& ceiling) const {
     const bool vs_f32 = baselines && dtype != KVDtype::F32;
-    const bool vs_noncausal = baselines && opt.causal != Causal::None;
-    const bool vs_no_alibi = baselines && !opt.alibi_slopes.empty();
-    const bool vs_no_sinks = baselines && !opt.sinks.empty();
-    AttentionOptions no_alibi = opt, no_sinks = opt;
-    no_alibi.alibi_slopes.clear();
-    no_sinks.sinks.clear();
+    // The same call without one of its options, in the same turns: the
+    // causal mask, ALiBi, the sinks (JSON names and the words for each).
+    struct Without {
+      const char *key, *words;
+      int digits;
+      AttentionOptions options;
+    };
+    std::vector<Without> without;
+    if (baselines && opt.causal != Causal::None) without.push_back({"noncausal", "non-causal", 2, {}});
+    if (baselines && !opt.alibi_slopes.empty()) {
+      without.push_back({"no_alibi", "without ALiBi", 3, opt});
+      without.back().options.alibi_slopes.clear();
+    }
+    if (baselines && !opt.sinks.empty()) {
+      without.push_back({"no_sinks", "without sinks", 3, opt});
+      without.back().options.sinks.clear();
+    }
     std::vector<std::function<void()>> kernels{[&] { (*this)(out, opt); }};
     if (vs_f32) kernels.push_back([&] { (*this)(out, opt, true); });
-    if (vs_noncausal) kernels.push_back([&] { (*this)(out, {}); });
-    if (vs_no_alibi) kernels.push_back([&] { (*this)(out, no_alibi); });
-    if (vs_no_sinks) kernels.push_back([&] { (*this)(out, no_sinks); });
+    for (const Without& w : without) kernels.push_back([&] { (*this)(out, w.options); });
     Timing t{run_in_turns(kernels, ceiling), nlohmann::ordered_json::object(), ""};
     const std::vector<double>& ms = t.turns.kernel_ms;
     char buf[160];
@@ -173,28 +182,13 @@ struct Attend {
       std::snprintf(buf, sizeof buf, "  relative error against the float64 reference: %.2e\n", err);
       t.text += buf;
     }
-    if (vs_noncausal) {
-      t.json["noncausal_median_ms"] = rounded(ms[i], 4);
-      t.json["time_vs_noncausal"] = rounded(ms[0] / ms[i], 4);
-      std::snprintf(buf, sizeof buf, "  non-causal in the same turns: %.3f ms (this takes %.2fx its time)\n", ms[i],
-                    ms[0] / ms[i]);
+    for (const Without& w : without) {
+      t.json[std::string(w.key) + "_median_ms"] = rounded(ms[i], 4);
+      t.json[std::string("time_vs_") + w.key] = rounded(ms[0] / ms[i], 4);
+      std::snprintf(buf, sizeof buf, "  %s in the same turns: %.3f ms (this takes %.*fx its time)\n", w.words,
+                    ms[i], w.digits, ms[0] / ms[i]);
       t.text += buf;
       ++i;
-    }
-    if (vs_no_alibi) {
-      t.json["no_alibi_median_ms"] = rounded(ms[i], 4);
-      t.json["time_vs_no_alibi"] = rounded(ms[0] / ms[i], 4);
-      std::snprintf(buf, sizeof buf, "  without ALiBi in the same turns: %.3f ms (this takes %.3fx its time)\n",
-                    ms[i], ms[0] / ms[i]);
-      t.text += buf;
-      ++i;
-    }
-    if (vs_no_sinks) {
-      t.json["no_sinks_median_ms"] = rounded(ms[i], 4);
-      t.json["time_vs_no_sinks"] = rounded(ms[0] / ms[i], 4);
-      std::snprintf(buf, sizeof buf, "  without sinks in the same turns: %.3f ms (this takes %.3fx its time)\n",
-                    ms[i], ms[0] / ms[i]);
-      t.text += buf;
     }
     return t;
   }

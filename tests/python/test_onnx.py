@@ -80,6 +80,15 @@ def close(got, want, **tol):
     np.testing.assert_allclose(got[finite], want[finite], **(tol or F32))
 
 
+def expect_refused(operator, case, change, error, message):
+    """operator(**inputs, **attrs) with `change` applied raises `error`
+    whose text contains `message`."""
+    inputs, attrs = case
+    with pytest.raises(error) as e:
+        operator(**(dict(inputs, **attrs) | change))
+    assert message in str(e.value)
+
+
 def rand(rng, *shape, dtype=np.float32):
     return rng.uniform(-1, 1, shape).astype(dtype)
 
@@ -246,12 +255,7 @@ def test_attention_torch_tensors_give_tensors():
     (dict(Q=np.zeros((2, 3, 4, 8), np.int32)), TypeError, "Q must be float16, float32 or float64"),
 ])
 def test_attention_refuses_bad_input(change, error, message):
-    inputs, attrs = make_case("4d", seed=1)
-    args = dict(inputs, **attrs)
-    args.update(change)
-    with pytest.raises(error) as e:
-        attn.onnx.attention(**args)
-    assert message in str(e.value)
+    expect_refused(attn.onnx.attention, make_case("4d", seed=1), change, error, message)
 
 
 def test_a_short_mask_is_refused_by_attention_itself():
@@ -344,12 +348,7 @@ def test_rotary_embedding_float16_and_float64():
     (dict(interleaved=2), ValueError, "interleaved must be 0 or 1"),
 ])
 def test_rotary_embedding_refuses_bad_input(change, error, message):
-    inputs, attrs = rope_case("4d", seed=1)
-    args = dict(inputs, **attrs)
-    args.update(change)
-    with pytest.raises(error) as e:
-        attn.onnx.rotary_embedding(**args)
-    assert message in str(e.value)
+    expect_refused(attn.onnx.rotary_embedding, rope_case("4d", seed=1), change, error, message)
 
 
 # ---------------------------------------------------------------------------
