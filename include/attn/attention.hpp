@@ -155,28 +155,47 @@ AttentionResult<T> attention_with_extras(TensorView<const T> q, TensorView<const
                                          const AttentionOptions& options = {},
                                          const Mask& mask = {});
 
+// What a forward pass keeps for its backward: its output and its
+// log-sum-exp (AttentionExtras::lse), both from attention() with the same
+// inputs and options. Given to attention_backward, the forward is not run
+// again; empty, it is.
+template <class T>
+struct SavedForward {
+  TensorView<const T> out;  // (..., Hq, n_q, d_v)
+  TensorView<const T> lse;  // (..., Hq, n_q)
+};
+
 // The gradient of attention: given dout = dL/dout (the output's shape),
-// writes dq, dk, dv (the shapes of q, k, v; overwritten) for the same inputs
-// and options, and with sinks their gradient into dsinks (Hq,) unless it is
-// an empty view. With GQA a key/value head's gradient sums over the query
-// heads that share it; a row with no allowed key contributes no gradient to
-// q, k, v; a mask gets none (it is not learned). Computed in double (float32
-// converts in and out; a fast float32 kernel is future work).
-template <Real T>
-void attention_backward(TensorView<const T> q, TensorView<const T> k, TensorView<const T> v,
+// writes dq, dk, dv (the shapes of q, k, v, logical for q8_0: a float32
+// gradient per value; overwritten) for the same inputs and options, and with
+// sinks their gradient into dsinks (Hq,) unless it is an empty view. With GQA
+// a key/value head's gradient sums over the query heads that share it, in
+// head order; a row with no allowed key contributes no gradient to q, k, v; a
+// mask gets none (it is not learned). K and V stored in 16 or 8 bits get the
+// gradient with respect to their float32 values.
+//
+// float32 runs the fused kernel: P recomputed tile by tile from the saved
+// log-sum-exp (extra memory O(n), never n_q × n_k), results bitwise equal
+// for any number of threads. A problem with a NaN or an infinity in q, k, v,
+// dout or the output goes to the double reference instead, as does float64.
+template <class T, class KV>
+  requires AttentionTypes<T, KV>
+void attention_backward(TensorView<const T> q, TensorView<const KV> k, TensorView<const KV> v,
                         TensorView<const T> dout, TensorView<T> dq, TensorView<T> dk,
                         TensorView<T> dv, const AttentionOptions& options = {},
-                        const Mask& mask = {}, TensorView<T> dsinks = {});
+                        const Mask& mask = {}, TensorView<T> dsinks = {},
+                        const SavedForward<T>& saved = {});
 
 template <class T>
 struct AttentionGradients {
   Tensor<T> dq, dk, dv;
   Tensor<T> dsinks;  // (Hq,) with sinks; empty otherwise
 };
-template <Real T>
-AttentionGradients<T> attention_backward(TensorView<const T> q, TensorView<const T> k,
-                                         TensorView<const T> v, TensorView<const T> dout,
+template <class T, class KV>
+  requires AttentionTypes<T, KV>
+AttentionGradients<T> attention_backward(TensorView<const T> q, TensorView<const KV> k,
+                                         TensorView<const KV> v, TensorView<const T> dout,
                                          const AttentionOptions& options = {},
-                                         const Mask& mask = {});
+                                         const Mask& mask = {}, const SavedForward<T>& saved = {});
 
 }  // namespace attn

@@ -1,7 +1,6 @@
 // attention(), AttentionPlan and attention_backward(): validate the
 // arguments once, normalize them into an AttentionProblem and dispatch:
-// float32 to the SIMD kernels, float64 to the double-precision reference (the
-// backward: the reference for both, for now).
+// float32 to the SIMD kernels, float64 to the double-precision reference.
 #include "attn/attention.hpp"
 
 #include <algorithm>
@@ -287,14 +286,9 @@ template struct PreparedAttention<float, block_q8_0>;
 template struct PreparedAttention<double, double>;
 
 template <class T>
-std::pair<AttentionProblem<T>, GradientOperands<T>> make_backward_problem(
-    TensorView<const T> q, TensorView<const T> k, TensorView<const T> v,
-    TensorView<const T> dout, TensorView<T> dq, TensorView<T> dk, TensorView<T> dv,
-    const AttentionOptions& options, const MaskInput& mask, const MaskInput& second,
-    TensorView<T> dsinks) {
-  std::pair<AttentionProblem<T>, GradientOperands<T>> r{
-      make_problem(q, k, v, options, mask, second), {}};
-  const AttentionProblem<T>& p = r.first;
+GradientOperands<T> gradient_operands(const AttentionProblem<T>& p, const Shape& q, const Shape& k,
+                                      const Shape& v, TensorView<const T> dout, TensorView<T> dq,
+                                      TensorView<T> dk, TensorView<T> dv, TensorView<T> dsinks) {
   if (dout.shape() != p.out_shape)
     fail("dout has shape " + shape_str(dout.shape()) + ", expected the output's shape " +
          shape_str(p.out_shape));
@@ -303,59 +297,127 @@ std::pair<AttentionProblem<T>, GradientOperands<T>> make_backward_problem(
       fail(std::string(name) + " has shape " + shape_str(got) + ", expected " + of +
            "'s shape " + shape_str(want));
   };
-  check_grad("dq", dq.shape(), "q", q.shape());
-  check_grad("dk", dk.shape(), "k", k.shape());
-  check_grad("dv", dv.shape(), "v", v.shape());
-  r.second.dout = operand(dout, p.batch_axes, p.batch);
-  r.second.dq = operand(dq, p.batch_axes, p.batch);
-  r.second.dk = operand(dk, p.batch_axes, p.batch);
-  r.second.dv = operand(dv, p.batch_axes, p.batch);
+  check_grad("dq", dq.shape(), "q", q);
+  check_grad("dk", dk.shape(), "k", k);
+  check_grad("dv", dv.shape(), "v", v);
+  GradientOperands<T> g;
+  g.dout = operand(dout, p.batch_axes, p.batch);
+  g.dq = operand(dq, p.batch_axes, p.batch);
+  g.dk = operand(dk, p.batch_axes, p.batch);
+  g.dv = operand(dv, p.batch_axes, p.batch);
   if (!dsinks.empty_view()) {
     if (p.sinks.empty()) fail("dsinks given without sinks");
     check_grad("dsinks", dsinks.shape(), "sinks", Shape{p.heads_q});
-    r.second.dsinks = dsinks.data();
-    r.second.dsinks_stride = dsinks.stride(0);
+    g.dsinks = dsinks.data();
+    g.dsinks_stride = dsinks.stride(0);
   }
-  return r;
+  return g;
 }
 
+namespace {
+
+// Checks a SavedForward against the problem: both views or neither.
 template <class T>
-void masked_attention_backward(TensorView<const T> q, TensorView<const T> k,
-                               TensorView<const T> v, TensorView<const T> dout, TensorView<T> dq,
-                               TensorView<T> dk, TensorView<T> dv, const AttentionOptions& options,
-                               const MaskInput& mask, const MaskInput& second, TensorView<T> dsinks) {
-  if constexpr (std::is_same_v<T, double>) {
-    const auto [p, g] = make_backward_problem(q, k, v, dout, dq, dk, dv, options, mask, second, dsinks);
-    reference_attention_backward(p, g);
+bool check_saved(const AttentionProblem<T>& p, const SavedForward<T>& saved) {
+  if (saved.out.empty_view() != saved.lse.empty_view())
+    fail("the saved forward needs both out and lse, or neither");
+  if (saved.out.empty_view()) return false;
+  if (saved.out.shape() != p.out_shape)
+    fail("saved out has shape " + shape_str(saved.out.shape()) + ", expected " + shape_str(p.out_shape));
+  if (saved.lse.shape() != p.lse_shape)
+    fail("saved lse has shape " + shape_str(saved.lse.shape()) + ", expected " + shape_str(p.lse_shape));
+  return true;
+}
+
+// A float32 view as float64, K and V stored in 16 or 8 bits widened first.
+template <class KV>
+Tensor<double> widen(TensorView<const KV> t) {
+  if constexpr (std::is_same_v<KV, float>) {
+    Tensor<double> d(t.shape());
+    copy<float>(t, d.view());
+    return d;
   } else {
-    // No float32 kernel yet (a fast one is planned): compute through the
-    // double reference, converting in and out. The float mask is read as it is.
-    const auto wide = [](TensorView<const float> t) {
-      Tensor<double> d(t.shape());
-      copy<float>(t, d.view());
-      return d;
-    };
-    const Tensor<double> q64 = wide(q), k64 = wide(k), v64 = wide(v), dout64 = wide(dout);
-    Tensor<double> dq64(dq.shape()), dk64(dk.shape()), dv64(dv.shape()), dsinks64(dsinks.shape());
-    masked_attention_backward<double>(q64.view(), k64.view(), v64.view(), dout64.view(),
-                                      dq64.view(), dk64.view(), dv64.view(), options, mask, second,
-                                      dsinks.empty_view() ? TensorView<double>() : dsinks64.view());
-    copy<double>(dq64.view(), dq);
-    copy<double>(dk64.view(), dk);
-    copy<double>(dv64.view(), dv);
-    if (!dsinks.empty_view()) copy<double>(dsinks64.view(), dsinks);
+    const Tensor<float> f = dequantize(t);
+    return widen<float>(f.view());
   }
 }
-template void masked_attention_backward(TensorView<const float>, TensorView<const float>,
-                                        TensorView<const float>, TensorView<const float>,
-                                        TensorView<float>, TensorView<float>, TensorView<float>,
-                                        const AttentionOptions&, const MaskInput&,
-                                        const MaskInput&, TensorView<float>);
-template void masked_attention_backward(TensorView<const double>, TensorView<const double>,
-                                        TensorView<const double>, TensorView<const double>,
-                                        TensorView<double>, TensorView<double>, TensorView<double>,
-                                        const AttentionOptions&, const MaskInput&,
-                                        const MaskInput&, TensorView<double>);
+
+// The float32 backward through the double reference, converting in and out:
+// for the problems the kernel leaves to it (flash_backward). The float mask
+// is read as it is.
+template <class KV>
+void backward_in_double(TensorView<const float> q, TensorView<const KV> k, TensorView<const KV> v,
+                        TensorView<const float> dout, TensorView<float> dq, TensorView<float> dk,
+                        TensorView<float> dv, const AttentionOptions& options, const MaskInput& mask,
+                        const MaskInput& second, TensorView<float> dsinks) {
+  const Tensor<double> q64 = widen(q), k64 = widen(k), v64 = widen(v), dout64 = widen(dout);
+  Tensor<double> dq64(dq.shape()), dk64(dk.shape()), dv64(dv.shape()), dsinks64(dsinks.shape());
+  masked_attention_backward<double, double>(q64.view(), k64.view(), v64.view(), dout64.view(), dq64.view(),
+                                            dk64.view(), dv64.view(), options, mask, second,
+                                            dsinks.empty_view() ? TensorView<double>() : dsinks64.view());
+  copy<double>(dq64.view(), dq);
+  copy<double>(dk64.view(), dk);
+  copy<double>(dv64.view(), dv);
+  if (!dsinks.empty_view()) copy<double>(dsinks64.view(), dsinks);
+}
+
+}  // namespace
+
+template <class T, class KV>
+void masked_attention_backward(TensorView<const T> q, TensorView<const KV> k,
+                               TensorView<const KV> v, TensorView<const T> dout, TensorView<T> dq,
+                               TensorView<T> dk, TensorView<T> dv, const AttentionOptions& options,
+                               const MaskInput& mask, const MaskInput& second, TensorView<T> dsinks,
+                               const SavedForward<T>& saved) {
+  const PreparedAttention<T, KV> prepared(q, k, v, options, mask, second);
+  AttentionProblem<T> p = prepared.problem;
+  const GradientOperands<T> g =
+      gradient_operands(p, q.shape(), logical_shape(k), logical_shape(v), dout, dq, dk, dv, dsinks);
+  const bool given = check_saved(p, saved);
+  if constexpr (std::is_same_v<T, double>) {
+    reference_attention_backward(p, g);  // the forward is recomputed row by row
+  } else {
+    // The kernel reads out, lse and dout by rows of unit stride: the
+    // forward's when not given, contiguous copies of other layouts.
+    Tensor<float> out, lse, dout_copy;
+    const auto rows = [&](TensorView<const float> t, Tensor<float>& holder) {
+      return unit_rows(t) ? t : TensorView<const float>((holder = contiguous(t)).view());
+    };
+    TensorView<const float> out_view, lse_view;
+    if (given) {
+      out_view = rows(saved.out, out);
+      lse_view = saved.lse;
+    } else {
+      out = Tensor<float>(p.out_shape);
+      lse = Tensor<float>(p.lse_shape);
+      AttentionExtras<float> extras;
+      extras.lse = lse.view();
+      prepared.run(out.view(), extras);
+      out_view = out.view(), lse_view = lse.view();
+    }
+    AttentionExtras<float> bound;
+    bound.lse = TensorView<float>(const_cast<float*>(lse_view.data()), lse_view.shape(), lse_view.strides());
+    bind_outputs(p, TensorView<float>(const_cast<float*>(out_view.data()), out_view.shape(), out_view.strides()),
+                 bound);  // read only: the kernel writes the gradients alone
+    GradientOperands<float> gk = g;
+    gk.dout = operand(rows(dout, dout_copy), p.batch_axes, p.batch);
+    if (!flash_backward(p, gk))
+      backward_in_double(q, k, v, dout, dq, dk, dv, options, mask, second, dsinks);
+  }
+}
+
+#define ATTN_INSTANTIATE(T, KV)                                                                      \
+  template void masked_attention_backward(TensorView<const T>, TensorView<const KV>,                 \
+                                          TensorView<const KV>, TensorView<const T>, TensorView<T>,  \
+                                          TensorView<T>, TensorView<T>, const AttentionOptions&,     \
+                                          const MaskInput&, const MaskInput&, TensorView<T>,         \
+                                          const SavedForward<T>&);
+ATTN_INSTANTIATE(float, float)
+ATTN_INSTANTIATE(float, bfloat16)
+ATTN_INSTANTIATE(float, float16)
+ATTN_INSTANTIATE(float, block_q8_0)
+ATTN_INSTANTIATE(double, double)
+#undef ATTN_INSTANTIATE
 
 }  // namespace detail
 
@@ -471,22 +533,26 @@ AttentionResult<T> attention_with_extras(TensorView<const T> q, TensorView<const
   return r;
 }
 
-template <Real T>
-void attention_backward(TensorView<const T> q, TensorView<const T> k, TensorView<const T> v,
+template <class T, class KV>
+  requires AttentionTypes<T, KV>
+void attention_backward(TensorView<const T> q, TensorView<const KV> k, TensorView<const KV> v,
                         TensorView<const T> dout, TensorView<T> dq, TensorView<T> dk,
                         TensorView<T> dv, const AttentionOptions& options, const Mask& mask,
-                        TensorView<T> dsinks) {
-  detail::masked_attention_backward(q, k, v, dout, dq, dk, dv, options, {mask}, {}, dsinks);
+                        TensorView<T> dsinks, const SavedForward<T>& saved) {
+  detail::masked_attention_backward(q, k, v, dout, dq, dk, dv, options, {mask}, {}, dsinks, saved);
 }
 
-template <Real T>
-AttentionGradients<T> attention_backward(TensorView<const T> q, TensorView<const T> k,
-                                         TensorView<const T> v, TensorView<const T> dout,
-                                         const AttentionOptions& options, const Mask& mask) {
-  AttentionGradients<T> g{Tensor<T>(q.shape()), Tensor<T>(k.shape()), Tensor<T>(v.shape()), {}};
+template <class T, class KV>
+  requires AttentionTypes<T, KV>
+AttentionGradients<T> attention_backward(TensorView<const T> q, TensorView<const KV> k,
+                                         TensorView<const KV> v, TensorView<const T> dout,
+                                         const AttentionOptions& options, const Mask& mask,
+                                         const SavedForward<T>& saved) {
+  AttentionGradients<T> g{Tensor<T>(q.shape()), Tensor<T>(detail::logical_shape(k)),
+                          Tensor<T>(detail::logical_shape(v)), {}};
   if (!options.sinks.empty()) g.dsinks = Tensor<T>({static_cast<int64_t>(options.sinks.size())});
   attention_backward(q, k, v, dout, g.dq.view(), g.dk.view(), g.dv.view(), options, mask,
-                     options.sinks.empty() ? TensorView<T>() : g.dsinks.view());
+                     options.sinks.empty() ? TensorView<T>() : g.dsinks.view(), saved);
   return g;
 }
 
@@ -506,31 +572,20 @@ AttentionGradients<T> attention_backward(TensorView<const T> q, TensorView<const
                                const AttentionOptions&, const Mask&);                           \
   template AttentionResult<T> attention_with_weights(TensorView<const T>, TensorView<const KV>, \
                                                      TensorView<const KV>,                      \
-                                                     const AttentionOptions&, const Mask&);
+                                                     const AttentionOptions&, const Mask&);     \
+  template void attention_backward(TensorView<const T>, TensorView<const KV>, TensorView<const KV>, \
+                                   TensorView<const T>, TensorView<T>, TensorView<T>, TensorView<T>, \
+                                   const AttentionOptions&, const Mask&, TensorView<T>,            \
+                                   const SavedForward<T>&);                                        \
+  template AttentionGradients<T> attention_backward(TensorView<const T>, TensorView<const KV>,     \
+                                                    TensorView<const KV>, TensorView<const T>,     \
+                                                    const AttentionOptions&, const Mask&,          \
+                                                    const SavedForward<T>&);
 ATTN_INSTANTIATE(float, float)
 ATTN_INSTANTIATE(float, bfloat16)
 ATTN_INSTANTIATE(float, float16)
 ATTN_INSTANTIATE(float, block_q8_0)
 ATTN_INSTANTIATE(double, double)
 #undef ATTN_INSTANTIATE
-
-template void attention_backward(TensorView<const float>, TensorView<const float>,
-                                 TensorView<const float>, TensorView<const float>,
-                                 TensorView<float>, TensorView<float>, TensorView<float>,
-                                 const AttentionOptions&, const Mask&, TensorView<float>);
-template void attention_backward(TensorView<const double>, TensorView<const double>,
-                                 TensorView<const double>, TensorView<const double>,
-                                 TensorView<double>, TensorView<double>, TensorView<double>,
-                                 const AttentionOptions&, const Mask&, TensorView<double>);
-template AttentionGradients<float> attention_backward(TensorView<const float>,
-                                                      TensorView<const float>,
-                                                      TensorView<const float>,
-                                                      TensorView<const float>,
-                                                      const AttentionOptions&, const Mask&);
-template AttentionGradients<double> attention_backward(TensorView<const double>,
-                                                       TensorView<const double>,
-                                                       TensorView<const double>,
-                                                       TensorView<const double>,
-                                                       const AttentionOptions&, const Mask&);
 
 }  // namespace attn

@@ -137,23 +137,21 @@ struct GradientOperands {
   int64_t dsinks_stride = 1;
 };
 
-// Validates the arguments of attention_backward() and builds the forward
-// problem (without an output to write) and its gradient operands.
+// Validates the gradient arguments of attention_backward() for problem p,
+// built from q, k, v of these (logical) shapes, and sees them as operands.
 template <class T>
-std::pair<AttentionProblem<T>, GradientOperands<T>> make_backward_problem(
-    TensorView<const T> q, TensorView<const T> k, TensorView<const T> v,
-    TensorView<const T> dout, TensorView<T> dq, TensorView<T> dk, TensorView<T> dv,
-    const AttentionOptions& options, const MaskInput& mask, const MaskInput& second = {},
-    TensorView<T> dsinks = {});
+GradientOperands<T> gradient_operands(const AttentionProblem<T>& p, const Shape& q, const Shape& k,
+                                      const Shape& v, TensorView<const T> dout, TensorView<T> dq,
+                                      TensorView<T> dk, TensorView<T> dv, TensorView<T> dsinks);
 
 // attention_backward() with two masks as in make_problem: the entry of the
-// MultiHeadAttention layer. T is float or double.
-template <class T>
-void masked_attention_backward(TensorView<const T> q, TensorView<const T> k,
-                               TensorView<const T> v, TensorView<const T> dout, TensorView<T> dq,
+// MultiHeadAttention layer.
+template <class T, class KV>
+void masked_attention_backward(TensorView<const T> q, TensorView<const KV> k,
+                               TensorView<const KV> v, TensorView<const T> dout, TensorView<T> dq,
                                TensorView<T> dk, TensorView<T> dv, const AttentionOptions& options,
                                const MaskInput& mask, const MaskInput& second,
-                               TensorView<T> dsinks = {});
+                               TensorView<T> dsinks = {}, const SavedForward<T>& saved = {});
 
 // The double-precision oracle: plain loops, accumulation in double.
 void reference_attention(const AttentionProblem<double>& p);

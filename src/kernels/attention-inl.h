@@ -202,15 +202,24 @@ HWY_INLINE void WithKVType(const AttentionProblem<float>& p, F&& f) {
   }
 }
 
-// o[r][0 .. NV·N) += Σ_j p[r][j] · v_j[0 .. NV·N) for r < MR, j < count
-// (row r of p starts at p + r · p_stride). An FMA waits 4 cycles for the one
+// Element (r, j) of a block of weights P: at p[r · p_stride + j], or, with
+// kTransposed, at p[j · p_stride + r] (the backward's Pᵀ dO and dSᵀ Q, from
+// P and dS as the forward lays them out: broadcast from memory, the stride
+// costs nothing).
+template <bool kTransposed>
+HWY_INLINE float WeightAt(const float* p, int64_t p_stride, int r, int64_t j) {
+  return kTransposed ? p[j * p_stride + r] : p[r * p_stride + j];
+}
+
+// o[r][0 .. NV·N) += Σ_j p(r, j) · v_j[0 .. NV·N) for r < MR, j < count
+// (WeightAt). An FMA waits 4 cycles for the one
 // before it in its chain and 2 pipes issue one each per cycle, so fewer than
 // 8 accumulators (narrow value rows, few query rows) leave the pipes idle:
 // the keys are then dealt round-robin to S sets of accumulators, summed at
 // the end. (At head dim 16 the 4 rows × 1 vector of a single set ran at a
 // quarter of the FMA rate.)
 // Columns c0 .. c0 + NV·N of the V rows, c0 a multiple of N.
-template <int MR, int NV, class KV>
+template <int MR, int NV, bool kTransposed, class KV>
 HWY_INLINE void ValueBlock(DF d, const float* p, int64_t p_stride, int64_t count,
                            const KV* v0, int64_t v_stride, int64_t c0, float* o, int64_t o_stride) {
   const size_t N = hn::Lanes(d);
@@ -230,7 +239,8 @@ HWY_INLINE void ValueBlock(DF d, const float* p, int64_t p_stride, int64_t count
       constexpr int s = i / RV, r = i % RV / NV, v = i % NV;
       if (S > 1 && s >= step) return;
       VF& acc = Acc<i>(a0, a1, a2, a3, a4, a5, a6, a7);
-      acc = hn::MulAdd(hn::Set(d, p[r * p_stride + j + s]), LoadKV(d, v0 + (j + s) * v_stride, c0 + v * N), acc);
+      acc = hn::MulAdd(hn::Set(d, WeightAt<kTransposed>(p, p_stride, r, j + s)),
+                       LoadKV(d, v0 + (j + s) * v_stride, c0 + v * N), acc);
     });
   }
   Unroll<(S - 1) * RV>([&](auto i) HWY_ATTR {
@@ -256,7 +266,7 @@ HWY_INLINE void ValueBlock(DF d, const float* p, int64_t p_stride, int64_t count
       VF vv[NV];
       for (int v = 0; v < NV; ++v) vv[v] = LoadKV(d, v0 + (j + s) * v_stride, c0 + v * N);
       for (int r = 0; r < MR; ++r) {
-        const VF pb = hn::Set(d, p[r * p_stride + j + s]);
+        const VF pb = hn::Set(d, WeightAt<kTransposed>(p, p_stride, r, j + s));
         for (int v = 0; v < NV; ++v) acc[s][r][v] = hn::MulAdd(pb, vv[v], acc[s][r][v]);
       }
     }
@@ -272,7 +282,7 @@ HWY_INLINE void ValueBlock(DF d, const float* p, int64_t p_stride, int64_t count
 // The same for the last value columns [c, d_v) that are not a whole vector:
 // loads masked to the real columns. (Prefill pads V to whole vectors and
 // never comes here; decode reads V in place.)
-template <class KV>
+template <bool kTransposed, class KV>
 HWY_INLINE void ValueTail(DF d, int rows, const float* p, int64_t p_stride, int64_t count,
                           const KV* v0, int64_t v_stride, int64_t c, int64_t d_v, float* o,
                           int64_t o_stride) {
@@ -280,14 +290,14 @@ HWY_INLINE void ValueTail(DF d, int rows, const float* p, int64_t p_stride, int6
   for (int r = 0; r < rows; ++r) {
     VF acc = hn::Load(d, o + r * o_stride + c);
     for (int64_t j = 0; j < count; ++j)
-      acc = hn::MulAdd(hn::Set(d, p[r * p_stride + j]), LoadKVPart(d, v0 + j * v_stride, c, n), acc);
+      acc = hn::MulAdd(hn::Set(d, WeightAt<kTransposed>(p, p_stride, r, j)), LoadKVPart(d, v0 + j * v_stride, c, n), acc);
     hn::Store(acc, d, o + r * o_stride + c);
   }
 }
 
 // All d_v value columns of MR rows: blocks of NV vectors, then the whole
 // vectors left as one narrower block, then a partial vector, if any.
-template <int MR, class KV>
+template <int MR, bool kTransposed, class KV>
 HWY_INLINE void ValueRows(DF d, const float* p, int64_t p_stride, int64_t count, const KV* v0,
                           int64_t v_stride, int64_t d_v, float* o, int64_t o_stride) {
   // A single row (decode) has registers for twice the columns: half the
@@ -297,24 +307,26 @@ HWY_INLINE void ValueRows(DF d, const float* p, int64_t p_stride, int64_t count,
   const int64_t whole = d_v / N;
   int64_t vec = 0;
   for (; vec + NV <= whole; vec += NV)
-    ValueBlock<MR, NV>(d, p, p_stride, count, v0, v_stride, vec * N, o + vec * N, o_stride);
+    ValueBlock<MR, NV, kTransposed>(d, p, p_stride, count, v0, v_stride, vec * N, o + vec * N, o_stride);
   if (vec < whole) {
     WithCount<NV - 1>(whole - vec, [&](auto nv) HWY_ATTR {
-      ValueBlock<MR, decltype(nv)::value>(d, p, p_stride, count, v0, v_stride, vec * N, o + vec * N, o_stride);
+      ValueBlock<MR, decltype(nv)::value, kTransposed>(d, p, p_stride, count, v0, v_stride, vec * N, o + vec * N,
+                                                       o_stride);
     });
   }
-  if (whole * N < d_v) ValueTail(d, MR, p, p_stride, count, v0, v_stride, whole * N, d_v, o, o_stride);
+  if (whole * N < d_v) ValueTail<kTransposed>(d, MR, p, p_stride, count, v0, v_stride, whole * N, d_v, o, o_stride);
 }
 
-// O (rows × o_stride) += P (rows × count, row stride p_stride) · V rows.
-template <class KV>
+// O (rows × o_stride) += P (rows × count, row stride p_stride) · V rows;
+// with kTransposed, P's element (r, j) is at p[j · p_stride + r] (WeightAt).
+template <bool kTransposed = false, class KV>
 void AccumulateValues(DF d, int64_t rows, const float* p, int64_t p_stride, int64_t count,
                       const KV* v0, int64_t v_stride, int64_t d_v, float* o, int64_t o_stride) {
   for (int64_t r0 = 0; r0 < rows; r0 += kRows) {
-    const float* pr = p + r0 * p_stride;
+    const float* pr = kTransposed ? p + r0 : p + r0 * p_stride;
     float* orow = o + r0 * o_stride;
     WithCount<kRows>(std::min<int64_t>(kRows, rows - r0), [&](auto mr) HWY_ATTR {
-      ValueRows<decltype(mr)::value>(d, pr, p_stride, count, v0, v_stride, d_v, orow, o_stride);
+      ValueRows<decltype(mr)::value, kTransposed>(d, pr, p_stride, count, v0, v_stride, d_v, orow, o_stride);
     });
   }
 }
@@ -396,12 +408,16 @@ inline void MaskRow(DF d, const AttentionProblem<float>& p, int64_t b, int64_t h
 
 // softcap · tanh(s / softcap) over n entries (n a multiple of the lanes), s
 // in natural units; the result in base-2 units (the softmax's), or natural
-// ones (the returned logits).
-inline void Softcap(DF d, double softcap, float* s, int64_t n, bool natural = false) {
+// ones (the returned logits). With tanh_out, the tanh also goes there.
+inline void Softcap(DF d, double softcap, float* s, int64_t n, bool natural = false,
+                    float* tanh_out = nullptr) {
   const VF cap = hn::Set(d, natural ? static_cast<float>(softcap) : Base2(softcap));
   const VF inv = hn::Set(d, static_cast<float>(1.0 / softcap));
-  for (int64_t e = 0; e < n; e += static_cast<int64_t>(hn::Lanes(d)))
-    hn::Store(hn::Mul(cap, hn::Tanh(d, hn::Mul(hn::Load(d, s + e), inv))), d, s + e);
+  for (int64_t e = 0; e < n; e += static_cast<int64_t>(hn::Lanes(d))) {
+    const VF t = hn::Tanh(d, hn::Mul(hn::Load(d, s + e), inv));
+    if (tanh_out) hn::Store(t, d, tanh_out + e);
+    hn::Store(hn::Mul(cap, t), d, s + e);
+  }
 }
 
 // How far the kernels' logits of row i of head h lie above the true ones,

@@ -12,6 +12,14 @@ namespace attn::detail {
 // weights, logits and log-sum-exp when asked for.
 void flash_forward(const AttentionProblem<float>& p);
 
+// The gradient of p's attention into g (dq, dk, dv overwritten; dsinks with
+// sinks), from the output and log-sum-exp that the forward wrote into p.out
+// and p.lse, P recomputed tile by tile (extra memory O(n)). Requires
+// col_stride == 1 for dout too. Returns false, having written nothing, when
+// an input, the output or dout holds a NaN or an infinity, or a row's
+// log-sum-exp is NaN or +inf: the reference settles those problems.
+bool flash_backward(const AttentionProblem<float>& p, const GradientOperands<float>& g);
+
 // A few queries against a long key/value cache: keys split into fixed chunks
 // processed in parallel, partial softmax results merged exactly. No weights
 // or logits (the log-sum-exp, yes).

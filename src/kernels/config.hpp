@@ -26,6 +26,9 @@
 #ifndef ATTN_BLOCK_ROWS
 #define ATTN_BLOCK_ROWS 8
 #endif
+#ifndef ATTN_BACKWARD_ROWS
+#define ATTN_BACKWARD_ROWS 32
+#endif
 #ifndef ATTN_DECODE_CHUNK
 #define ATTN_DECODE_CHUNK 512
 #endif
@@ -64,6 +67,12 @@ constexpr int64_t kBlockK = ATTN_BLOCK_K;
 // causal from 0.55× to 0.52× of the non-causal time.
 constexpr int kBlockRows = ATTN_BLOCK_ROWS;
 
+// Backward: query rows per block against one key tile. The block's products
+// Pᵀ dO and dSᵀ Q keep a tile's dK, dV accumulators in registers for all
+// its rows, so more rows amortize their loads and stores; P and dS are each
+// rows · kBlockK · 4 B (8 KiB at 32). (Measurements: docs/performance.md.)
+constexpr int64_t kBackwardRows = ATTN_BACKWARD_ROWS;
+
 // Decode: keys per chunk, each chunk a work item whose partial softmax is
 // merged exactly. Fixed (not derived from the thread count) so results do
 // not depend on it. Not tuned by a recorded measurement: 512 keys give
@@ -86,7 +95,7 @@ constexpr int64_t kDecodeMaxQueries = ATTN_DECODE_MAX_QUERIES;
 // bf16 within noise of each other at 0 and 16 (docs/performance.md).
 constexpr int64_t kDecodePrefetchRows = ATTN_DECODE_PREFETCH_ROWS;
 
-static_assert(kBlockQ > 0 && kBlockK > 0 && kBlockRows > 0 && kDecodeChunk > 0 &&
+static_assert(kBlockQ > 0 && kBlockK > 0 && kBlockRows > 0 && kBackwardRows > 0 && kDecodeChunk > 0 &&
               kDecodeMaxQueries > 0 && kDecodePrefetchRows >= 0, "kernel configuration: sizes must be positive");
 // Row blocks tile an item exactly (and take whole micro-kernel row groups:
 // asserted in prefill.cc against matmul-inl.h's kRows).

@@ -34,7 +34,7 @@
 #include <hwy/foreach_target.h>  // IWYU pragma: keep
 #include <hwy/highway.h>
 
-#include "kernels/attention-inl.h"
+#include "kernels/flash-inl.h"
 
 #include <algorithm>
 #include <cmath>
@@ -50,7 +50,6 @@
 HWY_BEFORE_NAMESPACE();
 namespace attn::detail {
 namespace HWY_NAMESPACE {
-static_assert(kBlockK == kPanel, "a key tile is one packed matmul panel");
 static_assert(kBlockRows % kRows == 0, "ATTN_BLOCK_ROWS must be a multiple of kRows (4)");
 
 // Packs K tile kt of (b, hkv) (PackK) or widens V rows j0 .. j0 + count - 1
@@ -75,54 +74,6 @@ struct Item {
   int64_t b, hkv, i0, rows;
 };
 
-// kBlockRows query rows of an item, i0 + r0 .. i0 + r0 + rows - 1, and the keys
-// allowed to its first and last rows (ranges move right with the row, so
-// these bound the whole block).
-struct RowBlock {
-  int64_t r0;
-  int rows;
-  KeyRange first, last;
-
-  // Whether causal/window ranges mask keys j0 .. j0 + count - 1 wholly.
-  bool masks_all(int64_t j0, int64_t count) const {
-    return j0 >= last.end || j0 + count <= first.begin;
-  }
-  // Whether they allow all kBlockK keys from j0 for every row.
-  bool allows_all(int64_t j0, int64_t count) const {
-    return count == kBlockK && j0 >= last.begin && j0 + kBlockK <= first.end;
-  }
-};
-
-// K tile kt of (b, hkv), transposed: dst[c * kBlockK + j] = k[j0 + j][c]; keys
-// past n_k are zero (their scores are masked anyway). Four keys at a time:
-// their rows, interleaved, are each dim's four keys side by side, one
-// 16-byte copy per dim (an element at a time, the transpose took 15% of a
-// call at n = 128). 16-bit and q8_0 keys are widened on the way.
-template <class KV>
-void PackK(const AttentionProblem<float>& p, int64_t b, int64_t hkv, int64_t kt, float* dst) {
-  const DF d;
-  const int64_t N = static_cast<int64_t>(hn::Lanes(d));
-  const int64_t j0 = kt * kBlockK, jn = std::min(kBlockK, p.n_k - j0);
-  const int64_t whole = p.d / N * N, rs = KeyStride<KV>(p);
-  alignas(HWY_MAX_BYTES) float four[4 * HWY_MAX_BYTES / sizeof(float)];
-  int64_t j = 0;
-  for (; j + 4 <= jn; j += 4) {
-    const KV* k0 = KeyRow<KV>(p, b, hkv, j0 + j);
-    for (int64_t c = 0; c < whole; c += N) {
-      hn::StoreInterleaved4(LoadKV(d, k0, c), LoadKV(d, k0 + rs, c), LoadKV(d, k0 + 2 * rs, c),
-                            LoadKV(d, k0 + 3 * rs, c), d, four);
-      for (int64_t e = 0; e < N; ++e) std::memcpy(dst + (c + e) * kBlockK + j, four + 4 * e, 4 * sizeof(float));
-    }
-    for (int64_t c = whole; c < p.d; ++c)
-      for (int64_t r = 0; r < 4; ++r) dst[c * kBlockK + j + r] = KVValue(k0 + r * rs, c);
-  }
-  for (; j < jn; ++j) {
-    const KV* k = KeyRow<KV>(p, b, hkv, j0 + j);
-    for (int64_t c = 0; c < p.d; ++c) dst[c * kBlockK + j] = KVValue(k, c);
-  }
-  for (int64_t c = 0; c < p.d; ++c) std::fill(dst + c * kBlockK + jn, dst + (c + 1) * kBlockK, 0.0f);
-}
-
 // V rows j0 .. j0 + count - 1 of (b, hkv) as float32 rows `width` (d_v
 // rounded up to whole vectors) apart at dst, zeros past d_v: the tile P·V
 // reads when V's own rows are not float32 whole vectors side by side. Per
@@ -140,81 +91,6 @@ void WidenValues(const AttentionProblem<float>& p, int64_t b, int64_t hkv, int64
     float* out = dst + j * width;
     for (int64_t c = 0; c < whole; c += N) hn::Store(LoadKV(d, in, c), d, out + c);
     if (whole < p.d_v) hn::Store(LoadKVPart(d, in, whole, p.d_v - whole), d, out + whole);
-  }
-}
-
-// ALiBi's bias added to a block of scores as MatmulBlock stores them, while
-// they are in registers (as a pass of its own over the stored scores it cost
-// 5-9% of a call, d = 64).
-struct AlibiEpilogue {
-  float slope2;
-  const int64_t* first;  // per row of the micro-kernel: key j0 - the row's anchor
-  HWY_INLINE VF operator()(DF d, int r, int64_t col, VF x) const { return WithAlibi(d, slope2, first[r], col, x); }
-};
-
-// ALiBi on one head's rows of an item: the slope in base 2 and each row's
-// anchor (AlibiAnchor), worked out once per head, not per row and tile.
-struct AlibiRows {
-  float slope2 = 0;
-  int64_t anchor[kBlockQ];
-
-  void Set(const Item& it, int64_t h) {
-    const auto& p = it.p;
-    if (p.alibi.empty()) return;
-    slope2 = Base2(p.alibi[h]);
-    for (int64_t r = 0; r < it.rows; ++r)
-      anchor[r] = AlibiAnchor(p.alibi[h], allowed_keys(it.i0 + r, p.n_q, p.n_k, p.causal, p.window));
-  }
-};
-
-// S = scale · Q Kᵀ of row block rb (head h) against packed key tile kt, row
-// r at s + r · kBlockK; with `alibi`, ALiBi's bias added as the products are
-// stored.
-HWY_INLINE void Products(DF d, const Item& it, int64_t h, int64_t kt, const RowBlock& rb, float scale,
-                         float* s, const AlibiRows* alibi) {
-  const auto& p = it.p;
-  const int64_t j0 = kt * kBlockK, i0 = it.i0 + rb.r0;
-  const float* panel = it.kpack + kt * p.d * kBlockK;
-  const float* q[kRows];
-  for (int r0 = 0; r0 < rb.rows; r0 += kRows) {
-    const int rows = std::min(kRows, rb.rows - r0);
-    for (int r = 0; r < rows; ++r) q[r] = p.q.row(it.b, h, i0 + r0 + r);
-    if (alibi) {
-      int64_t first[kRows];
-      for (int r = 0; r < rows; ++r) first[r] = j0 - alibi->anchor[rb.r0 + r0 + r];
-      MatmulPanel(d, q, rows, p.d, panel, scale, s + r0 * kBlockK, kBlockK,
-                  AlibiEpilogue{alibi->slope2, first});
-    } else {
-      MatmulPanel(d, q, rows, p.d, panel, scale, s + r0 * kBlockK, kBlockK);
-    }
-  }
-}
-
-// S = masked, softcapped scores of row block rb (head h) against key tile kt,
-// ALiBi's bias added; row r at s + r · kBlockK.
-void Scores(DF d, const Item& it, int64_t h, int64_t kt, const RowBlock& rb, const AlibiRows& alibi,
-            float* s) {
-  const auto& p = it.p;
-  const int64_t j0 = kt * kBlockK, jn = std::min(kBlockK, p.n_k - j0);
-  const int64_t i0 = it.i0 + rb.r0;
-  const bool inside = rb.allows_all(j0, jn);
-  // Without softcap (which comes first) and masks, the bias is added as the
-  // scores are stored; otherwise after softcap (AddAlibi) or with the masks
-  // (MaskRow).
-  const bool alibi_now = !p.alibi.empty() && p.softcap == 0 && inside && !p.mask.present();
-  Products(d, it, h, kt, rb, ScoreScale(p), s, alibi_now ? &alibi : nullptr);
-  if (p.softcap > 0) Softcap(d, p.softcap, s, rb.rows * kBlockK);
-  if (inside && !p.mask.present()) {
-    if (p.alibi.empty() || alibi_now) return;
-    for (int r = 0; r < rb.rows; ++r)
-      AddAlibi(d, alibi.slope2, j0 - alibi.anchor[rb.r0 + r], kBlockK, s + r * kBlockK);
-    return;
-  }
-  const float ninf = -std::numeric_limits<float>::infinity();
-  for (int r = 0; r < rb.rows; ++r) {
-    float* sr = s + r * kBlockK;
-    std::fill(sr + jn, sr + kBlockK, ninf);  // keys past n_k
-    MaskRow(d, p, it.b, h, i0 + r, j0, jn, !inside, sr);
   }
 }
 
@@ -249,8 +125,7 @@ ItemState StartItem(DF d, const Item& it) {
   st.t_end = std::min(n_tiles, (last.end + kBlockK - 1) / kBlockK);
   for (int64_t r0 = 0; r0 < it.rows; r0 += kBlockRows) {
     const int rows = static_cast<int>(std::min<int64_t>(kBlockRows, it.rows - r0));
-    st.blocks[r0 / kBlockRows] = {r0, rows, allowed_keys(it.i0 + r0, p.n_q, p.n_k, p.causal, p.window),
-                                  allowed_keys(it.i0 + r0 + rows - 1, p.n_q, p.n_k, p.causal, p.window)};
+    st.blocks[r0 / kBlockRows] = RowBlock(p, it.i0 + r0, rows);
   }
   return st;
 }
@@ -283,7 +158,7 @@ HWY_INLINE void SoftmaxPass(DF d, const Item& it, int64_t h, bool pack, ItemStat
     for (int64_t r0 = 0; r0 < it.rows; r0 += kBlockRows) {
       const RowBlock& rb = st.blocks[r0 / kBlockRows];
       if (rb.masks_all(j0, jn)) continue;
-      Scores(d, it, h, kt, rb, st.alibi, s);
+      Scores(d, p, it.b, h, kt, rb, it.kpack + kt * p.d * kBlockK, st.alibi, s);
       const int rows = rb.rows;
       for (int r = 0; r < rows; ++r) {
         float* orow = o + (r0 + r) * dvp;
@@ -328,7 +203,7 @@ void WriteWeights(DF d, const Item& it, int64_t h, ItemState& st) {
     for (int64_t r0 = 0; r0 < it.rows; r0 += kBlockRows) {
       const RowBlock& rb = st.blocks[r0 / kBlockRows];
       if (rb.masks_all(j0, jn)) continue;
-      Scores(d, it, h, kt, rb, st.alibi, s);
+      Scores(d, p, it.b, h, kt, rb, it.kpack + kt * p.d * kBlockK, st.alibi, s);
       for (int r = 0; r < rb.rows; ++r) {
         const int64_t i = r0 + r;
         if (st.l[i] == 0) continue;
@@ -363,7 +238,7 @@ void WriteLogits(DF d, const Item& it, int64_t h, ItemState& st) {
     for (int64_t r0 = 0; r0 < it.rows; r0 += kBlockRows) {
       const RowBlock& rb = st.blocks[r0 / kBlockRows];
       if (masked && rb.masks_all(j0, jn)) continue;
-      Products(d, it, h, kt, rb, static_cast<float>(p.scale), s, nullptr);
+      Products(d, p, it.b, h, rb, it.kpack + kt * p.d * kBlockK, j0, static_cast<float>(p.scale), s, nullptr);
       if (softcap) Softcap(d, p.softcap, s, rb.rows * kBlockK, /*natural=*/true);
       for (int r = 0; r < rb.rows; ++r) {
         float* sr = s + r * kBlockK;
@@ -385,7 +260,7 @@ void ProcessItem(DF d, const Item& it) {
   ItemState st = StartItem(d, it);
   for (int64_t g = 0; g < it.p.group(); ++g) {
     const int64_t h = it.hkv * it.p.group() + g;
-    st.alibi.Set(it, h);
+    st.alibi.Set(it.p, h, it.i0, it.rows);
     SoftmaxPass(d, it, h, it.pack && g == 0, st);
     WriteOutput(d, it, h, st);
     if (it.p.weights) WriteWeights(d, it, h, st);

@@ -1,0 +1,224 @@
+// The gradient of float32 attention, FlashAttention-2 style: the forward's
+// tiles again, the weights P recomputed tile by tile from the saved
+// log-sum-exp instead of stored, so memory grows with n, never n².
+//
+// With D_i = rowsum(dO_i ∘ O_i) (the row's Σ_j P_ij dP_ij), per key tile and
+// block of query rows:
+//   S  = the forward's scores (flash-inl.h's Scores: softcap, masks, ALiBi)
+//   P  = 2^(S − lse)                  base-2 units, as the forward's softmax
+//   dP = dO Vᵀ                        on V packed like K (a transposed panel)
+//   dS = P ∘ (dP − D) [∘ (1 − tanh²)]  the gradient of the scaled logit
+//   dV += Pᵀ dO,  dK += dSᵀ Q,  dQ += dS K   (scale applied once at the end)
+// Work items are (batch, kv head): one item runs every key tile (outer) of
+// its kv head, and for each the query heads of its GQA group in order and
+// their row blocks (inner), so dK and dV of a tile sum the group's heads in
+// a fixed order while they stay in cache, and dQ of every row sums the key
+// tiles in order in the item's own buffer. No two items write the same
+// gradient and the order of every sum is fixed: results are bitwise equal
+// for any number of threads. (The cost: a call with a single (batch, kv
+// head) runs on one thread.) The products are the forward's: the packed
+// panel for S and dP, AccumulateValues (P·V's micro-kernel) for the rest.
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "kernels/backward.cc"
+#include <hwy/foreach_target.h>  // IWYU pragma: keep
+#include <hwy/highway.h>
+
+#include "kernels/flash-inl.h"
+
+#include <hwy/aligned_allocator.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <limits>
+#include <string>
+
+#include "kernels/attention_kernel.hpp"
+#include "kernels/config.hpp"
+#include "kernels/scratch.hpp"
+#include "thread_pool.hpp"
+
+HWY_BEFORE_NAMESPACE();
+namespace attn::detail {
+namespace HWY_NAMESPACE {
+static_assert(kBackwardRows % kRows == 0 && kBackwardRows <= kBlockQ,
+              "ATTN_BACKWARD_ROWS must be a multiple of kRows (4), at most ATTN_BLOCK_Q");
+
+// Per row of the problem (batch, head, row): D = dO · O, and the row's
+// log-sum-exp in the units of the scores (base 2, shifted with ALiBi's
+// anchor as Scores shifts them); +inf for a row with no allowed key, so that
+// its P = 2^(S − lse) is 0 throughout.
+struct RowStats {
+  float* delta;
+  float* lse2;
+  int64_t at(const AttentionProblem<float>& p, int64_t b, int64_t h, int64_t i) const {
+    return (b * p.heads_q + h) * p.n_q + i;
+  }
+};
+
+// Whether every value in n elements of a row (col_stride 1) is finite.
+template <class KV>
+bool FiniteRow(const KV* row, int64_t n) {
+  for (int64_t c = 0; c < n; ++c)
+    if (!std::isfinite(KVValue(row, c))) return false;
+  return true;
+}
+
+// Fills stats, and reports whether the kernel can take the problem: every
+// input finite, every row's lse finite or -inf (a NaN or +inf anywhere goes
+// to the reference, which settles those rows by its edge rules).
+template <class KV>
+bool Prepare(const AttentionProblem<float>& p, const GradientOperands<float>& g, const RowStats& stats) {
+  const DF d;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(d));
+  std::atomic<bool> finite{true};
+  parallel_for(p.batch * p.heads_q, [&](int64_t item) {
+    const int64_t b = item / p.heads_q, h = item % p.heads_q;
+    bool ok = true;
+    for (int64_t i = 0; i < p.n_q && ok; ++i) {
+      const float* o = p.out.row(b, h, i);
+      const float* dout = g.dout.row(b, h, i);
+      VF sum = hn::Zero(d);
+      int64_t c = 0;
+      for (; c + N <= p.d_v; c += N) sum = hn::MulAdd(hn::LoadU(d, o + c), hn::LoadU(d, dout + c), sum);
+      if (c < p.d_v) sum = hn::MulAdd(LoadPart(d, o + c, p.d_v - c, 0.0f), LoadPart(d, dout + c, p.d_v - c, 0.0f), sum);
+      const float delta = hn::GetLane(hn::SumOfLanes(d, sum));
+      const float lse = *p.lse.row(b, h, i);
+      ok = std::isfinite(delta) && !std::isnan(lse) && lse != std::numeric_limits<float>::infinity() &&
+           FiniteRow(p.q.row(b, h, i), p.d);
+      const int64_t at = stats.at(p, b, h, i);
+      stats.delta[at] = delta;
+      stats.lse2[at] = lse == -std::numeric_limits<float>::infinity()
+                           ? std::numeric_limits<float>::infinity()
+                           : static_cast<float>((double(lse) + AlibiShift(p, h, i)) * 1.44269504088896341);
+    }
+    if (h % p.group() == 0)  // each kv head's rows once
+      for (int64_t j = 0; j < p.n_k && ok; ++j)
+        ok = FiniteRow(KeyRow<KV>(p, b, h / p.group(), j), p.d) && FiniteRow(ValueRow<KV>(p, b, h / p.group(), j), p.d_v);
+    if (!ok) finite = false;
+  });
+  return finite;
+}
+
+static thread_local Scratch<float> tls_dq, tls_dk, tls_dv, tls_kpack, tls_vpack, tls_p, tls_ds, tls_tanh;
+
+// One (batch, kv head): every key tile, every query head of the group.
+template <class KV>
+void BackwardItem(DF d, const AttentionProblem<float>& p, const GradientOperands<float>& g,
+                  const RowStats& stats, int64_t b, int64_t hkv) {
+  const int64_t N = static_cast<int64_t>(hn::Lanes(d));
+  const int64_t G = p.group(), dp = WholeVectors(p.d), dvp = WholeVectors(p.d_v);
+  const int64_t n_tiles = (p.n_k + kBlockK - 1) / kBlockK;
+  constexpr int64_t R = kBackwardRows;
+  float* dq = tls_dq.get(static_cast<size_t>(std::max<int64_t>(G * p.n_q * dp, 1)));
+  float* dk = tls_dk.get(static_cast<size_t>(kBlockK * std::max<int64_t>(dp, 1)));
+  float* dv = tls_dv.get(static_cast<size_t>(kBlockK * std::max<int64_t>(dvp, 1)));
+  float* kpack = tls_kpack.get(static_cast<size_t>(std::max<int64_t>(p.d * kBlockK, 1)));
+  float* vpack = tls_vpack.get(static_cast<size_t>(std::max<int64_t>(p.d_v * kBlockK, 1)));
+  float* P = tls_p.get(R * kBlockK);
+  float* dS = tls_ds.get(R * kBlockK);
+  float* tanh = p.softcap > 0 ? tls_tanh.get(R * kBlockK) : nullptr;
+  std::fill(dq, dq + G * p.n_q * dp, 0.0f);
+  AlibiRows alibi;
+  for (int64_t kt = 0; kt < n_tiles; ++kt) {
+    const int64_t j0 = kt * kBlockK, jn = std::min(kBlockK, p.n_k - j0);
+    std::fill(dk, dk + kBlockK * dp, 0.0f);
+    std::fill(dv, dv + kBlockK * dvp, 0.0f);
+    PackK<KV>(p, b, hkv, kt, kpack);
+    PackRows(ValueRow<KV>(p, b, hkv, j0), ValueStride<KV>(p), jn, p.d_v, vpack);
+    for (int64_t gi = 0; gi < G; ++gi) {
+      const int64_t h = hkv * G + gi;
+      for (int64_t i0 = 0; i0 < p.n_q; i0 += R) {
+        const RowBlock rb(p, i0, static_cast<int>(std::min(R, p.n_q - i0)));
+        if (rb.masks_all(j0, jn)) continue;
+        alibi.Set(p, h, i0, rb.rows);
+        Scores(d, p, b, h, kt, rb, kpack, alibi, P, tanh);
+        // dP = dO Vᵀ
+        const float* rows[kRows];
+        for (int r0 = 0; r0 < rb.rows; r0 += kRows) {
+          const int mr = std::min(kRows, rb.rows - r0);
+          for (int r = 0; r < mr; ++r) rows[r] = g.dout.row(b, h, i0 + r0 + r);
+          MatmulPanel(d, rows, mr, p.d_v, vpack, 1.0f, dS + r0 * kBlockK, kBlockK);
+        }
+        // P = 2^(S - lse), dS = P (dP - D), times softcap's 1 - tanh²
+        for (int r = 0; r < rb.rows; ++r) {
+          const int64_t at = stats.at(p, b, h, i0 + r);
+          const VF lse = hn::Set(d, stats.lse2[at]), delta = hn::Set(d, stats.delta[at]);
+          float* pr = P + r * kBlockK;
+          float* dsr = dS + r * kBlockK;
+          for (int64_t j = 0; j < kBlockK; j += N) {
+            const VF pj = Exp2NonPositive(d, hn::Sub(hn::Load(d, pr + j), lse));
+            hn::Store(pj, d, pr + j);
+            VF ds = hn::Mul(pj, hn::Sub(hn::Load(d, dsr + j), delta));
+            if (tanh) {
+              const VF t = hn::Load(d, tanh + r * kBlockK + j);
+              ds = hn::Mul(ds, hn::NegMulAdd(t, t, hn::Set(d, 1.0f)));
+            }
+            hn::Store(ds, d, dsr + j);
+          }
+        }
+        const int64_t q_stride = p.q.row_stride, dout_stride = g.dout.row_stride;
+        AccumulateValues<true>(d, jn, P, kBlockK, rb.rows, g.dout.row(b, h, i0), dout_stride, p.d_v, dv, dvp);
+        AccumulateValues<true>(d, jn, dS, kBlockK, rb.rows, p.q.row(b, h, i0), q_stride, p.d, dk, dp);
+        AccumulateValues(d, rb.rows, dS, kBlockK, jn, KeyRow<KV>(p, b, hkv, j0), KeyStride<KV>(p), p.d,
+                         dq + (gi * p.n_q + i0) * dp, dp);
+      }
+    }
+    const float scale = static_cast<float>(p.scale);
+    for (int64_t j = 0; j < jn; ++j) {
+      float* dkr = g.dk.row(b, hkv, j0 + j);
+      float* dvr = g.dv.row(b, hkv, j0 + j);
+      for (int64_t c = 0; c < p.d; ++c) dkr[c * g.dk.col_stride] = scale * dk[j * dp + c];
+      for (int64_t c = 0; c < p.d_v; ++c) dvr[c * g.dv.col_stride] = dv[j * dvp + c];
+    }
+  }
+  const float scale = static_cast<float>(p.scale);
+  for (int64_t gi = 0; gi < G; ++gi)
+    for (int64_t i = 0; i < p.n_q; ++i) {
+      float* dqr = g.dq.row(b, hkv * G + gi, i);
+      const float* acc = dq + (gi * p.n_q + i) * dp;
+      for (int64_t c = 0; c < p.d; ++c) dqr[c * g.dq.col_stride] = scale * acc[c];
+    }
+}
+
+template <class KV>
+bool BackwardTiles(const AttentionProblem<float>& p, const GradientOperands<float>& g) {
+  const DF d;
+  const auto rows = static_cast<size_t>(std::max<int64_t>(p.batch * p.heads_q * p.n_q, 1));
+  const auto delta = hwy::AllocateAligned<float>(rows), lse2 = hwy::AllocateAligned<float>(rows);
+  if (!delta || !lse2) throw ValueError("attention_backward: cannot allocate " + std::to_string(8 * rows) + " bytes");
+  const RowStats stats{delta.get(), lse2.get()};
+  if (!Prepare<KV>(p, g, stats)) return false;
+  // The sinks' gradient: dsink = -Σ_i e^(sink - lse_i) D_i, rows in order.
+  if (g.dsinks)
+    for (int64_t h = 0; h < p.heads_q; ++h) {
+      double sum = 0;
+      for (int64_t b = 0; b < p.batch; ++b)
+        for (int64_t i = 0; i < p.n_q; ++i)
+          sum += std::exp(p.sinks[h] - double(*p.lse.row(b, h, i))) * stats.delta[stats.at(p, b, h, i)];
+      g.dsinks[h * g.dsinks_stride] = static_cast<float>(-sum);
+    }
+  parallel_for(p.batch * p.heads_kv, [&](int64_t item) {
+    BackwardItem<KV>(d, p, g, stats, item / p.heads_kv, item % p.heads_kv);
+  });
+  return true;
+}
+
+bool FlashBackward(const AttentionProblem<float>& p, const GradientOperands<float>& g) {
+  bool done = false;
+  WithKVType(p, [&](auto kv) HWY_ATTR { done = BackwardTiles<decltype(kv)>(p, g); });
+  return done;
+}
+
+}  // namespace HWY_NAMESPACE
+}  // namespace attn::detail
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+namespace attn::detail {
+HWY_EXPORT(FlashBackward);
+bool flash_backward(const AttentionProblem<float>& p, const GradientOperands<float>& g) {
+  return HWY_DYNAMIC_DISPATCH(FlashBackward)(p, g);
+}
+}  // namespace attn::detail
+#endif

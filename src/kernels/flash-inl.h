@@ -1,0 +1,170 @@
+// The tiles of flash attention that the forward (prefill.cc) and the backward
+// (backward.cc) share: K and V packed into transposed panels, blocks of
+// query rows with the keys allowed to them, and a block of scores against
+// one key tile (Q·Kᵀ on the packed panel, softcap, masks, ALiBi), so that
+// both passes see the very same logits. Highway's per-target include:
+// include after hwy/highway.h inside a file compiled by foreach_target.h.
+#if defined(ATTN_KERNELS_FLASH_INL_H_) == defined(HWY_TARGET_TOGGLE)
+#ifdef ATTN_KERNELS_FLASH_INL_H_
+#undef ATTN_KERNELS_FLASH_INL_H_
+#else
+#define ATTN_KERNELS_FLASH_INL_H_
+#endif
+
+#include <hwy/highway.h>
+
+#include "kernels/attention-inl.h"
+
+#include <algorithm>
+#include <cstring>
+#include <limits>
+
+#include "kernels/config.hpp"
+
+HWY_BEFORE_NAMESPACE();
+namespace attn::detail {
+namespace HWY_NAMESPACE {
+static_assert(kBlockK == kPanel, "a key tile is one packed matmul panel");
+
+// Query rows i0 .. i0 + rows - 1 and the keys allowed to the first and the
+// last of them (ranges move right with the row, so these bound the block).
+struct RowBlock {
+  int64_t i0;
+  int rows;
+  KeyRange first, last;
+
+  RowBlock() = default;
+  RowBlock(const AttentionProblem<float>& p, int64_t i0_, int rows_)
+      : i0(i0_),
+        rows(rows_),
+        first(allowed_keys(i0_, p.n_q, p.n_k, p.causal, p.window)),
+        last(allowed_keys(i0_ + rows_ - 1, p.n_q, p.n_k, p.causal, p.window)) {}
+
+  // Whether causal/window ranges mask keys j0 .. j0 + count - 1 wholly.
+  bool masks_all(int64_t j0, int64_t count) const {
+    return j0 >= last.end || j0 + count <= first.begin;
+  }
+  // Whether they allow all kBlockK keys from j0 for every row.
+  bool allows_all(int64_t j0, int64_t count) const {
+    return count == kBlockK && j0 >= last.begin && j0 + kBlockK <= first.end;
+  }
+};
+
+// Rows j0 .. j0 + count - 1 (count <= kBlockK) of K or V, `width` columns
+// each, `stride` KVs apart from row0, transposed into a panel: dst[c *
+// kBlockK + j] = row j's column c; rows past count are zero. Four rows at a
+// time: their rows, interleaved, are each column's four values side by side,
+// one 16-byte copy per column (an element at a time, the transpose took 15%
+// of a call at n = 128). 16-bit and q8_0 rows are widened on the way.
+template <class KV>
+void PackRows(const KV* row0, int64_t stride, int64_t count, int64_t width, float* dst) {
+  const DF d;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(d));
+  const int64_t whole = width / N * N;
+  alignas(HWY_MAX_BYTES) float four[4 * HWY_MAX_BYTES / sizeof(float)];
+  int64_t j = 0;
+  for (; j + 4 <= count; j += 4) {
+    const KV* k0 = row0 + j * stride;
+    for (int64_t c = 0; c < whole; c += N) {
+      hn::StoreInterleaved4(LoadKV(d, k0, c), LoadKV(d, k0 + stride, c), LoadKV(d, k0 + 2 * stride, c),
+                            LoadKV(d, k0 + 3 * stride, c), d, four);
+      for (int64_t e = 0; e < N; ++e) std::memcpy(dst + (c + e) * kBlockK + j, four + 4 * e, 4 * sizeof(float));
+    }
+    for (int64_t c = whole; c < width; ++c)
+      for (int64_t r = 0; r < 4; ++r) dst[c * kBlockK + j + r] = KVValue(k0 + r * stride, c);
+  }
+  for (; j < count; ++j) {
+    const KV* k = row0 + j * stride;
+    for (int64_t c = 0; c < width; ++c) dst[c * kBlockK + j] = KVValue(k, c);
+  }
+  for (int64_t c = 0; c < width; ++c) std::fill(dst + c * kBlockK + count, dst + (c + 1) * kBlockK, 0.0f);
+}
+
+// K tile kt of (b, hkv) as a panel (PackRows); keys past n_k are zero (their
+// scores are masked anyway).
+template <class KV>
+void PackK(const AttentionProblem<float>& p, int64_t b, int64_t hkv, int64_t kt, float* dst) {
+  const int64_t j0 = kt * kBlockK;
+  PackRows(KeyRow<KV>(p, b, hkv, j0), KeyStride<KV>(p), std::min(kBlockK, p.n_k - j0), p.d, dst);
+}
+
+// ALiBi's bias added to a block of scores as MatmulBlock stores them, while
+// they are in registers (as a pass of its own over the stored scores it cost
+// 5-9% of a call, d = 64).
+struct AlibiEpilogue {
+  float slope2;
+  const int64_t* first;  // per row of the micro-kernel: key j0 - the row's anchor
+  HWY_INLINE VF operator()(DF d, int r, int64_t col, VF x) const { return WithAlibi(d, slope2, first[r], col, x); }
+};
+
+// ALiBi on rows i0 .. i0 + rows - 1 (rows <= kBlockQ) of head h: the slope
+// in base 2 and each row's anchor (AlibiAnchor), worked out once per head and
+// rows, not per row and tile.
+struct AlibiRows {
+  float slope2 = 0;
+  int64_t i0 = 0;
+  int64_t anchor[kBlockQ];
+
+  void Set(const AttentionProblem<float>& p, int64_t h, int64_t first_row, int64_t rows) {
+    if (p.alibi.empty()) return;
+    slope2 = Base2(p.alibi[h]);
+    i0 = first_row;
+    for (int64_t r = 0; r < rows; ++r)
+      anchor[r] = AlibiAnchor(p.alibi[h], allowed_keys(i0 + r, p.n_q, p.n_k, p.causal, p.window));
+  }
+  int64_t of(int64_t i) const { return anchor[i - i0]; }
+};
+
+// S = scale · Q Kᵀ of block rb (head h of batch b) against the packed key
+// tile at `panel` (keys from j0), row r at s + r · kBlockK; with `alibi`,
+// ALiBi's bias added as the products are stored.
+HWY_INLINE void Products(DF d, const AttentionProblem<float>& p, int64_t b, int64_t h, const RowBlock& rb,
+                         const float* panel, int64_t j0, float scale, float* s, const AlibiRows* alibi) {
+  const float* q[kRows];
+  for (int r0 = 0; r0 < rb.rows; r0 += kRows) {
+    const int rows = std::min(kRows, rb.rows - r0);
+    for (int r = 0; r < rows; ++r) q[r] = p.q.row(b, h, rb.i0 + r0 + r);
+    if (alibi) {
+      int64_t first[kRows];
+      for (int r = 0; r < rows; ++r) first[r] = j0 - alibi->of(rb.i0 + r0 + r);
+      MatmulPanel(d, q, rows, p.d, panel, scale, s + r0 * kBlockK, kBlockK,
+                  AlibiEpilogue{alibi->slope2, first});
+    } else {
+      MatmulPanel(d, q, rows, p.d, panel, scale, s + r0 * kBlockK, kBlockK);
+    }
+  }
+}
+
+// S = masked, softcapped scores (base-2 units) of block rb (head h of batch
+// b) against the packed key tile kt at `panel`, ALiBi's bias added; row r at
+// s + r · kBlockK. With softcap and `tanh_out`, also tanh(scale·q·k /
+// softcap) there, in the same layout (the backward's derivative of softcap).
+inline void Scores(DF d, const AttentionProblem<float>& p, int64_t b, int64_t h, int64_t kt, const RowBlock& rb,
+                   const float* panel, const AlibiRows& alibi, float* s, float* tanh_out = nullptr) {
+  const int64_t j0 = kt * kBlockK, jn = std::min(kBlockK, p.n_k - j0);
+  const bool inside = rb.allows_all(j0, jn);
+  // Without softcap (which comes first) and masks, the bias is added as the
+  // scores are stored; otherwise after softcap (AddAlibi) or with the masks
+  // (MaskRow).
+  const bool alibi_now = !p.alibi.empty() && p.softcap == 0 && inside && !p.mask.present();
+  Products(d, p, b, h, rb, panel, j0, ScoreScale(p), s, alibi_now ? &alibi : nullptr);
+  if (p.softcap > 0) Softcap(d, p.softcap, s, rb.rows * kBlockK, /*natural=*/false, tanh_out);
+  if (inside && !p.mask.present()) {
+    if (p.alibi.empty() || alibi_now) return;
+    for (int r = 0; r < rb.rows; ++r)
+      AddAlibi(d, alibi.slope2, j0 - alibi.of(rb.i0 + r), kBlockK, s + r * kBlockK);
+    return;
+  }
+  const float ninf = -std::numeric_limits<float>::infinity();
+  for (int r = 0; r < rb.rows; ++r) {
+    float* sr = s + r * kBlockK;
+    std::fill(sr + jn, sr + kBlockK, ninf);  // keys past n_k
+    MaskRow(d, p, b, h, rb.i0 + r, j0, jn, !inside, sr);
+  }
+}
+
+}  // namespace HWY_NAMESPACE
+}  // namespace attn::detail
+HWY_AFTER_NAMESPACE();
+
+#endif  // ATTN_KERNELS_FLASH_INL_H_
