@@ -120,7 +120,8 @@ kept alive, and must not change while attention reads it.
 )";
 
 inline constexpr const char* kAttentionBackward = R"(attention_backward(q, k, v, dout, mask=None, *, causal=False, scale=None,
-                   softcap=None, window=None, alibi_slopes=None, sinks=None)
+                   softcap=None, window=None, alibi_slopes=None, sinks=None,
+                   out=None, lse=None)
     -> (dq, dk, dv), or (dq, dk, dv, dsinks) with sinks
 
 The gradient of attention(q, k, v, mask, ...) with respect to q, k and v,
@@ -131,8 +132,14 @@ share it. A row with no allowed key contributes zero gradient (never NaN).
 The mask gets no gradient; the sinks get dsinks (Hq,), summed over the batch
 and the rows.
 
-Computed in double precision; float32 input is converted and the gradients
-returned as float32 (float64 if any of q, k, v, dout is float64).
+out and lse: what attention(..., return_lse=True) returned for the same
+inputs, both or neither; given, the forward is not run again.
+
+float32 runs the fused kernel (FlashAttention-2's backward: the weights
+recomputed tile by tile from the log-sum-exp, memory O(n), bitwise the same
+for any thread count); float64 (any of q, k, v, dout float64) runs the
+double-precision reference, as does float32 input holding a NaN or an
+infinity.
 )";
 
 inline constexpr const char* kAttentionVarlen = R"(attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, causal=False, scale=None,

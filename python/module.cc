@@ -205,10 +205,16 @@ py::object py_attention(const py::object& q_obj, const py::object& k_obj,
 template <class T>
 py::tuple attention_backward_t(const py::array& q_in, const py::array& k_in,
                                const py::array& v_in, const py::array& dout_in,
-                               const py::object& mask_obj, const AttentionOptions& opt) {
+                               const py::object& mask_obj, const AttentionOptions& opt,
+                               const py::object& out_obj, const py::object& lse_obj) {
   auto qa = as<T>(q_in), ka = as<T>(k_in), va = as<T>(v_in), da = as<T>(dout_in);
   const auto q = view_of<const T>(qa), k = view_of<const T>(ka), v = view_of<const T>(va),
              dout = view_of<const T>(da);
+  // The forward's output and log-sum-exp, when the caller kept them.
+  py::array_t<T> out_a, lse_a;
+  SavedForward<T> saved;
+  if (!out_obj.is_none()) saved.out = view_of<const T>(out_a = as<T>(as_numeric_array(out_obj, "out")));
+  if (!lse_obj.is_none()) saved.lse = view_of<const T>(lse_a = as<T>(as_numeric_array(lse_obj, "lse")));
   auto dq = empty<T>(q.shape()), dk = empty<T>(k.shape()), dv = empty<T>(v.shape());
   auto dsinks = empty<T>({static_cast<int64_t>(opt.sinks.size())});
   auto dqv = view_of<T>(dq), dkv = view_of<T>(dk), dvv = view_of<T>(dv);
@@ -216,7 +222,7 @@ py::tuple attention_backward_t(const py::array& q_in, const py::array& k_in,
   const MaskArg m(mask_obj, "mask", IntegerMask::Refuse);
   {
     py::gil_scoped_release nogil;
-    attention_backward(q, k, v, dout, dqv, dkv, dvv, opt, m.mask, dsv);
+    attention_backward(q, k, v, dout, dqv, dkv, dvv, opt, m.mask, dsv, saved);
   }
   if (opt.sinks.empty()) return py::make_tuple(dq, dk, dv);
   return py::make_tuple(dq, dk, dv, dsinks);
@@ -227,15 +233,16 @@ py::tuple py_attention_backward(const py::object& q_obj, const py::object& k_obj
                                 const py::object& mask, const py::object& causal,
                                 const py::object& scale, const py::object& softcap,
                                 const py::object& window, const py::object& alibi_slopes,
-                                const py::object& sinks) {
+                                const py::object& sinks, const py::object& out,
+                                const py::object& lse) {
   const auto q = as_numeric_array(q_obj, "q"), k = as_numeric_array(k_obj, "k"),
              v = as_numeric_array(v_obj, "v"), dout = as_numeric_array(dout_obj, "dout");
   AttentionOptions opt = attention_options(causal, scale, softcap, window);
   opt.alibi_slopes = per_head_from(alibi_slopes, "alibi_slopes", "slope");
   opt.sinks = per_head_from(sinks, "sinks", "logit");
   if (is_float64(q) || is_float64(k) || is_float64(v) || is_float64(dout))
-    return attention_backward_t<double>(q, k, v, dout, mask, opt);
-  return attention_backward_t<float>(q, k, v, dout, mask, opt);
+    return attention_backward_t<double>(q, k, v, dout, mask, opt, out, lse);
+  return attention_backward_t<float>(q, k, v, dout, mask, opt, out, lse);
 }
 
 // cu_seqlens: an integer array as int64.
@@ -463,7 +470,8 @@ PYBIND11_MODULE(_core, m) {
   m.def("attention_backward", &py_attention_backward, arg("q"), arg("k"), arg("v"),
         arg("dout"), arg("mask") = py::none(), py::kw_only(), arg("causal") = false,
         arg("scale") = py::none(), arg("softcap") = py::none(), arg("window") = py::none(),
-        arg("alibi_slopes") = py::none(), arg("sinks") = py::none(), docs::kAttentionBackward);
+        arg("alibi_slopes") = py::none(), arg("sinks") = py::none(), arg("out") = py::none(),
+        arg("lse") = py::none(), docs::kAttentionBackward);
   m.def("attention_varlen", &py_attention_varlen, arg("q"), arg("k"), arg("v"), arg("cu_seqlens_q"),
         arg("cu_seqlens_k"), py::kw_only(), arg("causal") = false, arg("scale") = py::none(),
         arg("softcap") = py::none(), arg("window") = py::none(), arg("alibi_slopes") = py::none(),

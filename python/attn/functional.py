@@ -30,11 +30,15 @@ class _Attention(Differentiable):
             if returns[key] not in (None, False))
 
     def forward(self):
-        r = _core.attention(*self.arrays, self.mask, **self.returns, **self.options)
-        return tuple(to_tensor(a, self.dtype) for a in (r if isinstance(r, tuple) else (r,)))
+        # The log-sum-exp always: the backward reads it with the output
+        # instead of running the forward again.
+        r = _core.attention(*self.arrays, self.mask, **dict(self.returns, return_lse=True), **self.options)
+        self.saved = dict(out=r[0], lse=r[-1])
+        r = r if self.returns["return_lse"] else r[:-1]
+        return tuple(to_tensor(a, self.dtype) for a in r)
 
     def backward(self, dout):
-        grads = _core.attention_backward(*self.arrays, dout, self.mask, **self.options)
+        grads = _core.attention_backward(*self.arrays, dout, self.mask, **self.saved, **self.options)
         return tuple(sum_to_shape(g, tuple(x.shape)) for g, x in zip(grads, self.inputs))  # (dsinks: (Hq,))
 
 
@@ -160,7 +164,7 @@ autograd as attn.attention.
 
 
 def attention_backward(q, k, v, dout, mask=None, *, causal=False, scale=None, softcap=None,
-                       window=None, alibi_slopes=None, sinks=None):
+                       window=None, alibi_slopes=None, sinks=None, out=None, lse=None):
     inputs = (q, k, v, dout)
     refuse_second = [x for x in inputs if wants_grad(x)]
     if refuse_second:
@@ -170,7 +174,8 @@ def attention_backward(q, k, v, dout, mask=None, *, causal=False, scale=None, so
     grads = _core.attention_backward(*arrays, to_array(mask, "mask"), causal=causal, scale=scale,
                                      softcap=softcap, window=window,
                                      alibi_slopes=to_array(alibi_slopes, "alibi_slopes"),
-                                     sinks=to_array(sinks, "sinks"))
+                                     sinks=to_array(sinks, "sinks"), out=to_array(out, "out"),
+                                     lse=to_array(lse, "lse"))
     if not any_tensor(*inputs, mask):
         return grads
     dtype = result_dtype(*inputs)

@@ -22,7 +22,7 @@ def check(q, k, v, **kw):
     for got, ref in ((dq, tq.grad), (dk, tk.grad), (dv, tv.grad)):
         assert got.dtype == np.float64 and got.shape == tuple(ref.shape)
         assert rel_err(got, ref.numpy()) <= 1e-12
-    # float32 in, float32 out, through the same double computation
+    # float32 in, float32 out, through the fused float32 kernel
     kw32 = dict(kw)
     if kw.get("mask") is not None and kw["mask"].dtype != bool:
         kw32["mask"] = kw["mask"].astype(np.float32)
@@ -80,3 +80,46 @@ def test_errors_name_the_argument():
         attn.attention_backward(q, k, v, np.zeros((2, 3, 4)))
     with pytest.raises(TypeError, match="dout must be a numeric array"):
         attn.attention_backward(q, k, v, "x")
+
+
+@pytest.mark.parametrize("causal", [False, True, "top_left"])
+def test_fused_float32_across_tiles(causal):
+    # Lengths that cross the kernel's 64-key tiles and 32-row blocks, GQA,
+    # against torch.autograd in float64.
+    rng = np.random.default_rng(11)
+    q, k, v = qkv(rng, (2,), 4, 2, 100, 150, 64, 48)
+    tq, tk, tv = (torch.from_numpy(a).requires_grad_() for a in (q, k, v))
+    out, _ = torch_attention(tq, tk, tv, causal=causal, softcap=20.0)
+    dout = rng.normal(size=tuple(out.shape))
+    out.backward(torch.from_numpy(dout))
+    got = attn.attention_backward(*(a.astype(np.float32) for a in (q, k, v, dout)), causal=causal, softcap=20.0)
+    for g, ref in zip(got, (tq.grad, tk.grad, tv.grad)):
+        assert g.dtype == np.float32
+        assert rel_err(g, ref.numpy()) <= 1e-4
+
+
+def test_saved_output_and_lse_skip_the_forward():
+    rng = np.random.default_rng(12)
+    q, k, v = (a.astype(np.float32) for a in qkv(rng, (), 2, 1, 70, 90, 32, 32))
+    dout = rng.normal(size=(2, 70, 32)).astype(np.float32)
+    out, lse = attn.attention(q, k, v, causal=True, return_lse=True)
+    given = attn.attention_backward(q, k, v, dout, causal=True, out=out, lse=lse)
+    recomputed = attn.attention_backward(q, k, v, dout, causal=True)
+    for a, b in zip(given, recomputed):
+        assert np.array_equal(a, b)
+    with pytest.raises(ValueError, match="needs both out and lse"):
+        attn.attention_backward(q, k, v, dout, causal=True, out=out)
+    with pytest.raises(ValueError, match=r"saved lse has shape \(2, 69\), expected \(2, 70\)"):
+        attn.attention_backward(q, k, v, dout, causal=True, out=out, lse=lse[:, :69])
+
+
+def test_autograd_reads_the_saved_forward():
+    # attn.attention on tensors keeps the output and log-sum-exp for its
+    # backward; the gradients are attention_backward's.
+    rng = np.random.default_rng(13)
+    q, k, v = (torch.from_numpy(a.astype(np.float32)).requires_grad_() for a in qkv(rng, (), 2, 2, 40, 50, 16, 16))
+    dout = torch.from_numpy(rng.normal(size=(2, 40, 16)).astype(np.float32))
+    attn.attention(q, k, v, causal=True).backward(dout)
+    want = attn.attention_backward(*(t.detach().numpy() for t in (q, k, v)), dout.numpy(), causal=True)
+    for t, w in zip((q, k, v), want):
+        assert np.array_equal(t.grad.numpy(), w)
