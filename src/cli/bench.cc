@@ -105,13 +105,19 @@ struct Attend {
   }
   // Bytes of K and V in their storage.
   double kv_bytes() const { return 2.0 * double(kv_dtype_bytes(dtype, k.numel())); }
-  // as_f32: with the float32 copies of K and V whatever the dtype.
-  void operator()(Tensor<float>& out, const AttentionOptions& opt, bool as_f32 = false) const {
-    const auto run = [&](const auto& ks, const auto& vs) { attention(q.view(), ks.view(), vs.view(), out.view(), opt); };
-    if (as_f32 || dtype == KVDtype::F32) return run(k, v);
-    if (dtype == KVDtype::BF16) return run(kb, vb);
-    if (dtype == KVDtype::F16) return run(kh, vh);
-    run(kq, vq);
+  // f(K, V) with K and V in their storage (as_f32: the float32 copies
+  // whatever the dtype).
+  template <class F>
+  void with_kv(const F& f, bool as_f32 = false) const {
+    if (as_f32 || dtype == KVDtype::F32) return f(k, v);
+    if (dtype == KVDtype::BF16) return f(kb, vb);
+    if (dtype == KVDtype::F16) return f(kh, vh);
+    f(kq, vq);
+  }
+  void operator()(Tensor<float>& out, const AttentionOptions& opt, bool as_f32 = false,
+                  const AttentionExtras<float>& extras = {}) const {
+    with_kv([&](const auto& ks, const auto& vs) { attention(q.view(), ks.view(), vs.view(), out.view(), extras, opt); },
+            as_f32);
   }
   // ||out - ref|| / ||ref|| (Frobenius) of this dtype's output against the
   // double-precision reference on the same (float32) inputs.
@@ -351,8 +357,78 @@ Measurement bench_varlen(const BenchArgs& a, int threads) {
   return m;
 }
 
+// backward: one attention_backward given the forward's output and
+// log-sum-exp, with the forward itself in the same turns (and, causal, the
+// non-causal backward).
+Measurement bench_backward(const BenchArgs& a, int threads) {
+  const int64_t hkv = a.kv_heads > 0 ? a.kv_heads : a.heads, n_k = keys_of(a);
+  const Shape qs{a.batch, a.heads, a.n, a.head_dim}, ks{a.batch, hkv, n_k, a.head_dim};
+  const auto q = random_tensor(qs, 1), dout = random_tensor(qs, 4);
+  const Attend attend(q, random_tensor(ks, 2), random_tensor(ks, 3), a.kv_dtype);
+  const AttentionOptions opt = options_of(a);
+  const bool causal = opt.causal != Causal::None;
+  AttentionOptions noncausal = opt;
+  noncausal.causal = Causal::None;
+  // The forward's output and log-sum-exp, with and without the causal mask.
+  Tensor<float> out(qs), lse({a.batch, a.heads, a.n}), out_nc(qs), lse_nc({a.batch, a.heads, a.n});
+  AttentionExtras<float> extras, extras_nc;
+  extras.lse = lse.view(), extras_nc.lse = lse_nc.view();
+  attend(out, opt, false, extras);
+  if (causal) attend(out_nc, noncausal, false, extras_nc);
+  Tensor<float> dq(qs), dk(ks), dv(ks), dsinks({a.heads}), fwd(qs);
+  const auto backward = [&](const AttentionOptions& o, const Tensor<float>& o_out, const Tensor<float>& o_lse) {
+    attend.with_kv([&](const auto& kx, const auto& vx) {
+      attention_backward(q.view(), kx.view(), vx.view(), dout.view(), dq.view(), dk.view(), dv.view(), o, {},
+                         o.sinks.empty() ? TensorView<float>() : dsinks.view(),
+                         SavedForward<float>{o_out.view(), o_lse.view()});
+    });
+  };
+  std::vector<std::function<void()>> kernels{[&] { backward(opt, out, lse); }, [&] { attend(fwd, opt); }};
+  if (causal && a.baselines) kernels.push_back([&] { backward(noncausal, out_nc, lse_nc); });
+  const Turns turns = run_in_turns(kernels, [&] { return measure_fma_peak_gflops(threads); });
+  const double ms = turns.kernel_ms[0], forward_ms = turns.kernel_ms[1], peak = turns.ceiling;
+  const double per_pair = 10.0 * double(a.head_dim) * double(a.heads) * double(a.batch);
+  const double gflops = per_pair * double(a.n) * double(n_k) / ms * 1e-6;
+  const double gflops_unmasked = per_pair * allowed_pairs(a.n, n_k, opt.causal) / ms * 1e-6;
+  const double ratio = (causal ? gflops_unmasked : gflops) / peak;
+  Measurement m{{{"kind", "backward"}, {"n", a.n}, {"kv_len", n_k}, {"heads", a.heads}, {"kv_heads", hkv},
+                 {"head_dim", a.head_dim}, {"batch", a.batch}, {"causal", causal}, {"kv_dtype", a.kv_dtype},
+                 {"alibi", a.alibi}, {"sinks", a.sinks}, {"threads", threads}, {"median_ms", rounded(ms, 4)},
+                 {"gflops", rounded(gflops, 2)}, {"gflops_unmasked", rounded(gflops_unmasked, 2)},
+                 {"peak_gflops", rounded(peak, 2)}, {"ratio_to_peak", rounded(ratio, 4)},
+                 {"forward_median_ms", rounded(forward_ms, 4)}, {"time_vs_forward", rounded(ms / forward_ms, 4)}},
+                "", ms, causal ? gflops_unmasked : gflops, ratio};
+  char buf[500];
+  std::snprintf(buf, sizeof buf,
+                "backward n=%lld kv_len=%lld heads=%lld kv_heads=%lld head_dim=%lld batch=%lld causal=%s "
+                "kv_dtype=%s%s%s threads=%d\n  median %.3f ms, %.1f GFLOP/s (10·n·kv_len·d·H)",
+                (long long)a.n, (long long)n_k, (long long)a.heads, (long long)hkv, (long long)a.head_dim,
+                (long long)a.batch, causal ? "yes" : "no", a.kv_dtype.c_str(), a.alibi ? " alibi=yes" : "",
+                a.sinks ? " sinks=yes" : "", threads, ms, gflops);
+  m.text = buf;
+  if (causal) {
+    std::snprintf(buf, sizeof buf, ", %.1f GFLOP/s on unmasked pairs", gflops_unmasked);
+    m.text += buf;
+  }
+  std::snprintf(buf, sizeof buf,
+                ", FMA peak %.1f GFLOP/s -> %.1f%% of peak\n  the forward in the same turns: %.3f ms "
+                "(the backward takes %.2fx its time)\n",
+                peak, 100 * ratio, forward_ms, ms / forward_ms);
+  m.text += buf;
+  if (kernels.size() > 2) {
+    const double nc = turns.kernel_ms[2];
+    m.json["noncausal_median_ms"] = rounded(nc, 4);
+    m.json["time_vs_noncausal"] = rounded(ms / nc, 4);
+    std::snprintf(buf, sizeof buf, "  non-causal backward in the same turns: %.3f ms (this takes %.2fx its time)\n",
+                  nc, ms / nc);
+    m.text += buf;
+  }
+  return m;
+}
+
 Measurement measure(const BenchArgs& a, int threads) {
   if (a.kind == "varlen") return bench_varlen(a, threads);
+  if (a.kind == "backward") return bench_backward(a, threads);
   return a.kind == "attention" ? bench_attention(a, threads) : bench_decode(a, threads);
 }
 

@@ -255,7 +255,7 @@ void add_experiment(CLI::App& app, Command& chosen) {
       ->capture_default_str();
 }
 
-// The flags both bench subcommands take.
+// The flags the bench subcommands of one shape take.
 void add_bench_flags(CLI::App* sub, attn::cli::BenchArgs& args) {
   sub->add_option("--heads", args.heads, "query heads")
       ->check(integer_in<int64_t>(1, kMaxBenchAxis));
@@ -296,6 +296,17 @@ void add_bench(CLI::App& app, Command& chosen) {
   for (const char* shape : {"--causal", "--heads", "--kv-heads", "--head-dim", "--batch", "--alibi", "--sinks"})
     sweep->excludes(attention->get_option(shape));
   sweep->excludes(n)->excludes(kv_len);
+  auto* backward = bench->add_subcommand(
+      "backward", "attention_backward (given the forward's output and log-sum-exp) against the forward");
+  auto bw = on_chosen(backward, chosen, attn::cli::run_bench);
+  bw->kind = "backward";
+  bw->kv_len = 0;
+  backward->add_option("--n", bw->n, "queries (and keys, unless --kv-len)")
+      ->check(integer_in<int64_t>(1, kMaxPositions));
+  backward->add_option("--kv-len", bw->kv_len, "keys (default: --n)")
+      ->check(integer_in<int64_t>(1, kMaxPositions));
+  add_causal(backward, bw->attention, "causal masking (aligned bottom-right), also timed against non-causal");
+  add_bench_flags(backward, *bw);
   auto* decode = bench->add_subcommand("decode", "a few queries against a long KV cache");
   auto d = on_chosen(decode, chosen, attn::cli::run_bench);
   d->kind = "decode";
