@@ -191,10 +191,11 @@ class Tensor {
   int64_t numel() const { return numel_of(shape_); }
   T& operator[](int64_t i) { return data_[i]; }
   const T& operator[](int64_t i) const { return data_[i]; }
-  T& at(std::initializer_list<int64_t> index) { return view().at(index); }
-  const T& at(std::initializer_list<int64_t> index) const {
-    return view().at(index);
-  }
+  // Element at a full multi-index, row-major (no bounds checks). Computed
+  // here, not through view(): a view copies the shape, and training loops
+  // call this per element.
+  T& at(std::initializer_list<int64_t> index) { return data_[offset(index)]; }
+  const T& at(std::initializer_list<int64_t> index) const { return data_[offset(index)]; }
 
   TensorView<T> view() { return {data_.get(), shape_}; }
   TensorView<const T> view() const { return {data_.get(), shape_}; }
@@ -211,6 +212,12 @@ class Tensor {
   }
 
  private:
+  int64_t offset(std::initializer_list<int64_t> index) const {
+    int64_t off = 0;
+    int a = 0;
+    for (int64_t i : index) off = off * shape_[a++] + i;
+    return off;
+  }
   Shape shape_;
   static constexpr size_t kAlignment = 64;
   struct Free {
@@ -231,10 +238,23 @@ void transform(TensorView<const Src> src, TensorView<Dst> dst, F f) {
     throw ValueError("copy: source shape " + shape_str(src.shape()) +
                      " differs from destination shape " + shape_str(dst.shape()));
   const int64_t n = src.numel();
-  std::vector<int64_t> index(src.rank(), 0);
-  for (int64_t e = 0; e < n; ++e) {
-    dst.at(index.data()) = f(src.at(index.data()));
-    for (int a = src.rank() - 1; a >= 0; --a) {
+  const int r = src.rank();
+  if (n == 0) return;
+  if (r == 0) {
+    *dst.data() = f(*src.data());
+    return;
+  }
+  // Row by row along the last axis (the index arithmetic per row, not per
+  // element: training copies many small tensors).
+  const int64_t inner = src.dim(r - 1), s_step = src.stride(r - 1), d_step = dst.stride(r - 1);
+  std::vector<int64_t> index(r - 1, 0);
+  for (int64_t row = 0; row < n / inner; ++row) {
+    int64_t s_off = 0, d_off = 0;
+    for (int a = 0; a < r - 1; ++a) s_off += index[a] * src.stride(a), d_off += index[a] * dst.stride(a);
+    const Src* s = src.data() + s_off;
+    Dst* d = dst.data() + d_off;
+    for (int64_t e = 0; e < inner; ++e) d[e * d_step] = f(s[e * s_step]);
+    for (int a = r - 2; a >= 0; --a) {
       if (++index[a] < src.dim(a)) break;
       index[a] = 0;
     }
