@@ -85,6 +85,38 @@ INSTANTIATE_TEST_SUITE_P(
                       ModelCase{"alibi_mean", Positional::Alibi, Readout::Mean, 1}),
     [](const auto& info) { return std::string(info.param.name); });
 
+// The float32 model (the fast kernels forward and backward, float32
+// embeddings, read-out and loss) against the float64 one from the same seed
+// (its parameters the float64 ones rounded): the same gradients within
+// float32's rounding.
+TEST_P(ClassifierGradients, Float32MatchesFloat64) {
+  const auto& m = GetParam();
+  ClassifierConfig c;
+  c.vocab_size = 7;
+  c.max_len = 5;
+  c.num_classes = 3;
+  c.embed_dim = 8;
+  c.num_heads = 2;
+  c.num_layers = m.layers;
+  c.positional = m.positional;
+  c.readout = m.readout;
+  const Classifier<double> wide(c, 4);
+  const Classifier<float> narrow(c, 4);
+  Batch batch;
+  batch.tokens = Tensor<int64_t>({3, 4}, {0, 1, 2, 3, 6, 5, 4, 3, 1, 1, 0, 2});
+  batch.labels = {2, 0, 1};
+  std::vector<Tensor<double>> g64;
+  std::vector<Tensor<float>> g32;
+  EXPECT_NEAR(narrow.loss(batch, &g32), wide.loss(batch, &g64), 1e-5);
+  ASSERT_EQ(g32.size(), g64.size());
+  for (size_t i = 0; i < g64.size(); ++i) {
+    if (test::max_abs_diff(g64[i], Tensor<double>(g64[i].shape())) < 1e-8)  // dL/dbk = 0
+      EXPECT_LE(test::max_abs_diff(g32[i], g64[i]), 1e-6) << "parameter " << i;
+    else
+      EXPECT_LE(rel_error(g32[i], g64[i]), 1e-4) << "parameter " << i;
+  }
+}
+
 TEST(Adam, FirstStepsMatchTheClosedForm) {
   // Constant gradient g: m̂ = g and v̂ = g² at every step, so each step moves
   // by lr * g / (|g| + eps).
@@ -100,9 +132,15 @@ TEST(Adam, FirstStepsMatchTheClosedForm) {
   EXPECT_THROW_MSG(adam.step({}), ValueError, "0 gradients for 1 parameters");
 }
 
-TEST(Experiments, OrderNeedsPositionalEncoding) {
+class Experiments : public ::testing::TestWithParam<Dtype> {};
+
+TEST_P(Experiments, OrderNeedsPositionalEncoding) {
   OrderExperimentOptions o;
   o.steps = 150;
+  o.dtype = GetParam();
+  // The mirror symmetry of the weights is exact up to rounding: float64's,
+  // or float32's (weights near 1 round at 6e-8; sums of 3 keys).
+  const double exact = o.dtype == Dtype::Float64 ? 1e-12 : 1e-6;
   const auto r = run_order_experiment(o);
   ASSERT_EQ(r.variants.size(), 5u);
   EXPECT_GE(r.nouns.size(), 20u);
@@ -118,7 +156,7 @@ TEST(Experiments, OrderNeedsPositionalEncoding) {
         for (int64_t i = 0; i < 3; ++i)
           for (int64_t j = 0; j < 3; ++j)
             EXPECT_NEAR(v.weights_dog_bites_cat.at({h, i, j}),
-                        v.weights_cat_bites_dog.at({h, mirror[i], mirror[j]}), 1e-12);
+                        v.weights_cat_bites_dog.at({h, mirror[i], mirror[j]}), exact);
     } else if (v.positional == Positional::Alibi) {
       // A directional bias: the mirror's weights are not the mirrored ones.
       // (Its accuracy with 2 heads' gentle slopes: AlibiLearnsOrderWithSteepSlopes.)
@@ -140,18 +178,20 @@ TEST(Experiments, OrderNeedsPositionalEncoding) {
 // ALiBi tells a sentence from its mirror once its slopes are steep enough
 // to be learned from: 8 heads (slopes 1/2 .. 1/256) reach 80% in 300 steps,
 // where 2 heads (1/16, 1/256) stay at chance after 3000 (docs/experiments.md).
-TEST(Experiments, AlibiLearnsOrderWithSteepSlopes) {
+TEST_P(Experiments, AlibiLearnsOrderWithSteepSlopes) {
   OrderExperimentOptions o;
   o.steps = 300;
+  o.dtype = GetParam();
   o.num_heads = 8;
   o.variants = {Positional::Alibi};
   const auto r = run_order_experiment(o);
   EXPECT_GE(r.variants.at(0).accuracy, 0.75);
 }
 
-TEST(Experiments, HeadsShareTheWorkAtEqualParameterBudgets) {
+TEST_P(Experiments, HeadsShareTheWorkAtEqualParameterBudgets) {
   HeadsExperimentOptions o;
   o.steps = 150;
+  o.dtype = GetParam();
   o.test_size = 500;
   o.head_counts = {1, 4};
   const auto r = run_heads_experiment(o);
@@ -168,6 +208,30 @@ TEST(Experiments, HeadsShareTheWorkAtEqualParameterBudgets) {
   };
   EXPECT_TRUE(has(0));
   EXPECT_TRUE(has(o.seq_len - 2));
+}
+
+INSTANTIATE_TEST_SUITE_P(Dtypes, Experiments, ::testing::Values(Dtype::Float32, Dtype::Float64),
+                         [](const auto& info) { return dtype_name(info.param); });
+
+// Trained in float32 and in float64 from the same seed, the models reach the
+// same accuracies within 2 points (the order experiment's variants, the
+// heads experiment's head counts).
+TEST(Experiments, Float32ReachesFloat64sAccuracies) {
+  OrderExperimentOptions order;
+  order.steps = 150;
+  order.variants = {Positional::None, Positional::Sinusoidal, Positional::Rope};
+  HeadsExperimentOptions heads;
+  heads.steps = 150;
+  heads.test_size = 500;
+  heads.head_counts = {4};
+  std::vector<double> accuracy[2];
+  for (Dtype dtype : {Dtype::Float32, Dtype::Float64}) {
+    order.dtype = heads.dtype = dtype;
+    for (const auto& v : run_order_experiment(order).variants) accuracy[int(dtype)].push_back(v.accuracy);
+    for (const auto& h : run_heads_experiment(heads).results) accuracy[int(dtype)].push_back(h.accuracy);
+  }
+  ASSERT_EQ(accuracy[0].size(), accuracy[1].size());
+  for (size_t i = 0; i < accuracy[0].size(); ++i) EXPECT_NEAR(accuracy[0][i], accuracy[1][i], 0.02) << i;
 }
 
 }  // namespace

@@ -24,7 +24,7 @@ class Adam {
 
  private:
   std::vector<Tensor<T>*> parameters_;
-  std::vector<Tensor<double>> m_, v_;  // moment estimates, in double
+  std::vector<Tensor<T>> m_, v_;  // moment estimates, in T (as torch.optim.Adam)
   AdamOptions options_;
   int64_t t_ = 0;
 };

@@ -10,13 +10,15 @@ namespace attn {
 
 // x (batch, n, E) = table[tokens[b, t]] + positions[t] (positions (>= n, E),
 // optional). tokens (batch, n) index rows of table (vocab, E).
-Tensor<double> embed(TensorView<const int64_t> tokens, TensorView<const double> table,
-                     TensorView<const double> positions = {});
+template <Real T>
+Tensor<T> embed(TensorView<const int64_t> tokens, TensorView<const T> table,
+                TensorView<const T> positions = {});
 
 // The backward, for dx = dL/dx (batch, n, E): adds row dx[b, t] into
 // dtable[tokens[b, t]], and (when dpositions is given, for a learned table)
 // the sum over the batch of dx[:, t] into dpositions[t].
-void embed_backward(TensorView<const int64_t> tokens, TensorView<const double> dx,
-                    TensorView<double> dtable, TensorView<double> dpositions = {});
+template <Real T>
+void embed_backward(TensorView<const int64_t> tokens, TensorView<const T> dx, TensorView<T> dtable,
+                    TensorView<T> dpositions = {});
 
 }  // namespace attn

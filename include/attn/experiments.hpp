@@ -21,6 +21,7 @@ struct OrderExperimentOptions {
   int64_t steps = 600, batch_size = 64, embed_dim = 32, num_heads = 2;
   double learning_rate = 3e-3;
   uint64_t seed = 1;
+  Dtype dtype = Dtype::Float32;  // of the models: f32 (the fast kernels) or f64
   std::vector<Positional> variants{Positional::None, Positional::Sinusoidal, Positional::Learned,
                                    Positional::Rope, Positional::Alibi};
 };
@@ -50,6 +51,7 @@ struct HeadsExperimentOptions {
   int64_t test_size = 2000;
   double learning_rate = 3e-3;
   uint64_t seed = 1;
+  Dtype dtype = Dtype::Float32;
   Positional positional = Positional::Sinusoidal;
   std::vector<int64_t> head_counts{1, 2, 4, 8};
 };

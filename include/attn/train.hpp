@@ -1,8 +1,9 @@
 // A small sequence classifier and its trainer, to show by experiment what
 // the article claims: token embeddings, an optional positional encoding, one
 // or two MultiHeadAttention layers (with residual connections), a pooled
-// summary, a linear read-out, cross-entropy, Adam. Double precision (exact
-// gradients, checked against finite differences); seeded and deterministic.
+// summary, a linear read-out, cross-entropy, Adam. In float32 (the fast
+// kernels, forward and backward) or float64 (exact gradients, checked
+// against finite differences); seeded and deterministic.
 #pragma once
 
 #include <cstdint>
@@ -45,6 +46,12 @@ struct Batch {
   std::vector<int64_t> labels;  // (batch)
 };
 
+// The element type of a model's parameters and arithmetic: "f32" or "f64".
+enum class Dtype { Float32, Float64 };
+Dtype parse_dtype(const std::string& name);  // ValueError naming both otherwise
+std::string dtype_name(Dtype d);
+
+template <class T = double>
 class Classifier {
  public:
   // Embeddings uniform(±1), layers as MultiHeadAttention initialises them,
@@ -53,19 +60,19 @@ class Classifier {
   const ClassifierConfig& config() const { return config_; }
 
   // logits (batch, num_classes) for tokens (batch, n), n <= max_len.
-  Tensor<double> logits(TensorView<const int64_t> tokens) const;
+  Tensor<T> logits(TensorView<const int64_t> tokens) const;
   // The attention weights of every layer, each (batch, heads, n, n).
-  std::vector<Tensor<double>> attention_weights(TensorView<const int64_t> tokens) const;
+  std::vector<Tensor<T>> attention_weights(TensorView<const int64_t> tokens) const;
   // The mean cross-entropy over the batch, and (when asked) its gradient for
   // every parameter, in the order of parameters().
-  double loss(const Batch& batch, std::vector<Tensor<double>>* gradients = nullptr) const;
+  double loss(const Batch& batch, std::vector<Tensor<T>>* gradients = nullptr) const;
   // The fraction of the batch whose largest logit is its label.
   double accuracy(const Batch& batch) const;
 
   // Token table, learned positions (Positional::Learned only), every
   // layer's parameters, read-out weight and bias.
-  std::vector<Tensor<double>*> parameters();
-  std::vector<const Tensor<double>*> parameters() const;
+  std::vector<Tensor<T>*> parameters();
+  std::vector<const Tensor<T>*> parameters() const;
   int64_t parameter_count() const;
 
  private:
@@ -73,11 +80,13 @@ class Classifier {
   Forward forward(TensorView<const int64_t> tokens, bool need_weights) const;
 
   ClassifierConfig config_;
-  Tensor<double> tokens_;                // (vocab, E)
-  Tensor<double> positions_;             // (max_len, E): sinusoidal or learned; empty otherwise
-  std::vector<MultiHeadAttention<double>> layers_;
-  Tensor<double> readout_w_, readout_b_;  // (classes, E), (classes)
+  Tensor<T> tokens_;                // (vocab, E)
+  Tensor<T> positions_;             // (max_len, E): sinusoidal or learned; empty otherwise
+  std::vector<MultiHeadAttention<T>> layers_;
+  Tensor<T> readout_w_, readout_b_;  // (classes, E), (classes)
 };
+extern template class Classifier<float>;
+extern template class Classifier<double>;
 
 struct TrainOptions {
   int64_t steps = 1000;
@@ -93,6 +102,7 @@ using Sampler = std::function<Batch(int64_t batch_size, std::mt19937_64& rng)>;
 // Trains with Adam on fresh batches from `sample`; returns the mean loss of
 // the last tenth of the steps. Draws a progress bar on stderr when stderr is
 // a terminal.
-double train(Classifier& model, const Sampler& sample, const TrainOptions& options);
+template <class T>
+double train(Classifier<T>& model, const Sampler& sample, const TrainOptions& options);
 
 }  // namespace attn

@@ -61,6 +61,7 @@ struct OrderArgs {
   int64_t heads = 2;
   uint64_t seed = 1;
   std::string out;  // folder for the weights; empty: none written
+  std::string dtype = "f32";
   bool json = false;
 };
 int run_order_experiment(const OrderArgs& args);
@@ -69,6 +70,7 @@ struct HeadsArgs {
   std::optional<int64_t> steps;
   uint64_t seed = 1;
   std::string positional = "sinusoidal";
+  std::string dtype = "f32";
   bool json = false;
 };
 int run_heads_experiment(const HeadsArgs& args);

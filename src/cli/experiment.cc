@@ -18,6 +18,7 @@ int run_order_experiment(const OrderArgs& args) {
   if (args.steps) o.steps = *args.steps;
   o.num_heads = args.heads;
   o.seed = args.seed;
+  o.dtype = parse_dtype(args.dtype);
   // Before training: a bad folder must not cost the run.
   if (!args.out.empty()) make_folder(args.out, "experiment order");
   const auto r = attn::run_order_experiment(o);
@@ -42,15 +43,16 @@ int run_order_experiment(const OrderArgs& args) {
       j["variants"][positional_name(v.positional)] = {{"accuracy", v.accuracy}, {"loss", v.loss}};
     j["test_sentences"] = r.test_sentences;
     j["heads"] = o.num_heads;
+    j["dtype"] = args.dtype;
     j["weights"] = files;
     std::printf("%s\n", j.dump(2).c_str());
     return 0;
   }
   std::printf("Who does the action? Sentences \"A VERB B\" over %zu nouns and %zu verbs, "
-              "answered from the mean over the tokens (%lld heads).\n"
+              "answered from the mean over the tokens (%lld heads, %s).\n"
               "Trained on %lld noun pairs; tested on %lld sentences of held-out pairs, "
               "each also mirrored (\"B VERB A\").\n\n",
-              r.nouns.size(), r.verbs.size(), static_cast<long long>(o.num_heads),
+              r.nouns.size(), r.verbs.size(), static_cast<long long>(o.num_heads), args.dtype.c_str(),
               static_cast<long long>(r.train_pairs),
               static_cast<long long>(r.test_sentences));
   std::printf("%-22s %9s %12s\n", "positional encoding", "accuracy", "train loss");
@@ -70,6 +72,7 @@ int run_heads_experiment(const HeadsArgs& args) {
   HeadsExperimentOptions o;
   if (args.steps) o.steps = *args.steps;
   o.seed = args.seed;
+  o.dtype = parse_dtype(args.dtype);
   o.positional = parse_positional(args.positional);
   const auto r = attn::run_heads_experiment(o);
   if (args.json) {
@@ -80,15 +83,16 @@ int run_heads_experiment(const HeadsArgs& args) {
                                             {"parameters", h.parameters},
                                             {"top_positions", h.top_position},
                                             {"top_weights", h.top_weight}};
+    j["dtype"] = args.dtype;
     std::printf("%s\n", j.dump(2).c_str());
     return 0;
   }
   std::printf("Sequences of %lld random tokens (%lld symbols); the class is (first token, "
-              "previous token), read out at the last position (%lld classes, chance %.1f%%).\n"
+              "previous token), read out at the last position (%lld classes, chance %.1f%%; %s).\n"
               "The last position is %lld, its previous token %lld.\n\n",
               static_cast<long long>(r.seq_len), static_cast<long long>(r.vocab_size),
               static_cast<long long>(r.vocab_size * r.vocab_size),
-              100.0 / double(r.vocab_size * r.vocab_size), static_cast<long long>(r.seq_len - 1),
+              100.0 / double(r.vocab_size * r.vocab_size), args.dtype.c_str(), static_cast<long long>(r.seq_len - 1),
               static_cast<long long>(r.seq_len - 2));
   std::printf("%-6s %10s %9s %11s   %s\n", "heads", "parameters", "accuracy", "train loss",
               "position each head's last query attends to most (mean weight)");

@@ -218,13 +218,16 @@ void add_mha(CLI::App& app, Command& chosen) {
   add_attention_options(mha, args->attention, "causal self-attention");
 }
 
-// --steps, --seed and --json, which both experiments take.
+// --steps, --seed, --dtype and --json, which both experiments take.
 template <class Args>
 void add_training_flags(CLI::App* sub, Args& args, const char* steps_help, const char* seed_help) {
   sub->add_option("--steps", args.steps, steps_help)->check(integer_in<int64_t>(0, kMaxSteps));
   sub->add_option("--seed", args.seed, seed_help)
       ->capture_default_str()
       ->check(integer_in<uint64_t>(0, UINT64_MAX));
+  sub->add_option("--dtype", args.dtype, "the models' parameters and arithmetic: f32 (the fast kernels) or f64")
+      ->check(CLI::IsMember({"f32", "f64"}))
+      ->capture_default_str();
   sub->add_flag("--json", args.json, "print the results as JSON");
 }
 

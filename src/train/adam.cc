@@ -34,10 +34,12 @@ void Adam<T>::step(const std::vector<Tensor<T>>& gradients) {
     if (g.shape() != p.shape())
       throw ValueError("Adam: gradient " + std::to_string(k) + " has shape " +
                        shape_str(g.shape()) + ", its parameter " + shape_str(p.shape()));
+    const T beta1 = T(o.beta1), beta2 = T(o.beta2), lr = T(o.learning_rate / c1), eps = T(o.eps);
+    const T inv_c2 = T(1 / c2);
     for (int64_t i = 0; i < p.numel(); ++i) {
-      m_[k][i] = o.beta1 * m_[k][i] + (1 - o.beta1) * g[i];
-      v_[k][i] = o.beta2 * v_[k][i] + (1 - o.beta2) * double(g[i]) * g[i];
-      p[i] -= static_cast<T>(o.learning_rate * (m_[k][i] / c1) / (std::sqrt(v_[k][i] / c2) + o.eps));
+      m_[k][i] = beta1 * m_[k][i] + (1 - beta1) * g[i];
+      v_[k][i] = beta2 * v_[k][i] + (1 - beta2) * g[i] * g[i];
+      p[i] -= lr * m_[k][i] / (std::sqrt(v_[k][i] * inv_c2) + eps);
     }
   }
 }

@@ -22,6 +22,14 @@ Positional parse_positional(const std::string& name) {
                    name + "'");
 }
 
+Dtype parse_dtype(const std::string& name) {
+  if (name == "f32") return Dtype::Float32;
+  if (name == "f64") return Dtype::Float64;
+  throw ValueError("dtype must be f32 or f64, got '" + name + "'");
+}
+
+std::string dtype_name(Dtype d) { return d == Dtype::Float32 ? "f32" : "f64"; }
+
 std::string positional_name(Positional p) {
   switch (p) {
     case Positional::None: return "none";
@@ -33,58 +41,64 @@ std::string positional_name(Positional p) {
   return "?";
 }
 
-Classifier::Classifier(const ClassifierConfig& c, uint64_t seed) : config_(c) {
+template <class T>
+Classifier<T>::Classifier(const ClassifierConfig& c, uint64_t seed) : config_(c) {
   const auto bad = [](const std::string& m) { throw ValueError("Classifier: " + m); };
   if (c.vocab_size < 1 || c.max_len < 1 || c.num_classes < 1)
     bad("vocab_size, max_len and num_classes must be >= 1, got " + std::to_string(c.vocab_size) +
         ", " + std::to_string(c.max_len) + ", " + std::to_string(c.num_classes));
   if (c.num_layers < 1) bad("num_layers must be >= 1, got " + std::to_string(c.num_layers));
   std::mt19937_64 rng(seed);
-  tokens_ = detail::uniform<double>({c.vocab_size, c.embed_dim}, 1.0, rng);
+  tokens_ = detail::uniform<T>({c.vocab_size, c.embed_dim}, 1.0, rng);
   if (c.positional == Positional::Sinusoidal)
-    positions_ = sinusoidal_encoding<double>(c.max_len, c.embed_dim);
+    positions_ = sinusoidal_encoding<T>(c.max_len, c.embed_dim);
   if (c.positional == Positional::Learned)
-    positions_ = detail::uniform<double>({c.max_len, c.embed_dim}, 1.0, rng);
+    positions_ = detail::uniform<T>({c.max_len, c.embed_dim}, 1.0, rng);
   MultiHeadAttentionConfig mc;
   mc.embed_dim = c.embed_dim;
   mc.num_heads = c.num_heads;
   mc.rope = c.positional == Positional::Rope;
   mc.alibi = c.positional == Positional::Alibi;
   for (int64_t l = 0; l < c.num_layers; ++l) layers_.emplace_back(mc, rng());
-  readout_w_ = detail::uniform<double>({c.num_classes, c.embed_dim}, 1 / std::sqrt(double(c.embed_dim)), rng);
-  readout_b_ = Tensor<double>({c.num_classes});
+  readout_w_ = detail::uniform<T>({c.num_classes, c.embed_dim}, 1 / std::sqrt(double(c.embed_dim)), rng);
+  readout_b_ = Tensor<T>({c.num_classes});
 }
 
-std::vector<const Tensor<double>*> Classifier::parameters() const {
-  std::vector<const Tensor<double>*> p{&tokens_};
+template <class T>
+std::vector<const Tensor<T>*> Classifier<T>::parameters() const {
+  std::vector<const Tensor<T>*> p{&tokens_};
   if (config_.positional == Positional::Learned) p.push_back(&positions_);
   for (const auto& layer : layers_)
-    for (const Tensor<double>* t : layer.parameters()) p.push_back(t);
+    for (const Tensor<T>* t : layer.parameters()) p.push_back(t);
   p.push_back(&readout_w_);
   p.push_back(&readout_b_);
   return p;
 }
 
-std::vector<Tensor<double>*> Classifier::parameters() {
-  std::vector<Tensor<double>*> p;
-  for (const Tensor<double>* t : std::as_const(*this).parameters()) p.push_back(const_cast<Tensor<double>*>(t));
+template <class T>
+std::vector<Tensor<T>*> Classifier<T>::parameters() {
+  std::vector<Tensor<T>*> p;
+  for (const Tensor<T>* t : std::as_const(*this).parameters()) p.push_back(const_cast<Tensor<T>*>(t));
   return p;
 }
 
-int64_t Classifier::parameter_count() const {
+template <class T>
+int64_t Classifier<T>::parameter_count() const {
   int64_t n = 0;
-  for (const Tensor<double>* t : parameters()) n += t->numel();
+  for (const Tensor<T>* t : parameters()) n += t->numel();
   return n;
 }
 
-struct Classifier::Forward {
-  std::vector<Tensor<double>> x;        // x[0] the embedded input, x[l + 1] after layer l
-  std::vector<Tensor<double>> weights;  // per layer, when asked for
-  Tensor<double> pooled;                // (batch, E)
-  Tensor<double> logits;                // (batch, classes)
+template <class T>
+struct Classifier<T>::Forward {
+  std::vector<Tensor<T>> x;        // x[0] the embedded input, x[l + 1] after layer l
+  std::vector<Tensor<T>> weights;  // per layer, when asked for
+  Tensor<T> pooled;                // (batch, E)
+  Tensor<T> logits;                // (batch, classes)
 };
 
-Classifier::Forward Classifier::forward(TensorView<const int64_t> tokens, bool need_weights) const {
+template <class T>
+typename Classifier<T>::Forward Classifier<T>::forward(TensorView<const int64_t> tokens, bool need_weights) const {
   const auto& c = config_;
   if (tokens.rank() != 2 || tokens.dim(1) < 1 || tokens.dim(1) > c.max_len)
     throw ValueError("Classifier: tokens must be (batch, n) with 1 <= n <= max_len = " +
@@ -92,9 +106,9 @@ Classifier::Forward Classifier::forward(TensorView<const int64_t> tokens, bool n
   const int64_t B = tokens.dim(0), n = tokens.dim(1), E = c.embed_dim;
   Forward f;
   // x = token embedding + absolute position (sinusoidal or learned)
-  f.x.push_back(embed(tokens, tokens_.view(), positions_.rank() ? positions_.view() : TensorView<const double>()));
+  f.x.push_back(embed<T>(tokens, tokens_.view(), positions_.rank() ? positions_.view() : TensorView<const T>()));
   // x = x + attention(x), per layer
-  MhaForwardOptions<double> opt;
+  MhaForwardOptions<T> opt;
   opt.need_weights = need_weights;
   opt.average_attn_weights = false;
   for (const auto& layer : layers_) {
@@ -104,29 +118,32 @@ Classifier::Forward Classifier::forward(TensorView<const int64_t> tokens, bool n
     if (need_weights) f.weights.push_back(std::move(*y.weights));
   }
   // pooled = mean over tokens, or the last token
-  const Tensor<double>& h = f.x.back();
-  f.pooled = Tensor<double>({B, E});
+  const Tensor<T>& h = f.x.back();
+  f.pooled = Tensor<T>({B, E});
   for (int64_t b = 0; b < B; ++b)
     for (int64_t t = c.readout == Readout::Mean ? 0 : n - 1; t < n; ++t)
       for (int64_t e = 0; e < E; ++e)
-        f.pooled.at({b, e}) += h.at({b, t, e}) / (c.readout == Readout::Mean ? double(n) : 1.0);
+        f.pooled.at({b, e}) += h.at({b, t, e}) / T(c.readout == Readout::Mean ? n : 1);
   // logits = pooled W_rᵀ + b_r
-  f.logits = Tensor<double>({B, c.num_classes});
-  detail::linear(TensorView<const double>(f.pooled.view()), readout_w_.data(), readout_b_.data(),
+  f.logits = Tensor<T>({B, c.num_classes});
+  detail::linear(TensorView<const T>(f.pooled.view()), readout_w_.data(), readout_b_.data(),
                  f.logits.view());
   return f;
 }
 
-Tensor<double> Classifier::logits(TensorView<const int64_t> tokens) const {
+template <class T>
+Tensor<T> Classifier<T>::logits(TensorView<const int64_t> tokens) const {
   return forward(tokens, false).logits;
 }
 
-std::vector<Tensor<double>> Classifier::attention_weights(TensorView<const int64_t> tokens) const {
+template <class T>
+std::vector<Tensor<T>> Classifier<T>::attention_weights(TensorView<const int64_t> tokens) const {
   return forward(tokens, true).weights;
 }
 
-double Classifier::accuracy(const Batch& batch) const {
-  const Tensor<double> z = logits(batch.tokens.view());
+template <class T>
+double Classifier<T>::accuracy(const Batch& batch) const {
+  const Tensor<T> z = logits(batch.tokens.view());
   const int64_t K = z.dim(1);
   int64_t right = 0;
   for (int64_t b = 0; b < z.dim(0); ++b)
@@ -135,7 +152,8 @@ double Classifier::accuracy(const Batch& batch) const {
   return z.dim(0) ? double(right) / double(z.dim(0)) : 0.0;
 }
 
-double Classifier::loss(const Batch& batch, std::vector<Tensor<double>>* gradients) const {
+template <class T>
+double Classifier<T>::loss(const Batch& batch, std::vector<Tensor<T>>* gradients) const {
   const auto& c = config_;
   const int64_t B = batch.tokens.dim(0), n = batch.tokens.dim(1), E = c.embed_dim, K = c.num_classes;
   if (static_cast<int64_t>(batch.labels.size()) != B)
@@ -143,43 +161,43 @@ double Classifier::loss(const Batch& batch, std::vector<Tensor<double>>* gradien
                      std::to_string(B) + " sequences");
   const Forward f = forward(batch.tokens.view(), false);
   // loss = mean_b (logsumexp(logits[b]) - logits[b][label])
-  Tensor<double> dlogits({B, K});
+  Tensor<T> dlogits({B, K});
   double loss = 0;
   for (int64_t b = 0; b < B; ++b) {
     const int64_t y = batch.labels[b];
     if (y < 0 || y >= K)
       throw ValueError("Classifier: label " + std::to_string(y) + " outside [0, " +
                        std::to_string(K) + ")");
-    const double* z = f.logits.data() + b * K;
-    const double max = *std::max_element(z, z + K);
-    double sum = 0;
+    const T* z = f.logits.data() + b * K;
+    const T max = *std::max_element(z, z + K);
+    T sum = 0;
     for (int64_t k = 0; k < K; ++k) sum += std::exp(z[k] - max);
-    loss += (max + std::log(sum) - z[y]) / double(B);
+    loss += double(max + std::log(sum) - z[y]) / double(B);
     // the backward of the line above: d/dz = (softmax(z) - onehot(y)) / B
     for (int64_t k = 0; k < K; ++k)
-      dlogits.at({b, k}) = (std::exp(z[k] - max) / sum - (k == y ? 1.0 : 0.0)) / double(B);
+      dlogits.at({b, k}) = (std::exp(z[k] - max) / sum - T(k == y ? 1 : 0)) / T(B);
   }
   if (!gradients) return loss;
 
-  std::vector<Tensor<double>>& g = *gradients;
+  std::vector<Tensor<T>>& g = *gradients;
   g.clear();
-  for (const Tensor<double>* p : parameters()) g.emplace_back(p->shape());
+  for (const Tensor<T>* p : parameters()) g.emplace_back(p->shape());
   size_t at = 0;
-  Tensor<double>& dtokens = g[at++];
-  Tensor<double>* dpositions = c.positional == Positional::Learned ? &g[at++] : nullptr;
+  Tensor<T>& dtokens = g[at++];
+  Tensor<T>* dpositions = c.positional == Positional::Learned ? &g[at++] : nullptr;
   const size_t first_layer = at;
-  Tensor<double>&dreadout_w = g[g.size() - 2], &dreadout_b = g[g.size() - 1];
+  Tensor<T>&dreadout_w = g[g.size() - 2], &dreadout_b = g[g.size() - 1];
 
   // logits = pooled W_rᵀ + b_r
-  Tensor<double> dpooled({B, E});
+  Tensor<T> dpooled({B, E});
   detail::linear_backward(f.pooled.data(), readout_w_.data(), dlogits.data(), B, E, K,
                           dpooled.data(), dreadout_w.data(), dreadout_b.data());
   // pooled = mean over tokens, or the last token
-  Tensor<double> dx({B, n, E});
+  Tensor<T> dx({B, n, E});
   for (int64_t b = 0; b < B; ++b)
     for (int64_t t = c.readout == Readout::Mean ? 0 : n - 1; t < n; ++t)
       for (int64_t e = 0; e < E; ++e)
-        dx.at({b, t, e}) = dpooled.at({b, e}) / (c.readout == Readout::Mean ? double(n) : 1.0);
+        dx.at({b, t, e}) = dpooled.at({b, e}) / T(c.readout == Readout::Mean ? n : 1);
   // x = x + attention(x), per layer, last first
   for (int64_t l = c.num_layers - 1; l >= 0; --l) {
     auto lg = layers_[l].backward(dx.view(), f.x[l].view());
@@ -189,9 +207,12 @@ double Classifier::loss(const Batch& batch, std::vector<Tensor<double>>* gradien
     for (auto& t : lg.parameters) g[p++] = std::move(t);
   }
   // x = token embedding + absolute position
-  embed_backward(batch.tokens.view(), dx.view(), dtokens.view(),
-                 dpositions ? dpositions->view() : TensorView<double>());
+  embed_backward<T>(batch.tokens.view(), dx.view(), dtokens.view(),
+                 dpositions ? dpositions->view() : TensorView<T>());
   return loss;
 }
+
+template class Classifier<float>;
+template class Classifier<double>;
 
 }  // namespace attn

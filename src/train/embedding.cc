@@ -26,21 +26,23 @@ void check(TensorView<const int64_t> tokens, const Shape& table, const Shape* po
 
 }  // namespace
 
-Tensor<double> embed(TensorView<const int64_t> tokens, TensorView<const double> table,
-                     TensorView<const double> positions) {
+template <Real T>
+Tensor<T> embed(TensorView<const int64_t> tokens, TensorView<const T> table,
+                TensorView<const T> positions) {
   const bool pe = !positions.empty_view();
   check(tokens, table.shape(), pe ? &positions.shape() : nullptr);
   const int64_t B = tokens.dim(0), n = tokens.dim(1), E = table.dim(1);
-  Tensor<double> x({B, n, E});
+  Tensor<T> x({B, n, E});
   for (int64_t b = 0; b < B; ++b)
     for (int64_t t = 0; t < n; ++t)
       for (int64_t c = 0; c < E; ++c)
-        x.at({b, t, c}) = table.at({tokens.at({b, t}), c}) + (pe ? positions.at({t, c}) : 0.0);
+        x.at({b, t, c}) = table.at({tokens.at({b, t}), c}) + (pe ? positions.at({t, c}) : T(0));
   return x;
 }
 
-void embed_backward(TensorView<const int64_t> tokens, TensorView<const double> dx,
-                    TensorView<double> dtable, TensorView<double> dpositions) {
+template <Real T>
+void embed_backward(TensorView<const int64_t> tokens, TensorView<const T> dx, TensorView<T> dtable,
+                    TensorView<T> dpositions) {
   const bool pe = !dpositions.empty_view();
   check(tokens, dtable.shape(), pe ? &dpositions.shape() : nullptr);
   const int64_t B = tokens.dim(0), n = tokens.dim(1), E = dtable.dim(1);
@@ -55,5 +57,12 @@ void embed_backward(TensorView<const int64_t> tokens, TensorView<const double> d
         if (pe) dpositions.at({t, c}) += dx.at({b, t, c});
       }
 }
+
+template Tensor<float> embed(TensorView<const int64_t>, TensorView<const float>, TensorView<const float>);
+template Tensor<double> embed(TensorView<const int64_t>, TensorView<const double>, TensorView<const double>);
+template void embed_backward(TensorView<const int64_t>, TensorView<const float>, TensorView<float>,
+                             TensorView<float>);
+template void embed_backward(TensorView<const int64_t>, TensorView<const double>, TensorView<double>,
+                             TensorView<double>);
 
 }  // namespace attn

@@ -41,12 +41,28 @@ Batch sentences(const std::vector<std::array<int64_t, 3>>& rows) {
   return batch;
 }
 
+// The first layer's attention weights (batch, heads, n, n) on tokens, in double.
+template <class T>
+Tensor<double> first_layer_weights(const Classifier<T>& model, TensorView<const int64_t> tokens) {
+  const Tensor<T> w = std::move(model.attention_weights(tokens).front());
+  Tensor<double> wide(w.shape());
+  std::copy(w.data(), w.data() + w.numel(), wide.data());
+  return wide;
+}
+
 // (heads, n, n): the one layer's weights on one sentence.
-Tensor<double> head_weights(const Classifier& model, std::array<int64_t, 3> sentence) {
+template <class T>
+Tensor<double> head_weights(const Classifier<T>& model, std::array<int64_t, 3> sentence) {
   const Tensor<int64_t> tokens({1, 3}, {sentence[0], sentence[1], sentence[2]});
-  Tensor<double> w = std::move(model.attention_weights(tokens.view()).front());
+  Tensor<double> w = first_layer_weights(model, tokens.view());
   const int64_t H = w.dim(1);
   return std::move(w).reshape({H, 3, 3});
+}
+
+// f(T()) with T the element type `dtype` names.
+template <class F>
+auto with_dtype(Dtype dtype, const F& f) {
+  return dtype == Dtype::Float64 ? f(double()) : f(float());
 }
 
 }  // namespace
@@ -97,15 +113,17 @@ OrderExperimentResult run_order_experiment(const OrderExperimentOptions& o) {
     c.num_heads = o.num_heads;
     c.positional = pos;
     c.readout = Readout::Mean;
-    Classifier model(c, o.seed);
-    const TrainOptions t = training(o, "order/" + positional_name(pos));
-    OrderVariantResult r;
-    r.positional = pos;
-    r.loss = train(model, sample, t);
-    r.accuracy = model.accuracy(test_batch);
-    r.weights_cat_bites_dog = head_weights(model, {0, N, 1});
-    r.weights_dog_bites_cat = head_weights(model, {1, N, 0});
-    result.variants.push_back(std::move(r));
+    result.variants.push_back(with_dtype(o.dtype, [&](auto type) {
+      Classifier<decltype(type)> model(c, o.seed);
+      const TrainOptions t = training(o, "order/" + positional_name(pos));
+      OrderVariantResult r;
+      r.positional = pos;
+      r.loss = train(model, sample, t);
+      r.accuracy = model.accuracy(test_batch);
+      r.weights_cat_bites_dog = head_weights(model, {0, N, 1});
+      r.weights_dog_bites_cat = head_weights(model, {1, N, 0});
+      return r;
+    }));
   }
   return result;
 }
@@ -139,15 +157,16 @@ HeadsExperimentResult run_heads_experiment(const HeadsExperimentOptions& o) {
     c.num_heads = heads;
     c.positional = o.positional;
     c.readout = Readout::Last;
-    Classifier model(c, o.seed);
-    const TrainOptions t = training(o, "heads/" + std::to_string(heads));
     HeadsResult r;
     r.heads = heads;
-    r.parameters = model.parameter_count();
-    r.loss = train(model, sample, t);
-    r.accuracy = model.accuracy(test);
+    const Tensor<double> w = with_dtype(o.dtype, [&](auto type) {
+      Classifier<decltype(type)> model(c, o.seed);
+      r.parameters = model.parameter_count();
+      r.loss = train(model, sample, training(o, "heads/" + std::to_string(heads)));
+      r.accuracy = model.accuracy(test);
+      return first_layer_weights(model, test.tokens.view());
+    });
     // The last query's mean weight on each key position, per head.
-    const Tensor<double> w = std::move(model.attention_weights(test.tokens.view()).front());
     for (int64_t h = 0; h < heads; ++h) {
       std::vector<double> mean(n, 0.0);
       for (int64_t b = 0; b < test.tokens.dim(0); ++b)

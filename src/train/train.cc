@@ -41,16 +41,17 @@ class ProgressBar {
 
 }  // namespace
 
-double train(Classifier& model, const Sampler& sample, const TrainOptions& options) {
+template <class T>
+double train(Classifier<T>& model, const Sampler& sample, const TrainOptions& options) {
   if (options.steps < 0 || options.batch_size < 1)
     throw ValueError("train: steps must be >= 0 and batch_size >= 1, got " +
                      std::to_string(options.steps) + ", " + std::to_string(options.batch_size));
   AdamOptions ao;
   ao.learning_rate = options.learning_rate;
-  Adam<double> adam(model.parameters(), ao);
+  Adam<T> adam(model.parameters(), ao);
   std::mt19937_64 rng(options.seed);
   ProgressBar bar(options.label, options.steps);
-  std::vector<Tensor<double>> gradients;
+  std::vector<Tensor<T>> gradients;
   const int64_t tail = std::max<int64_t>(1, options.steps / 10);
   double tail_loss = 0;
   for (int64_t step = 0; step < options.steps; ++step) {
@@ -61,5 +62,8 @@ double train(Classifier& model, const Sampler& sample, const TrainOptions& optio
   }
   return tail_loss;
 }
+
+template double train(Classifier<float>&, const Sampler&, const TrainOptions&);
+template double train(Classifier<double>&, const Sampler&, const TrainOptions&);
 
 }  // namespace attn
