@@ -18,7 +18,24 @@
 #include "attn/attn.hpp"
 #include "attn/file.hpp"
 
+// Whether a sanitizer runs this build (GCC's and clang's ways of saying so).
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+#define ATTN_SANITIZED 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer) || __has_feature(memory_sanitizer)
+#define ATTN_SANITIZED 1
+#endif
+#endif
+#ifndef ATTN_SANITIZED
+#define ATTN_SANITIZED 0
+#endif
+
 namespace attn::test {
+
+// Whether a sanitizer runs this build: tests whose float64 references take
+// minutes there run smaller (they check memory, not accuracy, there; the
+// Release build runs them at full size).
+constexpr bool sanitized() { return ATTN_SANITIZED; }
 
 inline Tensor<double> random_tensor(const Shape& shape, std::mt19937& rng,
                                     double lo = -1.0, double hi = 1.0) {

@@ -14,18 +14,6 @@
 #include "attn/quantize.hpp"
 #include "helpers.hpp"
 
-// Whether a sanitizer runs this build (GCC's and clang's ways of saying so).
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
-#define ATTN_SANITIZED 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer) || __has_feature(memory_sanitizer)
-#define ATTN_SANITIZED 1
-#endif
-#endif
-#ifndef ATTN_SANITIZED
-#define ATTN_SANITIZED 0
-#endif
-
 namespace attn {
 namespace {
 
@@ -109,7 +97,7 @@ void with_storage(KVDtype dtype, const Tensor<float>& k, const Tensor<float>& v,
 // sanitizers the longest cases are shorter, still straddling what they
 // straddle.
 std::vector<KernelCase> storage_cases(bool odd_dims) {
-  const bool small = test::emulated() || ATTN_SANITIZED;
+  const bool small = test::emulated() || test::sanitized();
   const int64_t tiles = small ? 300 : 1100, long_keys = small ? 1025 : 2048;
   std::vector<KernelCase> cases = {
       {1, 2, 1, 300, 260, 64, 64, Causal::None, {}, 0, 0},
@@ -203,7 +191,7 @@ TEST(KVStorage, StorageTypesKeepTheirAccuracy) {
   // spread from 0.03 to 0.105 over seeds (0.04–0.07 with 64).
   // Under emulation and sanitizers, 128 queries and 1024 keys (two decode
   // chunks).
-  const bool small = test::emulated() || ATTN_SANITIZED;
+  const bool small = test::emulated() || test::sanitized();
   const KernelCase cases[] = {
       {1, 8, 2, small ? 128 : 256, small ? 128 : 256, 128, 128, Causal::BottomRight, {}, 0, 1},
       {1, 8, 2, 8, small ? 1024 : 4096, 128, 128, Causal::BottomRight, {}, 0, 0}};
@@ -316,9 +304,8 @@ bool reset_peak_rss() {
 // must not make do not depend on it. Each test runs in a process of its own
 // (ctest), so no earlier call's scratch hides what this one takes.
 TEST(KVStorageMemory, CompactPrefillMakesNoFullSizeCopy) {
-#if ATTN_SANITIZED
-  GTEST_SKIP() << "a sanitizer's shadow memory makes resident memory no measure of the library's";
-#endif
+  if (test::sanitized())
+    GTEST_SKIP() << "a sanitizer's shadow memory makes resident memory no measure of the library's";
   if (test::emulated()) GTEST_SKIP() << "under an emulator resident memory is the emulator's";
   // (Linux, which attn's builds target, has both; a failure here is a broken measurement.)
   ASSERT_TRUE(reset_peak_rss() && status_bytes("VmHWM:") >= 0)

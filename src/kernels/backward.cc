@@ -13,11 +13,13 @@
 // its kv head, and for each the query heads of its GQA group in order and
 // their row blocks (inner), so dK and dV of a tile sum the group's heads in
 // a fixed order while they stay in cache, and dQ of every row sums the key
-// tiles in order in the item's own buffer. No two items write the same
-// gradient and the order of every sum is fixed: results are bitwise equal
-// for any number of threads. (The cost: a call with a single (batch, kv
-// head) runs on one thread.) The products are the forward's: the packed
-// panel for S and dP, AccumulateValues (P·V's micro-kernel) for the rest.
+// tiles in order in the item's own buffer. With too few (batch, kv head)
+// pairs to keep the threads busy, two passes split the same loops instead:
+// items of key tiles write dK, dV, then items of query rows write dQ (S and
+// dP computed twice). No two items write the same gradient and every sum
+// keeps its order in either plan: results are bitwise equal for any number
+// of threads. The products are the forward's: the packed panel for S and
+// dP, AccumulateValues (P·V's micro-kernel) for the rest.
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "kernels/backward.cc"
 #include <hwy/foreach_target.h>  // IWYU pragma: keep
@@ -33,6 +35,7 @@
 #include <limits>
 #include <string>
 
+#include "attn/threads.hpp"
 #include "kernels/attention_kernel.hpp"
 #include "kernels/config.hpp"
 #include "kernels/scratch.hpp"
@@ -43,6 +46,10 @@ namespace attn::detail {
 namespace HWY_NAMESPACE {
 static_assert(kBackwardRows % kRows == 0 && kBackwardRows <= kBlockQ,
               "ATTN_BACKWARD_ROWS must be a multiple of kRows (4), at most ATTN_BLOCK_Q");
+// The two-pass plan's items (BackwardTiles): row chunks of whole row blocks,
+// so that their blocks are the one pass's.
+constexpr int64_t kBackwardTilesPerItem = 4;
+constexpr int64_t kBackwardRowsPerItem = 8 * kBackwardRows;
 
 // Per row of the problem (batch, head, row): D = dO · O, and the row's
 // log-sum-exp in the units of the scores (base 2, shifted with ALiBi's
@@ -102,15 +109,27 @@ bool Prepare(const AttentionProblem<float>& p, const GradientOperands<float>& g,
 
 static thread_local Scratch<float> tls_dq, tls_dk, tls_dv, tls_kpack, tls_vpack, tls_p, tls_ds, tls_tanh;
 
-// One (batch, kv head): every key tile, every query head of the group.
+// What one work item computes: for (b, hkv), query heads hkv·G + g for g in
+// [g_begin, g_end), rows [i_begin, i_end) (i_begin a multiple of
+// kBackwardRows), key tiles [t_begin, t_end); dK and dV of its tiles (keys:
+// the item then covers every head and row) and dQ of its heads and rows
+// (queries: the item then covers every key tile).
+struct Span {
+  int64_t b, hkv, g_begin, g_end, i_begin, i_end, t_begin, t_end;
+  bool keys, queries;
+};
+
+// One item: key tiles outer, then heads, then row blocks, as the top of the
+// file says. Every gradient element sums in the same order whatever the
+// span, so the one-pass and two-pass plans (BackwardTiles) agree bitwise.
 template <class KV>
 void BackwardItem(DF d, const AttentionProblem<float>& p, const GradientOperands<float>& g,
-                  const RowStats& stats, int64_t b, int64_t hkv) {
+                  const RowStats& stats, const Span& sp) {
   const int64_t N = static_cast<int64_t>(hn::Lanes(d));
   const int64_t G = p.group(), dp = WholeVectors(p.d), dvp = WholeVectors(p.d_v);
-  const int64_t n_tiles = (p.n_k + kBlockK - 1) / kBlockK;
+  const int64_t rows = sp.i_end - sp.i_begin, heads = sp.g_end - sp.g_begin;
   constexpr int64_t R = kBackwardRows;
-  float* dq = tls_dq.get(static_cast<size_t>(std::max<int64_t>(G * p.n_q * dp, 1)));
+  float* dq = sp.queries ? tls_dq.get(static_cast<size_t>(std::max<int64_t>(heads * rows * dp, 1))) : nullptr;
   float* dk = tls_dk.get(static_cast<size_t>(kBlockK * std::max<int64_t>(dp, 1)));
   float* dv = tls_dv.get(static_cast<size_t>(kBlockK * std::max<int64_t>(dvp, 1)));
   float* kpack = tls_kpack.get(static_cast<size_t>(std::max<int64_t>(p.d * kBlockK, 1)));
@@ -118,31 +137,33 @@ void BackwardItem(DF d, const AttentionProblem<float>& p, const GradientOperands
   float* P = tls_p.get(R * kBlockK);
   float* dS = tls_ds.get(R * kBlockK);
   float* tanh = p.softcap > 0 ? tls_tanh.get(R * kBlockK) : nullptr;
-  std::fill(dq, dq + G * p.n_q * dp, 0.0f);
+  if (dq) std::fill(dq, dq + heads * rows * dp, 0.0f);
   AlibiRows alibi;
-  for (int64_t kt = 0; kt < n_tiles; ++kt) {
+  for (int64_t kt = sp.t_begin; kt < sp.t_end; ++kt) {
     const int64_t j0 = kt * kBlockK, jn = std::min(kBlockK, p.n_k - j0);
-    std::fill(dk, dk + kBlockK * dp, 0.0f);
-    std::fill(dv, dv + kBlockK * dvp, 0.0f);
-    PackK<KV>(p, b, hkv, kt, kpack);
-    PackRows(ValueRow<KV>(p, b, hkv, j0), ValueStride<KV>(p), jn, p.d_v, vpack);
-    for (int64_t gi = 0; gi < G; ++gi) {
-      const int64_t h = hkv * G + gi;
-      for (int64_t i0 = 0; i0 < p.n_q; i0 += R) {
-        const RowBlock rb(p, i0, static_cast<int>(std::min(R, p.n_q - i0)));
+    if (sp.keys) {
+      std::fill(dk, dk + kBlockK * dp, 0.0f);
+      std::fill(dv, dv + kBlockK * dvp, 0.0f);
+    }
+    PackK<KV>(p, sp.b, sp.hkv, kt, kpack);
+    PackRows(ValueRow<KV>(p, sp.b, sp.hkv, j0), ValueStride<KV>(p), jn, p.d_v, vpack);
+    for (int64_t gi = sp.g_begin; gi < sp.g_end; ++gi) {
+      const int64_t h = sp.hkv * G + gi;
+      for (int64_t i0 = sp.i_begin; i0 < sp.i_end; i0 += R) {
+        const RowBlock rb(p, i0, static_cast<int>(std::min(R, sp.i_end - i0)));
         if (rb.masks_all(j0, jn)) continue;
         alibi.Set(p, h, i0, rb.rows);
-        Scores(d, p, b, h, kt, rb, kpack, alibi, P, tanh);
+        Scores(d, p, sp.b, h, kt, rb, kpack, alibi, P, tanh);
         // dP = dO Vᵀ
-        const float* rows[kRows];
+        const float* dout_rows[kRows];
         for (int r0 = 0; r0 < rb.rows; r0 += kRows) {
           const int mr = std::min(kRows, rb.rows - r0);
-          for (int r = 0; r < mr; ++r) rows[r] = g.dout.row(b, h, i0 + r0 + r);
-          MatmulPanel(d, rows, mr, p.d_v, vpack, 1.0f, dS + r0 * kBlockK, kBlockK);
+          for (int r = 0; r < mr; ++r) dout_rows[r] = g.dout.row(sp.b, h, i0 + r0 + r);
+          MatmulPanel(d, dout_rows, mr, p.d_v, vpack, 1.0f, dS + r0 * kBlockK, kBlockK);
         }
         // P = 2^(S - lse), dS = P (dP - D), times softcap's 1 - tanh²
         for (int r = 0; r < rb.rows; ++r) {
-          const int64_t at = stats.at(p, b, h, i0 + r);
+          const int64_t at = stats.at(p, sp.b, h, i0 + r);
           const VF lse = hn::Set(d, stats.lse2[at]), delta = hn::Set(d, stats.delta[at]);
           float* pr = P + r * kBlockK;
           float* dsr = dS + r * kBlockK;
@@ -157,26 +178,32 @@ void BackwardItem(DF d, const AttentionProblem<float>& p, const GradientOperands
             hn::Store(ds, d, dsr + j);
           }
         }
-        const int64_t q_stride = p.q.row_stride, dout_stride = g.dout.row_stride;
-        AccumulateValues<true>(d, jn, P, kBlockK, rb.rows, g.dout.row(b, h, i0), dout_stride, p.d_v, dv, dvp);
-        AccumulateValues<true>(d, jn, dS, kBlockK, rb.rows, p.q.row(b, h, i0), q_stride, p.d, dk, dp);
-        AccumulateValues(d, rb.rows, dS, kBlockK, jn, KeyRow<KV>(p, b, hkv, j0), KeyStride<KV>(p), p.d,
-                         dq + (gi * p.n_q + i0) * dp, dp);
+        if (sp.keys) {
+          AccumulateValues<true>(d, jn, P, kBlockK, rb.rows, g.dout.row(sp.b, h, i0), g.dout.row_stride, p.d_v,
+                                 dv, dvp);
+          AccumulateValues<true>(d, jn, dS, kBlockK, rb.rows, p.q.row(sp.b, h, i0), p.q.row_stride, p.d, dk, dp);
+        }
+        if (sp.queries)
+          AccumulateValues(d, rb.rows, dS, kBlockK, jn, KeyRow<KV>(p, sp.b, sp.hkv, j0), KeyStride<KV>(p), p.d,
+                           dq + ((gi - sp.g_begin) * rows + (i0 - sp.i_begin)) * dp, dp);
       }
     }
-    const float scale = static_cast<float>(p.scale);
-    for (int64_t j = 0; j < jn; ++j) {
-      float* dkr = g.dk.row(b, hkv, j0 + j);
-      float* dvr = g.dv.row(b, hkv, j0 + j);
-      for (int64_t c = 0; c < p.d; ++c) dkr[c * g.dk.col_stride] = scale * dk[j * dp + c];
-      for (int64_t c = 0; c < p.d_v; ++c) dvr[c * g.dv.col_stride] = dv[j * dvp + c];
+    if (sp.keys) {
+      const float scale = static_cast<float>(p.scale);
+      for (int64_t j = 0; j < jn; ++j) {
+        float* dkr = g.dk.row(sp.b, sp.hkv, j0 + j);
+        float* dvr = g.dv.row(sp.b, sp.hkv, j0 + j);
+        for (int64_t c = 0; c < p.d; ++c) dkr[c * g.dk.col_stride] = scale * dk[j * dp + c];
+        for (int64_t c = 0; c < p.d_v; ++c) dvr[c * g.dv.col_stride] = dv[j * dvp + c];
+      }
     }
   }
+  if (!sp.queries) return;
   const float scale = static_cast<float>(p.scale);
-  for (int64_t gi = 0; gi < G; ++gi)
-    for (int64_t i = 0; i < p.n_q; ++i) {
-      float* dqr = g.dq.row(b, hkv * G + gi, i);
-      const float* acc = dq + (gi * p.n_q + i) * dp;
+  for (int64_t gi = sp.g_begin; gi < sp.g_end; ++gi)
+    for (int64_t i = sp.i_begin; i < sp.i_end; ++i) {
+      float* dqr = g.dq.row(sp.b, sp.hkv * G + gi, i);
+      const float* acc = dq + ((gi - sp.g_begin) * rows + (i - sp.i_begin)) * dp;
       for (int64_t c = 0; c < p.d; ++c) dqr[c * g.dq.col_stride] = scale * acc[c];
     }
 }
@@ -198,8 +225,32 @@ bool BackwardTiles(const AttentionProblem<float>& p, const GradientOperands<floa
           sum += std::exp(p.sinks[h] - double(*p.lse.row(b, h, i))) * stats.delta[stats.at(p, b, h, i)];
       g.dsinks[h * g.dsinks_stride] = static_cast<float>(-sum);
     }
-  parallel_for(p.batch * p.heads_kv, [&](int64_t item) {
-    BackwardItem<KV>(d, p, g, stats, item / p.heads_kv, item % p.heads_kv);
+  const int64_t G = p.group(), n_tiles = (p.n_k + kBlockK - 1) / kBlockK, pairs = p.batch * p.heads_kv;
+  // One pass: an item per (batch, kv head), 10 units of arithmetic each, in
+  // ceil(pairs / T) rounds on T threads; two passes: 14 units per pair,
+  // spread evenly. (Both give the same bits: the choice is speed alone.)
+  const int64_t T = num_threads();
+  if ((pairs + T - 1) / T * 10 <= pairs * 14 / T) {
+    parallel_for(pairs, [&](int64_t item) {
+      BackwardItem<KV>(d, p, g, stats, {item / p.heads_kv, item % p.heads_kv, 0, G, 0, p.n_q, 0, n_tiles, true, true});
+    });
+    return true;
+  }
+  // Too few pairs for the threads: dK, dV by items of key tiles, then dQ by
+  // items of query rows (S and dP computed in both). The same sums in the
+  // same order as the one pass.
+  const int64_t key_chunks = (n_tiles + kBackwardTilesPerItem - 1) / kBackwardTilesPerItem;
+  parallel_for(pairs * key_chunks, [&](int64_t item) {
+    const int64_t pair = item / key_chunks, t0 = item % key_chunks * kBackwardTilesPerItem;
+    BackwardItem<KV>(d, p, g, stats, {pair / p.heads_kv, pair % p.heads_kv, 0, G, 0, p.n_q, t0,
+                                      std::min(n_tiles, t0 + kBackwardTilesPerItem), true, false});
+  });
+  const int64_t row_chunks = (p.n_q + kBackwardRowsPerItem - 1) / kBackwardRowsPerItem;
+  parallel_for(p.batch * p.heads_q * row_chunks, [&](int64_t item) {
+    const int64_t bh = item / row_chunks, i0 = item % row_chunks * kBackwardRowsPerItem;
+    const int64_t b = bh / p.heads_q, h = bh % p.heads_q;
+    BackwardItem<KV>(d, p, g, stats, {b, h / G, h % G, h % G + 1, i0, std::min(p.n_q, i0 + kBackwardRowsPerItem), 0,
+                                      n_tiles, false, true});
   });
   return true;
 }
