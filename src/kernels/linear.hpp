@@ -1,5 +1,5 @@
 // Internal: the kernels' y = x Wᵀ + b (the layer's projections, the
-// classifier's readout) and its backward.
+// classifier's readout), the plain product it is made of, and its backward.
 #pragma once
 
 #include <cstdint>
@@ -12,6 +12,12 @@ namespace attn::detail {
 // null, y (rows, out) with unit column stride.
 void linear(TensorView<const float> x, const float* w, const float* b, TensorView<float> y);
 void linear(TensorView<const double> x, const double* w, const double* b, TensorView<double> y);
+
+// c (rows, cols) = a (rows, K) · B, or c += a · B with accumulate; a and c
+// with unit column stride, B (K, cols) row-major, b_stride elements apart.
+void matmul(TensorView<const float> a, const float* b, int64_t b_stride, TensorView<float> c, bool accumulate);
+void matmul(TensorView<const double> a, const double* b, int64_t b_stride, TensorView<double> c,
+            bool accumulate);
 
 // The backward, all arrays contiguous: given dy (rows, out),
 //   dx (rows, in) = dy W       (overwritten; skipped when null)
