@@ -103,7 +103,7 @@ bool Prepare(const AttentionProblem<float>& p, const GradientOperands<float>& g,
       for (int64_t j = 0; j < p.n_k && ok; ++j)
         ok = FiniteRow(KeyRow<KV>(p, b, h / p.group(), j), p.d) && FiniteRow(ValueRow<KV>(p, b, h / p.group(), j), p.d_v);
     if (!ok) finite = false;
-  });
+  }, 2.0 * double(p.batch * p.heads_q) * double(p.n_q) * double(p.d + p.d_v));
   return finite;
 }
 
@@ -230,10 +230,11 @@ bool BackwardTiles(const AttentionProblem<float>& p, const GradientOperands<floa
   // ceil(pairs / T) rounds on T threads; two passes: 14 units per pair,
   // spread evenly. (Both give the same bits: the choice is speed alone.)
   const int64_t T = num_threads();
+  const double work = 10.0 * double(p.batch * p.heads_q) * double(p.n_q) * double(p.n_k) * double(p.d);
   if ((pairs + T - 1) / T * 10 <= pairs * 14 / T) {
     parallel_for(pairs, [&](int64_t item) {
       BackwardItem<KV>(d, p, g, stats, {item / p.heads_kv, item % p.heads_kv, 0, G, 0, p.n_q, 0, n_tiles, true, true});
-    });
+    }, work);
     return true;
   }
   // Too few pairs for the threads: dK, dV by items of key tiles, then dQ by
@@ -244,14 +245,14 @@ bool BackwardTiles(const AttentionProblem<float>& p, const GradientOperands<floa
     const int64_t pair = item / key_chunks, t0 = item % key_chunks * kBackwardTilesPerItem;
     BackwardItem<KV>(d, p, g, stats, {pair / p.heads_kv, pair % p.heads_kv, 0, G, 0, p.n_q, t0,
                                       std::min(n_tiles, t0 + kBackwardTilesPerItem), true, false});
-  });
+  }, work);
   const int64_t row_chunks = (p.n_q + kBackwardRowsPerItem - 1) / kBackwardRowsPerItem;
   parallel_for(p.batch * p.heads_q * row_chunks, [&](int64_t item) {
     const int64_t bh = item / row_chunks, i0 = item % row_chunks * kBackwardRowsPerItem;
     const int64_t b = bh / p.heads_q, h = bh % p.heads_q;
     BackwardItem<KV>(d, p, g, stats, {b, h / G, h % G, h % G + 1, i0, std::min(p.n_q, i0 + kBackwardRowsPerItem), 0,
                                       n_tiles, false, true});
-  });
+  }, work);
   return true;
 }
 

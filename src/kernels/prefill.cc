@@ -303,7 +303,7 @@ void FlashTiles(const AttentionProblem<float>& p) {
     parallel_for(heads * n_tiles, [&](int64_t item) {
       const int64_t bh = item / n_tiles, kt = item % n_tiles;
       PackK<KV>(p, bh / p.heads_kv, bh % p.heads_kv, kt, kpack + bh * head_pack + kt * p.d * kBlockK);
-    });
+    }, double(heads * head_pack));
   }
   const bool v_in_place = std::is_same_v<KV, float> && p.d_v == dvp && ValueStride<KV>(p) == dvp;
   // The most expensive (last, under causal masking) query tiles go first.
@@ -323,7 +323,7 @@ void FlashTiles(const AttentionProblem<float>& p) {
                   i0,
                   std::min(rows, p.n_q - i0)};
     ProcessItem(d, it);
-  });
+  }, 2.0 * double(p.batch * p.heads_q) * double(p.n_q) * double(p.n_k) * double(p.d + p.d_v));
 }
 
 void FlashForward(const AttentionProblem<float>& p) {

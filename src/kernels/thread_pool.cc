@@ -154,11 +154,11 @@ std::shared_ptr<ThreadPool> pool() {
 
 }  // namespace
 
-void parallel_for(int64_t n, const std::function<void(int64_t)>& fn) {
+void parallel_for(int64_t n, const std::function<void(int64_t)>& fn, double work) {
   const auto serial = [&] {
     for (int64_t i = 0; i < n; ++i) fn(i);
   };
-  if (n <= 1) return serial();
+  if (n <= 1 || work < kMinParallelWork) return serial();
   const auto p = pool();  // kept alive for this call even if the count changes
   std::unique_lock busy(p->busy_, std::try_to_lock);
   if (p->size() == 1 || !busy) return serial();

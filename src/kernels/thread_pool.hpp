@@ -11,6 +11,13 @@ namespace attn::detail {
 // all are done. A call made while the pool is busy (another thread's call, or
 // a nested call) runs its items on the calling thread instead: correct,
 // deterministic, just not parallel.
-void parallel_for(int64_t n, const std::function<void(int64_t)>& fn);
+//
+// work: the call's arithmetic in floating-point operations, estimated.
+// Below kMinParallelWork the items run on the calling thread: handing them to
+// the pool costs microseconds (tens when its threads sleep), the time of
+// about 1e6 operations on one core; the training steps of `attn experiment`
+// (3 to 8 tokens) ran slower on 2 threads than on 1 before this.
+inline constexpr double kMinParallelWork = 1e6;
+void parallel_for(int64_t n, const std::function<void(int64_t)>& fn, double work = kMinParallelWork);
 
 }  // namespace attn::detail
