@@ -318,6 +318,7 @@ struct MultiHeadAttention<T>::Activations {
   RopeOptions rope;
   Tensor<T> ctx;                         // the heads' outputs concatenated, in query's layout
   Tensor<T> weights;                     // (batch, heads, n_q, n_k) when need_weights
+  Tensor<T> lse;                         // (batch, heads, n_q) without a cache: the backward's
   Tensor<bool> stream_mask;              // a streaming cache's rule, (n_q, n_k), true = blocked
 
   // In PyTorch's convention: a boolean true blocks.
@@ -421,6 +422,7 @@ typename MultiHeadAttention<T>::Activations MultiHeadAttention<T>::forward_activ
   }
   AttentionExtras<T> extras;
   if (opt.need_weights) extras.weights = a.weights.view();
+  if (!cache) extras.lse = (a.lse = Tensor<T>({B, H, n_q})).view();  // (free: the kernels keep it anyway)
   const auto attend = [&](auto K, auto V) {
     using KV = std::remove_const_t<std::remove_reference_t<decltype(*K.data())>>;
     if constexpr (AttentionTypes<T, KV>)  // (a float64 cache holds float64 only)
@@ -563,7 +565,8 @@ MhaGradients<T> MultiHeadAttention<T>::backward(TensorView<const T> dout,
   detail::masked_attention_backward(TensorView<const T>(heads_view(a.q, H)), a.K, a.V,
                                     TensorView<const T>(ctx_heads(dctx, a)), dqh, dkh,
                                     heads_view(dv, Hkv), a.attention, a.mask(), a.padding(),
-                                    c.sinks ? g.parameters.back().view() : TensorView<T>());
+                                    c.sinks ? g.parameters.back().view() : TensorView<T>(),
+                                    SavedForward<T>{TensorView<const T>(ctx_heads(a.ctx, a)), a.lse.view()});
   // forward: bias_k, bias_v (add_bias_kv) and zeros (add_zero_attn) appended
   // after the n_in keys the inputs gave
   if (const int64_t n_in = a.k_in.dim(1); n_in != n_k) {
