@@ -3,6 +3,8 @@
 // Exit status: 0 ok, 1 runtime error, 2 usage error.
 #include <CLI/CLI.hpp>
 
+#include <malloc.h>
+
 #include <charconv>
 #include <cmath>
 #include <cstdint>
@@ -339,6 +341,12 @@ void add_bench(CLI::App& app, Command& chosen) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // Training (attn experiment) allocates and frees the same tensors every
+  // step; by default glibc hands the freed top of the heap back to the
+  // system each time and faults it in again, and maps larger blocks afresh
+  // per call: a third of a step. The CLI keeps its freed memory for reuse.
+  mallopt(M_TRIM_THRESHOLD, 256 << 20);
+  mallopt(M_MMAP_THRESHOLD, 32 << 20);
   CLI::App app{"attn: multi-head attention and positional encodings"};
   app.require_subcommand(1);
   app.set_version_flag("--version", "attn " ATTN_VERSION);
