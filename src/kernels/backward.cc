@@ -159,15 +159,17 @@ void BackwardItem(DF d, const AttentionProblem<float>& p, const GradientOperands
         for (int r0 = 0; r0 < rb.rows; r0 += kRows) {
           const int mr = std::min(kRows, rb.rows - r0);
           for (int r = 0; r < mr; ++r) dout_rows[r] = g.dout.row(sp.b, h, i0 + r0 + r);
-          MatmulPanel(d, dout_rows, mr, p.d_v, vpack, 1.0f, dS + r0 * kBlockK, kBlockK);
+          MatmulPanel(d, dout_rows, mr, p.d_v, vpack, 1.0f, dS + r0 * kBlockK, kBlockK, Plain(), jn);
         }
-        // P = 2^(S - lse), dS = P (dP - D), times softcap's 1 - tanh²
+        // P = 2^(S - lse), dS = P (dP - D), times softcap's 1 - tanh², over
+        // the tile's keys (whole vectors: the products computed)
+        const int64_t width = WholeVectors(jn);
         for (int r = 0; r < rb.rows; ++r) {
           const int64_t at = stats.at(p, sp.b, h, i0 + r);
           const VF lse = hn::Set(d, stats.lse2[at]), delta = hn::Set(d, stats.delta[at]);
           float* pr = P + r * kBlockK;
           float* dsr = dS + r * kBlockK;
-          for (int64_t j = 0; j < kBlockK; j += N) {
+          for (int64_t j = 0; j < width; j += N) {
             const VF pj = Exp2NonPositive(d, hn::Sub(hn::Load(d, pr + j), lse));
             hn::Store(pj, d, pr + j);
             VF ds = hn::Mul(pj, hn::Sub(hn::Load(d, dsr + j), delta));

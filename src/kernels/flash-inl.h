@@ -117,9 +117,12 @@ struct AlibiRows {
 
 // S = scale · Q Kᵀ of block rb (head h of batch b) against the packed key
 // tile at `panel` (keys from j0), row r at s + r · kBlockK; with `alibi`,
-// ALiBi's bias added as the products are stored.
+// ALiBi's bias added as the products are stored. Only the tile's keys, in
+// whole vectors, are computed (WholeVectors(n_k - j0) of the kBlockK
+// columns): the rest of a row is left alone.
 HWY_INLINE void Products(DF d, const AttentionProblem<float>& p, int64_t b, int64_t h, const RowBlock& rb,
                          const float* panel, int64_t j0, float scale, float* s, const AlibiRows* alibi) {
+  const int64_t cols = std::min(kBlockK, p.n_k - j0);
   const float* q[kRows];
   for (int r0 = 0; r0 < rb.rows; r0 += kRows) {
     const int rows = std::min(kRows, rb.rows - r0);
@@ -128,9 +131,9 @@ HWY_INLINE void Products(DF d, const AttentionProblem<float>& p, int64_t b, int6
       int64_t first[kRows];
       for (int r = 0; r < rows; ++r) first[r] = j0 - alibi->of(rb.i0 + r0 + r);
       MatmulPanel(d, q, rows, p.d, panel, scale, s + r0 * kBlockK, kBlockK,
-                  AlibiEpilogue{alibi->slope2, first});
+                  AlibiEpilogue{alibi->slope2, first}, cols);
     } else {
-      MatmulPanel(d, q, rows, p.d, panel, scale, s + r0 * kBlockK, kBlockK);
+      MatmulPanel(d, q, rows, p.d, panel, scale, s + r0 * kBlockK, kBlockK, Plain(), cols);
     }
   }
 }
@@ -148,6 +151,8 @@ inline void Scores(DF d, const AttentionProblem<float>& p, int64_t b, int64_t h,
   // (MaskRow).
   const bool alibi_now = !p.alibi.empty() && p.softcap == 0 && inside && !p.mask.present();
   Products(d, p, b, h, rb, panel, j0, ScoreScale(p), s, alibi_now ? &alibi : nullptr);
+  // (On a partial tile the entries past its keys are not products: softcap
+  // sees whatever is there, and the masks below make them -inf.)
   if (p.softcap > 0) Softcap(d, p.softcap, s, rb.rows * kBlockK, /*natural=*/false, tanh_out);
   if (inside && !p.mask.present()) {
     if (p.alibi.empty() || alibi_now) return;

@@ -46,7 +46,7 @@ void PanelProduct(const TensorView<const T>& a, const T* packed, const T* bias, 
     for (int64_t r0 = r_begin; r0 < r_end; r0 += kRows) {
       const int mr = static_cast<int>(std::min<int64_t>(kRows, r_end - r0));
       for (int r = 0; r < mr; ++r) rows_of_a[r] = a.data() + (r0 + r) * a.stride(0);
-      MatmulPanel(d, rows_of_a, mr, K, packed + p * K * kPanel, T(1), tile, kPanel);
+      MatmulPanel(d, rows_of_a, mr, K, packed + p * K * kPanel, T(1), tile, kPanel, Plain(), n);
       for (int r = 0; r < mr; ++r) {
         T* cr = c.data() + (r0 + r) * c.stride(0) + col0;
         for (int64_t j = 0; j < n; ++j)

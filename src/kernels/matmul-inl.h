@@ -71,10 +71,10 @@ struct Plain {
   HWY_INLINE V operator()(D, int, int64_t, V x) const { return x; }
 };
 
-// c[r][0 .. kVecs·N) = epilogue(scale · Σ_k a_r[k] · panel[k][0 .. kVecs·N)),
+// c[r][0 .. NV·N) = epilogue(scale · Σ_k a_r[k] · panel[k][0 .. NV·N)),
 // r < MR; col0 is the block's first column in the panel. (kVecs·N divides
-// kPanel: asserted above.)
-template <int MR, class D, class Epilogue = Plain, typename T = hn::TFromD<D>>
+// kPanel: asserted above. Sizeless vectors take NV = kVecs only.)
+template <int MR, int NV = kVecs, class D, class Epilogue = Plain, typename T = hn::TFromD<D>>
 HWY_INLINE void MatmulBlock(D d, const T* const* a, int64_t K, const T* panel, T scale, T* c,
                             int64_t c_stride, int64_t col0 = 0, const Epilogue& epilogue = {}) {
   using V = hn::Vec<D>;
@@ -83,7 +83,7 @@ HWY_INLINE void MatmulBlock(D d, const T* const* a, int64_t K, const T* panel, T
 #if HWY_HAVE_SCALABLE
   // Accumulator i = r · kVecs + v, named (see Acc); the same loads and FMAs
   // as the array form below.
-  static_assert(kVecs == 2 && kRows * kVecs <= 8, "two vectors per row, eight names in all");
+  static_assert(NV == kVecs && kVecs == 2 && kRows * kVecs <= 8, "two vectors per row, eight names in all");
   V a0 = hn::Zero(d), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
   for (int64_t k = 0; k < K; ++k) {
     const V b0 = hn::Load(d, panel + k * kPanel), b1 = hn::Load(d, panel + k * kPanel + N);
@@ -100,19 +100,19 @@ HWY_INLINE void MatmulBlock(D d, const T* const* a, int64_t K, const T* panel, T
                d, c + (i / kVecs) * c_stride + (i % kVecs) * N);
   });
 #else
-  V acc[MR][kVecs];
+  V acc[MR][NV];
   for (int r = 0; r < MR; ++r)
-    for (int v = 0; v < kVecs; ++v) acc[r][v] = hn::Zero(d);
+    for (int v = 0; v < NV; ++v) acc[r][v] = hn::Zero(d);
   for (int64_t k = 0; k < K; ++k) {
-    V b[kVecs];
-    for (int v = 0; v < kVecs; ++v) b[v] = hn::Load(d, panel + k * kPanel + v * N);
+    V b[NV];
+    for (int v = 0; v < NV; ++v) b[v] = hn::Load(d, panel + k * kPanel + v * N);
     for (int r = 0; r < MR; ++r) {
       const V ar = hn::Set(d, a[r][k]);
-      for (int v = 0; v < kVecs; ++v) acc[r][v] = hn::MulAdd(ar, b[v], acc[r][v]);
+      for (int v = 0; v < NV; ++v) acc[r][v] = hn::MulAdd(ar, b[v], acc[r][v]);
     }
   }
   for (int r = 0; r < MR; ++r)
-    for (int v = 0; v < kVecs; ++v)
+    for (int v = 0; v < NV; ++v)
       hn::StoreU(epilogue(d, r, col0 + v * static_cast<int64_t>(N), hn::Mul(acc[r][v], sc)), d,
                  c + r * c_stride + v * N);
 #endif
@@ -128,14 +128,26 @@ HWY_INLINE void WithCount(int64_t n, const F& f) {
   f(std::integral_constant<int, Max>());
 }
 
-// All kPanel columns for `rows` rows of A (rows <= kRows).
+// The first `cols` columns of the panel (at most kPanel) for `rows` rows of
+// A (rows <= kRows), in whole vectors: columns up to cols rounded up to
+// vectors (on sizeless vectors, to a block) are written, the rest left
+// alone. (A tile of 3 keys computes one vector of products, not four.)
 template <class D, class Epilogue = Plain, typename T = hn::TFromD<D>>
 HWY_INLINE void MatmulPanel(D d, const T* const* a, int rows, int64_t K, const T* panel, T scale,
-                            T* c, int64_t c_stride, const Epilogue& epilogue = {}) {
-  const int64_t W = kVecs * static_cast<int64_t>(hn::Lanes(d));
+                            T* c, int64_t c_stride, const Epilogue& epilogue = {}, int64_t cols = kPanel) {
+  const int64_t N = static_cast<int64_t>(hn::Lanes(d)), W = kVecs * N;
   WithCount<kRows>(rows, [&](auto mr) HWY_ATTR {
-    for (int64_t j = 0; j < kPanel; j += W)
-      MatmulBlock<decltype(mr)::value>(d, a, K, panel + j, scale, c + j, c_stride, j, epilogue);
+    constexpr int MR = decltype(mr)::value;
+    int64_t j = 0;
+    for (; j + W <= cols; j += W) MatmulBlock<MR>(d, a, K, panel + j, scale, c + j, c_stride, j, epilogue);
+    if (j >= cols) return;
+#if HWY_HAVE_SCALABLE
+    MatmulBlock<MR>(d, a, K, panel + j, scale, c + j, c_stride, j, epilogue);
+#else
+    WithCount<kVecs>((cols - j + N - 1) / N, [&](auto nv) HWY_ATTR {
+      MatmulBlock<MR, decltype(nv)::value>(d, a, K, panel + j, scale, c + j, c_stride, j, epilogue);
+    });
+#endif
   });
 }
 

@@ -160,9 +160,10 @@ HWY_INLINE void SoftmaxPass(DF d, const Item& it, int64_t h, bool pack, ItemStat
       if (rb.masks_all(j0, jn)) continue;
       Scores(d, p, it.b, h, kt, rb, it.kpack + kt * p.d * kBlockK, st.alibi, s);
       const int rows = rb.rows;
+      const int64_t width = WholeVectors(jn);  // the tile's keys (past them: -inf)
       for (int r = 0; r < rows; ++r) {
         float* orow = o + (r0 + r) * dvp;
-        const float alpha = SoftmaxStep(d, s + r * kBlockK, kBlockK, st.m[r0 + r], st.l_lanes + (r0 + r) * N);
+        const float alpha = SoftmaxStep(d, s + r * kBlockK, width, st.m[r0 + r], st.l_lanes + (r0 + r) * N);
         if (alpha != 1.0f) {
           const VF a = hn::Set(d, alpha);
           for (int64_t c = 0; c < dvp; c += static_cast<int64_t>(N))
