@@ -212,8 +212,9 @@ TEST(Kernels, SimdTargetsOfThisCpu) {
     names += std::string(names.empty() ? "" : " ") + hwy::TargetName(t);
   std::printf("SIMD targets of this CPU: %s\n", names.c_str());
   ASSERT_FALSE(names.empty());
-  if (const char* expected = std::getenv("ATTN_EXPECT_TARGET"))
+  if (const char* expected = std::getenv("ATTN_EXPECT_TARGET")) {
     EXPECT_EQ(names.substr(0, names.find(' ')), std::string(expected)) << "targets: " << names;
+  }
 }
 
 TEST(Kernels, EverySimdTarget) {

@@ -246,16 +246,19 @@ void transform(TensorView<const Src> src, TensorView<Dst> dst, F f) {
   }
   // Row by row along the last axis (the index arithmetic per row, not per
   // element: training copies many small tensors).
-  const int64_t inner = src.dim(r - 1), s_step = src.stride(r - 1), d_step = dst.stride(r - 1);
-  std::vector<int64_t> index(r - 1, 0);
+  const auto outer = static_cast<size_t>(r - 1);
+  const Shape& shape = src.shape();
+  const Strides &s_strides = src.strides(), &d_strides = dst.strides();
+  const int64_t inner = shape[outer], s_step = s_strides[outer], d_step = d_strides[outer];
+  std::vector<int64_t> index(outer, 0);
   for (int64_t row = 0; row < n / inner; ++row) {
     int64_t s_off = 0, d_off = 0;
-    for (int a = 0; a < r - 1; ++a) s_off += index[a] * src.stride(a), d_off += index[a] * dst.stride(a);
+    for (size_t a = 0; a < outer; ++a) s_off += index[a] * s_strides[a], d_off += index[a] * d_strides[a];
     const Src* s = src.data() + s_off;
     Dst* d = dst.data() + d_off;
     for (int64_t e = 0; e < inner; ++e) d[e * d_step] = f(s[e * s_step]);
-    for (int a = r - 2; a >= 0; --a) {
-      if (++index[a] < src.dim(a)) break;
+    for (size_t a = outer; a-- > 0;) {
+      if (++index[a] < shape[a]) break;
       index[a] = 0;
     }
   }

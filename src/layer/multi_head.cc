@@ -64,7 +64,9 @@ AttentionResult<T> multi_head_with_weights(TensorView<const T> x, int64_t heads,
   check_heads("multi_head", x, heads);
   const auto s = split_heads(x, heads);
   const AttentionPlan<T> plan(s, s, s, options);
-  AttentionResult<T> r{Tensor<T>(x.shape()), Tensor<T>(plan.weights_shape())};
+  AttentionResult<T> r;
+  r.out = Tensor<T>(x.shape());
+  r.weights = Tensor<T>(plan.weights_shape());
   plan.run(split_heads(r.out.view(), heads), r.weights.view());
   return r;
 }
