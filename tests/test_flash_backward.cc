@@ -5,6 +5,7 @@
 // target this CPU can run, and bitwise equal for any thread count.
 #include <gtest/gtest.h>
 
+#include <array>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -171,7 +172,11 @@ TEST(FlashBackward, MatchesReferenceAtLength4096) {
 TEST(FlashBackward, BitwiseIdenticalForAnyThreadCount) {
   const int saved = num_threads();
   uint32_t seed = 800;
-  for (const auto& c : backward_cases()) {
+  // The cases, and one that the two-pass plan (a thread count above the
+  // (batch, kv head) pairs) cuts into several key and row items.
+  std::vector<KernelCase> cases = backward_cases();
+  cases.push_back({1, 2, 1, 600, 700, 32, 32, Causal::BottomRight, {}, 0, 0, 8.0, 1.0});
+  for (const auto& c : cases) {
     const Inputs in = make_inputs(c, Storage::F32, seed++);
     const AttentionOptions o = test::options_of(c);
     set_num_threads(1);
@@ -200,6 +205,7 @@ TEST(FlashBackward, SavedForwardGivesTheSameGradients) {
   const auto recomputed = float_gradients(in, Storage::F32, o);
   EXPECT_EQ(std::memcmp(given.dq.data(), recomputed.dq.data(), given.dq.numel() * sizeof(float)), 0);
   EXPECT_EQ(std::memcmp(given.dk.data(), recomputed.dk.data(), given.dk.numel() * sizeof(float)), 0);
+  EXPECT_EQ(std::memcmp(given.dv.data(), recomputed.dv.data(), given.dv.numel() * sizeof(float)), 0);
   EXPECT_EQ(std::memcmp(given.dsinks.data(), recomputed.dsinks.data(), given.dsinks.numel() * sizeof(float)), 0);
 
   EXPECT_THROW_MSG(float_gradients(in, Storage::F32, o, {fwd.out.view(), {}}), ValueError,
@@ -207,6 +213,21 @@ TEST(FlashBackward, SavedForwardGivesTheSameGradients) {
   const Tensor<float> short_lse({2, 4, 69});
   EXPECT_THROW_MSG(float_gradients(in, Storage::F32, o, {fwd.out.view(), short_lse.view()}), ValueError,
                    "saved lse has shape (2, 4, 69), expected (2, 4, 70)");
+}
+
+// No head, no row or no key: nothing to compute, zeros where there are
+// gradients, never a crash (the group size of zero heads is no number).
+TEST(FlashBackward, EmptyProblems) {
+  for (const auto& [q, k, v] : {std::array<Shape, 3>{Shape{0, 3, 8}, Shape{0, 3, 8}, Shape{0, 3, 5}},
+                                std::array<Shape, 3>{Shape{2, 0, 8}, Shape{1, 4, 8}, Shape{1, 4, 5}},
+                                std::array<Shape, 3>{Shape{2, 3, 8}, Shape{1, 0, 8}, Shape{1, 0, 5}}}) {
+    const Tensor<float> qt(q), kt(k), vt(v), dout(attention_output_shape(q, k, v));
+    const auto g = attention_backward(qt.view(), kt.view(), vt.view(), dout.view());
+    EXPECT_EQ(g.dq.shape(), q);
+    EXPECT_EQ(g.dk.shape(), k);
+    for (const Tensor<float>* t : {&g.dq, &g.dk, &g.dv})
+      for (int64_t e = 0; e < t->numel(); ++e) EXPECT_EQ((*t)[e], 0.0f);
+  }
 }
 
 // A NaN or infinity the kernel cannot settle (here in the value row of a key

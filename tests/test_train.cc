@@ -130,6 +130,11 @@ TEST(Adam, FirstStepsMatchTheClosedForm) {
   for (int i = 0; i < 3; ++i)
     EXPECT_NEAR(p[i], start[i] - 3 * 0.1 * g[i] / (std::fabs(g[i]) + 1e-8), 1e-12);
   EXPECT_THROW_MSG(adam.step({}), ValueError, "0 gradients for 1 parameters");
+  // An eps that float32 cannot hold would divide 0 by 0 for a zero gradient.
+  Tensor<float> p32({1});
+  AdamOptions tiny;
+  tiny.eps = 1e-50;
+  EXPECT_THROW_MSG(Adam<float>({&p32}, tiny), ValueError, "rounds to 0");
 }
 
 // The experiments in float32, their default (Float32ReachesFloat64sAccuracies

@@ -157,8 +157,9 @@ AttentionResult<T> attention_with_extras(TensorView<const T> q, TensorView<const
 
 // What a forward pass keeps for its backward: its output and its
 // log-sum-exp (AttentionExtras::lse), both from attention() with the same
-// inputs and options. Given to attention_backward, the forward is not run
-// again; empty, it is.
+// inputs and options. Given to attention_backward, the float32 kernel does
+// not run the forward again (the reference, for float64 or non-finite input,
+// recomputes it and only checks their shapes); empty, it does.
 template <class T>
 struct SavedForward {
   TensorView<const T> out;  // (..., Hq, n_q, d_v)

@@ -33,7 +33,9 @@ class _Attention(Differentiable):
         # The log-sum-exp always: the backward reads it with the output
         # instead of running the forward again.
         r = _core.attention(*self.arrays, self.mask, **dict(self.returns, return_lse=True), **self.options)
-        self.saved = dict(out=r[0], lse=r[-1])
+        # (Copies: the returned tensors share these arrays' memory, and an
+        # in-place change to them must not change the gradients.)
+        self.saved = dict(out=r[0].copy(), lse=r[-1].copy())
         r = r if self.returns["return_lse"] else r[:-1]
         return tuple(to_tensor(a, self.dtype) for a in r)
 

@@ -50,6 +50,10 @@ static_assert(kBackwardRows % kRows == 0 && kBackwardRows <= kBlockQ,
 // so that their blocks are the one pass's.
 constexpr int64_t kBackwardTilesPerItem = 4;
 constexpr int64_t kBackwardRowsPerItem = 8 * kBackwardRows;
+// The most the one-pass plan's dQ buffer may take per thread (it is kept,
+// as all kernel scratch, for the next call): 32 MiB is n = 131072 rows of
+// head dim 64, one query head per kv head.
+constexpr int64_t kMaxBackwardScratch = int64_t{32} << 20;
 
 // Per row of the problem (batch, head, row): D = dO · O, and the row's
 // log-sum-exp in the units of the scores (base 2, shifted with ALiBi's
@@ -170,7 +174,9 @@ void BackwardItem(DF d, const AttentionProblem<float>& p, const GradientOperands
           float* pr = P + r * kBlockK;
           float* dsr = dS + r * kBlockK;
           for (int64_t j = 0; j < width; j += N) {
-            const VF pj = Exp2NonPositive(d, hn::Sub(hn::Load(d, pr + j), lse));
+            // (S - lse <= 0 up to rounding with the forward's lse; clamped, so
+            // that a caller's inconsistent lse cannot wrap the exponent)
+            const VF pj = Exp2NonPositive(d, hn::Min(hn::Sub(hn::Load(d, pr + j), lse), hn::Zero(d)));
             hn::Store(pj, d, pr + j);
             VF ds = hn::Mul(pj, hn::Sub(hn::Load(d, dsr + j), delta));
             if (tanh) {
@@ -213,6 +219,7 @@ void BackwardItem(DF d, const AttentionProblem<float>& p, const GradientOperands
 template <class KV>
 bool BackwardTiles(const AttentionProblem<float>& p, const GradientOperands<float>& g) {
   const DF d;
+  if (p.heads_kv == 0) return true;  // no head: nothing to write (and no group size)
   const auto rows = static_cast<size_t>(std::max<int64_t>(p.batch * p.heads_q * p.n_q, 1));
   const auto delta = hwy::AllocateAligned<float>(rows), lse2 = hwy::AllocateAligned<float>(rows);
   if (!delta || !lse2) throw ValueError("attention_backward: cannot allocate " + std::to_string(8 * rows) + " bytes");
@@ -229,11 +236,15 @@ bool BackwardTiles(const AttentionProblem<float>& p, const GradientOperands<floa
     }
   const int64_t G = p.group(), n_tiles = (p.n_k + kBlockK - 1) / kBlockK, pairs = p.batch * p.heads_kv;
   // One pass: an item per (batch, kv head), 10 units of arithmetic each, in
-  // ceil(pairs / T) rounds on T threads; two passes: 14 units per pair,
-  // spread evenly. (Both give the same bits: the choice is speed alone.)
+  // ceil(pairs / T) rounds on T threads (or all on this thread, for a small
+  // call); two passes: 14 units per pair, spread evenly. Both give the same
+  // bits: the choice is speed and memory alone.
+  // The one pass keeps an item's dQ (G · n_q rows) in a per-thread buffer:
+  // beyond kMaxBackwardScratch bytes, the two passes' row items instead.
   const int64_t T = num_threads();
   const double work = 10.0 * double(p.batch * p.heads_q) * double(p.n_q) * double(p.n_k) * double(p.d);
-  if ((pairs + T - 1) / T * 10 <= pairs * 14 / T) {
+  const bool fits = double(G * p.n_q * WholeVectors(p.d)) * sizeof(float) <= double(kMaxBackwardScratch);
+  if (fits && (work < kMinParallelWork || (pairs + T - 1) / T * 10 <= pairs * 14 / T)) {
     parallel_for(pairs, [&](int64_t item) {
       BackwardItem<KV>(d, p, g, stats, {item / p.heads_kv, item % p.heads_kv, 0, G, 0, p.n_q, 0, n_tiles, true, true});
     }, work);

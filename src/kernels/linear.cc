@@ -58,9 +58,16 @@ void PanelProduct(const TensorView<const T>& a, const T* packed, const T* bias, 
 
 // B (K × cols) as PanelProduct's panels, element (k, j) read by at(k, j);
 // columns past cols are zero.
+// The calling thread's packed right operand, one buffer per element type.
+template <class T>
+Scratch<T>& PackedPanels() {
+  thread_local Scratch<T> packed;
+  return packed;
+}
+
 template <class T, class At>
 T* PackPanels(int64_t K, int64_t cols, const At& at) {
-  thread_local Scratch<T> packed;
+  Scratch<T>& packed = PackedPanels<T>();
   const int64_t panels = (cols + kPanel - 1) / kPanel;
   T* wp = packed.get(static_cast<size_t>(std::max<int64_t>(panels * K * kPanel, 1)));
   parallel_for(panels, [&](int64_t p) {

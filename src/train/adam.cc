@@ -14,6 +14,8 @@ Adam<T>::Adam(std::vector<Tensor<T>*> parameters, const AdamOptions& options)
                      std::to_string(options.learning_rate) + ", " +
                      std::to_string(options.beta1) + ", " + std::to_string(options.beta2) +
                      ", " + std::to_string(options.eps));
+  if (static_cast<T>(options.eps) == 0)
+    throw ValueError("Adam: eps " + std::to_string(options.eps) + " rounds to 0 in the parameters' type");
   for (const Tensor<T>* p : parameters_) {
     m_.emplace_back(p->shape());
     v_.emplace_back(p->shape());

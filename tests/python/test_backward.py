@@ -123,3 +123,19 @@ def test_autograd_reads_the_saved_forward():
     want = attn.attention_backward(*(t.detach().numpy() for t in (q, k, v)), dout.numpy(), causal=True)
     for t, w in zip((q, k, v), want):
         assert np.array_equal(t.grad.numpy(), w)
+
+
+def test_autograd_is_not_fooled_by_an_in_place_change_of_the_output():
+    # The node keeps copies of the output and log-sum-exp: changing the
+    # returned tensor in place afterwards leaves the gradients alone.
+    rng = np.random.default_rng(14)
+    q, k, v = (torch.from_numpy(a.astype(np.float32)).requires_grad_() for a in qkv(rng, (), 2, 2, 30, 40, 16, 16))
+    dout = torch.from_numpy(rng.normal(size=(2, 30, 16)).astype(np.float32))
+    out, lse = attn.attention(q, k, v, return_lse=True)
+    with torch.no_grad():
+        out.add_(1.0)
+        lse.mul_(2.0)
+    out.backward(dout)
+    want = attn.attention_backward(*(t.detach().numpy() for t in (q, k, v)), dout.numpy())
+    for t, w in zip((q, k, v), want):
+        assert np.array_equal(t.grad.numpy(), w)
