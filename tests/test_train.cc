@@ -48,8 +48,8 @@ class ClassifierGradients : public ::testing::TestWithParam<ModelCase> {};
 
 // The whole model (embeddings, positions, layers, residuals, pooling,
 // read-out, cross-entropy) against finite differences of its loss.
-TEST_P(ClassifierGradients, MatchFiniteDifferences) {
-  const auto& m = GetParam();
+// A small model of the case's kind, and a batch for it.
+ClassifierConfig config_of(const ModelCase& m) {
   ClassifierConfig c;
   c.vocab_size = 7;
   c.max_len = 5;
@@ -59,10 +59,18 @@ TEST_P(ClassifierGradients, MatchFiniteDifferences) {
   c.num_layers = m.layers;
   c.positional = m.positional;
   c.readout = m.readout;
-  Classifier model(c, 4);
+  return c;
+}
+Batch small_batch() {
   Batch batch;
   batch.tokens = Tensor<int64_t>({3, 4}, {0, 1, 2, 3, 6, 5, 4, 3, 1, 1, 0, 2});
   batch.labels = {2, 0, 1};
+  return batch;
+}
+
+TEST_P(ClassifierGradients, MatchFiniteDifferences) {
+  Classifier model(config_of(GetParam()), 4);
+  const Batch batch = small_batch();
   std::vector<Tensor<double>> g;
   model.loss(batch, &g);
   const auto params = model.parameters();
@@ -90,21 +98,10 @@ INSTANTIATE_TEST_SUITE_P(
 // (its parameters the float64 ones rounded): the same gradients within
 // float32's rounding.
 TEST_P(ClassifierGradients, Float32MatchesFloat64) {
-  const auto& m = GetParam();
-  ClassifierConfig c;
-  c.vocab_size = 7;
-  c.max_len = 5;
-  c.num_classes = 3;
-  c.embed_dim = 8;
-  c.num_heads = 2;
-  c.num_layers = m.layers;
-  c.positional = m.positional;
-  c.readout = m.readout;
+  const ClassifierConfig c = config_of(GetParam());
   const Classifier<double> wide(c, 4);
   const Classifier<float> narrow(c, 4);
-  Batch batch;
-  batch.tokens = Tensor<int64_t>({3, 4}, {0, 1, 2, 3, 6, 5, 4, 3, 1, 1, 0, 2});
-  batch.labels = {2, 0, 1};
+  const Batch batch = small_batch();
   std::vector<Tensor<double>> g64;
   std::vector<Tensor<float>> g32;
   EXPECT_NEAR(narrow.loss(batch, &g32), wide.loss(batch, &g64), 1e-5);

@@ -229,6 +229,26 @@ struct Measurement {
   double ms, rate, ratio;
 };
 
+// The first lines `attn bench attention|backward` print: the shape, the
+// median time and rate (`count` names how FLOPs are counted), and for causal
+// the rate on the pairs computed.
+std::string shape_text(const char* kind, const BenchArgs& a, int64_t n_k, int64_t hkv, bool causal, int threads,
+                       double ms, double gflops, const char* count, double gflops_unmasked) {
+  char buf[500];
+  std::snprintf(buf, sizeof buf,
+                "%s n=%lld kv_len=%lld heads=%lld kv_heads=%lld head_dim=%lld batch=%lld causal=%s "
+                "kv_dtype=%s%s%s threads=%d\n  median %.3f ms, %.1f GFLOP/s (%s)",
+                kind, (long long)a.n, (long long)n_k, (long long)a.heads, (long long)hkv, (long long)a.head_dim,
+                (long long)a.batch, causal ? "yes" : "no", a.kv_dtype.c_str(), a.alibi ? " alibi=yes" : "",
+                a.sinks ? " sinks=yes" : "", threads, ms, gflops, count);
+  std::string text = buf;
+  if (causal) {
+    std::snprintf(buf, sizeof buf, ", %.1f GFLOP/s on unmasked pairs", gflops_unmasked);
+    text += buf;
+  }
+  return text;
+}
+
 Measurement bench_attention(const BenchArgs& a, int threads) {
   const int64_t hkv = a.kv_heads > 0 ? a.kv_heads : a.heads, n_k = keys_of(a);
   const Shape qs{a.batch, a.heads, a.n, a.head_dim}, ks{a.batch, hkv, n_k, a.head_dim};
@@ -250,18 +270,8 @@ Measurement bench_attention(const BenchArgs& a, int threads) {
                  {"peak_gflops", rounded(peak, 2)}, {"ratio_to_peak", rounded(ratio, 4)}},
                 "", ms, causal ? gflops_unmasked : gflops, ratio};
   m.json.update(timing.json);
+  m.text = shape_text("attention", a, n_k, hkv, causal, threads, ms, gflops, "4·n·kv_len·d·H", gflops_unmasked);
   char buf[400];
-  std::snprintf(buf, sizeof buf,
-                "attention n=%lld kv_len=%lld heads=%lld kv_heads=%lld head_dim=%lld batch=%lld causal=%s "
-                "kv_dtype=%s%s%s threads=%d\n  median %.3f ms, %.1f GFLOP/s (4·n·kv_len·d·H)",
-                (long long)a.n, (long long)n_k, (long long)a.heads, (long long)hkv, (long long)a.head_dim,
-                (long long)a.batch, causal ? "yes" : "no", a.kv_dtype.c_str(), a.alibi ? " alibi=yes" : "",
-                a.sinks ? " sinks=yes" : "", threads, ms, gflops);
-  m.text = buf;
-  if (causal) {
-    std::snprintf(buf, sizeof buf, ", %.1f GFLOP/s on unmasked pairs", gflops_unmasked);
-    m.text += buf;
-  }
   std::snprintf(buf, sizeof buf, ", FMA peak %.1f GFLOP/s -> %.1f%% of peak\n", peak, 100 * ratio);
   m.text += buf + timing.text;
   return m;
@@ -398,18 +408,8 @@ Measurement bench_backward(const BenchArgs& a, int threads) {
                  {"peak_gflops", rounded(peak, 2)}, {"ratio_to_peak", rounded(ratio, 4)},
                  {"forward_median_ms", rounded(forward_ms, 4)}, {"time_vs_forward", rounded(ms / forward_ms, 4)}},
                 "", ms, causal ? gflops_unmasked : gflops, ratio};
-  char buf[500];
-  std::snprintf(buf, sizeof buf,
-                "backward n=%lld kv_len=%lld heads=%lld kv_heads=%lld head_dim=%lld batch=%lld causal=%s "
-                "kv_dtype=%s%s%s threads=%d\n  median %.3f ms, %.1f GFLOP/s (10·n·kv_len·d·H)",
-                (long long)a.n, (long long)n_k, (long long)a.heads, (long long)hkv, (long long)a.head_dim,
-                (long long)a.batch, causal ? "yes" : "no", a.kv_dtype.c_str(), a.alibi ? " alibi=yes" : "",
-                a.sinks ? " sinks=yes" : "", threads, ms, gflops);
-  m.text = buf;
-  if (causal) {
-    std::snprintf(buf, sizeof buf, ", %.1f GFLOP/s on unmasked pairs", gflops_unmasked);
-    m.text += buf;
-  }
+  m.text = shape_text("backward", a, n_k, hkv, causal, threads, ms, gflops, "10·n·kv_len·d·H", gflops_unmasked);
+  char buf[400];
   std::snprintf(buf, sizeof buf,
                 ", FMA peak %.1f GFLOP/s -> %.1f%% of peak\n  the forward in the same turns: %.3f ms "
                 "(the backward takes %.2fx its time)\n",
