@@ -69,6 +69,35 @@ TEST(Tensor, CopiesOfADefaultTensorHoldNothing) {
   EXPECT_EQ(assigned.data(), nullptr);
 }
 
+// numel() counts the elements held: a default tensor, and a moved-from one,
+// hold none (their rank-0 shape is not a scalar's, which holds one).
+TEST(Tensor, NumelCountsTheElementsHeld) {
+  const auto holds_nothing = [](const Tensor<float>& t) {
+    EXPECT_EQ(t.numel(), 0);
+    EXPECT_EQ(t.data(), nullptr);
+  };
+  holds_nothing(Tensor<float>());
+  EXPECT_EQ(Tensor<float>(Shape{}).numel(), 1);
+  EXPECT_EQ(Tensor<float>({3, 0, 2}).numel(), 0);
+  Tensor<float> a({2, 3, 4});
+  EXPECT_EQ(a.numel(), 24);
+  Tensor<float> b(std::move(a));
+  EXPECT_EQ(b.numel(), 24);
+  holds_nothing(a);
+  Tensor<float> c({5});
+  c = std::move(b);
+  EXPECT_EQ(c.numel(), 24);
+  holds_nothing(b);
+  Tensor<float>& self = c;
+  c = std::move(self);
+  EXPECT_EQ(c.numel(), 24);
+  const Tensor<float> d = std::move(c).reshape({6, 4});
+  EXPECT_EQ(d.numel(), 24);
+  holds_nothing(c);
+  EXPECT_EQ(Tensor<float>(d).numel(), 24);
+  holds_nothing(Tensor<float>(Tensor<float>()));
+}
+
 TEST(Tensor, CopyFollowsStrides) {
   Tensor<double> a({2, 3}, {1, 2, 3, 4, 5, 6});
   Tensor<float> t({3, 2});

@@ -13,6 +13,7 @@
 #include <new>
 #include <string>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "attn/error.hpp"
@@ -150,7 +151,7 @@ class Tensor {
  public:
   Tensor() = default;
   explicit Tensor(Shape shape) : shape_(std::move(shape)) {
-    const int64_t n = checked_numel(shape_, sizeof(T), "Tensor");
+    const int64_t n = numel_ = checked_numel(shape_, sizeof(T), "Tensor");
     try {
       // 64-byte aligned: whole cache lines for SIMD rows (a row split across
       // two lines costs two loads).
@@ -180,15 +181,22 @@ class Tensor {
     if (this != &other) *this = Tensor(other);
     return *this;
   }
-  Tensor(Tensor&&) noexcept = default;
-  Tensor& operator=(Tensor&&) noexcept = default;
+  // A moved-from tensor is left as a default-constructed one.
+  Tensor(Tensor&& other) noexcept { *this = std::move(other); }
+  Tensor& operator=(Tensor&& other) noexcept {
+    if (this == &other) return *this;
+    shape_ = std::exchange(other.shape_, {});
+    numel_ = std::exchange(other.numel_, 0);
+    data_ = std::move(other.data_);
+    return *this;
+  }
 
   T* data() { return data_.get(); }
   const T* data() const { return data_.get(); }
   const Shape& shape() const { return shape_; }
   int rank() const { return static_cast<int>(shape_.size()); }
   int64_t dim(int axis) const { return shape_[axis < 0 ? axis + rank() : axis]; }
-  int64_t numel() const { return numel_of(shape_); }
+  int64_t numel() const { return numel_; }
   T& operator[](int64_t i) { return data_[i]; }
   const T& operator[](int64_t i) const { return data_[i]; }
   // Element at a full multi-index, row-major (no bounds checks). Computed
@@ -206,6 +214,7 @@ class Tensor {
       throw ValueError("reshape: cannot view " + shape_str(shape_) + " as " + shape_str(shape));
     Tensor t;
     t.shape_ = std::move(shape);
+    t.numel_ = std::exchange(numel_, 0);
     t.data_ = std::move(data_);
     shape_.clear();
     return t;
@@ -219,6 +228,9 @@ class Tensor {
     return off;
   }
   Shape shape_;
+  // The elements held: numel_of(shape_), or 0 without data (a default
+  // tensor); kept, as loops test numel() once per element.
+  int64_t numel_ = 0;
   static constexpr size_t kAlignment = 64;
   struct Free {
     void operator()(T* p) const { ::operator delete[](p, std::align_val_t{kAlignment}); }
