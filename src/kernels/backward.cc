@@ -146,8 +146,8 @@ void BackwardItem(DF d, const AttentionProblem<float>& p, const GradientOperands
   for (int64_t kt = sp.t_begin; kt < sp.t_end; ++kt) {
     const int64_t j0 = kt * kBlockK, jn = std::min(kBlockK, p.n_k - j0);
     if (sp.keys) {
-      std::fill(dk, dk + kBlockK * dp, 0.0f);
-      std::fill(dv, dv + kBlockK * dvp, 0.0f);
+      std::fill(dk, dk + jn * dp, 0.0f);
+      std::fill(dv, dv + jn * dvp, 0.0f);
     }
     PackK<KV>(p, sp.b, sp.hkv, kt, kpack);
     PackRows(ValueRow<KV>(p, sp.b, sp.hkv, j0), ValueStride<KV>(p), jn, p.d_v, vpack);

@@ -52,10 +52,11 @@ struct RowBlock {
 
 // Rows j0 .. j0 + count - 1 (count <= kBlockK) of K or V, `width` columns
 // each, `stride` KVs apart from row0, transposed into a panel: dst[c *
-// kBlockK + j] = row j's column c; rows past count are zero. Four rows at a
-// time: their rows, interleaved, are each column's four values side by side,
-// one 16-byte copy per column (an element at a time, the transpose took 15%
-// of a call at n = 128). 16-bit and q8_0 rows are widened on the way.
+// kBlockK + j] = row j's column c; rows past count are zero as far as
+// MatmulPanel reads them. Four rows at a time: their rows, interleaved, are
+// each column's four values side by side, one 16-byte copy per column (an
+// element at a time, the transpose took 15% of a call at n = 128). 16-bit
+// and q8_0 rows are widened on the way.
 template <class KV>
 void PackRows(const KV* row0, int64_t stride, int64_t count, int64_t width, float* dst) {
   const DF d;
@@ -77,7 +78,10 @@ void PackRows(const KV* row0, int64_t stride, int64_t count, int64_t width, floa
     const KV* k = row0 + j * stride;
     for (int64_t c = 0; c < width; ++c) dst[c * kBlockK + j] = KVValue(k, c);
   }
-  for (int64_t c = 0; c < width; ++c) std::fill(dst + c * kBlockK + count, dst + (c + 1) * kBlockK, 0.0f);
+  // Zeros up to what MatmulPanel reads of a tile of `count` keys: whole
+  // vectors, or on sizeless vectors a whole block.
+  const int64_t read = HWY_HAVE_SCALABLE ? kBlockK : std::min(kBlockK, (count + N - 1) / N * N);
+  for (int64_t c = 0; c < width; ++c) std::fill(dst + c * kBlockK + count, dst + c * kBlockK + read, 0.0f);
 }
 
 // K tile kt of (b, hkv) as a panel (PackRows); keys past n_k are zero (their
