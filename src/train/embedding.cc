@@ -34,9 +34,13 @@ Tensor<T> embed(TensorView<const int64_t> tokens, TensorView<const T> table,
   const int64_t B = tokens.dim(0), n = tokens.dim(1), E = table.dim(1);
   Tensor<T> x({B, n, E});
   for (int64_t b = 0; b < B; ++b)
-    for (int64_t t = 0; t < n; ++t)
+    for (int64_t t = 0; t < n; ++t) {
+      T* row = x.data() + (b * n + t) * E;
+      const T* token = &table.at({tokens.at({b, t}), 0});
+      const T* position = pe ? &positions.at({t, 0}) : nullptr;
       for (int64_t c = 0; c < E; ++c)
-        x.at({b, t, c}) = table.at({tokens.at({b, t}), c}) + (pe ? positions.at({t, c}) : T(0));
+        row[c] = token[c * table.stride(1)] + (pe ? position[c * positions.stride(1)] : T(0));
+    }
   return x;
 }
 
@@ -51,11 +55,15 @@ void embed_backward(TensorView<const int64_t> tokens, TensorView<const T> dx, Te
                      shape_str({B, n, E}));
   // forward: x[b, t] = table[tokens[b, t]] + positions[t]
   for (int64_t b = 0; b < B; ++b)
-    for (int64_t t = 0; t < n; ++t)
+    for (int64_t t = 0; t < n; ++t) {
+      T* token = &dtable.at({tokens.at({b, t}), 0});
+      T* position = pe ? &dpositions.at({t, 0}) : nullptr;
+      const T* row = &dx.at({b, t, 0});
       for (int64_t c = 0; c < E; ++c) {
-        dtable.at({tokens.at({b, t}), c}) += dx.at({b, t, c});
-        if (pe) dpositions.at({t, c}) += dx.at({b, t, c});
+        token[c * dtable.stride(1)] += row[c * dx.stride(2)];
+        if (pe) position[c * dpositions.stride(1)] += row[c * dx.stride(2)];
       }
+    }
 }
 
 template Tensor<float> embed(TensorView<const int64_t>, TensorView<const float>, TensorView<const float>);
