@@ -233,6 +233,19 @@ void PrintTo(const MhaCase& c, std::ostream* os) { *os << c.name; }
 
 class MhaBackward : public ::testing::TestWithParam<MhaCase> {};
 
+template <class T>
+void expect_same_gradients(const MhaGradients<T>& a, const MhaGradients<T>& b) {
+  const auto same = [](const Tensor<T>& x, const Tensor<T>& y, const std::string& what) {
+    ASSERT_EQ(x.shape(), y.shape()) << what;
+    EXPECT_TRUE(std::equal(x.data(), x.data() + x.numel(), y.data())) << what;
+  };
+  same(a.query, b.query, "query");
+  same(a.key, b.key, "key");
+  same(a.value, b.value, "value");
+  ASSERT_EQ(a.parameters.size(), b.parameters.size());
+  for (size_t i = 0; i < a.parameters.size(); ++i) same(a.parameters[i], b.parameters[i], "parameter " + std::to_string(i));
+}
+
 TEST_P(MhaBackward, MatchesFiniteDifferences) {
   const auto& c = GetParam();
   MultiHeadAttention<double> layer(c.config, 3);
@@ -272,6 +285,11 @@ TEST_P(MhaBackward, MatchesFiniteDifferences) {
   } else {
     EXPECT_EQ(g.key.rank(), 0);  // self-attention: summed into query's gradient
   }
+  // From the forward's saved state: the same arithmetic, so the same bits.
+  MhaForwardOptions<double> save = opt;
+  save.save_for_backward = true;
+  expect_same_gradients(layer.backward(dout.view(), *layer.forward(query.view(), k_in, v_in, save).saved), g);
+
   const auto params = layer.parameters();
   ASSERT_EQ(g.parameters.size(), params.size());
   for (size_t i = 0; i < params.size(); ++i) {
@@ -313,6 +331,37 @@ INSTANTIATE_TEST_SUITE_P(
         MhaCase{"sinks_gqa_rope_masks", variant(mha_config(8, 4), [](auto& c) {
                   c.sinks = true; c.num_kv_heads = 2; c.rope = true; }), true, true, Causal::BottomRight, true}),
     [](const auto& info) { return std::string(info.param.name); });
+
+// float32 takes the fused kernel with the forward's log-sum-exp in both
+// forms; a later load_state_dict leaves the saved forward's parameters alone.
+TEST(MhaBackward, SavedForward) {
+  auto config = mha_config(32, 4);
+  config.rope = true;
+  config.num_kv_heads = 2;
+  MultiHeadAttention<float> layer(config, 5);
+  const MultiHeadAttention<float> before = layer;
+  std::mt19937 rng(12);
+  const auto query = test::cast<float>(random_tensor({3, 70, 32}, rng));
+  const auto dout = test::cast<float>(random_tensor({3, 70, 32}, rng));
+  MhaForwardOptions<float> opt;
+  opt.attention.causal = Causal::BottomRight;
+  opt.save_for_backward = true;
+  const auto y = layer.forward(query.view(), {}, {}, opt);
+  ASSERT_TRUE(y.saved);
+  auto changed = layer.state_dict();
+  for (auto& [name, t] : changed)
+    for (int64_t i = 0; i < t.numel(); ++i) t[i] += 0.25f;
+  layer.load_state_dict(changed);
+  expect_same_gradients(layer.backward(dout.view(), *y.saved), before.backward(dout.view(), query.view(), {}, {}, opt));
+
+  EXPECT_THROW_MSG(before.backward(dout.view(), *y.saved), ValueError, "another layer");
+  const Tensor<float> wrong({3, 70, 8});
+  EXPECT_THROW_MSG(layer.backward(wrong.view(), *y.saved), ValueError, "expected the output's shape (3, 70, 32)");
+  auto cache = layer.new_cache();
+  opt.cache = &cache;
+  EXPECT_THROW_MSG(layer.forward(query.view(), {}, {}, opt), ValueError, "save_for_backward with a KV cache");
+  EXPECT_EQ(cache.length(), 0);
+}
 
 TEST(MhaBackward, RefusesACacheAndAWrongDout) {
   const MultiHeadAttention<double> layer(mha_config(8, 2));

@@ -79,6 +79,12 @@ struct MultiHeadAttentionConfig {
 // part in every row, as PyTorch's zero-padded masks make them.
 // `attention` holds every option of attention() (causal, window, softcap,
 // scale), with the same meanings.
+// What a forward keeps for its backward, when asked (save_for_backward): the
+// projections, the attention's output and log-sum-exp, and the parameter set
+// it used. It refers to the forward's inputs and masks, which must outlive it.
+template <class T>
+struct MhaSaved;
+
 template <class T>
 struct MhaForwardOptions {
   Mask attn_mask;
@@ -87,12 +93,14 @@ struct MhaForwardOptions {
   bool need_weights = false;
   bool average_attn_weights = true;  // weights (batch, n_q, n_k) instead of per head
   KVCache<T>* cache = nullptr;       // append this call's keys/values and attend all
+  bool save_for_backward = false;    // fill MhaOutput::saved (no cache)
 };
 
 template <class T>
 struct MhaOutput {
   Tensor<T> out;                     // query's shape: (batch, n_q, E), (n_q, batch, E), (n_q, E)
   std::optional<Tensor<T>> weights;  // (batch, [heads,] n_q, n_k + extra_keys) when need_weights
+  std::shared_ptr<const MhaSaved<T>> saved;  // with save_for_backward, for backward(dout, saved)
 };
 
 template <class T>
@@ -139,6 +147,11 @@ class MultiHeadAttention {
   MhaGradients<T> backward(TensorView<const T> dout, TensorView<const T> query,
                            TensorView<const T> key = {}, TensorView<const T> value = {},
                            const MhaForwardOptions<T>& options = {}) const;
+  // The same from what a forward of this layer saved (save_for_backward),
+  // without recomputing it. The parameter set is the forward's: a later
+  // load_state_dict does not change it; in-place changes through
+  // parameters() do, so make them after the backward (as a training step).
+  MhaGradients<T> backward(TensorView<const T> dout, const MhaSaved<T>& saved) const;
 
   // The learnable tensors: Wq, Wk, Wv, Wo, then (with bias) bq, bk, bv, bo,
   // then (with add_bias_kv) bias_k, bias_v, then (with sinks) sinks;
@@ -181,12 +194,15 @@ class MultiHeadAttention {
   };
   // A parameter set (or its gradients) under PyTorch's names.
   std::map<std::string, Tensor<T>> named(const Parameters& w) const;
+  friend struct MhaSaved<T>;
   struct Activations;  // what forward computes before the output projection
   Activations forward_activations(const Parameters& w, TensorView<const T> query,
                                   TensorView<const T> key, TensorView<const T> value,
                                   const MhaForwardOptions<T>& options) const;
   bool seq_first(const Activations& a) const;  // batched with batch_first=false
   TensorView<T> ctx_heads(Tensor<T>& t, const Activations& a) const;
+  TensorView<const T> ctx_heads(const Tensor<T>& t, const Activations& a) const;
+  MhaGradients<T> gradients(const Parameters& w, const Activations& a, TensorView<const T> dout) const;
   // The current parameter set, kept alive for the caller.
   std::shared_ptr<const Parameters> snapshot() const;
 

@@ -77,7 +77,7 @@ class Classifier {
 
  private:
   struct Forward;  // the activations the backward needs
-  Forward forward(TensorView<const int64_t> tokens, bool need_weights) const;
+  Forward forward(TensorView<const int64_t> tokens, bool need_weights, bool save_for_backward) const;
 
   ClassifierConfig config_;
   Tensor<T> tokens_;                // (vocab, E)

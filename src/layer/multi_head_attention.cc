@@ -53,6 +53,10 @@ TensorView<T> heads_view(Tensor<T>& t, int64_t heads) {
   const int64_t B = t.dim(0), n = t.dim(1), width = t.dim(2), dh = heads ? width / heads : 0;
   return TensorView<T>(t.data(), {B, heads, n, dh}, {n * width, dh, width, 1});
 }
+template <class T>
+TensorView<const T> heads_view(const Tensor<T>& t, int64_t heads) {
+  return heads_view(const_cast<Tensor<T>&>(t), heads);  // (a view that only reads)
+}
 
 // A (batch, n, width) view of an input: unbatched (n, width) gets batch 1.
 template <class T>
@@ -308,6 +312,7 @@ std::shared_ptr<const typename MultiHeadAttention<T>::Parameters> MultiHeadAtten
 template <class T>
 struct MultiHeadAttention<T>::Activations {
   TensorView<const T> q_in, k_in, v_in;  // the inputs as (batch, n, width)
+  bool key_is_query, value_is_key;       // key (value) was not given: it defaulted
   bool is_batched;
   Tensor<T> q, k, v;                     // projections (batch, n, heads * head_dim); q, k rotated
   TensorView<const T> K, V;              // this call's keys and values (heads, rotated)
@@ -331,6 +336,8 @@ typename MultiHeadAttention<T>::Activations MultiHeadAttention<T>::forward_activ
     const Parameters& w, TensorView<const T> query, TensorView<const T> key, TensorView<const T> value,
     const MhaForwardOptions<T>& opt) const {
   const auto& c = config_;
+  Activations a;
+  a.key_is_query = key.empty_view(), a.value_is_key = value.empty_view();
   if (key.empty_view()) key = query;
   if (value.empty_view()) value = key;
   const auto shapes = "query " + shape_str(query.shape()) + ", key " + shape_str(key.shape()) +
@@ -355,7 +362,6 @@ typename MultiHeadAttention<T>::Activations MultiHeadAttention<T>::forward_activ
   if (is_batched && (key.dim(0) != query.dim(0) || value.dim(0) != query.dim(0)))
     fail("query, key and value must have the same batch size, got " + shapes);
 
-  Activations a;
   a.is_batched = is_batched;
   a.q_in = batched(query), a.k_in = batched(key), a.v_in = batched(value);
   const int64_t B = a.q_in.dim(0), n_q = a.q_in.dim(1), H = c.num_heads, Hkv = c.kv_heads();
@@ -476,11 +482,25 @@ TensorView<T> MultiHeadAttention<T>::ctx_heads(Tensor<T>& t, const Activations& 
   const int64_t n = t.dim(0), B = t.dim(1), E = t.dim(2), dh = config_.head_dim();
   return TensorView<T>(t.data(), {B, config_.num_heads, n, dh}, {E, dh, B * E, 1});
 }
+template <class T>
+TensorView<const T> MultiHeadAttention<T>::ctx_heads(const Tensor<T>& t, const Activations& a) const {
+  return ctx_heads(const_cast<Tensor<T>&>(t), a);  // (a view that only reads)
+}
+
+// A forward's state for its backward (multi_head_attention.hpp).
+template <class T>
+struct MhaSaved {
+  const MultiHeadAttention<T>* layer;  // the layer whose forward this is
+  std::shared_ptr<const typename MultiHeadAttention<T>::Parameters> params;
+  typename MultiHeadAttention<T>::Activations activations;
+};
 
 template <class T>
 MhaOutput<T> MultiHeadAttention<T>::forward(TensorView<const T> query, TensorView<const T> key,
                                             TensorView<const T> value,
                                             const MhaForwardOptions<T>& opt) const {
+  if (opt.save_for_backward && opt.cache)
+    fail("save_for_backward with a KV cache is not supported (train on whole sequences)");
   const auto w = snapshot();
   Activations a = forward_activations(*w, query, key, value, opt);
   const int64_t B = a.q_in.dim(0), n_q = a.q_in.dim(1), n_k = a.n_k, H = config_.num_heads;
@@ -503,6 +523,7 @@ MhaOutput<T> MultiHeadAttention<T>::forward(TensorView<const T> query, TensorVie
     }
     result.weights = std::move(weights);
   }
+  if (opt.save_for_backward) result.saved = std::make_shared<const MhaSaved<T>>(MhaSaved<T>{this, w, std::move(a)});
   return result;
 }
 
@@ -539,7 +560,20 @@ MhaGradients<T> MultiHeadAttention<T>::backward(TensorView<const T> dout,
   MhaForwardOptions<T> fwd = opt;
   fwd.need_weights = false;
   const auto w = snapshot();
-  Activations a = forward_activations(*w, query, key, value, fwd);
+  return gradients(*w, forward_activations(*w, query, key, value, fwd), dout);
+}
+
+template <class T>
+MhaGradients<T> MultiHeadAttention<T>::backward(TensorView<const T> dout, const MhaSaved<T>& saved) const {
+  if (saved.layer != this) fail("backward: `saved` comes from another layer's forward");
+  return gradients(*saved.params, saved.activations, dout);
+}
+
+// The backward's steps, each undoing a line of the forward, last first.
+template <class T>
+MhaGradients<T> MultiHeadAttention<T>::gradients(const Parameters& params, const Activations& a,
+                                                 TensorView<const T> dout) const {
+  const Parameters* w = &params;
   const auto& c = config_;
   const int64_t B = a.q_in.dim(0), n_q = a.q_in.dim(1), n_k = a.K.dim(2);
   const int64_t H = c.num_heads, Hkv = c.kv_heads(), E = c.embed_dim, kv = Hkv * c.head_dim();
@@ -608,8 +642,8 @@ MhaGradients<T> MultiHeadAttention<T>::backward(TensorView<const T> dout,
   const auto add = [](Tensor<T>& to, const Tensor<T>& from) {
     for (int64_t i = 0; i < to.numel(); ++i) to[i] += from[i];
   };
-  if (value.empty_view()) add(dk_in, dv_in), dv_in = Tensor<T>();
-  if (key.empty_view()) add(dq_in, dk_in), dk_in = Tensor<T>();
+  if (a.value_is_key) add(dk_in, dv_in), dv_in = Tensor<T>();
+  if (a.key_is_query) add(dq_in, dk_in), dk_in = Tensor<T>();
   // back to the inputs' layout
   const auto unbatch = [&](Tensor<T>&& t) {
     if (t.rank() == 0) return std::move(t);

@@ -41,6 +41,13 @@ std::string positional_name(Positional p) {
   return "?";
 }
 
+namespace {
+
+// The first token the read-out takes: all of them for the mean, else the last.
+int64_t first_pooled(const ClassifierConfig& c, int64_t n) { return c.readout == Readout::Mean ? 0 : n - 1; }
+
+}  // namespace
+
 template <class T>
 Classifier<T>::Classifier(const ClassifierConfig& c, uint64_t seed) : config_(c) {
   const auto bad = [](const std::string& m) { throw ValueError("Classifier: " + m); };
@@ -93,12 +100,14 @@ template <class T>
 struct Classifier<T>::Forward {
   std::vector<Tensor<T>> x;        // x[0] the embedded input, x[l + 1] after layer l
   std::vector<Tensor<T>> weights;  // per layer, when asked for
+  std::vector<std::shared_ptr<const MhaSaved<T>>> saved;  // per layer, for the backward
   Tensor<T> pooled;                // (batch, E)
   Tensor<T> logits;                // (batch, classes)
 };
 
 template <class T>
-typename Classifier<T>::Forward Classifier<T>::forward(TensorView<const int64_t> tokens, bool need_weights) const {
+typename Classifier<T>::Forward Classifier<T>::forward(TensorView<const int64_t> tokens, bool need_weights,
+                                                        bool save_for_backward) const {
   const auto& c = config_;
   if (tokens.rank() != 2 || tokens.dim(1) < 1 || tokens.dim(1) > c.max_len)
     throw ValueError("Classifier: tokens must be (batch, n) with 1 <= n <= max_len = " +
@@ -111,8 +120,10 @@ typename Classifier<T>::Forward Classifier<T>::forward(TensorView<const int64_t>
   MhaForwardOptions<T> opt;
   opt.need_weights = need_weights;
   opt.average_attn_weights = false;
+  opt.save_for_backward = save_for_backward;
   for (const auto& layer : layers_) {
     auto y = layer.forward(f.x.back().view(), {}, {}, opt);
+    if (save_for_backward) f.saved.push_back(std::move(y.saved));
     for (int64_t i = 0; i < y.out.numel(); ++i) y.out[i] += f.x.back()[i];
     f.x.push_back(std::move(y.out));
     if (need_weights) f.weights.push_back(std::move(*y.weights));
@@ -120,10 +131,10 @@ typename Classifier<T>::Forward Classifier<T>::forward(TensorView<const int64_t>
   // pooled = mean over tokens, or the last token
   const Tensor<T>& h = f.x.back();
   f.pooled = Tensor<T>({B, E});
+  const int64_t first = first_pooled(c, n);
   for (int64_t b = 0; b < B; ++b)
-    for (int64_t t = c.readout == Readout::Mean ? 0 : n - 1; t < n; ++t)
-      for (int64_t e = 0; e < E; ++e)
-        f.pooled.at({b, e}) += h.at({b, t, e}) / T(c.readout == Readout::Mean ? n : 1);
+    for (int64_t t = first; t < n; ++t)
+      for (int64_t e = 0; e < E; ++e) f.pooled[b * E + e] += h[(b * n + t) * E + e] / T(n - first);
   // logits = pooled W_rᵀ + b_r
   f.logits = Tensor<T>({B, c.num_classes});
   detail::linear(TensorView<const T>(f.pooled.view()), readout_w_.data(), readout_b_.data(),
@@ -133,12 +144,12 @@ typename Classifier<T>::Forward Classifier<T>::forward(TensorView<const int64_t>
 
 template <class T>
 Tensor<T> Classifier<T>::logits(TensorView<const int64_t> tokens) const {
-  return forward(tokens, false).logits;
+  return forward(tokens, false, false).logits;
 }
 
 template <class T>
 std::vector<Tensor<T>> Classifier<T>::attention_weights(TensorView<const int64_t> tokens) const {
-  return forward(tokens, true).weights;
+  return forward(tokens, true, false).weights;
 }
 
 template <class T>
@@ -159,7 +170,7 @@ double Classifier<T>::loss(const Batch& batch, std::vector<Tensor<T>>* gradients
   if (static_cast<int64_t>(batch.labels.size()) != B)
     throw ValueError("Classifier: " + std::to_string(batch.labels.size()) + " labels for " +
                      std::to_string(B) + " sequences");
-  const Forward f = forward(batch.tokens.view(), false);
+  const Forward f = forward(batch.tokens.view(), false, gradients != nullptr);
   // loss = mean_b (logsumexp(logits[b]) - logits[b][label])
   Tensor<T> dlogits({B, K});
   double loss = 0;
@@ -175,7 +186,7 @@ double Classifier<T>::loss(const Batch& batch, std::vector<Tensor<T>>* gradients
     loss += double(max + std::log(sum) - z[y]) / double(B);
     // the backward of the line above: d/dz = (softmax(z) - onehot(y)) / B
     for (int64_t k = 0; k < K; ++k)
-      dlogits.at({b, k}) = (std::exp(z[k] - max) / sum - T(k == y ? 1 : 0)) / T(B);
+      dlogits[b * K + k] = (std::exp(z[k] - max) / sum - T(k == y ? 1 : 0)) / T(B);
   }
   if (!gradients) return loss;
 
@@ -194,13 +205,13 @@ double Classifier<T>::loss(const Batch& batch, std::vector<Tensor<T>>* gradients
                           dpooled.data(), dreadout_w.data(), dreadout_b.data());
   // pooled = mean over tokens, or the last token
   Tensor<T> dx({B, n, E});
+  const int64_t first = first_pooled(c, n);
   for (int64_t b = 0; b < B; ++b)
-    for (int64_t t = c.readout == Readout::Mean ? 0 : n - 1; t < n; ++t)
-      for (int64_t e = 0; e < E; ++e)
-        dx.at({b, t, e}) = dpooled.at({b, e}) / T(c.readout == Readout::Mean ? n : 1);
+    for (int64_t t = first; t < n; ++t)
+      for (int64_t e = 0; e < E; ++e) dx[(b * n + t) * E + e] = dpooled[b * E + e] / T(n - first);
   // x = x + attention(x), per layer, last first
   for (int64_t l = c.num_layers - 1; l >= 0; --l) {
-    auto lg = layers_[l].backward(dx.view(), f.x[l].view());
+    auto lg = layers_[l].backward(dx.view(), *f.saved[l]);
     for (int64_t i = 0; i < dx.numel(); ++i) dx[i] += lg.query[i];
     size_t p = first_layer;
     for (int64_t k = 0; k < l; ++k) p += layers_[k].parameters().size();
