@@ -46,9 +46,10 @@ set(ATTN_MAY_INCLUDE_cli core layer io picture train bench json)
 set(ATTN_MAY_INCLUDE_python core layer onnx io)
 
 # A room's door: the only files of it that other rooms may include (every
-# file, for a room without one). The rest of the kernels (-inl.h pieces,
-# scratch, the thread pool) is theirs alone.
-set(ATTN_DOOR_kernels src/kernels/attention_kernel.hpp src/kernels/linear.hpp)
+# file, for a room without one). The thread pool is in the kernels' door so
+# that work made of kernel calls (the experiments' models) can share it; the
+# rest of the kernels (-inl.h pieces, scratch) is theirs alone.
+set(ATTN_DOOR_kernels src/kernels/attention_kernel.hpp src/kernels/linear.hpp src/kernels/thread_pool.hpp)
 
 # External headers, by how their name starts in <...>.
 set(ATTN_EXTERNAL_hwy "hwy/")

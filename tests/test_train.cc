@@ -10,6 +10,7 @@
 #include "attn/adam.hpp"
 #include "attn/embedding.hpp"
 #include "attn/experiments.hpp"
+#include "attn/threads.hpp"
 #include "gradcheck.hpp"
 #include "helpers.hpp"
 
@@ -207,6 +208,33 @@ TEST(Experiments, HeadsShareTheWorkAtEqualParameterBudgets) {
   };
   EXPECT_TRUE(has(0));
   EXPECT_TRUE(has(o.seq_len - 2));
+}
+
+// An experiment trains its models at once, on the threads there are; the
+// results are, to the bit, those of one model at a time on one thread, in
+// the order asked for. An error in one model is the experiment's error.
+TEST(Experiments, ModelsTrainedAtOnceGiveTheSameResults) {
+  HeadsExperimentOptions o;
+  o.steps = 40;
+  o.test_size = 200;
+  o.head_counts = {2, 1, 4};
+  const int threads = num_threads();
+  set_num_threads(1);
+  const auto one = run_heads_experiment(o);
+  set_num_threads(3);
+  const auto three = run_heads_experiment(o);
+  set_num_threads(threads);
+  ASSERT_EQ(one.results.size(), 3u);
+  ASSERT_EQ(three.results.size(), 3u);
+  for (size_t i = 0; i < 3; ++i) {
+    EXPECT_EQ(three.results[i].heads, o.head_counts[i]);
+    EXPECT_EQ(three.results[i].loss, one.results[i].loss) << i;
+    EXPECT_EQ(three.results[i].accuracy, one.results[i].accuracy) << i;
+    EXPECT_EQ(three.results[i].top_weight, one.results[i].top_weight) << i;
+    EXPECT_EQ(three.results[i].top_position, one.results[i].top_position) << i;
+  }
+  o.head_counts = {1, 3};
+  EXPECT_THROW_MSG(run_heads_experiment(o), ValueError, "must be divisible by num_heads (3)");
 }
 
 // Trained in float32 and in float64 from the same seed, the models reach the

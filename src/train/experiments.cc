@@ -3,20 +3,49 @@
 
 #include <algorithm>
 #include <array>
+#include <exception>
+#include <limits>
+
+#include "kernels/thread_pool.hpp"
 
 namespace attn {
 namespace {
 
 // The training settings both experiments take from their options.
 template <class Options>
-TrainOptions training(const Options& o, std::string label) {
+TrainOptions training(const Options& o, Progress& progress) {
   TrainOptions t;
   t.steps = o.steps;
   t.batch_size = o.batch_size;
   t.learning_rate = o.learning_rate;
   t.seed = o.seed + 1;
-  t.label = std::move(label);
+  t.progress = &progress;
   return t;
+}
+
+// run(i) for the experiment's count models, trained at once, one per thread
+// of the kernels' pool: the kernel calls inside a model's steps then run on
+// its thread. (Models this small keep one core busy each: two cores train
+// two at a time, where a model's own calls gained little from a second
+// core.) They start last first: the later models are the larger ones (more
+// heads), and the largest should not run alone at the end. The results do
+// not depend on any of this: the kernels give the same bits on any number of
+// threads. An error from any model is rethrown here.
+template <class Result, class Run>
+std::vector<Result> train_models(int64_t count, const Run& run) {
+  std::vector<Result> results(static_cast<size_t>(count));
+  std::vector<std::exception_ptr> errors(static_cast<size_t>(count));
+  detail::parallel_for(count, [&](int64_t item) {
+    const int64_t i = count - 1 - item;
+    try {
+      results[i] = run(i);
+    } catch (...) {
+      errors[i] = std::current_exception();
+    }
+  }, std::numeric_limits<double>::infinity());
+  for (const auto& e : errors)
+    if (e) std::rethrow_exception(e);
+  return results;
 }
 
 // Vocabulary of the order experiment: nouns first (猫 and 狗 the first two),
@@ -104,7 +133,9 @@ OrderExperimentResult run_order_experiment(const OrderExperimentOptions& o) {
     return sentences(rows);
   };
 
-  for (const Positional pos : o.variants) {
+  Progress progress("order", o.steps * static_cast<int64_t>(o.variants.size()));
+  result.variants = train_models<OrderVariantResult>(static_cast<int64_t>(o.variants.size()), [&](int64_t i) {
+    const Positional pos = o.variants[i];
     ClassifierConfig c;
     c.vocab_size = N + V;
     c.max_len = 3;
@@ -113,9 +144,9 @@ OrderExperimentResult run_order_experiment(const OrderExperimentOptions& o) {
     c.num_heads = o.num_heads;
     c.positional = pos;
     c.readout = Readout::Mean;
-    result.variants.push_back(with_dtype(o.dtype, [&](auto type) {
+    return with_dtype(o.dtype, [&](auto type) {
       Classifier<decltype(type)> model(c, o.seed);
-      const TrainOptions t = training(o, "order/" + positional_name(pos));
+      const TrainOptions t = training(o, progress);
       OrderVariantResult r;
       r.positional = pos;
       r.loss = train(model, sample, t);
@@ -123,8 +154,8 @@ OrderExperimentResult run_order_experiment(const OrderExperimentOptions& o) {
       r.weights_cat_bites_dog = head_weights(model, {0, N, 1});
       r.weights_dog_bites_cat = head_weights(model, {1, N, 0});
       return r;
-    }));
-  }
+    });
+  });
   return result;
 }
 
@@ -148,7 +179,9 @@ HeadsExperimentResult run_heads_experiment(const HeadsExperimentOptions& o) {
   HeadsExperimentResult result;
   result.seq_len = n;
   result.vocab_size = V;
-  for (const int64_t heads : o.head_counts) {
+  Progress progress("heads", o.steps * static_cast<int64_t>(o.head_counts.size()));
+  result.results = train_models<HeadsResult>(static_cast<int64_t>(o.head_counts.size()), [&](int64_t i) {
+    const int64_t heads = o.head_counts[i];
     ClassifierConfig c;
     c.vocab_size = V;
     c.max_len = n;
@@ -162,7 +195,7 @@ HeadsExperimentResult run_heads_experiment(const HeadsExperimentOptions& o) {
     const Tensor<double> w = with_dtype(o.dtype, [&](auto type) {
       Classifier<decltype(type)> model(c, o.seed);
       r.parameters = model.parameter_count();
-      r.loss = train(model, sample, training(o, "heads/" + std::to_string(heads)));
+      r.loss = train(model, sample, training(o, progress));
       r.accuracy = model.accuracy(test);
       return first_layer_weights(model, test.tokens.view());
     });
@@ -176,8 +209,8 @@ HeadsExperimentResult run_heads_experiment(const HeadsExperimentOptions& o) {
       r.top_position.push_back(top - mean.begin());
       r.top_weight.push_back(*top);
     }
-    result.results.push_back(std::move(r));
-  }
+    return r;
+  });
   return result;
 }
 

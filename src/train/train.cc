@@ -1,45 +1,35 @@
-// The training loop: Adam on fresh batches, a progress bar for people
-// watching a terminal.
+// The training loop: Adam on fresh batches, and the progress bar people
+// watching a terminal see.
 #include <unistd.h>
 
 #include <algorithm>
 #include <cstdio>
+#include <optional>
 
 #include "attn/adam.hpp"
 #include "attn/train.hpp"
 
 namespace attn {
-namespace {
+Progress::Progress(std::string label, int64_t total_steps)
+    : label_(std::move(label)), total_(total_steps), on_(isatty(STDERR_FILENO) == 1) {}
 
-// "order/rope  [##########..........]  512/1000  loss 0.4132" redrawn in
-// place; only when stderr is a terminal (logs and pipes stay clean).
-class ProgressBar {
- public:
-  ProgressBar(std::string label, int64_t total)
-      : label_(std::move(label)), total_(total), on_(isatty(STDERR_FILENO) == 1) {}
-  ~ProgressBar() {
-    if (on_ && drawn_) std::fputs("\r\033[K", stderr);
-  }
-  void update(int64_t done, double loss) {
-    const int64_t every = total_ / 100 + 1;
-    if (!on_ || (done % every != 0 && done != total_)) return;
-    constexpr int kWidth = 30;
-    const int filled = static_cast<int>(kWidth * done / (total_ ? total_ : 1));
-    std::fprintf(stderr, "\r%-20s [%.*s%.*s] %6lld/%lld  loss %.4f", label_.c_str(), filled,
-                 "##############################", kWidth - filled,
-                 "..............................", static_cast<long long>(done),
-                 static_cast<long long>(total_), loss);
-    std::fflush(stderr);
-    drawn_ = true;
-  }
+Progress::~Progress() {
+  if (on_ && drawn_) std::fputs("\r\033[K", stderr);
+}
 
- private:
-  std::string label_;
-  int64_t total_;
-  bool on_, drawn_ = false;
-};
-
-}  // namespace
+void Progress::step(double loss) {
+  if (!on_) return;
+  std::lock_guard lock(mutex_);
+  const int64_t done = ++done_, every = total_ / 100 + 1;
+  if (done % every != 0 && done != total_) return;
+  constexpr int kWidth = 30;
+  const int filled = static_cast<int>(kWidth * std::min(done, total_) / (total_ ? total_ : 1));
+  std::fprintf(stderr, "\r%-20s [%.*s%.*s] %6lld/%lld  loss %.4f", label_.c_str(), filled,
+               "##############################", kWidth - filled, "..............................",
+               static_cast<long long>(done), static_cast<long long>(total_), loss);
+  std::fflush(stderr);
+  drawn_ = true;
+}
 
 template <class T>
 double train(Classifier<T>& model, const Sampler& sample, const TrainOptions& options) {
@@ -50,7 +40,8 @@ double train(Classifier<T>& model, const Sampler& sample, const TrainOptions& op
   ao.learning_rate = options.learning_rate;
   Adam<T> adam(model.parameters(), ao);
   std::mt19937_64 rng(options.seed);
-  ProgressBar bar(options.label, options.steps);
+  std::optional<Progress> own;
+  Progress& progress = options.progress ? *options.progress : own.emplace(options.label, options.steps);
   std::vector<Tensor<T>> gradients;
   const int64_t tail = std::max<int64_t>(1, options.steps / 10);
   double tail_loss = 0;
@@ -58,7 +49,7 @@ double train(Classifier<T>& model, const Sampler& sample, const TrainOptions& op
     const double loss = model.loss(sample(options.batch_size, rng), &gradients);
     adam.step(gradients);
     if (step >= options.steps - tail) tail_loss += loss / double(tail);
-    bar.update(step + 1, loss);
+    progress.step(loss);
   }
   return tail_loss;
 }
