@@ -355,6 +355,12 @@ TEST(MhaBackward, SavedForward) {
   expect_same_gradients(layer.backward(dout.view(), *y.saved), before.backward(dout.view(), query.view(), {}, {}, opt));
 
   EXPECT_THROW_MSG(before.backward(dout.view(), *y.saved), ValueError, "another layer");
+  // The same object, assigned a layer of another shape: the state is refused,
+  // not read with the new shapes.
+  MultiHeadAttention<float> reused = layer;
+  const auto mine = reused.forward(query.view(), {}, {}, opt);
+  reused = MultiHeadAttention<float>(mha_config(16, 2));
+  EXPECT_THROW_MSG(reused.backward(dout.view(), *mine.saved), ValueError, "before this layer was assigned");
   const Tensor<float> wrong({3, 70, 8});
   EXPECT_THROW_MSG(layer.backward(wrong.view(), *y.saved), ValueError, "expected the output's shape (3, 70, 32)");
   auto cache = layer.new_cache();

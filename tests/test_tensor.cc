@@ -95,7 +95,8 @@ TEST(Tensor, NumelCountsTheElementsHeld) {
   EXPECT_EQ(d.numel(), 24);
   holds_nothing(c);
   EXPECT_EQ(Tensor<float>(d).numel(), 24);
-  holds_nothing(Tensor<float>(Tensor<float>()));
+  const Tensor<float> none;
+  holds_nothing(Tensor<float>(none));
 }
 
 TEST(Tensor, CopyFollowsStrides) {

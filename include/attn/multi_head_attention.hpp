@@ -207,6 +207,9 @@ class MultiHeadAttention {
   std::shared_ptr<const Parameters> snapshot() const;
 
   MultiHeadAttentionConfig config_;
+  // This layer's identity for saved forwards: new at construction and at
+  // each assignment (a saved state holds the config and shapes of its time).
+  uint64_t id_;
   mutable std::mutex mutex_;            // guards the pointer params_, not the tensors
   std::shared_ptr<Parameters> params_;  // shared with the calls running on it
 };

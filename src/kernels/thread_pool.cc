@@ -22,6 +22,11 @@ namespace attn {
 namespace detail {
 namespace {
 
+// Whether this thread is running a pool's items: a parallel_for inside one
+// runs on this thread (the pool is busy with the call around it; asking its
+// lock again from the thread that holds it would be undefined).
+thread_local bool running_items = false;
+
 class ThreadPool {
  public:
   // Throws RuntimeError, with no thread left behind, when the system cannot
@@ -87,6 +92,10 @@ class ThreadPool {
     for (auto& w : workers_) w.join();
   }
   void drain() {
+    struct Running {
+      Running() { running_items = true; }
+      ~Running() { running_items = false; }
+    } running;
     for (int64_t i; (i = next_.fetch_add(1)) < n_;) (*fn_)(i);
   }
   void work() {
@@ -158,10 +167,11 @@ void parallel_for(int64_t n, const std::function<void(int64_t)>& fn, double work
   const auto serial = [&] {
     for (int64_t i = 0; i < n; ++i) fn(i);
   };
-  if (n <= 1 || work < kMinParallelWork) return serial();
+  if (n <= 1 || work < kMinParallelWork || running_items) return serial();
   const auto p = pool();  // kept alive for this call even if the count changes
+  if (p->size() == 1) return serial();
   std::unique_lock busy(p->busy_, std::try_to_lock);
-  if (p->size() == 1 || !busy) return serial();
+  if (!busy) return serial();
   p->run(n, fn);
 }
 

@@ -1,6 +1,7 @@
 #include "attn/multi_head_attention.hpp"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <random>
 #include <tuple>
@@ -19,6 +20,11 @@ namespace {
 
 [[noreturn]] void fail(const std::string& msg) {
   throw ValueError("MultiHeadAttention: " + msg);
+}
+
+uint64_t new_layer_id() {
+  static std::atomic<uint64_t> next{1};
+  return next.fetch_add(1, std::memory_order_relaxed);
 }
 
 using detail::uniform;
@@ -237,7 +243,7 @@ void MultiHeadAttentionConfig::validate() const {
 
 template <class T>
 MultiHeadAttention<T>::MultiHeadAttention(const MultiHeadAttentionConfig& config, uint64_t seed)
-    : config_(config), params_(std::make_shared<Parameters>()) {
+    : config_(config), id_(new_layer_id()), params_(std::make_shared<Parameters>()) {
   config_.validate();
   Parameters& w = *params_;
   std::mt19937_64 rng(seed);
@@ -274,11 +280,11 @@ MultiHeadAttention<T>::MultiHeadAttention(const MultiHeadAttentionConfig& config
 
 template <class T>
 MultiHeadAttention<T>::MultiHeadAttention(const MultiHeadAttention& other)
-    : config_(other.config_), params_(std::make_shared<Parameters>(*other.snapshot())) {}
+    : config_(other.config_), id_(new_layer_id()), params_(std::make_shared<Parameters>(*other.snapshot())) {}
 
 template <class T>
 MultiHeadAttention<T>::MultiHeadAttention(MultiHeadAttention&& other) noexcept
-    : config_(other.config_) {
+    : config_(other.config_), id_(new_layer_id()) {
   std::lock_guard lock(other.mutex_);
   params_ = std::move(other.params_);
 }
@@ -289,6 +295,7 @@ MultiHeadAttention<T>& MultiHeadAttention<T>::operator=(const MultiHeadAttention
   auto copy = std::make_shared<Parameters>(*other.snapshot());
   std::lock_guard lock(mutex_);
   config_ = other.config_;
+  id_ = new_layer_id();
   params_ = std::move(copy);
   return *this;
 }
@@ -298,6 +305,7 @@ MultiHeadAttention<T>& MultiHeadAttention<T>::operator=(MultiHeadAttention&& oth
   if (this == &other) return *this;
   std::scoped_lock lock(mutex_, other.mutex_);
   config_ = other.config_;
+  id_ = new_layer_id();
   params_ = std::move(other.params_);
   return *this;
 }
@@ -490,7 +498,7 @@ TensorView<const T> MultiHeadAttention<T>::ctx_heads(const Tensor<T>& t, const A
 // A forward's state for its backward (multi_head_attention.hpp).
 template <class T>
 struct MhaSaved {
-  const MultiHeadAttention<T>* layer;  // the layer whose forward this is
+  uint64_t layer_id;  // the layer whose forward this is (MultiHeadAttention::id_)
   std::shared_ptr<const typename MultiHeadAttention<T>::Parameters> params;
   typename MultiHeadAttention<T>::Activations activations;
 };
@@ -523,7 +531,7 @@ MhaOutput<T> MultiHeadAttention<T>::forward(TensorView<const T> query, TensorVie
     }
     result.weights = std::move(weights);
   }
-  if (opt.save_for_backward) result.saved = std::make_shared<const MhaSaved<T>>(MhaSaved<T>{this, w, std::move(a)});
+  if (opt.save_for_backward) result.saved = std::make_shared<const MhaSaved<T>>(MhaSaved<T>{id_, w, std::move(a)});
   return result;
 }
 
@@ -565,7 +573,8 @@ MhaGradients<T> MultiHeadAttention<T>::backward(TensorView<const T> dout,
 
 template <class T>
 MhaGradients<T> MultiHeadAttention<T>::backward(TensorView<const T> dout, const MhaSaved<T>& saved) const {
-  if (saved.layer != this) fail("backward: `saved` comes from another layer's forward");
+  if (saved.layer_id != id_)
+    fail("backward: `saved` comes from another layer's forward (or from before this layer was assigned to)");
   return gradients(*saved.params, saved.activations, dout);
 }
 
