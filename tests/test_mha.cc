@@ -258,7 +258,7 @@ TEST(MultiHeadAttention, SeededXavierInitialisation) {
   // its standard deviation is bound / sqrt(3).
   const double bound = std::sqrt(6.0 / (4 * 64));
   double m = 0, ss = 0;
-  for (int64_t i = 0; i < w.numel(); ++i) m = std::fmax(m, std::fabs(w[i])), ss += w[i] * w[i];
+  for (int64_t i = 0; i < w.numel(); ++i) m = std::max<double>(m, std::fabs(w[i])), ss += w[i] * w[i];
   EXPECT_LE(m, bound);
   EXPECT_GT(m, 0.99 * bound);
   EXPECT_NEAR(std::sqrt(ss / w.numel()), bound / std::sqrt(3.0), 0.02 * bound);

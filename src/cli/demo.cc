@@ -74,9 +74,12 @@ Tensor<double> weight_difference(const Tensor<float>& cat_bites_dog,
   return d;
 }
 
+// (Comparisons, not std::fmax, here and in write_weights: g++ 12's aarch64
+// vectorizer crashes on fmin/fmax reductions.)
 double max_abs(const Tensor<double>& t) {
   double m = 0;
-  for (int64_t i = 0; i < t.numel(); ++i) m = std::fmax(m, std::fabs(t[i]));
+  for (int64_t i = 0; i < t.numel(); ++i)
+    if (std::fabs(t[i]) > m) m = std::fabs(t[i]);
   return m;
 }
 
@@ -116,8 +119,10 @@ void write_weights(const PictureFolder& out, const std::vector<Sentence>& senten
   double lo = INFINITY, hi = -INFINITY;
   for (const Sentence& s : sentences)
     for (const auto& [encoding, weights] : s.weights)
-      for (int64_t i = 0; i < weights.numel(); ++i)
-        lo = std::fmin(lo, weights[i]), hi = std::fmax(hi, weights[i]);
+      for (int64_t i = 0; i < weights.numel(); ++i) {
+        if (weights[i] < lo) lo = weights[i];
+        if (weights[i] > hi) hi = weights[i];
+      }
   // The weights lie in a narrow band: drawn on it (the same for all six
   // pictures) their differences show; on [0, 1] they would look alike.
   PictureOptions scale;
