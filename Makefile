@@ -109,7 +109,7 @@ ARM_DEBS      := g++-aarch64-linux-gnu qemu-user libhwy-dev:arm64 libgtest-dev:a
 ARM_CPUS      := cortex-a72/NEON a64fx/SVE max,sve128=on/SVE2_128 max,sve256=on/SVE_256 max/SVE2
 # make test runs the kernel tests and the edge cases on three of them.
 ARM_TEST_CPUS := cortex-a72/NEON max,sve256=on/SVE_256 max/SVE2
-ARM_KERNEL_TESTS := Kernels.*:EdgeCases.*:KVStorage.*:Q8_0.*
+ARM_KERNEL_TESTS := Kernels.*:EdgeCases.*:KVStorage.*:Q8_0.*:Precision.*
 
 arm-build:
 	@tools/install-deps.sh $(ARM_DEBS)

@@ -18,7 +18,7 @@ Returns an array of a's shape (float64 for float64 input, else float32).
 
 inline constexpr const char* kAttention = R"(attention(q, k, v, mask=None, *, causal=False, scale=None, softcap=None,
           window=None, alibi_slopes=None, sinks=None, return_weights=False,
-          return_logits=None, return_lse=False)
+          return_logits=None, return_lse=False, precision='f32')
 
 Scaled dot-product attention: softmax(q @ k.T * scale + mask) @ v.
 
@@ -82,6 +82,14 @@ return_weights, return_logits, return_lse
     return_lse=True: each row's log-sum-exp, log(sum_j exp(masked logit)),
     -inf for a row with no allowed key. The lse costs nothing measurable;
     weights and logits are (n_q, n_k) per head by nature.
+
+precision
+    'f32' (default) or 'bf16': with 'bf16' the float32 prefill rounds q, k,
+    v and the softmax's weights to bfloat16 and sums their products in
+    float32 (PyTorch's bf16 attention; relative error about 3e-3 on N(0, 1)
+    inputs). float32 inputs only; the decode path (n_q <= 8 against long
+    keys) stays float32; the backward is float32, so tensors that require
+    grad are a RuntimeError with 'bf16'.
 
 Compact k and v
     float16 k and v (both) are read as float16, in place; k and v as

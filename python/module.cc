@@ -177,8 +177,9 @@ py::object py_attention(const py::object& q_obj, const py::object& k_obj,
                         const py::object& causal, const py::object& scale,
                         const py::object& softcap, const py::object& window,
                         const py::object& alibi_slopes, const py::object& sinks, bool return_weights,
-                        const py::object& return_logits, bool return_lse) {
+                        const py::object& return_logits, bool return_lse, const std::string& precision) {
   AttentionOptions opt = attention_options(causal, scale, softcap, window);
+  opt.precision = parse_precision(precision);
   opt.alibi_slopes = per_head_from(alibi_slopes, "alibi_slopes", "slope");
   opt.sinks = per_head_from(sinks, "sinks", "logit");
   AttentionReturns returns;
@@ -466,7 +467,7 @@ PYBIND11_MODULE(_core, m) {
         py::kw_only(), arg("causal") = false, arg("scale") = py::none(),
         arg("softcap") = py::none(), arg("window") = py::none(), arg("alibi_slopes") = py::none(),
         arg("sinks") = py::none(), arg("return_weights") = false, arg("return_logits") = py::none(),
-        arg("return_lse") = false, docs::kAttention);
+        arg("return_lse") = false, arg("precision") = "f32", docs::kAttention);
   m.def("attention_backward", &py_attention_backward, arg("q"), arg("k"), arg("v"),
         arg("dout"), arg("mask") = py::none(), py::kw_only(), arg("causal") = false,
         arg("scale") = py::none(), arg("softcap") = py::none(), arg("window") = py::none(),
@@ -503,6 +504,10 @@ PYBIND11_MODULE(_core, m) {
   m.def("max_num_threads", &attn::max_num_threads,
         "max_num_threads() -> int: the largest count set_num_threads accepts, "
         "min(1024, max(64, 4 x hardware threads)).");
+  m.def("precision_unit", [](const std::string& precision) { return attn::precision_unit(attn::parse_precision(precision)); },
+        arg("precision"),
+        "precision_unit(precision) -> str: what computes attention's products in that precision ('f32' or "
+        "'bf16') on this CPU: 'highway' (the float32 FMAs, on bf16-rounded values for 'bf16').");
   bind_quantized(m);
   bind_mha(m);
   bind_onnx(m);

@@ -26,6 +26,20 @@
 
 namespace attn {
 
+// The arithmetic of the float32 prefill's two products, Q·Kᵀ and P·V.
+// BF16: Q, K, V and the softmax's weights P rounded to bfloat16 (nearest,
+// ties to even), their products summed in float32, the softmax itself in
+// float32: PyTorch's and FlashAttention's bf16 attention, whose products
+// the CPU's bf16 units compute (docs/semantics.md "Precision"). The
+// decode path (few queries, bound by memory, not arithmetic) stays float32.
+enum class Precision { Float32, BF16 };
+// Parses "f32" or "bf16"; ValueError naming them otherwise.
+Precision parse_precision(const std::string& name);
+std::string precision_name(Precision precision);
+// What computes the prefill's products in that precision on this CPU:
+// "highway" (the float32 FMAs, on the rounded values for BF16).
+std::string precision_unit(Precision precision);
+
 struct AttentionOptions {
   std::optional<double> scale;  // default 1/sqrt(d) (1 when d == 0)
   Causal causal = Causal::None;  // or Causal::offset(k), |k| <= Causal::kMaxOffset
@@ -41,6 +55,7 @@ struct AttentionOptions {
   // (neither scaled nor softcapped), it takes weight from the row's keys
   // (their weights then sum below 1) and enters the log-sum-exp. Empty: none.
   std::vector<double> sinks;
+  Precision precision = Precision::Float32;  // BF16: float32 inputs, the forward only
 };
 
 // The logits attention can return beside its output, by how far they have

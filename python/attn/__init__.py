@@ -18,7 +18,7 @@ torch.nn.functional's signature, MultiHeadAttention torch.nn.MultiheadAttention'
 (and MultiHeadAttention.from_torch(module) copies a live one).
 """
 from ._core import (KVCache, QuantizedTensor, __version__, max_num_threads,  # noqa: F401
-                    num_threads, quantize, set_num_threads)
+                    num_threads, precision_unit, quantize, set_num_threads)
 from .functional import (alibi_slopes, attention, attention_backward, attention_varlen,  # noqa: F401
                          multi_head, positional_encoding, rope, rope_backward, rope_frequencies,
                          scaled_dot_product_attention, softmax)
@@ -29,4 +29,5 @@ __all__ = ["attention", "attention_backward", "attention_varlen", "scaled_dot_pr
            "softmax",
            "multi_head", "positional_encoding", "rope", "rope_backward", "rope_frequencies",
            "alibi_slopes", "MultiHeadAttention", "onnx",
-           "KVCache", "QuantizedTensor", "quantize", "num_threads", "set_num_threads", "max_num_threads", "__version__"]
+           "KVCache", "QuantizedTensor", "quantize", "num_threads", "set_num_threads", "max_num_threads",
+           "precision_unit", "__version__"]

@@ -40,7 +40,8 @@ class _Attention(Differentiable):
         return tuple(to_tensor(a, self.dtype) for a in r)
 
     def backward(self, dout):
-        grads = _core.attention_backward(*self.arrays, dout, self.mask, **self.saved, **self.options)
+        options = {key: value for key, value in self.options.items() if key != "precision"}  # (f32 here)
+        grads = _core.attention_backward(*self.arrays, dout, self.mask, **self.saved, **options)
         return tuple(sum_to_shape(g, tuple(x.shape)) for g, x in zip(grads, self.inputs))  # (dsinks: (Hq,))
 
 
@@ -57,11 +58,16 @@ def _attention(inputs, arrays, mask, options, returns):
 
 
 def attention(q, k, v, mask=None, *, causal=False, scale=None, softcap=None, window=None,
-              alibi_slopes=None, sinks=None, return_weights=False, return_logits=None, return_lse=False):
+              alibi_slopes=None, sinks=None, return_weights=False, return_logits=None, return_lse=False,
+              precision="f32"):
     arrays = tuple(to_array(x, name) for x, name in ((q, "q"), (k, "k"), (v, "v")))
     refuse_grad(alibi_slopes, "alibi_slopes", "attn computes no gradient for ALiBi's slopes")
+    if precision != "f32":
+        for x, name in ((q, "q"), (k, "k"), (v, "v"), (sinks, "sinks")):
+            refuse_grad(x, name, f"precision={precision!r} is for the forward (attn's backward is float32)")
     options = dict(causal=causal, scale=scale, softcap=softcap, window=window,
-                   alibi_slopes=to_array(alibi_slopes, "alibi_slopes"), sinks=to_array(sinks, "sinks"))
+                   alibi_slopes=to_array(alibi_slopes, "alibi_slopes"), sinks=to_array(sinks, "sinks"),
+                   precision=precision)
     returns = dict(return_weights=return_weights, return_logits=return_logits, return_lse=return_lse)
     inputs = (q, k, v) + ((sinks,) if is_tensor(sinks) else ())  # learnable sinks get a gradient
     return _attention(inputs, arrays, mask, options, returns)

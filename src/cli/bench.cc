@@ -129,7 +129,9 @@ struct Attend {
       std::copy(t.data(), t.data() + t.numel(), w.data());
       return w;
     };
-    const Tensor<double> ref = attention(widened(q).view(), widened(k).view(), widened(v).view(), opt);
+    AttentionOptions exact = opt;
+    exact.precision = Precision::Float32;  // (float64 has one precision)
+    const Tensor<double> ref = attention(widened(q).view(), widened(k).view(), widened(v).view(), exact);
     double num = 0, den = 0;
     for (int64_t i = 0; i < ref.numel(); ++i) {
       num += (out[i] - ref[i]) * (out[i] - ref[i]);
@@ -166,6 +168,10 @@ struct Attend {
     if (baselines && !opt.sinks.empty()) {
       without.push_back({"no_sinks", "without sinks", 3, opt});
       without.back().options.sinks.clear();
+    }
+    if (baselines && opt.precision != Precision::Float32) {
+      without.push_back({"f32_precision", "in float32 precision", 3, opt});
+      without.back().options.precision = Precision::Float32;
     }
     std::vector<std::function<void()>> kernels{[&] { (*this)(out, opt); }};
     if (vs_f32) kernels.push_back([&] { (*this)(out, opt, true); });
@@ -208,6 +214,7 @@ AttentionOptions options_of(const BenchArgs& a) {
   AttentionOptions o = a.attention;
   if (a.alibi) o.alibi_slopes = alibi_slopes(a.heads);
   for (int64_t h = 0; a.sinks && h < a.heads; ++h) o.sinks.push_back(double(h % 3) - 1.0);
+  o.precision = parse_precision(a.precision);
   return o;
 }
 
@@ -266,6 +273,7 @@ Measurement bench_attention(const BenchArgs& a, int threads) {
   Measurement m{{{"kind", "attention"}, {"n", a.n}, {"kv_len", n_k}, {"heads", a.heads},
                  {"kv_heads", hkv}, {"head_dim", a.head_dim}, {"batch", a.batch}, {"causal", causal},
                  {"kv_dtype", a.kv_dtype}, {"alibi", a.alibi}, {"sinks", a.sinks}, {"threads", threads},
+                 {"precision", a.precision}, {"unit", precision_unit(opt.precision)},
                  {"median_ms", rounded(ms, 4)}, {"gflops", rounded(gflops, 2)}, {"gflops_unmasked", rounded(gflops_unmasked, 2)},
                  {"peak_gflops", rounded(peak, 2)}, {"ratio_to_peak", rounded(ratio, 4)}},
                 "", ms, causal ? gflops_unmasked : gflops, ratio};
@@ -273,7 +281,12 @@ Measurement bench_attention(const BenchArgs& a, int threads) {
   m.text = shape_text("attention", a, n_k, hkv, causal, threads, ms, gflops, "4·n·kv_len·d·H", gflops_unmasked);
   char buf[400];
   std::snprintf(buf, sizeof buf, ", FMA peak %.1f GFLOP/s -> %.1f%% of peak\n", peak, 100 * ratio);
-  m.text += buf + timing.text;
+  m.text += buf;
+  if (opt.precision != Precision::Float32) {
+    std::snprintf(buf, sizeof buf, "  precision %s on %s\n", a.precision.c_str(), precision_unit(opt.precision).c_str());
+    m.text += buf;
+  }
+  m.text += timing.text;
   return m;
 }
 

@@ -294,6 +294,10 @@ void add_bench(CLI::App& app, Command& chosen) {
       ->check(integer_in<int64_t>(1, kMaxPositions));
   add_causal(attention, a->attention, "causal masking (aligned bottom-right, as against a cache)");
   add_bench_flags(attention, *a);
+  attention->add_option("--precision", a->precision,
+                        "the products' precision: f32, or bf16 (timed against f32 in the same turns)")
+      ->check(CLI::IsMember({"f32", "bf16"}))
+      ->capture_default_str();
   auto* sweep = attention->add_flag(
       "--sweep", a->sweep,
       "a fixed grid of shapes (head dims 16-256 at n 128-8192, batch, GQA, cross-attention, causal, "

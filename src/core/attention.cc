@@ -210,6 +210,10 @@ AttentionProblem<T> make_problem(TensorView<const T> q, TensorView<const KV> k,
   p.softcap = options.softcap;
   p.alibi = options.alibi_slopes;
   p.sinks = options.sinks;
+  if (options.precision != Precision::Float32 && !std::is_same_v<T, float>)
+    fail("precision " + precision_name(options.precision) +
+         " rounds float32 inputs: pass float32 q, k, v (float64 runs the reference, in float64)");
+  p.precision = options.precision;
   return p;
 }
 
@@ -249,9 +253,17 @@ PreparedAttention<T, KV>::PreparedAttention(TensorView<const T> q, TensorView<co
                                             const MaskInput& mask, const MaskInput& second)
     : problem(make_problem(q, k, v, options, mask, second)) {
   if constexpr (std::is_same_v<T, float>) {
+    // bf16 precision: Q rounded once, here; the kernel rounds K, V and P as
+    // it packs them.
+    const bool rounded = problem.precision == Precision::BF16;
+    if (rounded) {
+      q_copy = Tensor<float>(q.shape());
+      transform(q, q_copy.view(), [](float x) { return bf16_to_float(float_to_bf16(x)); });
+      q = q_copy.view();
+    }
     // The kernels read rows with unit stride: other layouts are copied once,
     // here (the problem was built, and its errors name, the caller's views).
-    if (unit_rows(q) && unit_rows(k) && unit_rows(v)) return;
+    if (!rounded && unit_rows(q) && unit_rows(k) && unit_rows(v)) return;
     if (!unit_rows(q)) q = (q_copy = contiguous(q)).view();
     if (!unit_rows(k)) k = (k_copy = contiguous(k)).view();
     if (!unit_rows(v)) v = (v_copy = contiguous(v)).view();
@@ -271,7 +283,7 @@ void PreparedAttention<T, KV>::run(TensorView<T> out, const AttentionExtras<T>& 
       staged = Tensor<float>(out.shape());
       p.out = operand(staged.view(), p.batch_axes, p.batch);
     }
-    if (use_decode(p))
+    if (p.precision == Precision::Float32 && use_decode(p))
       decode_forward(p);
     else
       flash_forward(p);
@@ -369,6 +381,8 @@ void masked_attention_backward(TensorView<const T> q, TensorView<const KV> k,
                                TensorView<T> dk, TensorView<T> dv, const AttentionOptions& options,
                                const MaskInput& mask, const MaskInput& second, TensorView<T> dsinks,
                                const SavedForward<T>& saved) {
+  if (options.precision != Precision::Float32)
+    fail("the backward computes in float32: precision must be f32, got " + precision_name(options.precision));
   const PreparedAttention<T, KV> prepared(q, k, v, options, mask, second);
   AttentionProblem<T> p = prepared.problem;
   const GradientOperands<T> g =
@@ -420,6 +434,16 @@ ATTN_INSTANTIATE(double, double)
 #undef ATTN_INSTANTIATE
 
 }  // namespace detail
+
+Precision parse_precision(const std::string& name) {
+  if (name == "f32") return Precision::Float32;
+  if (name == "bf16") return Precision::BF16;
+  throw ValueError("precision must be 'f32' or 'bf16', got '" + name + "'");
+}
+
+std::string precision_name(Precision precision) { return precision == Precision::BF16 ? "bf16" : "f32"; }
+
+std::string precision_unit(Precision) { return "highway"; }
 
 Logits parse_logits(const std::string& name) {
   if (name == "scaled") return Logits::Scaled;

@@ -95,6 +95,7 @@ struct AttentionProblem {
   double softcap = 0;
   std::vector<double> alibi;  // ALiBi slopes, one per query head; empty: none
   std::vector<double> sinks;  // sink logits, one per query head; empty: none
+  Precision precision = Precision::Float32;
 
   int64_t group() const { return heads_q / heads_kv; }  // query heads per kv head
 };

@@ -127,6 +127,17 @@ HWY_INLINE VF LoadKV(DF d, const KV* row, int64_t c) {
   }
 }
 
+// v rounded to bfloat16 and back (float_to_bf16's rule: nearest, ties to
+// even; NaN stays NaN): the values bf16 precision computes with.
+HWY_INLINE VF RoundToBF16(DF d, VF v) {
+  const hn::RebindToUnsigned<DF> du;
+  const auto bits = hn::BitCast(du, v);
+  const auto even = hn::And(hn::ShiftRight<16>(bits), hn::Set(du, 1u));
+  const auto rounded = hn::And(hn::Add(bits, hn::Add(hn::Set(du, 0x7fffu), even)), hn::Set(du, 0xffff0000u));
+  return hn::IfThenElse(hn::IsNaN(v), v, hn::BitCast(d, rounded));
+}
+inline float RoundToBF16(float x) { return bf16_to_float(float_to_bf16(x)); }
+
 // Elements c .. c + 2N - 1 of a row as two vectors, c a multiple of 2N: for
 // q8_0 with 2N <= 32 one block, whose scale is converted once.
 template <class KV>

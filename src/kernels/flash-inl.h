@@ -57,8 +57,15 @@ struct RowBlock {
 // each column's four values side by side, one 16-byte copy per column (an
 // element at a time, the transpose took 15% of a call at n = 128). 16-bit
 // and q8_0 rows are widened on the way.
+// Element c of a row as float32, rounded to bf16 when asked.
 template <class KV>
-void PackRows(const KV* row0, int64_t stride, int64_t count, int64_t width, float* dst) {
+float Value(const KV* row, int64_t c, bool bf16) {
+  const float x = KVValue(row, c);
+  return bf16 ? RoundToBF16(x) : x;
+}
+
+template <class KV>
+void PackRows(const KV* row0, int64_t stride, int64_t count, int64_t width, float* dst, bool bf16 = false) {
   const DF d;
   const int64_t N = static_cast<int64_t>(hn::Lanes(d));
   const int64_t whole = width / N * N;
@@ -67,16 +74,18 @@ void PackRows(const KV* row0, int64_t stride, int64_t count, int64_t width, floa
   for (; j + 4 <= count; j += 4) {
     const KV* k0 = row0 + j * stride;
     for (int64_t c = 0; c < whole; c += N) {
-      hn::StoreInterleaved4(LoadKV(d, k0, c), LoadKV(d, k0 + stride, c), LoadKV(d, k0 + 2 * stride, c),
-                            LoadKV(d, k0 + 3 * stride, c), d, four);
+      VF r0 = LoadKV(d, k0, c), r1 = LoadKV(d, k0 + stride, c), r2 = LoadKV(d, k0 + 2 * stride, c),
+         r3 = LoadKV(d, k0 + 3 * stride, c);
+      if (bf16) r0 = RoundToBF16(d, r0), r1 = RoundToBF16(d, r1), r2 = RoundToBF16(d, r2), r3 = RoundToBF16(d, r3);
+      hn::StoreInterleaved4(r0, r1, r2, r3, d, four);
       for (int64_t e = 0; e < N; ++e) std::memcpy(dst + (c + e) * kBlockK + j, four + 4 * e, 4 * sizeof(float));
     }
     for (int64_t c = whole; c < width; ++c)
-      for (int64_t r = 0; r < 4; ++r) dst[c * kBlockK + j + r] = KVValue(k0 + r * stride, c);
+      for (int64_t r = 0; r < 4; ++r) dst[c * kBlockK + j + r] = Value(k0 + r * stride, c, bf16);
   }
   for (; j < count; ++j) {
     const KV* k = row0 + j * stride;
-    for (int64_t c = 0; c < width; ++c) dst[c * kBlockK + j] = KVValue(k, c);
+    for (int64_t c = 0; c < width; ++c) dst[c * kBlockK + j] = Value(k, c, bf16);
   }
   // Zeros up to what MatmulPanel reads of a tile of `count` keys: whole
   // vectors, or on sizeless vectors a whole block.
@@ -84,12 +93,13 @@ void PackRows(const KV* row0, int64_t stride, int64_t count, int64_t width, floa
   for (int64_t c = 0; c < width; ++c) std::fill(dst + c * kBlockK + count, dst + c * kBlockK + read, 0.0f);
 }
 
-// K tile kt of (b, hkv) as a panel (PackRows); keys past n_k are zero (their
-// scores are masked anyway).
+// K tile kt of (b, hkv) as a panel (PackRows), rounded to bf16 with that
+// precision; keys past n_k are zero (their scores are masked anyway).
 template <class KV>
 void PackK(const AttentionProblem<float>& p, int64_t b, int64_t hkv, int64_t kt, float* dst) {
   const int64_t j0 = kt * kBlockK;
-  PackRows(KeyRow<KV>(p, b, hkv, j0), KeyStride<KV>(p), std::min(kBlockK, p.n_k - j0), p.d, dst);
+  PackRows(KeyRow<KV>(p, b, hkv, j0), KeyStride<KV>(p), std::min(kBlockK, p.n_k - j0), p.d, dst,
+           p.precision == Precision::BF16);
 }
 
 // ALiBi's bias added to a block of scores as MatmulBlock stores them, while

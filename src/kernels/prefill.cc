@@ -75,8 +75,9 @@ struct Item {
 };
 
 // V rows j0 .. j0 + count - 1 of (b, hkv) as float32 rows `width` (d_v
-// rounded up to whole vectors) apart at dst, zeros past d_v: the tile P·V
-// reads when V's own rows are not float32 whole vectors side by side. Per
+// rounded up to whole vectors) apart at dst, zeros past d_v, rounded to bf16
+// with that precision: the tile P·V reads when V's own rows are not float32
+// whole vectors side by side, or must be rounded. Per
 // tile, so that no copy of all of V is ever made; V rows far apart (heads
 // sliced from one wide array, as multi_head and the layer pass them) also
 // share few cache sets, which the copy avoids.
@@ -86,11 +87,13 @@ void WidenValues(const AttentionProblem<float>& p, int64_t b, int64_t hkv, int64
   const DF d;
   const int64_t N = static_cast<int64_t>(hn::Lanes(d));
   const int64_t whole = p.d_v / N * N;
+  const bool bf16 = p.precision == Precision::BF16;
+  const auto rounded = [&](VF v) HWY_ATTR { return bf16 ? RoundToBF16(d, v) : v; };
   for (int64_t j = 0; j < count; ++j) {
     const KV* in = ValueRow<KV>(p, b, hkv, j0 + j);
     float* out = dst + j * width;
-    for (int64_t c = 0; c < whole; c += N) hn::Store(LoadKV(d, in, c), d, out + c);
-    if (whole < p.d_v) hn::Store(LoadKVPart(d, in, whole, p.d_v - whole), d, out + whole);
+    for (int64_t c = 0; c < whole; c += N) hn::Store(rounded(LoadKV(d, in, c)), d, out + c);
+    if (whole < p.d_v) hn::Store(rounded(LoadKVPart(d, in, whole, p.d_v - whole)), d, out + whole);
   }
 }
 
@@ -170,6 +173,10 @@ HWY_INLINE void SoftmaxPass(DF d, const Item& it, int64_t h, bool pack, ItemStat
             hn::Store(hn::Mul(hn::Load(d, orow + c), a), d, orow + c);
         }
       }
+      if (p.precision == Precision::BF16)  // P as the products take it
+        for (int r = 0; r < rows; ++r)
+          for (int64_t j = 0; j < width; j += static_cast<int64_t>(N))
+            hn::Store(RoundToBF16(d, hn::Load(d, s + r * kBlockK + j)), d, s + r * kBlockK + j);
       AccumulateValues(d, rows, s, kBlockK, jn, v0, dvp, dvp, o + r0 * dvp, dvp);
     }
   }
@@ -306,7 +313,8 @@ void FlashTiles(const AttentionProblem<float>& p) {
       PackK<KV>(p, bh / p.heads_kv, bh % p.heads_kv, kt, kpack + bh * head_pack + kt * p.d * kBlockK);
     }, double(heads * head_pack));
   }
-  const bool v_in_place = std::is_same_v<KV, float> && p.d_v == dvp && ValueStride<KV>(p) == dvp;
+  const bool v_in_place = std::is_same_v<KV, float> && p.d_v == dvp && ValueStride<KV>(p) == dvp &&
+                          p.precision == Precision::Float32;
   // The most expensive (last, under causal masking) query tiles go first.
   parallel_for(heads * n_qt, [&](int64_t item) {
     const int64_t qt = n_qt - 1 - item / heads, bh = item % heads;

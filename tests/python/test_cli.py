@@ -577,6 +577,14 @@ def test_bench_reports_consistent_numbers():
     assert r["time_vs_noncausal"] == pytest.approx(r["median_ms"] / r["noncausal_median_ms"], rel=2e-3, abs=1e-4)
     assert 0.1 < r["time_vs_noncausal"] < 2  # the non-causal kernel of the same turns
     assert "speedup_vs_f32" not in r
+    # bf16 precision: the unit that ran it, its error against float64, the
+    # float32 precision of the same turns.
+    r = json.loads(ok("bench", "attention", "--n", n, "--heads", heads, "--head-dim", d, "--precision", "bf16",
+                      "--threads", 1, "--json").stdout)
+    assert (r["precision"], r["unit"]) == ("bf16", attn.precision_unit("bf16"))
+    assert 1e-4 < r["error_vs_f64"] < 4e-3
+    assert r["time_vs_f32_precision"] == pytest.approx(r["median_ms"] / r["f32_precision_median_ms"],
+                                                       rel=2e-3, abs=1e-4)
     # A chunk of queries against a longer cache, aligned bottom-right: query i
     # sees keys 0 .. i + (kv_len - n).
     n_q, n_k = 64, 200
