@@ -2,18 +2,23 @@
 // bfloat16, products summed in float32. Against the double reference on the
 // unrounded inputs, within the tolerances: relative Frobenius error
 // <= 4e-3 (cosine >= 0.99999) on N(0, 1) inputs, <= 1e-2 with a ×30 outlier
-// channel in Q and K. Each input's rounding is a relative error of up to
+// channel in Q or in K. Each input's rounding is a relative error of up to
 // 2^-9 = 2e-3; summed over d = 64 terms of random sign it averages out to a
 // few 1e-4 in the scores, and V's and P's rounding to a few 1e-4 in the
 // output: 4e-3 leaves room for the worst rows.
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
+#include <limits>
 #include <random>
+#include <vector>
 
 #include "attn/attention.hpp"
+#include "attn/multi_head_attention.hpp"
 #include "attn/quantize.hpp"
 #include "helpers.hpp"
+#include "kernels/attention_kernel.hpp"
 
 namespace attn {
 namespace {
@@ -55,7 +60,7 @@ std::vector<PrecisionCase> cases() {
       {"alibi_sinks", 4, 4, 130, 130, 64, alibi},
       {"head_dim_128", 2, 2, 130, 200, 128, {}},
       {"odd_head_dim", 2, 2, 70, 90, 40, {}},
-      {"one_query", 4, 2, 1, 700, 64, {}},       // the shape decode takes in float32
+      {"one_query", 4, 2, 1, 300, 64, {}},       // keys within one decode chunk: the prefill kernel
   };
 }
 
@@ -124,6 +129,46 @@ TEST(Precision, BF16WithCompactKV) {
   check(quantize_q8_0(k.view()), quantize_q8_0(v.view()));
 }
 
+// A few queries against more keys than one decode chunk take the decode
+// kernel, which stays float32 (bound by memory, not arithmetic): float32's
+// accuracy, not bf16's.
+TEST(Precision, DecodeStaysFloat32) {
+  std::mt19937 rng(2304);
+  const auto q = normal({2, 4, 1, 64}, rng), k = normal({2, 2, 3000, 64}, rng), v = normal({2, 2, 3000, 64}, rng);
+  AttentionOptions bf16;
+  bf16.precision = Precision::BF16;
+  const auto exact = attention(cast<double>(q).view(), cast<double>(k).view(), cast<double>(v).view());
+  EXPECT_LE(rel_error(attention(q.view(), k.view(), v.view(), bf16), exact), 1e-5);
+}
+
+// The kernels' rounding, bit for bit float_to_bf16's, on every target: ties
+// to even, overflow to infinity, signed zeros, subnormals, NaNs (quieted,
+// top half kept), and random values over the whole range.
+TEST(Precision, RoundingIsFloatToBF16s) {
+  const auto of_bits = [](uint32_t b) {
+    float f;
+    std::memcpy(&f, &b, 4);
+    return f;
+  };
+  std::vector<float> x = {1.0f + 0x1p-8f, 1.0f + 3 * 0x1p-8f, -(1.0f + 0x1p-8f), 3.0f,
+                          std::numeric_limits<float>::max(), -std::numeric_limits<float>::max(),
+                          of_bits(0x7f7f8000u), of_bits(0x7f7f7fffu), 0.0f, -0.0f, 1e-40f, -1e-45f,
+                          std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::infinity(),
+                          of_bits(0x7f800001u), of_bits(0xffc12345u), of_bits(0x7fffffffu)};
+  std::mt19937 rng(2305);
+  for (int i = 0; i < 5000; ++i) x.push_back(of_bits(static_cast<uint32_t>(rng())));
+  test::on_every_simd_target([&] {
+    for (const size_t n : {x.size(), x.size() - 3}) {  // a partial last vector on every width
+      std::vector<float> out(n);
+      detail::round_to_bf16(x.data(), out.data(), static_cast<int64_t>(n));
+      for (size_t i = 0; i < n; ++i) {
+        const float want = bf16_to_float(float_to_bf16(x[i]));
+        ASSERT_EQ(std::memcmp(&out[i], &want, 4), 0) << "x = " << x[i] << " (element " << i << ")";
+      }
+    }
+  });
+}
+
 TEST(Precision, ParsedAndRefusedWhereItDoesNotApply) {
   EXPECT_EQ(parse_precision("bf16"), Precision::BF16);
   EXPECT_EQ(parse_precision("f32"), Precision::Float32);
@@ -136,6 +181,29 @@ TEST(Precision, ParsedAndRefusedWhereItDoesNotApply) {
   const Tensor<float> qf({2, 3, 8}), kf({2, 5, 8}), dout({2, 3, 8});
   EXPECT_THROW_MSG(attention_backward(qf.view(), kf.view(), kf.view(), dout.view(), bf16), ValueError,
                    "the backward computes in float32: precision must be f32, got bf16");
+
+  // The layer: a forward in bf16, but none saved for the float32 backward;
+  // float64 with a cache is refused before the cache takes the chunk.
+  MultiHeadAttentionConfig c;
+  c.embed_dim = 8;
+  c.num_heads = 2;
+  const MultiHeadAttention<float> layer(c);
+  MhaForwardOptions<float> o;
+  o.attention.precision = Precision::BF16;
+  const Tensor<float> x({2, 3, 8});
+  EXPECT_EQ(layer.forward(x.view(), {}, {}, o).out.shape(), x.shape());
+  const char* float32_backward = "attention.precision must be f32 for backward and save_for_backward, got bf16";
+  EXPECT_THROW_MSG(layer.backward(x.view(), x.view(), {}, {}, o), ValueError, float32_backward);
+  o.save_for_backward = true;
+  EXPECT_THROW_MSG(layer.forward(x.view(), {}, {}, o), ValueError, float32_backward);
+  const MultiHeadAttention<double> layer64(c);
+  auto cache = layer64.new_cache();
+  MhaForwardOptions<double> o64;
+  o64.attention.precision = Precision::BF16;
+  o64.cache = &cache;
+  EXPECT_THROW_MSG(layer64.forward(Tensor<double>({2, 3, 8}).view(), {}, {}, o64), ValueError,
+                   "pass float32 q, k, v");
+  EXPECT_EQ(cache.length(), 0);
 }
 
 }  // namespace

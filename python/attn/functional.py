@@ -63,6 +63,7 @@ def attention(q, k, v, mask=None, *, causal=False, scale=None, softcap=None, win
     arrays = tuple(to_array(x, name) for x, name in ((q, "q"), (k, "k"), (v, "v")))
     refuse_grad(alibi_slopes, "alibi_slopes", "attn computes no gradient for ALiBi's slopes")
     if precision != "f32":
+        _core.precision_unit(precision)  # (a ValueError naming the choices, before any other)
         for x, name in ((q, "q"), (k, "k"), (v, "v"), (sinks, "sinks")):
             refuse_grad(x, name, f"precision={precision!r} is for the forward (attn's backward is float32)")
     options = dict(causal=causal, scale=scale, softcap=softcap, window=window,

@@ -138,7 +138,10 @@ bool unit_rows(const TensorView<const T>& t) {
 
 }  // namespace
 
-void check_options(const AttentionOptions& options, int64_t heads_q) {
+void check_options(const AttentionOptions& options, int64_t heads_q, bool float32) {
+  if (options.precision != Precision::Float32 && !float32)
+    fail("precision " + precision_name(options.precision) +
+         " rounds float32 inputs: pass float32 q, k, v (float64 runs the reference, in float64)");
   if (options.scale && !std::isfinite(*options.scale))
     fail("scale must be finite, got " + std::to_string(*options.scale));
   if (!(options.softcap >= 0) || !std::isfinite(options.softcap))
@@ -170,7 +173,7 @@ AttentionProblem<T> make_problem(TensorView<const T> q, TensorView<const KV> k,
                                  TensorView<const KV> v, const AttentionOptions& options,
                                  const MaskInput& mask, const MaskInput& second) {
   const Dims s = check_shapes(q.shape(), logical_shape(k), logical_shape(v));
-  check_options(options, s.heads_q);
+  check_options<T>(options, s.heads_q);
 
   AttentionProblem<T> p;
   p.batch_axes = s.batch;
@@ -210,9 +213,6 @@ AttentionProblem<T> make_problem(TensorView<const T> q, TensorView<const KV> k,
   p.softcap = options.softcap;
   p.alibi = options.alibi_slopes;
   p.sinks = options.sinks;
-  if (options.precision != Precision::Float32 && !std::is_same_v<T, float>)
-    fail("precision " + precision_name(options.precision) +
-         " rounds float32 inputs: pass float32 q, k, v (float64 runs the reference, in float64)");
   p.precision = options.precision;
   return p;
 }
@@ -246,6 +246,27 @@ void bind_outputs(AttentionProblem<T>& p, TensorView<T> out, const AttentionExtr
   }
 }
 
+// bf16 precision's Q for the prefill: p's queries rounded to bfloat16 into
+// a contiguous copy, which p then reads (the kernel rounds K, V and P as it
+// packs them). Per run, as decode, which stays float32, reads Q unrounded.
+Tensor<float> round_queries(AttentionProblem<float>& p) {
+  const int64_t per_head = p.n_q * p.d, per_batch = p.heads_q * per_head;
+  Tensor<float> rounded({p.batch * per_batch});
+  for (int64_t b = 0; b < p.batch; ++b)
+    for (int64_t h = 0; h < p.heads_q; ++h)
+      for (int64_t i = 0; i < p.n_q; ++i) {
+        const float* row = p.q.row(b, h, i);
+        float* out = rounded.data() + b * per_batch + h * per_head + i * p.d;
+        for (int64_t c = 0; c < p.d; ++c) out[c] = bf16_to_float(float_to_bf16(row[c]));
+      }
+  for (int64_t b = 0; b < p.batch; ++b) p.q.batch_offset[b] = b * per_batch;
+  p.q.data = rounded.data();
+  p.q.head_stride = per_head;
+  p.q.row_stride = p.d;
+  p.q.col_stride = 1;
+  return rounded;
+}
+
 template <class T, class KV>
 PreparedAttention<T, KV>::PreparedAttention(TensorView<const T> q, TensorView<const KV> k,
                                             TensorView<const KV> v,
@@ -253,17 +274,9 @@ PreparedAttention<T, KV>::PreparedAttention(TensorView<const T> q, TensorView<co
                                             const MaskInput& mask, const MaskInput& second)
     : problem(make_problem(q, k, v, options, mask, second)) {
   if constexpr (std::is_same_v<T, float>) {
-    // bf16 precision: Q rounded once, here; the kernel rounds K, V and P as
-    // it packs them.
-    const bool rounded = problem.precision == Precision::BF16;
-    if (rounded) {
-      q_copy = Tensor<float>(q.shape());
-      transform(q, q_copy.view(), [](float x) { return bf16_to_float(float_to_bf16(x)); });
-      q = q_copy.view();
-    }
     // The kernels read rows with unit stride: other layouts are copied once,
     // here (the problem was built, and its errors name, the caller's views).
-    if (!rounded && unit_rows(q) && unit_rows(k) && unit_rows(v)) return;
+    if (unit_rows(q) && unit_rows(k) && unit_rows(v)) return;
     if (!unit_rows(q)) q = (q_copy = contiguous(q)).view();
     if (!unit_rows(k)) k = (k_copy = contiguous(k)).view();
     if (!unit_rows(v)) v = (v_copy = contiguous(v)).view();
@@ -283,10 +296,13 @@ void PreparedAttention<T, KV>::run(TensorView<T> out, const AttentionExtras<T>& 
       staged = Tensor<float>(out.shape());
       p.out = operand(staged.view(), p.batch_axes, p.batch);
     }
-    if (p.precision == Precision::Float32 && use_decode(p))
+    Tensor<float> q_rounded;
+    if (use_decode(p)) {  // (float32 whatever the precision: docs/semantics.md "Precision")
       decode_forward(p);
-    else
+    } else {
+      if (p.precision == Precision::BF16) q_rounded = round_queries(p);
       flash_forward(p);
+    }
     if (staged.rank()) copy<float>(staged.view(), out);
   }
 }

@@ -4,6 +4,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -100,9 +101,14 @@ struct AttentionProblem {
   int64_t group() const { return heads_q / heads_kv; }  // query heads per kv head
 };
 
-// Validates the options of attention() for heads_q query heads (make_problem
-// does; callers that must not act on bad options first call it themselves).
-void check_options(const AttentionOptions& options, int64_t heads_q);
+// Validates the options of attention() for heads_q query heads and inputs
+// of element type T (make_problem does; callers that must not act on bad
+// options first call it themselves).
+void check_options(const AttentionOptions& options, int64_t heads_q, bool float32);
+template <class T>
+void check_options(const AttentionOptions& options, int64_t heads_q) {
+  check_options(options, heads_q, std::is_same_v<T, float>);
+}
 
 // Validates the arguments of attention() and builds the problem, without
 // its outputs; every error names the argument and its shape. `second` is the

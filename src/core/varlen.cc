@@ -46,7 +46,7 @@ void attention_varlen(TensorView<const T> q, TensorView<const T> k, TensorView<c
   if (q.rank() != 3 || k.rank() != 3 || v.rank() != 3)
     fail("q, k and v must be packed (total, heads, head_dim), got " + shapes);
   if (k.dim(0) != v.dim(0)) fail("k and v must have the same total length (axis 0), got " + shapes);
-  detail::check_options(options, q.dim(1));  // also when there is no sequence to run
+  detail::check_options<T>(options, q.dim(1));  // also when there is no sequence to run
   check_offsets(cu_q, "cu_seqlens_q", q.dim(0), "q");
   check_offsets(cu_k, "cu_seqlens_k", k.dim(0), "k");
   if (cu_q.dim(0) != cu_k.dim(0))

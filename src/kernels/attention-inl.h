@@ -127,14 +127,17 @@ HWY_INLINE VF LoadKV(DF d, const KV* row, int64_t c) {
   }
 }
 
-// v rounded to bfloat16 and back (float_to_bf16's rule: nearest, ties to
-// even; NaN stays NaN): the values bf16 precision computes with.
+// v rounded to bfloat16 and back, bit for bit float_to_bf16's rule: nearest,
+// ties to even, overflow to infinity; a NaN keeps its top half, made quiet.
+// The values bf16 precision computes with.
 HWY_INLINE VF RoundToBF16(DF d, VF v) {
   const hn::RebindToUnsigned<DF> du;
   const auto bits = hn::BitCast(du, v);
+  const auto top = hn::Set(du, 0xffff0000u);
   const auto even = hn::And(hn::ShiftRight<16>(bits), hn::Set(du, 1u));
-  const auto rounded = hn::And(hn::Add(bits, hn::Add(hn::Set(du, 0x7fffu), even)), hn::Set(du, 0xffff0000u));
-  return hn::IfThenElse(hn::IsNaN(v), v, hn::BitCast(d, rounded));
+  const auto rounded = hn::And(hn::Add(bits, hn::Add(hn::Set(du, 0x7fffu), even)), top);
+  const auto nan = hn::Or(hn::And(bits, top), hn::Set(du, 0x00400000u));
+  return hn::BitCast(d, hn::IfThenElse(hn::RebindMask(du, hn::IsNaN(v)), nan, rounded));
 }
 inline float RoundToBF16(float x) { return bf16_to_float(float_to_bf16(x)); }
 

@@ -34,6 +34,11 @@ bool use_decode(const AttentionProblem<float>& p);
 // (The kernels inline it; this array form is for tests and benchmarks.)
 void exp2_nonpositive(const float* x, float* out, int64_t n);
 
+// out[i] = x[i] rounded to bfloat16 (and back to float), as bf16 precision
+// rounds Q, K, V and P: bitwise float_to_bf16's rounding. (Array form for
+// tests.)
+void round_to_bf16(const float* x, float* out, int64_t n);
+
 // y = softmax(x) for one contiguous row of n floats (y may be x), when the
 // row holds no NaN and its maximum is finite; otherwise returns false and
 // leaves y alone (softmax.cc handles those rows).

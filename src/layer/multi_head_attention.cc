@@ -22,6 +22,15 @@ namespace {
   throw ValueError("MultiHeadAttention: " + msg);
 }
 
+// The backward computes in float32 (attention_backward): a forward meant
+// for it must too.
+template <class T>
+void check_backward_precision(const MhaForwardOptions<T>& opt) {
+  if (opt.attention.precision != Precision::Float32)
+    fail("the backward computes in float32: attention.precision must be f32 for backward and "
+         "save_for_backward, got " + precision_name(opt.attention.precision));
+}
+
 uint64_t new_layer_id() {
   static std::atomic<uint64_t> next{1};
   return next.fetch_add(1, std::memory_order_relaxed);
@@ -460,7 +469,7 @@ typename MultiHeadAttention<T>::Activations MultiHeadAttention<T>::forward_activ
     }
     // The chunk's keys and values are read back from the cache, stored as
     // the past tokens are (quantized, for a compact cache).
-    detail::check_options(a.attention, H);  // nothing is appended for a call that fails
+    detail::check_options<T>(a.attention, H);  // nothing is appended for a call that fails
     cache->append(kh, vh);
     if (by_slot) {
       RopeOptions slots = a.rope;  // every cached key at its slot
@@ -509,6 +518,7 @@ MhaOutput<T> MultiHeadAttention<T>::forward(TensorView<const T> query, TensorVie
                                             const MhaForwardOptions<T>& opt) const {
   if (opt.save_for_backward && opt.cache)
     fail("save_for_backward with a KV cache is not supported (train on whole sequences)");
+  if (opt.save_for_backward) check_backward_precision(opt);
   const auto w = snapshot();
   Activations a = forward_activations(*w, query, key, value, opt);
   const int64_t B = a.q_in.dim(0), n_q = a.q_in.dim(1), n_k = a.n_k, H = config_.num_heads;
@@ -565,6 +575,7 @@ MhaGradients<T> MultiHeadAttention<T>::backward(TensorView<const T> dout,
                                                 TensorView<const T> value,
                                                 const MhaForwardOptions<T>& opt) const {
   if (opt.cache) fail("backward: a KV cache is not supported (train on whole sequences)");
+  check_backward_precision(opt);
   MhaForwardOptions<T> fwd = opt;
   fwd.need_weights = false;
   const auto w = snapshot();

@@ -7,8 +7,6 @@ import pytest
 
 import attn
 
-torch = pytest.importorskip("torch")
-
 
 def bf16(x):
     """x rounded to bfloat16 (nearest, ties to even), as float64."""
@@ -59,7 +57,10 @@ def test_bf16_refusals():
         attn.attention(q, q, q, precision="fp8")
     with pytest.raises(ValueError, match="pass float32 q, k, v"):
         attn.attention(q.astype(np.float64), q, q, precision="bf16")
+    torch = pytest.importorskip("torch")
     t = torch.zeros((2, 3, 8), requires_grad=True)
+    with pytest.raises(ValueError, match="precision must be 'f32' or 'bf16', got 'fp8'"):
+        attn.attention(t, t, t, precision="fp8")  # the value first, before the gradient
     with pytest.raises(RuntimeError, match="q requires grad, but precision='bf16' is for the forward"):
         attn.attention(t, t, t, precision="bf16")
     with torch.no_grad():
