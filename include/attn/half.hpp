@@ -31,6 +31,9 @@ inline uint16_t float_to_bf16(float f) {
   return static_cast<uint16_t>(bits >> 16);
 }
 
+// f rounded to bfloat16 and back: the values bf16 precision computes with.
+inline float round_to_bf16(float f) { return bf16_to_float(float_to_bf16(f)); }
+
 inline float fp16_to_float(uint16_t h) {
   const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
   const uint32_t exp = (h >> 10) & 0x1fu;

@@ -257,7 +257,7 @@ Tensor<float> round_queries(AttentionProblem<float>& p) {
       for (int64_t i = 0; i < p.n_q; ++i) {
         const float* row = p.q.row(b, h, i);
         float* out = rounded.data() + b * per_batch + h * per_head + i * p.d;
-        for (int64_t c = 0; c < p.d; ++c) out[c] = bf16_to_float(float_to_bf16(row[c]));
+        for (int64_t c = 0; c < p.d; ++c) out[c] = attn::round_to_bf16(row[c]);
       }
   for (int64_t b = 0; b < p.batch; ++b) p.q.batch_offset[b] = b * per_batch;
   p.q.data = rounded.data();

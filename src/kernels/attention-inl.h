@@ -139,7 +139,6 @@ HWY_INLINE VF RoundToBF16(DF d, VF v) {
   const auto nan = hn::Or(hn::And(bits, top), hn::Set(du, 0x00400000u));
   return hn::BitCast(d, hn::IfThenElse(hn::RebindMask(du, hn::IsNaN(v)), nan, rounded));
 }
-inline float RoundToBF16(float x) { return bf16_to_float(float_to_bf16(x)); }
 
 // Elements c .. c + 2N - 1 of a row as two vectors, c a multiple of 2N: for
 // q8_0 with 2N <= 32 one block, whose scale is converted once.

@@ -21,22 +21,23 @@ namespace attn::detail {
 namespace HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 
-void Exp2Array(const float* x, float* out, int64_t n) {
+// out[i] = step(x[i]), a vector at a time (the last one partial).
+template <class Step>
+void Elementwise(const float* x, float* out, int64_t n, const Step& step) {
   const hn::ScalableTag<float> d;
   const int64_t N = static_cast<int64_t>(hn::Lanes(d));
   for (int64_t i = 0; i < n; i += N) {
     const int64_t m = std::min(N, n - i);
-    StorePart(d, Exp2NonPositive(d, LoadPart(d, x + i, m, 0.0f)), out + i, m);
+    StorePart(d, step(d, LoadPart(d, x + i, m, 0.0f)), out + i, m);
   }
 }
 
+void Exp2Array(const float* x, float* out, int64_t n) {
+  Elementwise(x, out, n, [](auto d, auto v) HWY_ATTR { return Exp2NonPositive(d, v); });
+}
+
 void RoundArray(const float* x, float* out, int64_t n) {
-  const hn::ScalableTag<float> d;
-  const int64_t N = static_cast<int64_t>(hn::Lanes(d));
-  for (int64_t i = 0; i < n; i += N) {
-    const int64_t m = std::min(N, n - i);
-    StorePart(d, RoundToBF16(d, LoadPart(d, x + i, m, 0.0f)), out + i, m);
-  }
+  Elementwise(x, out, n, [](auto d, auto v) HWY_ATTR { return RoundToBF16(d, v); });
 }
 
 }  // namespace HWY_NAMESPACE

@@ -61,7 +61,7 @@ struct RowBlock {
 template <class KV>
 float Value(const KV* row, int64_t c, bool bf16) {
   const float x = KVValue(row, c);
-  return bf16 ? RoundToBF16(x) : x;
+  return bf16 ? attn::round_to_bf16(x) : x;
 }
 
 template <class KV>
