@@ -31,6 +31,8 @@ set(ATTN_PUBLIC_capi attn.h)
 #     for rope_scaling dicts.
 #   onnx: ONNX's operators, an adapter over the API (and core's plan, for a
 #     second mask) and the positional encodings.
+#   bench: the machine's ceilings; the bf16 unit's throughput loop is the
+#     kernels'.
 #   capi: the C API, a thin layer over the C++ API's public headers.
 set(ATTN_MAY_INCLUDE_core kernels)
 set(ATTN_MAY_INCLUDE_kernels core hwy)
@@ -40,7 +42,7 @@ set(ATTN_MAY_INCLUDE_onnx core layer)
 set(ATTN_MAY_INCLUDE_io core json)
 set(ATTN_MAY_INCLUDE_picture core io stb)
 set(ATTN_MAY_INCLUDE_train core kernels layer io)
-set(ATTN_MAY_INCLUDE_bench core hwy)
+set(ATTN_MAY_INCLUDE_bench core kernels hwy)
 set(ATTN_MAY_INCLUDE_capi core layer io)
 set(ATTN_MAY_INCLUDE_cli core layer io picture train bench json)
 set(ATTN_MAY_INCLUDE_python core layer onnx io)

@@ -39,6 +39,28 @@ double cosine(const Tensor<float>& a, const Tensor<double>& b) {
   return ab / std::sqrt(aa * bb);
 }
 
+// body() on every SIMD target with this CPU's bf16 unit (if any), then with
+// the unit off (the Highway path on every target).
+template <class Body>
+void on_every_unit_and_target(Body body) {
+  for (const bool unit : {true, false}) {
+    SCOPED_TRACE(unit ? "the CPU's bf16 unit" : "the Highway path");
+    detail::set_bf16_unit_enabled(unit);
+    test::on_every_simd_target(body);
+  }
+  detail::set_bf16_unit_enabled(true);
+}
+
+// Whether this CPU has a bf16 unit, by the compiler's CPU check (not the
+// library's).
+bool cpu_has_bf16_unit() {
+#if defined(__x86_64__)
+  return __builtin_cpu_supports("avx512bf16");
+#else
+  return false;
+#endif
+}
+
 struct PrecisionCase {
   const char* name;
   int64_t heads_q, heads_kv, n_q, n_k, d;
@@ -85,7 +107,7 @@ TEST(Precision, BF16WithinItsToleranceOnEveryTarget) {
     SCOPED_TRACE(c.name);
     const auto q = normal({2, c.heads_q, c.n_q, c.d}, rng);
     const auto k = normal({2, c.heads_kv, c.n_k, c.d}, rng), v = normal({2, c.heads_kv, c.n_k, c.d}, rng);
-    test::on_every_simd_target([&] { expect_within(c, q, k, v, 4e-3); });
+    on_every_unit_and_target([&] { expect_within(c, q, k, v, 4e-3); });
   }
 }
 
@@ -103,7 +125,7 @@ TEST(Precision, BF16WithAnOutlierChannel) {
     const auto v = normal({2, 2, 333, 64}, rng);
     Tensor<float>& outlier = in_q ? q : k;
     for (int64_t i = 5; i < outlier.numel(); i += 64) outlier[i] *= 30;
-    test::on_every_simd_target([&] { expect_within(c, q, k, v, 1e-2); });
+    on_every_unit_and_target([&] { expect_within(c, q, k, v, 1e-2); });
   }
 }
 
@@ -124,9 +146,58 @@ TEST(Precision, BF16WithCompactKV) {
     EXPECT_LE(rel_error(out, exact), 4e-3);
     EXPECT_GT(rel_error(out, exact), 1e-5);
   };
-  check(to_bfloat16(k.view()), to_bfloat16(v.view()));
-  check(to_float16(k.view()), to_float16(v.view()));
-  check(quantize_q8_0(k.view()), quantize_q8_0(v.view()));
+  on_every_unit_and_target([&] {
+    check(to_bfloat16(k.view()), to_bfloat16(v.view()));
+    check(to_float16(k.view()), to_float16(v.view()));
+    check(quantize_q8_0(k.view()), quantize_q8_0(v.view()));
+  });
+}
+
+// The unit is the CPU's: avx512_bf16 where the compiler's check finds
+// AVX512_BF16 (and the dispatcher's best target is AVX-512), the Highway
+// path elsewhere or when it is switched off.
+TEST(Precision, UnitIsTheCPUs) {
+  const std::string best = hwy::TargetName(hwy::SupportedAndGeneratedTargets().front());  // best first
+  const bool avx512 = best == "AVX3" || best == "AVX3_DL";
+  EXPECT_EQ(precision_unit(Precision::BF16), cpu_has_bf16_unit() && avx512 ? "avx512_bf16" : "highway");
+  EXPECT_EQ(precision_unit(Precision::Float32), "highway");
+  detail::set_bf16_unit_enabled(false);
+  EXPECT_EQ(precision_unit(Precision::BF16), "highway");
+  detail::set_bf16_unit_enabled(true);
+}
+
+// The unit computes what the Highway path computes: the same rounded
+// values, summed in another order (pairs, then 16 lanes). The logits and
+// weights (from float32 scores) agree to float32 rounding, within 2e-6. The
+// outputs differ more: a score a few ulps away can round P to the next
+// bf16 value, 2^-8 away, so they agree within 1e-4, not bitwise, still 20
+// times closer than either is to the exact result. Every option that changes the
+// scores or the values read: masks, windows, softcap, ALiBi, sinks, odd and
+// wide head dims (past one chunk of converted query pairs), a partial tile
+// of 1 key, returned weights and logits.
+TEST(Precision, UnitAgreesWithTheHighwayPath) {
+  if (precision_unit(Precision::BF16) == "highway") GTEST_SKIP() << "this CPU has no bf16 unit";
+  std::mt19937 rng(2306);
+  auto list = cases();
+  list.push_back({"one_key_past_a_tile", 2, 2, 40, 65, 33, {}});
+  list.push_back({"wide", 1, 1, 20, 70, 300, {}});
+  for (const auto& c : list) {
+    SCOPED_TRACE(c.name);
+    const auto q = normal({1, c.heads_q, c.n_q, c.d}, rng);
+    const auto k = normal({1, c.heads_kv, c.n_k, c.d}, rng), v = normal({1, c.heads_kv, c.n_k, c.d}, rng);
+    AttentionOptions bf16 = c.options;
+    bf16.precision = Precision::BF16;
+    const AttentionReturns returns{true, Logits::Scaled, false};  // (scaled: no -inf to compare)
+    const auto unit = attention_with_extras(q.view(), k.view(), v.view(), returns, bf16);
+    detail::set_bf16_unit_enabled(false);
+    const auto fallback = attention_with_extras(q.view(), k.view(), v.view(), returns, bf16);
+    detail::set_bf16_unit_enabled(true);
+    const double out_error = rel_error(unit.out, cast<double>(fallback.out));
+    EXPECT_LE(out_error, 1e-4);
+    EXPECT_GT(out_error, 0.0);  // two computations, not one
+    EXPECT_LE(rel_error(unit.weights, cast<double>(fallback.weights)), 2e-6);
+    EXPECT_LE(rel_error(unit.logits, cast<double>(fallback.logits)), 2e-6);
+  }
 }
 
 // A few queries against more keys than one decode chunk take the decode

@@ -1,5 +1,5 @@
 // Ceilings for `attn bench`: an FMA loop with enough independent accumulators
-// to fill every FMA pipe, and a streaming read of a buffer much larger than
+// to fill every FMA pipe, the same for the bf16 unit, and a streaming read of a buffer much larger than
 // the last-level cache.
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "bench/machine.cc"
@@ -16,6 +16,7 @@
 
 #include "attn/error.hpp"
 #include "attn/machine.hpp"
+#include "kernels/attention_kernel.hpp"
 
 HWY_BEFORE_NAMESPACE();
 namespace attn::detail {
@@ -110,6 +111,20 @@ double measure_fma_peak_gflops(int threads) {
   std::vector<double> flops(threads);
   const double s = timed(threads, [&](int t) {
     flops[t] = detail::fma_loop(10'000'000, &sink[t * 16]);
+  });
+  double total = 0;
+  for (double f : flops) total += f;
+  return total / s * 1e-9;
+}
+
+double measure_bf16_peak_gflops(int threads) {
+  threads = std::max(threads, 1);
+  float sink[1];
+  if (detail::bf16_peak_loop(1, sink) == 0) return 0;
+  std::vector<float> sinks(threads * 16);
+  std::vector<double> flops(threads);
+  const double s = timed(threads, [&](int t) {
+    flops[t] = detail::bf16_peak_loop(10'000'000, &sinks[t * 16]);
   });
   double total = 0;
   for (double f : flops) total += f;

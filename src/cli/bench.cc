@@ -264,7 +264,13 @@ Measurement bench_attention(const BenchArgs& a, int threads) {
   Tensor<float> out(qs);
   const AttentionOptions opt = options_of(a);
   const bool causal = opt.causal != Causal::None;
-  const auto timing = attend.time(out, opt, a.baselines, [&] { return measure_fma_peak_gflops(threads); });
+  // bf16: the unit's peak in the same turns as the FMA's.
+  const bool bf16 = opt.precision == Precision::BF16;
+  std::vector<double> bf16_peaks;
+  const auto timing = attend.time(out, opt, a.baselines, [&] {
+    if (bf16) bf16_peaks.push_back(measure_bf16_peak_gflops(threads));
+    return measure_fma_peak_gflops(threads);
+  });
   const double ms = timing.turns.kernel_ms[0], peak = timing.turns.ceiling;
   const double per_pair = 4.0 * double(a.head_dim) * double(a.heads) * double(a.batch);
   const double gflops = per_pair * double(a.n) * double(n_k) / ms * 1e-6;
@@ -277,14 +283,23 @@ Measurement bench_attention(const BenchArgs& a, int threads) {
                  {"median_ms", rounded(ms, 4)}, {"gflops", rounded(gflops, 2)}, {"gflops_unmasked", rounded(gflops_unmasked, 2)},
                  {"peak_gflops", rounded(peak, 2)}, {"ratio_to_peak", rounded(ratio, 4)}},
                 "", ms, causal ? gflops_unmasked : gflops, ratio};
+  // (0: no unit, the FMAs' peak is the one)
+  const double bf16_peak = bf16 ? median(bf16_peaks) : 0;
+  if (bf16) m.json["bf16_peak_gflops"] = bf16_peak > 0 ? nlohmann::ordered_json(rounded(bf16_peak, 2)) : nullptr;
   m.json.update(timing.json);
   m.text = shape_text("attention", a, n_k, hkv, causal, threads, ms, gflops, "4·n·kv_len·d·H", gflops_unmasked);
   char buf[400];
   std::snprintf(buf, sizeof buf, ", FMA peak %.1f GFLOP/s -> %.1f%% of peak\n", peak, 100 * ratio);
   m.text += buf;
-  if (opt.precision != Precision::Float32) {
-    std::snprintf(buf, sizeof buf, "  precision %s on %s\n", a.precision.c_str(), precision_unit(opt.precision).c_str());
+  if (bf16) {
+    std::snprintf(buf, sizeof buf, "  precision %s on %s", a.precision.c_str(), precision_unit(opt.precision).c_str());
     m.text += buf;
+    if (bf16_peak > 0) {
+      std::snprintf(buf, sizeof buf, ", its peak %.1f GFLOP/s -> %.1f%% of it", bf16_peak,
+                    100 * (causal ? gflops_unmasked : gflops) / bf16_peak);
+      m.text += buf;
+    }
+    m.text += "\n";
   }
   m.text += timing.text;
   return m;

@@ -246,27 +246,6 @@ void bind_outputs(AttentionProblem<T>& p, TensorView<T> out, const AttentionExtr
   }
 }
 
-// bf16 precision's Q for the prefill: p's queries rounded to bfloat16 into
-// a contiguous copy, which p then reads (the kernel rounds K, V and P as it
-// packs them). Per run, as decode, which stays float32, reads Q unrounded.
-Tensor<float> round_queries(AttentionProblem<float>& p) {
-  const int64_t per_head = p.n_q * p.d, per_batch = p.heads_q * per_head;
-  Tensor<float> rounded({p.batch * per_batch});
-  for (int64_t b = 0; b < p.batch; ++b)
-    for (int64_t h = 0; h < p.heads_q; ++h)
-      for (int64_t i = 0; i < p.n_q; ++i) {
-        const float* row = p.q.row(b, h, i);
-        float* out = rounded.data() + b * per_batch + h * per_head + i * p.d;
-        for (int64_t c = 0; c < p.d; ++c) out[c] = attn::round_to_bf16(row[c]);
-      }
-  for (int64_t b = 0; b < p.batch; ++b) p.q.batch_offset[b] = b * per_batch;
-  p.q.data = rounded.data();
-  p.q.head_stride = per_head;
-  p.q.row_stride = p.d;
-  p.q.col_stride = 1;
-  return rounded;
-}
-
 template <class T, class KV>
 PreparedAttention<T, KV>::PreparedAttention(TensorView<const T> q, TensorView<const KV> k,
                                             TensorView<const KV> v,
@@ -296,13 +275,8 @@ void PreparedAttention<T, KV>::run(TensorView<T> out, const AttentionExtras<T>& 
       staged = Tensor<float>(out.shape());
       p.out = operand(staged.view(), p.batch_axes, p.batch);
     }
-    Tensor<float> q_rounded;
-    if (use_decode(p)) {  // (float32 whatever the precision: docs/semantics.md "Precision")
-      decode_forward(p);
-    } else {
-      if (p.precision == Precision::BF16) q_rounded = round_queries(p);
-      flash_forward(p);
-    }
+    if (use_decode(p)) decode_forward(p);  // (float32 whatever the precision: docs/semantics.md "Precision")
+    else flash_forward(p);
     if (staged.rank()) copy<float>(staged.view(), out);
   }
 }
@@ -459,7 +433,9 @@ Precision parse_precision(const std::string& name) {
 
 std::string precision_name(Precision precision) { return precision == Precision::BF16 ? "bf16" : "f32"; }
 
-std::string precision_unit(Precision) { return "highway"; }
+std::string precision_unit(Precision precision) {
+  return precision == Precision::BF16 ? detail::bf16_prefill_unit() : "highway";
+}
 
 Logits parse_logits(const std::string& name) {
   if (name == "scaled") return Logits::Scaled;

@@ -39,6 +39,19 @@ void exp2_nonpositive(const float* x, float* out, int64_t n);
 // tests.)
 void round_to_bf16(const float* x, float* out, int64_t n);
 
+// The unit bf16 precision's prefill computes its products on, with the SIMD
+// target the dispatcher picks now: "avx512_bf16" (bf16_unit.hpp) or
+// "highway" (the same rounding, FMAs on float32).
+const char* bf16_prefill_unit();
+
+// Turns this CPU's bf16 unit off (false: the Highway path everywhere) or
+// back on, for tests that check both. Not while kernels run.
+void set_bf16_unit_enabled(bool enabled);
+
+// The bf16 unit's throughput loop (BF16Unit::peak_loop): flops done, or 0
+// where the CPU has no unit (or it is off).
+double bf16_peak_loop(int64_t iterations, float* sink);
+
 // y = softmax(x) for one contiguous row of n floats (y may be x), when the
 // row holds no NaN and its maximum is finite; otherwise returns false and
 // leaves y alone (softmax.cc handles those rows).

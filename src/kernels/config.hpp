@@ -5,8 +5,9 @@
 //
 // Each can be overridden at build time for an experiment, in a build folder
 // of its own, e.g.
-//   cmake -S . -B build-q128 -DCMAKE_BUILD_TYPE=Release \
+//   cmake -S . -B build-q128 -DCMAKE_BUILD_TYPE=Release
 //         -DCMAKE_CXX_FLAGS="-DATTN_BLOCK_Q=128 -DATTN_DECODE_CHUNK=1024"
+//   (one command)
 //   cmake --build build-q128 -j 2 && build-q128/bin/attn bench attention ...
 // The static_asserts below (and the per-target one in matmul-inl.h) reject
 // values the kernels cannot run with. Any setting keeps results bitwise equal

@@ -19,6 +19,7 @@
 #include <cstring>
 #include <limits>
 
+#include "kernels/bf16_unit.hpp"
 #include "kernels/config.hpp"
 
 HWY_BEFORE_NAMESPACE();
@@ -102,6 +103,44 @@ void PackK(const AttentionProblem<float>& p, int64_t b, int64_t hkv, int64_t kt,
            p.precision == Precision::BF16);
 }
 
+// The bf16 unit (bf16_unit.hpp) on targets whose vectors are its 16 lanes
+// (padded V rows are then whole vectors of 16); null elsewhere, where bf16
+// precision runs on FMAs.
+inline const BF16Unit* BF16UnitOfTarget() {
+#if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
+  return bf16_unit();
+#else
+  return nullptr;
+#endif
+}
+
+// `count` float32 rows of bf16 values, `width` (whole vectors) apart, as
+// rows of bf16 pairs, in place: row i is rows 2i and 2i + 1 interleaved
+// (BF16Unit's layouts), paired with zeros where count is odd. (Row i is read
+// only by pairs before it, or its own before it is written.)
+inline void InterleavePairs(float* rows, int64_t count, int64_t width) {
+  const DF d;
+  const hn::RebindToUnsigned<DF> du;
+  const auto N = static_cast<int64_t>(hn::Lanes(d));
+  const auto top = hn::Set(du, 0xffff0000u);
+  for (int64_t i = 0; 2 * i < count; ++i) {
+    const float* lo = rows + 2 * i * width;
+    const bool pair = 2 * i + 1 < count;
+    for (int64_t c = 0; c < width; c += N) {
+      auto bits = hn::ShiftRight<16>(hn::BitCast(du, hn::Load(d, lo + c)));
+      if (pair) bits = hn::Or(bits, hn::And(hn::BitCast(du, hn::Load(d, lo + width + c)), top));
+      hn::Store(hn::BitCast(d, bits), d, rows + i * width + c);
+    }
+  }
+}
+
+// K tile kt as the bf16 unit's panel of pairs (PackK, then paired).
+template <class KV>
+void PackKPairs(const AttentionProblem<float>& p, int64_t b, int64_t hkv, int64_t kt, float* dst) {
+  PackK<KV>(p, b, hkv, kt, dst);
+  InterleavePairs(dst, p.d, kBlockK);
+}
+
 // ALiBi's bias added to a block of scores as MatmulBlock stores them, while
 // they are in registers (as a pass of its own over the stored scores it cost
 // 5-9% of a call, d = 64).
@@ -129,19 +168,38 @@ struct AlibiRows {
   int64_t of(int64_t i) const { return anchor[i - i0]; }
 };
 
-// S = scale · Q Kᵀ of block rb (head h of batch b) against the packed key
+// The query rows that products read: row r of a block at first + r · stride,
+// the problem's own rows or a rounded copy of them (bf16 precision).
+struct QueryRows {
+  const float* first;
+  int64_t stride;
+
+  // Head h's rows of batch b from row i.
+  static QueryRows Of(const AttentionProblem<float>& p, int64_t b, int64_t h, int64_t i) {
+    return {p.q.row(b, h, i), p.q.row_stride};
+  }
+  // The same rows from r rows further on.
+  QueryRows From(int64_t r) const { return {first + r * stride, stride}; }
+};
+
+// S = scale · Q Kᵀ of block rb (its queries at q) against the packed key
 // tile at `panel` (keys from j0), row r at s + r · kBlockK; with `alibi`,
 // ALiBi's bias added as the products are stored. Only the tile's keys, in
 // whole vectors, are computed (WholeVectors(n_k - j0) of the kBlockK
-// columns): the rest of a row is left alone.
-HWY_INLINE void Products(DF d, const AttentionProblem<float>& p, int64_t b, int64_t h, const RowBlock& rb,
-                         const float* panel, int64_t j0, float scale, float* s, const AlibiRows* alibi) {
+// columns): the rest of a row is left alone. With `unit`, the panel is its
+// pairs (PackKPairs) and the products are the unit's (no `alibi` then).
+HWY_INLINE void Products(DF d, const AttentionProblem<float>& p, const RowBlock& rb, QueryRows qr,
+                         const float* panel, int64_t j0, float scale, float* s, const AlibiRows* alibi,
+                         const BF16Unit* unit = nullptr) {
   const int64_t cols = std::min(kBlockK, p.n_k - j0);
   const float* q[kRows];
   for (int r0 = 0; r0 < rb.rows; r0 += kRows) {
     const int rows = std::min(kRows, rb.rows - r0);
-    for (int r = 0; r < rows; ++r) q[r] = p.q.row(b, h, rb.i0 + r0 + r);
-    if (alibi) {
+    for (int r = 0; r < rows; ++r) q[r] = qr.first + (r0 + r) * qr.stride;
+    if (unit) {
+      unit->products(q, rows, p.d, reinterpret_cast<const uint32_t*>(panel), scale, s + r0 * kBlockK, kBlockK,
+                     cols);
+    } else if (alibi) {
       int64_t first[kRows];
       for (int r = 0; r < rows; ++r) first[r] = j0 - alibi->of(rb.i0 + r0 + r);
       MatmulPanel(d, q, rows, p.d, panel, scale, s + r0 * kBlockK, kBlockK,
@@ -153,18 +211,21 @@ HWY_INLINE void Products(DF d, const AttentionProblem<float>& p, int64_t b, int6
 }
 
 // S = masked, softcapped scores (base-2 units) of block rb (head h of batch
-// b) against the packed key tile kt at `panel`, ALiBi's bias added; row r at
+// b, its queries at q) against the packed key tile kt at `panel`, ALiBi's
+// bias added; row r at
 // s + r · kBlockK. With softcap and `tanh_out`, also tanh(scale·q·k /
 // softcap) there, in the same layout (the backward's derivative of softcap).
+// With `unit`, the panel is its pairs (Products).
 inline void Scores(DF d, const AttentionProblem<float>& p, int64_t b, int64_t h, int64_t kt, const RowBlock& rb,
-                   const float* panel, const AlibiRows& alibi, float* s, float* tanh_out = nullptr) {
+                   QueryRows q, const float* panel, const AlibiRows& alibi, float* s, float* tanh_out = nullptr,
+                   const BF16Unit* unit = nullptr) {
   const int64_t j0 = kt * kBlockK, jn = std::min(kBlockK, p.n_k - j0);
   const bool inside = rb.allows_all(j0, jn);
   // Without softcap (which comes first) and masks, the bias is added as the
-  // scores are stored; otherwise after softcap (AddAlibi) or with the masks
-  // (MaskRow).
-  const bool alibi_now = !p.alibi.empty() && p.softcap == 0 && inside && !p.mask.present();
-  Products(d, p, b, h, rb, panel, j0, ScoreScale(p), s, alibi_now ? &alibi : nullptr);
+  // scores are stored (but not by the unit); otherwise after softcap
+  // (AddAlibi) or with the masks (MaskRow).
+  const bool alibi_now = !p.alibi.empty() && p.softcap == 0 && inside && !p.mask.present() && !unit;
+  Products(d, p, rb, q, panel, j0, ScoreScale(p), s, alibi_now ? &alibi : nullptr, unit);
   // (On a partial tile the entries past its keys are not products: softcap
   // sees whatever is there, and the masks below make them -inf.)
   if (p.softcap > 0) Softcap(d, p.softcap, s, rb.rows * kBlockK, /*natural=*/false, tanh_out);

@@ -72,6 +72,9 @@ struct Item {
   WidenValuesFn widen_v;
   float* v_tile;
   int64_t b, hkv, i0, rows;
+  // With bf16 precision on a CPU's bf16 unit: K panels and V tiles are its
+  // pairs, and it computes both products.
+  const BF16Unit* unit;
 };
 
 // V rows j0 .. j0 + count - 1 of (b, hkv) as float32 rows `width` (d_v
@@ -97,7 +100,15 @@ void WidenValues(const AttentionProblem<float>& p, int64_t b, int64_t hkv, int64
   }
 }
 
-thread_local Scratch<float> tls_scores, tls_out, tls_sums;
+// The same V rows as the bf16 unit's tile of pairs.
+template <class KV>
+void WidenValuePairs(const AttentionProblem<float>& p, int64_t b, int64_t hkv, int64_t j0, int64_t count,
+                     int64_t width, float* dst) {
+  WidenValues<KV>(p, b, hkv, j0, count, width, dst);
+  InterleavePairs(dst, count, width);
+}
+
+thread_local Scratch<float> tls_scores, tls_out, tls_sums, tls_queries;
 
 // What the passes over one item's key tiles share, for one query head at a
 // time: the row blocks, the range of key tiles, scratch, and each row's
@@ -110,6 +121,7 @@ struct ItemState {
   float* l_lanes;          // per-lane running sums, rows × lanes
   RowBlock blocks[kBlockQ / kBlockRows];
   AlibiRows alibi;         // of the head being processed
+  QueryRows q;             // its rows from it.i0 (SetQueries)
   float m[kBlockQ], l[kBlockQ];
 };
 
@@ -131,6 +143,26 @@ ItemState StartItem(DF d, const Item& it) {
     st.blocks[r0 / kBlockRows] = RowBlock(p, it.i0 + r0, rows);
   }
   return st;
+}
+
+// Head h's query rows for the products: the problem's own, or (bf16
+// precision on FMAs) a copy rounded to bf16, made here, once per head and
+// item, not per tile. (The unit rounds them itself.)
+void SetQueries(DF d, const Item& it, int64_t h, ItemState& st) {
+  const auto& p = it.p;
+  st.q = QueryRows::Of(p, it.b, h, it.i0);
+  if (p.precision != Precision::BF16 || it.unit) return;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(d)), width = WholeVectors(p.d);
+  float* rounded = tls_queries.get(static_cast<size_t>(it.rows * width));
+  for (int64_t r = 0; r < it.rows; ++r) {
+    const float* in = st.q.first + r * st.q.stride;
+    float* out = rounded + r * width;
+    for (int64_t c = 0; c < p.d; c += N) {
+      const int64_t m = std::min(N, p.d - c);
+      StorePart(d, RoundToBF16(d, LoadPart(d, in + c, m, 0.0f)), out + c, m);
+    }
+  }
+  st.q = {rounded, width};
 }
 
 // The online softmax over the item's key tiles for head h: leaves each row's
@@ -161,7 +193,7 @@ HWY_INLINE void SoftmaxPass(DF d, const Item& it, int64_t h, bool pack, ItemStat
     for (int64_t r0 = 0; r0 < it.rows; r0 += kBlockRows) {
       const RowBlock& rb = st.blocks[r0 / kBlockRows];
       if (rb.masks_all(j0, jn)) continue;
-      Scores(d, p, it.b, h, kt, rb, it.kpack + kt * p.d * kBlockK, st.alibi, s);
+      Scores(d, p, it.b, h, kt, rb, st.q.From(r0), it.kpack + kt * p.d * kBlockK, st.alibi, s, nullptr, it.unit);
       const int rows = rb.rows;
       const int64_t width = WholeVectors(jn);  // the tile's keys (past them: -inf)
       for (int r = 0; r < rows; ++r) {
@@ -172,6 +204,10 @@ HWY_INLINE void SoftmaxPass(DF d, const Item& it, int64_t h, bool pack, ItemStat
           for (int64_t c = 0; c < dvp; c += static_cast<int64_t>(N))
             hn::Store(hn::Mul(hn::Load(d, orow + c), a), d, orow + c);
         }
+      }
+      if (it.unit) {  // (which rounds P to bf16 itself)
+        it.unit->accumulate(s, kBlockK, rows, jn, reinterpret_cast<const uint32_t*>(v0), dvp, o + r0 * dvp, dvp);
+        continue;
       }
       if (p.precision == Precision::BF16)  // P as the products take it
         for (int r = 0; r < rows; ++r)
@@ -211,7 +247,7 @@ void WriteWeights(DF d, const Item& it, int64_t h, ItemState& st) {
     for (int64_t r0 = 0; r0 < it.rows; r0 += kBlockRows) {
       const RowBlock& rb = st.blocks[r0 / kBlockRows];
       if (rb.masks_all(j0, jn)) continue;
-      Scores(d, p, it.b, h, kt, rb, it.kpack + kt * p.d * kBlockK, st.alibi, s);
+      Scores(d, p, it.b, h, kt, rb, st.q.From(r0), it.kpack + kt * p.d * kBlockK, st.alibi, s, nullptr, it.unit);
       for (int r = 0; r < rb.rows; ++r) {
         const int64_t i = r0 + r;
         if (st.l[i] == 0) continue;
@@ -246,7 +282,8 @@ void WriteLogits(DF d, const Item& it, int64_t h, ItemState& st) {
     for (int64_t r0 = 0; r0 < it.rows; r0 += kBlockRows) {
       const RowBlock& rb = st.blocks[r0 / kBlockRows];
       if (masked && rb.masks_all(j0, jn)) continue;
-      Products(d, p, it.b, h, rb, it.kpack + kt * p.d * kBlockK, j0, static_cast<float>(p.scale), s, nullptr);
+      Products(d, p, rb, st.q.From(r0), it.kpack + kt * p.d * kBlockK, j0, static_cast<float>(p.scale), s,
+               nullptr, it.unit);
       if (softcap) Softcap(d, p.softcap, s, rb.rows * kBlockK, /*natural=*/true);
       for (int r = 0; r < rb.rows; ++r) {
         float* sr = s + r * kBlockK;
@@ -269,6 +306,7 @@ void ProcessItem(DF d, const Item& it) {
   for (int64_t g = 0; g < it.p.group(); ++g) {
     const int64_t h = it.hkv * it.p.group() + g;
     st.alibi.Set(it.p, h, it.i0, it.rows);
+    SetQueries(d, it, h, st);
     SoftmaxPass(d, it, h, it.pack && g == 0, st);
     WriteOutput(d, it, h, st);
     if (it.p.weights) WriteWeights(d, it, h, st);
@@ -305,12 +343,14 @@ void FlashTiles(const AttentionProblem<float>& p) {
   // the items: packed all at once it would be a float32 copy of K, twice
   // or four times the memory of K itself.
   const bool shared = n_qt > 1 && std::is_same_v<KV, float>;
+  const BF16Unit* unit = p.precision == Precision::BF16 ? BF16UnitOfTarget() : nullptr;
+  const PackKFn pack_k = unit ? &PackKPairs<KV> : &PackK<KV>;
   const auto size = static_cast<size_t>(std::max<int64_t>(shared ? heads * head_pack : head_pack, 1));
   float* kpack = shared ? tls_kpack.get(size) : nullptr;
   if (shared) {
     parallel_for(heads * n_tiles, [&](int64_t item) {
       const int64_t bh = item / n_tiles, kt = item % n_tiles;
-      PackK<KV>(p, bh / p.heads_kv, bh % p.heads_kv, kt, kpack + bh * head_pack + kt * p.d * kBlockK);
+      pack_k(p, bh / p.heads_kv, bh % p.heads_kv, kt, kpack + bh * head_pack + kt * p.d * kBlockK);
     }, double(heads * head_pack));
   }
   const bool v_in_place = std::is_same_v<KV, float> && p.d_v == dvp && ValueStride<KV>(p) == dvp &&
@@ -323,20 +363,26 @@ void FlashTiles(const AttentionProblem<float>& p) {
     const Item it{p,
                   shared ? kpack + bh * head_pack : tls_item_kpack.get(size),
                   !shared,
-                  &PackK<KV>,
+                  pack_k,
                   v_in_place ? p.v.row(b, hkv, 0) : nullptr,
-                  &WidenValues<KV>,
+                  unit ? &WidenValuePairs<KV> : &WidenValues<KV>,
                   v_tile,
                   b,
                   hkv,
                   i0,
-                  std::min(rows, p.n_q - i0)};
+                  std::min(rows, p.n_q - i0),
+                  unit};
     ProcessItem(d, it);
   }, 2.0 * double(p.batch * p.heads_q) * double(p.n_q) * double(p.n_k) * double(p.d + p.d_v));
 }
 
 void FlashForward(const AttentionProblem<float>& p) {
   WithKVType(p, [&](auto kv) HWY_ATTR { FlashTiles<decltype(kv)>(p); });
+}
+
+const char* BF16PrefillUnit() {
+  const BF16Unit* unit = BF16UnitOfTarget();
+  return unit ? unit->name : "highway";
 }
 
 }  // namespace HWY_NAMESPACE
@@ -346,6 +392,8 @@ HWY_AFTER_NAMESPACE();
 #if HWY_ONCE
 namespace attn::detail {
 HWY_EXPORT(FlashForward);
+HWY_EXPORT(BF16PrefillUnit);
 void flash_forward(const AttentionProblem<float>& p) { HWY_DYNAMIC_DISPATCH(FlashForward)(p); }
+const char* bf16_prefill_unit() { return HWY_DYNAMIC_DISPATCH(BF16PrefillUnit)(); }
 }  // namespace attn::detail
 #endif

@@ -1,0 +1,46 @@
+// Internal: a CPU's bf16 dot-product unit, the two products of bf16
+// precision's prefill done by instructions that multiply bf16 pairs into
+// float32 sums (x86's VDPBF16PS: twice the float32 FMA's work per
+// instruction). Highway 1.0.3 has none of them, so each architecture's unit
+// is one file of compiler intrinsics (bf16_x86.cc), used only where a
+// run-time CPU check found the instructions.
+//
+// Layouts ("pairs": two bf16 in 32 bits, the first in the low half):
+//   K panel   [ceil(d / 2)][kBlockK] pairs: (k_j[2c], k_j[2c + 1]) at
+//             [c][j], a float32 panel (PackRows) with rows 2c and 2c + 1
+//             interleaved (flash-inl.h, InterleavePairs)
+//   V tile    [ceil(count / 2)][dvp] pairs: (v_2i[c], v_2i+1[c]) at [i][c]
+// Q rows and P rows are float32 (already bf16 values), paired by the unit.
+// The instructions treat bf16 subnormals (below 2^-126) as zero.
+#pragma once
+
+#include <cstdint>
+
+namespace attn::detail {
+
+struct BF16Unit {
+  const char* name;  // as precision_unit reports it
+  // s[r · s_stride + j] = scale · Σ_c q[r][c] · k_j[c] for r < rows (<= 4)
+  // and the first `cols` keys of the panel (<= kBlockK) in whole 16-key
+  // vectors: columns up to cols rounded up to 16 are written.
+  void (*products)(const float* const* q, int rows, int64_t d, const uint32_t* panel, float scale, float* s,
+                   int64_t s_stride, int64_t cols);
+  // o[r · o_stride + c] += Σ_{j < count} p[r · p_stride + j] · v_j[c] for
+  // r < rows, c < dvp (a multiple of 16), count <= kBlockK; p's entries
+  // past count are not read.
+  void (*accumulate)(const float* p, int64_t p_stride, int rows, int64_t count, const uint32_t* v, int64_t dvp,
+                     float* o, int64_t o_stride);
+  // The unit's throughput loop for measuring its peak: `iterations` rounds
+  // of independent dot products, the flops done (a pair product counts 2,
+  // its sum 2), the result's sum in *sink.
+  double (*peak_loop)(int64_t iterations, float* sink);
+};
+
+// x86 CPUs with AVX512_BF16 (bf16_x86.cc, x86-64 builds only); null
+// elsewhere.
+const BF16Unit* avx512_bf16_unit();
+
+// This CPU's unit, or null: none, or switched off (set_bf16_unit_enabled).
+const BF16Unit* bf16_unit();
+
+}  // namespace attn::detail
