@@ -265,6 +265,31 @@ TEST(Kernels, Exp2MatchesStdExp2OnEveryTarget) {
   });
 }
 
+// bf16 precision's 2^x (degree 3) against std::exp2 over the same range:
+// its polynomial's 7.5e-5 (from its fit) plus float rounding, far below the
+// 2^-9 = 2e-3 to which P is then rounded.
+TEST(Kernels, Exp2ForBF16WithinItsBoundOnEveryTarget) {
+  std::vector<float> x;
+  for (double t = -126.0; t <= 0.0; t += 1.0 / 1024) x.push_back(static_cast<float>(t));
+  x.push_back(-126.5f);
+  x.push_back(-std::numeric_limits<float>::infinity());
+  x.push_back(std::numeric_limits<float>::quiet_NaN());
+  test::on_every_simd_target([&] {
+    std::vector<float> out(x.size());
+    detail::exp2_nonpositive(x.data(), out.data(), static_cast<int64_t>(x.size()), /*for_bf16=*/true);
+    double worst = 0;
+    for (size_t i = 0; i + 3 < x.size(); ++i) {
+      const double want = std::exp2(static_cast<double>(x[i]));
+      worst = std::max(worst, std::abs(out[i] - want) / want);
+    }
+    EXPECT_LE(worst, 7.6e-5);
+    EXPECT_GT(worst, 1e-5);  // the cheaper polynomial, not the float32 one
+    EXPECT_EQ(out[x.size() - 3], 0.0f);
+    EXPECT_EQ(out[x.size() - 2], 0.0f);
+    EXPECT_TRUE(std::isnan(out.back()));
+  });
+}
+
 // The float32 softmax kernel against the plain double softmax on every target,
 // with row lengths around each vector width (full vectors and partial tails).
 TEST(Kernels, SoftmaxOnEveryTarget) {

@@ -488,6 +488,8 @@ inline void WriteRow(DF d, const AttentionProblem<float>& p, int64_t b, int64_t 
 // Edge cases (README "Edge cases"): a NaN logit makes P, and so l, NaN for
 // good (the row comes out NaN); +inf logits share the weight equally, the
 // softmax's limit.
+// kForBF16: P's exponentials to bf16 precision's accuracy (Exp2NonPositive).
+template <bool kForBF16 = false>
 HWY_INLINE float SoftmaxStep(DF d, float* s, int64_t n, float& m, float* l) {
   const size_t N = hn::Lanes(d);
   const float ninf = -std::numeric_limits<float>::infinity();
@@ -523,7 +525,7 @@ HWY_INLINE float SoftmaxStep(DF d, float* s, int64_t n, float& m, float* l) {
   const VF vm = hn::Set(d, m_new);
   VF sum = hn::Zero(d);
   for (int64_t j = 0; j < n; j += static_cast<int64_t>(N)) {
-    const VF e = Exp2NonPositive(d, hn::Sub(hn::Load(d, s + j), vm));
+    const VF e = Exp2NonPositive<kForBF16>(d, hn::Sub(hn::Load(d, s + j), vm));
     hn::Store(e, d, s + j);
     sum = hn::Add(sum, e);
   }

@@ -30,9 +30,10 @@ void decode_forward(const AttentionProblem<float>& p);
 bool use_decode(const AttentionProblem<float>& p);
 
 // out[i] = 2^x[i], the kernels' softmax exponential, meant for x <= 0:
-// relative error about 1e-7, 0 below 2^-126 and for -inf, NaN for NaN.
-// (The kernels inline it; this array form is for tests and benchmarks.)
-void exp2_nonpositive(const float* x, float* out, int64_t n);
+// relative error about 1e-7, 0 below 2^-126 and for -inf, NaN for NaN;
+// for_bf16, bf16 precision's: relative error 7.5e-5. (The kernels inline
+// it; this array form is for tests and benchmarks.)
+void exp2_nonpositive(const float* x, float* out, int64_t n, bool for_bf16 = false);
 
 // out[i] = x[i] rounded to bfloat16 (and back to float), as bf16 precision
 // rounds Q, K, V and P: bitwise float_to_bf16's rounding. (Array form for

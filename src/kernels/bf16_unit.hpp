@@ -10,7 +10,8 @@
 //             [c][j], a float32 panel (PackRows) with rows 2c and 2c + 1
 //             interleaved (flash-inl.h, InterleavePairs)
 //   V tile    [ceil(count / 2)][dvp] pairs: (v_2i[c], v_2i+1[c]) at [i][c]
-// Q rows and P rows are float32 (already bf16 values), paired by the unit.
+//   Q rows    ceil(d / 2) pairs each (to_pairs)
+// P rows are float32, paired by the unit.
 // The instructions treat bf16 subnormals (below 2^-126) as zero.
 #pragma once
 
@@ -20,11 +21,15 @@ namespace attn::detail {
 
 struct BF16Unit {
   const char* name;  // as precision_unit reports it
-  // s[r · s_stride + j] = scale · Σ_c q[r][c] · k_j[c] for r < rows (<= 4)
-  // and the first `cols` keys of the panel (<= kBlockK) in whole 16-key
-  // vectors: columns up to cols rounded up to 16 are written.
-  void (*products)(const float* const* q, int rows, int64_t d, const uint32_t* panel, float scale, float* s,
-                   int64_t s_stride, int64_t cols);
+  // The first n floats of x as ceil(n / 2) pairs at out, rounded to bf16
+  // (nearest, ties to even), zero past n; writes whole vectors of 16 pairs.
+  void (*to_pairs)(const float* x, int64_t n, uint32_t* out);
+  // s[r · s_stride + j] = scale · Σ_c q_r[c] · k_j[c] for r < rows (<= 4),
+  // query row r's `pairs` pairs at q + r · q_stride, and the first `cols`
+  // keys of the panel (<= kBlockK) in whole 16-key vectors: columns up to
+  // cols rounded up to 16 are written.
+  void (*products)(const uint32_t* q, int64_t q_stride, int rows, int64_t pairs, const uint32_t* panel,
+                   float scale, float* s, int64_t s_stride, int64_t cols);
   // o[r · o_stride + c] += Σ_{j < count} p[r · p_stride + j] · v_j[c] for
   // r < rows, c < dvp (a multiple of 16), count <= kBlockK; p's entries
   // past count are not read.

@@ -27,8 +27,6 @@ constexpr int kLanes = 16;
 // A block of 4 rows × 4 vectors: 16 accumulators of the 32 registers, more
 // independent sums than the unit's latency × throughput needs.
 constexpr int kRows = 4, kVecs = 4;
-// Query pairs converted at a time: 256 channels, 2 KiB for 4 rows.
-constexpr int64_t kChunkPairs = 128;
 constexpr int64_t kTilePairs = kBlockK / 2;
 static_assert(kTilePairs % kLanes == 0, "a tile's P row is whole vectors of pairs");
 
@@ -54,27 +52,20 @@ ATTN_AVX512_BF16 inline __m512bh LoadPairs(const uint32_t* p) {
   return reinterpret_cast<__m512bh>(_mm512_loadu_si512(p));
 }
 
-// s rows r < MR, vectors v < NV of a tile: the channel pairs of the queries
-// in chunks, each broadcast against NV vectors of 16 keys' pairs.
+// s rows r < MR, vectors v < NV of a tile: each query pair broadcast
+// against NV vectors of 16 keys' pairs.
 template <int MR, int NV>
-ATTN_AVX512_BF16 void ProductBlock(const float* const* q, int64_t d, const uint32_t* panel, float scale, float* s,
-                                   int64_t s_stride) {
-  alignas(64) uint32_t qp[MR][kChunkPairs];
+ATTN_AVX512_BF16 void ProductBlock(const uint32_t* q, int64_t q_stride, int64_t pairs, const uint32_t* panel,
+                                   float scale, float* s, int64_t s_stride) {
   __m512 acc[MR][NV];
   for (int r = 0; r < MR; ++r)
     for (int v = 0; v < NV; ++v) acc[r][v] = _mm512_setzero_ps();
-  const int64_t pairs = (d + 1) / 2;
-  for (int64_t c0 = 0; c0 < pairs; c0 += kChunkPairs) {
-    const int64_t n = std::min(kChunkPairs, pairs - c0);
-    for (int r = 0; r < MR; ++r) ToPairs(q[r] + 2 * c0, std::min(2 * n, d - 2 * c0), qp[r]);
-    for (int64_t c = 0; c < n; ++c) {
-      const uint32_t* k = panel + (c0 + c) * kBlockK;
-      __m512bh b[NV];
-      for (int v = 0; v < NV; ++v) b[v] = LoadPairs(k + v * kLanes);
-      for (int r = 0; r < MR; ++r) {
-        const __m512bh a = Broadcast(qp[r][c]);
-        for (int v = 0; v < NV; ++v) acc[r][v] = _mm512_dpbf16_ps(acc[r][v], a, b[v]);
-      }
+  for (int64_t c = 0; c < pairs; ++c) {
+    __m512bh b[NV];
+    for (int v = 0; v < NV; ++v) b[v] = LoadPairs(panel + c * kBlockK + v * kLanes);
+    for (int r = 0; r < MR; ++r) {
+      const __m512bh a = Broadcast(q[r * q_stride + c]);
+      for (int v = 0; v < NV; ++v) acc[r][v] = _mm512_dpbf16_ps(acc[r][v], a, b[v]);
     }
   }
   const __m512 sc = _mm512_set1_ps(scale);
@@ -118,12 +109,13 @@ constexpr auto MakeTable(std::integer_sequence<int, I...>) {
 template <template <int, int> class Block>
 constexpr auto kTable = MakeTable<Block>(std::make_integer_sequence<int, kRows * kVecs>());
 
-void Products(const float* const* q, int rows, int64_t d, const uint32_t* panel, float scale, float* s,
-              int64_t s_stride, int64_t cols) {
+void Products(const uint32_t* q, int64_t q_stride, int rows, int64_t pairs, const uint32_t* panel, float scale,
+              float* s, int64_t s_stride, int64_t cols) {
   const int64_t vecs = (cols + kLanes - 1) / kLanes;
   for (int64_t v0 = 0; v0 < vecs; v0 += kVecs) {
     const auto nv = std::min<int64_t>(kVecs, vecs - v0);
-    kTable<ProductOf>[(rows - 1) * kVecs + nv - 1](q, d, panel + v0 * kLanes, scale, s + v0 * kLanes, s_stride);
+    kTable<ProductOf>[(rows - 1) * kVecs + nv - 1](q, q_stride, pairs, panel + v0 * kLanes, scale,
+                                                    s + v0 * kLanes, s_stride);
   }
 }
 
@@ -162,7 +154,7 @@ ATTN_AVX512_BF16 double PeakLoop(int64_t iterations, float* sink) {
 }  // namespace
 
 const BF16Unit* avx512_bf16_unit() {
-  static const BF16Unit unit{"avx512_bf16", &Products, &Accumulate, &PeakLoop};
+  static const BF16Unit unit{"avx512_bf16", &ToPairs, &Products, &Accumulate, &PeakLoop};
   // (GCC's and clang's checks include the OS's saving of the AVX-512 state.)
   static const bool present = [] {
     __builtin_cpu_init();

@@ -1,7 +1,7 @@
 // 2^x for the softmax, whose exponents are never positive (scores minus their
 // running max). The kernels keep scores in base-2 units (log2(e) folded into
-// the scale), so this is the whole exp: a rounding, a degree-6 polynomial
-// and an exponent insert.
+// the scale), so this is the whole exp: a rounding, a degree-6 (bf16: 3)
+// polynomial and an exponent insert.
 // Highway's per-target include: include after hwy/highway.h inside a file
 // compiled by foreach_target.h.
 #if defined(ATTN_KERNELS_EXP2_INL_H_) == defined(HWY_TARGET_TOGGLE)
@@ -24,10 +24,13 @@ namespace HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 
 // 2^x = 2^n · 2^f with n = round(x), f in [-1/2, 1/2]; 2^f by the minimax
-// polynomial of Cephes' exp2f (relative error about 1e-7, two ulps at most).
-// Results below 2^-126 flush to 0, so x = -inf gives 0; NaN stays NaN.
-// Meant for x <= 0 (x > 127 would overflow the exponent field).
-template <class D, class V = hn::Vec<D>>
+// polynomial of Cephes' exp2f (relative error about 1e-7, two ulps at most),
+// or, kForBF16, by a degree-3 one (relative error 7.5e-5, fitted here for
+// bf16 precision, whose P is rounded to 2^-9 anyway: three FMAs less on
+// the softmax's critical chain). Results below 2^-126 flush to 0, so
+// x = -inf gives 0; NaN stays NaN. Meant for x <= 0 (x > 127 would
+// overflow the exponent field).
+template <bool kForBF16 = false, class D, class V = hn::Vec<D>>
 HWY_INLINE V Exp2NonPositive(D d, V x) {
   const hn::RebindToSigned<D> di;
   // Adding 1.5·2^23 + 127 rounds x to an integer n and leaves n + 127, the
@@ -35,13 +38,21 @@ HWY_INLINE V Exp2NonPositive(D d, V x) {
   const V shifter = hn::Set(d, 12583039.0f);
   const V t = hn::Add(x, shifter);
   const V f = hn::Sub(x, hn::Sub(t, shifter));
-  V p = hn::Set(d, 1.535336188319500e-4f);
-  p = hn::MulAdd(p, f, hn::Set(d, 1.339887440266574e-3f));
-  p = hn::MulAdd(p, f, hn::Set(d, 9.618437357674640e-3f));
-  p = hn::MulAdd(p, f, hn::Set(d, 5.550332471162809e-2f));
-  p = hn::MulAdd(p, f, hn::Set(d, 2.402264791363012e-1f));
-  p = hn::MulAdd(p, f, hn::Set(d, 6.931472028550421e-1f));
-  p = hn::MulAdd(p, f, hn::Set(d, 1.0f));
+  V p;
+  if constexpr (kForBF16) {
+    p = hn::Set(d, 5.517166853e-2f);
+    p = hn::MulAdd(p, f, hn::Set(d, 2.426111400e-1f));
+    p = hn::MulAdd(p, f, hn::Set(d, 6.932609677e-1f));
+    p = hn::MulAdd(p, f, hn::Set(d, 9.999280572e-1f));
+  } else {
+    p = hn::Set(d, 1.535336188319500e-4f);
+    p = hn::MulAdd(p, f, hn::Set(d, 1.339887440266574e-3f));
+    p = hn::MulAdd(p, f, hn::Set(d, 9.618437357674640e-3f));
+    p = hn::MulAdd(p, f, hn::Set(d, 5.550332471162809e-2f));
+    p = hn::MulAdd(p, f, hn::Set(d, 2.402264791363012e-1f));
+    p = hn::MulAdd(p, f, hn::Set(d, 6.931472028550421e-1f));
+    p = hn::MulAdd(p, f, hn::Set(d, 1.0f));
+  }
   // n + 127 shifted into the exponent field is 2^n for n >= -126; below
   // that (and for -inf, where t is not an integer) the result is masked.
   const V two_n = hn::BitCast(d, hn::ShiftLeft<23>(hn::BitCast(di, t)));

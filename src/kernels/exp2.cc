@@ -32,8 +32,9 @@ void Elementwise(const float* x, float* out, int64_t n, const Step& step) {
   }
 }
 
-void Exp2Array(const float* x, float* out, int64_t n) {
-  Elementwise(x, out, n, [](auto d, auto v) HWY_ATTR { return Exp2NonPositive(d, v); });
+void Exp2Array(const float* x, float* out, int64_t n, bool for_bf16) {
+  if (for_bf16) Elementwise(x, out, n, [](auto d, auto v) HWY_ATTR { return Exp2NonPositive<true>(d, v); });
+  else Elementwise(x, out, n, [](auto d, auto v) HWY_ATTR { return Exp2NonPositive(d, v); });
 }
 
 void RoundArray(const float* x, float* out, int64_t n) {
@@ -47,8 +48,8 @@ HWY_AFTER_NAMESPACE();
 #if HWY_ONCE
 namespace attn::detail {
 HWY_EXPORT(Exp2Array);
-void exp2_nonpositive(const float* x, float* out, int64_t n) {
-  HWY_DYNAMIC_DISPATCH(Exp2Array)(x, out, n);
+void exp2_nonpositive(const float* x, float* out, int64_t n, bool for_bf16) {
+  HWY_DYNAMIC_DISPATCH(Exp2Array)(x, out, n, for_bf16);
 }
 HWY_EXPORT(RoundArray);
 void round_to_bf16(const float* x, float* out, int64_t n) { HWY_DYNAMIC_DISPATCH(RoundArray)(x, out, n); }

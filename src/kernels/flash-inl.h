@@ -169,7 +169,8 @@ struct AlibiRows {
 };
 
 // The query rows that products read: row r of a block at first + r · stride,
-// the problem's own rows or a rounded copy of them (bf16 precision).
+// the problem's own rows or a rounded copy of them (bf16 precision), or,
+// for a bf16 unit, its pairs (BF16Unit::to_pairs).
 struct QueryRows {
   const float* first;
   int64_t stride;
@@ -197,8 +198,8 @@ HWY_INLINE void Products(DF d, const AttentionProblem<float>& p, const RowBlock&
     const int rows = std::min(kRows, rb.rows - r0);
     for (int r = 0; r < rows; ++r) q[r] = qr.first + (r0 + r) * qr.stride;
     if (unit) {
-      unit->products(q, rows, p.d, reinterpret_cast<const uint32_t*>(panel), scale, s + r0 * kBlockK, kBlockK,
-                     cols);
+      unit->products(reinterpret_cast<const uint32_t*>(q[0]), qr.stride, rows, (p.d + 1) / 2,
+                     reinterpret_cast<const uint32_t*>(panel), scale, s + r0 * kBlockK, kBlockK, cols);
     } else if (alibi) {
       int64_t first[kRows];
       for (int r = 0; r < rows; ++r) first[r] = j0 - alibi->of(rb.i0 + r0 + r);
