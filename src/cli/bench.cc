@@ -160,7 +160,10 @@ struct Attend {
       AttentionOptions options;
     };
     std::vector<Without> without;
-    if (baselines && opt.causal != Causal::None) without.push_back({"noncausal", "non-causal", 2, {}});
+    if (baselines && opt.causal != Causal::None) {  // (in the same precision)
+      without.push_back({"noncausal", "non-causal", 2, {}});
+      without.back().options.precision = opt.precision;
+    }
     if (baselines && !opt.alibi_slopes.empty()) {
       without.push_back({"no_alibi", "without ALiBi", 3, opt});
       without.back().options.alibi_slopes.clear();

@@ -359,10 +359,13 @@ void FlashTiles(const AttentionProblem<float>& p) {
   float* kpack = shared ? tls_kpack.get(size) : nullptr;
   const bool v_in_place = std::is_same_v<KV, float> && p.d_v == dvp && ValueStride<KV>(p) == dvp &&
                           p.precision == Precision::Float32;
-  // V that is not read in place is widened (rounded, paired) once for all
-  // items when K is (bf16, n = 4096, 8 heads × 64: 3.9% of a call went to
-  // widening each tile again in each of 8 items).
-  const bool v_shared = shared && !v_in_place;
+  // On the bf16 unit, V's pairs are made once for all items when K is packed
+  // once (n = 4096, 8 heads × 64: 3.9% of a call went to pairing each tile
+  // again in each of 8 items). float32 V that is not read in place (heads
+  // sliced from one wide array, as the layer passes them) is widened per
+  // tile as before: a copy of all of it would cost the layer's calls the
+  // memory of V again.
+  const bool v_shared = shared && unit;
   const int64_t head_vpack = n_tiles * kBlockK * dvp;
   float* vpack = v_shared ? tls_vpack.get(static_cast<size_t>(std::max<int64_t>(heads * head_vpack, 1))) : nullptr;
   if (shared) {
