@@ -12,6 +12,7 @@
 #include <cstring>
 #include <limits>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "attn/attention.hpp"
@@ -151,6 +152,28 @@ TEST(Precision, BF16WithCompactKV) {
     check(to_float16(k.view()), to_float16(v.view()));
     check(quantize_q8_0(k.view()), quantize_q8_0(v.view()));
   });
+}
+
+// A closed form: with one key its weight is 1, so each output row is v's
+// row as the products see it, rounded to bf16, exactly (the row's maximum
+// weighs exactly 1 in the softmax's sum as in P·V). Every unit and target,
+// head dims across the vector widths, several heads of GQA.
+TEST(Precision, OneKeyGivesItsValueRoundedToBF16) {
+  std::mt19937 rng(2307);
+  for (const int64_t d : {1, 7, 16, 40, 64, 130}) {
+    SCOPED_TRACE("d = " + std::to_string(d));
+    const auto q = normal({1, 4, 3, d}, rng), k = normal({1, 2, 1, d}, rng), v = normal({1, 2, 1, d}, rng);
+    AttentionOptions bf16;
+    bf16.precision = Precision::BF16;
+    on_every_unit_and_target([&] {
+      const auto out = attention(q.view(), k.view(), v.view(), bf16);
+      for (int64_t h = 0; h < 4; ++h)
+        for (int64_t i = 0; i < 3; ++i)
+          for (int64_t c = 0; c < d; ++c)
+            ASSERT_EQ(out.at({0, h, i, c}), bf16_to_float(float_to_bf16(v.at({0, h / 2, 0, c}))))
+                << "head " << h << ", row " << i << ", column " << c;
+    });
+  }
 }
 
 // The unit is the CPU's: avx512_bf16 where the compiler's check finds

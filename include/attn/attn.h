@@ -72,6 +72,11 @@ typedef struct {
      (Hq), in every row's softmax denominator as a key of value zero; NULL:
      none. */
   const attn_tensor* sinks;
+  /* The prefill's products (attn::Precision): 0 float32; 1 bf16, q, k, v and
+     the softmax's weights rounded to bfloat16 and their products summed in
+     float32, on the CPU's bf16 unit where it has one (F32 q only; decode
+     stays float32). */
+  int32_t precision;
 } attn_options;
 
 /* The defaults: no causal mask, scale 1/sqrt(d), no softcap, no window, no ALiBi. */

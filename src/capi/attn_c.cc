@@ -202,6 +202,7 @@ attn::AttentionOptions options_of(const attn_options* given, const char* functio
     take(o.alibi_slopes, given->alibi_slopes);
     take(o.causal_offset, given->causal_offset);
     take(o.sinks, given->sinks);
+    take(o.precision, given->precision);
   }
   attn::AttentionOptions a;
   switch (o.causal) {
@@ -212,6 +213,12 @@ attn::AttentionOptions options_of(const attn_options* given, const char* functio
     default:
       fail(function, "options", "causal " + std::to_string(o.causal) +
                                     " is not 0 (none), 1 (bottom-right), 2 (top-left) or 3 (offset)");
+  }
+  switch (o.precision) {
+    case 0: a.precision = attn::Precision::Float32; break;
+    case 1: a.precision = attn::Precision::BF16; break;
+    default:
+      fail(function, "options", "precision " + std::to_string(o.precision) + " is not 0 (f32) or 1 (bf16)");
   }
   if (o.scale != 0) a.scale = o.scale;
   a.softcap = o.softcap;

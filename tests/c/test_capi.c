@@ -762,10 +762,37 @@ static void test_extras_and_sinks(void) {
                "options.sinks: must be one logit per query head, shape (Hq), got (2, 1)");
 }
 
+/* options.precision, against a closed form: one key, so its weight is 1 and
+   the output is v as the products see it. v = 1 + 2^-10 is not a bfloat16:
+   bf16 gives 1 (its rounding, to even), f32 keeps it. Other values and
+   float64 with bf16 are refused. */
+static void test_precision(void) {
+  static const int64_t shape[] = {1, 1, 1};
+  float qf[1] = {0.5f}, kf[1] = {2.0f}, vf[1] = {1.0f + 1.0f / 1024}, outf[1];
+  double qd[1] = {0.5}, outd[1];
+  attn_tensor tq = tensor(qf, ATTN_F32, 3, shape), tk = tensor(kf, ATTN_F32, 3, shape),
+              tv = tensor(vf, ATTN_F32, 3, shape), tout = tensor(outf, ATTN_F32, 3, shape),
+              dq = tensor(qd, ATTN_F64, 3, shape), dout = tensor(outd, ATTN_F64, 3, shape);
+  attn_options options;
+  attn_options_init(&options);
+  CHECK(options.precision == 0);
+  CHECK(attn_attention(&tq, &tk, &tv, NULL, &options, &tout) == ATTN_OK);
+  CHECK(outf[0] == vf[0]);
+  options.precision = 1;
+  CHECK(attn_attention(&tq, &tk, &tv, NULL, &options, &tout) == ATTN_OK);
+  CHECK(outf[0] == 1.0f);
+  EXPECT_ERROR(attn_attention(&dq, &dq, &dq, NULL, &options, &dout), ATTN_ERROR_INVALID_ARGUMENT,
+               "pass float32 q, k, v");
+  options.precision = 2;
+  EXPECT_ERROR(attn_attention(&tq, &tk, &tv, NULL, &options, &tout), ATTN_ERROR_INVALID_ARGUMENT,
+               "options: precision 2 is not 0 (f32) or 1 (bf16)");
+}
+
 int main(void) {
   test_attention();
   test_attention_errors();
   test_extras_and_sinks();
+  test_precision();
   test_q8_0();
   test_positional();
   test_sinusoidal();
