@@ -103,32 +103,26 @@ double timed(int threads, Body body) {
   for (auto& th : pool) th.join();
   return std::chrono::duration<double>(Clock::now() - start).count();
 }
-}  // namespace
 
-double measure_fma_peak_gflops(int threads) {
+// GFLOP/s of `threads` threads running loop(iterations, sink) (which
+// returns the flops it did) at once.
+template <class Loop>
+double loop_gflops(int threads, Loop loop) {
   threads = std::max(threads, 1);
   std::vector<float> sink(threads * 16);
   std::vector<double> flops(threads);
-  const double s = timed(threads, [&](int t) {
-    flops[t] = detail::fma_loop(10'000'000, &sink[t * 16]);
-  });
+  const double s = timed(threads, [&](int t) { flops[t] = loop(10'000'000, &sink[t * 16]); });
   double total = 0;
   for (double f : flops) total += f;
   return total / s * 1e-9;
 }
+}  // namespace
+
+double measure_fma_peak_gflops(int threads) { return loop_gflops(threads, detail::fma_loop); }
 
 double measure_bf16_peak_gflops(int threads) {
-  threads = std::max(threads, 1);
   float sink[1];
-  if (detail::bf16_peak_loop(1, sink) == 0) return 0;
-  std::vector<float> sinks(threads * 16);
-  std::vector<double> flops(threads);
-  const double s = timed(threads, [&](int t) {
-    flops[t] = detail::bf16_peak_loop(10'000'000, &sinks[t * 16]);
-  });
-  double total = 0;
-  for (double f : flops) total += f;
-  return total / s * 1e-9;
+  return detail::bf16_peak_loop(1, sink) == 0 ? 0 : loop_gflops(threads, detail::bf16_peak_loop);
 }
 
 // 512 MiB, touched; one spare cache line so that reads can start aligned.

@@ -36,8 +36,8 @@ bool use_decode(const AttentionProblem<float>& p);
 void exp2_nonpositive(const float* x, float* out, int64_t n, bool for_bf16 = false);
 
 // out[i] = x[i] rounded to bfloat16 (and back to float), as bf16 precision
-// rounds Q, K, V and P: bitwise float_to_bf16's rounding. (Array form for
-// tests.)
+// rounds Q, K, V and P on the Highway path (and K and V for the units):
+// bitwise float_to_bf16's rounding. (Array form for tests.)
 void round_to_bf16(const float* x, float* out, int64_t n);
 
 // The unit bf16 precision's prefill computes its products on, with the SIMD

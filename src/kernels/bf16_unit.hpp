@@ -1,9 +1,10 @@
 // Internal: a CPU's bf16 dot-product unit, the two products of bf16
 // precision's prefill done by instructions that multiply bf16 pairs into
 // float32 sums (x86's VDPBF16PS: twice the float32 FMA's work per
-// instruction). Highway 1.0.3 has none of them, so each architecture's unit
-// is one file of compiler intrinsics (bf16_x86.cc), used only where a
-// run-time CPU check found the instructions.
+// instruction; Arm's BFDOT). Highway 1.0.3 has none of them, so each
+// architecture's unit is one file of compiler intrinsics (bf16_x86.cc,
+// bf16_arm.cc) over kernels written once (bf16_blocks-inl.h), used only
+// where a run-time CPU check found the instructions.
 //
 // Layouts ("pairs": two bf16 in 32 bits, the first in the low half):
 //   K panel   [ceil(d / 2)][kBlockK] pairs: (k_j[2c], k_j[2c + 1]) at
@@ -21,18 +22,22 @@ namespace attn::detail {
 
 struct BF16Unit {
   const char* name;  // as precision_unit reports it
+  // float32 lanes of its vectors: the prefill uses it on SIMD targets whose
+  // vectors are whole multiples of them (padded rows then are too).
+  int lanes;
   // The first n floats of x as ceil(n / 2) pairs at out, rounded to bf16
-  // (nearest, ties to even), zero past n; writes whole vectors of 16 pairs.
+  // (nearest, ties to even), zero past n; writes whole vectors of `lanes`
+  // pairs.
   void (*to_pairs)(const float* x, int64_t n, uint32_t* out);
   // s[r · s_stride + j] = scale · Σ_c q_r[c] · k_j[c] for r < rows (<= 4),
   // query row r's `pairs` pairs at q + r · q_stride, and the first `cols`
-  // keys of the panel (<= kBlockK) in whole 16-key vectors: columns up to
-  // cols rounded up to 16 are written.
+  // keys of the panel (<= kBlockK) in whole vectors: columns up to cols
+  // rounded up to `lanes` are written.
   void (*products)(const uint32_t* q, int64_t q_stride, int rows, int64_t pairs, const uint32_t* panel,
                    float scale, float* s, int64_t s_stride, int64_t cols);
   // o[r · o_stride + c] += Σ_{j < count} p[r · p_stride + j] · v_j[c] for
-  // r < rows, c < dvp (a multiple of 16), count <= kBlockK; p's entries
-  // past count are not read.
+  // r < rows, c < dvp (a multiple of `lanes`), count <= kBlockK; p's
+  // entries past count are not read.
   void (*accumulate)(const float* p, int64_t p_stride, int rows, int64_t count, const uint32_t* v, int64_t dvp,
                      float* o, int64_t o_stride);
   // The unit's throughput loop for measuring its peak: `iterations` rounds
@@ -41,9 +46,11 @@ struct BF16Unit {
   double (*peak_loop)(int64_t iterations, float* sink);
 };
 
-// x86 CPUs with AVX512_BF16 (bf16_x86.cc, x86-64 builds only); null
-// elsewhere.
+// x86 CPUs with AVX512_BF16 (bf16_x86.cc), Arm CPUs with BF16
+// (bf16_arm.cc); null where the CPU lacks it, and in builds for other
+// architectures (each file compiles to just that there).
 const BF16Unit* avx512_bf16_unit();
+const BF16Unit* arm_bf16_unit();
 
 // This CPU's unit, or null: none, or switched off (set_bf16_unit_enabled).
 const BF16Unit* bf16_unit();

@@ -103,15 +103,12 @@ void PackK(const AttentionProblem<float>& p, int64_t b, int64_t hkv, int64_t kt,
            p.precision == Precision::BF16);
 }
 
-// The bf16 unit (bf16_unit.hpp) on targets whose vectors are its 16 lanes
-// (padded V rows are then whole vectors of 16); null elsewhere, where bf16
-// precision runs on FMAs.
+// The bf16 unit (bf16_unit.hpp) on targets whose vectors are whole multiples
+// of its (padded V rows, and the key columns products write, then are too);
+// null elsewhere, where bf16 precision runs on FMAs.
 inline const BF16Unit* BF16UnitOfTarget() {
-#if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
-  return bf16_unit();
-#else
-  return nullptr;
-#endif
+  const BF16Unit* unit = bf16_unit();
+  return unit && hn::Lanes(DF()) % static_cast<size_t>(unit->lanes) == 0 ? unit : nullptr;
 }
 
 // `count` float32 rows of bf16 values, `width` (whole vectors) apart, as

@@ -361,10 +361,11 @@ void FlashTiles(const AttentionProblem<float>& p) {
                           p.precision == Precision::Float32;
   // On the bf16 unit, V's pairs are made once for all items when K is packed
   // once (n = 4096, 8 heads × 64: 3.9% of a call went to pairing each tile
-  // again in each of 8 items). float32 V that is not read in place (heads
-  // sliced from one wide array, as the layer passes them) is widened per
-  // tile as before: a copy of all of it would cost the layer's calls the
-  // memory of V again.
+  // again in each of 8 items): a copy of all of V, as K's panels are of K.
+  // float32 V that is not read in place (heads sliced from one wide array,
+  // as the layer passes them) is still widened per tile: a full copy there
+  // cost the layer's calls the memory of V again (test_mha.py's
+  // test_padding_mask_costs_no_dense_mask).
   const bool v_shared = shared && unit;
   const int64_t head_vpack = n_tiles * kBlockK * dvp;
   float* vpack = v_shared ? tls_vpack.get(static_cast<size_t>(std::max<int64_t>(heads * head_vpack, 1))) : nullptr;

@@ -1,0 +1,142 @@
+// The bf16 unit's kernels, written once over the few operations each
+// architecture's dot-product instruction needs (bf16_unit.hpp has the
+// layouts). An architecture's file (bf16_x86.cc, bf16_arm.cc) defines
+//   struct Isa {
+//     static constexpr int kLanes;          // float32 lanes of Acc
+//     using Acc, Pairs;                     // kLanes floats; kLanes bf16 pairs
+//     static Acc Zero(), Set(float), Load(const float*);
+//     static void Store(float*, Acc);
+//     static Acc Mul(Acc, Acc);
+//     static Pairs LoadPairs(const uint32_t*), Broadcast(uint32_t pair);
+//     static Acc Dot(Acc, Pairs, Pairs);    // acc + the pairs' two products per lane
+//     static void ToPairs(const float* x, int64_t n, uint32_t* out);  // BF16Unit::to_pairs
+//   };
+// and includes this file under the pragma that compiles it for the
+// instructions (after every other include: the standard headers' functions
+// keep the baseline target).
+#ifndef ATTN_KERNELS_BF16_BLOCKS_INL_H_
+#define ATTN_KERNELS_BF16_BLOCKS_INL_H_
+
+namespace attn::detail::bf16_blocks {
+
+// A block of 4 rows × 4 vectors: 16 accumulators, more independent sums
+// than the instruction's latency × throughput needs on the CPUs measured.
+constexpr int kRows = 4, kVecs = 4;
+constexpr int64_t kTilePairs = kBlockK / 2;
+
+// s rows r < MR, vectors v < NV of a tile: each query pair broadcast
+// against NV vectors of the keys' pairs.
+template <class Isa, int MR, int NV>
+void ProductBlock(const uint32_t* q, int64_t q_stride, int64_t pairs, const uint32_t* panel, float scale,
+                  float* s, int64_t s_stride) {
+  typename Isa::Acc acc[MR][NV];
+  for (int r = 0; r < MR; ++r)
+    for (int v = 0; v < NV; ++v) acc[r][v] = Isa::Zero();
+  for (int64_t c = 0; c < pairs; ++c) {
+    typename Isa::Pairs b[NV];
+    for (int v = 0; v < NV; ++v) b[v] = Isa::LoadPairs(panel + c * kBlockK + v * Isa::kLanes);
+    for (int r = 0; r < MR; ++r) {
+      const typename Isa::Pairs a = Isa::Broadcast(q[r * q_stride + c]);
+      for (int v = 0; v < NV; ++v) acc[r][v] = Isa::Dot(acc[r][v], a, b[v]);
+    }
+  }
+  const typename Isa::Acc sc = Isa::Set(scale);
+  for (int r = 0; r < MR; ++r)
+    for (int v = 0; v < NV; ++v) Isa::Store(s + r * s_stride + v * Isa::kLanes, Isa::Mul(acc[r][v], sc));
+}
+
+// o rows r < MR, vectors v < NV += the P rows' key pairs (pp, kTilePairs
+// apart) against the V tile's pairs.
+template <class Isa, int MR, int NV>
+void AccumulateBlock(const uint32_t* pp, int64_t pairs, const uint32_t* v0, int64_t dvp, float* o,
+                     int64_t o_stride) {
+  typename Isa::Acc acc[MR][NV];
+  for (int r = 0; r < MR; ++r)
+    for (int v = 0; v < NV; ++v) acc[r][v] = Isa::Load(o + r * o_stride + v * Isa::kLanes);
+  for (int64_t i = 0; i < pairs; ++i) {
+    typename Isa::Pairs b[NV];
+    for (int v = 0; v < NV; ++v) b[v] = Isa::LoadPairs(v0 + i * dvp + v * Isa::kLanes);
+    for (int r = 0; r < MR; ++r) {
+      const typename Isa::Pairs a = Isa::Broadcast(pp[r * kTilePairs + i]);
+      for (int v = 0; v < NV; ++v) acc[r][v] = Isa::Dot(acc[r][v], a, b[v]);
+    }
+  }
+  for (int r = 0; r < MR; ++r)
+    for (int v = 0; v < NV; ++v) Isa::Store(o + r * o_stride + v * Isa::kLanes, acc[r][v]);
+}
+
+// Every (rows, vectors) instantiation of a block, at [(rows - 1) · kVecs +
+// vectors - 1].
+template <class Isa, int... I>
+constexpr auto ProductTable(std::integer_sequence<int, I...>) {
+  return std::array{&ProductBlock<Isa, I / kVecs + 1, I % kVecs + 1>...};
+}
+template <class Isa, int... I>
+constexpr auto AccumulateTable(std::integer_sequence<int, I...>) {
+  return std::array{&AccumulateBlock<Isa, I / kVecs + 1, I % kVecs + 1>...};
+}
+
+// BF16Unit::products: the keys in blocks of kVecs vectors, the last block
+// narrower.
+template <class Isa>
+void Products(const uint32_t* q, int64_t q_stride, int rows, int64_t pairs, const uint32_t* panel, float scale,
+              float* s, int64_t s_stride, int64_t cols) {
+  static constexpr auto table = ProductTable<Isa>(std::make_integer_sequence<int, kRows * kVecs>());
+  const int64_t vecs = (cols + Isa::kLanes - 1) / Isa::kLanes;
+  for (int64_t v0 = 0; v0 < vecs; v0 += kVecs) {
+    const auto nv = std::min<int64_t>(kVecs, vecs - v0);
+    table[(rows - 1) * kVecs + nv - 1](q, q_stride, pairs, panel + v0 * Isa::kLanes, scale, s + v0 * Isa::kLanes,
+                                       s_stride);
+  }
+}
+
+// BF16Unit::accumulate: 4 P rows paired at a time, then the value columns
+// in blocks of kVecs vectors.
+template <class Isa>
+void Accumulate(const float* p, int64_t p_stride, int rows, int64_t count, const uint32_t* v, int64_t dvp, float* o,
+                int64_t o_stride) {
+  static constexpr auto table = AccumulateTable<Isa>(std::make_integer_sequence<int, kRows * kVecs>());
+  static_assert(kTilePairs % 16 == 0, "a tile's P row is whole vectors of pairs on every unit");
+  alignas(64) uint32_t pp[kRows * kTilePairs];
+  const int64_t pairs = (count + 1) / 2, vecs = dvp / Isa::kLanes;
+  for (int r0 = 0; r0 < rows; r0 += kRows) {
+    const int mr = std::min(kRows, rows - r0);
+    for (int r = 0; r < mr; ++r) Isa::ToPairs(p + (r0 + r) * p_stride, count, pp + r * kTilePairs);
+    for (int64_t v0 = 0; v0 < vecs; v0 += kVecs) {
+      const auto nv = std::min<int64_t>(kVecs, vecs - v0);
+      table[(mr - 1) * kVecs + nv - 1](pp, pairs, v + v0 * Isa::kLanes, dvp, o + r0 * o_stride + v0 * Isa::kLanes,
+                                       o_stride);
+    }
+  }
+}
+
+// BF16Unit::peak_loop: 12 independent sums (more than 2 pipes × the
+// instruction's latency), starting from different values so that no
+// compiler merges them.
+template <class Isa>
+double PeakLoop(int64_t iterations, float* sink) {
+  constexpr int kChains = 12;
+  typename Isa::Acc acc[kChains];
+  for (int i = 0; i < kChains; ++i) acc[i] = Isa::Set(static_cast<float>(i));
+  const typename Isa::Pairs ones = Isa::Broadcast(0x3f803f80u), tiny = Isa::Broadcast(0x33d633d6u);  // 1; 1e-7
+  for (int64_t it = 0; it < iterations; ++it)
+    for (int i = 0; i < kChains; ++i) acc[i] = Isa::Dot(acc[i], ones, tiny);
+  alignas(64) float lanes[Isa::kLanes];
+  *sink = 0;
+  for (int i = 0; i < kChains; ++i) {
+    Isa::Store(lanes, acc[i]);
+    for (float x : lanes) *sink += x;
+  }
+  return 4.0 * Isa::kLanes * kChains * static_cast<double>(iterations);
+}
+
+// The unit of an Isa, named as precision_unit reports it.
+template <class Isa>
+const BF16Unit* UnitOf(const char* name) {
+  static const BF16Unit unit{name, Isa::kLanes, &Isa::ToPairs, &Products<Isa>, &Accumulate<Isa>, &PeakLoop<Isa>};
+  return &unit;
+}
+
+}  // namespace attn::detail::bf16_blocks
+
+#endif  // ATTN_KERNELS_BF16_BLOCKS_INL_H_
