@@ -102,13 +102,15 @@ bench: test-deps
 # install-deps.sh adds the architecture), in $(ARM_BUILD)/, and run under
 # qemu-aarch64 on emulated CPUs. Each CPU is qemu's -cpu value / the best
 # Highway target it must dispatch to; on each, the kernel tests force every
-# target the CPU can run, one at a time. qemu 7.2's max has SVE2 (and BF16)
-# at 512 bits; sve128/sve256 set its vector length; a64fx is SVE without SVE2.
+# target the CPU can run, one at a time; / the bf16 unit it must use (none:
+# the Highway path). qemu 7.2's max has SVE2 (and BF16) at 512 bits;
+# sve128/sve256 set its vector length; a64fx is SVE without SVE2.
 ARM_BUILD     ?= build-arm
 ARM_DEBS      := g++-aarch64-linux-gnu qemu-user libhwy-dev:arm64 libgtest-dev:arm64 libstb-dev:arm64
-ARM_CPUS      := cortex-a72/NEON a64fx/SVE max,sve128=on/SVE2_128 max,sve256=on/SVE_256 max/SVE2
+ARM_CPUS      := cortex-a72/NEON a64fx/SVE max,sve128=on/SVE2_128/neon_bf16 max,sve256=on/SVE_256/neon_bf16 \
+                 max/SVE2/neon_bf16
 # make test runs the kernel tests and the edge cases on three of them.
-ARM_TEST_CPUS := cortex-a72/NEON max,sve256=on/SVE_256 max/SVE2
+ARM_TEST_CPUS := cortex-a72/NEON max,sve256=on/SVE_256/neon_bf16 max/SVE2/neon_bf16
 ARM_KERNEL_TESTS := Kernels.*:EdgeCases.*:KVStorage.*:Q8_0.*:Precision.*
 
 arm-build:

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Runs the aarch64 C++ test binary under qemu-aarch64 on emulated Arm CPUs.
-#   tools/test-arm.sh [--best-only] BINARY GTEST_FILTER CPU/TARGET...
+#   tools/test-arm.sh [--best-only] BINARY GTEST_FILTER CPU/TARGET[/UNIT]...
 # CPU is qemu's -cpu value, TARGET the best Highway target it must dispatch to
-# (the test Kernels.SimdTargetsOfThisCpu checks it). On each CPU the kernel
+# (the test Kernels.SimdTargetsOfThisCpu checks it), UNIT the bf16 unit it
+# must use (default highway; Precision.UnitIsTheCPUs checks it). On each CPU the kernel
 # tests force every target it can run, one at a time, as on x86; with
 # --best-only, TARGET alone (ATTN_TEST_TARGETS). ATTN_TEST_EMULATED makes the
 # few tests that are impractical under emulation run smaller. The CPUs run
@@ -17,14 +18,18 @@ logs=$(dirname "$bin")/../test-arm-logs
 mkdir -p "$logs"
 jobs=${ARM_JOBS:-$(nproc)}
 
-log_of() { echo "$logs/$(echo "${1%/*}" | tr ',=' '__').log"; }
+cpu_of() { echo "${1%%/*}"; }
+target_of() { local rest=${1#*/}; echo "${rest%%/*}"; }
+unit_of() { local rest=${1#*/}; [ "$rest" = "${rest#*/}" ] && echo highway || echo "${rest#*/}"; }
+log_of() { echo "$logs/$(cpu_of "$1" | tr ',=' '__').log"; }
 
-run_one() {  # CPU/TARGET: the log, then its exit status and seconds in LOG.status
-  local cpu=${1%/*} expected=${1##*/} log only=() start rc
+run_one() {  # CPU/TARGET[/UNIT]: the log, then its exit status and seconds in LOG.status
+  local cpu expected unit log only=() start rc
+  cpu=$(cpu_of "$1") expected=$(target_of "$1") unit=$(unit_of "$1")
   log=$(log_of "$1")
   [ $best_only = 1 ] && only=(ATTN_TEST_TARGETS="$expected")
   start=$(date +%s)
-  env "${only[@]}" ATTN_TEST_EMULATED=1 ATTN_EXPECT_TARGET="$expected" \
+  env "${only[@]}" ATTN_TEST_EMULATED=1 ATTN_EXPECT_TARGET="$expected" ATTN_EXPECT_UNIT="$unit" \
       qemu-aarch64 -cpu "$cpu" "$bin" --gtest_filter="$filter" >"$log" 2>&1
   rc=$?
   echo "$rc $(( $(date +%s) - start ))" >"$log.status"
@@ -41,10 +46,10 @@ for spec in "$@"; do
   log=$(log_of "$spec")
   read -r rc seconds <"$log.status"
   targets=$(sed -n 's/^SIMD targets of this CPU: //p' "$log")
-  [ $best_only = 1 ] && targets="${spec##*/} (of: $targets)"
+  [ $best_only = 1 ] && targets="$(target_of "$spec") (of: $targets)"
   passed=$(sed -n 's/^\[  PASSED  \] \([0-9]*\) tests\?\..*/\1/p' "$log")
   failures=$(grep -c '^\[  FAILED  \] [A-Za-z]' "$log")
-  printf '%-16s targets: %-40s %4s passed, %s failed, %4d s\n' "${spec%/*}" "${targets:-?}" \
+  printf '%-16s targets: %-40s %4s passed, %s failed, %4d s\n' "$(cpu_of "$spec")" "${targets:-?}" \
       "${passed:-0}" "$failures" "$seconds"
   if [ "$rc" -ne 0 ] || [ -z "$passed" ]; then
     failed=1

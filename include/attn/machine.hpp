@@ -13,8 +13,9 @@ namespace attn {
 double measure_fma_peak_gflops(int threads);
 
 // The same for this CPU's bf16 dot-product unit (precision_unit's
-// "avx512_bf16": its loop of VDPBF16PS, a pair product and its sum counting
-// 4), or 0 where bf16 precision has none and runs on the FMAs.
+// "avx512_bf16": a loop of VDPBF16PS, "neon_bf16": of BFDOT; a pair product
+// and its sum counting 4), or 0 where bf16 precision does not use one and
+// runs on the FMAs.
 double measure_bf16_peak_gflops(int threads);
 
 // Memory read bandwidth: `threads` threads streaming a buffer far larger than

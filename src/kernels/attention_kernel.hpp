@@ -41,8 +41,8 @@ void exp2_nonpositive(const float* x, float* out, int64_t n, bool for_bf16 = fal
 void round_to_bf16(const float* x, float* out, int64_t n);
 
 // The unit bf16 precision's prefill computes its products on, with the SIMD
-// target the dispatcher picks now: "avx512_bf16" (bf16_unit.hpp) or
-// "highway" (the same rounding, FMAs on float32).
+// target the dispatcher picks now: "avx512_bf16" or "neon_bf16"
+// (bf16_unit.hpp), or "highway" (the same rounding, FMAs on float32).
 const char* bf16_prefill_unit();
 
 // Turns this CPU's bf16 unit off (false: the Highway path everywhere) or
@@ -50,7 +50,8 @@ const char* bf16_prefill_unit();
 void set_bf16_unit_enabled(bool enabled);
 
 // The bf16 unit's throughput loop (BF16Unit::peak_loop): flops done, or 0
-// where the CPU has no unit (or it is off).
+// where the prefill does not use one (none, switched off, or not on the
+// SIMD target the dispatcher picks).
 double bf16_peak_loop(int64_t iterations, float* sink);
 
 // y = softmax(x) for one contiguous row of n floats (y may be x), when the

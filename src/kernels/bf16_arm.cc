@@ -8,9 +8,17 @@
 // for speed here: this project's Arm builds run under emulation only.
 #include "kernels/bf16_unit.hpp"
 
-#if !defined(__aarch64__)
+// aarch64 Linux (the CPU check is Linux's hwcaps), with a compiler whose
+// arm_neon.h declares the bf16 intrinsics for a target pragma (g++; clang
+// from 16: before, only for a command-line -march with bf16).
+#if defined(__aarch64__) && defined(__linux__) && \
+    (!defined(__clang__) || __clang_major__ >= 16 || defined(__ARM_FEATURE_BF16_VECTOR_ARITHMETIC))
+#define ATTN_ARM_BF16_UNIT 1
+#endif
+
+#if !defined(ATTN_ARM_BF16_UNIT)
 namespace attn::detail {
-const BF16Unit* arm_bf16_unit() { return nullptr; }  // (not an Arm build)
+const BF16Unit* arm_bf16_unit() { return nullptr; }  // (see above)
 }  // namespace attn::detail
 #else
 #include <arm_neon.h>
@@ -39,13 +47,14 @@ const BF16Unit* arm_bf16_unit() { return nullptr; }  // (not an Arm build)
 #pragma clang attribute push(__attribute__((target("fullfp16,bf16"))), apply_to = function)
 #else
 #pragma GCC push_options
-#pragma GCC target("arch=armv8.2-a+fp16+bf16")
+#pragma GCC target("arch=armv8.2-a+fp16+bf16")  // (arm_neon.h declares the bf16 intrinsics for armv8.2-a+bf16)
 #endif
 
 namespace attn::detail {
 namespace {
 
 struct NeonBf16 {
+  static constexpr const char* kName = "neon_bf16";
   static constexpr int kLanes = 4;
   using Acc = float32x4_t;
   using Pairs = bfloat16x8_t;
@@ -91,8 +100,8 @@ namespace attn::detail {
 const BF16Unit* arm_bf16_unit() {
   static const bool present =
       (getauxval(AT_HWCAP) & HWCAP_ASIMDHP) != 0 && (getauxval(AT_HWCAP2) & HWCAP2_BF16) != 0;
-  return present ? bf16_blocks::UnitOf<NeonBf16>("neon_bf16") : nullptr;
+  return present ? bf16_blocks::UnitOf<NeonBf16>() : nullptr;
 }
 
 }  // namespace attn::detail
-#endif  // __aarch64__
+#endif  // ATTN_ARM_BF16_UNIT

@@ -1,7 +1,9 @@
 // The bf16 unit's kernels, written once over the few operations each
 // architecture's dot-product instruction needs (bf16_unit.hpp has the
 // layouts). An architecture's file (bf16_x86.cc, bf16_arm.cc) defines
-//   struct Isa {
+//   struct Isa {                            // in an anonymous namespace: the
+//                                           // templates below then are the file's own
+//     static constexpr const char* kName;   // as precision_unit reports it
 //     static constexpr int kLanes;          // float32 lanes of Acc
 //     using Acc, Pairs;                     // kLanes floats; kLanes bf16 pairs
 //     static Acc Zero(), Set(float), Load(const float*);
@@ -130,10 +132,11 @@ double PeakLoop(int64_t iterations, float* sink) {
   return 4.0 * Isa::kLanes * kChains * static_cast<double>(iterations);
 }
 
-// The unit of an Isa, named as precision_unit reports it.
+// The unit of an Isa (constant: initialised before any code runs).
 template <class Isa>
-const BF16Unit* UnitOf(const char* name) {
-  static const BF16Unit unit{name, Isa::kLanes, &Isa::ToPairs, &Products<Isa>, &Accumulate<Isa>, &PeakLoop<Isa>};
+const BF16Unit* UnitOf() {
+  static constexpr BF16Unit unit{Isa::kName,       Isa::kLanes,      &Isa::ToPairs,
+                                 &Products<Isa>,   &Accumulate<Isa>, &PeakLoop<Isa>};
   return &unit;
 }
 

@@ -34,6 +34,7 @@ namespace attn::detail {
 namespace {
 
 struct Avx512Bf16 {
+  static constexpr const char* kName = "avx512_bf16";
   static constexpr int kLanes = 16;
   using Acc = __m512;
   using Pairs = __m512bh;
@@ -83,7 +84,7 @@ const BF16Unit* avx512_bf16_unit() {
     return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
            __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bf16");
   }();
-  return present ? bf16_blocks::UnitOf<Avx512Bf16>("avx512_bf16") : nullptr;
+  return present ? bf16_blocks::UnitOf<Avx512Bf16>() : nullptr;
 }
 
 }  // namespace attn::detail

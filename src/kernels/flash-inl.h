@@ -104,7 +104,7 @@ void PackK(const AttentionProblem<float>& p, int64_t b, int64_t hkv, int64_t kt,
 }
 
 // The bf16 unit (bf16_unit.hpp) on targets whose vectors are whole multiples
-// of its (padded V rows, and the key columns products write, then are too);
+// of its lanes (padded V rows, and the key columns products write, then are too);
 // null elsewhere, where bf16 precision runs on FMAs.
 inline const BF16Unit* BF16UnitOfTarget() {
   const BF16Unit* unit = bf16_unit();

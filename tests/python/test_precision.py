@@ -65,3 +65,10 @@ def test_bf16_refusals():
         attn.attention(t, t, t, precision="bf16")
     with torch.no_grad():
         assert attn.attention(t, t, t, precision="bf16").shape == (2, 3, 8)
+
+
+def test_precision_unit_names_the_units():
+    assert attn.precision_unit("f32") == "highway"
+    assert attn.precision_unit("bf16") in ("highway", "avx512_bf16", "neon_bf16")
+    with pytest.raises(ValueError, match="precision must be 'f32' or 'bf16', got 'fp8'"):
+        attn.precision_unit("fp8")
