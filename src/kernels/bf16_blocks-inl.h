@@ -26,22 +26,31 @@ namespace attn::detail::bf16_blocks {
 constexpr int kRows = 4, kVecs = 4;
 constexpr int64_t kTilePairs = kBlockK / 2;
 
-// s rows r < MR, vectors v < NV of a tile: each query pair broadcast
-// against NV vectors of the keys' pairs.
+// acc[r][v] += Σ_i pair(a_r, i) · vector v of b's pairs row i, for r < MR,
+// v < NV, i < pairs: row r's pairs at a + r · a_stride, b's rows b_stride
+// pairs apart. Each pair of a is broadcast against NV vectors of b's.
+template <class Isa, int MR, int NV>
+inline void DotPairs(typename Isa::Acc (&acc)[MR][NV], const uint32_t* a, int64_t a_stride, const uint32_t* b,
+                     int64_t b_stride, int64_t pairs) {
+  for (int64_t i = 0; i < pairs; ++i) {
+    typename Isa::Pairs bv[NV];
+    for (int v = 0; v < NV; ++v) bv[v] = Isa::LoadPairs(b + i * b_stride + v * Isa::kLanes);
+    for (int r = 0; r < MR; ++r) {
+      const typename Isa::Pairs av = Isa::Broadcast(a[r * a_stride + i]);
+      for (int v = 0; v < NV; ++v) acc[r][v] = Isa::Dot(acc[r][v], av, bv[v]);
+    }
+  }
+}
+
+// s rows r < MR, vectors v < NV of a tile: the query pairs against the key
+// panel's.
 template <class Isa, int MR, int NV>
 void ProductBlock(const uint32_t* q, int64_t q_stride, int64_t pairs, const uint32_t* panel, float scale,
                   float* s, int64_t s_stride) {
   typename Isa::Acc acc[MR][NV];
   for (int r = 0; r < MR; ++r)
     for (int v = 0; v < NV; ++v) acc[r][v] = Isa::Zero();
-  for (int64_t c = 0; c < pairs; ++c) {
-    typename Isa::Pairs b[NV];
-    for (int v = 0; v < NV; ++v) b[v] = Isa::LoadPairs(panel + c * kBlockK + v * Isa::kLanes);
-    for (int r = 0; r < MR; ++r) {
-      const typename Isa::Pairs a = Isa::Broadcast(q[r * q_stride + c]);
-      for (int v = 0; v < NV; ++v) acc[r][v] = Isa::Dot(acc[r][v], a, b[v]);
-    }
-  }
+  DotPairs<Isa>(acc, q, q_stride, panel, kBlockK, pairs);
   const typename Isa::Acc sc = Isa::Set(scale);
   for (int r = 0; r < MR; ++r)
     for (int v = 0; v < NV; ++v) Isa::Store(s + r * s_stride + v * Isa::kLanes, Isa::Mul(acc[r][v], sc));
@@ -55,14 +64,7 @@ void AccumulateBlock(const uint32_t* pp, int64_t pairs, const uint32_t* v0, int6
   typename Isa::Acc acc[MR][NV];
   for (int r = 0; r < MR; ++r)
     for (int v = 0; v < NV; ++v) acc[r][v] = Isa::Load(o + r * o_stride + v * Isa::kLanes);
-  for (int64_t i = 0; i < pairs; ++i) {
-    typename Isa::Pairs b[NV];
-    for (int v = 0; v < NV; ++v) b[v] = Isa::LoadPairs(v0 + i * dvp + v * Isa::kLanes);
-    for (int r = 0; r < MR; ++r) {
-      const typename Isa::Pairs a = Isa::Broadcast(pp[r * kTilePairs + i]);
-      for (int v = 0; v < NV; ++v) acc[r][v] = Isa::Dot(acc[r][v], a, b[v]);
-    }
-  }
+  DotPairs<Isa>(acc, pp, kTilePairs, v0, dvp, pairs);
   for (int r = 0; r < MR; ++r)
     for (int v = 0; v < NV; ++v) Isa::Store(o + r * o_stride + v * Isa::kLanes, acc[r][v]);
 }
