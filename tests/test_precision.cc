@@ -43,16 +43,17 @@ double cosine(const Tensor<float>& a, const Tensor<double>& b) {
   return ab / std::sqrt(aa * bb);
 }
 
-// body() on every SIMD target with this CPU's bf16 unit (if any), then with
-// the unit off (the Highway path on every target).
+// body() on every SIMD target with this CPU's bf16 unit (if any), whether
+// or not it outruns the FMAs here, then with the unit off (the Highway path
+// on every target).
 template <class Body>
 void on_every_unit_and_target(Body body) {
-  for (const bool unit : {true, false}) {
-    SCOPED_TRACE(unit ? "the CPU's bf16 unit" : "the Highway path");
-    detail::set_bf16_unit_enabled(unit);
+  for (const auto use : {detail::BF16UnitUse::Always, detail::BF16UnitUse::Never}) {
+    SCOPED_TRACE(use == detail::BF16UnitUse::Always ? "the CPU's bf16 unit" : "the Highway path");
+    detail::set_bf16_unit_use(use);
     test::on_every_simd_target(body);
   }
-  detail::set_bf16_unit_enabled(true);
+  detail::set_bf16_unit_use(detail::BF16UnitUse::Measured);
 }
 
 // The unit bf16 precision should run on, by the compiler's or the system's
@@ -215,16 +216,28 @@ TEST(Precision, WeightsSumToOne) {
 
 // The unit is the CPU's (expected_unit), the Highway path when it is
 // switched off. ATTN_EXPECT_UNIT (set by make test-arm per emulated CPU)
-// names it independently of any check in this process.
+// names it independently of any check in this process. By default bf16
+// precision takes the unit where it measured at least 1.25x the FMAs'
+// throughput, and its measured speedup is a plausible ratio: the unit's
+// instructions do twice an FMA's products, at a rate that differs by CPU.
 TEST(Precision, UnitIsTheCPUs) {
+  detail::set_bf16_unit_use(detail::BF16UnitUse::Always);
   EXPECT_EQ(precision_unit(Precision::BF16), expected_unit());
   if (const char* unit = std::getenv("ATTN_EXPECT_UNIT")) {
     EXPECT_EQ(precision_unit(Precision::BF16), unit);
   }
   EXPECT_EQ(precision_unit(Precision::Float32), "highway");
-  detail::set_bf16_unit_enabled(false);
+  detail::set_bf16_unit_use(detail::BF16UnitUse::Never);
   EXPECT_EQ(precision_unit(Precision::BF16), "highway");
-  detail::set_bf16_unit_enabled(true);
+  detail::set_bf16_unit_use(detail::BF16UnitUse::Measured);
+  const double speedup = detail::bf16_unit_speedup();
+  if (expected_unit() == "highway") {
+    EXPECT_EQ(precision_unit(Precision::BF16), "highway");
+  } else {
+    EXPECT_GT(speedup, 0.05);
+    EXPECT_LT(speedup, 8.0);
+    EXPECT_EQ(precision_unit(Precision::BF16), speedup >= 1.25 ? expected_unit() : "highway");
+  }
 }
 
 // The unit computes what the Highway path computes: the same rounded
@@ -264,11 +277,12 @@ TEST(Precision, UnitAgreesWithTheHighwayPath) {
     const AttentionReturns returns{true, Logits::Scaled, false};  // (scaled: no -inf to compare)
     int compared = 0;
     test::on_every_simd_target([&] {
+      detail::set_bf16_unit_use(detail::BF16UnitUse::Always);
       if (precision_unit(Precision::BF16) == "highway") return;  // (a target the unit does not fit)
       const auto unit = attention_with_extras(q.view(), k.view(), v.view(), returns, bf16, mask);
-      detail::set_bf16_unit_enabled(false);
+      detail::set_bf16_unit_use(detail::BF16UnitUse::Never);
       const auto fallback = attention_with_extras(q.view(), k.view(), v.view(), returns, bf16, mask);
-      detail::set_bf16_unit_enabled(true);
+      detail::set_bf16_unit_use(detail::BF16UnitUse::Measured);
       const double out_error = rel_error(unit.out, cast<double>(fallback.out));
       EXPECT_LE(out_error, 3e-4);
       EXPECT_GT(out_error, 0.0);  // two computations, not one

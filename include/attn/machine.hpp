@@ -14,8 +14,8 @@ double measure_fma_peak_gflops(int threads);
 
 // The same for this CPU's bf16 dot-product unit (precision_unit's
 // "avx512_bf16": a loop of VDPBF16PS, "neon_bf16": of BFDOT; a pair product
-// and its sum counting 4), or 0 where bf16 precision does not use one and
-// runs on the FMAs.
+// and its sum counting 4), or 0 where the CPU has none. bf16 precision uses
+// the unit only where it outruns the FMAs (precision_unit says whether).
 double measure_bf16_peak_gflops(int threads);
 
 // Memory read bandwidth: `threads` threads streaming a buffer far larger than

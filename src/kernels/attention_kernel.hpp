@@ -45,13 +45,23 @@ void round_to_bf16(const float* x, float* out, int64_t n);
 // (bf16_unit.hpp), or "highway" (the same rounding, FMAs on float32).
 const char* bf16_prefill_unit();
 
-// Turns this CPU's bf16 unit off (false: the Highway path everywhere) or
-// back on, for tests that check both. Not while kernels run.
-void set_bf16_unit_enabled(bool enabled);
+// Whether bf16 precision uses the CPU's bf16 unit: where it outruns the
+// float32 FMAs (Measured, the default; bf16_unit.hpp), or, for tests that
+// check each path, Always (where the CPU has one) or Never. Not while
+// kernels run.
+enum class BF16UnitUse { Measured, Always, Never };
+void set_bf16_unit_use(BF16UnitUse use);
 
-// The bf16 unit's throughput loop (BF16Unit::peak_loop): flops done, or 0
-// where the prefill does not use one (none, switched off, or not on the
-// SIMD target the dispatcher picks).
+// How many times the float32 FMAs' throughput the CPU's bf16 unit reaches
+// on one core (its peak loop's FLOP/s over fma_loop's), measured once, on
+// first use; 0 where the CPU has no unit.
+double bf16_unit_speedup();
+
+// Throughput loops: `iterations` rounds of independent float32 FMAs on the
+// best SIMD target (an FMA counting 2), or of the CPU's bf16 unit
+// (BF16Unit::peak_loop; 0 where the CPU has none, used or not). Each
+// returns the flops done and keeps its result in *sink.
+double fma_loop(int64_t iterations, float* sink);
 double bf16_peak_loop(int64_t iterations, float* sink);
 
 // y = softmax(x) for one contiguous row of n floats (y may be x), when the

@@ -52,7 +52,16 @@ struct BF16Unit {
 const BF16Unit* avx512_bf16_unit();
 const BF16Unit* arm_bf16_unit();
 
-// This CPU's unit, or null: none, or switched off (set_bf16_unit_enabled).
+// This CPU's unit, used or not; null where it has none.
+const BF16Unit* cpu_bf16_unit();
+
+// The unit bf16 precision uses: the CPU's where bf16_unit_speedup() is at
+// least kBF16UnitMinSpeedup (or as set_bf16_unit_use forces), else null.
+// Twice the FMA's products per instruction is not twice the throughput on
+// every CPU: measured 1.8-1.9x the FMAs' FLOP/s on a Zen 5, 0.48x on an
+// Intel Xeon with AVX512_BF16 (docs/performance.md). The margin pays for
+// the pairing the unit adds (Q, V and each block of P).
+inline constexpr double kBF16UnitMinSpeedup = 1.25;
 const BF16Unit* bf16_unit();
 
 }  // namespace attn::detail
