@@ -226,12 +226,13 @@ TEST(Kernels, EverySimdTarget) {
 }
 
 // The softmax's 2^x against std::exp2 in double, densely over the range where
-// it is not flushed, and its edges, on every SIMD target. The bound: 2^f's
-// polynomial is within 1e-7 of 2^f; its float evaluation and the final
-// product add a few half-ulps (6e-8 each).
+// it is not flushed up to the lazy rescale's 2^8 (SoftmaxStep), and its
+// edges, on every SIMD target. The bound: 2^f's polynomial is within 1e-7
+// of 2^f; its float evaluation and the final product add a few half-ulps
+// (6e-8 each).
 TEST(Kernels, Exp2MatchesStdExp2OnEveryTarget) {
   std::vector<float> x;
-  for (double t = -126.0; t <= 0.0; t += 1.0 / 1024) x.push_back(static_cast<float>(t));
+  for (double t = -126.0; t <= 8.0; t += 1.0 / 1024) x.push_back(static_cast<float>(t));
   for (float t = -1e-30f; t > -1.0f; t *= 3.0f) x.push_back(t);
   x.push_back(-0.0f);
   x.push_back(-1e-40f);  // subnormal
@@ -245,7 +246,7 @@ TEST(Kernels, Exp2MatchesStdExp2OnEveryTarget) {
     for (size_t n : {x.size(), size_t{7}, size_t{1}}) {
       const std::vector<float> in(x.end() - static_cast<std::ptrdiff_t>(n), x.end());
       std::vector<float> out(n, -1.0f);
-      detail::exp2_nonpositive(in.data(), out.data(), static_cast<int64_t>(n));
+      detail::softmax_exp2(in.data(), out.data(), static_cast<int64_t>(n));
       double worst = 0;
       for (size_t i = 0; i < n; ++i) {
         if (std::isnan(in[i])) {
@@ -260,7 +261,7 @@ TEST(Kernels, Exp2MatchesStdExp2OnEveryTarget) {
       EXPECT_LE(worst, 2.5e-7);
     }
     float zero = 0.0f, one = 0.0f;
-    detail::exp2_nonpositive(&zero, &one, 1);
+    detail::softmax_exp2(&zero, &one, 1);
     EXPECT_EQ(one, 1.0f);  // the row's maximum weighs exactly 1
   });
 }
@@ -270,13 +271,13 @@ TEST(Kernels, Exp2MatchesStdExp2OnEveryTarget) {
 // 2^-9 = 2e-3 to which P is then rounded; 2^0 exactly 1.
 TEST(Kernels, Exp2ForBF16WithinItsBoundOnEveryTarget) {
   std::vector<float> x;
-  for (double t = -126.0; t <= 0.0; t += 1.0 / 1024) x.push_back(static_cast<float>(t));
+  for (double t = -126.0; t <= 8.0; t += 1.0 / 1024) x.push_back(static_cast<float>(t));
   x.push_back(-126.5f);
   x.push_back(-std::numeric_limits<float>::infinity());
   x.push_back(std::numeric_limits<float>::quiet_NaN());
   test::on_every_simd_target([&] {
     std::vector<float> out(x.size());
-    detail::exp2_nonpositive(x.data(), out.data(), static_cast<int64_t>(x.size()), /*for_bf16=*/true);
+    detail::softmax_exp2(x.data(), out.data(), static_cast<int64_t>(x.size()), /*for_bf16=*/true);
     double worst = 0;
     for (size_t i = 0; i + 3 < x.size(); ++i) {
       const double want = std::exp2(static_cast<double>(x[i]));
@@ -288,9 +289,54 @@ TEST(Kernels, Exp2ForBF16WithinItsBoundOnEveryTarget) {
     EXPECT_EQ(out[x.size() - 2], 0.0f);
     EXPECT_TRUE(std::isnan(out.back()));
     float zero = 0.0f, one = 0.0f;
-    detail::exp2_nonpositive(&zero, &one, 1, /*for_bf16=*/true);
+    detail::softmax_exp2(&zero, &one, 1, /*for_bf16=*/true);
     EXPECT_EQ(one, 1.0f);
   });
+}
+
+// A row's max rising across key tiles by less and by more than the online
+// softmax's lazy-rescale threshold (8 in base 2, 5.55 in natural units;
+// SoftmaxStep): rises of 1, 3, 5.5 (just below), 5.75 (just above), 20 and
+// 2, and falling maxima, each scaled per query row (q = c · e_0) so that rows
+// cross the threshold at different tiles. Keys, values and c are exact in
+// bf16, so bf16 precision's products are exact and only P's and V's
+// rounding remain. Against the float64 reference: float32 within its error,
+// bf16 (each path) within 4e-3.
+TEST(Kernels, RisingMaxAcrossKeyTiles) {
+  constexpr int64_t kTiles = 7, n_k = 64 * kTiles, n_q = 24, d = 2;
+  const double rises[kTiles] = {0, 1, 3, 5.5, 5.75, 20, 2};
+  std::mt19937 rng(2312);
+  Tensor<double> q({1, 1, n_q, d}), k({1, 1, n_k, d}), v({1, 1, n_k, 16});
+  for (int64_t i = 0; i < n_q; ++i) q[i * d] = (i % 2 ? -1.0 : 1.0) * (0.25 + 0.0625 * static_cast<double>(i / 2));
+  double top = 0;
+  for (int64_t t = 0; t < kTiles; ++t) {
+    top += rises[t];
+    for (int64_t j = 0; j < 64; ++j) k[(t * 64 + j) * d] = j == 17 ? top : top - 0.5 * static_cast<double>(rng() % 7);
+  }
+  std::uniform_int_distribution<int> steps(-64, 64);
+  for (int64_t e = 0; e < v.numel(); ++e) v[e] = steps(rng) / 64.0;
+  AttentionOptions options;
+  options.scale = 1.0;
+  AttentionReturns returns;
+  returns.weights = true;
+  returns.lse = true;
+  const auto ref = attention_with_extras(q.view(), k.view(), v.view(), returns, options);
+  const auto q32 = cast<float>(q), k32 = cast<float>(k), v32 = cast<float>(v);
+  test::on_every_simd_target([&] {
+    const auto got = attention_with_extras(q32.view(), k32.view(), v32.view(), returns, options);
+    EXPECT_LT(rel_error(got.out, ref.out), 1e-5);
+    EXPECT_LT(rel_error(got.lse, ref.lse), 1e-6);
+    EXPECT_LT(rel_error(got.weights, ref.weights), 1e-5);
+  });
+  AttentionOptions bf16 = options;
+  bf16.precision = Precision::BF16;
+  for (const auto use : {detail::BF16UnitUse::Always, detail::BF16UnitUse::Never}) {
+    detail::set_bf16_unit_use(use);
+    test::on_every_simd_target([&] {
+      EXPECT_LT(rel_error(attention(q32.view(), k32.view(), v32.view(), bf16), ref.out), 4e-3);
+    });
+  }
+  detail::set_bf16_unit_use(detail::BF16UnitUse::Measured);
 }
 
 // The float32 softmax kernel against the plain double softmax on every target,

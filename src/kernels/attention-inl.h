@@ -482,13 +482,16 @@ inline void WriteRow(DF d, const AttentionProblem<float>& p, int64_t b, int64_t 
 
 // Online softmax of one row of S (base-2 units) against running max m and
 // sum l: turns the row into P = 2^(S - m') and returns the factor 2^(m - m')
-// that rescales the row's accumulated output (1 when nothing changes).
+// that rescales the row's accumulated output (1 when nothing changes). m'
+// is the tile's max only where that exceeds m by more than
+// kRescaleThreshold; otherwise m stays, and P may reach 2^8.
 // n is a multiple of the lanes. The sum is kept per lane (l points at one
 // vector, aligned) and reduced once at the end: no horizontal sum per tile.
 // Edge cases (README "Edge cases"): a NaN logit makes P, and so l, NaN for
 // good (the row comes out NaN); +inf logits share the weight equally, the
 // softmax's limit.
-// kForBF16: P's exponentials to bf16 precision's accuracy (Exp2NonPositive).
+// kForBF16: P's exponentials to bf16 precision's accuracy (SoftmaxExp2).
+inline constexpr float kRescaleThreshold = 8.0f;
 template <bool kForBF16 = false>
 HWY_INLINE float SoftmaxStep(DF d, float* s, int64_t n, float& m, float* l) {
   const size_t N = hn::Lanes(d);
@@ -498,7 +501,11 @@ HWY_INLINE float SoftmaxStep(DF d, float* s, int64_t n, float& m, float* l) {
     vmax = hn::Max(vmax, hn::Load(d, s + j));
   // (Max may drop a NaN lane or keep it; a kept one must not lose to m.)
   const float tile_max = hn::GetLane(hn::MaxOfLanes(d, vmax));
-  const float m_new = std::isnan(tile_max) ? tile_max : std::max(m, tile_max);
+  // The max moves only when the tile's exceeds it by more than
+  // kRescaleThreshold (FlashAttention-4's lazy rescale): a smaller rise
+  // leaves P below 2^kRescaleThreshold and spares the rescale of O and l,
+  // which are exact relative to whatever m they share. (-inf: moves.)
+  const float m_new = std::isnan(tile_max) ? tile_max : tile_max > m + kRescaleThreshold ? tile_max : m;
   if (m_new == ninf || m_new == std::numeric_limits<float>::infinity()) {
     // The rare rows: 2^(s - m') would be 2^(-inf + inf) or 2^(inf - inf). A
     // NaN logit there is not carried by 2^x: mark l by hand.
@@ -525,17 +532,18 @@ HWY_INLINE float SoftmaxStep(DF d, float* s, int64_t n, float& m, float* l) {
   const VF vm = hn::Set(d, m_new);
   VF sum = hn::Zero(d);
   for (int64_t j = 0; j < n; j += static_cast<int64_t>(N)) {
-    const VF e = Exp2NonPositive<kForBF16>(d, hn::Sub(hn::Load(d, s + j), vm));
+    const VF e = SoftmaxExp2<kForBF16>(d, hn::Sub(hn::Load(d, s + j), vm));
     hn::Store(e, d, s + j);
     sum = hn::Add(sum, e);
   }
-  const float alpha = m == m_new ? 1.0f : hn::GetLane(Exp2NonPositive(d, hn::Set(d, m - m_new)));
+  const float alpha = m == m_new ? 1.0f : hn::GetLane(SoftmaxExp2(d, hn::Set(d, m - m_new)));
   hn::Store(hn::MulAdd(hn::Load(d, l), hn::Set(d, alpha), sum), d, l);
   m = m_new;
   return alpha;
 }
 
-// 2^(x - m) for x <= m (base-2 scores), and 1 for x = m = +inf (not 2^NaN).
+// 2^(x - m) for x <= m + kRescaleThreshold (base-2 scores), and 1 for x = m
+// = +inf (not 2^NaN).
 inline float ExpDifference(float x, float m) { return x == m ? 1.0f : std::exp2(x - m); }
 
 }  // namespace HWY_NAMESPACE

@@ -29,11 +29,12 @@ void decode_forward(const AttentionProblem<float>& p);
 // n_k beyond one chunk, no weights or logits asked for; config.hpp).
 bool use_decode(const AttentionProblem<float>& p);
 
-// out[i] = 2^x[i], the kernels' softmax exponential, meant for x <= 0:
+// out[i] = 2^x[i], the kernels' softmax exponential, meant for x <= 8 (the
+// online softmax's lazy rescale lets scores exceed their max by up to 8):
 // relative error about 1e-7, 0 below 2^-126 and for -inf, NaN for NaN;
 // for_bf16, bf16 precision's: relative error 1.0e-4. Both give 2^0 = 1. (The kernels inline
 // it; this array form is for tests and benchmarks.)
-void exp2_nonpositive(const float* x, float* out, int64_t n, bool for_bf16 = false);
+void softmax_exp2(const float* x, float* out, int64_t n, bool for_bf16 = false);
 
 // out[i] = x[i] rounded to bfloat16 (and back to float), as bf16 precision
 // rounds Q, K, V and P on the Highway path (and K and V for the units):

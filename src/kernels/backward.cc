@@ -176,7 +176,7 @@ void BackwardItem(DF d, const AttentionProblem<float>& p, const GradientOperands
           for (int64_t j = 0; j < width; j += N) {
             // (S - lse <= 0 up to rounding with the forward's lse; clamped, so
             // that a caller's inconsistent lse cannot wrap the exponent)
-            const VF pj = Exp2NonPositive(d, hn::Min(hn::Sub(hn::Load(d, pr + j), lse), hn::Zero(d)));
+            const VF pj = SoftmaxExp2(d, hn::Min(hn::Sub(hn::Load(d, pr + j), lse), hn::Zero(d)));
             hn::Store(pj, d, pr + j);
             VF ds = hn::Mul(pj, hn::Sub(hn::Load(d, dsr + j), delta));
             if (tanh) {

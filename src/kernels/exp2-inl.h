@@ -1,5 +1,5 @@
-// 2^x for the softmax, whose exponents are never positive (scores minus their
-// running max). The kernels keep scores in base-2 units (log2(e) folded into
+// 2^x for the softmax, whose exponents are scores minus their running max:
+// at most kRescaleThreshold = 8 (SoftmaxStep's lazy rescale). The kernels keep scores in base-2 units (log2(e) folded into
 // the scale), so this is the whole exp: a rounding, a degree-6 (bf16: 3)
 // polynomial and an exponent insert.
 // Highway's per-target include: include after hwy/highway.h inside a file
@@ -30,10 +30,10 @@ namespace hn = hwy::HWY_NAMESPACE;
 // the softmax's critical chain). Both give 2^0 = 1 exactly: a row's
 // maximum weighs 1 in its sum as in P·V, where P is rounded (a constant
 // term of 0.99993, the unconstrained fit, biased rows led by one key). Results below 2^-126 flush to 0, so
-// x = -inf gives 0; NaN stays NaN. Meant for x <= 0 (x > 127 would
+// x = -inf gives 0; NaN stays NaN. Meant for x <= 8 (x > 127 would
 // overflow the exponent field).
 template <bool kForBF16 = false, class D, class V = hn::Vec<D>>
-HWY_INLINE V Exp2NonPositive(D d, V x) {
+HWY_INLINE V SoftmaxExp2(D d, V x) {
   const hn::RebindToSigned<D> di;
   // Adding 1.5·2^23 + 127 rounds x to an integer n and leaves n + 127, the
   // biased exponent of 2^n, in the low mantissa bits (|x| < 2^22).

@@ -33,8 +33,8 @@ void Elementwise(const float* x, float* out, int64_t n, const Step& step) {
 }
 
 void Exp2Array(const float* x, float* out, int64_t n, bool for_bf16) {
-  if (for_bf16) Elementwise(x, out, n, [](auto d, auto v) HWY_ATTR { return Exp2NonPositive<true>(d, v); });
-  else Elementwise(x, out, n, [](auto d, auto v) HWY_ATTR { return Exp2NonPositive(d, v); });
+  if (for_bf16) Elementwise(x, out, n, [](auto d, auto v) HWY_ATTR { return SoftmaxExp2<true>(d, v); });
+  else Elementwise(x, out, n, [](auto d, auto v) HWY_ATTR { return SoftmaxExp2(d, v); });
 }
 
 void RoundArray(const float* x, float* out, int64_t n) {
@@ -48,7 +48,7 @@ HWY_AFTER_NAMESPACE();
 #if HWY_ONCE
 namespace attn::detail {
 HWY_EXPORT(Exp2Array);
-void exp2_nonpositive(const float* x, float* out, int64_t n, bool for_bf16) {
+void softmax_exp2(const float* x, float* out, int64_t n, bool for_bf16) {
   HWY_DYNAMIC_DISPATCH(Exp2Array)(x, out, n, for_bf16);
 }
 HWY_EXPORT(RoundArray);

@@ -42,7 +42,7 @@ bool SoftmaxRow(const float* x, float* y, int64_t n) {
   const VF vm = hn::Set(d, max), log2e = hn::Set(d, 1.44269504088896341f);
   VF vsum = hn::Zero(d);
   for (int64_t j = 0; j < n; j += N) {
-    const VF e = Exp2NonPositive(d, hn::Mul(hn::Sub(LoadPart(d, x + j, part(j), ninf), vm), log2e));
+    const VF e = SoftmaxExp2(d, hn::Mul(hn::Sub(LoadPart(d, x + j, part(j), ninf), vm), log2e));
     StorePart(d, e, y + j, part(j));
     vsum = hn::Add(vsum, e);
   }
