@@ -234,8 +234,10 @@ TEST(Precision, UnitIsTheCPUs) {
   if (expected_unit() == "highway") {
     EXPECT_EQ(precision_unit(Precision::BF16), "highway");
   } else {
-    EXPECT_GT(speedup, 0.05);
-    EXPECT_LT(speedup, 8.0);
+    if (!test::emulated()) {  // (an emulator's timings say nothing about a CPU)
+      EXPECT_GT(speedup, 0.05);
+      EXPECT_LT(speedup, 8.0);
+    }
     EXPECT_EQ(precision_unit(Precision::BF16), speedup >= 1.25 ? expected_unit() : "highway");
   }
 }
