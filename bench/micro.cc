@@ -28,7 +28,7 @@ void BM_Softmax(benchmark::State& state) {
 }
 BENCHMARK(BM_Softmax)->Arg(64)->Arg(4096)->UseRealTime();
 
-// The softmax's exponential (2^x, x <= 0) over a tile's worth of scores.
+// The softmax's exponential (2^x, x <= 8) over a tile's worth of scores.
 void BM_Exp2(benchmark::State& state) {
   std::vector<float> x(static_cast<size_t>(state.range(0))), y(x.size());
   for (size_t i = 0; i < x.size(); ++i) x[i] = -static_cast<float>(i % 1000) * 0.03f;

@@ -17,6 +17,7 @@
 
 #include "attn/attn.hpp"
 #include "attn/file.hpp"
+#include "kernels/attention_kernel.hpp"
 
 // Whether a sanitizer runs this build (GCC's and clang's ways of saying so).
 #if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
@@ -155,6 +156,16 @@ struct TempDir {
 // instruction costs ~1000 native ones) run smaller, never skipped.
 inline bool emulated() { return std::getenv("ATTN_TEST_EMULATED") != nullptr; }
 
+// How bf16 precision uses the CPU's bf16 unit for this scope (the tests of
+// each path); back to the measured choice at its end, also when an
+// assertion leaves early.
+struct BF16UnitUseScope {
+  explicit BF16UnitUseScope(detail::BF16UnitUse use) { detail::set_bf16_unit_use(use); }
+  ~BF16UnitUseScope() { detail::set_bf16_unit_use(detail::BF16UnitUse::Measured); }
+  BF16UnitUseScope(const BF16UnitUseScope&) = delete;
+  BF16UnitUseScope& operator=(const BF16UnitUseScope&) = delete;
+};
+
 // Runs body() once with each SIMD target this CPU can run forced, then
 // restores the dispatcher's own choice. ATTN_TEST_TARGETS (names, e.g.
 // "SVE_256 NEON") limits the targets to those: make test runs the Arm kernel
@@ -162,6 +173,9 @@ inline bool emulated() { return std::getenv("ATTN_TEST_EMULATED") != nullptr; }
 // all of them). A listed name this CPU cannot run is a failure.
 template <class Body>
 void on_every_simd_target(Body body) {
+  // (bf16 precision times its unit against the FMAs of the dispatcher's
+  // target once per process: on the best one, before a lesser one is forced.)
+  detail::bf16_unit_speedup();
   auto targets = hwy::SupportedAndGeneratedTargets();
   ASSERT_FALSE(targets.empty());
   if (const char* only = std::getenv("ATTN_TEST_TARGETS")) {

@@ -294,20 +294,21 @@ TEST(Kernels, Exp2ForBF16WithinItsBoundOnEveryTarget) {
   });
 }
 
-// A row's max rising across key tiles by less and by more than the online
-// softmax's lazy-rescale threshold (8 in base 2, 5.55 in natural units;
-// SoftmaxStep): rises of 1, 3, 5.5 (just below), 5.75 (just above), 20 and
-// 2, and falling maxima, each scaled per query row (q = c · e_0) so that rows
-// cross the threshold at different tiles. Keys, values and c are exact in
+// A row's max rising across key tiles (of 64 keys, kBlockK) by less and by
+// more than float32's lazy-rescale threshold (8 in base 2, 5.55 in natural
+// units; SoftmaxStep): tile maxima rising by 1, 3, 5.5, 5.75, 20 and 2 times
+// c, with query row q = ±c · e_0 and c from 0.5 to 1.4375 (c = 1: 5.5 just
+// below the threshold, 5.75 just above; other rows cross it elsewhere, and
+// the negative ones see falling maxima). Keys, values and c are exact in
 // bf16, so bf16 precision's products are exact and only P's and V's
 // rounding remain. Against the float64 reference: float32 within its error,
 // bf16 (each path) within 4e-3.
 TEST(Kernels, RisingMaxAcrossKeyTiles) {
-  constexpr int64_t kTiles = 7, n_k = 64 * kTiles, n_q = 24, d = 2;
+  constexpr int64_t kTiles = 7, n_k = 64 * kTiles, n_q = 32, d = 2;
   const double rises[kTiles] = {0, 1, 3, 5.5, 5.75, 20, 2};
   std::mt19937 rng(2312);
   Tensor<double> q({1, 1, n_q, d}), k({1, 1, n_k, d}), v({1, 1, n_k, 16});
-  for (int64_t i = 0; i < n_q; ++i) q[i * d] = (i % 2 ? -1.0 : 1.0) * (0.25 + 0.0625 * static_cast<double>(i / 2));
+  for (int64_t i = 0; i < n_q; ++i) q[i * d] = (i % 2 ? -1.0 : 1.0) * (0.5 + 0.0625 * static_cast<double>(i / 2));
   double top = 0;
   for (int64_t t = 0; t < kTiles; ++t) {
     top += rises[t];
@@ -331,12 +332,11 @@ TEST(Kernels, RisingMaxAcrossKeyTiles) {
   AttentionOptions bf16 = options;
   bf16.precision = Precision::BF16;
   for (const auto use : {detail::BF16UnitUse::Always, detail::BF16UnitUse::Never}) {
-    detail::set_bf16_unit_use(use);
+    const test::BF16UnitUseScope scope(use);
     test::on_every_simd_target([&] {
       EXPECT_LT(rel_error(attention(q32.view(), k32.view(), v32.view(), bf16), ref.out), 4e-3);
     });
   }
-  detail::set_bf16_unit_use(detail::BF16UnitUse::Measured);
 }
 
 // The float32 softmax kernel against the plain double softmax on every target,

@@ -38,8 +38,9 @@ Precision parse_precision(const std::string& name);
 std::string precision_name(Precision precision);
 // What computes the prefill's products in that precision on this CPU:
 // "avx512_bf16" (x86's VDPBF16PS) or "neon_bf16" (Arm's BFDOT), for BF16
-// where the CPU has it, or "highway" (the float32 FMAs, on the rounded
-// values for BF16).
+// where the CPU has it and it outruns the float32 FMAs (timed once per
+// process, docs/semantics.md "Precision"), or "highway" (the float32 FMAs,
+// on the rounded values for BF16).
 std::string precision_unit(Precision precision);
 
 struct AttentionOptions {

@@ -74,8 +74,8 @@ typedef struct {
   const attn_tensor* sinks;
   /* The prefill's products (attn::Precision): 0 float32; 1 bf16, q, k, v and
      the softmax's weights rounded to bfloat16 and their products summed in
-     float32, on the CPU's bf16 unit where it has one (F32 q only; decode
-     stays float32). */
+     float32, on the CPU's bf16 unit where it has one that outruns its
+     float32 FMAs (F32 q only; decode stays float32). */
   int32_t precision;
 } attn_options;
 

@@ -292,7 +292,7 @@ Measurement bench_attention(const BenchArgs& a, int threads) {
                  {"median_ms", rounded(ms, 4)}, {"gflops", rounded(gflops, 2)}, {"gflops_unmasked", rounded(gflops_unmasked, 2)},
                  {"peak_gflops", rounded(peak, 2)}, {"ratio_to_peak", rounded(ratio, 4)}},
                 "", ms, causal ? gflops_unmasked : gflops, ratio};
-  // (0: no unit, the FMAs' peak is the one)
+  // (0: the CPU has no unit; one it has is measured whether bf16 uses it or not)
   const double bf16_peak = bf16 ? median(bf16_peaks) : 0;
   if (bf16) m.json["bf16_peak_gflops"] = bf16_peak > 0 ? nlohmann::ordered_json(rounded(bf16_peak, 2)) : nullptr;
   m.json.update(timing.json);
@@ -303,9 +303,12 @@ Measurement bench_attention(const BenchArgs& a, int threads) {
   if (bf16) {
     std::snprintf(buf, sizeof buf, "  precision %s on %s", a.precision.c_str(), precision_unit(opt.precision).c_str());
     m.text += buf;
-    if (bf16_peak > 0) {
+    if (bf16_peak > 0 && precision_unit(opt.precision) != "highway") {
       std::snprintf(buf, sizeof buf, ", its peak %.1f GFLOP/s -> %.1f%% of it", bf16_peak,
                     100 * (causal ? gflops_unmasked : gflops) / bf16_peak);
+      m.text += buf;
+    } else if (bf16_peak > 0) {
+      std::snprintf(buf, sizeof buf, " (the CPU's bf16 unit, not used: %.1f GFLOP/s)", bf16_peak);
       m.text += buf;
     }
     m.text += "\n";

@@ -482,8 +482,8 @@ inline void WriteRow(DF d, const AttentionProblem<float>& p, int64_t b, int64_t 
 
 // Online softmax of one row of S (base-2 units) against running max m and
 // sum l: turns the row into P = 2^(S - m') and returns the factor 2^(m - m')
-// that rescales the row's accumulated output (1 when nothing changes). m'
-// is the tile's max only where that exceeds m by more than
+// that rescales the row's accumulated output (1 when nothing changes). In
+// float32, m' is the tile's max only where that exceeds m by more than
 // kRescaleThreshold; otherwise m stays, and P may reach 2^8.
 // n is a multiple of the lanes. The sum is kept per lane (l points at one
 // vector, aligned) and reduced once at the end: no horizontal sum per tile.
@@ -504,8 +504,11 @@ HWY_INLINE float SoftmaxStep(DF d, float* s, int64_t n, float& m, float* l) {
   // The max moves only when the tile's exceeds it by more than
   // kRescaleThreshold (FlashAttention-4's lazy rescale): a smaller rise
   // leaves P below 2^kRescaleThreshold and spares the rescale of O and l,
-  // which are exact relative to whatever m they share. (-inf: moves.)
-  const float m_new = std::isnan(tile_max) ? tile_max : tile_max > m + kRescaleThreshold ? tile_max : m;
+  // which are exact relative to whatever m they share. (-inf: moves.) Not
+  // for bf16, whose P is rounded for P·V but not in l: a row's leading key
+  // must get P = 2^0 = 1 there, or its weight is off by up to 2^-9.
+  constexpr float threshold = kForBF16 ? 0.0f : kRescaleThreshold;
+  const float m_new = std::isnan(tile_max) ? tile_max : tile_max > m + threshold ? tile_max : m;
   if (m_new == ninf || m_new == std::numeric_limits<float>::infinity()) {
     // The rare rows: 2^(s - m') would be 2^(-inf + inf) or 2^(inf - inf). A
     // NaN logit there is not carried by 2^x: mark l by hand.

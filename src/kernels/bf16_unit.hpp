@@ -56,12 +56,8 @@ const BF16Unit* arm_bf16_unit();
 const BF16Unit* cpu_bf16_unit();
 
 // The unit bf16 precision uses: the CPU's where bf16_unit_speedup() is at
-// least kBF16UnitMinSpeedup (or as set_bf16_unit_use forces), else null.
-// Twice the FMA's products per instruction is not twice the throughput on
-// every CPU: measured 1.8-1.9x the FMAs' FLOP/s on a Zen 5, 0.48x on an
-// Intel Xeon with AVX512_BF16 (docs/performance.md). The margin pays for
-// the pairing the unit adds (Q, V and each block of P).
-inline constexpr double kBF16UnitMinSpeedup = 1.25;
+// least kBF16UnitMinSpeedup (attention_kernel.hpp; or as set_bf16_unit_use
+// forces), else null.
 const BF16Unit* bf16_unit();
 
 }  // namespace attn::detail

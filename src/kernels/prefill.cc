@@ -171,7 +171,8 @@ void SetQueries(DF d, const Item& it, int64_t h, ItemState& st) {
 }
 
 // The online softmax over the item's key tiles for head h: leaves each row's
-// max in st.m, its per-lane sum in st.l_lanes and O = Σ P V in st.o. Key tile
+// running max (SoftmaxStep's, which in float32 may trail the true max by up
+// to 8) in st.m, its per-lane sum in st.l_lanes and O = Σ P V in st.o. Key tile
 // outer, row blocks inner (see the top of the file). With `pack`, the first
 // head of the item's group packs each K tile just before its rows use it.
 // Inlined, so that the row state stays ProcessItem's local, as it was before

@@ -581,14 +581,17 @@ def test_bench_reports_consistent_numbers():
     # float32 precision of the same turns.
     r = json.loads(ok("bench", "attention", "--n", n, "--heads", heads, "--head-dim", d, "--precision", "bf16",
                       "--threads", 1, "--json").stdout)
-    assert (r["precision"], r["unit"]) == ("bf16", attn.precision_unit("bf16"))
+    # (The CLI's process times the CPU's bf16 unit for itself, so its choice
+    # is not asserted to be this process's.)
+    assert r["precision"] == "bf16"
+    assert r["unit"] in {"highway", "avx512_bf16", "neon_bf16"}
     assert 1e-4 < r["error_vs_f64"] < 4e-3
     assert r["time_vs_f32_precision"] == pytest.approx(r["median_ms"] / r["f32_precision_median_ms"],
                                                        rel=2e-3, abs=1e-4)
     # The CPU's unit's own peak, where it has one (the FMAs' is peak_gflops),
     # used or not: bf16 runs on it only where it outruns the FMAs.
-    assert r["unit"] == "highway" or r["bf16_peak_gflops"] > 0
     assert r["bf16_peak_gflops"] is None or r["bf16_peak_gflops"] > 0
+    assert r["unit"] == "highway" or r["bf16_peak_gflops"] is not None
     # A chunk of queries against a longer cache, aligned bottom-right: query i
     # sees keys 0 .. i + (kv_len - n).
     n_q, n_k = 64, 200
