@@ -110,7 +110,7 @@ ARM_BUILD     ?= build-arm
 ARM_DEBS      := g++-aarch64-linux-gnu qemu-user libhwy-dev:arm64 libgtest-dev:arm64 libstb-dev:arm64
 ARM_CPUS      := cortex-a72/NEON max,sve=off/NEON/neon_bf16 a64fx/SVE max,sve128=on/SVE2_128/neon_bf16 \
                  max,sve256=on/SVE_256/neon_bf16 max/SVE2/neon_bf16
-# make test runs the kernel tests and the edge cases on the two NEON CPUs,
+# make test runs ARM_KERNEL_TESTS on the two NEON CPUs,
 # with and without BFDOT. (SVE under qemu costs minutes per test on some
 # hosts: three of these tests took 390 s on one SVE CPU on a Xeon, where a
 # Zen 5 ran all of them in under 2 minutes; make test-arm runs SVE.)
