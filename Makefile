@@ -15,10 +15,13 @@ BUILD_DEBS := g++ cmake make pkg-config libhwy-dev libcli11-dev nlohmann-json3-d
 # venv, setuptools, wheel and build for installing it as a package.
 PY_DEBS    := python3-dev python3-pybind11 python3-numpy python3-pip python3-venv \
               python3-setuptools python3-wheel python3-build
+# Context parallelism (attn::dist, attn.dist): Open MPI and mpi4py.
+MPI_DEBS   := libopenmpi-dev openmpi-bin python3-mpi4py
 # Test needs on top: GoogleTest, pytest, PyTorch as a test-only reference,
 # clang with its sanitizer and libFuzzer runtimes for the checked build, and
 # dpkg-dev (dpkg-shlibdeps) for the Debian packages.
-TEST_DEBS  := libgtest-dev python3-pytest python3-torch clang-14 libclang-rt-14-dev dpkg-dev
+TEST_DEBS  := libgtest-dev python3-pytest python3-torch clang-14 libclang-rt-14-dev dpkg-dev \
+              $(MPI_DEBS)
 # Benchmarks: Google Benchmark for the kernel microbenchmarks; OpenBLAS so
 # that the NumPy and PyTorch baselines run on a fast BLAS.
 BENCH_DEBS := libbenchmark-dev libopenblas0-pthread

@@ -6,7 +6,7 @@
 
 # The library's rooms, from the bottom up, then the programs built on it.
 set(ATTN_LIBRARY_ROOMS core kernels reference layer onnx io picture train bench capi)
-set(ATTN_ROOMS ${ATTN_LIBRARY_ROOMS} cli python)
+set(ATTN_ROOMS ${ATTN_LIBRARY_ROOMS} dist cli python)
 
 # Where a file lives: src/<room>/ and python/ are rooms by folder; the public
 # headers (include/attn/, one flat folder for users) are assigned one by one.
@@ -20,6 +20,7 @@ set(ATTN_PUBLIC_picture picture.hpp)
 set(ATTN_PUBLIC_train adam.hpp embedding.hpp experiments.hpp train.hpp)
 set(ATTN_PUBLIC_bench machine.hpp)
 set(ATTN_PUBLIC_capi attn.h)
+set(ATTN_PUBLIC_dist dist.hpp)
 
 # Which rooms a room may include besides its own. External libraries count as
 # rooms too (hwy: Highway, json: nlohmann, stb); the C++ and system headers,
@@ -34,6 +35,8 @@ set(ATTN_PUBLIC_capi attn.h)
 #   bench: the machine's ceilings; the bf16 unit's throughput loop is the
 #     kernels'.
 #   capi: the C API, a thin layer over the C++ API's public headers.
+#   dist: context parallelism over MPI (a library of its own, attn::dist),
+#     over the public API only.
 set(ATTN_MAY_INCLUDE_core kernels)
 set(ATTN_MAY_INCLUDE_kernels core hwy)
 set(ATTN_MAY_INCLUDE_reference core)
@@ -44,6 +47,7 @@ set(ATTN_MAY_INCLUDE_picture core io stb)
 set(ATTN_MAY_INCLUDE_train core kernels layer io)
 set(ATTN_MAY_INCLUDE_bench core kernels hwy)
 set(ATTN_MAY_INCLUDE_capi core layer io)
+set(ATTN_MAY_INCLUDE_dist core)
 set(ATTN_MAY_INCLUDE_cli core layer io picture train bench json)
 set(ATTN_MAY_INCLUDE_python core layer onnx io)
 

@@ -1,0 +1,51 @@
+// What every rank must agree on before data moves, and the messages that
+// move it.
+#pragma once
+
+#include <mpi.h>
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace attn::dist {
+
+struct Communicator {
+  MPI_Comm comm;
+  int rank;
+  int size;
+};
+// Checks that MPI is initialised and comm is a communicator (RuntimeError,
+// ValueError otherwise; these hold on every rank alike).
+Communicator communicator(MPI_Comm comm, const char* function);
+
+// Runs check on every rank. If it throws on any, every rank throws the error
+// of the lowest such rank (same type), its message prefixed with the
+// function and that rank's number, so that no rank goes on to wait for one
+// that gave up.
+void check_collectively(const Communicator& c, const char* function, const std::function<void()>& check);
+
+// A property that must be the same on every rank, written out exactly
+// (numbers to 17 digits).
+struct Field {
+  std::string name;
+  std::string text;
+};
+// Compares every rank's fields with rank 0's; every rank throws ValueError
+// naming the first field and rank that differ.
+void check_agreement(const Communicator& c, const char* function, const std::vector<Field>& fields);
+
+// Every rank's value, in rank order.
+std::vector<int64_t> all_gather(const Communicator& c, int64_t value);
+
+// Nonblocking messages of any number of bytes (an MPI count is an int:
+// larger messages go in parts, received in order).
+void post_send(const Communicator& c, const void* data, int64_t bytes, int peer,
+               std::vector<MPI_Request>& requests);
+void post_receive(const Communicator& c, void* data, int64_t bytes, int peer,
+                  std::vector<MPI_Request>& requests);
+// Waits for the requests and clears them; returns the seconds waited.
+double wait_all(std::vector<MPI_Request>& requests);
+
+}  // namespace attn::dist

@@ -1,0 +1,363 @@
+// Context-parallel attention against one process: each rank's output and
+// log-sum-exp must be the rows it holds of attention() on the gathered
+// inputs. Runs under mpirun -np W for W = 1..4 (tests/CMakeLists.txt).
+#include <gtest/gtest.h>
+#include <mpi.h>
+
+#include <cmath>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "attn/attention.hpp"
+#include "attn/dist.hpp"
+#include "attn/error.hpp"
+#include "attn/positional.hpp"
+
+namespace attn::dist {
+namespace {
+
+int world_rank() {
+  int r = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &r);
+  return r;
+}
+int world_size() {
+  int w = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &w);
+  return w;
+}
+
+// The global positions rank r holds, in its local order: the layouts as
+// docs/semantics.md defines them, written out here apart from the library.
+std::vector<int64_t> positions(Layout layout, const std::vector<int64_t>& lengths, int r) {
+  std::vector<int64_t> rows;
+  if (layout == Layout::Zigzag) {
+    const int64_t chunk = lengths[0] / 2, chunks = 2 * static_cast<int64_t>(lengths.size());
+    for (int64_t c : {int64_t{r}, chunks - 1 - r})
+      for (int64_t i = 0; i < chunk; ++i) rows.push_back(c * chunk + i);
+    return rows;
+  }
+  int64_t begin = 0;
+  for (int s = 0; s < r; ++s) begin += lengths[static_cast<size_t>(s)];
+  for (int64_t i = 0; i < lengths[static_cast<size_t>(r)]; ++i) rows.push_back(begin + i);
+  return rows;
+}
+
+template <class E>
+E from_double(double x) {
+  if constexpr (std::is_same_v<E, bfloat16>)
+    return bfloat16{float_to_bf16(static_cast<float>(x))};
+  else
+    return static_cast<E>(x);
+}
+
+// N(0, 1) values, the same on every rank (the seed is shared).
+template <class E>
+Tensor<E> normal(const Shape& shape, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<double> z;
+  Tensor<E> t(shape);
+  for (int64_t i = 0; i < t.numel(); ++i) t[i] = from_double<E>(z(rng));
+  return t;
+}
+
+// The rows of axis -2 at the given positions, as a contiguous tensor.
+template <class E>
+Tensor<E> take_rows(const Tensor<E>& x, const std::vector<int64_t>& rows) {
+  Shape shape = x.shape();
+  const int64_t n = shape[shape.size() - 2], e = shape.back();
+  shape[shape.size() - 2] = static_cast<int64_t>(rows.size());
+  Tensor<E> out(shape);
+  const int64_t groups = n ? x.numel() / (n * e) : 0;
+  for (int64_t g = 0; g < groups; ++g)
+    for (size_t i = 0; i < rows.size(); ++i)
+      for (int64_t j = 0; j < e; ++j)
+        out[(g * static_cast<int64_t>(rows.size()) + static_cast<int64_t>(i)) * e + j] = x[(g * n + rows[i]) * e + j];
+  return out;
+}
+
+// A trailing axis of one element, so that take_rows picks lse's rows.
+template <class E>
+Tensor<E> with_unit_axis(Tensor<E> x) {
+  Shape shape = x.shape();
+  shape.push_back(1);
+  return std::move(x).reshape(shape);
+}
+
+enum class Strategy { Ring, Ulysses };
+const char* strategy_name(Strategy s) { return s == Strategy::Ring ? "ring" : "ulysses"; }
+
+struct Problem {
+  Strategy strategy;
+  Layout layout;
+  std::vector<int64_t> q_lengths, k_lengths;  // per rank
+  AttentionOptions options;
+  int64_t batch = 2, d = 8;
+};
+
+// Rows per rank: contiguous ones uneven (base + r, some ranks possibly
+// empty when base is 0), zigzag ones two chunks each.
+std::vector<int64_t> lengths(Layout layout, int64_t base) {
+  std::vector<int64_t> n;
+  for (int r = 0; r < world_size(); ++r) n.push_back(layout == Layout::Zigzag ? 2 * base : base + r);
+  return n;
+}
+
+template <class T, class KV>
+struct Outcome {
+  Tensor<T> out, lse, expected_out, expected_lse;
+  DistStats stats;
+};
+
+template <class T, class KV>
+Outcome<T, KV> run(const Problem& p) {
+  const int w = world_size(), r = world_rank();
+  const int64_t hq = 2 * w, hkv = w;  // GQA, and heads Ulysses can split at any W
+  int64_t n_q = 0, n_k = 0;
+  for (int64_t n : p.q_lengths) n_q += n;
+  for (int64_t n : p.k_lengths) n_k += n;
+  const Tensor<T> q = normal<T>({p.batch, hq, n_q, p.d}, 1);
+  const Tensor<KV> k = normal<KV>({p.batch, hkv, n_k, p.d}, 2), v = normal<KV>({p.batch, hkv, n_k, p.d}, 3);
+  Outcome<T, KV> o;
+  const AttentionResult<T> whole =
+      attention_with_extras<T, KV>(q.view(), k.view(), v.view(), {.lse = true}, p.options);
+  const std::vector<int64_t> q_rows = positions(p.layout, p.q_lengths, r);
+  const std::vector<int64_t> k_rows = positions(p.layout, p.k_lengths, r);
+  o.expected_out = take_rows(whole.out, q_rows);
+  o.expected_lse = take_rows(with_unit_axis(Tensor<T>(whole.lse)), q_rows);
+  const Tensor<T> q_local = take_rows(q, q_rows);
+  const Tensor<KV> k_local = take_rows(k, k_rows), v_local = take_rows(v, k_rows);
+  o.out = Tensor<T>(o.expected_out.shape());
+  o.lse = Tensor<T>(Shape(o.out.shape().begin(), o.out.shape().end() - 1));
+  auto f = p.strategy == Strategy::Ring ? ring_attention<T, KV> : ulysses_attention<T, KV>;
+  o.stats = f(q_local.view(), k_local.view(), v_local.view(), o.out.view(), MPI_COMM_WORLD, p.options, p.layout,
+              o.lse.view());
+  o.lse = with_unit_axis(std::move(o.lse));
+  return o;
+}
+
+template <class E>
+double max_abs(const Tensor<E>& x) {
+  double m = 0;
+  for (int64_t i = 0; i < x.numel(); ++i) m = std::max(m, std::fabs(static_cast<double>(x[i])));
+  return m;
+}
+
+// max |a - b| / max |b| over the finite entries of b; the infinite (a row
+// with no allowed key: lse = -inf) must match exactly.
+template <class E>
+double relative_difference(const Tensor<E>& a, const Tensor<E>& b) {
+  EXPECT_EQ(a.shape(), b.shape());
+  double diff = 0, scale = 0;
+  for (int64_t i = 0; i < b.numel(); ++i) {
+    const double x = a[i], y = b[i];
+    if (std::isinf(y)) {
+      EXPECT_EQ(x, y) << "at " << i;
+      continue;
+    }
+    diff = std::max(diff, std::fabs(x - y));
+    scale = std::max(scale, std::fabs(y));
+  }
+  return scale > 0 ? diff / scale : diff;
+}
+
+template <class T, class KV = T>
+void expect_one_process(const Problem& p, double tolerance) {
+  const Outcome<T, KV> o = run<T, KV>(p);
+  SCOPED_TRACE(std::string(strategy_name(p.strategy)) + ", " + layout_name(p.layout) + ", rank " +
+               std::to_string(world_rank()) + " of " + std::to_string(world_size()));
+  EXPECT_LE(relative_difference(o.out, o.expected_out), tolerance);
+  EXPECT_LE(relative_difference(o.lse, o.expected_lse), tolerance);
+}
+
+const Strategy kStrategies[] = {Strategy::Ring, Strategy::Ulysses};
+const Layout kLayouts[] = {Layout::Contiguous, Layout::Zigzag};
+
+// float32 within 1e-5 of one process (the kernels' rounding of partial
+// results merged in double); float64 (the reference on every block) within
+// 1e-12.
+constexpr double kFloat32 = 1e-5, kFloat64 = 1e-12;
+
+TEST(ContextParallel, NonCausal) {
+  for (Strategy s : kStrategies)
+    for (Layout l : kLayouts) {
+      expect_one_process<float>({s, l, lengths(l, 3), lengths(l, 3)}, kFloat32);
+      expect_one_process<double>({s, l, lengths(l, 3), lengths(l, 3)}, kFloat64);
+    }
+}
+
+// Queries and keys of different global lengths (a prefix of cached keys),
+// so that the two causal alignments differ; some contiguous ranks hold no
+// query row.
+TEST(ContextParallel, CausalBothAlignments) {
+  for (Strategy s : kStrategies)
+    for (Layout l : kLayouts)
+      for (Causal causal : {Causal::TopLeft, Causal::BottomRight, Causal::offset(-2)}) {
+        SCOPED_TRACE(causal_name(causal));
+        Problem p{s, l, lengths(l, l == Layout::Zigzag ? 2 : 0), lengths(l, 4), {.causal = causal}};
+        expect_one_process<float>(p, kFloat32);
+        expect_one_process<double>(p, kFloat64);
+      }
+}
+
+TEST(ContextParallel, Windows) {
+  for (Strategy s : kStrategies)
+    for (Layout l : kLayouts)
+      for (Causal causal : {Causal::None, Causal::TopLeft})
+        for (Window window : {Window{3, 0}, Window{2, 5}, Window{-1, 1}, Window{4, -1}}) {
+          SCOPED_TRACE(causal_name(causal) + " window (" + std::to_string(window.left) + ", " +
+                       std::to_string(window.right) + ")");
+          Problem p{s, l, lengths(l, 3), lengths(l, 5), {.causal = causal, .window = window}};
+          expect_one_process<float>(p, kFloat32);
+        }
+}
+
+TEST(ContextParallel, ScaleSoftcapAndSinks) {
+  const int64_t hq = 2 * world_size();
+  std::vector<double> sinks;
+  for (int64_t h = 0; h < hq; ++h) sinks.push_back(0.3 * static_cast<double>(h) - 1);
+  for (Strategy s : kStrategies)
+    for (Layout l : kLayouts) {
+      Problem p{s, l, lengths(l, 3), lengths(l, 3),
+                {.scale = 0.7, .causal = Causal::TopLeft, .window = {4, -1}, .softcap = 2.5, .sinks = sinks}};
+      expect_one_process<float>(p, kFloat32);
+      expect_one_process<double>(p, kFloat64);
+    }
+}
+
+// bfloat16 K and V travel as they are stored: half of float32's bytes.
+TEST(ContextParallel, HalfPrecisionKeysAndValuesTravelInHalfTheBytes) {
+  for (Strategy s : kStrategies)
+    for (Layout l : kLayouts) {
+      const Problem p{s, l, lengths(l, 3), lengths(l, 3), {.causal = Causal::TopLeft}};
+      expect_one_process<float, bfloat16>(p, kFloat32);
+      const auto half = run<float, bfloat16>(p).stats;
+      const auto full = run<float, float>(p).stats;
+      if (s == Strategy::Ring) {
+        EXPECT_EQ(2 * half.bytes_sent, full.bytes_sent);
+      }
+    }
+}
+
+TEST(ContextParallel, UlyssesTakesALiBi) {
+  const int64_t hq = 2 * world_size();
+  for (Layout l : kLayouts)
+    expect_one_process<float>({Strategy::Ulysses, l, lengths(l, 3), lengths(l, 3),
+                               {.causal = Causal::TopLeft, .alibi_slopes = alibi_slopes(hq)}},
+                              kFloat32);
+}
+
+TEST(ContextParallel, BitwiseReproducible) {
+  for (Strategy s : kStrategies)
+    for (Layout l : kLayouts) {
+      const Problem p{s, l, lengths(l, 5), lengths(l, 5), {.causal = Causal::TopLeft}};
+      const auto a = run<float, float>(p), b = run<float, float>(p);
+      for (int64_t i = 0; i < a.out.numel(); ++i) EXPECT_EQ(a.out[i], b.out[i]) << "at " << i;
+    }
+}
+
+// Contiguous and causal, W equal blocks: rank r needs the blocks of ranks
+// 0..r, so block s goes from rank s to rank W - 1 and no further:
+// W (W - 1) / 2 blocks sent (not W (W - 1)), W (W + 1) / 2 computed.
+TEST(ContextParallel, RingSkipsWhollyMaskedBlocks) {
+  const int64_t w = world_size();
+  const Problem p{Strategy::Ring, Layout::Contiguous, std::vector<int64_t>(static_cast<size_t>(w), 4),
+                  std::vector<int64_t>(static_cast<size_t>(w), 4), {.causal = Causal::TopLeft}};
+  const DistStats stats = run<float, float>(p).stats;
+  int64_t mine[2] = {stats.blocks_sent, stats.blocks_computed}, total[2] = {0, 0};
+  MPI_Allreduce(mine, total, 2, MPI_INT64_T, MPI_SUM, MPI_COMM_WORLD);
+  EXPECT_EQ(total[0], w * (w - 1) / 2);
+  EXPECT_EQ(total[1], w * (w + 1) / 2);
+}
+
+// Zigzag balances the causal triangle: every rank computes the same number
+// of query-key pairs (on the diagonal block, its two chunks' triangles).
+TEST(ContextParallel, ZigzagBalancesTheCausalWork) {
+  const int64_t w = world_size();
+  const Problem p{Strategy::Ring, Layout::Zigzag, lengths(Layout::Zigzag, 4), lengths(Layout::Zigzag, 4),
+                  {.causal = Causal::TopLeft}};
+  const DistStats stats = run<float, float>(p).stats;
+  // The diagonal block takes three calls (each chunk's triangle, and the
+  // later chunk against the earlier one); a block of another rank one (all
+  // rows against its first chunk, or the later chunk against both).
+  std::vector<int64_t> computed(static_cast<size_t>(w));
+  MPI_Allgather(&stats.blocks_computed, 1, MPI_INT64_T, computed.data(), 1, MPI_INT64_T, MPI_COMM_WORLD);
+  for (int64_t c : computed) EXPECT_EQ(c, computed[0]);
+  EXPECT_EQ(computed[0], 3 + (w - 1));
+}
+
+// Bad input on one rank: every rank throws the same error, naming it.
+TEST(ContextParallel, BadInputOnOneRankFailsOnEveryRank) {
+  const int w = world_size(), r = world_rank(), bad = w - 1;
+  const int64_t hq = 2 * w, hkv = w;
+  for (Strategy s : kStrategies) {
+    auto f = s == Strategy::Ring ? ring_attention<float, float> : ulysses_attention<float, float>;
+    const Tensor<float> q = normal<float>({hq, 3, 8}, 1);
+    const Tensor<float> k = normal<float>({hkv, 3, r == bad ? 7 : 8}, 2), v = normal<float>({hkv, 3, 8}, 3);
+    Tensor<float> out({hq, 3, 8});
+    try {
+      f(q.view(), k.view(), v.view(), out.view(), MPI_COMM_WORLD, {}, Layout::Contiguous, {});
+      ADD_FAILURE() << strategy_name(s) << ": no error";
+    } catch (const ValueError& e) {
+      const std::string message = e.what();
+      EXPECT_NE(message.find("rank " + std::to_string(bad) + ":"), std::string::npos) << message;
+      EXPECT_NE(message.find("(" + std::to_string(hkv) + ", 3, 7)"), std::string::npos) << message;
+    }
+  }
+}
+
+TEST(ContextParallel, OptionsThatDifferBetweenRanksAreAnError) {
+  const int w = world_size(), r = world_rank();
+  if (w == 1) GTEST_SKIP() << "needs two ranks";
+  const Tensor<float> q = normal<float>({2 * w, 3, 8}, 1), k = normal<float>({w, 3, 8}, 2);
+  Tensor<float> out({2 * w, 3, 8});
+  const AttentionOptions options{.softcap = r == 1 ? 2.0 : 0.0};
+  try {
+    ring_attention<float, float>(q.view(), k.view(), k.view(), out.view(), MPI_COMM_WORLD, options);
+    ADD_FAILURE() << "no error";
+  } catch (const ValueError& e) {
+    const std::string message = e.what();
+    EXPECT_NE(message.find("options.softcap"), std::string::npos) << message;
+    EXPECT_NE(message.find("on rank 1"), std::string::npos) << message;
+  }
+}
+
+TEST(ContextParallel, ZigzagRefusesLengthsItCannotCut) {
+  const int w = world_size();
+  const Tensor<float> q = normal<float>({2 * w, 3, 8}, 1), k = normal<float>({w, 3, 8}, 2);
+  Tensor<float> out({2 * w, 3, 8});
+  for (Strategy s : kStrategies) {
+    auto f = s == Strategy::Ring ? ring_attention<float, float> : ulysses_attention<float, float>;
+    try {
+      f(q.view(), k.view(), k.view(), out.view(), MPI_COMM_WORLD, {}, Layout::Zigzag, {});
+      ADD_FAILURE() << "no error";
+    } catch (const ValueError& e) {
+      EXPECT_NE(std::string(e.what()).find("divisible by 2W = " + std::to_string(2 * w)), std::string::npos)
+          << e.what();
+    }
+  }
+}
+
+TEST(ContextParallel, RingRefusesALiBiAndUlyssesIndivisibleHeads) {
+  const int w = world_size();
+  const Tensor<float> q = normal<float>({2 * w + 1, 3, 8}, 1), k = normal<float>({2 * w + 1, 3, 8}, 2);
+  Tensor<float> out({2 * w + 1, 3, 8});
+  const AttentionOptions alibi{.alibi_slopes = alibi_slopes(2 * w + 1)};
+  EXPECT_THROW((ring_attention<float, float>(q.view(), k.view(), k.view(), out.view(), MPI_COMM_WORLD, alibi)),
+               ValueError);
+  if (w > 1) {
+    EXPECT_THROW((ulysses_attention<float, float>(q.view(), k.view(), k.view(), out.view(), MPI_COMM_WORLD)),
+                 ValueError);
+  }
+}
+
+TEST(ContextParallel, LayoutNames) {
+  EXPECT_EQ(parse_layout("zigzag"), Layout::Zigzag);
+  EXPECT_EQ(layout_name(parse_layout("contiguous")), "contiguous");
+  EXPECT_THROW(parse_layout("striped"), ValueError);
+}
+
+}  // namespace
+}  // namespace attn::dist
