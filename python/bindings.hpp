@@ -3,6 +3,8 @@
 
 #include <pybind11/pybind11.h>
 
+#include <vector>
+
 #include "attn/attention.hpp"
 #include "attn/mask.hpp"
 
@@ -17,6 +19,13 @@ Causal causal_from(const py::object& c);
 // (and of the layer's forward), checked and typed.
 AttentionOptions attention_options(const py::object& causal, const py::object& scale,
                                    const py::object& softcap, const py::object& window);
+
+// alibi_slopes=None | one slope per query head; sinks=None | one logit per
+// query head.
+std::vector<double> per_head_from(const py::object& o, const char* name, const char* what);
+
+// attn's errors as Python's: TypeError, ValueError, OSError, RuntimeError.
+void register_errors();
 
 void bind_mha(py::module_& m);
 void bind_onnx(py::module_& m);

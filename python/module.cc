@@ -22,61 +22,7 @@
 
 namespace attn::python {
 
-Causal causal_from(const py::object& c) {
-  static const std::string kAccepted =
-      "False, True, 'bottom_right', 'top_left', 'none' or ('offset', k)";
-  if (c.is_none()) return Causal::None;
-  if (is_bool(c)) return py::cast<bool>(py::bool_(c)) ? Causal::BottomRight : Causal::None;
-  if (py::isinstance<py::str>(c)) {
-    const auto name = c.cast<std::string>();
-    try {
-      return parse_causal(name);
-    } catch (const ValueError&) {
-      throw ValueError("causal must be " + kAccepted + ", got '" + name + "'");
-    }
-  }
-  if (py::isinstance<py::tuple>(c) && py::len(c) == 2 && py::isinstance<py::str>(c[py::int_(0)]) &&
-      c[py::int_(0)].cast<std::string>() == "offset")
-    return Causal::offset(int_arg(c[py::int_(1)], "causal=('offset', k): k"));
-  throw TypeError("causal must be " + kAccepted + ", got " + std::string(py::repr(c)));
-}
-
 namespace {
-
-Window window_from(const py::object& w) {
-  if (w.is_none()) return {};
-  const auto side = [](const py::handle& h) -> int64_t {
-    if (h.is_none()) return -1;
-    return int_arg(h, "window sizes (integers or None)");
-  };
-  if (!py::isinstance<py::sequence>(w) || py::isinstance<py::str>(w) || py::len(w) != 2)
-    throw TypeError("window must be None or a pair (left, right), got " +
-                    std::string(py::repr(w)));
-  return {side(w[py::int_(0)]), side(w[py::int_(1)])};
-}
-
-std::optional<double> optional_float(const py::object& o, const char* name) {
-  if (o.is_none()) return std::nullopt;
-  try {
-    return o.cast<double>();
-  } catch (const py::cast_error&) {
-    throw TypeError(std::string(name) + " must be a number or None, got " +
-                    std::string(py::repr(o)));
-  }
-}
-
-// alibi_slopes=None | one slope per query head; sinks=None | one logit per
-// query head.
-std::vector<double> per_head_from(const py::object& o, const char* name, const char* what) {
-  if (o.is_none()) return {};
-  auto a = as<double>(as_numeric_array(o, name));
-  if (a.ndim() != 1)
-    throw ValueError(std::string(name) + " must be a 1-D array, one " + what + " per query head, got shape " +
-                     shape_str(Shape(a.shape(), a.shape() + a.ndim())));
-  std::vector<double> values(static_cast<size_t>(a.shape(0)));
-  for (py::ssize_t h = 0; h < a.shape(0); ++h) values[h] = a.at(h);
-  return values;
-}
 
 // ---------------------------------------------------------------------------
 
@@ -426,16 +372,6 @@ py::array py_alibi_slopes(const py::object& num_heads, double max_bias) {
 
 }  // namespace
 
-AttentionOptions attention_options(const py::object& causal, const py::object& scale,
-                              const py::object& softcap, const py::object& window) {
-  AttentionOptions opt;
-  opt.causal = causal_from(causal);
-  opt.scale = optional_float(scale, "scale");
-  opt.softcap = optional_float(softcap, "softcap").value_or(0.0);
-  opt.window = window_from(window);
-  return opt;
-}
-
 }  // namespace attn::python
 
 PYBIND11_MODULE(_core, m) {
@@ -446,21 +382,7 @@ PYBIND11_MODULE(_core, m) {
   options.disable_function_signatures();  // each docstring opens with its own
   m.doc() = docs::kModule;
   m.attr("__version__") = ATTN_VERSION;
-  py::register_exception_translator([](std::exception_ptr p) {
-    try {
-      if (p) std::rethrow_exception(p);
-    } catch (const attn::TypeError& e) {
-      PyErr_SetString(PyExc_TypeError, e.what());
-    } catch (const attn::ValueError& e) {
-      PyErr_SetString(PyExc_ValueError, e.what());
-    } catch (const attn::IOError& e) {
-      PyErr_SetString(PyExc_OSError, e.what());
-    } catch (const attn::RuntimeError& e) {
-      PyErr_SetString(PyExc_RuntimeError, e.what());
-    } catch (const attn::Error& e) {
-      PyErr_SetString(PyExc_ValueError, e.what());
-    }
-  });
+  register_errors();
 
   m.def("softmax", &py_softmax, arg("a"), arg("axis") = -1, docs::kSoftmax);
   m.def("attention", &py_attention, arg("q"), arg("k"), arg("v"), arg("mask") = py::none(),

@@ -23,6 +23,7 @@
 #include <mpi.h>
 
 #include <cstdint>
+#include <functional>
 #include <string>
 
 #include "attn/attention.hpp"
@@ -74,5 +75,11 @@ template <class T, class KV>
 DistStats ulysses_attention(TensorView<const T> q, TensorView<const KV> k, TensorView<const KV> v,
                             TensorView<T> out, MPI_Comm comm, const AttentionOptions& options = {},
                             Layout layout = Layout::Contiguous, TensorView<T> lse = {});
+
+// Runs check on every rank of comm; if it throws on any, every rank throws
+// that error (the lowest such rank's, its message naming the function and
+// the rank), so that no rank goes on to wait for one that gave up. The calls
+// above check their arguments this way; a binding checks its own with it.
+void check_collectively(MPI_Comm comm, const std::string& function, const std::function<void()>& check);
 
 }  // namespace attn::dist

@@ -5,6 +5,7 @@
 #include <limits>
 #include <utility>
 
+#include "attn/dist.hpp"
 #include "attn/error.hpp"
 
 namespace attn::dist {
@@ -73,6 +74,10 @@ void check_collectively(const Communicator& c, const char* function, const std::
   if (header[0] == kType) throw TypeError(text);
   if (header[0] == kRuntime) throw RuntimeError(text);
   throw ValueError(text);
+}
+
+void check_collectively(MPI_Comm comm, const std::string& function, const std::function<void()>& check) {
+  check_collectively(communicator(comm, function.c_str()), function.c_str(), check);
 }
 
 void check_agreement(const Communicator& c, const char* function, const std::vector<Field>& fields) {

@@ -1,0 +1,76 @@
+"""Context-parallel attention over MPI: one attention problem whose sequence
+is split across the ranks of an mpi4py communicator (docs/semantics.md
+"Context parallelism", docs/scaling.md).
+
+Each rank passes its own slices of q, k and v, shaped (..., H, n_local, d)
+like attn.attention's, the sequence axis (-2) split over the ranks in rank
+order (layout="contiguous": rank r holds the r-th run of positions, any
+lengths; "zigzag": the sequence cut into 2W equal chunks, rank r holding
+chunks r and 2W-1-r), and receives its rows of the output that attn.attention
+would give on the whole sequence.
+
+    ring_attention     K/V blocks pass around the ring, results merged exactly
+    ulysses_attention  an all-to-all from sequence slices to head slices and back
+
+Every rank calls together. An argument that is wrong on any rank raises the
+same error on every rank, naming that rank: never a hang. Importing this
+module imports mpi4py (which initialises MPI).
+"""
+from ._interop import any_tensor, result_dtype, to_array, to_tensor
+
+try:
+    from . import _dist
+except ImportError as e:  # built only where Open MPI and mpi4py are (make test installs them)
+    raise ImportError("attn.dist needs attn._dist, which is built when CMake finds Open MPI and "
+                      f"mpi4py (Debian: libopenmpi-dev, python3-mpi4py): {e}") from e
+
+__all__ = ["ring_attention", "ulysses_attention"]
+
+
+def _call(function, q, k, v, comm, return_lse, **options):
+    names = ("q", "k", "v", "alibi_slopes", "sinks")
+    inputs = (q, k, v, options.pop("alibi_slopes", None), options.pop("sinks", None))
+    error, arrays = None, None
+    try:
+        arrays = [None if x is None else to_array(x, n) for x, n in zip(inputs, names)]
+    except (TypeError, ValueError) as e:
+        error = e
+    _dist.check_collectively(comm, function.__name__, error)
+    r = function(*arrays[:3], comm, alibi_slopes=arrays[3], sinks=arrays[4], return_lse=return_lse, **options)
+    if not any_tensor(q, k, v):
+        return r
+    dtype = result_dtype(q, k, v)
+    return tuple(to_tensor(a, dtype) for a in r) if return_lse else to_tensor(r, dtype)
+
+
+def ring_attention(q, k, v, comm, *, causal=False, layout="contiguous", scale=None, softcap=None,
+                   window=None, sinks=None, return_lse=False, precision="f32"):
+    """ring_attention(q, k, v, comm, *, causal=False, layout="contiguous", scale=None, softcap=None,
+               window=None, sinks=None, return_lse=False, precision="f32") -> out | (out, lse)
+
+Ring attention (Liu et al., 2023): each rank computes its queries against the
+K/V block it holds while passing it on to the next rank, the partial results
+merged exactly in a fixed order (bitwise reproducible for one world size and
+layout). The options are attn.attention's, on the global sequence: causal
+(either alignment, or ("offset", k)) and window by global positions (blocks
+wholly outside them are neither computed nor, where no later rank needs them,
+sent); float16 k and v travel in half float32's bytes. ALiBi needs
+ulysses_attention.
+"""
+    return _call(_dist.ring_attention, q, k, v, comm, return_lse, causal=causal, layout=layout, scale=scale,
+                 softcap=softcap, window=window, sinks=sinks, precision=precision)
+
+
+def ulysses_attention(q, k, v, comm, *, causal=False, layout="contiguous", scale=None, softcap=None,
+                      window=None, alibi_slopes=None, sinks=None, return_lse=False, precision="f32"):
+    """ulysses_attention(q, k, v, comm, *, causal=False, layout="contiguous", scale=None, softcap=None,
+                  window=None, alibi_slopes=None, sinks=None, return_lse=False, precision="f32")
+    -> out | (out, lse)
+
+DeepSpeed Ulysses: an all-to-all gives each rank whole sequences of Hq / W
+query heads (and Hkv / W key/value heads; both must divide by the world size
+W), attn.attention runs on them with every option, and a second all-to-all
+returns each rank its rows of every head.
+"""
+    return _call(_dist.ulysses_attention, q, k, v, comm, return_lse, causal=causal, layout=layout, scale=scale,
+                 softcap=softcap, window=window, alibi_slopes=alibi_slopes, sinks=sinks, precision=precision)
