@@ -141,8 +141,8 @@ The mask gets no gradient; the sinks get dsinks (Hq,), summed over the batch
 and the rows.
 
 out and lse: what attention(..., return_lse=True) returned for the same
-inputs, both or neither; given, the float32 kernel does not run the forward
-again (the float64 reference recomputes it).
+inputs, both or neither; given, the gradient is taken from them (P =
+exp(logits - lse), and dout . out), so the forward does not run again.
 
 float32 runs the fused kernel (FlashAttention-2's backward: the weights
 recomputed tile by tile from the log-sum-exp, memory O(n), bitwise the same

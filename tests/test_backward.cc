@@ -192,6 +192,46 @@ TEST(AttentionBackward, ErrorsNameTheArgument) {
 
 // ---------------------------------------------------------------------------
 
+// A saved forward of a problem with more keys (a key block of ring
+// attention, attn::dist): given the whole problem's out and lse, each block's
+// backward gives that block's share: its rows of dk and dv, and a part of dq
+// (the parts summing to dq). The sink, counted once in the saved lse, is
+// left out of the blocks. float64 runs the reference, float32 the kernel.
+template <class T>
+void expect_block_gradients(double tolerance) {
+  std::mt19937 rng(11);
+  const int64_t n_k = 9, split = 4;
+  const auto q = test::cast<T>(random_tensor({2, 5, 4}, rng, -2, 2));
+  const auto k = test::cast<T>(random_tensor({2, n_k, 4}, rng, -2, 2));
+  const auto v = test::cast<T>(random_tensor({2, n_k, 3}, rng));
+  const auto dout = test::cast<T>(random_tensor({2, 5, 3}, rng));
+  AttentionOptions options{.softcap = 3.0, .sinks = {0.5, -1.0}};
+  const auto whole = attention_with_extras<T, T>(q.view(), k.view(), v.view(), {.lse = true}, options);
+  const auto g = attention_backward<T, T>(q.view(), k.view(), v.view(), dout.view(), options);
+  options.sinks.clear();
+  auto keys = [](const Tensor<T>& t, int64_t begin, int64_t end) {
+    Shape shape = t.shape();
+    shape[1] = end - begin;
+    return contiguous(TensorView<const T>(t.data() + begin * t.dim(2), shape, {t.dim(1) * t.dim(2), t.dim(2), 1}));
+  };
+  const auto g1 = attention_backward<T, T>(q.view(), keys(k, 0, split).view(), keys(v, 0, split).view(), dout.view(),
+                                           options, {}, {whole.out.view(), whole.lse.view()});
+  const auto g2 = attention_backward<T, T>(q.view(), keys(k, split, n_k).view(), keys(v, split, n_k).view(),
+                                           dout.view(), options, {}, {whole.out.view(), whole.lse.view()});
+  Tensor<T> dq(g.dq.shape());
+  for (int64_t i = 0; i < dq.numel(); ++i) dq[i] = g1.dq[i] + g2.dq[i];
+  EXPECT_LT(rel_error(dq, g.dq), tolerance);
+  EXPECT_LT(rel_error(g1.dk, keys(g.dk, 0, split)), tolerance);
+  EXPECT_LT(rel_error(g2.dk, keys(g.dk, split, n_k)), tolerance);
+  EXPECT_LT(rel_error(g1.dv, keys(g.dv, 0, split)), tolerance);
+  EXPECT_LT(rel_error(g2.dv, keys(g.dv, split, n_k)), tolerance);
+}
+
+TEST(AttentionBackward, SavedForwardOfMoreKeysGivesABlocksShare) {
+  expect_block_gradients<double>(1e-12);
+  expect_block_gradients<float>(1e-5);
+}
+
 TEST(RopeBackward, MatchesFiniteDifferences) {
   std::mt19937 rng(10);
   for (bool interleaved : {false, true})

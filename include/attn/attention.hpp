@@ -175,9 +175,13 @@ AttentionResult<T> attention_with_extras(TensorView<const T> q, TensorView<const
 
 // What a forward pass keeps for its backward: its output and its
 // log-sum-exp (AttentionExtras::lse), both from attention() with the same
-// inputs and options. Given to attention_backward, the float32 kernel does
-// not run the forward again (the reference, for float64 or non-finite input,
-// recomputes it and only checks their shapes); empty, it does.
+// inputs and options. Given to attention_backward, the gradient is taken
+// from them, P = exp(logits - lse) and dout · out for each row's
+// Σ_j P_j (dout · v_j), by the float32 kernel (which does not run the
+// forward again) and the reference alike; empty, the forward is run. Saved
+// from a problem with more keys (the same queries and options), the
+// backward gives this block of keys' share of that problem's gradient, as
+// ring attention's backward (attn/dist.hpp) needs.
 template <class T>
 struct SavedForward {
   TensorView<const T> out;  // (..., Hq, n_q, d_v)

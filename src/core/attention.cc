@@ -351,12 +351,18 @@ template <class KV>
 void backward_in_double(TensorView<const float> q, TensorView<const KV> k, TensorView<const KV> v,
                         TensorView<const float> dout, TensorView<float> dq, TensorView<float> dk,
                         TensorView<float> dv, const AttentionOptions& options, const MaskInput& mask,
-                        const MaskInput& second, TensorView<float> dsinks) {
+                        const MaskInput& second, TensorView<float> dsinks, const SavedForward<float>& saved) {
   const Tensor<double> q64 = widen(q), k64 = widen(k), v64 = widen(v), dout64 = widen(dout);
   Tensor<double> dq64(dq.shape()), dk64(dk.shape()), dv64(dv.shape()), dsinks64(dsinks.shape());
+  Tensor<double> out64, lse64;
+  SavedForward<double> saved64;
+  if (!saved.out.empty_view()) {
+    out64 = widen(saved.out), lse64 = widen(saved.lse);
+    saved64 = {out64.view(), lse64.view()};
+  }
   masked_attention_backward<double, double>(q64.view(), k64.view(), v64.view(), dout64.view(), dq64.view(),
                                             dk64.view(), dv64.view(), options, mask, second,
-                                            dsinks.empty_view() ? TensorView<double>() : dsinks64.view());
+                                            dsinks.empty_view() ? TensorView<double>() : dsinks64.view(), saved64);
   copy<double>(dq64.view(), dq);
   copy<double>(dk64.view(), dk);
   copy<double>(dv64.view(), dv);
@@ -379,7 +385,11 @@ void masked_attention_backward(TensorView<const T> q, TensorView<const KV> k,
       gradient_operands(p, q.shape(), logical_shape(k), logical_shape(v), dout, dq, dk, dv, dsinks);
   const bool given = check_saved(p, saved);
   if constexpr (std::is_same_v<T, double>) {
-    reference_attention_backward(p, g);  // the forward is recomputed row by row
+    if (given)  // read only: the reference writes the gradients alone
+      bind_outputs(p, TensorView<double>(const_cast<double*>(saved.out.data()), saved.out.shape(), saved.out.strides()),
+                   AttentionExtras<double>{.lse = TensorView<double>(const_cast<double*>(saved.lse.data()),
+                                                                      saved.lse.shape(), saved.lse.strides())});
+    reference_attention_backward(p, g);
   } else {
     // The kernel reads out, lse and dout by rows of unit stride: the
     // forward's when not given, contiguous copies of other layouts.
@@ -406,7 +416,7 @@ void masked_attention_backward(TensorView<const T> q, TensorView<const KV> k,
     GradientOperands<float> gk = g;
     gk.dout = operand(rows(dout, dout_copy), p.batch_axes, p.batch);
     if (!flash_backward(p, gk))
-      backward_in_double(q, k, v, dout, dq, dk, dv, options, mask, second, dsinks);
+      backward_in_double(q, k, v, dout, dq, dk, dv, options, mask, second, dsinks, saved);
   }
 }
 

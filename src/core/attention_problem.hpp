@@ -167,7 +167,10 @@ void reference_attention(const AttentionProblem<double>& p);
 // settle (a NaN or infinite value in an excluded key's value row).
 void reference_attention_row(const AttentionProblem<float>& p, int64_t b, int64_t h, int64_t i,
                              float* out);
-// Its backward (dq, dk, dv overwritten), recomputing the weights row by row.
+// Its backward (dq, dk, dv overwritten), recomputing the weights row by row;
+// with the forward's out and lse bound in p (a saved forward), the gradient
+// is taken from them as the kernel takes it: P = exp(logit - lse), and
+// dout · out for Σ_j P_j (dout · v_j).
 void reference_attention_backward(const AttentionProblem<double>& p,
                                   const GradientOperands<double>& g);
 

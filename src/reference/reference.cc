@@ -143,7 +143,14 @@ void reference_attention_backward(const AttentionProblem<double>& p,
       // GQA: every query head of a group adds into its one key/value head.
       const int64_t hkv = h / p.group();
       for (int64_t i = 0; i < p.n_q; ++i) {
-        const double lse = row_weights(p, b, h, i, s, w, part);
+        double lse = row_weights(p, b, h, i, s, w, part);
+        // A saved forward's lse: the weights of the problem it was saved
+        // from (this one, or one with more keys: a block of ring attention).
+        if (p.lse && lse != -std::numeric_limits<double>::infinity()) {
+          const double saved = *p.lse.row(b, h, i);
+          for (int64_t j = 0; j < p.n_k; ++j) w[j] *= std::exp(lse - saved);
+          lse = saved;
+        }
         const double* dout = g.dout.row(b, h, i);
         // forward: out[c] = sum_j w[j] v[j][c]
         // so:      dw[j] = dout · v[j];  dv[j][c] += w[j] dout[c]
@@ -161,7 +168,12 @@ void reference_attention_backward(const AttentionProblem<double>& p,
         // so:      dlogit[j] = w[j] (dw[j] - sum_l w[l] dw[l]),
         //          dsink = w_sink (0 - sum_l w[l] dw[l]), w_sink = exp(sink - lse)
         double wdw = 0;
-        for (int64_t j = 0; j < p.n_k; ++j) wdw += w[j] * dw[j];
+        if (p.out) {
+          const double* out = p.out.row(b, h, i);
+          for (int64_t c = 0; c < p.d_v; ++c) wdw += dout[c * g.dout.col_stride] * out[c * p.out.col_stride];
+        } else {
+          for (int64_t j = 0; j < p.n_k; ++j) wdw += w[j] * dw[j];
+        }
         if (g.dsinks) g.dsinks[h * g.dsinks_stride] -= std::exp(p.sinks[h] - lse) * wdw;
         const double* q = p.q.row(b, h, i);
         double* dq = g.dq.row(b, h, i);
