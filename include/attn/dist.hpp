@@ -67,6 +67,23 @@ DistStats ring_attention(TensorView<const T> q, TensorView<const KV> k, TensorVi
                          TensorView<T> out, MPI_Comm comm, const AttentionOptions& options = {},
                          Layout layout = Layout::Contiguous, TensorView<T> lse = {});
 
+// The gradient of ring_attention, by the same ring: every rank passes its
+// q, k, v, the gradient of its output dout, and the out and lse its
+// ring_attention returned; it receives dq, dk, dv for its slices (each
+// block's dK, dV travel around with it and home from the last rank that
+// needs it; each block's share computed by attention_backward from the
+// saved forward) and, with sinks, dsinks (Hq,), summed over every rank's
+// rows, the same on every rank. float32 (the fused kernel) or float64 (the
+// reference), K and V of q's type; within their rounding of one process's
+// attention_backward, bitwise reproducible for one world size and layout.
+template <class T>
+  requires AttentionTypes<T, T>
+DistStats ring_attention_backward(TensorView<const T> q, TensorView<const T> k, TensorView<const T> v,
+                                  TensorView<const T> dout, TensorView<const T> out, TensorView<const T> lse,
+                                  TensorView<T> dq, TensorView<T> dk, TensorView<T> dv, MPI_Comm comm,
+                                  const AttentionOptions& options = {}, Layout layout = Layout::Contiguous,
+                                  TensorView<T> dsinks = {});
+
 // Ulysses (DeepSpeed): needs a heads axis, with Hq and Hkv divisible by the
 // world size W. Every option of attention() (ALiBi too), on the global
 // sequence; each rank runs attention() on whole sequences of its heads.

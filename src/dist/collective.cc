@@ -12,7 +12,6 @@ namespace attn::dist {
 
 namespace {
 
-constexpr int kTag = 0x5a17;  // attn's messages; MPI keeps them in order per pair of ranks
 constexpr int64_t kPartBytes = int64_t{1} << 30;
 
 int count_of(int64_t n, const char* what) {
@@ -111,22 +110,22 @@ std::vector<int64_t> all_gather(const Communicator& c, int64_t value) {
   return values;
 }
 
-void post_send(const Communicator& c, const void* data, int64_t bytes, int peer,
+void post_send(const Communicator& c, const void* data, int64_t bytes, int peer, int tag,
                std::vector<MPI_Request>& requests) {
   const char* p = static_cast<const char*>(data);
   for (int64_t at = 0; at < bytes; at += kPartBytes) {
     requests.emplace_back();
-    MPI_Isend(p + at, static_cast<int>(std::min(kPartBytes, bytes - at)), MPI_BYTE, peer, kTag, c.comm,
+    MPI_Isend(p + at, static_cast<int>(std::min(kPartBytes, bytes - at)), MPI_BYTE, peer, tag, c.comm,
               &requests.back());
   }
 }
 
-void post_receive(const Communicator& c, void* data, int64_t bytes, int peer,
+void post_receive(const Communicator& c, void* data, int64_t bytes, int peer, int tag,
                   std::vector<MPI_Request>& requests) {
   char* p = static_cast<char*>(data);
   for (int64_t at = 0; at < bytes; at += kPartBytes) {
     requests.emplace_back();
-    MPI_Irecv(p + at, static_cast<int>(std::min(kPartBytes, bytes - at)), MPI_BYTE, peer, kTag, c.comm,
+    MPI_Irecv(p + at, static_cast<int>(std::min(kPartBytes, bytes - at)), MPI_BYTE, peer, tag, c.comm,
               &requests.back());
   }
 }

@@ -40,10 +40,11 @@ void check_agreement(const Communicator& c, const char* function, const std::vec
 std::vector<int64_t> all_gather(const Communicator& c, int64_t value);
 
 // Nonblocking messages of any number of bytes (an MPI count is an int:
-// larger messages go in parts, received in order).
-void post_send(const Communicator& c, const void* data, int64_t bytes, int peer,
+// larger messages go in parts, received in order). MPI matches messages of
+// one tag between two ranks in the order they were posted.
+void post_send(const Communicator& c, const void* data, int64_t bytes, int peer, int tag,
                std::vector<MPI_Request>& requests);
-void post_receive(const Communicator& c, void* data, int64_t bytes, int peer,
+void post_receive(const Communicator& c, void* data, int64_t bytes, int peer, int tag,
                   std::vector<MPI_Request>& requests);
 // Waits for the requests and clears them; returns the seconds waited.
 double wait_all(std::vector<MPI_Request>& requests);

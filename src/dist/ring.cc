@@ -1,7 +1,9 @@
 // Ring attention: at step t rank r holds the K/V block of rank r - t,
 // computes its queries against it while passing it on to rank r + 1 and
 // receiving the next from rank r - 1, and merges the partial results in
-// step order (so a given world size and layout always sums alike).
+// step order (so a given world size and layout always sums alike). The
+// backward sends each block's dK, dV around with it and, from the last rank
+// that needs the block, home.
 #include <chrono>
 
 #include "problem.hpp"
@@ -11,13 +13,102 @@ namespace attn::dist {
 
 namespace {
 
-template <class KV>
-struct Block {
-  Tensor<KV> k, v;
-};
+constexpr int kRingTag = 0x5a17, kHomeTag = 0x5a18;
 
 double seconds_since(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+void refuse_alibi(const AttentionOptions& options) {
+  if (!options.alibi_slopes.empty())
+    throw ValueError(
+        "ALiBi is not supported (its bias needs each query's global position within every block); "
+        "ulysses_attention, which sees whole sequences, supports it");
+}
+
+// Who computes what, and how far each block travels: the same on every rank.
+class RingSchedule {
+ public:
+  RingSchedule(const Communicator& c, const char* name, Layout layout, int64_t q_local, int64_t k_local,
+               const AttentionOptions& options)
+      : world(c.size),
+        rank(c.rank),
+        next((c.rank + 1) % c.size),
+        previous((c.rank - 1 + c.size) % c.size),
+        layout_(layout),
+        q_rows_(all_gather(c, q_local)),
+        k_rows_(all_gather(c, k_local)),
+        causal_(options.causal),
+        window_(options.window) {
+    try {
+      check_layout(layout, q_rows_, "q");
+      check_layout(layout, k_rows_, "k");
+    } catch (const ValueError& e) {
+      throw ValueError(std::string(name) + ": " + e.what());
+    }
+    for (size_t r = 0; r < q_rows_.size(); ++r) n_q_ += q_rows_[r], n_k_ += k_rows_[r];
+    needs_.resize(static_cast<size_t>(world * world));
+    for (int r = 0; r < world; ++r)
+      for (int s = 0; s < world; ++s) needs_[static_cast<size_t>(r * world + s)] = !calls(r, s).empty();
+  }
+
+  // Rank r's queries against rank s's keys; none when wholly masked.
+  std::vector<BlockCall> calls(int r, int s) const {
+    return block_calls(rank_segments(layout_, q_rows_, r), rank_segments(layout_, k_rows_, s), n_q_, n_k_, causal_,
+                       window_);
+  }
+  bool needs(int r, int s) const { return needs_[static_cast<size_t>(r * world + s)]; }
+  // Whether rank r receives, at step t, the block of rank r - t: if it or a
+  // rank after it in the rest of the ring needs it.
+  bool receives(int r, int t) const {
+    const int s = (r - t + world) % world;
+    for (int u = 0; u < world - t; ++u)
+      if (needs((r + u) % world, s)) return true;
+    return false;
+  }
+  // The step at which rank r holds block s (r - s around the ring) and
+  // whether it holds it: its own, or received.
+  int step_of(int r, int s) const { return (r - s + world) % world; }
+  bool holds(int r, int s) const { return r == s || receives(r, step_of(r, s)); }
+  // Whether rank r passes block s on to the next rank.
+  bool passes_on(int r, int s) const {
+    const int t = step_of(r, s);
+    return holds(r, s) && t + 1 < world && receives((r + 1) % world, t + 1);
+  }
+  int64_t k_rows(int s) const { return k_rows_[static_cast<size_t>(s)]; }
+
+  const int world, rank, next, previous;
+
+ private:
+  Layout layout_;
+  std::vector<int64_t> q_rows_, k_rows_;
+  int64_t n_q_ = 0, n_k_ = 0;
+  Causal causal_;
+  Window window_;
+  std::vector<char> needs_;
+};
+
+template <class E>
+void send(const Communicator& c, const Tensor<E>& t, int peer, int tag, std::vector<MPI_Request>& requests,
+          DistStats& stats) {
+  post_send(c, t.data(), t.numel() * int64_t{sizeof(E)}, peer, tag, requests);
+  stats.bytes_sent += t.numel() * int64_t{sizeof(E)};
+}
+
+template <class E>
+void receive(const Communicator& c, Tensor<E>& t, const Shape& shape, int peer, int tag,
+             std::vector<MPI_Request>& requests) {
+  t = Tensor<E>(shape);
+  post_receive(c, t.data(), t.numel() * int64_t{sizeof(E)}, peer, tag, requests);
+}
+
+// dst[rows of axis -2 from row0] += src, both contiguous, src's rows fewer.
+template <class A, class B>
+void add_rows(Tensor<A>& dst, const Tensor<B>& src, int64_t row0) {
+  const int64_t n = dst.dim(-2), m = src.dim(-2), e = dst.dim(-1);
+  const int64_t groups = m * e ? src.numel() / (m * e) : 0;
+  for (int64_t g = 0; g < groups; ++g)
+    for (int64_t i = 0; i < m * e; ++i) dst[(g * n + row0) * e + i] += src[g * m * e + i];
 }
 
 }  // namespace
@@ -31,89 +122,176 @@ DistStats ring_attention(TensorView<const T> q, TensorView<const KV> k, TensorVi
   const Communicator c = communicator(comm, kName);
   check_collectively(c, kName, [&] {
     check_local(q, k, v, out, lse, options);
-    if (!options.alibi_slopes.empty())
-      throw ValueError(
-          "ALiBi is not supported (its bias needs each query's global position within every block); "
-          "ulysses_attention, which sees whole sequences, supports it");
+    refuse_alibi(options);
   });
   check_agreement(c, kName, describe(q, k, v, lse, options, layout));
-  const std::vector<int64_t> q_rows = all_gather(c, q.dim(-2)), k_rows = all_gather(c, k.dim(-2));
-  try {
-    check_layout(layout, q_rows, "q");
-    check_layout(layout, k_rows, "k");
-  } catch (const ValueError& e) {
-    throw ValueError(std::string(kName) + ": " + e.what());
-  }
-  int64_t n_q = 0, n_k = 0;
-  for (size_t r = 0; r < q_rows.size(); ++r) n_q += q_rows[r], n_k += k_rows[r];
-
-  // Which rank's queries see which rank's keys: every rank knows it for all,
-  // so a block goes only as far along the ring as some rank still needs it.
-  const int world = c.size, rank = c.rank;
-  auto calls = [&](int r, int s) {
-    return block_calls(rank_segments(layout, q_rows, r), rank_segments(layout, k_rows, s), n_q, n_k,
-                       options.causal, options.window);
-  };
-  std::vector<char> needs(static_cast<size_t>(world * world));
-  for (int r = 0; r < world; ++r)
-    for (int s = 0; s < world; ++s) needs[static_cast<size_t>(r * world + s)] = !calls(r, s).empty();
-  // Whether rank r must receive, at step t, the block of rank r - t: if it
-  // or a rank after it in the rest of the ring needs it.
-  auto receives = [&](int r, int t) {
-    const int s = (r - t + world) % world;
-    for (int u = 0; u < world - t; ++u)
-      if (needs[static_cast<size_t>(((r + u) % world) * world + s)]) return true;
-    return false;
-  };
+  const RingSchedule ring(c, kName, layout, q.dim(-2), k.dim(-2), options);
 
   DistStats stats;
-  const int next = (rank + 1) % world, previous = (rank - 1 + world) % world;
-  const int64_t heads = q.rank() >= 3 ? q.dim(-3) : 1;
-  PartialResult result(out.shape(), heads);
+  PartialResult result(out.shape(), q.rank() >= 3 ? q.dim(-3) : 1);
   AttentionOptions block_options = options;
   block_options.sinks.clear();  // added once, after the last block
-  Block<KV> current{contiguous(k), contiguous(v)};
+  Tensor<KV> k_block = contiguous(k), v_block = contiguous(v);
   std::vector<MPI_Request> requests;
-  for (int t = 0; t < world; ++t) {
-    const int source = (rank - t + world) % world;
-    Block<KV> incoming;
-    if (t + 1 < world) {
-      if (receives(rank, t + 1)) {
-        const int64_t rows = k_rows[static_cast<size_t>((rank - t - 1 + world) % world)];
-        incoming = {Tensor<KV>(with_rows(k.shape(), rows)), Tensor<KV>(with_rows(v.shape(), rows))};
-        post_receive(c, incoming.k.data(), incoming.k.numel() * int64_t{sizeof(KV)}, previous, requests);
-        post_receive(c, incoming.v.data(), incoming.v.numel() * int64_t{sizeof(KV)}, previous, requests);
-      }
-      if (receives(next, t + 1)) {
-        const int64_t bytes = (current.k.numel() + current.v.numel()) * int64_t{sizeof(KV)};
-        post_send(c, current.k.data(), current.k.numel() * int64_t{sizeof(KV)}, next, requests);
-        post_send(c, current.v.data(), current.v.numel() * int64_t{sizeof(KV)}, next, requests);
-        stats.blocks_sent += 1;
-        stats.bytes_sent += bytes;
-      }
+  for (int t = 0; t < ring.world; ++t) {
+    const int source = (ring.rank - t + ring.world) % ring.world;
+    Tensor<KV> k_next, v_next;
+    if (t + 1 < ring.world && ring.receives(ring.rank, t + 1)) {
+      const int64_t rows = ring.k_rows((source - 1 + ring.world) % ring.world);
+      receive(c, k_next, with_rows(k.shape(), rows), ring.previous, kRingTag, requests);
+      receive(c, v_next, with_rows(v.shape(), rows), ring.previous, kRingTag, requests);
     }
-    if (needs[static_cast<size_t>(rank * world + source)]) {
+    if (ring.passes_on(ring.rank, source)) {
+      send(c, k_block, ring.next, kRingTag, requests, stats);
+      send(c, v_block, ring.next, kRingTag, requests, stats);
+      stats.blocks_sent += 1;
+    }
+    if (ring.needs(ring.rank, source)) {
       const auto start = std::chrono::steady_clock::now();
-      const TensorView<const KV> k_block = current.k.view(), v_block = current.v.view();
-      for (const BlockCall& call : calls(rank, source)) {
+      for (const BlockCall& call : ring.calls(ring.rank, source)) {
         Tensor<T> out_b(with_rows(out.shape(), call.q_length));
         Tensor<T> lse_b(Shape(out_b.shape().begin(), out_b.shape().end() - 1));
-        AttentionExtras<T> extras;
-        extras.lse = lse_b.view();
         block_options.causal = call.causal;
         block_options.window = call.window;
-        attention<T, KV>(slice(q, -2, call.q_begin, call.q_length), slice(k_block, -2, call.k_begin, call.k_length),
-                         slice(v_block, -2, call.k_begin, call.k_length), out_b.view(), extras, block_options);
+        attention<T, KV>(slice(q, -2, call.q_begin, call.q_length),
+                         slice(k_block.view(), -2, call.k_begin, call.k_length),
+                         slice(v_block.view(), -2, call.k_begin, call.k_length), out_b.view(),
+                         AttentionExtras<T>{.lse = lse_b.view()}, block_options);
         result.merge(out_b, lse_b, call.q_begin);
         stats.blocks_computed += 1;
       }
       stats.compute_seconds += seconds_since(start);
     }
     stats.wait_seconds += wait_all(requests);
-    current = std::move(incoming);
+    k_block = std::move(k_next), v_block = std::move(v_next);
   }
   result.add_sinks(options.sinks);
   result.write(out, lse);
+  return stats;
+}
+
+template <class T>
+  requires AttentionTypes<T, T>
+DistStats ring_attention_backward(TensorView<const T> q, TensorView<const T> k, TensorView<const T> v,
+                                  TensorView<const T> dout, TensorView<const T> out, TensorView<const T> lse,
+                                  TensorView<T> dq, TensorView<T> dk, TensorView<T> dv, MPI_Comm comm,
+                                  const AttentionOptions& options, Layout layout, TensorView<T> dsinks) {
+  constexpr const char* kName = "ring_attention_backward";
+  const Communicator c = communicator(comm, kName);
+  check_collectively(c, kName, [&] {
+    const AttentionPlan<T, T> plan(q, k, v, options);
+    refuse_alibi(options);
+    if (options.precision != Precision::Float32)
+      throw ValueError("the backward computes in float32: precision must be f32, got " +
+                       precision_name(options.precision));
+    auto expect = [](const char* name, const Shape& shape, const char* like, const Shape& want) {
+      if (shape != want)
+        throw ValueError(std::string(name) + " has shape " + shape_str(shape) + ", expected " + like + "'s " +
+                         shape_str(want));
+    };
+    expect("dout", dout.shape(), "the output", plan.output_shape());
+    expect("out", out.shape(), "the output", plan.output_shape());
+    expect("lse", lse.shape(), "the log-sum-exp", plan.lse_shape());
+    expect("dq", dq.shape(), "q", q.shape());
+    expect("dk", dk.shape(), "k", k.shape());
+    expect("dv", dv.shape(), "v", v.shape());
+    if (!dsinks.empty_view()) {
+      if (options.sinks.empty()) throw ValueError("dsinks given without sinks");
+      expect("dsinks", dsinks.shape(), "sinks", Shape{static_cast<int64_t>(options.sinks.size())});
+    }
+  });
+  std::vector<Field> fields = describe(q, k, v, TensorView<T>(), options, layout);
+  fields.push_back({"whether dsinks is asked for", dsinks.empty_view() ? "no" : "yes"});
+  check_agreement(c, kName, fields);
+  const RingSchedule ring(c, kName, layout, q.dim(-2), k.dim(-2), options);
+
+  DistStats stats;
+  Tensor<double> dq_sum(q.shape());
+  AttentionOptions block_options = options;
+  block_options.sinks.clear();  // in the saved lse already
+  // The block this rank holds, and its dK, dV so far (summed in ring order).
+  Tensor<T> k_block = contiguous(k), v_block = contiguous(v), dk_block(k.shape()), dv_block(v.shape());
+  // This rank's own dK, dV: kept, or sent home by the last rank that held the block.
+  Tensor<T> dk_home, dv_home;
+  std::vector<MPI_Request> requests, home;
+  if (ring.passes_on(ring.rank, ring.rank)) {
+    int last = ring.rank;
+    while (ring.passes_on(last, ring.rank)) last = (last + 1) % ring.world;
+    receive(c, dk_home, k.shape(), last, kHomeTag, home);
+    receive(c, dv_home, v.shape(), last, kHomeTag, home);
+  }
+  for (int t = 0; t < ring.world; ++t) {
+    const int source = (ring.rank - t + ring.world) % ring.world;
+    Tensor<T> k_next, v_next, dk_next, dv_next;
+    if (t + 1 < ring.world && ring.receives(ring.rank, t + 1)) {
+      const int64_t rows = ring.k_rows((source - 1 + ring.world) % ring.world);
+      receive(c, k_next, with_rows(k.shape(), rows), ring.previous, kRingTag, requests);
+      receive(c, v_next, with_rows(v.shape(), rows), ring.previous, kRingTag, requests);
+      receive(c, dk_next, with_rows(k.shape(), rows), ring.previous, kRingTag, requests);
+      receive(c, dv_next, with_rows(v.shape(), rows), ring.previous, kRingTag, requests);
+    }
+    const bool passes_on = ring.passes_on(ring.rank, source);
+    if (passes_on) {
+      send(c, k_block, ring.next, kRingTag, requests, stats);
+      send(c, v_block, ring.next, kRingTag, requests, stats);
+      stats.blocks_sent += 1;
+    }
+    if (ring.needs(ring.rank, source)) {
+      const auto start = std::chrono::steady_clock::now();
+      for (const BlockCall& call : ring.calls(ring.rank, source)) {
+        block_options.causal = call.causal;
+        block_options.window = call.window;
+        auto rows = [&](TensorView<const T> t) { return slice(t, -2, call.q_begin, call.q_length); };
+        const AttentionGradients<T> g = attention_backward<T, T>(
+            rows(q), slice(k_block.view(), -2, call.k_begin, call.k_length),
+            slice(v_block.view(), -2, call.k_begin, call.k_length), rows(dout), block_options, {},
+            SavedForward<T>{rows(out), slice(lse, -1, call.q_begin, call.q_length)});
+        add_rows(dq_sum, g.dq, call.q_begin);
+        add_rows(dk_block, g.dk, call.k_begin);
+        add_rows(dv_block, g.dv, call.k_begin);
+        stats.blocks_computed += 1;
+      }
+      stats.compute_seconds += seconds_since(start);
+    }
+    // The block's gradient goes on with it, or home from its last holder.
+    if (passes_on) {
+      send(c, dk_block, ring.next, kRingTag, requests, stats);
+      send(c, dv_block, ring.next, kRingTag, requests, stats);
+    } else if (source != ring.rank && ring.holds(ring.rank, source)) {
+      send(c, dk_block, source, kHomeTag, requests, stats);
+      send(c, dv_block, source, kHomeTag, requests, stats);
+    } else if (source == ring.rank) {
+      dk_home = std::move(dk_block), dv_home = std::move(dv_block);
+    }
+    stats.wait_seconds += wait_all(requests);
+    k_block = std::move(k_next), v_block = std::move(v_next);
+    dk_block = std::move(dk_next), dv_block = std::move(dv_next);
+  }
+  stats.wait_seconds += wait_all(home);
+  copy<double, T>(dq_sum.view(), dq);
+  copy<T, T>(dk_home.view(), dk);
+  copy<T, T>(dv_home.view(), dv);
+
+  if (!dsinks.empty_view()) {
+    // dσ[h] = -Σ over rows of exp(σ[h] - lse) (dout · out), each rank's rows
+    // summed, then the ranks' sums in rank order: the same on every rank.
+    const int64_t heads = static_cast<int64_t>(options.sinks.size()), rows = q.dim(-2), dv_size = out.dim(-1);
+    const Tensor<T> out_c = contiguous(out), dout_c = contiguous(dout), lse_c = contiguous(lse);
+    std::vector<double> mine(static_cast<size_t>(heads)), all(static_cast<size_t>(heads * ring.world));
+    for (int64_t g = 0; rows && g < lse_c.numel() / rows; ++g)
+      for (int64_t i = 0; i < rows; ++i) {
+        double wdw = 0;
+        for (int64_t e = 0; e < dv_size; ++e)
+          wdw += double{dout_c[(g * rows + i) * dv_size + e]} * out_c[(g * rows + i) * dv_size + e];
+        mine[static_cast<size_t>(g % heads)] -= std::exp(options.sinks[static_cast<size_t>(g % heads)] - lse_c[g * rows + i]) * wdw;
+      }
+    MPI_Allgather(mine.data(), static_cast<int>(heads), MPI_DOUBLE, all.data(), static_cast<int>(heads), MPI_DOUBLE,
+                  c.comm);
+    Tensor<double> sum({heads});
+    for (int r = 0; r < ring.world; ++r)
+      for (int64_t h = 0; h < heads; ++h) sum[h] += all[static_cast<size_t>(r * heads + h)];
+    copy<double, T>(sum.view(), dsinks);
+  }
   return stats;
 }
 
@@ -123,5 +301,15 @@ DistStats ring_attention(TensorView<const T> q, TensorView<const KV> k, TensorVi
                                            TensorView<T>);
 ATTN_DIST_FOR_EACH_TYPES(ATTN_INSTANTIATE)
 #undef ATTN_INSTANTIATE
+template DistStats ring_attention_backward<float>(TensorView<const float>, TensorView<const float>,
+                                                  TensorView<const float>, TensorView<const float>,
+                                                  TensorView<const float>, TensorView<const float>, TensorView<float>,
+                                                  TensorView<float>, TensorView<float>, MPI_Comm,
+                                                  const AttentionOptions&, Layout, TensorView<float>);
+template DistStats ring_attention_backward<double>(TensorView<const double>, TensorView<const double>,
+                                                   TensorView<const double>, TensorView<const double>,
+                                                   TensorView<const double>, TensorView<const double>,
+                                                   TensorView<double>, TensorView<double>, TensorView<double>,
+                                                   MPI_Comm, const AttentionOptions&, Layout, TensorView<double>);
 
 }  // namespace attn::dist

@@ -288,6 +288,58 @@ TEST(ContextParallel, ZigzagBalancesTheCausalWork) {
   EXPECT_EQ(computed[0], 3 + (w - 1));
 }
 
+// The ring's backward against one process's attention_backward: each
+// rank's rows of dq, dk, dv, and dsinks (summed over all rows) on every rank.
+template <class T>
+void expect_backward(const Problem& p, double tolerance) {
+  const int w = world_size(), r = world_rank();
+  const int64_t hq = 2 * w, hkv = w;
+  int64_t n_q = 0, n_k = 0;
+  for (int64_t n : p.q_lengths) n_q += n;
+  for (int64_t n : p.k_lengths) n_k += n;
+  const Tensor<T> q = normal<T>({p.batch, hq, n_q, p.d}, 1), dout = normal<T>({p.batch, hq, n_q, p.d}, 4);
+  const Tensor<T> k = normal<T>({p.batch, hkv, n_k, p.d}, 2), v = normal<T>({p.batch, hkv, n_k, p.d}, 3);
+  const AttentionGradients<T> whole = attention_backward<T, T>(q.view(), k.view(), v.view(), dout.view(), p.options);
+  const std::vector<int64_t> q_rows = positions(p.layout, p.q_lengths, r), k_rows = positions(p.layout, p.k_lengths, r);
+  const Tensor<T> q_local = take_rows(q, q_rows), dout_local = take_rows(dout, q_rows);
+  const Tensor<T> k_local = take_rows(k, k_rows), v_local = take_rows(v, k_rows);
+  Tensor<T> out(q_local.shape()), lse(Shape(q_local.shape().begin(), q_local.shape().end() - 1));
+  ring_attention<T, T>(q_local.view(), k_local.view(), v_local.view(), out.view(), MPI_COMM_WORLD, p.options,
+                       p.layout, lse.view());
+  Tensor<T> dq(q_local.shape()), dk(k_local.shape()), dv(v_local.shape());
+  Tensor<T> dsinks(Shape{static_cast<int64_t>(p.options.sinks.size())});
+  ring_attention_backward<T>(q_local.view(), k_local.view(), v_local.view(), dout_local.view(), out.view(),
+                             lse.view(), dq.view(), dk.view(), dv.view(), MPI_COMM_WORLD, p.options, p.layout,
+                             p.options.sinks.empty() ? TensorView<T>() : dsinks.view());
+  SCOPED_TRACE(std::string(layout_name(p.layout)) + ", rank " + std::to_string(r) + " of " + std::to_string(w));
+  EXPECT_LE(relative_difference(dq, take_rows(whole.dq, q_rows)), tolerance);
+  EXPECT_LE(relative_difference(dk, take_rows(whole.dk, k_rows)), tolerance);
+  EXPECT_LE(relative_difference(dv, take_rows(whole.dv, k_rows)), tolerance);
+  if (!p.options.sinks.empty()) {
+    EXPECT_LE(relative_difference(dsinks, whole.dsinks), tolerance);
+  }
+}
+
+TEST(ContextParallel, RingBackward) {
+  const int64_t hq = 2 * world_size();
+  std::vector<double> sinks;
+  for (int64_t h = 0; h < hq; ++h) sinks.push_back(0.25 * static_cast<double>(h) - 0.5);
+  for (Layout l : kLayouts) {
+    expect_backward<float>({Strategy::Ring, l, lengths(l, 3), lengths(l, 3)}, kFloat32);
+    expect_backward<double>({Strategy::Ring, l, lengths(l, 3), lengths(l, 3)}, kFloat64);
+    for (Causal causal : {Causal::TopLeft, Causal::BottomRight}) {
+      SCOPED_TRACE(causal_name(causal));
+      const Problem p{Strategy::Ring, l, lengths(l, 2), lengths(l, 4), {.causal = causal, .window = {5, -1}}};
+      expect_backward<float>(p, kFloat32);
+      expect_backward<double>(p, kFloat64);
+    }
+    const Problem with_sinks{Strategy::Ring, l, lengths(l, 3), lengths(l, 3),
+                             {.scale = 0.6, .causal = Causal::TopLeft, .softcap = 2.0, .sinks = sinks}};
+    expect_backward<float>(with_sinks, kFloat32);
+    expect_backward<double>(with_sinks, kFloat64);
+  }
+}
+
 // Bad input on one rank: every rank throws the same error, naming it.
 TEST(ContextParallel, BadInputOnOneRankFailsOnEveryRank) {
   const int w = world_size(), r = world_rank(), bad = w - 1;
