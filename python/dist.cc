@@ -7,6 +7,7 @@
 #include <pybind11/pybind11.h>
 
 #include <string>
+#include <vector>
 
 #include "arrays.hpp"
 #include "attn/dist.hpp"
@@ -83,6 +84,49 @@ py::object dispatch(Strategy strategy, const py::object& q_obj, const py::object
                            return_lse);
 }
 
+template <class T>
+py::tuple backward_t(const std::vector<py::array>& arrays, MPI_Comm comm, const AttentionOptions& opt,
+                     dist::Layout layout) {
+  std::vector<py::array_t<T>> held;
+  std::vector<TensorView<const T>> in;
+  for (const py::array& a : arrays) {
+    held.push_back(as<T>(a));
+    in.push_back(view_of<const T>(held.back()));
+  }
+  auto dq = empty<T>(in[0].shape()), dk = empty<T>(in[1].shape()), dv = empty<T>(in[2].shape());
+  auto dsinks = empty<T>({static_cast<int64_t>(opt.sinks.size())});
+  const auto dqv = view_of<T>(dq), dkv = view_of<T>(dk), dvv = view_of<T>(dv);
+  const TensorView<T> dsv = opt.sinks.empty() ? TensorView<T>() : view_of<T>(dsinks);
+  {
+    py::gil_scoped_release nogil;
+    dist::ring_attention_backward<T>(in[0], in[1], in[2], in[3], in[4], in[5], dqv, dkv, dvv, comm, opt, layout,
+                                     dsv);
+  }
+  if (opt.sinks.empty()) return py::make_tuple(dq, dk, dv);
+  return py::make_tuple(dq, dk, dv, dsinks);
+}
+
+py::tuple ring_backward(const py::object& q, const py::object& k, const py::object& v, const py::object& dout,
+                        const py::object& out, const py::object& lse, const py::object& comm,
+                        const py::object& causal, const py::object& layout_obj, const py::object& scale,
+                        const py::object& softcap, const py::object& window, const py::object& sinks) {
+  const MPI_Comm c = comm_from(comm);
+  AttentionOptions opt;
+  dist::Layout layout = dist::Layout::Contiguous;
+  std::vector<py::array> arrays;
+  dist::check_collectively(c, "ring_attention_backward", [&] {
+    opt = attention_options(causal, scale, softcap, window);
+    opt.sinks = per_head_from(sinks, "sinks", "logit");
+    layout = dist::parse_layout(py::cast<std::string>(layout_obj));
+    const char* names[] = {"q", "k", "v", "dout", "out", "lse"};
+    const py::object* objects[] = {&q, &k, &v, &dout, &out, &lse};
+    for (int i = 0; i < 6; ++i) arrays.push_back(as_numeric_array(*objects[i], names[i]));
+  });
+  bool f64 = false;
+  for (const py::array& a : arrays) f64 = f64 || is_float64(a);
+  return f64 ? backward_t<double>(arrays, c, opt, layout) : backward_t<float>(arrays, c, opt, layout);
+}
+
 }  // namespace
 }  // namespace attn::python
 
@@ -106,6 +150,10 @@ PYBIND11_MODULE(_dist, m) {
       arg("comm"), arg("function"), arg("error"),
       "check_collectively(comm, function, error): every rank passes the exception its own checks raised, "
       "or None; if any passed one, every rank raises it (TypeError or ValueError), naming that rank.");
+  m.def("ring_attention_backward", &ring_backward, arg("q"), arg("k"), arg("v"), arg("dout"), arg("out"),
+        arg("lse"), arg("comm"), py::kw_only(), arg("causal") = false, arg("layout") = "contiguous",
+        arg("scale") = py::none(), arg("softcap") = py::none(), arg("window") = py::none(),
+        arg("sinks") = py::none());
   for (const auto& [name, strategy] :
        {std::pair{"ring_attention", Strategy::Ring}, std::pair{"ulysses_attention", Strategy::Ulysses}}) {
     const Strategy s = strategy;

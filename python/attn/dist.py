@@ -9,8 +9,9 @@ lengths; "zigzag": the sequence cut into 2W equal chunks, rank r holding
 chunks r and 2W-1-r), and receives its rows of the output that attn.attention
 would give on the whole sequence.
 
-    ring_attention     K/V blocks pass around the ring, results merged exactly
-    ulysses_attention  an all-to-all from sequence slices to head slices and back
+    ring_attention           K/V blocks pass around the ring, results merged exactly
+    ring_attention_backward  its gradient, by the same ring
+    ulysses_attention        an all-to-all from sequence slices to head slices and back
 
 Every rank calls together. An argument that is wrong on any rank raises the
 same error on every rank, naming that rank: never a hang. Importing this
@@ -24,18 +25,23 @@ except ImportError as e:  # built only where Open MPI and mpi4py are (make test 
     raise ImportError("attn.dist needs attn._dist, which is built when CMake finds Open MPI and "
                       f"mpi4py (Debian: libopenmpi-dev, python3-mpi4py): {e}") from e
 
-__all__ = ["ring_attention", "ulysses_attention"]
+__all__ = ["ring_attention", "ring_attention_backward", "ulysses_attention"]
 
 
-def _call(function, q, k, v, comm, return_lse, **options):
-    names = ("q", "k", "v", "alibi_slopes", "sinks")
-    inputs = (q, k, v, options.pop("alibi_slopes", None), options.pop("sinks", None))
+def _arrays(comm, function, inputs, names):
+    """The inputs as arrays; a conversion that fails on any rank fails on all."""
     error, arrays = None, None
     try:
         arrays = [None if x is None else to_array(x, n) for x, n in zip(inputs, names)]
     except (TypeError, ValueError) as e:
         error = e
     _dist.check_collectively(comm, function.__name__, error)
+    return arrays
+
+
+def _call(function, q, k, v, comm, return_lse, **options):
+    arrays = _arrays(comm, function, (q, k, v, options.pop("alibi_slopes", None), options.pop("sinks", None)),
+                     ("q", "k", "v", "alibi_slopes", "sinks"))
     r = function(*arrays[:3], comm, alibi_slopes=arrays[3], sinks=arrays[4], return_lse=return_lse, **options)
     if not any_tensor(q, k, v):
         return r
@@ -59,6 +65,28 @@ ulysses_attention.
 """
     return _call(_dist.ring_attention, q, k, v, comm, return_lse, causal=causal, layout=layout, scale=scale,
                  softcap=softcap, window=window, sinks=sinks, precision=precision)
+
+
+def ring_attention_backward(q, k, v, dout, out, lse, comm, *, causal=False, layout="contiguous", scale=None,
+                            softcap=None, window=None, sinks=None):
+    """ring_attention_backward(q, k, v, dout, out, lse, comm, *, causal=False, layout="contiguous", scale=None,
+                        softcap=None, window=None, sinks=None) -> (dq, dk, dv) | (dq, dk, dv, dsinks)
+
+The gradient of ring_attention with the same arguments: each rank passes its
+slices, the gradient dout of its output, and the out and lse its
+ring_attention(..., return_lse=True) returned; it receives dq, dk, dv for its
+slices and, with sinks, dsinks (Hq,), summed over every rank's rows.
+float32 or float64 (k and v of q's dtype).
+"""
+    names = ("q", "k", "v", "dout", "out", "lse", "sinks")
+    inputs = (q, k, v, dout, out, lse, sinks)
+    arrays = _arrays(comm, _dist.ring_attention_backward, inputs, names)
+    r = _dist.ring_attention_backward(*arrays[:6], comm, causal=causal, layout=layout, scale=scale,
+                                      softcap=softcap, window=window, sinks=arrays[6])
+    if not any_tensor(*inputs[:6]):
+        return r
+    dtype = result_dtype(q, k, v, dout)
+    return tuple(to_tensor(a, dtype) for a in r)
 
 
 def ulysses_attention(q, k, v, comm, *, causal=False, layout="contiguous", scale=None, softcap=None,

@@ -50,6 +50,23 @@ for function in (attn.dist.ring_attention, attn.dist.ulysses_attention):
         check(function, np.float32, layout, kv_dtype=np.float16, causal=True)
 check(attn.dist.ulysses_attention, np.float32, "zigzag", causal=True, alibi_slopes=attn.alibi_slopes(2 * world))
 
+# The ring's backward against attn.attention_backward on the whole problem.
+for layout in ("contiguous", "zigzag"):
+    for dtype, tolerance in ((np.float32, 1e-5), (np.float64, 1e-12)):
+        rng = np.random.default_rng(11)
+        n = 4 * world
+        q, dout = (rng.standard_normal((2 * world, n, 8)).astype(dtype) for _ in range(2))
+        k, v = (rng.standard_normal((world, n, 8)).astype(dtype) for _ in range(2))
+        options = dict(causal=True, window=(5, None), sinks=np.linspace(-0.5, 0.5, 2 * world))
+        whole = attn.attention_backward(q, k, v, dout, **options)
+        mine = rows(layout, 4)
+        out, lse = attn.dist.ring_attention(q[:, mine], k[:, mine], v[:, mine], comm, layout=layout,
+                                            return_lse=True, **options)
+        got = attn.dist.ring_attention_backward(q[:, mine], k[:, mine], v[:, mine], dout[:, mine], out, lse, comm,
+                                                layout=layout, **options)
+        for a, b in zip(got, (whole[0][:, mine], whole[1][:, mine], whole[2][:, mine], whole[3])):
+            assert np.abs(a - b).max() <= tolerance * np.abs(b).max(), (layout, dtype, np.abs(a - b).max())
+
 # torch tensors in, torch tensors out.
 t = torch.randn(world, 4, 8, generator=torch.Generator().manual_seed(3))
 out = attn.dist.ring_attention(t, t, t, comm)
