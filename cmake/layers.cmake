@@ -48,7 +48,7 @@ set(ATTN_MAY_INCLUDE_train core kernels layer io)
 set(ATTN_MAY_INCLUDE_bench core kernels hwy)
 set(ATTN_MAY_INCLUDE_capi core layer io)
 set(ATTN_MAY_INCLUDE_dist core)
-set(ATTN_MAY_INCLUDE_cli core layer io picture train bench json)
+set(ATTN_MAY_INCLUDE_cli core layer io picture train bench json dist)
 set(ATTN_MAY_INCLUDE_python core layer onnx io dist)
 
 # A room's door: the only files of it that other rooms may include (every

@@ -57,6 +57,17 @@ struct BenchArgs {
 };
 int run_bench(const BenchArgs& args);
 
+// attn bench ring, under mpirun (built where Open MPI is found).
+struct RingBenchArgs {
+  int64_t n = 16384, heads = 8, kv_heads = 0, head_dim = 64;
+  bool causal = false;  // top-left on the global sequence
+  std::string layout = "contiguous", strategy = "ring";
+  int threads = 1;  // per rank
+  int repeats = 5;
+  bool json = false;
+};
+int run_bench_ring(const RingBenchArgs& args);
+
 struct OrderArgs {
   std::optional<int64_t> steps;
   int64_t heads = 2;

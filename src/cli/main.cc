@@ -340,6 +340,33 @@ void add_bench(CLI::App& app, Command& chosen) {
   varlen->add_option("--threads", v->threads, "threads (default: all cores)")
       ->check(integer_in<int>(1, attn::max_num_threads()));
   varlen->add_flag("--json", v->json, "print one JSON object");
+#ifdef ATTN_WITH_MPI
+  auto* ring = bench->add_subcommand(
+      "ring", "context-parallel attention under mpirun -np W: per-rank compute, waiting and communication, "
+              "and the speed against one process");
+  auto r = on_chosen(ring, chosen, attn::cli::run_bench_ring);
+  ring->add_option("--n", r->n, "the global sequence (queries = keys), split over the ranks")
+      ->check(integer_in<int64_t>(1, kMaxPositions))
+      ->capture_default_str();
+  ring->add_option("--heads", r->heads, "query heads")->check(integer_in<int64_t>(1, kMaxBenchAxis));
+  ring->add_option("--kv-heads", r->kv_heads, "key/value heads (default: --heads)")
+      ->check(integer_in<int64_t>(1, kMaxBenchAxis));
+  ring->add_option("--head-dim", r->head_dim, "head dimension")->check(integer_in<int64_t>(1, kMaxBenchAxis));
+  ring->add_flag("--causal", r->causal, "causal masking on the global sequence");
+  ring->add_option("--layout", r->layout, "how the sequence is split")
+      ->check(CLI::IsMember({"contiguous", "zigzag"}))
+      ->capture_default_str();
+  ring->add_option("--strategy", r->strategy, "ring (K/V around the ring) or ulysses (all-to-all over heads)")
+      ->check(CLI::IsMember({"ring", "ulysses"}))
+      ->capture_default_str();
+  ring->add_option("--threads", r->threads, "threads per rank")
+      ->check(integer_in<int>(1, attn::max_num_threads()))
+      ->capture_default_str();
+  ring->add_option("--repeats", r->repeats, "timed calls (the median is reported)")
+      ->check(integer_in<int>(1, 1000))
+      ->capture_default_str();
+  ring->add_flag("--json", r->json, "print one JSON object (rank 0)");
+#endif
 }
 
 }  // namespace

@@ -4,6 +4,7 @@
 // step order (so a given world size and layout always sums alike). The
 // backward sends each block's dK, dV around with it and, from the last rank
 // that needs the block, home.
+#include <algorithm>
 #include <chrono>
 
 #include "problem.hpp"
@@ -88,6 +89,28 @@ class RingSchedule {
   std::vector<char> needs_;
 };
 
+// The call in pieces of its query rows, f on each, MPI_Testall between them:
+// MPI moves a large message only inside its calls (the handshake and copy of
+// its rendezvous protocol), so a step's transfers would otherwise wait for
+// the step's computation to end. Rows are independent, so the pieces give
+// the call's result (the same for a given world size, as the pieces are).
+template <class F>
+void in_pieces(const BlockCall& call, std::vector<MPI_Request>& requests, F f) {
+  constexpr int64_t kRowsPerPiece = 64, kMaxPieces = 8;
+  const int64_t pieces = std::clamp<int64_t>(call.q_length / kRowsPerPiece, 1, kMaxPieces);
+  for (int64_t p = 0; p < pieces; ++p) {
+    const int64_t begin = call.q_length * p / pieces, end = call.q_length * (p + 1) / pieces;
+    BlockCall piece = call;
+    piece.q_begin += begin;
+    piece.q_length = end - begin;
+    // Key j is allowed for row i iff j <= i + offset: rows counted from the piece.
+    if (call.causal.masks()) piece.causal = Causal::offset(call.causal.offset_value() + begin);
+    f(piece);
+    int done = 0;
+    if (!requests.empty()) MPI_Testall(static_cast<int>(requests.size()), requests.data(), &done, MPI_STATUSES_IGNORE);
+  }
+}
+
 template <class E>
 void send(const Communicator& c, const Tensor<E>& t, int peer, int tag, std::vector<MPI_Request>& requests,
           DistStats& stats) {
@@ -106,7 +129,7 @@ void receive(const Communicator& c, Tensor<E>& t, const Shape& shape, int peer, 
 template <class A, class B>
 void add_rows(Tensor<A>& dst, const Tensor<B>& src, int64_t row0) {
   const int64_t n = dst.dim(-2), m = src.dim(-2), e = dst.dim(-1);
-  const int64_t groups = m * e ? src.numel() / (m * e) : 0;
+  const int64_t groups = m > 0 && e > 0 ? src.numel() / (m * e) : 0;
   for (int64_t g = 0; g < groups; ++g)
     for (int64_t i = 0; i < m * e; ++i) dst[(g * n + row0) * e + i] += src[g * m * e + i];
 }
@@ -148,16 +171,20 @@ DistStats ring_attention(TensorView<const T> q, TensorView<const KV> k, TensorVi
     }
     if (ring.needs(ring.rank, source)) {
       const auto start = std::chrono::steady_clock::now();
-      for (const BlockCall& call : ring.calls(ring.rank, source)) {
-        Tensor<T> out_b(with_rows(out.shape(), call.q_length));
-        Tensor<T> lse_b(Shape(out_b.shape().begin(), out_b.shape().end() - 1));
-        block_options.causal = call.causal;
-        block_options.window = call.window;
-        attention<T, KV>(slice(q, -2, call.q_begin, call.q_length),
-                         slice(k_block.view(), -2, call.k_begin, call.k_length),
-                         slice(v_block.view(), -2, call.k_begin, call.k_length), out_b.view(),
-                         AttentionExtras<T>{.lse = lse_b.view()}, block_options);
-        result.merge(out_b, lse_b, call.q_begin);
+      for (const BlockCall& whole : ring.calls(ring.rank, source)) {
+        in_pieces(whole, requests, [&](const BlockCall& call) {
+          Tensor<T> out_b(with_rows(out.shape(), call.q_length));
+          Tensor<T> lse_b(Shape(out_b.shape().begin(), out_b.shape().end() - 1));
+          AttentionExtras<T> extras;
+          extras.lse = lse_b.view();
+          block_options.causal = call.causal;
+          block_options.window = call.window;
+          attention<T, KV>(slice(q, -2, call.q_begin, call.q_length),
+                           slice(k_block.view(), -2, call.k_begin, call.k_length),
+                           slice(v_block.view(), -2, call.k_begin, call.k_length), out_b.view(), extras,
+                           block_options);
+          result.merge(out_b, lse_b, call.q_begin);
+        });
         stats.blocks_computed += 1;
       }
       stats.compute_seconds += seconds_since(start);
@@ -238,17 +265,19 @@ DistStats ring_attention_backward(TensorView<const T> q, TensorView<const T> k, 
     }
     if (ring.needs(ring.rank, source)) {
       const auto start = std::chrono::steady_clock::now();
-      for (const BlockCall& call : ring.calls(ring.rank, source)) {
-        block_options.causal = call.causal;
-        block_options.window = call.window;
-        auto rows = [&](TensorView<const T> t) { return slice(t, -2, call.q_begin, call.q_length); };
-        const AttentionGradients<T> g = attention_backward<T, T>(
-            rows(q), slice(k_block.view(), -2, call.k_begin, call.k_length),
-            slice(v_block.view(), -2, call.k_begin, call.k_length), rows(dout), block_options, {},
-            SavedForward<T>{rows(out), slice(lse, -1, call.q_begin, call.q_length)});
-        add_rows(dq_sum, g.dq, call.q_begin);
-        add_rows(dk_block, g.dk, call.k_begin);
-        add_rows(dv_block, g.dv, call.k_begin);
+      for (const BlockCall& whole : ring.calls(ring.rank, source)) {
+        in_pieces(whole, requests, [&](const BlockCall& call) {
+          block_options.causal = call.causal;
+          block_options.window = call.window;
+          auto rows = [&](TensorView<const T> t) { return slice(t, -2, call.q_begin, call.q_length); };
+          const AttentionGradients<T> g = attention_backward<T, T>(
+              rows(q), slice(k_block.view(), -2, call.k_begin, call.k_length),
+              slice(v_block.view(), -2, call.k_begin, call.k_length), rows(dout), block_options, {},
+              SavedForward<T>{rows(out), slice(lse, -1, call.q_begin, call.q_length)});
+          add_rows(dq_sum, g.dq, call.q_begin);
+          add_rows(dk_block, g.dk, call.k_begin);
+          add_rows(dv_block, g.dv, call.k_begin);
+        });
         stats.blocks_computed += 1;
       }
       stats.compute_seconds += seconds_since(start);

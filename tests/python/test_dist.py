@@ -28,3 +28,27 @@ def test_dist_matches_one_process(ranks):
                        timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr
     assert r.stdout.count("matches attn.attention") == ranks, r.stdout
+
+
+@pytest.mark.skipif(_dist is None or shutil.which("mpirun") is None or not os.environ.get("ATTN_CLI"),
+                    reason="attn bench ring not built (make test installs Open MPI), or ATTN_CLI not set")
+@pytest.mark.parametrize("causal", [False, True])
+def test_bench_ring_reports_each_rank(causal):
+    import json
+    n, heads, d = 512, 2, 32
+    command = ["mpirun", "-np", "2", "--oversubscribe", "--allow-run-as-root", os.environ["ATTN_CLI"], "bench",
+               "ring", "--n", str(n), "--heads", str(heads), "--head-dim", str(d), "--repeats", "2", "--json"]
+    r = subprocess.run(command + (["--causal"] if causal else []), env=dict(os.environ, ATTN_NUM_THREADS="1"),
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    report = json.loads(r.stdout)
+    assert report["world"] == 2 and len(report["ranks"]) == 2
+    assert report["speedup"] == pytest.approx(report["one_process_ms"] / report["median_ms"], rel=1e-3)
+    block = 2 * heads * (n // 2) * d * 4  # one rank's K and V in float32
+    assert report["block_bytes"] == block
+    # Non-causal, each rank passes its block on once; causal (contiguous),
+    # rank 1's block is needed by no other rank.
+    assert [x["bytes_sent"] for x in report["ranks"]] == ([block, 0] if causal else [block, block])
+    assert [x["blocks_computed"] for x in report["ranks"]] == ([1, 2] if causal else [2, 2])
+    for x in report["ranks"]:
+        assert 0 <= x["hidden"] <= 1 and x["compute_ms"] > 0
