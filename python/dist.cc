@@ -9,8 +9,10 @@
 #include <string>
 #include <vector>
 
+#include "args.hpp"
 #include "arrays.hpp"
 #include "attn/dist.hpp"
+#include "attn/threads.hpp"
 #include "bindings.hpp"
 
 namespace attn::python {
@@ -26,22 +28,36 @@ MPI_Comm comm_from(const py::object& comm) {
   return *c;
 }
 
+std::string str_arg(const py::object& o, const char* name) {
+  if (!py::isinstance<py::str>(o)) throw TypeError(std::string(name) + " must be a str, got " + repr_of(o));
+  return o.cast<std::string>();
+}
+
 enum class Strategy { Ring, Ulysses };
+
+const char* name_of(Strategy s) { return s == Strategy::Ring ? "ring_attention" : "ulysses_attention"; }
 
 template <class T, class KV>
 py::object run(Strategy strategy, const py::array& q_in, TensorView<const KV> k, TensorView<const KV> v,
                MPI_Comm comm, const AttentionOptions& opt, dist::Layout layout, bool return_lse) {
-  auto qa = as<T>(q_in);
+  py::array_t<T> qa;
+  py::array out, lse;
+  // Conversions and allocations may fail on one rank (memory): all hear of it.
+  dist::check_collectively(comm, name_of(strategy), [&] {
+    qa = as<T>(q_in);
+    // Shaped as q with v's last axis; a shape that is wrong on any rank is
+    // the call's to report, on every rank alike.
+    Shape out_shape(qa.shape(), qa.shape() + qa.ndim()), lse_shape = out_shape;
+    if (!out_shape.empty() && v.rank() > 0) out_shape.back() = v.dim(-1);
+    if (!lse_shape.empty()) lse_shape.pop_back();
+    out = empty<T>(out_shape);
+    lse = empty<T>(return_lse ? lse_shape : Shape{0});
+  });
   const auto q = view_of<const T>(qa);
-  // Shaped as q with v's last axis; a shape that is wrong on any rank is the
-  // call's to report, on every rank alike.
-  Shape out_shape = q.shape(), lse_shape = q.shape();
-  if (!out_shape.empty() && v.rank() > 0) out_shape.back() = v.dim(-1);
-  if (!lse_shape.empty()) lse_shape.pop_back();
-  auto out = empty<T>(out_shape);
-  auto lse = empty<T>(return_lse ? lse_shape : Shape{0});
-  const auto o = view_of<T>(out);
-  const TensorView<T> l = return_lse ? view_of<T>(lse) : TensorView<T>();
+  auto out_t = py::reinterpret_borrow<py::array_t<T>>(out);
+  const auto o = view_of<T>(out_t);
+  auto lse_t = py::reinterpret_borrow<py::array_t<T>>(lse);
+  const TensorView<T> l = return_lse ? view_of<T>(lse_t) : TensorView<T>();
   {
     py::gil_scoped_release nogil;
     if (strategy == Strategy::Ring)
@@ -63,12 +79,12 @@ py::object dispatch(Strategy strategy, const py::object& q_obj, const py::object
   dist::Layout layout = dist::Layout::Contiguous;
   py::array q, k, v;
   // Arguments one rank gets wrong fail on every rank (no rank left waiting).
-  dist::check_collectively(c, strategy == Strategy::Ring ? "ring_attention" : "ulysses_attention", [&] {
+  dist::check_collectively(c, name_of(strategy), [&] {
     opt = attention_options(causal, scale, softcap, window);
-    opt.precision = parse_precision(py::cast<std::string>(precision));
+    opt.precision = parse_precision(str_arg(precision, "precision"));
     opt.alibi_slopes = per_head_from(alibi_slopes, "alibi_slopes", "slope");
     opt.sinks = per_head_from(sinks, "sinks", "logit");
-    layout = dist::parse_layout(py::cast<std::string>(layout_obj));
+    layout = dist::parse_layout(str_arg(layout_obj, "layout"));
     q = as_numeric_array(q_obj, "q"), k = as_numeric_array(k_obj, "k"), v = as_numeric_array(v_obj, "v");
   });
   if (is_float64(q) || is_float64(k) || is_float64(v)) {
@@ -89,12 +105,14 @@ py::tuple backward_t(const std::vector<py::array>& arrays, MPI_Comm comm, const 
                      dist::Layout layout) {
   std::vector<py::array_t<T>> held;
   std::vector<TensorView<const T>> in;
-  for (const py::array& a : arrays) {
-    held.push_back(as<T>(a));
-    in.push_back(view_of<const T>(held.back()));
-  }
-  auto dq = empty<T>(in[0].shape()), dk = empty<T>(in[1].shape()), dv = empty<T>(in[2].shape());
-  auto dsinks = empty<T>({static_cast<int64_t>(opt.sinks.size())});
+  py::array_t<T> dq, dk, dv, dsinks;
+  // Conversions and allocations may fail on one rank (memory): all hear of it.
+  dist::check_collectively(comm, "ring_attention_backward", [&] {
+    for (const py::array& a : arrays) held.push_back(as<T>(a));
+    for (auto& a : held) in.push_back(view_of<const T>(a));
+    dq = empty<T>(in[0].shape()), dk = empty<T>(in[1].shape()), dv = empty<T>(in[2].shape());
+    dsinks = empty<T>({static_cast<int64_t>(opt.sinks.size())});
+  });
   const auto dqv = view_of<T>(dq), dkv = view_of<T>(dk), dvv = view_of<T>(dv);
   const TensorView<T> dsv = opt.sinks.empty() ? TensorView<T>() : view_of<T>(dsinks);
   {
@@ -117,7 +135,7 @@ py::tuple ring_backward(const py::object& q, const py::object& k, const py::obje
   dist::check_collectively(c, "ring_attention_backward", [&] {
     opt = attention_options(causal, scale, softcap, window);
     opt.sinks = per_head_from(sinks, "sinks", "logit");
-    layout = dist::parse_layout(py::cast<std::string>(layout_obj));
+    layout = dist::parse_layout(str_arg(layout_obj, "layout"));
     const char* names[] = {"q", "k", "v", "dout", "out", "lse"};
     const py::object* objects[] = {&q, &k, &v, &dout, &out, &lse};
     for (int i = 0; i < 6; ++i) arrays.push_back(as_numeric_array(*objects[i], names[i]));
@@ -144,12 +162,17 @@ PYBIND11_MODULE(_dist, m) {
           if (error.is_none()) return;
           const std::string message = py::str(error);
           if (py::isinstance(error, py::handle(PyExc_TypeError))) throw attn::TypeError(message);
-          throw attn::ValueError(message);
+          if (py::isinstance(error, py::handle(PyExc_ValueError))) throw attn::ValueError(message);
+          throw attn::RuntimeError(std::string(py::str(py::type::of(error).attr("__name__"))) + ": " + message);
         });
       },
       arg("comm"), arg("function"), arg("error"),
       "check_collectively(comm, function, error): every rank passes the exception its own checks raised, "
-      "or None; if any passed one, every rank raises it (TypeError or ValueError), naming that rank.");
+      "or None; if any passed one, every rank raises it (TypeError, ValueError, else RuntimeError), naming "
+      "that rank.");
+  // This module links its own copy of the library: attn.dist keeps its
+  // thread count that of attn._core.
+  m.def("set_num_threads", [](int64_t n) { attn::set_num_threads(n); }, arg("n"));
   m.def("ring_attention_backward", &ring_backward, arg("q"), arg("k"), arg("v"), arg("dout"), arg("out"),
         arg("lse"), arg("comm"), py::kw_only(), arg("causal") = false, arg("layout") = "contiguous",
         arg("scale") = py::none(), arg("softcap") = py::none(), arg("window") = py::none(),

@@ -232,6 +232,36 @@ TEST(AttentionBackward, SavedForwardOfMoreKeysGivesABlocksShare) {
   expect_block_gradients<float>(1e-5);
 }
 
+// Logits that reach +∞ (an additive mask of +∞): the weights are the
+// softmax's limit, those keys sharing the row, and the gradients are the
+// same from a saved forward as without one (the saved lse is +∞ there).
+template <class T>
+void expect_infinite_logits_gradients() {
+  std::mt19937 rng(5);
+  const auto q = test::cast<T>(random_tensor({2, 3, 4}, rng)), dout = test::cast<T>(random_tensor({2, 3, 4}, rng));
+  const auto k = test::cast<T>(random_tensor({2, 5, 4}, rng)), v = test::cast<T>(random_tensor({2, 5, 4}, rng));
+  Tensor<T> mask({3, 5});
+  mask.at({1, 2}) = mask.at({1, 4}) = std::numeric_limits<T>::infinity();
+  const Mask m = TensorView<const T>(mask.view());
+  const auto whole = attention_with_extras<T, T>(q.view(), k.view(), v.view(), {.lse = true}, {}, m);
+  const auto fresh = attention_backward<T, T>(q.view(), k.view(), v.view(), dout.view(), {}, m);
+  const auto saved = attention_backward<T, T>(q.view(), k.view(), v.view(), dout.view(), {}, m,
+                                              {whole.out.view(), whole.lse.view()});
+  for (const auto* g : {&fresh, &saved})
+    for (const Tensor<T>* t : {&g->dq, &g->dk, &g->dv})
+      for (int64_t i = 0; i < t->numel(); ++i) ASSERT_TRUE(std::isfinite((*t)[i])) << i;
+  // (The other rows take the saved lse and out: their rounding.)
+  const double tolerance = std::is_same_v<T, double> ? 1e-12 : 1e-6;
+  EXPECT_LT(rel_error(saved.dq, fresh.dq), tolerance);
+  EXPECT_LT(rel_error(saved.dk, fresh.dk), tolerance);
+  EXPECT_LT(rel_error(saved.dv, fresh.dv), tolerance);
+}
+
+TEST(AttentionBackward, InfiniteLogitsWithASavedForward) {
+  expect_infinite_logits_gradients<double>();
+  expect_infinite_logits_gradients<float>();
+}
+
 TEST(RopeBackward, MatchesFiniteDifferences) {
   std::mt19937 rng(10);
   for (bool interleaved : {false, true})

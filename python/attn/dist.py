@@ -17,7 +17,8 @@ Every rank calls together. An argument that is wrong on any rank raises the
 same error on every rank, naming that rank: never a hang. Importing this
 module imports mpi4py (which initialises MPI).
 """
-from ._interop import any_tensor, result_dtype, to_array, to_tensor
+from . import _core
+from ._interop import any_tensor, refuse_grad, result_dtype, to_array, to_tensor
 
 try:
     from . import _dist
@@ -29,11 +30,16 @@ __all__ = ["ring_attention", "ring_attention_backward", "ulysses_attention"]
 
 
 def _arrays(comm, function, inputs, names):
-    """The inputs as arrays; a conversion that fails on any rank fails on all."""
+    """The inputs as arrays; a conversion that fails on any rank fails on all.
+    attn._dist holds its own copy of the library: it runs with attn's thread
+    count (attn.set_num_threads)."""
     error, arrays = None, None
     try:
+        for x, n in zip(inputs, names):
+            refuse_grad(x, n, f"{function.__name__} has no autograd (ring_attention_backward is its gradient)")
         arrays = [None if x is None else to_array(x, n) for x, n in zip(inputs, names)]
-    except (TypeError, ValueError) as e:
+        _dist.set_num_threads(_core.num_threads())
+    except Exception as e:  # noqa: BLE001 - every rank must hear of it, whatever it is
         error = e
     _dist.check_collectively(comm, function.__name__, error)
     return arrays

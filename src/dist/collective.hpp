@@ -5,6 +5,8 @@
 #include <mpi.h>
 
 #include <cstdint>
+#include <cstdio>
+#include <exception>
 #include <functional>
 #include <string>
 #include <vector>
@@ -25,6 +27,23 @@ Communicator communicator(MPI_Comm comm, const char* function);
 // function and that rank's number, so that no rank goes on to wait for one
 // that gave up.
 void check_collectively(const Communicator& c, const char* function, const std::function<void()>& check);
+
+// Runs the part of a call that communicates, after the checks: an error
+// there (memory running out on one rank) can no longer be agreed on, so it
+// aborts the job with MPI_Abort, as MPI's own errors do, rather than leave
+// the other ranks waiting for this one.
+template <class F>
+auto or_abort(const Communicator& c, const char* function, F f) -> decltype(f()) {
+  try {
+    return f();
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "%s: rank %d: %s; aborting the job (the other ranks would wait for this one)\n",
+                 function, c.rank, e.what());
+    std::fflush(stderr);
+    MPI_Abort(c.comm, 1);
+    throw;  // (MPI_Abort does not return)
+  }
+}
 
 // A property that must be the same on every rank, written out exactly
 // (numbers to 17 digits).

@@ -108,7 +108,7 @@ class PartialResult {
         rows_(out_shape[out_shape.size() - 2]),
         dv_(out_shape.back()),
         heads_(heads) {
-    std::fill(lse_.data(), lse_.data() + lse_.numel(), -std::numeric_limits<double>::infinity());
+    std::fill(lse_.data(), lse_.data() + lse_.numel(), -kInf);
   }
 
   // A block's result for rows [row_begin, row_begin + length): out_b
@@ -120,11 +120,14 @@ class PartialResult {
     for (int64_t g = 0; g < groups; ++g)
       for (int64_t i = 0; i < length; ++i) {
         const double b = lse_b[g * length + i];
-        if (b == -std::numeric_limits<double>::infinity()) continue;  // no allowed key in the block
         double& a = lse_[g * rows_ + row_begin + i];
+        // No allowed key in the block; or logits that reach +∞ so far (the
+        // softmax's limit: those keys take all the weight). +∞ in two
+        // blocks, which would need their counts of such keys, gives NaN.
+        if (b == -kInf || (a == kInf && b < kInf)) continue;
         double* o = out_.data() + (g * rows_ + row_begin + i) * dv_;
         const T* ob = out_b.data() + (g * length + i) * dv_;
-        if (a == -std::numeric_limits<double>::infinity()) {
+        if (a == -kInf || (b == kInf && a < kInf)) {
           for (int64_t e = 0; e < dv_; ++e) o[e] = ob[e];
           a = b;
           continue;
@@ -144,9 +147,8 @@ class PartialResult {
       for (int64_t i = 0; i < rows_; ++i) {
         const double s = sinks[static_cast<size_t>(g % heads_)];
         double& a = lse_[g * rows_ + i];
-        const double l = a == -std::numeric_limits<double>::infinity()
-                             ? s
-                             : std::max(a, s) + std::log1p(std::exp(-std::abs(a - s)));
+        if (a == kInf) continue;  // +∞ logits keep all the weight
+        const double l = a == -kInf ? s : std::max(a, s) + std::log1p(std::exp(-std::abs(a - s)));
         const double w = std::exp(a - l);
         double* o = out_.data() + (g * rows_ + i) * dv_;
         for (int64_t e = 0; e < dv_; ++e) o[e] *= w;
@@ -161,6 +163,7 @@ class PartialResult {
   }
 
  private:
+  static constexpr double kInf = std::numeric_limits<double>::infinity();
   Tensor<double> out_;
   Tensor<double> lse_;
   int64_t rows_, dv_, heads_;

@@ -48,9 +48,10 @@ class RingSchedule {
       throw ValueError(std::string(name) + ": " + e.what());
     }
     for (size_t r = 0; r < q_rows_.size(); ++r) n_q_ += q_rows_[r], n_k_ += k_rows_[r];
-    needs_.resize(static_cast<size_t>(world * world));
+    needs_.resize(static_cast<size_t>(world) * static_cast<size_t>(world));
     for (int r = 0; r < world; ++r)
-      for (int s = 0; s < world; ++s) needs_[static_cast<size_t>(r * world + s)] = !calls(r, s).empty();
+      for (int s = 0; s < world; ++s)
+        needs_[static_cast<size_t>(r) * static_cast<size_t>(world) + static_cast<size_t>(s)] = !calls(r, s).empty();
   }
 
   // Rank r's queries against rank s's keys; none when wholly masked.
@@ -58,7 +59,7 @@ class RingSchedule {
     return block_calls(rank_segments(layout_, q_rows_, r), rank_segments(layout_, k_rows_, s), n_q_, n_k_, causal_,
                        window_);
   }
-  bool needs(int r, int s) const { return needs_[static_cast<size_t>(r * world + s)]; }
+  bool needs(int r, int s) const { return needs_[static_cast<size_t>(r) * static_cast<size_t>(world) + static_cast<size_t>(s)]; }
   // Whether rank r receives, at step t, the block of rank r - t: if it or a
   // rank after it in the rest of the ring needs it.
   bool receives(int r, int t) const {
@@ -149,7 +150,7 @@ DistStats ring_attention(TensorView<const T> q, TensorView<const KV> k, TensorVi
   });
   check_agreement(c, kName, describe(q, k, v, lse, options, layout));
   const RingSchedule ring(c, kName, layout, q.dim(-2), k.dim(-2), options);
-
+  return or_abort(c, kName, [&] {
   DistStats stats;
   PartialResult result(out.shape(), q.rank() >= 3 ? q.dim(-3) : 1);
   AttentionOptions block_options = options;
@@ -195,6 +196,7 @@ DistStats ring_attention(TensorView<const T> q, TensorView<const KV> k, TensorVi
   result.add_sinks(options.sinks);
   result.write(out, lse);
   return stats;
+  });
 }
 
 template <class T>
@@ -231,7 +233,7 @@ DistStats ring_attention_backward(TensorView<const T> q, TensorView<const T> k, 
   fields.push_back({"whether dsinks is asked for", dsinks.empty_view() ? "no" : "yes"});
   check_agreement(c, kName, fields);
   const RingSchedule ring(c, kName, layout, q.dim(-2), k.dim(-2), options);
-
+  return or_abort(c, kName, [&] {
   DistStats stats;
   Tensor<double> dq_sum(q.shape());
   AttentionOptions block_options = options;
@@ -322,6 +324,7 @@ DistStats ring_attention_backward(TensorView<const T> q, TensorView<const T> k, 
     copy<double, T>(sum.view(), dsinks);
   }
   return stats;
+  });
 }
 
 #define ATTN_INSTANTIATE(T, KV)                                                                           \

@@ -2,7 +2,10 @@
 // sequence into a split of the heads, each rank runs attention() on whole
 // sequences of Hq / W query heads (and Hkv / W key/value heads), and a
 // second all-to-all returns each rank its rows of every head.
+#include <algorithm>
 #include <chrono>
+#include <limits>
+#include <utility>
 
 #include "problem.hpp"
 #include "sequence.hpp"
@@ -29,12 +32,7 @@ struct RowType {
   RowType& operator=(const RowType&) = delete;
 };
 
-int rows_count(int64_t rows) {
-  if (rows > std::numeric_limits<int>::max())
-    throw ValueError("ulysses_attention: a part of " + std::to_string(rows) +
-                     " rows is more than one MPI call can carry (2^31 - 1)");
-  return static_cast<int>(rows);
-}
+int rows_count(int64_t rows) { return static_cast<int>(rows); }  // checked by the caller, on every rank
 
 // Moves this rank's rows of every head, `src` (..., H, n_local, e), into
 // every rank's rows of this rank's heads at their global positions, `dst`
@@ -152,11 +150,25 @@ DistStats ulysses_attention(TensorView<const T> q, TensorView<const KV> k, Tenso
     k_segments.push_back(rank_segments(layout, k_rows, r));
   }
   const int64_t hq = q.dim(-3) / world, hkv = k.dim(-3) / world;
+  // MPI's counts are ints: a rank sends W parts of its rows and receives
+  // every rank's. Every rank knows every count, so all refuse alike.
+  int64_t lead = 1;
+  for (int a = 0; a + 3 < q.rank(); ++a) lead *= q.dim(a);
+  for (const auto& [rows, heads] : {std::pair{&q_rows, hq}, std::pair{&k_rows, hkv}}) {
+    const int64_t longest = *std::max_element(rows->begin(), rows->end());
+    int64_t total = 0;
+    for (int64_t n : *rows) total += n;
+    const int64_t most = lead * heads * std::max(world * longest, total);
+    if (most > std::numeric_limits<int>::max())
+      throw ValueError(std::string(kName) + ": an all-to-all of " + std::to_string(most) +
+                       " rows is more than MPI's int counts carry (2^31 - 1); use more ranks or ring_attention");
+  }
   auto gathered_shape = [](const Shape& local, int64_t heads, int64_t rows) {
     Shape s = with_rows(local, rows);
     s[s.size() - 3] = heads;
     return s;
   };
+  return or_abort(c, kName, [&] {
   DistStats stats;
   Tensor<T> q_all(gathered_shape(q.shape(), hq, n_q));
   Tensor<KV> k_all(gathered_shape(k.shape(), hkv, n_k)), v_all(gathered_shape(v.shape(), hkv, n_k));
@@ -179,6 +191,7 @@ DistStats ulysses_attention(TensorView<const T> q, TensorView<const KV> k, Tenso
   exchange<T>(c, out_all.view(), out, q_segments, false, stats);
   if (!lse.empty_view()) exchange<T>(c, as_rows(lse_all.view()), as_rows(lse), q_segments, false, stats);
   return stats;
+  });
 }
 
 #define ATTN_INSTANTIATE(T, KV)                                                                              \

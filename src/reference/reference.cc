@@ -146,7 +146,10 @@ void reference_attention_backward(const AttentionProblem<double>& p,
         double lse = row_weights(p, b, h, i, s, w, part);
         // A saved forward's lse: the weights of the problem it was saved
         // from (this one, or one with more keys: a block of ring attention).
-        if (p.lse && lse != -std::numeric_limits<double>::infinity()) {
+        // A row with no allowed key, or whose logits reach +∞ (its weights
+        // the softmax's limit), keeps its own.
+        const bool from_saved = p.lse && std::isfinite(lse) && std::isfinite(*p.lse.row(b, h, i));
+        if (from_saved) {
           const double saved = *p.lse.row(b, h, i);
           for (int64_t j = 0; j < p.n_k; ++j) w[j] *= std::exp(lse - saved);
           lse = saved;
@@ -168,7 +171,7 @@ void reference_attention_backward(const AttentionProblem<double>& p,
         // so:      dlogit[j] = w[j] (dw[j] - sum_l w[l] dw[l]),
         //          dsink = w_sink (0 - sum_l w[l] dw[l]), w_sink = exp(sink - lse)
         double wdw = 0;
-        if (p.out) {
+        if (from_saved) {
           const double* out = p.out.row(b, h, i);
           for (int64_t c = 0; c < p.d_v; ++c) wdw += dout[c * g.dout.col_stride] * out[c * p.out.col_stride];
         } else {

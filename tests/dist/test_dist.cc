@@ -153,10 +153,11 @@ double relative_difference(const Tensor<E>& a, const Tensor<E>& b) {
   double diff = 0, scale = 0;
   for (int64_t i = 0; i < b.numel(); ++i) {
     const double x = a[i], y = b[i];
-    if (std::isinf(y)) {
-      EXPECT_EQ(x, y) << "at " << i;
+    if (!std::isfinite(y)) {
+      EXPECT_TRUE(x == y || (std::isnan(x) && std::isnan(y))) << "at " << i << ": " << x << " vs " << y;
       continue;
     }
+    if (!std::isfinite(x)) return std::numeric_limits<double>::infinity();  // fails any tolerance
     diff = std::max(diff, std::fabs(x - y));
     scale = std::max(scale, std::fabs(y));
   }
@@ -202,16 +203,31 @@ TEST(ContextParallel, CausalBothAlignments) {
       }
 }
 
+// Keys outnumber queries by 2W (contiguous) or 4W (zigzag), at most 16:
+// windows measure from the query's position p = i + (n_k - n_q), top-left
+// causal masking from i, so the top-left windows reach past that gap.
 TEST(ContextParallel, Windows) {
+  const std::vector<Window> near = {{3, 0}, {2, 5}, {-1, 1}, {4, -1}}, far = {{18, 0}, {20, 3}, {-1, 1}, {19, -1}};
   for (Strategy s : kStrategies)
     for (Layout l : kLayouts)
-      for (Causal causal : {Causal::None, Causal::TopLeft})
-        for (Window window : {Window{3, 0}, Window{2, 5}, Window{-1, 1}, Window{4, -1}}) {
+      for (Causal causal : {Causal::None, Causal::BottomRight, Causal::TopLeft, Causal::offset(-3)})
+        for (Window window : causal == Causal::TopLeft ? far : near) {
           SCOPED_TRACE(causal_name(causal) + " window (" + std::to_string(window.left) + ", " +
                        std::to_string(window.right) + ")");
           Problem p{s, l, lengths(l, 3), lengths(l, 5), {.causal = causal, .window = window}};
           expect_one_process<float>(p, kFloat32);
+          expect_one_process<double>(p, kFloat64);
         }
+}
+
+// Enough rows on a rank that the ring computes each block in pieces (64
+// rows and more each, MPI_Testall between them), each piece with its own
+// causal offset.
+TEST(ContextParallel, BlocksInPieces) {
+  for (Layout l : kLayouts) {
+    const Problem p{Strategy::Ring, l, lengths(l, 130), lengths(l, 130), {.causal = Causal::TopLeft, .window = {150, -1}}};
+    expect_one_process<float>(p, kFloat32);
+  }
 }
 
 TEST(ContextParallel, ScaleSoftcapAndSinks) {
@@ -227,16 +243,22 @@ TEST(ContextParallel, ScaleSoftcapAndSinks) {
     }
 }
 
-// bfloat16 K and V travel as they are stored: half of float32's bytes.
+// bfloat16 and float16 K and V travel as they are stored: half of float32's
+// bytes around the ring.
 TEST(ContextParallel, HalfPrecisionKeysAndValuesTravelInHalfTheBytes) {
   for (Strategy s : kStrategies)
     for (Layout l : kLayouts) {
       const Problem p{s, l, lengths(l, 3), lengths(l, 3), {.causal = Causal::TopLeft}};
       expect_one_process<float, bfloat16>(p, kFloat32);
+      expect_one_process<float, float16>(p, kFloat32);
       const auto half = run<float, bfloat16>(p).stats;
       const auto full = run<float, float>(p).stats;
       if (s == Strategy::Ring) {
         EXPECT_EQ(2 * half.bytes_sent, full.bytes_sent);
+        // (Contiguous and causal, no rank needs the last rank's block.)
+        if (l == Layout::Zigzag || world_rank() + 1 < world_size()) {
+          EXPECT_EQ(full.bytes_sent > 0, world_size() > 1);
+        }
       }
     }
 }
@@ -249,12 +271,26 @@ TEST(ContextParallel, UlyssesTakesALiBi) {
                               kFloat32);
 }
 
+// Two calls alike give the same bits, output and log-sum-exp (across
+// processes: tests/python/test_dist.py runs the same twice); without lse
+// asked for, the same output.
 TEST(ContextParallel, BitwiseReproducible) {
   for (Strategy s : kStrategies)
     for (Layout l : kLayouts) {
       const Problem p{s, l, lengths(l, 5), lengths(l, 5), {.causal = Causal::TopLeft}};
       const auto a = run<float, float>(p), b = run<float, float>(p);
       for (int64_t i = 0; i < a.out.numel(); ++i) EXPECT_EQ(a.out[i], b.out[i]) << "at " << i;
+      for (int64_t i = 0; i < a.lse.numel(); ++i) EXPECT_EQ(a.lse[i], b.lse[i]) << "at " << i;
+      Tensor<float> out(a.out.shape());
+      const auto q_rows = positions(l, p.q_lengths, world_rank()), k_rows = positions(l, p.k_lengths, world_rank());
+      int64_t n = 0;
+      for (int64_t x : p.q_lengths) n += x;
+      const Tensor<float> qg = normal<float>({2, 2 * world_size(), n, 8}, 1);
+      const Tensor<float> kg = normal<float>({2, world_size(), n, 8}, 2), vg = normal<float>({2, world_size(), n, 8}, 3);
+      const Tensor<float> ql = take_rows(qg, q_rows), kl = take_rows(kg, k_rows), vl = take_rows(vg, k_rows);
+      auto f = s == Strategy::Ring ? ring_attention<float, float> : ulysses_attention<float, float>;
+      f(ql.view(), kl.view(), vl.view(), out.view(), MPI_COMM_WORLD, p.options, l, {});
+      for (int64_t i = 0; i < out.numel(); ++i) EXPECT_EQ(out[i], a.out[i]) << "at " << i;
     }
 }
 
@@ -272,8 +308,8 @@ TEST(ContextParallel, RingSkipsWhollyMaskedBlocks) {
   EXPECT_EQ(total[1], w * (w + 1) / 2);
 }
 
-// Zigzag balances the causal triangle: every rank computes the same number
-// of query-key pairs (on the diagonal block, its two chunks' triangles).
+// Zigzag balances the causal triangle: every rank makes the same calls,
+// of chunk-sized blocks: three on its own block, one on each other's.
 TEST(ContextParallel, ZigzagBalancesTheCausalWork) {
   const int64_t w = world_size();
   const Problem p{Strategy::Ring, Layout::Zigzag, lengths(Layout::Zigzag, 4), lengths(Layout::Zigzag, 4),
@@ -378,8 +414,12 @@ TEST(ContextParallel, OptionsThatDifferBetweenRanksAreAnError) {
 
 TEST(ContextParallel, ZigzagRefusesLengthsItCannotCut) {
   const int w = world_size();
-  const Tensor<float> q = normal<float>({2 * w, 3, 8}, 1), k = normal<float>({w, 3, 8}, 2);
-  Tensor<float> out({2 * w, 3, 8});
+  // Odd lengths on every rank; and, with two ranks or more, even lengths
+  // that differ between ranks.
+  for (const int64_t rows : {int64_t{3}, int64_t{2 + 2 * (world_rank() % 2)}}) {
+  if (rows % 2 == 0 && w == 1) continue;
+  const Tensor<float> q = normal<float>({2 * w, rows, 8}, 1), k = normal<float>({w, rows, 8}, 2);
+  Tensor<float> out({2 * w, rows, 8});
   for (Strategy s : kStrategies) {
     auto f = s == Strategy::Ring ? ring_attention<float, float> : ulysses_attention<float, float>;
     try {
@@ -389,6 +429,7 @@ TEST(ContextParallel, ZigzagRefusesLengthsItCannotCut) {
       EXPECT_NE(std::string(e.what()).find("divisible by 2W = " + std::to_string(2 * w)), std::string::npos)
           << e.what();
     }
+  }
   }
 }
 

@@ -1,6 +1,7 @@
 """Run by test_dist.py under mpirun: each rank checks attn.dist against
 attn.attention on the whole problem (the same seeded inputs on every rank)
 and exits non-zero on a failure, which fails mpirun."""
+import hashlib
 import os
 import sys
 
@@ -14,6 +15,7 @@ from mpi4py import MPI  # noqa: E402
 
 comm = MPI.COMM_WORLD
 rank, world = comm.rank, comm.size
+digest = hashlib.sha256()  # of every result: two runs must give the same bits
 
 
 def rows(layout, n_local):
@@ -35,6 +37,7 @@ def check(function, dtype, layout, kv_dtype=None, **options):
     got, got_lse = function(q[..., mine, :], k[..., mine, :], v[..., mine, :], comm, layout=layout,
                             return_lse=True, **options)
     tolerance = 1e-12 if dtype == np.float64 else 1e-5
+    digest.update(got.tobytes() + got_lse.tobytes())
     for a, b in ((got, out[..., mine, :]), (got_lse, lse[..., mine])):
         assert a.dtype == b.dtype, (a.dtype, b.dtype)
         scale = np.abs(b).max()
@@ -64,6 +67,7 @@ for layout in ("contiguous", "zigzag"):
                                             return_lse=True, **options)
         got = attn.dist.ring_attention_backward(q[:, mine], k[:, mine], v[:, mine], dout[:, mine], out, lse, comm,
                                                 layout=layout, **options)
+        digest.update(b"".join(a.tobytes() for a in got))
         for a, b in zip(got, (whole[0][:, mine], whole[1][:, mine], whole[2][:, mine], whole[3])):
             assert np.abs(a - b).max() <= tolerance * np.abs(b).max(), (layout, dtype, np.abs(a - b).max())
 
@@ -71,6 +75,13 @@ for layout in ("contiguous", "zigzag"):
 t = torch.randn(world, 4, 8, generator=torch.Generator().manual_seed(3))
 out = attn.dist.ring_attention(t, t, t, comm)
 assert isinstance(out, torch.Tensor) and out.shape == t.shape
+# A tensor that requires grad (attn.dist has no autograd) on one rank: all raise.
+try:
+    attn.dist.ring_attention(t.clone().requires_grad_(rank == world - 1), t, t, comm)
+except RuntimeError as e:
+    assert f"rank {world - 1}:" in str(e) and "requires grad" in str(e), str(e)
+else:
+    raise AssertionError("no error")
 
 # An argument wrong on one rank fails on every rank, naming it (no hang).
 bad = world - 1
@@ -89,3 +100,4 @@ for function in (attn.dist.ring_attention, attn.dist.ulysses_attention):
     else:
         raise AssertionError("no error")
 print(f"rank {rank} of {world}: attn.dist matches attn.attention")
+print(f"rank {rank} digest {digest.hexdigest()}")
