@@ -95,8 +95,13 @@ class RingSchedule {
 // its rendezvous protocol), so a step's transfers would otherwise wait for
 // the step's computation to end. Rows are independent, so the pieces give
 // the call's result (the same for a given world size, as the pieces are).
-template <class F>
-void in_pieces(const BlockCall& call, std::vector<MPI_Request>& requests, F f) {
+void progress(std::vector<MPI_Request>& requests) {
+  int done = 0;
+  if (!requests.empty()) MPI_Testall(static_cast<int>(requests.size()), requests.data(), &done, MPI_STATUSES_IGNORE);
+}
+
+template <class F, class P>
+void in_pieces(const BlockCall& call, P progress_all, F f) {
   constexpr int64_t kRowsPerPiece = 64, kMaxPieces = 8;
   const int64_t pieces = std::clamp<int64_t>(call.q_length / kRowsPerPiece, 1, kMaxPieces);
   for (int64_t p = 0; p < pieces; ++p) {
@@ -107,8 +112,7 @@ void in_pieces(const BlockCall& call, std::vector<MPI_Request>& requests, F f) {
     // Key j is allowed for row i iff j <= i + offset: rows counted from the piece.
     if (call.causal.masks()) piece.causal = Causal::offset(call.causal.offset_value() + begin);
     f(piece);
-    int done = 0;
-    if (!requests.empty()) MPI_Testall(static_cast<int>(requests.size()), requests.data(), &done, MPI_STATUSES_IGNORE);
+    progress_all();
   }
 }
 
@@ -173,7 +177,7 @@ DistStats ring_attention(TensorView<const T> q, TensorView<const KV> k, TensorVi
     if (ring.needs(ring.rank, source)) {
       const auto start = std::chrono::steady_clock::now();
       for (const BlockCall& whole : ring.calls(ring.rank, source)) {
-        in_pieces(whole, requests, [&](const BlockCall& call) {
+        in_pieces(whole, [&] { progress(requests); }, [&](const BlockCall& call) {
           Tensor<T> out_b(with_rows(out.shape(), call.q_length));
           Tensor<T> lse_b(Shape(out_b.shape().begin(), out_b.shape().end() - 1));
           AttentionExtras<T> extras;
@@ -238,11 +242,14 @@ DistStats ring_attention_backward(TensorView<const T> q, TensorView<const T> k, 
   Tensor<double> dq_sum(q.shape());
   AttentionOptions block_options = options;
   block_options.sinks.clear();  // in the saved lse already
-  // The block this rank holds, and its dK, dV so far (summed in ring order).
-  Tensor<T> k_block = contiguous(k), v_block = contiguous(v), dk_block(k.shape()), dv_block(v.shape());
+  // The block this rank holds; the dK, dV the ranks before it added to it
+  // (sent after their step, so received during this one and waited for
+  // only after this step's computation: the transfer overlaps it too).
+  Tensor<T> k_block = contiguous(k), v_block = contiguous(v), dk_before, dv_before;
   // This rank's own dK, dV: kept, or sent home by the last rank that held the block.
   Tensor<T> dk_home, dv_home;
-  std::vector<MPI_Request> requests, home;
+  std::vector<MPI_Request> requests, gradient_in, gradient_out, home;
+  Tensor<T> dk_out, dv_out;  // what gradient_out sends
   if (ring.passes_on(ring.rank, ring.rank)) {
     int last = ring.rank;
     while (ring.passes_on(last, ring.rank)) last = (last + 1) % ring.world;
@@ -252,23 +259,30 @@ DistStats ring_attention_backward(TensorView<const T> q, TensorView<const T> k, 
   for (int t = 0; t < ring.world; ++t) {
     const int source = (ring.rank - t + ring.world) % ring.world;
     Tensor<T> k_next, v_next, dk_next, dv_next;
+    std::vector<MPI_Request> gradient_next;
     if (t + 1 < ring.world && ring.receives(ring.rank, t + 1)) {
       const int64_t rows = ring.k_rows((source - 1 + ring.world) % ring.world);
       receive(c, k_next, with_rows(k.shape(), rows), ring.previous, kRingTag, requests);
       receive(c, v_next, with_rows(v.shape(), rows), ring.previous, kRingTag, requests);
-      receive(c, dk_next, with_rows(k.shape(), rows), ring.previous, kRingTag, requests);
-      receive(c, dv_next, with_rows(v.shape(), rows), ring.previous, kRingTag, requests);
+      receive(c, dk_next, with_rows(k.shape(), rows), ring.previous, kRingTag, gradient_next);
+      receive(c, dv_next, with_rows(v.shape(), rows), ring.previous, kRingTag, gradient_next);
     }
-    const bool passes_on = ring.passes_on(ring.rank, source);
+    const bool passes_on = ring.passes_on(ring.rank, source), holds = ring.holds(ring.rank, source);
     if (passes_on) {
       send(c, k_block, ring.next, kRingTag, requests, stats);
       send(c, v_block, ring.next, kRingTag, requests, stats);
       stats.blocks_sent += 1;
     }
+    // This rank's share of the block's dK, dV.
+    Tensor<T> dk_block, dv_block;
+    if (holds) dk_block = Tensor<T>(k_block.shape()), dv_block = Tensor<T>(v_block.shape());
     if (ring.needs(ring.rank, source)) {
       const auto start = std::chrono::steady_clock::now();
       for (const BlockCall& whole : ring.calls(ring.rank, source)) {
-        in_pieces(whole, requests, [&](const BlockCall& call) {
+        auto progress_all = [&] {
+          for (auto* r : {&requests, &gradient_in, &gradient_out, &gradient_next, &home}) progress(*r);
+        };
+        in_pieces(whole, progress_all, [&](const BlockCall& call) {
           block_options.causal = call.causal;
           block_options.window = call.window;
           auto rows = [&](TensorView<const T> t) { return slice(t, -2, call.q_begin, call.q_length); };
@@ -284,20 +298,29 @@ DistStats ring_attention_backward(TensorView<const T> q, TensorView<const T> k, 
       }
       stats.compute_seconds += seconds_since(start);
     }
+    // The ranks' sum so far, then this rank's share: the same order for
+    // every run.
+    stats.wait_seconds += wait_all(gradient_in);
+    if (holds && source != ring.rank) {
+      add_rows(dk_before, dk_block, 0), add_rows(dv_before, dv_block, 0);
+      dk_block = std::move(dk_before), dv_block = std::move(dv_before);
+    }
     // The block's gradient goes on with it, or home from its last holder.
-    if (passes_on) {
-      send(c, dk_block, ring.next, kRingTag, requests, stats);
-      send(c, dv_block, ring.next, kRingTag, requests, stats);
-    } else if (source != ring.rank && ring.holds(ring.rank, source)) {
-      send(c, dk_block, source, kHomeTag, requests, stats);
-      send(c, dv_block, source, kHomeTag, requests, stats);
+    stats.wait_seconds += wait_all(gradient_out);
+    if (passes_on || (holds && source != ring.rank)) {
+      dk_out = std::move(dk_block), dv_out = std::move(dv_block);
+      const int to = passes_on ? ring.next : source, tag = passes_on ? kRingTag : kHomeTag;
+      send(c, dk_out, to, tag, gradient_out, stats);
+      send(c, dv_out, to, tag, gradient_out, stats);
     } else if (source == ring.rank) {
       dk_home = std::move(dk_block), dv_home = std::move(dv_block);
     }
     stats.wait_seconds += wait_all(requests);
     k_block = std::move(k_next), v_block = std::move(v_next);
-    dk_block = std::move(dk_next), dv_block = std::move(dv_next);
+    dk_before = std::move(dk_next), dv_before = std::move(dv_next);
+    gradient_in = std::move(gradient_next);
   }
+  stats.wait_seconds += wait_all(gradient_out);
   stats.wait_seconds += wait_all(home);
   copy<double, T>(dq_sum.view(), dq);
   copy<T, T>(dk_home.view(), dk);
