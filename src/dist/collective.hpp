@@ -18,8 +18,8 @@ struct Communicator {
   int rank;
   int size;
 };
-// Checks that MPI is initialised and comm is a communicator (RuntimeError,
-// ValueError otherwise; these hold on every rank alike).
+// Checks that MPI is initialised (RuntimeError) and comm is not
+// MPI_COMM_NULL (ValueError), the same on every rank.
 Communicator communicator(MPI_Comm comm, const char* function);
 
 // Runs check on every rank. If it throws on any, every rank throws the error

@@ -98,7 +98,9 @@ std::vector<Field> describe(TensorView<const T> q, TensorView<const KV> k, Tenso
 // One rank's rows' running result, the normalised output and log-sum-exp
 // in double, merged from the blocks' results in the order they are given:
 // with L = log(e^a + e^b), out = e^(a - L) out_a + e^(b - L) out_b, which is
-// exact (the decode's split-KV merge, in the form of output and lse).
+// exact: the split-KV decode's merge of partial softmax results, here on
+// normalised outputs and log-sum-exps in double (the decode's is internal
+// to the kernels, on float32 running maxima and sums).
 class PartialResult {
  public:
   // out's shape (..., Hq, n, dv); heads: Hq (1 without a heads axis).
