@@ -90,16 +90,18 @@ class RingSchedule {
   std::vector<char> needs_;
 };
 
-// The call in pieces of its query rows, f on each, MPI_Testall between them:
-// MPI moves a large message only inside its calls (the handshake and copy of
-// its rendezvous protocol), so a step's transfers would otherwise wait for
-// the step's computation to end. Rows are independent, so the pieces give
-// the call's result (the same for a given world size, as the pieces are).
+// Lets MPI move the messages of these requests (completed ones become
+// MPI_REQUEST_NULL, which a later wait skips).
 void progress(std::vector<MPI_Request>& requests) {
   int done = 0;
   if (!requests.empty()) MPI_Testall(static_cast<int>(requests.size()), requests.data(), &done, MPI_STATUSES_IGNORE);
 }
 
+// The call in pieces of its query rows, f on each, progress between them:
+// MPI moves a large message only inside its calls (the handshake and copy of
+// its rendezvous protocol), so a step's transfers would otherwise wait for
+// the step's computation to end. Rows are independent, so the pieces give
+// the call's result (the same for a given world size, as the pieces are).
 template <class F, class P>
 void in_pieces(const BlockCall& call, P progress_all, F f) {
   constexpr int64_t kRowsPerPiece = 64, kMaxPieces = 8;
