@@ -14,6 +14,7 @@
 #include "attn/dist.hpp"
 #include "attn/error.hpp"
 #include "attn/positional.hpp"
+#include "attn/quantize.hpp"
 
 namespace attn::dist {
 namespace {
@@ -260,6 +261,33 @@ TEST(ContextParallel, HalfPrecisionKeysAndValuesTravelInHalfTheBytes) {
           EXPECT_EQ(full.bytes_sent > 0, world_size() > 1);
         }
       }
+    }
+}
+
+// GGUF's q8_0 blocks (34 bytes per 32 values) travel as stored too.
+TEST(ContextParallel, Q8_0KeysAndValues) {
+  const int w = world_size(), r = world_rank();
+  for (Strategy s : kStrategies)
+    for (Layout l : kLayouts) {
+      const std::vector<int64_t> n_local = lengths(l, 3);
+      int64_t n = 0;
+      for (int64_t x : n_local) n += x;
+      const Tensor<float> q = normal<float>({2 * w, n, 32}, 1);
+      const Tensor<block_q8_0> k = quantize_q8_0(normal<float>({w, n, 32}, 2).view());
+      const Tensor<block_q8_0> v = quantize_q8_0(normal<float>({w, n, 32}, 3).view());
+      const AttentionOptions options{.causal = Causal::TopLeft};
+      const auto whole =
+          attention_with_extras<float, block_q8_0>(q.view(), k.view(), v.view(), {.lse = true}, options);
+      const std::vector<int64_t> rows = positions(l, n_local, r);
+      const Tensor<float> q_local = take_rows(q, rows);
+      const Tensor<block_q8_0> k_local = take_rows(k, rows), v_local = take_rows(v, rows);
+      Tensor<float> out(q_local.shape()), lse({2 * w, static_cast<int64_t>(rows.size())});
+      auto f = s == Strategy::Ring ? ring_attention<float, block_q8_0> : ulysses_attention<float, block_q8_0>;
+      f(q_local.view(), k_local.view(), v_local.view(), out.view(), MPI_COMM_WORLD, options, l, lse.view());
+      SCOPED_TRACE(std::string(strategy_name(s)) + ", " + layout_name(l));
+      EXPECT_LE(relative_difference(out, take_rows(whole.out, rows)), kFloat32);
+      EXPECT_LE(relative_difference(with_unit_axis(std::move(lse)), take_rows(with_unit_axis(Tensor<float>(whole.lse)), rows)),
+                kFloat32);
     }
 }
 
