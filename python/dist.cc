@@ -40,8 +40,7 @@ const char* name_of(Strategy s) { return s == Strategy::Ring ? "ring_attention" 
 template <class T, class KV>
 py::object run(Strategy strategy, const py::array& q_in, TensorView<const KV> k, TensorView<const KV> v,
                MPI_Comm comm, const AttentionOptions& opt, dist::Layout layout, bool return_lse) {
-  py::array_t<T> qa;
-  py::array out, lse;
+  py::array_t<T> qa, out, lse;
   // Conversions and allocations may fail on one rank (memory): all hear of it.
   dist::check_collectively(comm, name_of(strategy), [&] {
     qa = as<T>(q_in);
@@ -54,10 +53,8 @@ py::object run(Strategy strategy, const py::array& q_in, TensorView<const KV> k,
     lse = empty<T>(return_lse ? lse_shape : Shape{0});
   });
   const auto q = view_of<const T>(qa);
-  auto out_t = py::reinterpret_borrow<py::array_t<T>>(out);
-  const auto o = view_of<T>(out_t);
-  auto lse_t = py::reinterpret_borrow<py::array_t<T>>(lse);
-  const TensorView<T> l = return_lse ? view_of<T>(lse_t) : TensorView<T>();
+  const auto o = view_of<T>(out);
+  const TensorView<T> l = return_lse ? view_of<T>(lse) : TensorView<T>();
   {
     py::gil_scoped_release nogil;
     if (strategy == Strategy::Ring)

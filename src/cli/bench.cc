@@ -5,7 +5,6 @@
 #include <cmath>
 #include <cstdio>
 #include <functional>
-#include <random>
 #include <string>
 #include <thread>
 #include <vector>
@@ -16,23 +15,11 @@
 #include "attn/quantize.hpp"
 #include "attn/machine.hpp"
 #include "attn/threads.hpp"
+#include "cli/bench_common.hpp"
 #include "cli/commands.hpp"
 
 namespace attn::cli {
 namespace {
-
-Tensor<float> random_tensor(const Shape& shape, uint32_t seed) {
-  Tensor<float> t(shape);
-  std::mt19937 rng(seed);
-  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
-  for (int64_t i = 0; i < t.numel(); ++i) t[i] = u(rng);
-  return t;
-}
-
-double median(std::vector<double> x) {
-  std::nth_element(x.begin(), x.begin() + x.size() / 2, x.end());
-  return x[x.size() / 2];  // the upper middle one of an even count
-}
 
 struct Turns {
   std::vector<double> kernel_ms;  // median ms of one call of each kernel
@@ -80,11 +67,6 @@ Turns run_in_turns(const std::vector<std::function<void()>>& kernels,
   Turns t{{}, median(ceilings)};
   for (const auto& m : ms) t.kernel_ms.push_back(median(m));
   return t;
-}
-
-double rounded(double x, int digits) {
-  const double f = std::pow(10.0, digits);
-  return std::round(x * f) / f;
 }
 
 // attention() with keys and values stored as `kv_dtype` (f32, bf16, f16 or

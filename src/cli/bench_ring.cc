@@ -8,7 +8,6 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
-#include <random>
 #include <string>
 #include <vector>
 
@@ -18,6 +17,7 @@
 #include "attn/dist.hpp"
 #include "attn/error.hpp"
 #include "attn/threads.hpp"
+#include "cli/bench_common.hpp"
 #include "cli/commands.hpp"
 
 namespace attn::cli {
@@ -26,24 +26,6 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 double ms_since(Clock::time_point t0) { return std::chrono::duration<double, std::milli>(Clock::now() - t0).count(); }
-
-double median(std::vector<double> x) {
-  std::nth_element(x.begin(), x.begin() + x.size() / 2, x.end());
-  return x[x.size() / 2];
-}
-
-double rounded(double x, int digits) {
-  const double f = std::pow(10.0, digits);
-  return std::round(x * f) / f;
-}
-
-Tensor<float> random_tensor(const Shape& shape, uint32_t seed) {
-  Tensor<float> t(shape);
-  std::mt19937 rng(seed);
-  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
-  for (int64_t i = 0; i < t.numel(); ++i) t[i] = u(rng);
-  return t;
-}
 
 struct MpiSession {
   MpiSession() {

@@ -134,7 +134,7 @@ double wait_all(std::vector<MPI_Request>& requests) {
   const auto start = std::chrono::steady_clock::now();
   MPI_Waitall(static_cast<int>(requests.size()), requests.data(), MPI_STATUSES_IGNORE);
   requests.clear();
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return seconds_since(start);
 }
 
 }  // namespace attn::dist

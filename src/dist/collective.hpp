@@ -4,6 +4,7 @@
 
 #include <mpi.h>
 
+#include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <exception>
@@ -65,6 +66,10 @@ void post_send(const Communicator& c, const void* data, int64_t bytes, int peer,
                std::vector<MPI_Request>& requests);
 void post_receive(const Communicator& c, void* data, int64_t bytes, int peer, int tag,
                   std::vector<MPI_Request>& requests);
+inline double seconds_since(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
 // Waits for the requests and clears them; returns the seconds waited.
 double wait_all(std::vector<MPI_Request>& requests);
 

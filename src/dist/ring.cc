@@ -16,10 +16,6 @@ namespace {
 
 constexpr int kRingTag = 0x5a17, kHomeTag = 0x5a18;
 
-double seconds_since(std::chrono::steady_clock::time_point start) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-}
-
 void refuse_alibi(const AttentionOptions& options) {
   if (!options.alibi_slopes.empty())
     throw ValueError(

@@ -32,7 +32,6 @@ struct RowType {
   RowType& operator=(const RowType&) = delete;
 };
 
-int rows_count(int64_t rows) { return static_cast<int>(rows); }  // checked by the caller, on every rank
 
 // Moves this rank's rows of every head, `src` (..., H, n_local, e), into
 // every rank's rows of this rank's heads at their global positions, `dst`
@@ -63,9 +62,10 @@ void exchange(const Communicator& c, TensorView<const E> src, TensorView<E> dst,
   Parts send, receive;
   int64_t send_total = 0, receive_total = 0;
   for (int r = 0; r < world; ++r) {
-    send.offsets.push_back(rows_count(send_total)), receive.offsets.push_back(rows_count(receive_total));
-    send.counts.push_back(rows_count(lead * heads * send_rows[static_cast<size_t>(r)]));
-    receive.counts.push_back(rows_count(lead * heads * receive_rows[static_cast<size_t>(r)]));
+    // (Within int: ulysses_attention checked every rank's totals.)
+    send.offsets.push_back(static_cast<int>(send_total)), receive.offsets.push_back(static_cast<int>(receive_total));
+    send.counts.push_back(static_cast<int>(lead * heads * send_rows[static_cast<size_t>(r)]));
+    receive.counts.push_back(static_cast<int>(lead * heads * receive_rows[static_cast<size_t>(r)]));
     send_total += send.counts.back(), receive_total += receive.counts.back();
   }
   std::vector<E> send_buffer(static_cast<size_t>(send_total * e)), receive_buffer(static_cast<size_t>(receive_total * e));
@@ -86,7 +86,7 @@ void exchange(const Communicator& c, TensorView<const E> src, TensorView<E> dst,
   const auto start = std::chrono::steady_clock::now();
   MPI_Alltoallv(send_buffer.data(), send.counts.data(), send.offsets.data(), row.type, receive_buffer.data(),
                 receive.counts.data(), receive.offsets.data(), row.type, c.comm);
-  stats.wait_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  stats.wait_seconds += seconds_since(start);
   for (int r = 0; r < world; ++r)
     if (r != c.rank && send.counts[static_cast<size_t>(r)] > 0)
       stats.blocks_sent += 1, stats.bytes_sent += send.counts[static_cast<size_t>(r)] * e * int64_t{sizeof(E)};
@@ -185,7 +185,7 @@ DistStats ulysses_attention(TensorView<const T> q, TensorView<const KV> k, Tenso
   if (!lse.empty_view()) extras.lse = lse_all.view();
   const auto start = std::chrono::steady_clock::now();
   attention<T, KV>(q_all.view(), k_all.view(), v_all.view(), out_all.view(), extras, group_options);
-  stats.compute_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  stats.compute_seconds += seconds_since(start);
   stats.blocks_computed += 1;
 
   exchange<T>(c, out_all.view(), out, q_segments, false, stats);

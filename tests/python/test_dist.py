@@ -42,13 +42,15 @@ def test_two_runs_give_the_same_bits():
     assert run_ranks(2) == run_ranks(2)
 
 
+CLI = os.environ.get("ATTN_CLI", os.path.join(HERE, "..", "..", "build", "bin", "attn"))
+
+
 @needs_dist
-@pytest.mark.skipif(not os.environ.get("ATTN_CLI"), reason="ATTN_CLI (the attn command) not set")
 @pytest.mark.parametrize("causal", [False, True])
 def test_bench_ring_reports_each_rank(causal):
     import json
     n, heads, d = 512, 2, 32
-    command = ["mpirun", "-np", "2", "--oversubscribe", "--allow-run-as-root", os.environ["ATTN_CLI"], "bench",
+    command = ["mpirun", "-np", "2", "--oversubscribe", "--allow-run-as-root", CLI, "bench",
                "ring", "--n", str(n), "--heads", str(heads), "--head-dim", str(d), "--repeats", "2", "--json"]
     r = subprocess.run(command + (["--causal"] if causal else []), env=dict(os.environ, ATTN_NUM_THREADS="1"),
                        capture_output=True, text=True, timeout=300)
