@@ -385,10 +385,12 @@ void masked_attention_backward(TensorView<const T> q, TensorView<const KV> k,
       gradient_operands(p, q.shape(), logical_shape(k), logical_shape(v), dout, dq, dk, dv, dsinks);
   const bool given = check_saved(p, saved);
   if constexpr (std::is_same_v<T, double>) {
-    if (given)  // read only: the reference writes the gradients alone
+    if (given) {  // read only: the reference writes the gradients alone
+      AttentionExtras<double> extras;
+      extras.lse = TensorView<double>(const_cast<double*>(saved.lse.data()), saved.lse.shape(), saved.lse.strides());
       bind_outputs(p, TensorView<double>(const_cast<double*>(saved.out.data()), saved.out.shape(), saved.out.strides()),
-                   AttentionExtras<double>{.lse = TensorView<double>(const_cast<double*>(saved.lse.data()),
-                                                                      saved.lse.shape(), saved.lse.strides())});
+                   extras);
+    }
     reference_attention_backward(p, g);
   } else {
     // The kernel reads out, lse and dout by rows of unit stride: the
