@@ -51,14 +51,16 @@ def test_contiguous_float32_input_is_not_copied():
     finally:
         tracemalloc.stop()
     assert peak < 8 * mib + mib, f"peak {peak / mib:.1f} MiB: inputs were copied"
-    # a float64 view of float32 data would need a copy: the measure is sound
+    # float16 queries are converted to float32, a copy of 8 MiB: the same
+    # measure sees it, so the bound above is sound
+    q16 = q.astype(np.float16)
     tracemalloc.start()
     try:
-        attn.attention(q.astype(np.float64), k, v)
+        attn.attention(q16, k, v)
         _, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
-    assert peak > 16 * mib
+    assert peak >= 16 * mib
 
 
 def test_gil_is_released_while_computing():
