@@ -64,7 +64,7 @@ test: test-deps configure
 	cmake --build $(BUILD) -j $(JOBS)
 	ctest --test-dir $(BUILD) --output-on-failure -j $(JOBS)
 	$(MAKE) asan
-	tools/run-fuzzers.sh $(ASAN_BUILD) $(TEST_FUZZ_SECONDS) 1
+	tools/run-fuzzers.sh $(ASAN_BUILD) $(TEST_FUZZ_SECONDS) 1 $(JOBS)
 	$(MAKE) test-arm-kernels
 
 # The C++ tests (not pytest, not the CLI) in the checked build, but one: under
@@ -81,7 +81,7 @@ fuzz-build: test-deps
 
 # Each fuzzer FUZZ_SECONDS (default 60): make fuzz FUZZ_SECONDS=600
 fuzz: fuzz-build
-	tools/run-fuzzers.sh $(ASAN_BUILD) $(FUZZ_SECONDS)
+	tools/run-fuzzers.sh $(ASAN_BUILD) $(FUZZ_SECONDS) 0 $(JOBS)
 
 # ThreadSanitizer over the tests that run attn from many threads (too slow
 # for every make test: its own build of the library).
