@@ -124,13 +124,15 @@ py::tuple backward_t(const std::vector<py::array>& arrays, MPI_Comm comm, const 
 py::tuple ring_backward(const py::object& q, const py::object& k, const py::object& v, const py::object& dout,
                         const py::object& out, const py::object& lse, const py::object& comm,
                         const py::object& causal, const py::object& layout_obj, const py::object& scale,
-                        const py::object& softcap, const py::object& window, const py::object& sinks) {
+                        const py::object& softcap, const py::object& window, const py::object& alibi_slopes,
+                        const py::object& sinks) {
   const MPI_Comm c = comm_from(comm);
   AttentionOptions opt;
   dist::Layout layout = dist::Layout::Contiguous;
   std::vector<py::array> arrays;
   dist::check_collectively(c, "ring_attention_backward", [&] {
     opt = attention_options(causal, scale, softcap, window);
+    opt.alibi_slopes = per_head_from(alibi_slopes, "alibi_slopes", "slope");
     opt.sinks = per_head_from(sinks, "sinks", "logit");
     layout = dist::parse_layout(str_arg(layout_obj, "layout"));
     const char* names[] = {"q", "k", "v", "dout", "out", "lse"};
@@ -173,7 +175,7 @@ PYBIND11_MODULE(_dist, m) {
   m.def("ring_attention_backward", &ring_backward, arg("q"), arg("k"), arg("v"), arg("dout"), arg("out"),
         arg("lse"), arg("comm"), py::kw_only(), arg("causal") = false, arg("layout") = "contiguous",
         arg("scale") = py::none(), arg("softcap") = py::none(), arg("window") = py::none(),
-        arg("sinks") = py::none());
+        arg("alibi_slopes") = py::none(), arg("sinks") = py::none());
   for (const auto& [name, strategy] :
        {std::pair{"ring_attention", Strategy::Ring}, std::pair{"ulysses_attention", Strategy::Ulysses}}) {
     const Strategy s = strategy;

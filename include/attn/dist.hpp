@@ -52,8 +52,8 @@ struct DistStats {
   int64_t bytes_sent = 0;
 };
 
-// Ring attention. Options: all of attention()'s but ALiBi, on the global
-// sequence: causal masking and windows by global positions (a key block
+// Ring attention. Options: all of attention()'s, on the global sequence:
+// causal masking, windows and ALiBi by global positions (a key block
 // wholly outside a rank's allowed keys is neither computed nor, where no
 // later rank needs it, sent), scale, softcap, sinks (counted once per row),
 // GQA, precision; K and V travel in their own element type (bfloat16 or

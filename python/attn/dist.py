@@ -56,27 +56,28 @@ def _call(function, q, k, v, comm, return_lse, **options):
 
 
 def ring_attention(q, k, v, comm, *, causal=False, layout="contiguous", scale=None, softcap=None,
-                   window=None, sinks=None, return_lse=False, precision="f32"):
+                   window=None, alibi_slopes=None, sinks=None, return_lse=False, precision="f32"):
     """ring_attention(q, k, v, comm, *, causal=False, layout="contiguous", scale=None, softcap=None,
-               window=None, sinks=None, return_lse=False, precision="f32") -> out | (out, lse)
+               window=None, alibi_slopes=None, sinks=None, return_lse=False, precision="f32")
+    -> out | (out, lse)
 
 Ring attention (Liu et al., 2023): each rank computes its queries against the
 K/V block it holds while passing it on to the next rank, the partial results
 merged exactly in a fixed order (bitwise reproducible for one world size and
 layout). The options are attn.attention's, on the global sequence: causal
-(either alignment, or ("offset", k)) and window by global positions (blocks
-wholly outside them are neither computed nor, where no later rank needs them,
-sent); float16 k and v travel in half float32's bytes. ALiBi needs
-ulysses_attention.
+(either alignment, or ("offset", k)), window and ALiBi by global positions
+(blocks wholly outside the mask and window are neither computed nor, where no
+later rank needs them, sent); float16 k and v travel in half float32's bytes.
 """
     return _call(_dist.ring_attention, q, k, v, comm, return_lse, causal=causal, layout=layout, scale=scale,
-                 softcap=softcap, window=window, sinks=sinks, precision=precision)
+                 softcap=softcap, window=window, alibi_slopes=alibi_slopes, sinks=sinks, precision=precision)
 
 
 def ring_attention_backward(q, k, v, dout, out, lse, comm, *, causal=False, layout="contiguous", scale=None,
-                            softcap=None, window=None, sinks=None):
+                            softcap=None, window=None, alibi_slopes=None, sinks=None):
     """ring_attention_backward(q, k, v, dout, out, lse, comm, *, causal=False, layout="contiguous", scale=None,
-                        softcap=None, window=None, sinks=None) -> (dq, dk, dv) | (dq, dk, dv, dsinks)
+                        softcap=None, window=None, alibi_slopes=None, sinks=None)
+    -> (dq, dk, dv) | (dq, dk, dv, dsinks)
 
 The gradient of ring_attention with the same arguments: each rank passes its
 slices, the gradient dout of its output, and the out and lse its
@@ -84,11 +85,11 @@ ring_attention(..., return_lse=True) returned; it receives dq, dk, dv for its
 slices and, with sinks, dsinks (Hq,), summed over every rank's rows.
 float32 or float64 (k and v of q's dtype).
 """
-    names = ("q", "k", "v", "dout", "out", "lse", "sinks")
-    inputs = (q, k, v, dout, out, lse, sinks)
+    names = ("q", "k", "v", "dout", "out", "lse", "alibi_slopes", "sinks")
+    inputs = (q, k, v, dout, out, lse, alibi_slopes, sinks)
     arrays = _arrays(comm, _dist.ring_attention_backward, inputs, names)
     r = _dist.ring_attention_backward(*arrays[:6], comm, causal=causal, layout=layout, scale=scale,
-                                      softcap=softcap, window=window, sinks=arrays[6])
+                                      softcap=softcap, window=window, alibi_slopes=arrays[6], sinks=arrays[7])
     if not any_tensor(*inputs[:6]):
         return r
     dtype = result_dtype(q, k, v, dout)

@@ -114,14 +114,17 @@ class PartialResult {
   }
 
   // A block's result for rows [row_begin, row_begin + length): out_b
-  // (..., Hq, length, dv) and lse_b (..., Hq, length), contiguous.
+  // (..., Hq, length, dv) and lse_b (..., Hq, length), contiguous, lse_b
+  // plus lse_shift[h] for head h where given (ALiBi's, see ring.cc).
   template <class T>
-  void merge(const Tensor<T>& out_b, const Tensor<T>& lse_b, int64_t row_begin) {
+  void merge(const Tensor<T>& out_b, const Tensor<T>& lse_b, int64_t row_begin,
+             const std::vector<double>& lse_shift = {}) {
     const int64_t length = lse_b.dim(-1);
     const int64_t groups = length ? lse_b.numel() / length : 0;
     for (int64_t g = 0; g < groups; ++g)
       for (int64_t i = 0; i < length; ++i) {
-        const double b = lse_b[g * length + i];
+        const double b =
+            lse_b[g * length + i] + (lse_shift.empty() ? 0.0 : lse_shift[static_cast<size_t>(g % heads_)]);
         double& a = lse_[g * rows_ + row_begin + i];
         // No allowed key in the block; or logits that reach +∞ so far (the
         // softmax's limit: those keys take all the weight). +∞ in two

@@ -16,13 +16,6 @@ namespace {
 
 constexpr int kRingTag = 0x5a17, kHomeTag = 0x5a18;
 
-void refuse_alibi(const AttentionOptions& options) {
-  if (!options.alibi_slopes.empty())
-    throw ValueError(
-        "ALiBi is not supported (its bias needs each query's global position within every block); "
-        "ulysses_attention, which sees whole sequences, supports it");
-}
-
 // Who computes what, and how far each block travels: the same on every rank.
 class RingSchedule {
  public:
@@ -36,7 +29,8 @@ class RingSchedule {
         q_rows_(all_gather(c, q_local)),
         k_rows_(all_gather(c, k_local)),
         causal_(options.causal),
-        window_(options.window) {
+        window_(options.window),
+        join_(options.alibi_slopes.empty()) {
     try {
       check_layout(layout, q_rows_, "q");
       check_layout(layout, k_rows_, "k");
@@ -53,7 +47,15 @@ class RingSchedule {
   // Rank r's queries against rank s's keys; none when wholly masked.
   std::vector<BlockCall> calls(int r, int s) const {
     return block_calls(rank_segments(layout_, q_rows_, r), rank_segments(layout_, k_rows_, s), n_q_, n_k_, causal_,
-                       window_);
+                       window_, join_);
+  }
+  // Per query head, what ALiBi's bias adds to a call's log-sum-exp in the
+  // global problem (empty without ALiBi; calls are not joined with it).
+  std::vector<double> alibi_lse_shift(const BlockCall& call, const std::vector<double>& slopes) const {
+    std::vector<double> shift;
+    const double distance = slopes.empty() ? 0 : position_shift(call, causal_, n_q_, n_k_);
+    for (double slope : slopes) shift.push_back(-slope * distance);
+    return shift;
   }
   bool needs(int r, int s) const { return needs_[static_cast<size_t>(r) * static_cast<size_t>(world) + static_cast<size_t>(s)]; }
   // Whether rank r receives, at step t, the block of rank r - t: if it or a
@@ -83,6 +85,7 @@ class RingSchedule {
   int64_t n_q_ = 0, n_k_ = 0;
   Causal causal_;
   Window window_;
+  bool join_;
   std::vector<char> needs_;
 };
 
@@ -106,6 +109,7 @@ void in_pieces(const BlockCall& call, P progress_all, F f) {
     const int64_t begin = call.q_length * p / pieces, end = call.q_length * (p + 1) / pieces;
     BlockCall piece = call;
     piece.q_begin += begin;
+    piece.q_global += begin;
     piece.q_length = end - begin;
     // Key j is allowed for row i iff j <= i + offset: rows counted from the piece.
     if (call.causal.masks()) piece.causal = Causal::offset(call.causal.offset_value() + begin);
@@ -128,6 +132,18 @@ void receive(const Communicator& c, Tensor<E>& t, const Shape& shape, int peer, 
   post_receive(c, t.data(), t.numel() * int64_t{sizeof(E)}, peer, tag, requests);
 }
 
+// The saved log-sum-exp in a call's units: less ALiBi's shift per head
+// (RingSchedule::alibi_lse_shift), rounded once from double.
+template <class T>
+Tensor<T> without_shift(TensorView<const T> lse, const std::vector<double>& shift) {
+  Tensor<T> t = contiguous(lse);
+  const int64_t length = t.dim(-1), heads = static_cast<int64_t>(shift.size());
+  for (int64_t g = 0; length && g < t.numel() / length; ++g)
+    for (int64_t i = 0; i < length; ++i)
+      t[g * length + i] = static_cast<T>(double{t[g * length + i]} - shift[static_cast<size_t>(g % heads)]);
+  return t;
+}
+
 // dst[rows of axis -2 from row0] += src, both contiguous, src's rows fewer.
 template <class A, class B>
 void add_rows(Tensor<A>& dst, const Tensor<B>& src, int64_t row0) {
@@ -148,7 +164,6 @@ DistStats ring_attention(TensorView<const T> q, TensorView<const KV> k, TensorVi
   const Communicator c = communicator(comm, kName);
   check_collectively(c, kName, [&] {
     check_local(q, k, v, out, lse, options);
-    refuse_alibi(options);
   });
   check_agreement(c, kName, describe(q, k, v, lse, options, layout));
   const RingSchedule ring(c, kName, layout, q.dim(-2), k.dim(-2), options);
@@ -186,7 +201,7 @@ DistStats ring_attention(TensorView<const T> q, TensorView<const KV> k, TensorVi
                            slice(k_block.view(), -2, call.k_begin, call.k_length),
                            slice(v_block.view(), -2, call.k_begin, call.k_length), out_b.view(), extras,
                            block_options);
-          result.merge(out_b, lse_b, call.q_begin);
+          result.merge(out_b, lse_b, call.q_begin, ring.alibi_lse_shift(call, options.alibi_slopes));
         });
         stats.blocks_computed += 1;
       }
@@ -211,7 +226,6 @@ DistStats ring_attention_backward(TensorView<const T> q, TensorView<const T> k, 
   const Communicator c = communicator(comm, kName);
   check_collectively(c, kName, [&] {
     const AttentionPlan<T, T> plan(q, k, v, options);
-    refuse_alibi(options);
     if (options.precision != Precision::Float32)
       throw ValueError("the backward computes in float32: precision must be f32, got " +
                        precision_name(options.precision));
@@ -284,10 +298,16 @@ DistStats ring_attention_backward(TensorView<const T> q, TensorView<const T> k, 
           block_options.causal = call.causal;
           block_options.window = call.window;
           auto rows = [&](TensorView<const T> t) { return slice(t, -2, call.q_begin, call.q_length); };
+          TensorView<const T> lse_call = slice(lse, -1, call.q_begin, call.q_length);
+          Tensor<T> shifted;
+          if (!options.alibi_slopes.empty()) {
+            shifted = without_shift(lse_call, ring.alibi_lse_shift(call, options.alibi_slopes));
+            lse_call = shifted.view();
+          }
           const AttentionGradients<T> g = attention_backward<T, T>(
               rows(q), slice(k_block.view(), -2, call.k_begin, call.k_length),
               slice(v_block.view(), -2, call.k_begin, call.k_length), rows(dout), block_options, {},
-              SavedForward<T>{rows(out), slice(lse, -1, call.q_begin, call.q_length)});
+              SavedForward<T>{rows(out), lse_call});
           add_rows(dq_sum, g.dq, call.q_begin);
           add_rows(dk_block, g.dk, call.k_begin);
           add_rows(dv_block, g.dv, call.k_begin);

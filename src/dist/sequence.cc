@@ -88,7 +88,7 @@ bool unmasked(const BlockCall& c) { return !c.causal.masks() && c.window.left < 
 
 std::vector<BlockCall> block_calls(const std::vector<Segment>& q_segments,
                                    const std::vector<Segment>& k_segments, int64_t n_q, int64_t n_k,
-                                   Causal causal, Window window) {
+                                   Causal causal, Window window, bool join) {
   // Per query segment, its calls, wholly visible key segments joined when adjacent.
   std::vector<std::vector<BlockCall>> rows;
   for (const Segment& q : q_segments) {
@@ -96,8 +96,8 @@ std::vector<BlockCall> block_calls(const std::vector<Segment>& q_segments,
     for (const Segment& k : k_segments) {
       const PairMask m = pair_mask(q, k, n_q, n_k, causal, window);
       if (m.coverage == Coverage::None) continue;
-      BlockCall call{q.local, q.length, k.local, k.length, m.causal, m.window};
-      if (m.coverage == Coverage::All && !calls.empty() && unmasked(calls.back()) &&
+      BlockCall call{q.local, q.length, k.local, k.length, m.causal, m.window, q.global, k.global};
+      if (join && m.coverage == Coverage::All && !calls.empty() && unmasked(calls.back()) &&
           calls.back().k_begin + calls.back().k_length == k.local)
         calls.back().k_length += k.length;
       else
@@ -109,7 +109,7 @@ std::vector<BlockCall> block_calls(const std::vector<Segment>& q_segments,
   std::vector<BlockCall> calls;
   const BlockCall* previous = nullptr;
   for (const auto& row : rows) {
-    const bool joins = previous && row.size() == 1 && unmasked(row[0]) && unmasked(*previous) &&
+    const bool joins = join && previous && row.size() == 1 && unmasked(row[0]) && unmasked(*previous) &&
                        row[0].k_begin == previous->k_begin && row[0].k_length == previous->k_length &&
                        previous->q_begin + previous->q_length == row[0].q_begin;
     if (joins) {
@@ -120,6 +120,12 @@ std::vector<BlockCall> block_calls(const std::vector<Segment>& q_segments,
     previous = row.size() == 1 ? &calls.back() : nullptr;
   }
   return calls;
+}
+
+double position_shift(const BlockCall& call, Causal global, int64_t n_q, int64_t n_k) {
+  using Wide = __int128;  // positions and offsets up to 2^62 each
+  const Wide in_problem = Wide{call.q_global} + global.position(n_q, n_k) - call.k_global;
+  return static_cast<double>(in_problem - call.causal.position(call.q_length, call.k_length));
 }
 
 }  // namespace attn::dist

@@ -291,12 +291,28 @@ TEST(ContextParallel, Q8_0KeysAndValues) {
     }
 }
 
-TEST(ContextParallel, UlyssesTakesALiBi) {
+// ALiBi's bias on global positions. The ring computes each block with the
+// block's own positions and corrects its log-sum-exp by a constant per
+// head: checked with both alignments and an offset (n_q != n_k), windows,
+// blocks in pieces, and steep slopes (2^-1 first), where a position off by
+// one in any block would move the output far past the tolerance.
+TEST(ContextParallel, ALiBi) {
   const int64_t hq = 2 * world_size();
-  for (Layout l : kLayouts)
-    expect_one_process<float>({Strategy::Ulysses, l, lengths(l, 3), lengths(l, 3),
-                               {.causal = Causal::TopLeft, .alibi_slopes = alibi_slopes(hq)}},
-                              kFloat32);
+  for (Strategy s : kStrategies)
+    for (Layout l : kLayouts) {
+      for (Causal causal : {Causal::None, Causal::TopLeft, Causal::BottomRight, Causal::offset(-2)}) {
+        SCOPED_TRACE(causal_name(causal));
+        Problem p{s, l, lengths(l, 3), lengths(l, 5), {.causal = causal, .alibi_slopes = alibi_slopes(hq)}};
+        expect_one_process<float>(p, kFloat32);
+        expect_one_process<double>(p, kFloat64);
+        p.options.window = {4, 2};
+        expect_one_process<float>(p, kFloat32);
+        expect_one_process<double>(p, kFloat64);
+      }
+      expect_one_process<float>({s, l, lengths(l, 130), lengths(l, 130),
+                                 {.causal = Causal::TopLeft, .alibi_slopes = alibi_slopes(hq, 1.0)}},
+                                kFloat32);
+    }
 }
 
 // Two calls alike give the same bits, output and log-sum-exp (across
@@ -393,6 +409,13 @@ TEST(ContextParallel, RingBackward) {
                              {.scale = 0.6, .causal = Causal::TopLeft, .softcap = 2.0, .sinks = sinks}};
     expect_backward<float>(with_sinks, kFloat32);
     expect_backward<double>(with_sinks, kFloat64);
+    for (Causal causal : {Causal::None, Causal::BottomRight}) {
+      SCOPED_TRACE("ALiBi, " + causal_name(causal));
+      const Problem alibi{Strategy::Ring, l, lengths(l, 2), lengths(l, 4),
+                          {.causal = causal, .window = {6, -1}, .alibi_slopes = alibi_slopes(hq), .sinks = sinks}};
+      expect_backward<float>(alibi, kFloat32);
+      expect_backward<double>(alibi, kFloat64);
+    }
   }
 }
 
@@ -453,13 +476,10 @@ TEST(ContextParallel, ZigzagRefusesLengthsItCannotCut) {
   }
 }
 
-TEST(ContextParallel, RingRefusesALiBiAndUlyssesIndivisibleHeads) {
+TEST(ContextParallel, UlyssesRefusesIndivisibleHeads) {
   const int w = world_size();
   const Tensor<float> q = normal<float>({2 * w + 1, 3, 8}, 1), k = normal<float>({2 * w + 1, 3, 8}, 2);
   Tensor<float> out({2 * w + 1, 3, 8});
-  const AttentionOptions alibi{.alibi_slopes = alibi_slopes(2 * w + 1)};
-  EXPECT_THROW((ring_attention<float, float>(q.view(), k.view(), k.view(), out.view(), MPI_COMM_WORLD, alibi)),
-               ValueError);
   if (w > 1) {
     EXPECT_THROW((ulysses_attention<float, float>(q.view(), k.view(), k.view(), out.view(), MPI_COMM_WORLD)),
                  ValueError);

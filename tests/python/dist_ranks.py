@@ -51,7 +51,9 @@ for function in (attn.dist.ring_attention, attn.dist.ulysses_attention):
         check(function, np.float32, layout, causal="top_left", window=(3, 0), softcap=3.0,
               sinks=np.linspace(-1, 1, 2 * world))
         check(function, np.float32, layout, kv_dtype=np.float16, causal=True)
-check(attn.dist.ulysses_attention, np.float32, "zigzag", causal=True, alibi_slopes=attn.alibi_slopes(2 * world))
+for function in (attn.dist.ring_attention, attn.dist.ulysses_attention):
+    check(function, np.float32, "zigzag", causal=True, alibi_slopes=attn.alibi_slopes(2 * world))
+    check(function, np.float64, "contiguous", window=(4, 2), alibi_slopes=attn.alibi_slopes(2 * world))
 
 # The ring's backward against attn.attention_backward on the whole problem.
 for layout in ("contiguous", "zigzag"):
@@ -60,7 +62,8 @@ for layout in ("contiguous", "zigzag"):
         n = 4 * world
         q, dout = (rng.standard_normal((2 * world, n, 8)).astype(dtype) for _ in range(2))
         k, v = (rng.standard_normal((world, n, 8)).astype(dtype) for _ in range(2))
-        options = dict(causal=True, window=(5, None), sinks=np.linspace(-0.5, 0.5, 2 * world))
+        options = dict(causal=True, window=(5, None), alibi_slopes=attn.alibi_slopes(2 * world),
+                       sinks=np.linspace(-0.5, 0.5, 2 * world))
         whole = attn.attention_backward(q, k, v, dout, **options)
         mine = rows(layout, 4)
         out, lse = attn.dist.ring_attention(q[:, mine], k[:, mine], v[:, mine], comm, layout=layout,
