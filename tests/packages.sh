@@ -2,7 +2,9 @@
 # The Debian packages (cmake/packaging.cmake), built from a build folder:
 # each holds what it should, depends on what it needs, and unpacked into a
 # scratch root (dpkg -x, no install) they are enough to build and run the C
-# consumer with pkg-config, and the attn command. With ARCH arm64 (a cross
+# consumer with pkg-config, and the attn command; where the build has
+# attn::dist, libattn-dist-dev too, with a C++ consumer of it under mpirun.
+# With ARCH arm64 (a cross
 # build, make test-arm): the arm64 packages, the consumer built with the
 # cross compiler, both run under qemu-aarch64.
 #   tests/packages.sh SOURCE_DIR BUILD_DIR [ARCH]
@@ -24,6 +26,9 @@ major=${version%%.*}
 runtime=$work/debs/libattn${major}_${version}_$arch.deb
 dev=$work/debs/libattn-dev_${version}_$arch.deb
 cli=$work/debs/attn_${version}_$arch.deb
+dist=$work/debs/libattn-dist-dev_${version}_$arch.deb
+debs=("$runtime" "$dev" "$cli")
+if [ -f "$build/libattn_dist.a" ]; then debs+=("$dist"); fi
 
 fail() { echo "packages: $*"; exit 1; }
 # has DEB PATH...: each path is in the package
@@ -38,16 +43,22 @@ has "$dev" include/attn/attn.h include/attn/attn.hpp include/attn/version.h lib/
     lib/cmake/attn/attnConfig.cmake lib/cmake/attn/attnConfigVersion.cmake lib/cmake/attn/attnTargets.cmake \
     lib/pkgconfig/attn.pc
 has "$cli" bin/attn
+if [ -f "$build/libattn_dist.a" ]; then
+  has "$dist" include/attn/dist.hpp lib/libattn_dist.a lib/cmake/attn/attnDistTargets.cmake lib/pkgconfig/attn-dist.pc
+  dpkg-deb -f "$dist" Depends | grep -q "libattn-dev (= $version)" || fail "libattn-dist-dev does not depend on libattn-dev"
+  dpkg-deb -f "$dist" Depends | grep -q "libopenmpi-dev" || fail "libattn-dist-dev does not depend on libopenmpi-dev"
+  if dpkg-deb -c "$dev" | grep -q 'dist\.hpp\|attn_dist\|attn-dist\|DistTargets'; then fail "libattn-dev holds attn::dist's files"; fi
+fi
 if dpkg-deb -c "$runtime" | grep -q 'include/\|\.a$'; then fail "the runtime package holds development files"; fi
 dpkg-deb -f "$runtime" Depends | grep -q 'libhwy1' || fail "libattn$major does not depend on libhwy1 (dpkg-shlibdeps)"
 dpkg-deb -f "$dev" Depends | grep -q "libattn$major (= $version)" || fail "libattn-dev does not depend on libattn$major"
 dpkg-deb -f "$cli" Depends | grep -q "libattn$major (= $version)" || fail "attn does not depend on libattn$major"
-for deb in "$runtime" "$dev" "$cli"; do
+for deb in "${debs[@]}"; do
   [ "$(dpkg-deb -f "$deb" Architecture)" = "$arch" ] || fail "$(basename "$deb") is not for $arch"
 done
 
 root=$work/root
-for deb in "$runtime" "$dev" "$cli"; do dpkg -x "$deb" "$root"; done
+for deb in "${debs[@]}"; do dpkg -x "$deb" "$root"; done
 export PKG_CONFIG_PATH=$root/usr/lib/pkgconfig
 [ -n "$pkg_config_dirs" ] && export PKG_CONFIG_LIBDIR=$pkg_config_dirs
 # shellcheck disable=SC2046
@@ -55,4 +66,10 @@ $cc -std=c99 -pedantic -Wall -Werror "$src/tests/consumers/consumer.c" -o "$work
   $(pkg-config --cflags --libs attn) -lm -Wl,-rpath,"$root/usr/lib"
 "${run[@]}" "$work/consumer"
 [ "$("${run[@]}" "$root/usr/bin/attn" --version)" = "attn $version" ] || fail "the packaged attn is not version $version"
-echo "packages: $(basename "$runtime") $(basename "$dev") $(basename "$cli"): contents, dependencies, a C consumer and the CLI"
+if [ -f "$build/libattn_dist.a" ]; then
+  # shellcheck disable=SC2046
+  ${CXX:-c++} -std=c++20 "$src/tests/consumers/consumer_dist.cc" -o "$work/consumer_dist" \
+    $(pkg-config --cflags --libs attn-dist) -Wl,-rpath,"$root/usr/lib"
+  ATTN_NUM_THREADS=1 mpirun -np 2 --oversubscribe --allow-run-as-root "$work/consumer_dist"
+fi
+echo "packages: ${debs[*]##*/}: contents, dependencies, consumers and the CLI"

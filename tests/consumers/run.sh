@@ -4,6 +4,9 @@
 # library, then the static one), a C++ and a C program built with pkg-config
 # (shared, then --static), and a CMake project that adds attn's source with
 # add_subdirectory. Each runs and checks a result against its closed form.
+# Where the build has attn::dist (MPI found): a CMake project with
+# find_package(attn COMPONENTS dist) and a C++ program built with
+# pkg-config attn-dist, each run under mpirun on 2 ranks.
 #   tests/consumers/run.sh SOURCE_DIR BUILD_DIR
 set -euo pipefail
 src=$(cd "$1" && pwd)
@@ -55,6 +58,19 @@ $cc -std=c99 -pedantic -Wall -Werror "$here/consumer.c" -o "$work/cs" \
   $(pkg-config --cflags --static --libs attn | sed 's/-lattn/-l:libattn.a/')
 if readelf -d "$work/cs" | grep -q 'libattn'; then echo "static consumer loads libattn"; exit 1; fi
 "$work/cs"
+
+if [ -f "$build/libattn_dist.a" ]; then
+  mpirun=(mpirun -np 2 --oversubscribe --allow-run-as-root)
+  step "find_package(attn 0.2 COMPONENTS dist), attn::dist = libattn_dist.a"
+  cmake -S "$here/dist" -B "$work/dist" -DCMAKE_PREFIX_PATH="$prefix" >/dev/null
+  cmake --build "$work/dist" >/dev/null
+  ATTN_NUM_THREADS=1 "${mpirun[@]}" "$work/dist/consumer_dist"
+  step "pkg-config --cflags --libs attn-dist"
+  # shellcheck disable=SC2046
+  $cxx -std=c++20 "$here/consumer_dist.cc" -o "$work/pc_dist" $(pkg-config --cflags --libs attn-dist) \
+    -Wl,-rpath,"$prefix/lib"
+  ATTN_NUM_THREADS=1 "${mpirun[@]}" "$work/pc_dist"
+fi
 
 step "add_subdirectory(attn)"
 cmake -S "$here/add_subdirectory" -B "$work/sub" -DATTN_SOURCE="$src" -DCMAKE_BUILD_TYPE=Release >/dev/null
