@@ -4,6 +4,8 @@
 # of the source tree (offline: --no-build-isolation), then the Python suite
 # against that installed module; and a wheel (python3 -m build) installed in a
 # fresh environment. Both reuse BUILD_DIR's CMake build (ATTN_CMAKE_BUILD_DIR).
+# Where that build has attn._dist (Open MPI and mpi4py), both hold it, and
+# the suite's test_dist.py runs against the installed attn.dist.
 #   tests/python_install.sh SOURCE_DIR BUILD_DIR
 set -euo pipefail
 src=$(cd "$1" && pwd)
@@ -35,6 +37,11 @@ echo "== python3 -m build --wheel --no-isolation"
 (cd "$work/src" && $python -m build --wheel --no-isolation --outdir "$work/dist" >"$work/build.log" 2>&1) ||
   { cat "$work/build.log"; exit 1; }
 wheel=$(ls "$work"/dist/attn-"$version"-*.whl)
+# attn.dist's extension travels in the wheel where the build has it.
+if ls "$build"/python/attn/_dist*.so >/dev/null 2>&1; then
+  $python -c "import sys, zipfile; names = zipfile.ZipFile(sys.argv[1]).namelist(); \
+assert any(n.startswith('attn/_dist') for n in names), names" "$wheel"
+fi
 $python -m venv --system-site-packages "$work/venv2"
 "$work/venv2/bin/pip" install -q "$wheel"
 "$work/venv2/bin/python" -c "import attn, numpy as np; assert attn.__version__ == '$version'; \
