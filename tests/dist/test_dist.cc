@@ -50,6 +50,8 @@ template <class E>
 E from_double(double x) {
   if constexpr (std::is_same_v<E, bfloat16>)
     return bfloat16{float_to_bf16(static_cast<float>(x))};
+  else if constexpr (std::is_same_v<E, float16>)
+    return float16{float_to_fp16(static_cast<float>(x))};
   else
     return static_cast<E>(x);
 }
