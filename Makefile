@@ -34,6 +34,10 @@ FUZZ_SECONDS ?= 60
 # make test fuzzes each target this long (the issue asks for at least 20 s).
 TEST_FUZZ_SECONDS ?= 20
 SANITIZER_ENV := ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1
+# The attn::dist tests under mpirun: the same, with Open MPI's own
+# allocations at exit suppressed (tests/dist/lsan.supp).
+MPI_SANITIZER_ENV := ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:fast_unwind_on_malloc=0 \
+                     LSAN_OPTIONS=suppressions=$(CURDIR)/tests/dist/lsan.supp UBSAN_OPTIONS=print_stacktrace=1
 
 .PHONY: all build configure demo test bench arm-build test-arm test-arm-kernels package-arm deps test-deps clean asan fuzz fuzz-build tsan package
 
@@ -70,14 +74,17 @@ test: test-deps configure
 # The C++ tests (not pytest, not the CLI) in the checked build, but one: under
 # ASan an impossible operator new (64 TiB) aborts with a report instead of
 # throwing std::bad_alloc, so the ValueError that test expects cannot happen.
+# Then the attn::dist tests under mpirun at 1 to 4 ranks.
 asan: fuzz-build
 	$(SANITIZER_ENV) ctest --test-dir $(ASAN_BUILD) -L gtest -E '^Tensor\.UnallocatableSizeIsAClearError$$' \
 	    --output-on-failure -j $(JOBS)
+	$(MPI_SANITIZER_ENV) ctest --test-dir $(ASAN_BUILD) -L mpi --output-on-failure -j $(JOBS)
 
 fuzz-build: test-deps
 	cmake -S . -B $(ASAN_BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_COMPILER=clang++-14 -DCMAKE_C_COMPILER=clang-14 \
 	    -DATTN_SANITIZE=address,undefined -DATTN_FUZZ=ON >/dev/null
-	cmake --build $(ASAN_BUILD) -j $(JOBS) --target attn_tests fuzz_npy fuzz_safetensors fuzz_attention fuzz_rope fuzz_capi
+	cmake --build $(ASAN_BUILD) -j $(JOBS) --target attn_tests attn_dist_tests fuzz_npy fuzz_safetensors fuzz_attention \
+	    fuzz_rope fuzz_capi
 
 # Each fuzzer FUZZ_SECONDS (default 60): make fuzz FUZZ_SECONDS=600
 fuzz: fuzz-build
