@@ -28,7 +28,8 @@ dev=$work/debs/libattn-dev_${version}_$arch.deb
 cli=$work/debs/attn_${version}_$arch.deb
 dist=$work/debs/libattn-dist-dev_${version}_$arch.deb
 debs=("$runtime" "$dev" "$cli")
-if [ -f "$build/libattn_dist.a" ]; then debs+=("$dist"); fi
+has_dist=false
+if [ -f "$build/libattn_dist.a" ]; then has_dist=true; debs+=("$dist"); fi
 
 fail() { echo "packages: $*"; exit 1; }
 # has DEB PATH...: each path is in the package
@@ -43,7 +44,7 @@ has "$dev" include/attn/attn.h include/attn/attn.hpp include/attn/version.h lib/
     lib/cmake/attn/attnConfig.cmake lib/cmake/attn/attnConfigVersion.cmake lib/cmake/attn/attnTargets.cmake \
     lib/pkgconfig/attn.pc
 has "$cli" bin/attn
-if [ -f "$build/libattn_dist.a" ]; then
+if $has_dist; then
   has "$dist" include/attn/dist.hpp lib/libattn_dist.a lib/cmake/attn/attnDistTargets.cmake lib/pkgconfig/attn-dist.pc
   dpkg-deb -f "$dist" Depends | grep -q "libattn-dev (= $version)" || fail "libattn-dist-dev does not depend on libattn-dev"
   dpkg-deb -f "$dist" Depends | grep -q "libopenmpi-dev" || fail "libattn-dist-dev does not depend on libopenmpi-dev"
@@ -66,7 +67,7 @@ $cc -std=c99 -pedantic -Wall -Werror "$src/tests/consumers/consumer.c" -o "$work
   $(pkg-config --cflags --libs attn) -lm -Wl,-rpath,"$root/usr/lib"
 "${run[@]}" "$work/consumer"
 [ "$("${run[@]}" "$root/usr/bin/attn" --version)" = "attn $version" ] || fail "the packaged attn is not version $version"
-if [ -f "$build/libattn_dist.a" ]; then
+if $has_dist; then
   # shellcheck disable=SC2046
   ${CXX:-c++} -std=c++20 "$src/tests/consumers/consumer_dist.cc" -o "$work/consumer_dist" \
     $(pkg-config --cflags --libs attn-dist) -Wl,-rpath,"$root/usr/lib"
