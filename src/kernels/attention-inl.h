@@ -481,7 +481,8 @@ inline void WriteRow(DF d, const AttentionProblem<float>& p, int64_t b, int64_t 
 }
 
 // SoftmaxStep's last part: s[j] = 2^(s[j] - m) and l = alpha · l + Σ_j s[j]
-// (per lane), for a running max m that 2^x can take (finite).
+// (per lane), for a finite running max m (a NaN one makes every s[j] and l
+// NaN).
 template <bool kForBF16>
 HWY_INLINE void AddExponentials(DF d, float* s, int64_t n, float m, float* l, float alpha) {
   const size_t N = hn::Lanes(d);
