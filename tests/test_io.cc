@@ -339,6 +339,13 @@ TEST(Npy, ReadsFloat16BigEndianAndFortranOrder) {
   for (int i = 0; i < 2; ++i)
     for (int j = 0; j < 3; ++j)
       for (int k = 0; k < 4; ++k) EXPECT_EQ(t.at({i, j, k}), float(100 * i + 10 * j + k));
+  // An empty array in Fortran order whose other axes multiply past int64
+  // (found by fuzz_npy: the column-major steps overflowed): empty, its shape kept.
+  const Shape huge{3, 1033830, 8030388, 36, 4000000000, 0};
+  write_bytes(f, npy_v1("{'descr': '<f4', 'fortran_order': True, 'shape': (3, 1033830, 8030388, 36, 4000000000, 0), }", ""));
+  const auto empty = std::get<Tensor<float>>(read_npy(f));
+  EXPECT_EQ(empty.shape(), huge);
+  EXPECT_EQ(empty.numel(), 0);
 }
 
 // A stream is read only as far as the header says: an endless one is a

@@ -262,7 +262,9 @@ Tensor<T> npy_payload(const std::string& path, InputFile& in, const NpyHeader& h
     for (int64_t i = 0; i < n; ++i) t[i] = npy_element<T>(raw.data(), i, dtype);
   }
   if (!in.remaining() && !in.read(1).empty()) mismatch("more");
-  if (!h.fortran_order) return t;
+  // (An empty array has nothing to reorder, and its other axes may multiply
+  // past int64: the steps below would overflow.)
+  if (!h.fortran_order || n == 0) return t;
   // Fortran order: the first index varies fastest.
   Strides strides(shape.size());
   int64_t stride = 1;
