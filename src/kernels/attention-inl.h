@@ -230,7 +230,9 @@ HWY_INLINE float WeightAt(const float* p, int64_t p_stride, int r, int64_t j) {
 // 8 accumulators (narrow value rows, few query rows) leave the pipes idle:
 // the keys are then dealt round-robin to S sets of accumulators, summed at
 // the end. (At head dim 16 the 4 rows × 1 vector of a single set ran at a
-// quarter of the FMA rate.)
+// quarter of the FMA rate.) The sums start from 0 and are added to o once:
+// a row's output is then a sum of per-tile sums, not one chain of n_k
+// roundings (n = 4096, 8 × 64: error_vs_f64 1.1e-6 → 2.2e-7).
 // Columns c0 .. c0 + NV·N of the V rows, c0 a multiple of N.
 template <int MR, int NV, bool kTransposed, class KV>
 HWY_INLINE void ValueBlock(DF d, const float* p, int64_t p_stride, int64_t count,
@@ -243,9 +245,6 @@ HWY_INLINE void ValueBlock(DF d, const float* p, int64_t p_stride, int64_t count
   constexpr int RV = MR * NV;
   static_assert(S * RV <= 8, "the accumulators fit in eight names");
   VF a0 = hn::Zero(d), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
-  Unroll<RV>([&](auto i) HWY_ATTR {
-    Acc<i>(a0, a1, a2, a3, a4, a5, a6, a7) = hn::Load(d, o + (i / NV) * o_stride + (i % NV) * N);
-  });
   for (int64_t j = 0; j < count; j += S) {
     const int step = static_cast<int>(std::min<int64_t>(S, count - j));
     Unroll<S * RV>([&](auto i) HWY_ATTR {
@@ -261,15 +260,14 @@ HWY_INLINE void ValueBlock(DF d, const float* p, int64_t p_stride, int64_t count
     to = hn::Add(to, Acc<RV + i>(a0, a1, a2, a3, a4, a5, a6, a7));
   });
   Unroll<RV>([&](auto i) HWY_ATTR {
-    hn::Store(Acc<i>(a0, a1, a2, a3, a4, a5, a6, a7), d, o + (i / NV) * o_stride + (i % NV) * N);
+    float* to = o + (i / NV) * o_stride + (i % NV) * N;
+    hn::Store(hn::Add(hn::Load(d, to), Acc<i>(a0, a1, a2, a3, a4, a5, a6, a7)), d, to);
   });
 #else
   VF acc[S][MR][NV];
-  for (int r = 0; r < MR; ++r)
-    for (int v = 0; v < NV; ++v) {
-      acc[0][r][v] = hn::Load(d, o + r * o_stride + v * N);
-      for (int s = 1; s < S; ++s) acc[s][r][v] = hn::Zero(d);
-    }
+  for (int s = 0; s < S; ++s)
+    for (int r = 0; r < MR; ++r)
+      for (int v = 0; v < NV; ++v) acc[s][r][v] = hn::Zero(d);
   // (Plain loops: with the key step as a lambda, g++ 12 kept j on the stack.)
   int64_t j = 0;
   for (; j < count; j += S) {
@@ -288,7 +286,10 @@ HWY_INLINE void ValueBlock(DF d, const float* p, int64_t p_stride, int64_t count
     for (int r = 0; r < MR; ++r)
       for (int v = 0; v < NV; ++v) acc[0][r][v] = hn::Add(acc[0][r][v], acc[s][r][v]);
   for (int r = 0; r < MR; ++r)
-    for (int v = 0; v < NV; ++v) hn::Store(acc[0][r][v], d, o + r * o_stride + v * N);
+    for (int v = 0; v < NV; ++v) {
+      float* to = o + r * o_stride + v * N;
+      hn::Store(hn::Add(hn::Load(d, to), acc[0][r][v]), d, to);
+    }
 #endif
 }
 
