@@ -5,16 +5,19 @@
 // target this CPU can run, and bitwise equal for any thread count.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <array>
 #include <cmath>
 #include <cstring>
 #include <limits>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "attn/threads.hpp"
 #include "helpers.hpp"
+#include "kernels/config.hpp"
 
 namespace attn {
 namespace {
@@ -167,6 +170,37 @@ TEST(FlashBackward, MatchesReferenceAtLength4096) {
   const int64_t n = test::emulated() || test::sanitized() ? 1024 : 4096;
   check({1, 1, 1, n, n, 64, 64, Causal::None, {}, 0, 0}, 700);
   check({1, 1, 1, n / 2, n / 2, 64, 64, Causal::BottomRight, {}, 0, 0}, 701);
+}
+
+// dV_j = Σ_i P_ij dO_i. Equal scores (Q = 0) weigh each of n_k keys 1/n_k,
+// so with dO's column one float c in every row and n_q = 256 · n_k, each key's
+// dV is exactly 256 · c. The backward sums a block of b = kBackwardRows rows
+// from 0 and adds the block's sum to dV once, so its relative error is at
+// most (b - 1 + ⌈n_q/b⌉) units of roundoff u = 2^-24 for the sums, 1 for each
+// product, and 8 for P recomputed from the saved log-sum-exp (ln 64 rounded
+// and the exponential). Head dim 17: a partial vector on every target,
+// whose column once summed all n_q rows in one chain (measured: 1.4e-4
+// then, 5.2e-6 now; the bound is 3.3e-5).
+TEST(FlashBackward, ValueGradientErrorGrowsWithBlocksNotRows) {
+  constexpr int64_t n_k = 64, n_q = 256 * n_k, d = 17, b = detail::kBackwardRows;
+  constexpr double u = 0x1p-24;
+  const Tensor<float> q({1, 1, n_q, d});
+  Tensor<float> k({1, 1, n_k, d}), v({1, 1, n_k, d}), dout({1, 1, n_q, d});
+  std::mt19937 rng(1700);
+  std::normal_distribution<float> normal;
+  for (int64_t e = 0; e < k.numel(); ++e) k[e] = normal(rng), v[e] = normal(rng);
+  for (int64_t e = 0; e < dout.numel(); ++e) dout[e] = 0.1f * static_cast<float>(e % d + 1);
+  const double bound = static_cast<double>(b - 1 + (n_q + b - 1) / b + 1 + 8) * u;
+  test::on_every_simd_target([&] {
+    const auto g = attention_backward(q.view(), std::as_const(k).view(), std::as_const(v).view(),
+                                      std::as_const(dout).view());
+    double worst = 0;
+    for (int64_t e = 0; e < g.dv.numel(); ++e) {
+      const double exact = 256.0 * dout[e % d];
+      worst = std::max(worst, std::abs(g.dv[e] - exact) / exact);
+    }
+    EXPECT_LE(worst, bound);
+  });
 }
 
 TEST(FlashBackward, BitwiseIdenticalForAnyThreadCount) {

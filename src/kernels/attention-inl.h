@@ -294,18 +294,20 @@ HWY_INLINE void ValueBlock(DF d, const float* p, int64_t p_stride, int64_t count
 }
 
 // The same for the last value columns [c, d_v) that are not a whole vector:
-// loads masked to the real columns. (Prefill pads V to whole vectors and
-// never comes here; decode reads V in place.)
+// loads masked to the real columns, the sums again from 0. (Prefill pads V
+// to whole vectors and never comes here; decode and the backward's products
+// read their rows in place.)
 template <bool kTransposed, class KV>
 HWY_INLINE void ValueTail(DF d, int rows, const float* p, int64_t p_stride, int64_t count,
                           const KV* v0, int64_t v_stride, int64_t c, int64_t d_v, float* o,
                           int64_t o_stride) {
   const int64_t n = d_v - c;
   for (int r = 0; r < rows; ++r) {
-    VF acc = hn::Load(d, o + r * o_stride + c);
+    VF acc = hn::Zero(d);
     for (int64_t j = 0; j < count; ++j)
       acc = hn::MulAdd(hn::Set(d, WeightAt<kTransposed>(p, p_stride, r, j)), LoadKVPart(d, v0 + j * v_stride, c, n), acc);
-    hn::Store(acc, d, o + r * o_stride + c);
+    float* to = o + r * o_stride + c;
+    hn::Store(hn::Add(hn::Load(d, to), acc), d, to);
   }
 }
 
