@@ -485,7 +485,8 @@ inline void WriteRow(DF d, const AttentionProblem<float>& p, int64_t b, int64_t 
 
 // SoftmaxStep's last part: s[j] = 2^(s[j] - m) and l = alpha · l + Σ_j s[j]
 // (per lane), for a finite running max m (a NaN one makes every s[j] and l
-// NaN).
+// NaN). kForBF16: s[j] is stored rounded to bf16, as P·V takes it, in the
+// same pass; l sums it unrounded.
 template <bool kForBF16>
 HWY_INLINE void AddExponentials(DF d, float* s, int64_t n, float m, float* l, float alpha) {
   const size_t N = hn::Lanes(d);
@@ -493,7 +494,7 @@ HWY_INLINE void AddExponentials(DF d, float* s, int64_t n, float m, float* l, fl
   VF sum = hn::Zero(d);
   for (int64_t j = 0; j < n; j += static_cast<int64_t>(N)) {
     const VF e = SoftmaxExp2<kForBF16>(d, hn::Sub(hn::Load(d, s + j), vm));
-    hn::Store(e, d, s + j);
+    hn::Store(kForBF16 ? RoundToBF16(d, e) : e, d, s + j);
     sum = hn::Add(sum, e);
   }
   hn::Store(hn::MulAdd(hn::Load(d, l), hn::Set(d, alpha), sum), d, l);
@@ -509,7 +510,8 @@ HWY_INLINE void AddExponentials(DF d, float* s, int64_t n, float m, float* l, fl
 // Edge cases (README "Edge cases"): a NaN logit makes P, and so l, NaN for
 // good (the row comes out NaN); +inf logits share the weight equally, the
 // softmax's limit.
-// kForBF16: P's exponentials to bf16 precision's accuracy (SoftmaxExp2).
+// kForBF16: P's exponentials to bf16 precision's accuracy (SoftmaxExp2),
+// and P left rounded to bf16 (AddExponentials; its 0s and 1s are exact).
 inline constexpr float kRescaleThreshold = 8.0f;
 template <bool kForBF16 = false>
 HWY_INLINE float SoftmaxStep(DF d, float* s, int64_t n, float& m, float* l) {

@@ -215,14 +215,11 @@ HWY_INLINE void SoftmaxPass(DF d, const Item& it, int64_t h, bool pack, ItemStat
             hn::Store(hn::Mul(hn::Load(d, orow + c), a), d, orow + c);
         }
       }
-      if (it.unit) {  // (which rounds P to bf16 itself)
+      // (In bf16, SoftmaxStep left P rounded, as both products take it.)
+      if (it.unit) {
         it.unit->accumulate(s, kBlockK, rows, jn, reinterpret_cast<const uint32_t*>(v0), dvp, o + r0 * dvp, dvp);
         continue;
       }
-      if (bf16)  // P as the products take it
-        for (int r = 0; r < rows; ++r)
-          for (int64_t j = 0; j < width; j += static_cast<int64_t>(N))
-            hn::Store(RoundToBF16(d, hn::Load(d, s + r * kBlockK + j)), d, s + r * kBlockK + j);
       AccumulateValues(d, rows, s, kBlockK, jn, v0, dvp, dvp, o + r0 * dvp, dvp);
     }
   }
