@@ -224,6 +224,9 @@ HWY_INLINE float WeightAt(const float* p, int64_t p_stride, int r, int64_t j) {
   return kTransposed ? p[j * p_stride + r] : p[r * p_stride + j];
 }
 
+// *to += sum: a tile's sum of products, added to the output once (below).
+HWY_INLINE void AddTo(DF d, float* to, VF sum) { hn::Store(hn::Add(hn::Load(d, to), sum), d, to); }
+
 // o[r][0 .. NV·N) += Σ_j p(r, j) · v_j[0 .. NV·N) for r < MR, j < count
 // (WeightAt). An FMA waits 4 cycles for the one
 // before it in its chain and 2 pipes issue one each per cycle, so fewer than
@@ -260,8 +263,7 @@ HWY_INLINE void ValueBlock(DF d, const float* p, int64_t p_stride, int64_t count
     to = hn::Add(to, Acc<RV + i>(a0, a1, a2, a3, a4, a5, a6, a7));
   });
   Unroll<RV>([&](auto i) HWY_ATTR {
-    float* to = o + (i / NV) * o_stride + (i % NV) * N;
-    hn::Store(hn::Add(hn::Load(d, to), Acc<i>(a0, a1, a2, a3, a4, a5, a6, a7)), d, to);
+    AddTo(d, o + (i / NV) * o_stride + (i % NV) * N, Acc<i>(a0, a1, a2, a3, a4, a5, a6, a7));
   });
 #else
   VF acc[S][MR][NV];
@@ -286,10 +288,7 @@ HWY_INLINE void ValueBlock(DF d, const float* p, int64_t p_stride, int64_t count
     for (int r = 0; r < MR; ++r)
       for (int v = 0; v < NV; ++v) acc[0][r][v] = hn::Add(acc[0][r][v], acc[s][r][v]);
   for (int r = 0; r < MR; ++r)
-    for (int v = 0; v < NV; ++v) {
-      float* to = o + r * o_stride + v * N;
-      hn::Store(hn::Add(hn::Load(d, to), acc[0][r][v]), d, to);
-    }
+    for (int v = 0; v < NV; ++v) AddTo(d, o + r * o_stride + v * N, acc[0][r][v]);
 #endif
 }
 
@@ -306,8 +305,7 @@ HWY_INLINE void ValueTail(DF d, int rows, const float* p, int64_t p_stride, int6
     VF acc = hn::Zero(d);
     for (int64_t j = 0; j < count; ++j)
       acc = hn::MulAdd(hn::Set(d, WeightAt<kTransposed>(p, p_stride, r, j)), LoadKVPart(d, v0 + j * v_stride, c, n), acc);
-    float* to = o + r * o_stride + c;
-    hn::Store(hn::Add(hn::Load(d, to), acc), d, to);
+    AddTo(d, o + r * o_stride + c, acc);
   }
 }
 
