@@ -265,15 +265,26 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   fuzz::Input in(data, size);
   const int kv_bits = static_cast<int>(in.in(0, 2));  // float32, bfloat16, fp16 keys/values
   const Case c = read_case(in, kv_bits);
-  bool guards64 = true, guards32 = true;
+  const auto run32 = [kv_bits](const Case& cc, bool& guards) {
+    return kv_bits == 0   ? run<float, float>(cc, guards)
+           : kv_bits == 1 ? run<float, bfloat16>(cc, guards)
+                          : run<float, float16>(cc, guards);
+  };
+  bool guards64 = true, guards32 = true, guards_low = true;
   const auto ref = run<double, double>(c, guards64);
-  const auto got = kv_bits == 0   ? run<float, float>(c, guards32)
-                   : kv_bits == 1 ? run<float, bfloat16>(c, guards32)
-                                  : run<float, float16>(c, guards32);
-  if (!guards64 || !guards32) fuzz::finding("attention wrote outside its output views");
+  const auto got = run32(c, guards32);
+  // bf16 or int8 precision on the same case (their numbers are the unit
+  // tests'): it accepts what float32 accepts and writes only in the views.
+  Case low = c;
+  low.options.precision = in.byte() < 128 ? Precision::BF16 : Precision::Int8;
+  const auto got_low = run32(low, guards_low);
+  if (!guards64 || !guards32 || !guards_low) fuzz::finding("attention wrote outside its output views");
   if (ref.has_value() != got.has_value())
     fuzz::finding(std::string("float64 ") + (ref ? "accepts" : "refuses") + " what float32 " +
                   (got ? "accepts" : "refuses"));
+  if (got_low.has_value() != got.has_value())
+    fuzz::finding(std::string("float32 ") + (got ? "accepts" : "refuses") + " what precision " +
+                  precision_name(low.options.precision) + (got_low ? " accepts" : " refuses"));
   if (!ref) return 0;
   // Only a moderate scale keeps float32 logits within float32 error of float64's.
   // So does only a moderate ALiBi slope where there are sinks: float32 anchors

@@ -84,12 +84,15 @@ return_weights, return_logits, return_lse
     weights and logits are (n_q, n_k) per head by nature.
 
 precision
-    'f32' (default) or 'bf16': with 'bf16' the float32 prefill rounds q, k,
-    v and the softmax's weights to bfloat16 and sums their products in
-    float32 (PyTorch's bf16 attention; relative error about 3e-3 on N(0, 1)
-    inputs). float32 inputs only; the decode path (n_q <= 8 against long
-    keys) stays float32; the backward is float32, so tensors that require
-    grad are a RuntimeError with 'bf16'.
+    'f32' (default), 'bf16' or 'int8': with 'bf16' the float32 prefill
+    rounds q, k, v and the softmax's weights to bfloat16 and sums their
+    products in float32 (PyTorch's bf16 attention; relative error about
+    3e-3 on N(0, 1) inputs). 'int8' quantizes each row of q, and of k less
+    the mean of its head's keys, to int8 with one scale per row for q·kᵀ
+    (SageAttention's recipe; about 9e-3), then p·v as 'bf16'. float32
+    inputs only; the decode path (n_q <= 8 against long keys) stays
+    float32; the backward is float32, so tensors that require grad are a
+    RuntimeError with either.
 
 Compact k and v
     float16 k and v (both) are read as float16, in place; k and v as

@@ -428,10 +428,10 @@ PYBIND11_MODULE(_core, m) {
         "min(1024, max(64, 4 x hardware threads)).");
   m.def("precision_unit", [](const std::string& precision) { return attn::precision_unit(attn::parse_precision(precision)); },
         arg("precision"),
-        "precision_unit(precision) -> str: what computes attention's products in that precision ('f32' or "
-        "'bf16') on this CPU: 'avx512_bf16' (x86's VDPBF16PS) or 'neon_bf16' (Arm's BFDOT), for 'bf16' where "
+        "precision_unit(precision) -> str: what computes attention's products in that precision ('f32', "
+        "'bf16' or 'int8') on this CPU: 'avx512_bf16' (x86's VDPBF16PS) or 'neon_bf16' (Arm's BFDOT), for 'bf16' where "
         "the CPU has it and it outruns the float32 FMAs (timed once per process), or 'highway' "
-        "(the float32 FMAs, on bf16-rounded values for 'bf16').");
+        "(the float32 FMAs, on bf16-rounded or int8-quantized values).");
   bind_quantized(m);
   bind_mha(m);
   bind_onnx(m);

@@ -7,6 +7,8 @@
 #include <cstring>
 #include <filesystem>
 #include <random>
+#include <string>
+#include <utility>
 
 #include "attn/attn.h"
 #include "helpers.hpp"
@@ -157,6 +159,29 @@ TEST(Capi, MhaForwardWithAndWithoutCacheIsTheCppResult) {
   }
   attn_cache_free(c_cache);
   attn_mha_free(c_layer);
+}
+
+// options.precision: 1 bf16, 2 int8, as C++'s Precision; others refused.
+TEST(Capi, PrecisionIsTheCppOne) {
+  std::mt19937 rng(4);
+  const auto q = cast<float>(random_tensor({1, 2, 20, 16}, rng));  // (past decode's 8 queries)
+  const auto k = cast<float>(random_tensor({1, 2, 30, 16}, rng)), v = cast<float>(random_tensor({1, 2, 30, 16}, rng));
+  Tensor<float> got(q.shape());
+  const attn_tensor cq = descriptor(q, ATTN_F32), ck = descriptor(k, ATTN_F32), cv = descriptor(v, ATTN_F32);
+  attn_tensor cout = descriptor(got, ATTN_F32);
+  attn_options c_options;
+  attn_options_init(&c_options);
+  for (const auto& [code, precision] : {std::pair{1, Precision::BF16}, std::pair{2, Precision::Int8}}) {
+    AttentionOptions options;
+    options.precision = precision;
+    c_options.precision = code;
+    ASSERT_EQ(attn_attention(&cq, &ck, &cv, nullptr, &c_options, &cout), ATTN_OK) << attn_last_error();
+    expect_bitwise_equal(got, attention<float, float>(q.view(), k.view(), v.view(), options));
+  }
+  c_options.precision = 3;
+  EXPECT_EQ(attn_attention(&cq, &ck, &cv, nullptr, &c_options, &cout), ATTN_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(attn_last_error()).find("precision 3 is not 0 (f32), 1 (bf16) or 2 (int8)"), std::string::npos)
+      << attn_last_error();
 }
 
 TEST(Capi, ErrorsCarryTheCppMessage) {

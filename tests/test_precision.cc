@@ -106,28 +106,111 @@ Tensor<double> reference(const PrecisionCase& c, const Tensor<float>& q, const T
   return attention(cast<double>(q).view(), cast<double>(k).view(), cast<double>(v).view(), c.options);
 }
 
-// attention in bf16 precision against `exact`, the reference on the same inputs.
+// attention in `precision` (bf16 unless said) against `exact`, the reference on the same inputs.
 void expect_within(const PrecisionCase& c, const Tensor<float>& q, const Tensor<float>& k, const Tensor<float>& v,
-                   const Tensor<double>& exact, double bound) {
-  AttentionOptions bf16 = c.options;
-  bf16.precision = Precision::BF16;
-  const auto out = attention(q.view(), k.view(), v.view(), bf16);
+                   const Tensor<double>& exact, double bound, Precision precision = Precision::BF16) {
+  AttentionOptions options = c.options;
+  options.precision = precision;
+  const auto out = attention(q.view(), k.view(), v.view(), options);
   const double error = rel_error(out, exact);
   EXPECT_LE(error, bound);
   EXPECT_GE(cosine(out, exact), bound > 4e-3 ? 0.9999 : 0.99999);
-  // The rounding happened: float32's error on the same inputs is below 1e-5.
-  EXPECT_GT(error, 1e-5);
+  // The rounding happened (int8's quantization: about 9e-3 on N(0, 1)):
+  // float32's error on the same inputs is below 1e-5.
+  EXPECT_GT(error, precision == Precision::Int8 ? 1e-3 : 1e-5);
   EXPECT_LE(rel_error(attention(q.view(), k.view(), v.view(), c.options), exact), 1e-5);
 }
 
-TEST(Precision, BF16WithinItsToleranceOnEveryTarget) {
-  std::mt19937 rng(2301);
+// Every case of cases() on N(0, 1) inputs within `bound` in `precision`:
+// bf16 on each unit and target, int8 (no unit yet) on each target.
+void expect_every_case_within(uint32_t seed, Precision precision, double bound) {
+  std::mt19937 rng(seed);
   for (const auto& c : cases()) {
     SCOPED_TRACE(c.name);
     const auto q = normal({2, c.heads_q, c.n_q, c.d}, rng);
     const auto k = normal({2, c.heads_kv, c.n_k, c.d}, rng), v = normal({2, c.heads_kv, c.n_k, c.d}, rng);
     const auto exact = reference(c, q, k, v);
-    on_every_unit_and_target([&] { expect_within(c, q, k, v, exact, 4e-3); });
+    const auto check = [&] { expect_within(c, q, k, v, exact, bound, precision); };
+    if (precision == Precision::BF16) on_every_unit_and_target(check);
+    else test::on_every_simd_target(check);
+  }
+}
+
+TEST(Precision, BF16WithinItsToleranceOnEveryTarget) { expect_every_case_within(2301, Precision::BF16, 4e-3); }
+
+// int8 precision: the 2e-2 on N(0, 1) inputs, in every case. (Its
+// quantization of Q and K, one scale per row, is about 9e-3 there, against
+// bf16's 3e-3; rows with a ×30 channel lose more, docs/semantics.md
+// "Precision".)
+TEST(Precision, Int8WithinItsToleranceOnEveryTarget) { expect_every_case_within(2311, Precision::Int8, 2e-2); }
+
+// Inputs int8's quantization keeps exactly: each query row integers with
+// 127 or -127 among them (scale 1), each key 0.5 plus such integers in
+// pairs of opposite sign (their mean 0.5, exact; each key less it, scale
+// 1). bf16 keeps them too (at most 8 significant bits), so int8 is bf16's
+// arithmetic on the same values: the outputs agree bit for bit, on every
+// target. A wrong scale, a missing or wrong center, or codes not rounded
+// from x / scale would change the values the products see.
+TEST(Precision, Int8OnValuesItKeepsIsBF16) {
+  std::mt19937 rng(2312);
+  std::uniform_int_distribution<int> code(-127, 127);
+  const int64_t d = 40, n_q = 70, n_k = 128;  // (the mean's 1/n_k exact)
+  Tensor<float> q({1, 4, n_q, d}), k({1, 2, n_k, d});
+  for (int64_t i = 0; i < q.numel(); ++i) q[i] = i % d == 3 ? 127.0f : static_cast<float>(code(rng));
+  for (int64_t h = 0; h < 2; ++h)
+    for (int64_t j = 0; j < n_k; j += 2)
+      for (int64_t c = 0; c < d; ++c) {
+        const float x = c == j % d ? -127.0f : static_cast<float>(code(rng));
+        k.at({0, h, j, c}) = 0.5f + x;
+        k.at({0, h, j + 1, c}) = 0.5f - x;
+      }
+  const auto v = normal({1, 2, n_k, d}, rng);
+  AttentionOptions int8, bf16;
+  int8.precision = Precision::Int8;
+  bf16.precision = Precision::BF16;
+  int8.scale = bf16.scale = 1.0 / (127.0 * 127.0);  // (logits of order 1)
+  const test::BF16UnitUseScope highway(detail::BF16UnitUse::Never);
+  test::on_every_simd_target([&] {
+    const auto got = attention(q.view(), k.view(), v.view(), int8);
+    const auto want = attention(q.view(), k.view(), v.view(), bf16);
+    ASSERT_EQ(std::memcmp(got.data(), want.data(), sizeof(float) * got.numel()), 0);
+  });
+}
+
+// A NaN or an infinity spoils only what it would spoil in float32: its own
+// query row, or the rows that reach its key (causal, top-left: rows from
+// the key's position on), not the rest of its row's or key's quantization
+// group, nor the keys' mean (which counts it as 0: the clean run has 0 there).
+TEST(Precision, Int8KeepsANonFiniteValueToItsOwnRows) {
+  std::mt19937 rng(2313);
+  const int64_t n = 80, d = 64, bad_key = 50, bad_query = 20;
+  auto q = normal({1, 2, n, d}, rng), k = normal({1, 2, n, d}, rng);
+  const auto v = normal({1, 2, n, d}, rng);
+  k.at({0, 0, bad_key, 7}) = 0;
+  AttentionOptions int8;
+  int8.precision = Precision::Int8;
+  int8.causal = Causal::TopLeft;
+  for (const float bad : {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity()}) {
+    SCOPED_TRACE(bad);
+    auto kb = k, qb = q;
+    kb.at({0, 0, bad_key, 7}) = bad;
+    qb.at({0, 1, bad_query, 9}) = bad;
+    test::on_every_simd_target([&] {
+      const auto clean = attention(q.view(), k.view(), v.view(), int8);
+      const auto out = attention(qb.view(), kb.view(), v.view(), int8);
+      for (int64_t h = 0; h < 2; ++h)
+        for (int64_t i = 0; i < n; ++i) {
+          const bool spoilt = h == 0 ? i >= bad_key : i == bad_query;
+          for (int64_t c = 0; c < d; ++c) {
+            const float x = out.at({0, h, i, c});
+            if (spoilt) {
+              ASSERT_FALSE(std::isfinite(x) && x == clean.at({0, h, i, c})) << "h " << h << " row " << i;
+            } else {
+              ASSERT_EQ(x, clean.at({0, h, i, c})) << "h " << h << " row " << i << " col " << c;
+            }
+          }
+        }
+    });
   }
 }
 
@@ -382,8 +465,10 @@ TEST(Precision, RoundingIsFloatToBF16s) {
 TEST(Precision, ParsedAndRefusedWhereItDoesNotApply) {
   EXPECT_EQ(parse_precision("bf16"), Precision::BF16);
   EXPECT_EQ(parse_precision("f32"), Precision::Float32);
+  EXPECT_EQ(parse_precision("int8"), Precision::Int8);
   EXPECT_EQ(precision_name(Precision::BF16), "bf16");
-  EXPECT_THROW_MSG(parse_precision("fp8"), ValueError, "precision must be 'f32' or 'bf16', got 'fp8'");
+  EXPECT_EQ(precision_name(Precision::Int8), "int8");
+  EXPECT_THROW_MSG(parse_precision("fp8"), ValueError, "precision must be 'f32', 'bf16' or 'int8', got 'fp8'");
   AttentionOptions bf16;
   bf16.precision = Precision::BF16;
   const Tensor<double> q({2, 3, 8}), k({2, 5, 8});

@@ -32,15 +32,19 @@ namespace attn {
 // float32: PyTorch's and FlashAttention's bf16 attention, whose products
 // the CPU's bf16 units compute (docs/semantics.md "Precision"). The
 // decode path (few queries, bound by memory, not arithmetic) stays float32.
-enum class Precision { Float32, BF16 };
-// Parses "f32" or "bf16"; ValueError naming them otherwise.
+// Int8 (SageAttention's recipe): Q·Kᵀ on each query row, and each key row
+// less the mean of its head's keys, quantized to int8 with one scale per
+// row (symmetric: scale = max |x| / 127), the mean added back (so the
+// scores, the log-sum-exp and sinks keep their meaning); P·V as BF16's.
+enum class Precision { Float32, BF16, Int8 };
+// Parses "f32", "bf16" or "int8"; ValueError naming them otherwise.
 Precision parse_precision(const std::string& name);
 std::string precision_name(Precision precision);
 // What computes the prefill's products in that precision on this CPU:
 // "avx512_bf16" (x86's VDPBF16PS) or "neon_bf16" (Arm's BFDOT), for BF16
 // where the CPU has it and it outruns the float32 FMAs (timed once per
 // process, docs/semantics.md "Precision"), or "highway" (the float32 FMAs,
-// on the rounded values for BF16).
+// on the rounded or quantized values for BF16 and Int8).
 std::string precision_unit(Precision precision);
 
 struct AttentionOptions {
@@ -58,7 +62,7 @@ struct AttentionOptions {
   // (neither scaled nor softcapped), it takes weight from the row's keys
   // (their weights then sum below 1) and enters the log-sum-exp. Empty: none.
   std::vector<double> sinks;
-  Precision precision = Precision::Float32;  // BF16: float32 inputs, the forward only
+  Precision precision = Precision::Float32;  // BF16, Int8: float32 inputs, the forward only
 };
 
 // The logits attention can return beside its output, by how far they have

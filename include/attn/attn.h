@@ -75,7 +75,9 @@ typedef struct {
   /* The prefill's products (attn::Precision): 0 float32; 1 bf16, q, k, v and
      the softmax's weights rounded to bfloat16 and their products summed in
      float32, on the CPU's bf16 unit where it has one that outruns its
-     float32 FMAs (F32 q only; decode stays float32). */
+     float32 FMAs; 2 int8, each row of q and of k less the mean of its
+     head's keys quantized to int8 with one scale per row for q·kᵀ, then
+     as bf16 (F32 q only; decode stays float32). */
   int32_t precision;
 } attn_options;
 

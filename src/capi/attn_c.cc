@@ -217,8 +217,10 @@ attn::AttentionOptions options_of(const attn_options* given, const char* functio
   switch (o.precision) {
     case 0: a.precision = attn::Precision::Float32; break;
     case 1: a.precision = attn::Precision::BF16; break;
+    case 2: a.precision = attn::Precision::Int8; break;
     default:
-      fail(function, "options", "precision " + std::to_string(o.precision) + " is not 0 (f32) or 1 (bf16)");
+      fail(function, "options",
+           "precision " + std::to_string(o.precision) + " is not 0 (f32), 1 (bf16) or 2 (int8)");
   }
   if (o.scale != 0) a.scale = o.scale;
   a.softcap = o.softcap;

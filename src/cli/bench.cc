@@ -282,7 +282,7 @@ Measurement bench_attention(const BenchArgs& a, int threads) {
   char buf[400];
   std::snprintf(buf, sizeof buf, ", FMA peak %.1f GFLOP/s -> %.1f%% of peak\n", peak, 100 * ratio);
   m.text += buf;
-  if (bf16) {
+  if (opt.precision != Precision::Float32) {
     std::snprintf(buf, sizeof buf, "  precision %s on %s", a.precision.c_str(), precision_unit(opt.precision).c_str());
     m.text += buf;
     if (bf16_peak > 0 && precision_unit(opt.precision) != "highway") {

@@ -52,7 +52,7 @@ struct BenchArgs {
   bool baselines = true;   // also time the float32 K/V and non-causal baselines
   int threads = 0;  // 0: the library's default
   std::string kv_dtype = "f32";
-  std::string precision = "f32";  // attention: the prefill's products (f32 or bf16)
+  std::string precision = "f32";  // attention: the prefill's products (f32, bf16 or int8)
   std::vector<int64_t> lengths;  // varlen: the packed sequences' lengths
 };
 int run_bench(const BenchArgs& args);

@@ -295,8 +295,8 @@ void add_bench(CLI::App& app, Command& chosen) {
   add_causal(attention, a->attention, "causal masking (aligned bottom-right, as against a cache)");
   add_bench_flags(attention, *a);
   attention->add_option("--precision", a->precision,
-                        "the products' precision: f32, or bf16 (timed against f32 in the same turns)")
-      ->check(CLI::IsMember({"f32", "bf16"}))
+                        "the products' precision: f32, bf16 or int8 (timed against f32 in the same turns)")
+      ->check(CLI::IsMember({"f32", "bf16", "int8"}))
       ->capture_default_str();
   auto* sweep = attention->add_flag(
       "--sweep", a->sweep,

@@ -440,10 +440,17 @@ ATTN_INSTANTIATE(double, double)
 Precision parse_precision(const std::string& name) {
   if (name == "f32") return Precision::Float32;
   if (name == "bf16") return Precision::BF16;
-  throw ValueError("precision must be 'f32' or 'bf16', got '" + name + "'");
+  if (name == "int8") return Precision::Int8;
+  throw ValueError("precision must be 'f32', 'bf16' or 'int8', got '" + name + "'");
 }
 
-std::string precision_name(Precision precision) { return precision == Precision::BF16 ? "bf16" : "f32"; }
+std::string precision_name(Precision precision) {
+  switch (precision) {
+    case Precision::BF16: return "bf16";
+    case Precision::Int8: return "int8";
+    default: return "f32";
+  }
+}
 
 std::string precision_unit(Precision precision) {
   return precision == Precision::BF16 ? detail::bf16_prefill_unit() : "highway";

@@ -16,6 +16,11 @@
 // and finally out = O / l (0 for a row with no allowed key). Base 2 makes
 // every exponential a cheap 2^x (exp2-inl.h); it is the same softmax.
 //
+// bf16 and int8 precision (docs/semantics.md "Precision") change only what
+// the products read: Q rounded or quantized per item and head (SetQueries),
+// K per tile as it is packed (PackKeys), V per tile (WidenValues), and P as
+// the softmax stores it.
+//
 // K is packed once per call, into transposed float32 tiles. With one query
 // tile per (batch, kv head), at most one item's queries, or K stored in 16
 // or 8 bits, each item packs its K tiles itself, each just before its rows
@@ -35,6 +40,7 @@
 #include <hwy/highway.h>
 
 #include "kernels/flash-inl.h"
+#include "kernels/int8-inl.h"
 
 #include <algorithm>
 #include <cmath>
@@ -52,10 +58,10 @@ namespace attn::detail {
 namespace HWY_NAMESPACE {
 static_assert(kBlockRows % kRows == 0, "ATTN_BLOCK_ROWS must be a multiple of kRows (4)");
 
-// Packs K tile kt of (b, hkv) (PackK) or widens V rows j0 .. j0 + count - 1
+// Packs K tile kt of (b, hkv) (PackKeys) or widens V rows j0 .. j0 + count - 1
 // (WidenValues): the steps that depend on K/V's storage type.
 using PackKFn = void (*)(const AttentionProblem<float>& p, int64_t b, int64_t hkv, int64_t kt,
-                         float* dst);
+                         const BF16Unit* unit, const float* key_mean, float* dst);
 using WidenValuesFn = void (*)(const AttentionProblem<float>& p, int64_t b, int64_t hkv,
                                int64_t j0, int64_t count, int64_t width, float* dst);
 
@@ -76,11 +82,26 @@ struct Item {
   // With bf16 precision on a CPU's bf16 unit: K panels and V tiles are its
   // pairs, and it computes both products.
   const BF16Unit* unit;
+  const float* key_mean;  // with int8 precision: the center of its keys (KeyMean)
+
+  // Packs K tile kt into its place in kpack.
+  void PackTile(int64_t kt) const { pack_k(p, b, hkv, kt, unit, key_mean, kpack + kt * p.d * kBlockK); }
 };
+
+// K tile kt of (b, hkv) as the products read it in p's precision: a float32
+// panel (PackK; rounded to bf16 in bf16), the bf16 unit's pairs, or int8's
+// quantized keys less key_mean.
+template <class KV>
+void PackKeys(const AttentionProblem<float>& p, int64_t b, int64_t hkv, int64_t kt, const BF16Unit* unit,
+              const float* key_mean, float* dst) {
+  if (p.precision == Precision::Int8) return PackKInt8<KV>(p, b, hkv, kt, key_mean, dst);
+  if (unit) return PackKPairs<KV>(p, b, hkv, kt, dst);
+  PackK<KV>(p, b, hkv, kt, dst);
+}
 
 // V rows j0 .. j0 + count - 1 of (b, hkv) as float32 rows `width` (d_v
 // rounded up to whole vectors) apart at dst, zeros past d_v, rounded to bf16
-// with that precision: the tile P·V reads when V's own rows are not float32
+// with bf16 or int8 precision (int8's P·V is bf16's): the tile P·V reads when V's own rows are not float32
 // whole vectors side by side, or must be rounded. Per
 // tile, so that no copy of all of V is ever made; V rows far apart (heads
 // sliced from one wide array, as multi_head and the layer pass them) also
@@ -91,7 +112,7 @@ void WidenValues(const AttentionProblem<float>& p, int64_t b, int64_t hkv, int64
   const DF d;
   const int64_t N = static_cast<int64_t>(hn::Lanes(d));
   const int64_t whole = p.d_v / N * N;
-  const bool bf16 = p.precision == Precision::BF16;
+  const bool bf16 = p.precision != Precision::Float32;
   const auto rounded = [&](VF v) HWY_ATTR { return bf16 ? RoundToBF16(d, v) : v; };
   for (int64_t j = 0; j < count; ++j) {
     const KV* in = ValueRow<KV>(p, b, hkv, j0 + j);
@@ -146,16 +167,21 @@ ItemState StartItem(DF d, const Item& it) {
   return st;
 }
 
-// Head h's query rows for the products: the problem's own, or with bf16
-// precision a copy rounded to bf16 (on the unit: its pairs), made here,
+// Head h's query rows for the products: the problem's own, or a copy
+// rounded to bf16 (on the unit: its pairs) or quantized (int8), made here,
 // once per head and item, not per tile.
 void SetQueries(DF d, const Item& it, int64_t h, ItemState& st) {
   const auto& p = it.p;
   st.q = QueryRows::Of(p, it.b, h, it.i0);
-  if (p.precision != Precision::BF16) return;
+  if (p.precision == Precision::Float32) return;
   const int64_t N = static_cast<int64_t>(hn::Lanes(d)), width = WholeVectors(p.d);  // (>= the unit's pairs)
   float* rounded = tls_queries.get(static_cast<size_t>(it.rows * width));
   for (int64_t r = 0; r < it.rows; ++r) {
+    if (p.precision == Precision::Int8) {
+      std::copy(st.q.first + r * st.q.stride, st.q.first + r * st.q.stride + p.d, rounded + r * width);
+      QuantizeRowInt8(rounded + r * width, p.d, nullptr);
+      continue;
+    }
     if (it.unit) {
       it.unit->to_pairs(st.q.first + r * st.q.stride, p.d, reinterpret_cast<uint32_t*>(rounded + r * width));
       continue;
@@ -185,7 +211,7 @@ HWY_INLINE void SoftmaxPass(DF d, const Item& it, int64_t h, bool pack, ItemStat
   const int64_t dvp = st.dvp;
   float* s = st.s;
   float* o = st.o;
-  const bool bf16 = p.precision == Precision::BF16;
+  const bool bf16 = p.precision != Precision::Float32;  // (int8's P is bf16's)
   std::fill(st.l_lanes, st.l_lanes + it.rows * N, 0.0f);
   for (int64_t r = 0; r < it.rows; ++r) {
     st.m[r] = SinkLogit(p, h, it.i0 + r);  // -inf without sinks
@@ -196,7 +222,7 @@ HWY_INLINE void SoftmaxPass(DF d, const Item& it, int64_t h, bool pack, ItemStat
     const int64_t j0 = kt * kBlockK, jn = std::min(kBlockK, p.n_k - j0);
     const float* v0 = it.v ? it.v + j0 * dvp : it.v_tile;
     if (!it.v) it.widen_v(p, it.b, it.hkv, j0, jn, dvp, it.v_tile);
-    if (pack) it.pack_k(p, it.b, it.hkv, kt, it.kpack + kt * p.d * kBlockK);
+    if (pack) it.PackTile(kt);
     for (int64_t r0 = 0; r0 < it.rows; r0 += kBlockRows) {
       const RowBlock& rb = st.blocks[r0 / kBlockRows];
       if (rb.masks_all(j0, jn)) continue;
@@ -285,7 +311,7 @@ void WriteLogits(DF d, const Item& it, int64_t h, ItemState& st) {
   float* s = st.s;
   for (int64_t kt = masked ? st.t_begin : 0; kt < (masked ? st.t_end : n_tiles); ++kt) {
     const int64_t j0 = kt * kBlockK, jn = std::min(kBlockK, p.n_k - j0);
-    if (it.pack && (kt < st.t_begin || kt >= st.t_end)) it.pack_k(p, it.b, it.hkv, kt, it.kpack + kt * p.d * kBlockK);
+    if (it.pack && (kt < st.t_begin || kt >= st.t_end)) it.PackTile(kt);
     for (int64_t r0 = 0; r0 < it.rows; r0 += kBlockRows) {
       const RowBlock& rb = st.blocks[r0 / kBlockRows];
       if (masked && rb.masks_all(j0, jn)) continue;
@@ -323,7 +349,7 @@ void ProcessItem(DF d, const Item& it) {
 
 // Packed K of every (batch, kv head) (the calling thread's), of one in each
 // thread (items that pack their own), and a V tile in each thread.
-thread_local Scratch<float> tls_kpack, tls_vpack, tls_item_kpack, tls_v_tile;
+thread_local Scratch<float> tls_kpack, tls_vpack, tls_item_kpack, tls_v_tile, tls_key_means;
 
 // Query rows per work item: kBlockQ, or half as many when there would be
 // fewer than 2 items per thread (config.hpp).
@@ -351,7 +377,7 @@ void FlashTiles(const AttentionProblem<float>& p) {
   // or four times the memory of K itself.
   const bool shared = n_qt > 1 && std::is_same_v<KV, float>;
   const BF16Unit* unit = p.precision == Precision::BF16 ? BF16UnitOfTarget() : nullptr;
-  const PackKFn pack_k = unit ? &PackKPairs<KV> : &PackK<KV>;
+  const PackKFn pack_k = &PackKeys<KV>;
   const WidenValuesFn widen_v = unit ? &WidenValuePairs<KV> : &WidenValues<KV>;
   const auto size = static_cast<size_t>(std::max<int64_t>(shared ? heads * head_pack : head_pack, 1));
   float* kpack = shared ? tls_kpack.get(size) : nullptr;
@@ -367,10 +393,20 @@ void FlashTiles(const AttentionProblem<float>& p) {
   const bool v_shared = shared && unit;
   const int64_t head_vpack = n_tiles * kBlockK * dvp;
   float* vpack = v_shared ? tls_vpack.get(static_cast<size_t>(std::max<int64_t>(heads * head_vpack, 1))) : nullptr;
+  // int8's centers of the keys, for each (batch, kv head) at once.
+  const int64_t mean_width = WholeVectors(p.d);
+  float* key_means = nullptr;
+  if (p.precision == Precision::Int8) {
+    key_means = tls_key_means.get(static_cast<size_t>(heads * mean_width));
+    parallel_for(heads, [&](int64_t bh) {
+      KeyMean<KV>(p, bh / p.heads_kv, bh % p.heads_kv, key_means + bh * mean_width);
+    }, double(heads * p.n_k * p.d));
+  }
+  const auto key_mean = [&](int64_t bh) { return key_means ? key_means + bh * mean_width : nullptr; };
   if (shared) {
     parallel_for(heads * n_tiles, [&](int64_t item) {
       const int64_t bh = item / n_tiles, kt = item % n_tiles, j0 = kt * kBlockK;
-      pack_k(p, bh / p.heads_kv, bh % p.heads_kv, kt, kpack + bh * head_pack + kt * p.d * kBlockK);
+      pack_k(p, bh / p.heads_kv, bh % p.heads_kv, kt, unit, key_mean(bh), kpack + bh * head_pack + kt * p.d * kBlockK);
       if (v_shared)
         widen_v(p, bh / p.heads_kv, bh % p.heads_kv, j0, std::min(kBlockK, p.n_k - j0), dvp,
                 vpack + bh * head_vpack + j0 * dvp);
@@ -393,7 +429,8 @@ void FlashTiles(const AttentionProblem<float>& p) {
                   hkv,
                   i0,
                   std::min(rows, p.n_q - i0),
-                  unit};
+                  unit,
+                  key_mean(bh)};
     ProcessItem(d, it);
   }, 2.0 * double(p.batch * p.heads_q) * double(p.n_q) * double(p.n_k) * double(p.d + p.d_v));
 }

@@ -8,6 +8,7 @@
 #include <limits>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "attn/attention.hpp"
@@ -244,6 +245,34 @@ TEST(ContextParallel, ScaleSoftcapAndSinks) {
       expect_one_process<float>(p, kFloat32);
       expect_one_process<double>(p, kFloat64);
     }
+}
+
+// bf16 and int8 precision (enough rows per call for the prefill kernel,
+// whose products they change). Ulysses runs whole heads, as one process
+// does: within float32's tolerance. The ring's blocks each round or
+// quantize what they see (int8 centers each block's keys on their own
+// mean), so its result and one process's are each within the bound
+// of the exact one (bf16 4e-3, int8 2e-2, relative Frobenius) and so within
+// twice that of each other.
+TEST(ContextParallel, LowPrecisions) {
+  const auto frobenius = [](const Tensor<float>& a, const Tensor<float>& b) {
+    double diff = 0, norm = 0;
+    for (int64_t i = 0; i < b.numel(); ++i) diff += std::pow(double(a[i]) - b[i], 2), norm += std::pow(double(b[i]), 2);
+    return std::sqrt(diff / norm);
+  };
+  for (const auto& [precision, bound] : {std::pair{Precision::BF16, 4e-3}, std::pair{Precision::Int8, 2e-2}})
+    for (Strategy s : kStrategies)
+      for (Layout l : kLayouts) {
+        Problem p{s, l, lengths(l, 20), lengths(l, 20), {.causal = Causal::TopLeft, .precision = precision}};
+        p.d = 64;
+        const Outcome<float, float> o = run<float, float>(p);
+        SCOPED_TRACE(precision_name(precision) + ", " + strategy_name(s) + ", " + layout_name(l));
+        if (s == Strategy::Ulysses) {
+          EXPECT_LE(relative_difference(o.out, o.expected_out), kFloat32);
+        } else {
+          EXPECT_LE(frobenius(o.out, o.expected_out), 2 * bound);
+        }
+      }
 }
 
 // bfloat16 and float16 K and V travel as they are stored: half of float32's
