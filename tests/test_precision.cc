@@ -215,21 +215,34 @@ TEST(Precision, Int8KeepsANonFiniteValueToItsOwnRows) {
 }
 
 // One channel of Q, or of K, 30 times the others (the outliers of trained
-// models' activations): its products dominate the logits. (With both at
-// once, the logits' spread is 30² times the others' and rounding the inputs
-// alone, computed exactly afterwards, is a 1.7e-2 error: no bf16 input can
-// do better; docs/semantics.md "Precision".)
+// models' activations): its products dominate the logits, and rounding the
+// inputs alone, computed exactly afterwards, is an error of 0.9e-2 to
+// 1.35e-2, depending on the draw (docs/semantics.md "Precision"). So every
+// draw is held to that error plus P's rounding (1e-3), and this one to the
+// issue's 1e-2. (With the channel in both at once, the logits' spread is 30²
+// times the others' and rounding the inputs alone is 1.7e-2 here: the first
+// bound only.)
 TEST(Precision, BF16WithAnOutlierChannel) {
   std::mt19937 rng(2302);
   const PrecisionCase c{"outlier", 4, 2, 300, 333, 64, {}};
-  for (const bool in_q : {true, false}) {
-    SCOPED_TRACE(in_q ? "in q" : "in k");
+  const auto rounded = [](Tensor<float> x) {
+    for (int64_t i = 0; i < x.numel(); ++i) x[i] = round_to_bf16(x[i]);
+    return x;
+  };
+  for (const char* where : {"q", "k", "both"}) {
+    SCOPED_TRACE(where);
     auto q = normal({2, 4, 300, 64}, rng), k = normal({2, 2, 333, 64}, rng);
     const auto v = normal({2, 2, 333, 64}, rng);
-    Tensor<float>& outlier = in_q ? q : k;
-    for (int64_t i = 5; i < outlier.numel(); i += 64) outlier[i] *= 30;
+    for (int64_t i = 5; i < q.numel(); i += 64) q[i] *= where[0] == 'k' ? 1 : 30;
+    for (int64_t i = 5; i < k.numel(); i += 64) k[i] *= where[0] == 'q' ? 1 : 30;
     const auto exact = reference(c, q, k, v);
-    on_every_unit_and_target([&] { expect_within(c, q, k, v, exact, 1e-2); });
+    const double inputs_alone = rel_error(cast<float>(reference(c, rounded(q), rounded(k), rounded(v))), exact);
+    AttentionOptions bf16;
+    bf16.precision = Precision::BF16;
+    on_every_unit_and_target([&] {
+      if (where[0] != 'b') expect_within(c, q, k, v, exact, 1e-2);
+      EXPECT_LE(rel_error(attention(q.view(), k.view(), v.view(), bf16), exact), inputs_alone + 1e-3);
+    });
   }
 }
 
