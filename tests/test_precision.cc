@@ -44,14 +44,27 @@ double cosine(const Tensor<float>& a, const Tensor<double>& b) {
   return ab / std::sqrt(aa * bb);
 }
 
-// body() on every SIMD target with this CPU's bf16 unit (if any), whether
-// or not it outruns the FMAs here, then with the unit off (the Highway path
-// on every target).
+// This CPU's bf16 and int8 units (where it has them; bf16's whether or not
+// it outruns the FMAs here) on, or both off (the Highway path), for a scope.
+class UnitsOn {
+ public:
+  explicit UnitsOn(bool on) : bf16_(on ? detail::BF16UnitUse::Always : detail::BF16UnitUse::Never) {
+    detail::set_int8_unit_use(on);
+  }
+  ~UnitsOn() { detail::set_int8_unit_use(true); }
+  UnitsOn(const UnitsOn&) = delete;
+  UnitsOn& operator=(const UnitsOn&) = delete;
+
+ private:
+  test::BF16UnitUseScope bf16_;
+};
+
+// body() on every SIMD target with this CPU's units on, then off.
 template <class Body>
 void on_every_unit_and_target(Body body) {
-  for (const auto use : {detail::BF16UnitUse::Always, detail::BF16UnitUse::Never}) {
-    SCOPED_TRACE(use == detail::BF16UnitUse::Always ? "the CPU's bf16 unit" : "the Highway path");
-    const test::BF16UnitUseScope scope(use);
+  for (const bool on : {true, false}) {
+    SCOPED_TRACE(on ? "the CPU's units" : "the Highway path");
+    const UnitsOn scope(on);
     test::on_every_simd_target(body);
   }
 }
@@ -72,6 +85,17 @@ std::string expected_unit() {
   return "highway";
 #endif
 }
+
+// The unit int8 precision should run on: x86's VNNI where the CPU has
+// AVX512_VNNI (on every target: only its scores' rows are the unit's).
+std::string expected_int8_unit() {
+#if defined(__x86_64__)
+  return __builtin_cpu_supports("avx512vnni") ? "avx512_vnni" : "highway";
+#else
+  return "highway";
+#endif
+}
+
 
 struct PrecisionCase {
   const char* name;
@@ -121,8 +145,8 @@ void expect_within(const PrecisionCase& c, const Tensor<float>& q, const Tensor<
   EXPECT_LE(rel_error(attention(q.view(), k.view(), v.view(), c.options), exact), 1e-5);
 }
 
-// Every case of cases() on N(0, 1) inputs within `bound` in `precision`:
-// bf16 on each unit and target, int8 (no unit yet) on each target.
+// Every case of cases() on N(0, 1) inputs within `bound` in `precision`, on
+// each unit and target.
 void expect_every_case_within(uint32_t seed, Precision precision, double bound) {
   std::mt19937 rng(seed);
   for (const auto& c : cases()) {
@@ -130,9 +154,7 @@ void expect_every_case_within(uint32_t seed, Precision precision, double bound) 
     const auto q = normal({2, c.heads_q, c.n_q, c.d}, rng);
     const auto k = normal({2, c.heads_kv, c.n_k, c.d}, rng), v = normal({2, c.heads_kv, c.n_k, c.d}, rng);
     const auto exact = reference(c, q, k, v);
-    const auto check = [&] { expect_within(c, q, k, v, exact, bound, precision); };
-    if (precision == Precision::BF16) on_every_unit_and_target(check);
-    else test::on_every_simd_target(check);
+    on_every_unit_and_target([&] { expect_within(c, q, k, v, exact, bound, precision); });
   }
 }
 
@@ -169,7 +191,7 @@ TEST(Precision, Int8OnValuesItKeepsIsBF16) {
   int8.precision = Precision::Int8;
   bf16.precision = Precision::BF16;
   int8.scale = bf16.scale = 1.0 / (127.0 * 127.0);  // (logits of order 1)
-  const test::BF16UnitUseScope highway(detail::BF16UnitUse::Never);
+  const UnitsOn highway(false);  // (the units sum in other orders)
   test::on_every_simd_target([&] {
     const auto got = attention(q.view(), k.view(), v.view(), int8);
     const auto want = attention(q.view(), k.view(), v.view(), bf16);
@@ -181,6 +203,8 @@ TEST(Precision, Int8OnValuesItKeepsIsBF16) {
 // query row, or the rows that reach its key (causal, top-left: rows from
 // the key's position on), not the rest of its row's or key's quantization
 // group, nor the keys' mean (which counts it as 0: the clean run has 0 there).
+// On the Highway path; the int8 unit, which has no code for them, leaves
+// such a call to that path: the same result bit for bit.
 TEST(Precision, Int8KeepsANonFiniteValueToItsOwnRows) {
   std::mt19937 rng(2313);
   const int64_t n = 80, d = 64, bad_key = 50, bad_query = 20;
@@ -196,8 +220,12 @@ TEST(Precision, Int8KeepsANonFiniteValueToItsOwnRows) {
     kb.at({0, 0, bad_key, 7}) = bad;
     qb.at({0, 1, bad_query, 9}) = bad;
     test::on_every_simd_target([&] {
+      std::optional<UnitsOn> units(std::in_place, true);
+      const auto on_unit = attention(qb.view(), kb.view(), v.view(), int8);
+      units.emplace(false);
       const auto clean = attention(q.view(), k.view(), v.view(), int8);
       const auto out = attention(qb.view(), kb.view(), v.view(), int8);
+      ASSERT_EQ(std::memcmp(on_unit.data(), out.data(), sizeof(float) * out.numel()), 0);
       for (int64_t h = 0; h < 2; ++h)
         for (int64_t i = 0; i < n; ++i) {
           const bool spoilt = h == 0 ? i >= bad_key : i == bad_query;
@@ -365,9 +393,11 @@ TEST(Precision, UnitIsTheCPUs) {
     }
     EXPECT_EQ(precision_unit(Precision::Float32), "highway");
   }
+  EXPECT_EQ(precision_unit(Precision::Int8), expected_int8_unit());  // (by default, where there is one)
   {
-    const test::BF16UnitUseScope never(detail::BF16UnitUse::Never);
+    const UnitsOn never(false);
     EXPECT_EQ(precision_unit(Precision::BF16), "highway");
+    EXPECT_EQ(precision_unit(Precision::Int8), "highway");
   }
   const double speedup = detail::bf16_unit_speedup();
   if (expected_unit() == "highway") {
@@ -381,20 +411,20 @@ TEST(Precision, UnitIsTheCPUs) {
   }
 }
 
-// The unit computes what the Highway path computes: the same rounded
-// values, summed in another order (pairs, then the unit's lanes; Arm's
-// BFDOT rounds its sums to odd). The logits and weights (from float32
-// scores) agree to float32 rounding, within 2e-6. The outputs differ more: a
-// score a few ulps away can round a weight of P to the next bf16 value,
-// 2^-8 away. Measured: at most 4.6e-5 on a Zen 5, 1.1e-4 under qemu's
-// BFDOT, against 3.3e-3 for either against the exact result; not rounding
-// P at all would differ by 1.4e-3 (NumPy, these shapes). Hence 3e-4. Every option that
-// changes the scores or the values read: causal, boolean and additive masks,
-// windows, softcap, ALiBi, sinks, odd and wide head dims, a partial tile of
-// 1 key, returned weights and logits. On every target the unit fits.
-TEST(Precision, UnitAgreesWithTheHighwayPath) {
-  if (expected_unit() == "highway") GTEST_SKIP() << "this CPU has no bf16 unit";
-  std::mt19937 rng(2306);
+// A unit computes what the Highway path computes: the same rounded values
+// (bf16) or codes (int8), summed in another order (bf16: pairs, then the
+// unit's lanes, and Arm's BFDOT rounds its sums to odd; int8: exactly, in
+// integers, scaled once). The logits and weights (from float32 scores) agree
+// to float32 rounding, within 2e-6. The outputs differ more: a score a few
+// ulps away can round a weight of P to the next bf16 value, 2^-8 away.
+// Measured for bf16: at most 4.6e-5 on a Zen 5, 1.1e-4 under qemu's BFDOT,
+// against 3.3e-3 for either against the exact result; not rounding P at all
+// would differ by 1.4e-3 (NumPy, these shapes). Hence 3e-4. Every option
+// that changes the scores or the values read: causal, boolean and additive
+// masks, windows, softcap, ALiBi, sinks, odd and wide head dims, a partial
+// tile of 1 key, returned weights and logits. On every target the unit fits.
+void expect_unit_agrees_with_the_highway_path(Precision precision, uint32_t seed) {
+  std::mt19937 rng(seed);
   auto list = cases();
   list.push_back({"one_key_past_a_tile", 2, 2, 40, 65, 33, {}});
   list.push_back({"wide", 1, 1, 20, 70, 300, {}});
@@ -404,8 +434,8 @@ TEST(Precision, UnitAgreesWithTheHighwayPath) {
     SCOPED_TRACE(c.name);
     const auto q = normal({1, c.heads_q, c.n_q, c.d}, rng);
     const auto k = normal({1, c.heads_kv, c.n_k, c.d}, rng), v = normal({1, c.heads_kv, c.n_k, c.d}, rng);
-    AttentionOptions bf16 = c.options;
-    bf16.precision = Precision::BF16;
+    AttentionOptions options = c.options;
+    options.precision = precision;
     // Masks of (n_q, n_k), broadcast over the heads: a key in 3 blocked, or
     // N(0, 1) added.
     Tensor<bool> allowed({c.n_q, c.n_k});
@@ -418,12 +448,12 @@ TEST(Precision, UnitAgreesWithTheHighwayPath) {
     const AttentionReturns returns{true, Logits::Scaled, false};  // (scaled: no -inf to compare)
     int compared = 0;
     test::on_every_simd_target([&] {
-      std::optional<test::BF16UnitUseScope> use(std::in_place, detail::BF16UnitUse::Always);
-      if (precision_unit(Precision::BF16) == "highway") return;  // (a target the unit does not fit)
-      const auto unit = attention_with_extras(q.view(), k.view(), v.view(), returns, bf16, mask);
-      use.emplace(detail::BF16UnitUse::Never);
-      const auto fallback = attention_with_extras(q.view(), k.view(), v.view(), returns, bf16, mask);
-      use.reset();
+      std::optional<UnitsOn> units(std::in_place, true);
+      if (precision_unit(precision) == "highway") return;  // (a target the unit does not fit)
+      const auto unit = attention_with_extras(q.view(), k.view(), v.view(), returns, options, mask);
+      units.emplace(false);
+      const auto fallback = attention_with_extras(q.view(), k.view(), v.view(), returns, options, mask);
+      units.reset();
       const double out_error = rel_error(unit.out, cast<double>(fallback.out));
       EXPECT_LE(out_error, 3e-4);
       EXPECT_GT(out_error, 0.0);  // two computations, not one
@@ -433,6 +463,16 @@ TEST(Precision, UnitAgreesWithTheHighwayPath) {
     });
     EXPECT_GT(compared, 0);
   }
+}
+
+TEST(Precision, UnitAgreesWithTheHighwayPath) {
+  if (expected_unit() == "highway") GTEST_SKIP() << "this CPU has no bf16 unit";
+  expect_unit_agrees_with_the_highway_path(Precision::BF16, 2306);
+}
+
+TEST(Precision, Int8UnitAgreesWithTheHighwayPath) {
+  if (expected_int8_unit() == "highway") GTEST_SKIP() << "this CPU has no int8 unit";
+  expect_unit_agrees_with_the_highway_path(Precision::Int8, 2316);
 }
 
 // A few queries against more keys than one decode chunk take the decode

@@ -453,7 +453,11 @@ std::string precision_name(Precision precision) {
 }
 
 std::string precision_unit(Precision precision) {
-  return precision == Precision::BF16 ? detail::bf16_prefill_unit() : "highway";
+  switch (precision) {
+    case Precision::BF16: return detail::bf16_prefill_unit();
+    case Precision::Int8: return detail::int8_prefill_unit();
+    default: return "highway";
+  }
 }
 
 Logits parse_logits(const std::string& name) {

@@ -53,6 +53,15 @@ const char* bf16_prefill_unit();
 enum class BF16UnitUse { Measured, Always, Never };
 void set_bf16_unit_use(BF16UnitUse use);
 
+// Whether int8 precision uses the CPU's int8 unit (int8_unit.hpp) where it
+// has one (the default), or, for tests that check each path, never. Not
+// while kernels run.
+void set_int8_unit_use(bool use);
+
+// The unit int8 precision's prefill computes Q·Kᵀ on, with the SIMD target
+// the dispatcher picks now: "avx512_vnni" or "highway".
+const char* int8_prefill_unit();
+
 // How many times the float32 FMAs' throughput the CPU's bf16 unit reaches
 // on one core (its peak loop's FLOP/s over fma_loop's, on the SIMD target
 // the dispatcher has then: the best, unless a test forces one), measured

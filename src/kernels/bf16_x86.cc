@@ -20,6 +20,7 @@ const BF16Unit* avx512_bf16_unit() { return nullptr; }  // (not an x86 build)
 #include <utility>
 
 #include "kernels/config.hpp"
+#include "kernels/x86_cpu.hpp"
 
 // Everything from here to the pop is compiled for AVX-512 with BF16, and
 // runs only behind the check in avx512_bf16_unit().
@@ -78,12 +79,7 @@ struct Avx512Bf16 {
 namespace attn::detail {
 
 const BF16Unit* avx512_bf16_unit() {
-  // (GCC's and clang's checks include the OS's saving of the AVX-512 state.)
-  static const bool present = [] {
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bf16");
-  }();
+  static const bool present = HasAvx512() && __builtin_cpu_supports("avx512bf16");
   return present ? bf16_blocks::UnitOf<Avx512Bf16>() : nullptr;
 }
 

@@ -20,6 +20,7 @@
 #include <limits>
 
 #include "kernels/bf16_unit.hpp"
+#include "kernels/int8_unit.hpp"
 #include "kernels/config.hpp"
 
 HWY_BEFORE_NAMESPACE();
@@ -166,29 +167,35 @@ struct AlibiRows {
 };
 
 // The query rows that products read: row r of a block at first + r · stride,
-// the problem's own rows or a rounded copy of them (bf16 precision), or,
-// for a bf16 unit, its pairs (BF16Unit::to_pairs).
+// the problem's own rows or a rounded or quantized copy of them (bf16, int8
+// precision), or, for a unit, its pairs (BF16Unit::to_pairs) or codes (the
+// int8 unit, with each row's scale and center term).
 struct QueryRows {
   const float* first;
   int64_t stride;
+  const float* scales = nullptr;
+  const float* centers = nullptr;
 
   // Head h's rows of batch b from row i.
   static QueryRows Of(const AttentionProblem<float>& p, int64_t b, int64_t h, int64_t i) {
     return {p.q.row(b, h, i), p.q.row_stride};
   }
   // The same rows from r rows further on.
-  QueryRows From(int64_t r) const { return {first + r * stride, stride}; }
+  QueryRows From(int64_t r) const {
+    return {first + r * stride, stride, scales ? scales + r : nullptr, centers ? centers + r : nullptr};
+  }
 };
 
 // S = scale · Q Kᵀ of block rb (its queries at q) against the packed key
 // tile at `panel` (keys from j0), row r at s + r · kBlockK; with `alibi`,
 // ALiBi's bias added as the products are stored. Only the tile's keys, in
 // whole vectors, are computed (WholeVectors(n_k - j0) of the kBlockK
-// columns): the rest of a row is left alone. With `unit`, the panel is its
-// pairs (PackKPairs) and the products are the unit's (no `alibi` then).
+// columns): the rest of a row is left alone. With `unit` or `int8`, the
+// panel is its pairs (PackKPairs) or codes (PackKInt8) and the products are
+// the unit's (no `alibi` then).
 HWY_INLINE void Products(DF d, const AttentionProblem<float>& p, const RowBlock& rb, QueryRows qr,
                          const float* panel, int64_t j0, float scale, float* s, const AlibiRows* alibi,
-                         const BF16Unit* unit = nullptr) {
+                         const BF16Unit* unit = nullptr, const Int8Unit* int8 = nullptr) {
   const int64_t cols = std::min(kBlockK, p.n_k - j0);
   const float* q[kRows];
   for (int r0 = 0; r0 < rb.rows; r0 += kRows) {
@@ -197,6 +204,10 @@ HWY_INLINE void Products(DF d, const AttentionProblem<float>& p, const RowBlock&
     if (unit) {
       unit->products(reinterpret_cast<const uint32_t*>(q[0]), qr.stride, rows, (p.d + 1) / 2,
                      reinterpret_cast<const uint32_t*>(panel), scale, s + r0 * kBlockK, kBlockK, cols);
+    } else if (int8) {
+      int8->products(reinterpret_cast<const uint8_t*>(q[0]), qr.stride * 4, rows, (p.d + 3) / 4, qr.scales + r0,
+                     qr.centers + r0, reinterpret_cast<const int8_t*>(panel), kBlockK, scale, s + r0 * kBlockK,
+                     kBlockK, cols);
     } else if (alibi) {
       int64_t first[kRows];
       for (int r = 0; r < rows; ++r) first[r] = j0 - alibi->of(rb.i0 + r0 + r);
@@ -213,17 +224,17 @@ HWY_INLINE void Products(DF d, const AttentionProblem<float>& p, const RowBlock&
 // bias added; row r at
 // s + r · kBlockK. With softcap and `tanh_out`, also tanh(scale·q·k /
 // softcap) there, in the same layout (the backward's derivative of softcap).
-// With `unit`, the panel is its pairs (Products).
+// With `unit` or `int8`, the panel is its pairs or codes (Products).
 inline void Scores(DF d, const AttentionProblem<float>& p, int64_t b, int64_t h, int64_t kt, const RowBlock& rb,
                    QueryRows q, const float* panel, const AlibiRows& alibi, float* s, float* tanh_out = nullptr,
-                   const BF16Unit* unit = nullptr) {
+                   const BF16Unit* unit = nullptr, const Int8Unit* int8 = nullptr) {
   const int64_t j0 = kt * kBlockK, jn = std::min(kBlockK, p.n_k - j0);
   const bool inside = rb.allows_all(j0, jn);
   // Without softcap (which comes first) and masks, the bias is added as the
   // scores are stored (but not by the unit); otherwise after softcap
   // (AddAlibi) or with the masks (MaskRow).
-  const bool alibi_now = !p.alibi.empty() && p.softcap == 0 && inside && !p.mask.present() && !unit;
-  Products(d, p, rb, q, panel, j0, ScoreScale(p), s, alibi_now ? &alibi : nullptr, unit);
+  const bool alibi_now = !p.alibi.empty() && p.softcap == 0 && inside && !p.mask.present() && !unit && !int8;
+  Products(d, p, rb, q, panel, j0, ScoreScale(p), s, alibi_now ? &alibi : nullptr, unit, int8);
   // (On a partial tile the entries past its keys are not products: softcap
   // sees whatever is there, and the masks below make them -inf.)
   if (p.softcap > 0) Softcap(d, p.softcap, s, rb.rows * kBlockK, /*natural=*/false, tanh_out);

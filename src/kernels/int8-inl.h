@@ -18,6 +18,7 @@
 
 #include <algorithm>
 
+#include "kernels/int8_unit.hpp"
 #include "kernels/scratch.hpp"
 
 HWY_BEFORE_NAMESPACE();
@@ -30,7 +31,9 @@ namespace HWY_NAMESPACE {
 // difference is not finite (NaN, ±inf, overflow) stays as it was, so it
 // spoils its own products only, as in float32; a row with s = 0 (all its
 // differences 0, or below 127 times the smallest float) becomes its mean.
-inline void QuantizeRowInt8(float* x, int64_t n, const float* mean) {
+// With `codes`, x becomes the codes themselves (0 for such an element).
+// Returns s.
+inline float QuantizeRowInt8(float* x, int64_t n, const float* mean, bool codes = false) {
   const DF d;
   const auto N = static_cast<int64_t>(hn::Lanes(d));
   const auto center = [&](int64_t c, int64_t m) HWY_ATTR {
@@ -49,27 +52,34 @@ inline void QuantizeRowInt8(float* x, int64_t n, const float* mean) {
     const VF in = LoadPart(d, x + c, m, 0.0f), mu = center(c, m);
     const VF diff = hn::Sub(in, mu);
     const VF code = scale > 0 ? hn::Round(hn::Div(diff, s)) : hn::Zero(d);
-    StorePart(d, hn::IfThenElse(hn::IsFinite(diff), hn::MulAdd(code, s, mu), in), x + c, m);
+    const auto finite = hn::IsFinite(diff);
+    StorePart(d, codes ? hn::IfThenElseZero(finite, code) : hn::IfThenElse(finite, hn::MulAdd(code, s, mu), in),
+              x + c, m);
   }
+  return scale;
 }
 
 // int8's center for the keys of (b, hkv): each column's sum over the n_k
 // keys of its finite values, divided by n_k (0 where that is not finite),
-// at mean (whole vectors, zeros past d). Any center leaves softmax's
+// at mean (whole vectors, zeros past d). Returns whether every key was
+// finite (the int8 unit takes only those). Any center leaves softmax's
 // weights as they are (the scores add it back); the mean makes the
 // quantized differences small where keys share an offset, as trained
 // models' keys do.
 template <class KV>
-void KeyMean(const AttentionProblem<float>& p, int64_t b, int64_t hkv, float* mean) {
+bool KeyMean(const AttentionProblem<float>& p, int64_t b, int64_t hkv, float* mean) {
   const DF d;
   const auto N = static_cast<int64_t>(hn::Lanes(d));
   const int64_t width = WholeVectors(p.d);
   std::fill(mean, mean + width, 0.0f);
+  auto finite = hn::FirstN(d, N);
   for (int64_t j = 0; j < p.n_k; ++j) {
     const KV* row = KeyRow<KV>(p, b, hkv, j);
     for (int64_t c = 0; c < p.d; c += N) {
       const VF x = c + N <= p.d ? LoadKV(d, row, c) : LoadKVPart(d, row, c, p.d - c);
-      hn::Store(hn::Add(hn::Load(d, mean + c), hn::IfThenElseZero(hn::IsFinite(x), x)), d, mean + c);
+      const auto x_finite = hn::IsFinite(x);
+      finite = hn::And(finite, x_finite);
+      hn::Store(hn::Add(hn::Load(d, mean + c), hn::IfThenElseZero(x_finite, x)), d, mean + c);
     }
   }
   const VF inv = hn::Set(d, p.n_k > 0 ? 1.0f / static_cast<float>(p.n_k) : 0.0f);
@@ -77,27 +87,72 @@ void KeyMean(const AttentionProblem<float>& p, int64_t b, int64_t hkv, float* me
     const VF m = hn::Mul(hn::Load(d, mean + c), inv);
     hn::Store(hn::IfThenElseZero(hn::IsFinite(m), m), d, mean + c);
   }
+  return hn::AllTrue(d, finite);
+}
+
+// Query row x (QuantizeRowInt8's codes, scale s) as the int8 unit's bytes,
+// code + 128, in place (x's floats then hold ceil(d / 4) · 4 bytes, 128 past
+// d), with its center term Σ_c s · code_c · mean_c (int8_unit.hpp).
+inline void QueryCodes(float* x, int64_t n, float s, const float* mean, float& scale, float& center) {
+  float sum = 0;
+  for (int64_t c = 0; c < n; ++c) sum += s * x[c] * mean[c];
+  auto* bytes = reinterpret_cast<uint8_t*>(x);
+  for (int64_t c = 0; c < n; ++c) bytes[c] = static_cast<uint8_t>(static_cast<int>(x[c]) + 128);
+  for (int64_t c = n; c < (n + 3) / 4 * 4; ++c) bytes[c] = 128;
+  scale = s;
+  center = sum;
+}
+
+// Whether every element of Q is finite (the int8 unit takes only those).
+inline bool QueriesFinite(const AttentionProblem<float>& p) {
+  const DF d;
+  const auto N = static_cast<int64_t>(hn::Lanes(d));
+  for (int64_t b = 0; b < p.batch; ++b)
+    for (int64_t h = 0; h < p.heads_q; ++h)
+      for (int64_t i = 0; i < p.n_q; ++i) {
+        const float* row = p.q.row(b, h, i);
+        for (int64_t c = 0; c < p.d; c += N)
+          if (!hn::AllTrue(d, hn::IsFinite(LoadPart(d, row + c, std::min(N, p.d - c), 0.0f)))) return false;
+      }
+  return true;
 }
 
 inline thread_local Scratch<float> tls_int8_keys;
 
-// K tile kt of (b, hkv) quantized (QuantizeRowInt8, less `mean`, KeyMean's)
-// and packed as PackK packs it.
+// K tile kt of (b, hkv) quantized (QuantizeRowInt8, less `mean`, KeyMean's):
+// packed as PackK packs it, or with `unit` as its panel of codes, scales and
+// offsets (int8_unit.hpp).
 template <class KV>
 void PackKInt8(const AttentionProblem<float>& p, int64_t b, int64_t hkv, int64_t kt, const float* mean,
-               float* dst) {
+               const Int8Unit* unit, float* dst) {
   const DF d;
   const auto N = static_cast<int64_t>(hn::Lanes(d));
   const int64_t j0 = kt * kBlockK, count = std::min(kBlockK, p.n_k - j0), width = WholeVectors(p.d);
   float* rows = tls_int8_keys.get(static_cast<size_t>(kBlockK * width));
+  float scales[kBlockK] = {};
   for (int64_t j = 0; j < count; ++j) {
     const KV* in = KeyRow<KV>(p, b, hkv, j0 + j);
     float* out = rows + j * width;
     for (int64_t c = 0; c < p.d; c += N)
       hn::Store(c + N <= p.d ? LoadKV(d, in, c) : LoadKVPart(d, in, c, p.d - c), d, out + c);
-    QuantizeRowInt8(out, p.d, mean);
+    scales[j] = QuantizeRowInt8(out, p.d, mean, unit != nullptr);
   }
-  PackRows(rows, width, count, p.d, dst);
+  if (!unit) return PackRows(rows, width, count, p.d, dst);
+  const int64_t quads = (p.d + 3) / 4;
+  auto* codes = reinterpret_cast<int8_t*>(dst);
+  auto* t = reinterpret_cast<float*>(codes + quads * kBlockK * 4);
+  auto* offsets = reinterpret_cast<int32_t*>(t + kBlockK);
+  std::fill(codes, codes + quads * kBlockK * 4, int8_t{0});
+  for (int64_t j = 0; j < kBlockK; ++j) {
+    int32_t sum = 0;
+    for (int64_t c = 0; j < count && c < p.d; ++c) {
+      const auto code = static_cast<int8_t>(rows[j * width + c]);
+      codes[((c / 4) * kBlockK + j) * 4 + c % 4] = code;
+      sum += code;
+    }
+    t[j] = scales[j];
+    offsets[j] = 128 * sum;
+  }
 }
 
 }  // namespace HWY_NAMESPACE

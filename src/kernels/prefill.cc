@@ -46,6 +46,8 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <vector>
+#include <vector>
 
 #include "attn/threads.hpp"
 #include "kernels/attention_kernel.hpp"
@@ -61,7 +63,7 @@ static_assert(kBlockRows % kRows == 0, "ATTN_BLOCK_ROWS must be a multiple of kR
 // Packs K tile kt of (b, hkv) (PackKeys) or widens V rows j0 .. j0 + count - 1
 // (WidenValues): the steps that depend on K/V's storage type.
 using PackKFn = void (*)(const AttentionProblem<float>& p, int64_t b, int64_t hkv, int64_t kt,
-                         const BF16Unit* unit, const float* key_mean, float* dst);
+                         const BF16Unit* unit, const Int8Unit* int8, const float* key_mean, float* dst);
 using WidenValuesFn = void (*)(const AttentionProblem<float>& p, int64_t b, int64_t hkv,
                                int64_t j0, int64_t count, int64_t width, float* dst);
 
@@ -82,19 +84,22 @@ struct Item {
   // With bf16 precision on a CPU's bf16 unit: K panels and V tiles are its
   // pairs, and it computes both products.
   const BF16Unit* unit;
-  const float* key_mean;  // with int8 precision: the center of its keys (KeyMean)
+  // With int8 precision: the center of its keys (KeyMean), and the CPU's
+  // int8 unit, which computes Q·Kᵀ from their codes, if it is used.
+  const float* key_mean;
+  const Int8Unit* int8;
 
   // Packs K tile kt into its place in kpack.
-  void PackTile(int64_t kt) const { pack_k(p, b, hkv, kt, unit, key_mean, kpack + kt * p.d * kBlockK); }
+  void PackTile(int64_t kt) const { pack_k(p, b, hkv, kt, unit, int8, key_mean, kpack + kt * p.d * kBlockK); }
 };
 
 // K tile kt of (b, hkv) as the products read it in p's precision: a float32
 // panel (PackK; rounded to bf16 in bf16), the bf16 unit's pairs, or int8's
-// quantized keys less key_mean.
+// quantized keys less key_mean (as a panel, or the int8 unit's codes).
 template <class KV>
 void PackKeys(const AttentionProblem<float>& p, int64_t b, int64_t hkv, int64_t kt, const BF16Unit* unit,
-              const float* key_mean, float* dst) {
-  if (p.precision == Precision::Int8) return PackKInt8<KV>(p, b, hkv, kt, key_mean, dst);
+              const Int8Unit* int8, const float* key_mean, float* dst) {
+  if (p.precision == Precision::Int8) return PackKInt8<KV>(p, b, hkv, kt, key_mean, int8, dst);
   if (unit) return PackKPairs<KV>(p, b, hkv, kt, dst);
   PackK<KV>(p, b, hkv, kt, dst);
 }
@@ -145,6 +150,7 @@ struct ItemState {
   AlibiRows alibi;         // of the head being processed
   QueryRows q;             // its rows from it.i0 (SetQueries)
   float m[kBlockQ], l[kBlockQ];
+  float q_scales[kBlockQ], q_centers[kBlockQ];  // for the int8 unit (SetQueries)
 };
 
 ItemState StartItem(DF d, const Item& it) {
@@ -178,8 +184,10 @@ void SetQueries(DF d, const Item& it, int64_t h, ItemState& st) {
   float* rounded = tls_queries.get(static_cast<size_t>(it.rows * width));
   for (int64_t r = 0; r < it.rows; ++r) {
     if (p.precision == Precision::Int8) {
-      std::copy(st.q.first + r * st.q.stride, st.q.first + r * st.q.stride + p.d, rounded + r * width);
-      QuantizeRowInt8(rounded + r * width, p.d, nullptr);
+      float* row = rounded + r * width;
+      std::copy(st.q.first + r * st.q.stride, st.q.first + r * st.q.stride + p.d, row);
+      const float scale = QuantizeRowInt8(row, p.d, nullptr, it.int8 != nullptr);
+      if (it.int8) QueryCodes(row, p.d, scale, it.key_mean, st.q_scales[r], st.q_centers[r]);
       continue;
     }
     if (it.unit) {
@@ -194,6 +202,7 @@ void SetQueries(DF d, const Item& it, int64_t h, ItemState& st) {
     }
   }
   st.q = {rounded, width};
+  if (it.int8) st.q.scales = st.q_scales, st.q.centers = st.q_centers;
 }
 
 // The online softmax over the item's key tiles for head h: leaves each row's
@@ -226,7 +235,7 @@ HWY_INLINE void SoftmaxPass(DF d, const Item& it, int64_t h, bool pack, ItemStat
     for (int64_t r0 = 0; r0 < it.rows; r0 += kBlockRows) {
       const RowBlock& rb = st.blocks[r0 / kBlockRows];
       if (rb.masks_all(j0, jn)) continue;
-      Scores(d, p, it.b, h, kt, rb, st.q.From(r0), it.kpack + kt * p.d * kBlockK, st.alibi, s, nullptr, it.unit);
+      Scores(d, p, it.b, h, kt, rb, st.q.From(r0), it.kpack + kt * p.d * kBlockK, st.alibi, s, nullptr, it.unit, it.int8);
       const int rows = rb.rows;
       const int64_t width = WholeVectors(jn);  // the tile's keys (past them: -inf)
       for (int r = 0; r < rows; ++r) {
@@ -280,7 +289,7 @@ void WriteWeights(DF d, const Item& it, int64_t h, ItemState& st) {
     for (int64_t r0 = 0; r0 < it.rows; r0 += kBlockRows) {
       const RowBlock& rb = st.blocks[r0 / kBlockRows];
       if (rb.masks_all(j0, jn)) continue;
-      Scores(d, p, it.b, h, kt, rb, st.q.From(r0), it.kpack + kt * p.d * kBlockK, st.alibi, s, nullptr, it.unit);
+      Scores(d, p, it.b, h, kt, rb, st.q.From(r0), it.kpack + kt * p.d * kBlockK, st.alibi, s, nullptr, it.unit, it.int8);
       for (int r = 0; r < rb.rows; ++r) {
         const int64_t i = r0 + r;
         if (st.l[i] == 0) continue;
@@ -316,7 +325,7 @@ void WriteLogits(DF d, const Item& it, int64_t h, ItemState& st) {
       const RowBlock& rb = st.blocks[r0 / kBlockRows];
       if (masked && rb.masks_all(j0, jn)) continue;
       Products(d, p, rb, st.q.From(r0), it.kpack + kt * p.d * kBlockK, j0, static_cast<float>(p.scale), s,
-               nullptr, it.unit);
+               nullptr, it.unit, it.int8);
       if (softcap) Softcap(d, p.softcap, s, rb.rows * kBlockK, /*natural=*/true);
       for (int r = 0; r < rb.rows; ++r) {
         float* sr = s + r * kBlockK;
@@ -394,19 +403,26 @@ void FlashTiles(const AttentionProblem<float>& p) {
   const int64_t head_vpack = n_tiles * kBlockK * dvp;
   float* vpack = v_shared ? tls_vpack.get(static_cast<size_t>(std::max<int64_t>(heads * head_vpack, 1))) : nullptr;
   // int8's centers of the keys, for each (batch, kv head) at once.
+  // The int8 unit takes them where Q and K are finite (its codes have no
+  // NaN or infinity) and its panel fits a tile's place (d >= 3).
   const int64_t mean_width = WholeVectors(p.d);
   float* key_means = nullptr;
+  const Int8Unit* int8 = nullptr;
   if (p.precision == Precision::Int8) {
     key_means = tls_key_means.get(static_cast<size_t>(heads * mean_width));
+    std::vector<char> finite(static_cast<size_t>(heads));
     parallel_for(heads, [&](int64_t bh) {
-      KeyMean<KV>(p, bh / p.heads_kv, bh % p.heads_kv, key_means + bh * mean_width);
+      finite[bh] = KeyMean<KV>(p, bh / p.heads_kv, bh % p.heads_kv, key_means + bh * mean_width);
     }, double(heads * p.n_k * p.d));
+    const bool all_finite = std::all_of(finite.begin(), finite.end(), [](char f) { return f; });
+    if (all_finite && p.d >= 3 && QueriesFinite(p)) int8 = int8_unit();
   }
   const auto key_mean = [&](int64_t bh) { return key_means ? key_means + bh * mean_width : nullptr; };
   if (shared) {
     parallel_for(heads * n_tiles, [&](int64_t item) {
       const int64_t bh = item / n_tiles, kt = item % n_tiles, j0 = kt * kBlockK;
-      pack_k(p, bh / p.heads_kv, bh % p.heads_kv, kt, unit, key_mean(bh), kpack + bh * head_pack + kt * p.d * kBlockK);
+      pack_k(p, bh / p.heads_kv, bh % p.heads_kv, kt, unit, int8, key_mean(bh),
+             kpack + bh * head_pack + kt * p.d * kBlockK);
       if (v_shared)
         widen_v(p, bh / p.heads_kv, bh % p.heads_kv, j0, std::min(kBlockK, p.n_k - j0), dvp,
                 vpack + bh * head_vpack + j0 * dvp);
@@ -430,13 +446,19 @@ void FlashTiles(const AttentionProblem<float>& p) {
                   i0,
                   std::min(rows, p.n_q - i0),
                   unit,
-                  key_mean(bh)};
+                  key_mean(bh),
+                  int8};
     ProcessItem(d, it);
   }, 2.0 * double(p.batch * p.heads_q) * double(p.n_q) * double(p.n_k) * double(p.d + p.d_v));
 }
 
 void FlashForward(const AttentionProblem<float>& p) {
   WithKVType(p, [&](auto kv) HWY_ATTR { FlashTiles<decltype(kv)>(p); });
+}
+
+const char* Int8PrefillUnit() {
+  const Int8Unit* unit = int8_unit();
+  return unit ? unit->name : "highway";
 }
 
 const char* BF16PrefillUnit() {
@@ -452,7 +474,9 @@ HWY_AFTER_NAMESPACE();
 namespace attn::detail {
 HWY_EXPORT(FlashForward);
 HWY_EXPORT(BF16PrefillUnit);
+HWY_EXPORT(Int8PrefillUnit);
 void flash_forward(const AttentionProblem<float>& p) { HWY_DYNAMIC_DISPATCH(FlashForward)(p); }
 const char* bf16_prefill_unit() { return HWY_DYNAMIC_DISPATCH(BF16PrefillUnit)(); }
+const char* int8_prefill_unit() { return HWY_DYNAMIC_DISPATCH(Int8PrefillUnit)(); }
 }  // namespace attn::detail
 #endif

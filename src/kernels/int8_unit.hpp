@@ -1,0 +1,47 @@
+// Internal: a CPU's int8 dot-product unit for int8 precision's Q·Kᵀ
+// (docs/semantics.md "Precision"): x86's VPDPBUSD (AVX512_VNNI) adds 16
+// lanes × 4 products of unsigned and signed bytes into int32 sums, four
+// times the float32 FMA's multiplies per instruction. Highway 1.0.3 has no
+// such instruction, so the unit is one file of compiler intrinsics
+// (int8_x86.cc), used only where a run-time CPU check found it.
+//
+// Layouts (codes: int8 precision's, in [-127, 127]):
+//   K panel   [ceil(d / 4)][kBlockK][4] signed codes: k_j's codes 4c .. 4c + 3
+//             at [c][j], zero past d and past the tile's keys; then kBlockK
+//             float32 scales t_j, then kBlockK int32 offsets 128 · Σ_c k_j[c]
+//             (Int8PanelBytes in all)
+//   Q rows    ceil(d / 4) · 4 unsigned bytes each: code + 128, 128 past d
+//             (VPDPBUSD's first operand is unsigned; the offsets take the
+//             128s back out), with a float32 scale s_r and center term
+//             q̃_r · μ per row
+#pragma once
+
+#include <cstdint>
+
+namespace attn::detail {
+
+// Bytes of one K panel of kBlockK keys with head dim d (`quads` = ceil(d / 4)).
+inline int64_t Int8PanelBytes(int64_t quads, int64_t keys) { return quads * keys * 4 + keys * 8; }
+
+struct Int8Unit {
+  const char* name;  // as precision_unit reports it
+  int lanes;         // float32 lanes of its vectors (as BF16Unit's)
+  // s[r · s_stride + j] = scale · (s_r · t_j · Σ_c q_r[c] · k_j[c] + center_r)
+  // for r < rows (<= 4), query row r's codes at q + r · q_stride bytes, its
+  // scale and center term at q_scales[r] and q_centers[r], and the first
+  // `cols` keys of the panel (<= keys) in whole vectors: columns up to cols
+  // rounded up to `lanes` are written.
+  void (*products)(const uint8_t* q, int64_t q_stride, int rows, int64_t quads, const float* q_scales,
+                   const float* q_centers, const int8_t* panel, int64_t keys, float scale, float* s,
+                   int64_t s_stride, int64_t cols);
+};
+
+// x86 CPUs with AVX512_VNNI (int8_x86.cc); null where the CPU lacks it and
+// in builds for other architectures.
+const Int8Unit* avx512_vnni_unit();
+
+// The unit int8 precision uses: the CPU's, unless set_int8_unit_use
+// (attention_kernel.hpp) turned it off; null where there is none.
+const Int8Unit* int8_unit();
+
+}  // namespace attn::detail
