@@ -764,8 +764,8 @@ static void test_extras_and_sinks(void) {
 
 /* options.precision, against a closed form: one key, so its weight is 1 and
    the output is v as the products see it. v = 1 + 2^-10 is not a bfloat16:
-   bf16 gives 1 (its rounding, to even), f32 keeps it. Other values and
-   float64 with bf16 are refused. */
+   bf16 and int8 (whose P·V is bf16's) give 1 (its rounding, to even), f32
+   keeps it. Other values and float64 with bf16 are refused. */
 static void test_precision(void) {
   static const int64_t shape[] = {1, 1, 1};
   float qf[1] = {0.5f}, kf[1] = {2.0f}, vf[1] = {1.0f + 1.0f / 1024}, outf[1];
@@ -784,8 +784,11 @@ static void test_precision(void) {
   EXPECT_ERROR(attn_attention(&dq, &dq, &dq, NULL, &options, &dout), ATTN_ERROR_INVALID_ARGUMENT,
                "pass float32 q, k, v");
   options.precision = 2;
+  CHECK(attn_attention(&tq, &tk, &tv, NULL, &options, &tout) == ATTN_OK);
+  CHECK(outf[0] == 1.0f);
+  options.precision = 3;
   EXPECT_ERROR(attn_attention(&tq, &tk, &tv, NULL, &options, &tout), ATTN_ERROR_INVALID_ARGUMENT,
-               "options: precision 2 is not 0 (f32) or 1 (bf16)");
+               "options: precision 3 is not 0 (f32), 1 (bf16) or 2 (int8)");
 }
 
 int main(void) {
