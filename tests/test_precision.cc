@@ -135,17 +135,22 @@ Tensor<double> reference(const PrecisionCase& c, const Tensor<float>& q, const T
 }
 
 // attention in `precision` (bf16 unless said) against `exact`, the reference on the same inputs.
-void expect_within(const PrecisionCase& c, const Tensor<float>& q, const Tensor<float>& k, const Tensor<float>& v,
-                   const Tensor<double>& exact, double bound, Precision precision = Precision::BF16) {
+// Returns the error. (The rounding happened: expect_float32_exact checks
+// float32's error on the same inputs is below 1e-5, once per case.)
+double expect_within(const PrecisionCase& c, const Tensor<float>& q, const Tensor<float>& k, const Tensor<float>& v,
+                     const Tensor<double>& exact, double bound, Precision precision = Precision::BF16) {
   AttentionOptions options = c.options;
   options.precision = precision;
   const auto out = attention(q.view(), k.view(), v.view(), options);
   const double error = rel_error(out, exact);
   EXPECT_LE(error, bound);
   EXPECT_GE(cosine(out, exact), bound > 4e-3 ? 0.9999 : 0.99999);
-  // The rounding happened (int8's quantization: about 9e-3 on N(0, 1)):
-  // float32's error on the same inputs is below 1e-5.
-  EXPECT_GT(error, precision == Precision::Int8 ? 1e-3 : 1e-5);
+  EXPECT_GT(error, precision == Precision::Int8 ? 1e-3 : 1e-5);  // (int8's quantization: about 9e-3)
+  return error;
+}
+
+void expect_float32_exact(const PrecisionCase& c, const Tensor<float>& q, const Tensor<float>& k,
+                          const Tensor<float>& v, const Tensor<double>& exact) {
   EXPECT_LE(rel_error(attention(q.view(), k.view(), v.view(), c.options), exact), 1e-5);
 }
 
@@ -158,6 +163,7 @@ void expect_every_case_within(uint32_t seed, Precision precision, double bound) 
     const auto q = normal({2, c.heads_q, c.n_q, c.d}, rng);
     const auto k = normal({2, c.heads_kv, c.n_k, c.d}, rng), v = normal({2, c.heads_kv, c.n_k, c.d}, rng);
     const auto exact = reference(c, q, k, v);
+    expect_float32_exact(c, q, k, v, exact);
     on_every_unit_and_target([&] { expect_within(c, q, k, v, exact, bound, precision); }, precision);
   }
 }
@@ -249,11 +255,11 @@ TEST(Precision, Int8KeepsANonFiniteValueToItsOwnRows) {
 // One channel of Q, or of K, 30 times the others (the outliers of trained
 // models' activations): its products dominate the logits, and rounding the
 // inputs alone, computed exactly afterwards, is an error of 0.9e-2 to
-// 1.35e-2, depending on the draw (docs/semantics.md "Precision"). So every
+// 1.35e-2, depending on the draw (docs/semantics.md "Precision"). So each
 // draw is held to that error plus P's rounding (1e-3), and this one to the
 // issue's 1e-2. (With the channel in both at once, the logits' spread is 30²
-// times the others' and rounding the inputs alone is 1.7e-2 here: the first
-// bound only.)
+// times the others' and rounding the inputs alone is 1.7e-2: no bf16 input
+// can meet 1e-2 there.)
 TEST(Precision, BF16WithAnOutlierChannel) {
   std::mt19937 rng(2302);
   const PrecisionCase c{"outlier", 4, 2, 300, 333, 64, {}};
@@ -261,20 +267,16 @@ TEST(Precision, BF16WithAnOutlierChannel) {
     for (int64_t i = 0; i < x.numel(); ++i) x[i] = round_to_bf16(x[i]);
     return x;
   };
-  for (const char* where : {"q", "k", "both"}) {
-    SCOPED_TRACE(where);
+  for (const bool in_q : {true, false}) {
+    SCOPED_TRACE(in_q ? "in q" : "in k");
     auto q = normal({2, 4, 300, 64}, rng), k = normal({2, 2, 333, 64}, rng);
     const auto v = normal({2, 2, 333, 64}, rng);
-    for (int64_t i = 5; i < q.numel(); i += 64) q[i] *= where[0] == 'k' ? 1 : 30;
-    for (int64_t i = 5; i < k.numel(); i += 64) k[i] *= where[0] == 'q' ? 1 : 30;
+    Tensor<float>& outlier = in_q ? q : k;
+    for (int64_t i = 5; i < outlier.numel(); i += 64) outlier[i] *= 30;
     const auto exact = reference(c, q, k, v);
     const double inputs_alone = rel_error(cast<float>(reference(c, rounded(q), rounded(k), rounded(v))), exact);
-    AttentionOptions bf16;
-    bf16.precision = Precision::BF16;
-    on_every_unit_and_target([&] {
-      if (where[0] != 'b') expect_within(c, q, k, v, exact, 1e-2);
-      EXPECT_LE(rel_error(attention(q.view(), k.view(), v.view(), bf16), exact), inputs_alone + 1e-3);
-    });
+    expect_float32_exact(c, q, k, v, exact);
+    on_every_unit_and_target([&] { EXPECT_LE(expect_within(c, q, k, v, exact, 1e-2), inputs_alone + 1e-3); });
   }
 }
 
@@ -477,6 +479,45 @@ TEST(Precision, UnitAgreesWithTheHighwayPath) {
 TEST(Precision, Int8UnitAgreesWithTheHighwayPath) {
   if (expected_int8_unit() == "highway") GTEST_SKIP() << "this CPU has no int8 unit";
   expect_unit_agrees_with_the_highway_path(Precision::Int8, 2316);
+}
+
+// The unit's panel of codes takes a tile's place among the packed keys,
+// which it fits from head dim 3 on; below that, and for a call with a
+// magnitude past the unit's limit (2^32, kInt8UnitLimit), the call takes
+// the Highway path: bitwise its result. Head dims 1 to 5, two batches and
+// kv heads (the last tile at the end of the packed keys), several tiles and
+// a partial one, every target.
+TEST(Precision, Int8UnitAtItsEdges) {
+  if (expected_int8_unit() == "highway") GTEST_SKIP() << "this CPU has no int8 unit";
+  std::mt19937 rng(2317);
+  AttentionOptions int8;
+  int8.precision = Precision::Int8;
+  const auto compare = [&](const Tensor<float>& q, const Tensor<float>& k, const Tensor<float>& v, bool unit) {
+    test::on_every_simd_target([&] {
+      std::optional<UnitsOn> units(std::in_place, true);
+      const auto on = attention(q.view(), k.view(), v.view(), int8);
+      units.emplace(false);
+      const auto off = attention(q.view(), k.view(), v.view(), int8);
+      if (unit) {
+        const double difference = rel_error(on, cast<double>(off));
+        EXPECT_LE(difference, 3e-4);
+        EXPECT_GT(difference, 0.0);
+      } else {
+        ASSERT_EQ(std::memcmp(on.data(), off.data(), sizeof(float) * on.numel()), 0);
+      }
+    });
+  };
+  for (int64_t d = 1; d <= 5; ++d) {
+    SCOPED_TRACE("head dim " + std::to_string(d));
+    const auto q = normal({2, 4, 150, d}, rng), k = normal({2, 2, 200, d}, rng), v = normal({2, 2, 200, d}, rng);
+    compare(q, k, v, d >= 3);
+  }
+  auto q = normal({1, 2, 100, 64}, rng), k = normal({1, 2, 100, 64}, rng);
+  const auto v = normal({1, 2, 100, 64}, rng);
+  k[77] = 8589934592.0f;  // 2^33
+  compare(q, k, v, false);
+  k[77] = 1, q[5] = -8589934592.0f;
+  compare(q, k, v, false);
 }
 
 // A few queries against more keys than one decode chunk take the decode

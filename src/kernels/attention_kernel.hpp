@@ -58,8 +58,8 @@ void set_bf16_unit_use(BF16UnitUse use);
 // while kernels run.
 void set_int8_unit_use(bool use);
 
-// The unit int8 precision's prefill computes Q·Kᵀ on, with the SIMD target
-// the dispatcher picks now: "avx512_vnni" or "highway".
+// The unit int8 precision's prefill computes Q·Kᵀ on (on every SIMD
+// target: only the scores come from it): "avx512_vnni" or "highway".
 const char* int8_prefill_unit();
 
 // How many times the float32 FMAs' throughput the CPU's bf16 unit reaches

@@ -1,9 +1,9 @@
 // int8 precision's quantization (docs/semantics.md "Precision"), as the
 // products see it: each query row, and each key row less the mean of its
 // (batch, kv head)'s keys, rounded to int8 codes with one scale per row and
-// handed to the float32 products dequantized. The codes times the scale are
-// integers times one float, so float32 FMAs on them compute what an int8
-// unit's integer sums, scaled once, would. Highway's per-target include:
+// handed to the float32 products dequantized: float32 FMAs on them compute
+// what an int8 unit's integer sums, scaled once, do, up to the rounding of
+// each dequantized key (mean + t · code) and of the sums. Highway's per-target include:
 // include after hwy/highway.h inside a file compiled by foreach_target.h.
 #if defined(ATTN_KERNELS_INT8_INL_H_) == defined(HWY_TARGET_TOGGLE)
 #ifdef ATTN_KERNELS_INT8_INL_H_
@@ -26,11 +26,12 @@ namespace attn::detail {
 namespace HWY_NAMESPACE {
 
 // Row x of n floats, in place, as mean + s · round((x − mean) / s) (ties to
-// even), s = max |x − mean| / 127 over the row's finite differences, so
-// each code is an int8 in [-127, 127]; mean null: 0. An element whose
-// difference is not finite (NaN, ±inf, overflow) stays as it was, so it
-// spoils its own products only, as in float32; a row with s = 0 (all its
-// differences 0, or below 127 times the smallest float) becomes its mean.
+// even; clamped to [-127, 127], which only a subnormal s, rounded, can
+// pass), s = max |x − mean| / 127 over the row's finite differences, so each
+// code is an int8; mean null: 0. An element whose difference is not finite
+// (NaN, ±inf, overflow) stays as it was, so it spoils its own products only,
+// as in float32; a row with s = 0 (all its differences 0, or so small that
+// s underflows) becomes its mean.
 // With `codes`, x becomes the codes themselves (0 for such an element).
 // Returns s.
 inline float QuantizeRowInt8(float* x, int64_t n, const float* mean, bool codes = false) {
@@ -46,12 +47,12 @@ inline float QuantizeRowInt8(float* x, int64_t n, const float* mean, bool codes 
     largest = hn::Max(largest, hn::IfThenElseZero(hn::IsFinite(diff), hn::Abs(diff)));
   }
   const float scale = hn::GetLane(hn::MaxOfLanes(d, largest)) / 127.0f;
-  const VF s = hn::Set(d, scale);
+  const VF s = hn::Set(d, scale), most = hn::Set(d, 127.0f);
   for (int64_t c = 0; c < n; c += N) {
     const int64_t m = std::min(N, n - c);
     const VF in = LoadPart(d, x + c, m, 0.0f), mu = center(c, m);
     const VF diff = hn::Sub(in, mu);
-    const VF code = scale > 0 ? hn::Round(hn::Div(diff, s)) : hn::Zero(d);
+    const VF code = scale > 0 ? hn::Clamp(hn::Round(hn::Div(diff, s)), hn::Neg(most), most) : hn::Zero(d);
     const auto finite = hn::IsFinite(diff);
     StorePart(d, codes ? hn::IfThenElseZero(finite, code) : hn::IfThenElse(finite, hn::MulAdd(code, s, mu), in),
               x + c, m);
@@ -61,8 +62,8 @@ inline float QuantizeRowInt8(float* x, int64_t n, const float* mean, bool codes 
 
 // int8's center for the keys of (b, hkv): each column's sum over the n_k
 // keys of its finite values, divided by n_k (0 where that is not finite),
-// at mean (whole vectors, zeros past d). Returns whether every key was
-// finite (the int8 unit takes only those). Any center leaves softmax's
+// at mean (whole vectors, zeros past d). Returns whether every element of K
+// is within ±kInt8UnitLimit (the int8 unit takes only those). Any center leaves softmax's
 // weights as they are (the scores add it back); the mean makes the
 // quantized differences small where keys share an offset, as trained
 // models' keys do.
@@ -72,13 +73,14 @@ bool KeyMean(const AttentionProblem<float>& p, int64_t b, int64_t hkv, float* me
   const auto N = static_cast<int64_t>(hn::Lanes(d));
   const int64_t width = WholeVectors(p.d);
   std::fill(mean, mean + width, 0.0f);
-  auto finite = hn::FirstN(d, N);
+  const VF limit = hn::Set(d, kInt8UnitLimit);
+  auto within = hn::FirstN(d, N);
   for (int64_t j = 0; j < p.n_k; ++j) {
     const KV* row = KeyRow<KV>(p, b, hkv, j);
     for (int64_t c = 0; c < p.d; c += N) {
       const VF x = c + N <= p.d ? LoadKV(d, row, c) : LoadKVPart(d, row, c, p.d - c);
       const auto x_finite = hn::IsFinite(x);
-      finite = hn::And(finite, x_finite);
+      within = hn::And(within, hn::Le(hn::Abs(x), limit));  // (false for NaN)
       hn::Store(hn::Add(hn::Load(d, mean + c), hn::IfThenElseZero(x_finite, x)), d, mean + c);
     }
   }
@@ -87,7 +89,7 @@ bool KeyMean(const AttentionProblem<float>& p, int64_t b, int64_t hkv, float* me
     const VF m = hn::Mul(hn::Load(d, mean + c), inv);
     hn::Store(hn::IfThenElseZero(hn::IsFinite(m), m), d, mean + c);
   }
-  return hn::AllTrue(d, finite);
+  return hn::AllTrue(d, within);
 }
 
 // Query row x (QuantizeRowInt8's codes, scale s) as the int8 unit's bytes,
@@ -103,16 +105,20 @@ inline void QueryCodes(float* x, int64_t n, float s, const float* mean, float& s
   center = sum;
 }
 
-// Whether every element of Q is finite (the int8 unit takes only those).
-inline bool QueriesFinite(const AttentionProblem<float>& p) {
+// Whether every element of Q is within ±kInt8UnitLimit (the int8 unit
+// takes only those).
+inline bool QueriesWithinUnitLimit(const AttentionProblem<float>& p) {
   const DF d;
   const auto N = static_cast<int64_t>(hn::Lanes(d));
+  const VF limit = hn::Set(d, kInt8UnitLimit);
   for (int64_t b = 0; b < p.batch; ++b)
     for (int64_t h = 0; h < p.heads_q; ++h)
       for (int64_t i = 0; i < p.n_q; ++i) {
         const float* row = p.q.row(b, h, i);
-        for (int64_t c = 0; c < p.d; c += N)
-          if (!hn::AllTrue(d, hn::IsFinite(LoadPart(d, row + c, std::min(N, p.d - c), 0.0f)))) return false;
+        for (int64_t c = 0; c < p.d; c += N) {
+          const VF x = LoadPart(d, row + c, std::min(N, p.d - c), 0.0f);
+          if (!hn::AllTrue(d, hn::Le(hn::Abs(x), limit))) return false;  // (false for NaN)
+        }
       }
   return true;
 }
@@ -143,13 +149,14 @@ void PackKInt8(const AttentionProblem<float>& p, int64_t b, int64_t hkv, int64_t
   auto* t = reinterpret_cast<float*>(codes + quads * kBlockK * 4);
   auto* offsets = reinterpret_cast<int32_t*>(t + kBlockK);
   std::fill(codes, codes + quads * kBlockK * 4, int8_t{0});
-  for (int64_t j = 0; j < kBlockK; ++j) {
+  for (int64_t j = 0; j < kBlockK; ++j) {  // (keys past count: scale and offset 0)
     int32_t sum = 0;
-    for (int64_t c = 0; j < count && c < p.d; ++c) {
-      const auto code = static_cast<int8_t>(rows[j * width + c]);
-      codes[((c / 4) * kBlockK + j) * 4 + c % 4] = code;
-      sum += code;
-    }
+    if (j < count)
+      for (int64_t c = 0; c < p.d; ++c) {
+        const auto code = static_cast<int8_t>(rows[j * width + c]);
+        codes[((c / 4) * kBlockK + j) * 4 + c % 4] = code;
+        sum += code;
+      }
     t[j] = scales[j];
     offsets[j] = 128 * sum;
   }

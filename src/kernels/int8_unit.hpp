@@ -20,17 +20,23 @@
 
 namespace attn::detail {
 
-// Bytes of one K panel of kBlockK keys with head dim d (`quads` = ceil(d / 4)).
-inline int64_t Int8PanelBytes(int64_t quads, int64_t keys) { return quads * keys * 4 + keys * 8; }
+// Bytes of one K panel of `keys` keys with head dim d.
+inline int64_t Int8PanelBytes(int64_t d, int64_t keys) { return (d + 3) / 4 * keys * 4 + keys * 8; }
+
+// The largest |q| and |k| of a call the unit takes, and of its scale: within
+// them no difference k − mean, scale product or score it forms overflows
+// (below 2^27 per row scale, 2^86 for two and the call's scale, 2^111 a
+// score at head dims up to 1024);
+// past them, as for NaN and infinities, the Highway path computes.
+inline constexpr float kInt8UnitLimit = 4294967296.0f;  // 2^32
 
 struct Int8Unit {
   const char* name;  // as precision_unit reports it
-  int lanes;         // float32 lanes of its vectors (as BF16Unit's)
   // s[r · s_stride + j] = scale · (s_r · t_j · Σ_c q_r[c] · k_j[c] + center_r)
   // for r < rows (<= 4), query row r's codes at q + r · q_stride bytes, its
   // scale and center term at q_scales[r] and q_centers[r], and the first
-  // `cols` keys of the panel (<= keys) in whole vectors: columns up to cols
-  // rounded up to `lanes` are written.
+  // `cols` keys of the panel (<= keys, a multiple of 64) in whole vectors:
+  // columns up to cols rounded up to 16 are written.
   void (*products)(const uint8_t* q, int64_t q_stride, int rows, int64_t quads, const float* q_scales,
                    const float* q_centers, const int8_t* panel, int64_t keys, float scale, float* s,
                    int64_t s_stride, int64_t cols);

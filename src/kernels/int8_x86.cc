@@ -115,7 +115,7 @@ namespace attn::detail {
 
 const Int8Unit* avx512_vnni_unit() {
   static const bool present = HasAvx512() && __builtin_cpu_supports("avx512vnni");
-  static const Int8Unit unit{"avx512_vnni", kLanes, &Products};
+  static const Int8Unit unit{"avx512_vnni", &Products};
   return present ? &unit : nullptr;
 }
 
@@ -128,6 +128,11 @@ std::atomic<bool> int8_unit_on{true};
 }  // namespace
 
 const Int8Unit* int8_unit() { return int8_unit_on.load(std::memory_order_relaxed) ? avx512_vnni_unit() : nullptr; }
+
+const char* int8_prefill_unit() {
+  const Int8Unit* unit = int8_unit();
+  return unit ? unit->name : "highway";
+}
 
 void set_int8_unit_use(bool use) { int8_unit_on.store(use, std::memory_order_relaxed); }
 

@@ -47,7 +47,6 @@
 #include <cstring>
 #include <limits>
 #include <vector>
-#include <vector>
 
 #include "attn/threads.hpp"
 #include "kernels/attention_kernel.hpp"
@@ -402,20 +401,23 @@ void FlashTiles(const AttentionProblem<float>& p) {
   const bool v_shared = shared && unit;
   const int64_t head_vpack = n_tiles * kBlockK * dvp;
   float* vpack = v_shared ? tls_vpack.get(static_cast<size_t>(std::max<int64_t>(heads * head_vpack, 1))) : nullptr;
-  // int8's centers of the keys, for each (batch, kv head) at once.
-  // The int8 unit takes them where Q and K are finite (its codes have no
-  // NaN or infinity) and its panel fits a tile's place (d >= 3).
+  // int8's centers of the keys, for each (batch, kv head) at once. The
+  // int8 unit takes the call where its values are within the unit's limit
+  // (finite: its codes have no NaN or infinity) and its panel fits a tile's
+  // place (d >= 3).
   const int64_t mean_width = WholeVectors(p.d);
   float* key_means = nullptr;
   const Int8Unit* int8 = nullptr;
   if (p.precision == Precision::Int8) {
     key_means = tls_key_means.get(static_cast<size_t>(heads * mean_width));
-    std::vector<char> finite(static_cast<size_t>(heads));
+    std::vector<char> within(static_cast<size_t>(heads));
     parallel_for(heads, [&](int64_t bh) {
-      finite[bh] = KeyMean<KV>(p, bh / p.heads_kv, bh % p.heads_kv, key_means + bh * mean_width);
+      within[bh] = KeyMean<KV>(p, bh / p.heads_kv, bh % p.heads_kv, key_means + bh * mean_width);
     }, double(heads * p.n_k * p.d));
-    const bool all_finite = std::all_of(finite.begin(), finite.end(), [](char f) { return f; });
-    if (all_finite && p.d >= 3 && QueriesFinite(p)) int8 = int8_unit();
+    const bool fits = Int8PanelBytes(p.d, kBlockK) <= p.d * kBlockK * static_cast<int64_t>(sizeof(float)) &&
+                      std::abs(p.scale) <= kInt8UnitLimit;
+    int8 = fits && std::all_of(within.begin(), within.end(), [](char w) { return w; }) ? int8_unit() : nullptr;
+    if (int8 && !QueriesWithinUnitLimit(p)) int8 = nullptr;
   }
   const auto key_mean = [&](int64_t bh) { return key_means ? key_means + bh * mean_width : nullptr; };
   if (shared) {
@@ -456,11 +458,6 @@ void FlashForward(const AttentionProblem<float>& p) {
   WithKVType(p, [&](auto kv) HWY_ATTR { FlashTiles<decltype(kv)>(p); });
 }
 
-const char* Int8PrefillUnit() {
-  const Int8Unit* unit = int8_unit();
-  return unit ? unit->name : "highway";
-}
-
 const char* BF16PrefillUnit() {
   const BF16Unit* unit = BF16UnitOfTarget();
   return unit ? unit->name : "highway";
@@ -474,9 +471,7 @@ HWY_AFTER_NAMESPACE();
 namespace attn::detail {
 HWY_EXPORT(FlashForward);
 HWY_EXPORT(BF16PrefillUnit);
-HWY_EXPORT(Int8PrefillUnit);
 void flash_forward(const AttentionProblem<float>& p) { HWY_DYNAMIC_DISPATCH(FlashForward)(p); }
 const char* bf16_prefill_unit() { return HWY_DYNAMIC_DISPATCH(BF16PrefillUnit)(); }
-const char* int8_prefill_unit() { return HWY_DYNAMIC_DISPATCH(Int8PrefillUnit)(); }
 }  // namespace attn::detail
 #endif
