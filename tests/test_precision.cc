@@ -520,6 +520,21 @@ TEST(Precision, Int8UnitAtItsEdges) {
   compare(q, k, v, false);
 }
 
+// The int8 unit's peak loop (the bench's int8_peak_gops) does the
+// operations it counts: 12 sums of 16 lanes, each starting at its index and
+// adding four 1 · 1 byte products per round; 2 operations per product.
+TEST(Precision, Int8PeakLoopDoesWhatItCounts) {
+  float sink = 0;
+  const int64_t rounds = 1000;
+  const double ops = detail::int8_peak_loop(rounds, &sink);
+  if (expected_int8_unit() == "highway") {
+    EXPECT_EQ(ops, 0.0);
+    return;
+  }
+  EXPECT_EQ(ops, 2.0 * 4 * 16 * 12 * rounds);
+  EXPECT_EQ(sink, 16.0f * (66 + 12 * 4 * rounds));  // 16 lanes · Σ_i (i + 4 · rounds)
+}
+
 // A few queries against more keys than one decode chunk take the decode
 // kernel, which stays float32 (bound by memory, not arithmetic): float32's
 // accuracy, not bf16's.

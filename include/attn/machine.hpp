@@ -18,6 +18,11 @@ double measure_fma_peak_gflops(int threads);
 // the unit only where it outruns the FMAs (precision_unit says whether).
 double measure_bf16_peak_gflops(int threads);
 
+// The same for this CPU's int8 dot-product unit (precision_unit's
+// "avx512_vnni": a loop of VPDPBUSD, a byte product and its sum counting 2),
+// in GOP/s, or 0 where the CPU has none.
+double measure_int8_peak_gops(int threads);
+
 // Memory read bandwidth: `threads` threads streaming a buffer far larger than
 // the caches (512 MiB, allocated and touched once, on construction).
 class ReadBandwidth {

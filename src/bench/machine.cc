@@ -1,5 +1,5 @@
 // Ceilings for `attn bench`: the kernels' FMA loop (enough independent
-// accumulators to fill every FMA pipe) and bf16 unit loop on each thread, and
+// accumulators to fill every FMA pipe) and the bf16 and int8 units' loops on each thread, and
 // a streaming read of a buffer much larger than the last-level cache.
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "bench/machine.cc"
@@ -90,14 +90,19 @@ double loop_gflops(int threads, Loop loop) {
   for (double f : flops) total += f;
   return total / s * 1e-9;
 }
+
+// A unit's loop's rate, or 0 where the CPU has no such unit (its loop does nothing).
+double unit_gflops(int threads, double (*loop)(int64_t, float*)) {
+  float sink[1];
+  return loop(1, sink) == 0 ? 0 : loop_gflops(threads, loop);
+}
 }  // namespace
 
 double measure_fma_peak_gflops(int threads) { return loop_gflops(threads, detail::fma_loop); }
 
-double measure_bf16_peak_gflops(int threads) {
-  float sink[1];
-  return detail::bf16_peak_loop(1, sink) == 0 ? 0 : loop_gflops(threads, detail::bf16_peak_loop);
-}
+double measure_bf16_peak_gflops(int threads) { return unit_gflops(threads, detail::bf16_peak_loop); }
+
+double measure_int8_peak_gops(int threads) { return unit_gflops(threads, detail::int8_peak_loop); }
 
 // 512 MiB, touched; one spare cache line so that reads can start aligned.
 ReadBandwidth::ReadBandwidth() : buffer_((size_t{128} << 20) + 16, 1.0f) {}

@@ -249,15 +249,15 @@ Measurement bench_attention(const BenchArgs& a, int threads) {
   Tensor<float> out(qs);
   const AttentionOptions opt = options_of(a);
   const bool causal = opt.causal != Causal::None;
-  // bf16: the unit's peak in the same turns as the FMA's (not the first
-  // call's: run_in_turns' warm-up, whose FMA peak it drops too).
-  const bool bf16 = opt.precision == Precision::BF16;
-  std::vector<double> bf16_peaks;
+  // bf16, int8: the CPU's unit's peak in the same turns as the FMA's (not
+  // the first call's: run_in_turns' warm-up, whose FMA peak it drops too).
+  const bool bf16 = opt.precision == Precision::BF16, int8 = opt.precision == Precision::Int8;
+  std::vector<double> unit_peaks;
   bool warm = false;
   const auto timing = attend.time(out, opt, a.baselines, [&] {
-    if (bf16) {
-      const double peak = measure_bf16_peak_gflops(threads);
-      if (warm) bf16_peaks.push_back(peak);
+    if (bf16 || int8) {
+      const double peak = bf16 ? measure_bf16_peak_gflops(threads) : measure_int8_peak_gops(threads);
+      if (warm) unit_peaks.push_back(peak);
     }
     warm = true;
     return measure_fma_peak_gflops(threads);
@@ -274,9 +274,11 @@ Measurement bench_attention(const BenchArgs& a, int threads) {
                  {"median_ms", rounded(ms, 4)}, {"gflops", rounded(gflops, 2)}, {"gflops_unmasked", rounded(gflops_unmasked, 2)},
                  {"peak_gflops", rounded(peak, 2)}, {"ratio_to_peak", rounded(ratio, 4)}},
                 "", ms, causal ? gflops_unmasked : gflops, ratio};
-  // (0: the CPU has no unit; one it has is measured whether bf16 uses it or not)
-  const double bf16_peak = bf16 ? median(bf16_peaks) : 0;
-  if (bf16) m.json["bf16_peak_gflops"] = bf16_peak > 0 ? nlohmann::ordered_json(rounded(bf16_peak, 2)) : nullptr;
+  // (0: the CPU has no unit; one it has is measured whether used or not)
+  const double unit_peak = bf16 || int8 ? median(unit_peaks) : 0;
+  if (bf16 || int8)
+    m.json[bf16 ? "bf16_peak_gflops" : "int8_peak_gops"] =
+        unit_peak > 0 ? nlohmann::ordered_json(rounded(unit_peak, 2)) : nullptr;
   m.json.update(timing.json);
   m.text = shape_text("attention", a, n_k, hkv, causal, threads, ms, gflops, "4·n·kv_len·d·H", gflops_unmasked);
   char buf[400];
@@ -285,12 +287,15 @@ Measurement bench_attention(const BenchArgs& a, int threads) {
   if (opt.precision != Precision::Float32) {
     std::snprintf(buf, sizeof buf, "  precision %s on %s", a.precision.c_str(), precision_unit(opt.precision).c_str());
     m.text += buf;
-    if (bf16_peak > 0 && precision_unit(opt.precision) != "highway") {
-      std::snprintf(buf, sizeof buf, ", its peak %.1f GFLOP/s -> %.1f%% of it", bf16_peak,
-                    100 * (causal ? gflops_unmasked : gflops) / bf16_peak);
+    const bool used = precision_unit(opt.precision) != "highway";
+    if (bf16 && unit_peak > 0 && used) {
+      std::snprintf(buf, sizeof buf, ", its peak %.1f GFLOP/s -> %.1f%% of it", unit_peak,
+                    100 * (causal ? gflops_unmasked : gflops) / unit_peak);
       m.text += buf;
-    } else if (bf16_peak > 0) {
-      std::snprintf(buf, sizeof buf, " (the CPU's bf16 unit, not used: %.1f GFLOP/s)", bf16_peak);
+    } else if (unit_peak > 0) {
+      // (int8's unit does Q·Kᵀ only, so the call's rate is not held against it.)
+      std::snprintf(buf, sizeof buf, " (the CPU's %s unit%s: %.1f G%s/s)", a.precision.c_str(),
+                    used ? "" : ", not used", unit_peak, bf16 ? "FLOP" : "OP");
       m.text += buf;
     }
     m.text += "\n";

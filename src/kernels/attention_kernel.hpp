@@ -75,11 +75,12 @@ double bf16_unit_speedup();
 inline constexpr double kBF16UnitMinSpeedup = 1.25;
 
 // Throughput loops: `iterations` rounds of independent float32 FMAs on the
-// best SIMD target (an FMA counting 2), or of the CPU's bf16 unit
-// (BF16Unit::peak_loop; 0 where the CPU has none, used or not). Each
-// returns the flops done and keeps its result in *sink.
+// best SIMD target (an FMA counting 2), or of the CPU's bf16 or int8 unit
+// (BF16Unit::peak_loop, Int8Unit::peak_loop; 0 where the CPU has none, used
+// or not). Each returns the operations done and keeps its result in *sink.
 double fma_loop(int64_t iterations, float* sink);
 double bf16_peak_loop(int64_t iterations, float* sink);
+double int8_peak_loop(int64_t iterations, float* sink);
 
 // y = softmax(x) for one contiguous row of n floats (y may be x), when the
 // row holds no NaN and its maximum is finite; otherwise returns false and

@@ -40,6 +40,10 @@ struct Int8Unit {
   void (*products)(const uint8_t* q, int64_t q_stride, int rows, int64_t quads, const float* q_scales,
                    const float* q_centers, const int8_t* panel, int64_t keys, float scale, float* s,
                    int64_t s_stride, int64_t cols);
+  // `iterations` rounds of independent dot products on one core; returns the
+  // operations done (a byte product and its sum counting 2, as an FMA does)
+  // and keeps the result in *sink.
+  double (*peak_loop)(int64_t iterations, float* sink);
 };
 
 // x86 CPUs with AVX512_VNNI (int8_x86.cc); null where the CPU lacks it and

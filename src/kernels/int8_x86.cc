@@ -102,6 +102,29 @@ void Products(const uint8_t* q, int64_t q_stride, int rows, int64_t quads, const
   }
 }
 
+// Int8Unit::peak_loop: 12 independent sums (more than 2 pipes × the
+// instruction's latency), starting from different values so that no
+// compiler merges them; every byte product is 1 · 1, so each instruction
+// adds 4 to each lane.
+double PeakLoop(int64_t iterations, float* sink) {
+  constexpr int kChains = 12;
+  __m512i acc[kChains];
+  for (int i = 0; i < kChains; ++i) acc[i] = _mm512_set1_epi32(i);
+  const __m512i ones = _mm512_set1_epi8(1);
+  for (int64_t it = 0; it < iterations; ++it)
+    for (int i = 0; i < kChains; ++i) acc[i] = _mm512_dpbusd_epi32(acc[i], ones, ones);
+  __m512i total = acc[0];
+  for (int i = 1; i < kChains; ++i) total = _mm512_add_epi32(total, acc[i]);
+  // (Summed through memory: GCC 12's _mm512_reduce_add_epi32 warns about an
+  // undefined register it passes through.)
+  alignas(64) int32_t lanes[kLanes];
+  _mm512_store_si512(lanes, total);
+  int64_t sum = 0;
+  for (int32_t x : lanes) sum += x;
+  *sink = static_cast<float>(sum);
+  return 2.0 * 4 * kLanes * kChains * static_cast<double>(iterations);
+}
+
 }  // namespace
 }  // namespace attn::detail
 
@@ -115,7 +138,7 @@ namespace attn::detail {
 
 const Int8Unit* avx512_vnni_unit() {
   static const bool present = HasAvx512() && __builtin_cpu_supports("avx512vnni");
-  static const Int8Unit unit{"avx512_vnni", &Products};
+  static const Int8Unit unit{"avx512_vnni", &Products, &PeakLoop};
   return present ? &unit : nullptr;
 }
 
@@ -135,5 +158,10 @@ const char* int8_prefill_unit() {
 }
 
 void set_int8_unit_use(bool use) { int8_unit_on.store(use, std::memory_order_relaxed); }
+
+double int8_peak_loop(int64_t iterations, float* sink) {
+  const Int8Unit* unit = avx512_vnni_unit();
+  return unit ? unit->peak_loop(iterations, sink) : 0.0;
+}
 
 }  // namespace attn::detail

@@ -592,6 +592,7 @@ def test_bench_reports_consistent_numbers():
     # used or not: bf16 runs on it only where it outruns the FMAs.
     assert r["bf16_peak_gflops"] is None or r["bf16_peak_gflops"] > 0
     assert r["unit"] == "highway" or r["bf16_peak_gflops"] is not None
+    assert "int8_peak_gops" not in r
     # int8 precision: on x86's VNNI where the CPU has it, its error the
     # quantization's.
     r = json.loads(ok("bench", "attention", "--n", n, "--heads", heads, "--head-dim", d, "--precision", "int8",
@@ -601,6 +602,10 @@ def test_bench_reports_consistent_numbers():
     assert r["time_vs_f32_precision"] == pytest.approx(r["median_ms"] / r["f32_precision_median_ms"],
                                                        rel=2e-3, abs=1e-4)
     assert "bf16_peak_gflops" not in r
+    # Its unit's own peak where the CPU has one (a byte product and its sum
+    # counting 2), used or not.
+    assert r["int8_peak_gops"] is None or r["int8_peak_gops"] > 0
+    assert r["unit"] == "highway" or r["int8_peak_gops"] is not None
     # A chunk of queries against a longer cache, aligned bottom-right: query i
     # sees keys 0 .. i + (kv_len - n).
     n_q, n_k = 64, 200
