@@ -24,6 +24,7 @@
 #include "attn/quantize.hpp"
 #include "helpers.hpp"
 #include "kernels/attention_kernel.hpp"
+#include "kernels/int8_unit.hpp"
 
 namespace attn {
 namespace {
@@ -78,10 +79,13 @@ std::string expected_unit() {
 }
 
 // The unit int8 precision should run on: x86's VNNI where the CPU has
-// AVX512_VNNI (on every target: only its scores' rows are the unit's).
+// AVX512_VNNI, Arm's SDOT where it has the dot product (on every target:
+// only its scores' rows are the unit's).
 std::string expected_int8_unit() {
 #if defined(__x86_64__)
   return __builtin_cpu_supports("avx512vnni") ? "avx512_vnni" : "highway";
+#elif defined(__aarch64__)
+  return getauxval(AT_HWCAP) & (1 << 20) ? "neon_dotprod" : "highway";  // asm/hwcap.h's HWCAP_ASIMDDP
 #else
   return "highway";
 #endif
@@ -521,18 +525,22 @@ TEST(Precision, Int8UnitAtItsEdges) {
 }
 
 // The int8 unit's peak loop (the bench's int8_peak_gops) does the
-// operations it counts: 12 sums of 16 lanes, each starting at its index and
-// adding four 1 · 1 byte products per round; 2 operations per product.
+// operations it counts: 12 sums of its lanes, each starting at its index
+// and adding four 1 · 1 byte products per round; 2 operations per product.
 TEST(Precision, Int8PeakLoopDoesWhatItCounts) {
   float sink = 0;
   const int64_t rounds = 1000;
   const double ops = detail::int8_peak_loop(rounds, &sink);
-  if (expected_int8_unit() == "highway") {
+  const detail::Int8Unit* unit = detail::cpu_int8_unit();
+  ASSERT_EQ(unit != nullptr, expected_int8_unit() != "highway");
+  if (!unit) {
     EXPECT_EQ(ops, 0.0);
     return;
   }
-  EXPECT_EQ(ops, 2.0 * 4 * 16 * 12 * rounds);
-  EXPECT_EQ(sink, 16.0f * (66 + 12 * 4 * rounds));  // 16 lanes · Σ_i (i + 4 · rounds)
+  const auto lanes = static_cast<float>(unit->lanes);
+  EXPECT_EQ(lanes, expected_int8_unit() == "avx512_vnni" ? 16 : 4);
+  EXPECT_EQ(ops, 2.0 * 4 * lanes * 12 * rounds);
+  EXPECT_EQ(sink, lanes * (66 + 12 * 4 * rounds));  // lanes · Σ_i (i + 4 · rounds)
 }
 
 // A few queries against more keys than one decode chunk take the decode

@@ -19,7 +19,8 @@ double measure_fma_peak_gflops(int threads);
 double measure_bf16_peak_gflops(int threads);
 
 // The same for this CPU's int8 dot-product unit (precision_unit's
-// "avx512_vnni": a loop of VPDPBUSD, a byte product and its sum counting 2),
+// "avx512_vnni": a loop of VPDPBUSD, "neon_dotprod": of SDOT; a byte
+// product and its sum counting 2),
 // in GOP/s, or 0 where the CPU has none.
 double measure_int8_peak_gops(int threads);
 

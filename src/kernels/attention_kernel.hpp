@@ -59,7 +59,8 @@ void set_bf16_unit_use(BF16UnitUse use);
 void set_int8_unit_use(bool use);
 
 // The unit int8 precision's prefill computes Q·Kᵀ on (on every SIMD
-// target: only the scores come from it): "avx512_vnni" or "highway".
+// target: only the scores come from it): "avx512_vnni", "neon_dotprod" or
+// "highway".
 const char* int8_prefill_unit();
 
 // How many times the float32 FMAs' throughput the CPU's bf16 unit reaches

@@ -1,9 +1,10 @@
 // Internal: a CPU's int8 dot-product unit for int8 precision's Q·Kᵀ
 // (docs/semantics.md "Precision"): x86's VPDPBUSD (AVX512_VNNI) adds 16
-// lanes × 4 products of unsigned and signed bytes into int32 sums, four
-// times the float32 FMA's multiplies per instruction. Highway 1.0.3 has no
-// such instruction, so the unit is one file of compiler intrinsics
-// (int8_x86.cc), used only where a run-time CPU check found it.
+// lanes × 4 products of unsigned and signed bytes into int32 sums, Arm's
+// SDOT (the dot-product extension) 4 lanes × 4 signed ones: four times the
+// float32 FMA's multiplies per instruction. Highway 1.0.3 has neither, so
+// each is one file of compiler intrinsics (int8_x86.cc, int8_arm.cc), used
+// only where a run-time CPU check found it.
 //
 // Layouts (codes: int8 precision's, in [-127, 127]):
 //   K panel   [ceil(d / 4)][kBlockK][4] signed codes: k_j's codes 4c .. 4c + 3
@@ -12,7 +13,8 @@
 //             (Int8PanelBytes in all)
 //   Q rows    ceil(d / 4) · 4 unsigned bytes each: code + 128, 128 past d
 //             (VPDPBUSD's first operand is unsigned; the offsets take the
-//             128s back out), with a float32 scale s_r and center term
+//             128s back out; SDOT takes the codes back, signed, and needs
+//             no offsets), with a float32 scale s_r and center term
 //             q̃_r · μ per row
 #pragma once
 
@@ -32,6 +34,7 @@ inline constexpr float kInt8UnitLimit = 4294967296.0f;  // 2^32
 
 struct Int8Unit {
   const char* name;  // as precision_unit reports it
+  int lanes;         // int32 sums per vector
   // s[r · s_stride + j] = scale · (s_r · t_j · Σ_c q_r[c] · k_j[c] + center_r)
   // for r < rows (<= 4), query row r's codes at q + r · q_stride bytes, its
   // scale and center term at q_scales[r] and q_centers[r], and the first
@@ -46,9 +49,14 @@ struct Int8Unit {
   double (*peak_loop)(int64_t iterations, float* sink);
 };
 
-// x86 CPUs with AVX512_VNNI (int8_x86.cc); null where the CPU lacks it and
-// in builds for other architectures.
+// x86 CPUs with AVX512_VNNI (int8_x86.cc), Arm CPUs with the dot-product
+// extension (int8_arm.cc); null where the CPU lacks it and in builds for
+// other architectures.
 const Int8Unit* avx512_vnni_unit();
+const Int8Unit* arm_dotprod_unit();
+
+// The CPU's unit, if it has one (int8_unit.cc).
+const Int8Unit* cpu_int8_unit();
 
 // The unit int8 precision uses: the CPU's, unless set_int8_unit_use
 // (attention_kernel.hpp) turned it off; null where there is none.

@@ -597,7 +597,7 @@ def test_bench_reports_consistent_numbers():
     # quantization's.
     r = json.loads(ok("bench", "attention", "--n", n, "--heads", heads, "--head-dim", d, "--precision", "int8",
                       "--threads", 1, "--json").stdout)
-    assert r["precision"] == "int8" and r["unit"] in {"highway", "avx512_vnni"}
+    assert r["precision"] == "int8" and r["unit"] in {"highway", "avx512_vnni", "neon_dotprod"}
     assert 1e-3 < r["error_vs_f64"] < 2e-2
     assert r["time_vs_f32_precision"] == pytest.approx(r["median_ms"] / r["f32_precision_median_ms"],
                                                        rel=2e-3, abs=1e-4)

@@ -101,6 +101,6 @@ def test_refusals(precision):
 def test_precision_unit_names_the_units():
     assert attn.precision_unit("f32") == "highway"
     assert attn.precision_unit("bf16") in ("highway", "avx512_bf16", "neon_bf16")
-    assert attn.precision_unit("int8") in ("highway", "avx512_vnni")
+    assert attn.precision_unit("int8") in ("highway", "avx512_vnni", "neon_dotprod")
     with pytest.raises(ValueError, match="precision must be 'f32', 'bf16' or 'int8', got 'fp8'"):
         attn.precision_unit("fp8")

@@ -1,0 +1,115 @@
+// The int8 unit's kernels, written once over the few operations each
+// architecture's dot-product instruction needs (int8_unit.hpp has the
+// layouts). An architecture's file (int8_x86.cc, int8_arm.cc) defines
+//   struct Isa {                             // in an anonymous namespace: the
+//                                            // templates below then are the file's own
+//     static constexpr const char* kName;    // as precision_unit reports it
+//     static constexpr int kLanes;           // int32 lanes of Sums
+//     using Sums, Codes;                     // kLanes int32; 4 · kLanes bytes
+//     static Sums Set(int32_t);
+//     static Codes Load(const int8_t*), Broadcast(uint32_t);
+//     static Codes QueryQuad(uint32_t);      // a row's 4 bytes (code + 128), as Dot takes them
+//     static Sums Dot(Sums, Codes q, Codes k);  // + each lane's 4 byte products
+//     static Sums LessOffsets(Sums, const int32_t*);  // Σ q · k of the codes, exact
+//     // x · (a · t) + b per lane, x the sums as float32, t loaded from a pointer
+//     static void StoreScores(float* s, Sums x, float a, const float* t, float b);
+//     static void StoreSums(int32_t*, Sums);
+//   };
+// and includes this file under the pragma that compiles it for the
+// instructions (after every other include: the standard headers' functions
+// keep the baseline target).
+#ifndef ATTN_KERNELS_INT8_BLOCKS_INL_H_
+#define ATTN_KERNELS_INT8_BLOCKS_INL_H_
+
+namespace attn::detail::int8_blocks {
+
+// A block of 4 rows × 4 vectors: 16 sums, more independent ones than the
+// instruction's latency × throughput needs.
+constexpr int kRows = 4, kVecs = 4;
+
+// s rows r < MR, vectors v < NV of a tile: each quad of the query's bytes
+// broadcast once per row, each vector of the panel's codes (kLanes keys ×
+// 4) loaded once per quad; the int32 sums become float32 only at the end
+// (exact: |Σ| <= d · 127 · 127 < 2^24 for d <= 1040).
+template <class Isa, int MR, int NV>
+void ProductBlock(const uint8_t* q, int64_t q_stride, int64_t quads, const float* q_scales,
+                  const float* q_centers, const int8_t* panel, int64_t keys, float scale, float* s,
+                  int64_t s_stride) {
+  typename Isa::Sums acc[MR][NV];
+  for (int r = 0; r < MR; ++r)
+    for (int v = 0; v < NV; ++v) acc[r][v] = Isa::Set(0);
+  for (int64_t c = 0; c < quads; ++c) {
+    typename Isa::Codes k[NV];
+    for (int v = 0; v < NV; ++v) k[v] = Isa::Load(panel + (c * keys + v * Isa::kLanes) * 4);
+    for (int r = 0; r < MR; ++r) {
+      uint32_t quad;
+      std::memcpy(&quad, q + r * q_stride + 4 * c, 4);
+      const typename Isa::Codes qb = Isa::QueryQuad(quad);
+      for (int v = 0; v < NV; ++v) acc[r][v] = Isa::Dot(acc[r][v], qb, k[v]);
+    }
+  }
+  const auto* t = reinterpret_cast<const float*>(panel + quads * keys * 4);
+  const auto* offsets = reinterpret_cast<const int32_t*>(t + keys);
+  for (int r = 0; r < MR; ++r)
+    for (int v = 0; v < NV; ++v)
+      Isa::StoreScores(s + r * s_stride + v * Isa::kLanes, Isa::LessOffsets(acc[r][v], offsets + v * Isa::kLanes),
+                       scale * q_scales[r], t + v * Isa::kLanes, scale * q_centers[r]);
+}
+
+// Every (rows, vectors) instantiation of a block, at [(rows - 1) · kVecs +
+// vectors - 1].
+template <class Isa, int... I>
+constexpr auto ProductTable(std::integer_sequence<int, I...>) {
+  return std::array{&ProductBlock<Isa, I / kVecs + 1, I % kVecs + 1>...};
+}
+
+// Int8Unit::products: the keys up to cols rounded up to 16, in blocks of
+// kVecs vectors, the last block narrower. (The panel's scales and offsets
+// sit past all `keys`: a block from key j finds them shifted by j, as its
+// codes are.)
+template <class Isa>
+void Products(const uint8_t* q, int64_t q_stride, int rows, int64_t quads, const float* q_scales,
+              const float* q_centers, const int8_t* panel, int64_t keys, float scale, float* s, int64_t s_stride,
+              int64_t cols) {
+  static constexpr auto table = ProductTable<Isa>(std::make_integer_sequence<int, kRows * kVecs>());
+  const int64_t vecs = (cols + 15) / 16 * 16 / Isa::kLanes;
+  for (int64_t v0 = 0; v0 < vecs; v0 += kVecs) {
+    const auto nv = std::min<int64_t>(kVecs, vecs - v0);
+    const int64_t j = v0 * Isa::kLanes;
+    table[(rows - 1) * kVecs + nv - 1](q, q_stride, quads, q_scales, q_centers, panel + j * 4, keys, scale, s + j,
+                                       s_stride);
+  }
+}
+
+// Int8Unit::peak_loop: 12 independent sums (more than 2 pipes × the
+// instruction's latency), starting from different values so that no
+// compiler merges them; every byte product is 1 · 1, so each instruction
+// adds 4 to each lane.
+template <class Isa>
+double PeakLoop(int64_t iterations, float* sink) {
+  constexpr int kChains = 12;
+  typename Isa::Sums acc[kChains];
+  for (int i = 0; i < kChains; ++i) acc[i] = Isa::Set(i);
+  const typename Isa::Codes ones = Isa::Broadcast(0x01010101u);
+  for (int64_t it = 0; it < iterations; ++it)
+    for (int i = 0; i < kChains; ++i) acc[i] = Isa::Dot(acc[i], ones, ones);
+  int64_t sum = 0;
+  for (int i = 0; i < kChains; ++i) {
+    int32_t lanes[Isa::kLanes];
+    Isa::StoreSums(lanes, acc[i]);
+    for (int32_t x : lanes) sum += x;
+  }
+  *sink = static_cast<float>(sum);
+  return 2.0 * 4 * Isa::kLanes * kChains * static_cast<double>(iterations);
+}
+
+// The unit of an Isa (constant: initialised before any code runs).
+template <class Isa>
+const Int8Unit* UnitOf() {
+  static constexpr Int8Unit unit{Isa::kName, Isa::kLanes, &Products<Isa>, &PeakLoop<Isa>};
+  return &unit;
+}
+
+}  // namespace attn::detail::int8_blocks
+
+#endif  // ATTN_KERNELS_INT8_BLOCKS_INL_H_
