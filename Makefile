@@ -113,18 +113,20 @@ bench: test-deps
 # qemu-aarch64 on emulated CPUs. Each CPU is qemu's -cpu value / the best
 # Highway target it must dispatch to; on each, the kernel tests force every
 # target the CPU can run, one at a time; / the bf16 unit it must use (none:
-# the Highway path). qemu 7.2's max has SVE2 (and BF16) at 512 bits;
+# the Highway path) / the int8 unit (none: the Highway path). qemu 7.2's
+# max has SVE2 (and BF16, the dot product) at 512 bits;
 # sve128/sve256 set its vector length, sve=off leaves NEON with BF16; a64fx
 # is SVE without SVE2.
 ARM_BUILD     ?= build-arm
 ARM_DEBS      := g++-aarch64-linux-gnu qemu-user libhwy-dev:arm64 libgtest-dev:arm64 libstb-dev:arm64
-ARM_CPUS      := cortex-a72/NEON max,sve=off/NEON/neon_bf16 a64fx/SVE max,sve128=on/SVE2_128/neon_bf16 \
-                 max,sve256=on/SVE_256/neon_bf16 max/SVE2/neon_bf16
+ARM_CPUS      := cortex-a72/NEON max,sve=off/NEON/neon_bf16/neon_dotprod a64fx/SVE \
+                 max,sve128=on/SVE2_128/neon_bf16/neon_dotprod max,sve256=on/SVE_256/neon_bf16/neon_dotprod \
+                 max/SVE2/neon_bf16/neon_dotprod
 # make test runs ARM_KERNEL_TESTS on the two NEON CPUs,
 # with and without BFDOT. (SVE under qemu costs minutes per test on some
 # hosts: three of these tests took 390 s on one SVE CPU on a Xeon, where a
 # Zen 5 ran all of them in under 2 minutes; make test-arm runs SVE.)
-ARM_TEST_CPUS := cortex-a72/NEON max,sve=off/NEON/neon_bf16
+ARM_TEST_CPUS := cortex-a72/NEON max,sve=off/NEON/neon_bf16/neon_dotprod
 ARM_KERNEL_TESTS := Kernels.*:EdgeCases.*:KVStorage.*:Q8_0.*:Precision.*
 
 arm-build:

@@ -25,14 +25,18 @@ def bf16(a):
 
 
 def exp2(x, dtype):
-    """2^x by rounding, the polynomial and 2^n, every step in `dtype`."""
+    """2^x by rounding, the polynomial (fused multiply-adds: one rounding
+    each) and 2^n as an exponent field, every step in `dtype`; results below
+    its smallest normal number flush to 0, as an exponent field cannot hold
+    them."""
     x = x.astype(dtype)
     n = np.round(x)
     f = (x - n).astype(dtype)
     p = dtype(POLY[0])
     for c in POLY[1:]:
-        p = (p * f + dtype(c)).astype(dtype)
-    return (p * np.exp2(n).astype(dtype)).astype(dtype).astype(np.float32)
+        p = (p.astype(np.float64) * f + c).astype(dtype)
+    e = (p * np.exp2(n).astype(dtype)).astype(dtype)
+    return np.where(n < np.log2(np.finfo(dtype).tiny), 0, e).astype(np.float32)
 
 
 def main():

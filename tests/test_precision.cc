@@ -404,6 +404,9 @@ TEST(Precision, UnitIsTheCPUs) {
     EXPECT_EQ(precision_unit(Precision::Float32), "highway");
   }
   EXPECT_EQ(precision_unit(Precision::Int8), expected_int8_unit());  // (by default, where there is one)
+  if (const char* unit = std::getenv("ATTN_EXPECT_INT8_UNIT")) {
+    EXPECT_EQ(precision_unit(Precision::Int8), unit);
+  }
   {
     const UnitsOn never(false);
     EXPECT_EQ(precision_unit(Precision::BF16), "highway");

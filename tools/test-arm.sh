@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Runs the aarch64 C++ test binary under qemu-aarch64 on emulated Arm CPUs.
-#   tools/test-arm.sh [--best-only] BINARY GTEST_FILTER CPU/TARGET[/UNIT]...
+#   tools/test-arm.sh [--best-only] BINARY GTEST_FILTER CPU/TARGET[/UNIT[/INT8_UNIT]]...
 # CPU is qemu's -cpu value, TARGET the best Highway target it must dispatch to
-# (the test Kernels.SimdTargetsOfThisCpu checks it), UNIT the bf16 unit it
-# must use (default highway; Precision.UnitIsTheCPUs checks it). On each CPU the kernel
+# (the test Kernels.SimdTargetsOfThisCpu checks it), UNIT and INT8_UNIT the
+# bf16 and int8 units it must use (default highway; Precision.UnitIsTheCPUs
+# checks them). On each CPU the kernel
 # tests force every target it can run, one at a time, as on x86; with
 # --best-only, TARGET alone (ATTN_TEST_TARGETS). ATTN_TEST_EMULATED makes the
 # few tests that are impractical under emulation run smaller. The CPUs run
@@ -20,16 +21,23 @@ jobs=${ARM_JOBS:-$(nproc)}
 
 cpu_of() { echo "${1%%/*}"; }
 target_of() { local rest=${1#*/}; echo "${rest%%/*}"; }
-unit_of() { local rest=${1#*/}; [ "$rest" = "${rest#*/}" ] && echo highway || echo "${rest#*/}"; }
+field_of() {  # SPEC N: its Nth /-separated field, or highway where it has none
+  local fields
+  IFS=/ read -ra fields <<<"$1"
+  echo "${fields[$2]:-highway}"
+}
+unit_of() { field_of "$1" 2; }
+int8_unit_of() { field_of "$1" 3; }
 log_of() { echo "$logs/$(cpu_of "$1" | tr ',=' '__').log"; }
 
 run_one() {  # CPU/TARGET[/UNIT]: the log, then its exit status and seconds in LOG.status
-  local cpu expected unit log only=() start rc
-  cpu=$(cpu_of "$1") expected=$(target_of "$1") unit=$(unit_of "$1")
+  local cpu expected unit int8_unit log only=() start rc
+  cpu=$(cpu_of "$1") expected=$(target_of "$1") unit=$(unit_of "$1") int8_unit=$(int8_unit_of "$1")
   log=$(log_of "$1")
   [ $best_only = 1 ] && only=(ATTN_TEST_TARGETS="$expected")
   start=$(date +%s)
   env "${only[@]}" ATTN_TEST_EMULATED=1 ATTN_EXPECT_TARGET="$expected" ATTN_EXPECT_UNIT="$unit" \
+      ATTN_EXPECT_INT8_UNIT="$int8_unit" \
       qemu-aarch64 -cpu "$cpu" "$bin" --gtest_filter="$filter" >"$log" 2>&1
   rc=$?
   echo "$rc $(( $(date +%s) - start ))" >"$log.status"

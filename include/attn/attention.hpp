@@ -45,8 +45,8 @@ std::string precision_name(Precision precision);
 // where the CPU has it and it outruns the float32 FMAs (timed once per
 // process, docs/semantics.md "Precision"); "avx512_vnni" (x86's VPDPBUSD)
 // or "neon_dotprod" (Arm's SDOT) for Int8's Q·Kᵀ where the CPU has it; or
-// "highway" (the float32 FMAs, on
-// the rounded or quantized values for BF16 and Int8).
+// "highway" (the float32 FMAs, on the rounded or quantized values for BF16
+// and Int8).
 std::string precision_unit(Precision precision);
 
 struct AttentionOptions {

@@ -20,8 +20,7 @@ double measure_bf16_peak_gflops(int threads);
 
 // The same for this CPU's int8 dot-product unit (precision_unit's
 // "avx512_vnni": a loop of VPDPBUSD, "neon_dotprod": of SDOT; a byte
-// product and its sum counting 2),
-// in GOP/s, or 0 where the CPU has none.
+// product and its sum counting 2), in GOP/s, or 0 where the CPU has none.
 double measure_int8_peak_gops(int threads);
 
 // Memory read bandwidth: `threads` threads streaming a buffer far larger than

@@ -81,16 +81,18 @@ void Products(const uint8_t* q, int64_t q_stride, int rows, int64_t quads, const
   }
 }
 
-// Int8Unit::peak_loop: 12 independent sums (more than 2 pipes × the
-// instruction's latency), starting from different values so that no
-// compiler merges them; every byte product is 1 · 1, so each instruction
-// adds 4 to each lane.
+// Int8Unit::peak_loop: 12 independent sums (at least the pipes × the
+// instruction's latency of the CPUs known), starting from different values
+// so that no compiler merges them; every byte product is 1 · 1, so each
+// instruction adds 4 to each lane. (The 1s are read from a volatile: exact
+// integer sums of a known constant could be folded into one multiply.)
 template <class Isa>
 double PeakLoop(int64_t iterations, float* sink) {
   constexpr int kChains = 12;
   typename Isa::Sums acc[kChains];
   for (int i = 0; i < kChains; ++i) acc[i] = Isa::Set(i);
-  const typename Isa::Codes ones = Isa::Broadcast(0x01010101u);
+  static volatile uint32_t one_bytes = 0x01010101u;
+  const typename Isa::Codes ones = Isa::Broadcast(one_bytes);
   for (int64_t it = 0; it < iterations; ++it)
     for (int i = 0; i < kChains; ++i) acc[i] = Isa::Dot(acc[i], ones, ones);
   int64_t sum = 0;

@@ -34,7 +34,7 @@ inline constexpr float kInt8UnitLimit = 4294967296.0f;  // 2^32
 
 struct Int8Unit {
   const char* name;  // as precision_unit reports it
-  int lanes;         // int32 sums per vector
+  int lanes;         // int32 sums per vector (4 byte products each per instruction)
   // s[r · s_stride + j] = scale · (s_r · t_j · Σ_c q_r[c] · k_j[c] + center_r)
   // for r < rows (<= 4), query row r's codes at q + r · q_stride bytes, its
   // scale and center term at q_scales[r] and q_centers[r], and the first

@@ -593,8 +593,8 @@ def test_bench_reports_consistent_numbers():
     assert r["bf16_peak_gflops"] is None or r["bf16_peak_gflops"] > 0
     assert r["unit"] == "highway" or r["bf16_peak_gflops"] is not None
     assert "int8_peak_gops" not in r
-    # int8 precision: on x86's VNNI where the CPU has it, its error the
-    # quantization's.
+    # int8 precision: on x86's VNNI or Arm's SDOT where the CPU has it, its
+    # error the quantization's.
     r = json.loads(ok("bench", "attention", "--n", n, "--heads", heads, "--head-dim", d, "--precision", "int8",
                       "--threads", 1, "--json").stdout)
     assert r["precision"] == "int8" and r["unit"] in {"highway", "avx512_vnni", "neon_dotprod"}
