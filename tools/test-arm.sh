@@ -21,7 +21,7 @@ jobs=${ARM_JOBS:-$(nproc)}
 
 cpu_of() { echo "${1%%/*}"; }
 target_of() { local rest=${1#*/}; echo "${rest%%/*}"; }
-field_of() {  # SPEC N: its Nth /-separated field, or highway where it has none
+field_of() {  # CPU_SPEC N: its Nth /-separated field, or highway where it has none
   local fields
   IFS=/ read -ra fields <<<"$1"
   echo "${fields[$2]:-highway}"
