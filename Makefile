@@ -33,13 +33,16 @@ TSAN_BUILD   ?= build-tsan
 FUZZ_SECONDS ?= 60
 # make test fuzzes each target this long (the issue asks for at least 20 s).
 TEST_FUZZ_SECONDS ?= 20
+# Reports need files and lines, not variables: line tables only, quicker to
+# build than full debug info for every Highway target.
+ASAN_OPT_FLAGS := -O2 -gline-tables-only -DNDEBUG
 SANITIZER_ENV := ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1
 # The attn::dist tests under mpirun: the same, with Open MPI's own
 # allocations at exit suppressed (tests/dist/lsan.supp).
 MPI_SANITIZER_ENV := ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:fast_unwind_on_malloc=0 \
                      LSAN_OPTIONS=suppressions=$(CURDIR)/tests/dist/lsan.supp UBSAN_OPTIONS=print_stacktrace=1
 
-.PHONY: all build configure demo test bench arm-build test-arm test-arm-kernels package-arm deps test-deps clean asan fuzz fuzz-build tsan package
+.PHONY: all build configure demo test test-add-subdirectory bench arm-build test-arm test-arm-kernels package-arm deps test-deps clean asan fuzz fuzz-build tsan package
 
 all: build
 
@@ -66,10 +69,17 @@ package: build
 
 test: test-deps configure
 	cmake --build $(BUILD) -j $(JOBS)
-	ctest --test-dir $(BUILD) --output-on-failure -j $(JOBS)
+	ctest --test-dir $(BUILD) --output-on-failure -j $(JOBS) -LE source_build
 	$(MAKE) asan
 	tools/run-fuzzers.sh $(ASAN_BUILD) $(TEST_FUZZ_SECONDS) 1 $(JOBS)
 	$(MAKE) test-arm-kernels
+
+# A project that builds attn from source with add_subdirectory: the whole
+# library compiled again, so make test leaves it out (it kept make test past
+# 30 minutes on 2 cores).
+test-add-subdirectory: test-deps configure
+	cmake --build $(BUILD) -j $(JOBS)
+	ctest --test-dir $(BUILD) --output-on-failure -L source_build
 
 # The C++ tests (not pytest, not the CLI) in the checked build, but one: under
 # ASan an impossible operator new (64 TiB) aborts with a report instead of
@@ -82,6 +92,7 @@ asan: fuzz-build
 
 fuzz-build: test-deps
 	cmake -S . -B $(ASAN_BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_COMPILER=clang++-14 -DCMAKE_C_COMPILER=clang-14 \
+	    -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="$(ASAN_OPT_FLAGS)" -DCMAKE_C_FLAGS_RELWITHDEBINFO="$(ASAN_OPT_FLAGS)" \
 	    -DATTN_SANITIZE=address,undefined -DATTN_FUZZ=ON >/dev/null
 	cmake --build $(ASAN_BUILD) -j $(JOBS) --target attn_tests attn_dist_tests fuzz_npy fuzz_safetensors fuzz_attention \
 	    fuzz_rope fuzz_capi

@@ -2,8 +2,9 @@
 # attn as its users get it, from an installed tree in a temporary prefix,
 # never from the source tree: a CMake project with find_package (the shared
 # library, then the static one), a C++ and a C program built with pkg-config
-# (shared, then --static), and a CMake project that adds attn's source with
-# add_subdirectory. Each runs and checks a result against its closed form.
+# (shared, then --static). Each runs and checks a result against its closed
+# form. (A project that adds attn's source with add_subdirectory builds the
+# whole library again: add_subdirectory/run.sh, make test-add-subdirectory.)
 # Where the build has attn::dist (MPI found): a CMake project with
 # find_package(attn COMPONENTS dist) and a C++ program built with
 # pkg-config attn-dist, each run under mpirun on 2 ranks.
@@ -71,8 +72,3 @@ if [ -f "$build/libattn_dist.a" ]; then
     -Wl,-rpath,"$prefix/lib"
   ATTN_NUM_THREADS=1 "${mpirun[@]}" "$work/pc_dist"
 fi
-
-step "add_subdirectory(attn)"
-cmake -S "$here/add_subdirectory" -B "$work/sub" -DATTN_SOURCE="$src" -DCMAKE_BUILD_TYPE=Release >/dev/null
-cmake --build "$work/sub" --target consumer -j "${JOBS:-2}" >/dev/null
-"$work/sub/consumer"
