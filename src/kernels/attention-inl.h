@@ -481,18 +481,28 @@ inline void WriteRow(DF d, const AttentionProblem<float>& p, int64_t b, int64_t 
   if (!hn::AllFalse(d, nan)) reference_attention_row(p, b, h, i, out);
 }
 
+// Which online softmax SoftmaxStep runs, and what it leaves of P:
+//   Float32  float32 precision: the exact 2^x, the lazy max, P in float32
+//   BF16     bf16 precision (SoftmaxExp2's degree 3, the exact max), P
+//            rounded to bf16 as its P·V on the Highway path reads it
+//   BF16Unit the same softmax for a bf16 unit, whose pairing of P rounds it
+//            the same way (nearest, ties to even; P has no subnormals, as
+//            SoftmaxExp2 flushes them): P left unrounded, a pass over it less
+enum class SoftmaxFor { Float32, BF16, BF16Unit };
+
 // SoftmaxStep's last part: s[j] = 2^(s[j] - m) and l = alpha · l + Σ_j s[j]
 // (per lane), for a finite running max m (a NaN one makes every s[j] and l
-// NaN). kForBF16: s[j] is stored rounded to bf16, as P·V takes it, in the
-// same pass; l sums it unrounded.
-template <bool kForBF16>
+// NaN). For BF16, s[j] is stored rounded, in the same pass; l always sums
+// it unrounded.
+template <SoftmaxFor kFor>
 HWY_INLINE void AddExponentials(DF d, float* s, int64_t n, float m, float* l, float alpha) {
+  constexpr bool kForBF16 = kFor != SoftmaxFor::Float32;
   const size_t N = hn::Lanes(d);
   const VF vm = hn::Set(d, m);
   VF sum = hn::Zero(d);
   for (int64_t j = 0; j < n; j += static_cast<int64_t>(N)) {
     const VF e = SoftmaxExp2<kForBF16>(d, hn::Sub(hn::Load(d, s + j), vm));
-    hn::Store(kForBF16 ? RoundToBF16(d, e) : e, d, s + j);
+    hn::Store(kFor == SoftmaxFor::BF16 ? RoundToBF16(d, e) : e, d, s + j);
     sum = hn::Add(sum, e);
   }
   hn::Store(hn::MulAdd(hn::Load(d, l), hn::Set(d, alpha), sum), d, l);
@@ -508,10 +518,11 @@ HWY_INLINE void AddExponentials(DF d, float* s, int64_t n, float m, float* l, fl
 // Edge cases (README "Edge cases"): a NaN logit makes P, and so l, NaN for
 // good (the row comes out NaN); +inf logits share the weight equally, the
 // softmax's limit.
-// kForBF16: P's exponentials to bf16 precision's accuracy (SoftmaxExp2),
-// and P left rounded to bf16 (AddExponentials; its 0s and 1s are exact).
+// For bf16 (SoftmaxFor), P's exponentials to bf16 precision's accuracy
+// (SoftmaxExp2), left rounded to bf16 or for the unit to round (its 0s and
+// 1s are exact either way).
 inline constexpr float kRescaleThreshold = 8.0f;
-template <bool kForBF16 = false>
+template <SoftmaxFor kFor = SoftmaxFor::Float32>
 HWY_INLINE float SoftmaxStep(DF d, float* s, int64_t n, float& m, float* l) {
   const size_t N = hn::Lanes(d);
   const float ninf = -std::numeric_limits<float>::infinity();
@@ -524,13 +535,13 @@ HWY_INLINE float SoftmaxStep(DF d, float* s, int64_t n, float& m, float* l) {
   // which are exact relative to whatever m they share. (-inf: moves.) Not
   // for bf16, whose P is rounded for P·V but not in l: a row's leading key
   // must get P = 2^0 = 1 there, or its weight is off by up to 2^-9.
-  constexpr float threshold = kForBF16 ? 0.0f : kRescaleThreshold;
+  constexpr float threshold = kFor == SoftmaxFor::Float32 ? kRescaleThreshold : 0.0f;
   // Most tiles leave a finite m where it is: one compare of every lane
   // tells, without the tile's max across lanes, a chain of shuffles that
   // took a fifth of the softmax's time. (A NaN lane compares false and comes
   // out of 2^x as NaN: l is NaN, as below.)
   if (std::isfinite(m) && hn::AllFalse(d, hn::Gt(vmax, hn::Set(d, m + threshold)))) {
-    AddExponentials<kForBF16>(d, s, n, m, l, 1.0f);
+    AddExponentials<kFor>(d, s, n, m, l, 1.0f);
     return 1.0f;
   }
   // (Max may drop a NaN lane or keep it; a kept one must not lose to m.)
@@ -560,7 +571,7 @@ HWY_INLINE float SoftmaxStep(DF d, float* s, int64_t n, float& m, float* l) {
     return alpha;
   }
   const float alpha = m == m_new ? 1.0f : hn::GetLane(SoftmaxExp2(d, hn::Set(d, m - m_new)));
-  AddExponentials<kForBF16>(d, s, n, m_new, l, alpha);
+  AddExponentials<kFor>(d, s, n, m_new, l, alpha);
   m = m_new;
   return alpha;
 }

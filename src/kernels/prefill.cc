@@ -242,14 +242,16 @@ HWY_INLINE void SoftmaxPass(DF d, const Item& it, int64_t h, bool pack, ItemStat
         float* sr = s + r * kBlockK;
         float& m = st.m[r0 + r];
         float* l = st.l_lanes + (r0 + r) * N;
-        const float alpha = bf16 ? SoftmaxStep<true>(d, sr, width, m, l) : SoftmaxStep(d, sr, width, m, l);
+        const float alpha = !bf16    ? SoftmaxStep(d, sr, width, m, l)
+                            : it.unit ? SoftmaxStep<SoftmaxFor::BF16Unit>(d, sr, width, m, l)
+                                      : SoftmaxStep<SoftmaxFor::BF16>(d, sr, width, m, l);
         if (alpha != 1.0f) {
           const VF a = hn::Set(d, alpha);
           for (int64_t c = 0; c < dvp; c += static_cast<int64_t>(N))
             hn::Store(hn::Mul(hn::Load(d, orow + c), a), d, orow + c);
         }
       }
-      // (In bf16, SoftmaxStep left P rounded, as both products take it.)
+      // (In bf16, SoftmaxStep left P rounded, or for the unit to round.)
       if (it.unit) {
         it.unit->accumulate(s, kBlockK, rows, jn, reinterpret_cast<const uint32_t*>(v0), dvp, o + r0 * dvp, dvp);
         continue;
