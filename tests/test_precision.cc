@@ -60,6 +60,16 @@ class UnitsOn {
   test::BF16UnitUseScope bf16_;
 };
 
+// The int8 unit alone on or off, for a scope: the bf16 unit, which computes
+// int8's P·V, stays as it is (the Highway path's P·V sums in another order).
+class Int8UnitOn {
+ public:
+  explicit Int8UnitOn(bool on) { detail::set_int8_unit_use(on); }
+  ~Int8UnitOn() { detail::set_int8_unit_use(true); }
+  Int8UnitOn(const Int8UnitOn&) = delete;
+  Int8UnitOn& operator=(const Int8UnitOn&) = delete;
+};
+
 
 // The unit bf16 precision should run on, by the compiler's or the system's
 // CPU check (not the library's): x86's where the CPU has AVX512_BF16 and
@@ -205,12 +215,21 @@ TEST(Precision, Int8OnValuesItKeepsIsBF16) {
   int8.precision = Precision::Int8;
   bf16.precision = Precision::BF16;
   int8.scale = bf16.scale = 1.0 / (127.0 * 127.0);  // (logits of order 1)
-  const UnitsOn highway(false);  // (the units sum in other orders)
-  test::on_every_simd_target([&] {
-    const auto got = attention(q.view(), k.view(), v.view(), int8);
-    const auto want = attention(q.view(), k.view(), v.view(), bf16);
-    ASSERT_EQ(std::memcmp(got.data(), want.data(), sizeof(float) * got.numel()), 0);
-  });
+  const auto expect_bitwise_equal = [&] {
+    test::on_every_simd_target([&] {
+      const auto got = attention(q.view(), k.view(), v.view(), int8);
+      const auto want = attention(q.view(), k.view(), v.view(), bf16);
+      ASSERT_EQ(std::memcmp(got.data(), want.data(), sizeof(float) * got.numel()), 0);
+    });
+  };
+  const UnitsOn highway(false);  // (the int8 unit scales its sums in another order)
+  expect_bitwise_equal();
+  // With the bf16 unit on, int8's P·V is the unit's as bf16's is (bf16's
+  // scores on the unit are exact sums of these values too, so the same):
+  // still bit for bit, where int8's P·V on FMAs would not be.
+  if (expected_unit() == "highway") return;
+  const test::BF16UnitUseScope bf16_unit(detail::BF16UnitUse::Always);
+  expect_bitwise_equal();
 }
 
 // A NaN or an infinity spoils only what it would spoil in float32: its own
@@ -220,6 +239,7 @@ TEST(Precision, Int8OnValuesItKeepsIsBF16) {
 // On the Highway path; the int8 unit, which has no code for them, leaves
 // such a call to that path: the same result bit for bit.
 TEST(Precision, Int8KeepsANonFiniteValueToItsOwnRows) {
+  const test::BF16UnitUseScope bf16_unit(detail::BF16UnitUse::Always);  // (P·V's, where there is one)
   std::mt19937 rng(2313);
   const int64_t n = 80, d = 64, bad_key = 50, bad_query = 20;
   auto q = normal({1, 2, n, d}, rng), k = normal({1, 2, n, d}, rng);
@@ -234,9 +254,9 @@ TEST(Precision, Int8KeepsANonFiniteValueToItsOwnRows) {
     kb.at({0, 0, bad_key, 7}) = bad;
     qb.at({0, 1, bad_query, 9}) = bad;
     test::on_every_simd_target([&] {
-      std::optional<UnitsOn> units(std::in_place, true);
+      std::optional<Int8UnitOn> int8_unit(std::in_place, true);
       const auto on_unit = attention(qb.view(), kb.view(), v.view(), int8);
-      units.emplace(false);
+      int8_unit.emplace(false);
       const auto clean = attention(q.view(), k.view(), v.view(), int8);
       const auto out = attention(qb.view(), kb.view(), v.view(), int8);
       ASSERT_EQ(std::memcmp(on_unit.data(), out.data(), sizeof(float) * out.numel()), 0);
@@ -496,14 +516,15 @@ TEST(Precision, Int8UnitAgreesWithTheHighwayPath) {
 // a partial one, every target.
 TEST(Precision, Int8UnitAtItsEdges) {
   if (expected_int8_unit() == "highway") GTEST_SKIP() << "this CPU has no int8 unit";
+  const test::BF16UnitUseScope bf16_unit(detail::BF16UnitUse::Always);  // (P·V's, where there is one)
   std::mt19937 rng(2317);
   AttentionOptions int8;
   int8.precision = Precision::Int8;
   const auto compare = [&](const Tensor<float>& q, const Tensor<float>& k, const Tensor<float>& v, bool unit) {
     test::on_every_simd_target([&] {
-      std::optional<UnitsOn> units(std::in_place, true);
+      std::optional<Int8UnitOn> int8_unit(std::in_place, true);
       const auto on = attention(q.view(), k.view(), v.view(), int8);
-      units.emplace(false);
+      int8_unit.emplace(false);
       const auto off = attention(q.view(), k.view(), v.view(), int8);
       if (unit) {
         const double difference = rel_error(on, cast<double>(off));

@@ -80,13 +80,17 @@ struct Item {
   WidenValuesFn widen_v;
   float* v_tile;
   int64_t b, hkv, i0, rows;
-  // With bf16 precision on a CPU's bf16 unit: K panels and V tiles are its
-  // pairs, and it computes both products.
+  // With bf16 or int8 precision on a CPU's bf16 unit: V tiles are its
+  // pairs and it computes P·V (int8's P·V is bf16's); in bf16 also Q·Kᵀ,
+  // from K panels and query rows of pairs (scores_unit).
   const BF16Unit* unit;
   // With int8 precision: the center of its keys (KeyMean), and the CPU's
   // int8 unit, which computes Q·Kᵀ from their codes, if it is used.
   const float* key_mean;
   const Int8Unit* int8;
+
+  // The bf16 unit where it computes Q·Kᵀ too: bf16 precision's.
+  const BF16Unit* scores_unit() const { return p.precision == Precision::BF16 ? unit : nullptr; }
 
   // Packs K tile kt into its place in kpack.
   void PackTile(int64_t kt) const { pack_k(p, b, hkv, kt, unit, int8, key_mean, kpack + kt * p.d * kBlockK); }
@@ -94,7 +98,8 @@ struct Item {
 
 // K tile kt of (b, hkv) as the products read it in p's precision: a float32
 // panel (PackK; rounded to bf16 in bf16), the bf16 unit's pairs, or int8's
-// quantized keys less key_mean (as a panel, or the int8 unit's codes).
+// quantized keys less key_mean (as a panel, or the int8 unit's codes; int8
+// precision's `unit` computes only P·V).
 template <class KV>
 void PackKeys(const AttentionProblem<float>& p, int64_t b, int64_t hkv, int64_t kt, const BF16Unit* unit,
               const Int8Unit* int8, const float* key_mean, float* dst) {
@@ -189,7 +194,7 @@ void SetQueries(DF d, const Item& it, int64_t h, ItemState& st) {
       if (it.int8) QueryCodes(row, p.d, scale, it.key_mean, st.q_scales[r], st.q_centers[r]);
       continue;
     }
-    if (it.unit) {
+    if (it.scores_unit()) {
       it.unit->to_pairs(st.q.first + r * st.q.stride, p.d, reinterpret_cast<uint32_t*>(rounded + r * width));
       continue;
     }
@@ -234,7 +239,7 @@ HWY_INLINE void SoftmaxPass(DF d, const Item& it, int64_t h, bool pack, ItemStat
     for (int64_t r0 = 0; r0 < it.rows; r0 += kBlockRows) {
       const RowBlock& rb = st.blocks[r0 / kBlockRows];
       if (rb.masks_all(j0, jn)) continue;
-      Scores(d, p, it.b, h, kt, rb, st.q.From(r0), it.kpack + kt * p.d * kBlockK, st.alibi, s, nullptr, it.unit, it.int8);
+      Scores(d, p, it.b, h, kt, rb, st.q.From(r0), it.kpack + kt * p.d * kBlockK, st.alibi, s, nullptr, it.scores_unit(), it.int8);
       const int rows = rb.rows;
       const int64_t width = WholeVectors(jn);  // the tile's keys (past them: -inf)
       for (int r = 0; r < rows; ++r) {
@@ -290,7 +295,7 @@ void WriteWeights(DF d, const Item& it, int64_t h, ItemState& st) {
     for (int64_t r0 = 0; r0 < it.rows; r0 += kBlockRows) {
       const RowBlock& rb = st.blocks[r0 / kBlockRows];
       if (rb.masks_all(j0, jn)) continue;
-      Scores(d, p, it.b, h, kt, rb, st.q.From(r0), it.kpack + kt * p.d * kBlockK, st.alibi, s, nullptr, it.unit, it.int8);
+      Scores(d, p, it.b, h, kt, rb, st.q.From(r0), it.kpack + kt * p.d * kBlockK, st.alibi, s, nullptr, it.scores_unit(), it.int8);
       for (int r = 0; r < rb.rows; ++r) {
         const int64_t i = r0 + r;
         if (st.l[i] == 0) continue;
@@ -326,7 +331,7 @@ void WriteLogits(DF d, const Item& it, int64_t h, ItemState& st) {
       const RowBlock& rb = st.blocks[r0 / kBlockRows];
       if (masked && rb.masks_all(j0, jn)) continue;
       Products(d, p, rb, st.q.From(r0), it.kpack + kt * p.d * kBlockK, j0, static_cast<float>(p.scale), s,
-               nullptr, it.unit, it.int8);
+               nullptr, it.scores_unit(), it.int8);
       if (softcap) Softcap(d, p.softcap, s, rb.rows * kBlockK, /*natural=*/true);
       for (int r = 0; r < rb.rows; ++r) {
         float* sr = s + r * kBlockK;
@@ -386,7 +391,7 @@ void FlashTiles(const AttentionProblem<float>& p) {
   // the items: packed all at once it would be a float32 copy of K, twice
   // or four times the memory of K itself.
   const bool shared = n_qt > 1 && std::is_same_v<KV, float>;
-  const BF16Unit* unit = p.precision == Precision::BF16 ? BF16UnitOfTarget() : nullptr;
+  const BF16Unit* unit = p.precision != Precision::Float32 ? BF16UnitOfTarget() : nullptr;  // (Item::unit)
   const PackKFn pack_k = &PackKeys<KV>;
   const WidenValuesFn widen_v = unit ? &WidenValuePairs<KV> : &WidenValues<KV>;
   const auto size = static_cast<size_t>(std::max<int64_t>(shared ? heads * head_pack : head_pack, 1));
