@@ -19,7 +19,7 @@
 // bf16 and int8 precision (docs/semantics.md "Precision") change only what
 // the products read: Q rounded or quantized per item and head (SetQueries),
 // K per tile as it is packed (PackKeys), V per tile (WidenValues), and P as
-// the softmax stores it.
+// the softmax stores it (or as the bf16 unit pairs it).
 //
 // K is packed once per call, into transposed float32 tiles. With one query
 // tile per (batch, kv head), at most one item's queries, or K stored in 16
@@ -239,7 +239,8 @@ HWY_INLINE void SoftmaxPass(DF d, const Item& it, int64_t h, bool pack, ItemStat
     for (int64_t r0 = 0; r0 < it.rows; r0 += kBlockRows) {
       const RowBlock& rb = st.blocks[r0 / kBlockRows];
       if (rb.masks_all(j0, jn)) continue;
-      Scores(d, p, it.b, h, kt, rb, st.q.From(r0), it.kpack + kt * p.d * kBlockK, st.alibi, s, nullptr, it.scores_unit(), it.int8);
+      Scores(d, p, it.b, h, kt, rb, st.q.From(r0), it.kpack + kt * p.d * kBlockK, st.alibi, s, nullptr,
+             it.scores_unit(), it.int8);
       const int rows = rb.rows;
       const int64_t width = WholeVectors(jn);  // the tile's keys (past them: -inf)
       for (int r = 0; r < rows; ++r) {
@@ -295,7 +296,8 @@ void WriteWeights(DF d, const Item& it, int64_t h, ItemState& st) {
     for (int64_t r0 = 0; r0 < it.rows; r0 += kBlockRows) {
       const RowBlock& rb = st.blocks[r0 / kBlockRows];
       if (rb.masks_all(j0, jn)) continue;
-      Scores(d, p, it.b, h, kt, rb, st.q.From(r0), it.kpack + kt * p.d * kBlockK, st.alibi, s, nullptr, it.scores_unit(), it.int8);
+      Scores(d, p, it.b, h, kt, rb, st.q.From(r0), it.kpack + kt * p.d * kBlockK, st.alibi, s, nullptr,
+             it.scores_unit(), it.int8);
       for (int r = 0; r < rb.rows; ++r) {
         const int64_t i = r0 + r;
         if (st.l[i] == 0) continue;
