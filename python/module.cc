@@ -431,8 +431,9 @@ PYBIND11_MODULE(_core, m) {
         "precision_unit(precision) -> str: what computes attention's products in that precision ('f32', "
         "'bf16' or 'int8') on this CPU: 'avx512_bf16' (x86's VDPBF16PS) or 'neon_bf16' (Arm's BFDOT), for 'bf16' where "
         "the CPU has it and it outruns the float32 FMAs (timed once per process), 'avx512_vnni' (x86's "
-        "VPDPBUSD) or 'neon_dotprod' (Arm's SDOT) for 'int8' where the CPU has it, or 'highway' "
-        "(the float32 FMAs, on bf16-rounded or int8-quantized values).");
+        "VPDPBUSD) or 'neon_dotprod' (Arm's SDOT) for the Q·Kᵀ of 'int8' where the CPU has it, or 'highway' "
+        "(the float32 FMAs, on bf16-rounded or int8-quantized values). The P·V of 'int8', being bf16's, runs "
+        "on what precision_unit('bf16') names.");
   bind_quantized(m);
   bind_mha(m);
   bind_onnx(m);
