@@ -236,8 +236,9 @@ TEST(Precision, Int8OnValuesItKeepsIsBF16) {
 // query row, or the rows that reach its key (causal, top-left: rows from
 // the key's position on), not the rest of its row's or key's quantization
 // group, nor the keys' mean (which counts it as 0: the clean run has 0 there).
-// On the Highway path; the int8 unit, which has no code for them, leaves
-// such a call to that path: the same result bit for bit.
+// With the int8 unit off (P·V on the bf16 unit where there is one, as
+// throughout); the int8 unit, which has no code for them, leaves such a
+// call to that path: the same result bit for bit.
 TEST(Precision, Int8KeepsANonFiniteValueToItsOwnRows) {
   const test::BF16UnitUseScope bf16_unit(detail::BF16UnitUse::Always);  // (P·V's, where there is one)
   std::mt19937 rng(2313);
