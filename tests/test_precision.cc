@@ -45,21 +45,6 @@ double cosine(const Tensor<float>& a, const Tensor<double>& b) {
   return ab / std::sqrt(aa * bb);
 }
 
-// This CPU's bf16 and int8 units (where it has them; bf16's whether or not
-// it outruns the FMAs here) on, or both off (the Highway path), for a scope.
-class UnitsOn {
- public:
-  explicit UnitsOn(bool on) : bf16_(on ? detail::BF16UnitUse::Always : detail::BF16UnitUse::Never) {
-    detail::set_int8_unit_use(on);
-  }
-  ~UnitsOn() { detail::set_int8_unit_use(true); }
-  UnitsOn(const UnitsOn&) = delete;
-  UnitsOn& operator=(const UnitsOn&) = delete;
-
- private:
-  test::BF16UnitUseScope bf16_;
-};
-
 // The int8 unit alone on or off, for a scope: the bf16 unit, which computes
 // int8's P·V, stays as it is (the Highway path's P·V sums in another order).
 class Int8UnitOn {
@@ -70,6 +55,18 @@ class Int8UnitOn {
   Int8UnitOn& operator=(const Int8UnitOn&) = delete;
 };
 
+// This CPU's bf16 and int8 units (where it has them; bf16's whether or not
+// it outruns the FMAs here) on, or both off (the Highway path), for a scope.
+class UnitsOn {
+ public:
+  explicit UnitsOn(bool on) : bf16_(on ? detail::BF16UnitUse::Always : detail::BF16UnitUse::Never), int8_(on) {}
+  UnitsOn(const UnitsOn&) = delete;
+  UnitsOn& operator=(const UnitsOn&) = delete;
+
+ private:
+  test::BF16UnitUseScope bf16_;
+  Int8UnitOn int8_;
+};
 
 // The unit bf16 precision should run on, by the compiler's or the system's
 // CPU check (not the library's): x86's where the CPU has AVX512_BF16 and

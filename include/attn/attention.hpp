@@ -46,7 +46,8 @@ std::string precision_name(Precision precision);
 // process, docs/semantics.md "Precision"); "avx512_vnni" (x86's VPDPBUSD)
 // or "neon_dotprod" (Arm's SDOT) for Int8's Q·Kᵀ where the CPU has it; or
 // "highway" (the float32 FMAs, on the rounded or quantized values for BF16
-// and Int8). Int8's P·V, being BF16's, runs on BF16's.
+// and Int8). Int8's P·V, being BF16's, runs on what
+// precision_unit(Precision::BF16) names.
 std::string precision_unit(Precision precision);
 
 struct AttentionOptions {

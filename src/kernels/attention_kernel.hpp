@@ -46,10 +46,10 @@ void round_to_bf16(const float* x, float* out, int64_t n);
 // (bf16_unit.hpp), or "highway" (the same rounding, FMAs on float32).
 const char* bf16_prefill_unit();
 
-// Whether bf16 precision uses the CPU's bf16 unit: where it outruns the
-// float32 FMAs (Measured, the default; bf16_unit.hpp), or, for tests that
-// check each path, Always (where the CPU has one) or Never. Not while
-// kernels run.
+// Whether bf16 precision (and int8's P·V) uses the CPU's bf16 unit: where
+// it outruns the float32 FMAs (Measured, the default; bf16_unit.hpp), or,
+// for tests that check each path, Always (where the CPU has one) or Never.
+// Not while kernels run.
 enum class BF16UnitUse { Measured, Always, Never };
 void set_bf16_unit_use(BF16UnitUse use);
 

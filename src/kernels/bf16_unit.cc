@@ -1,4 +1,4 @@
-// Which bf16 unit bf16 precision uses: the CPU's, where a measurement says
+// Which bf16 unit bf16 precision (and int8's P·V) uses: the CPU's, where a measurement says
 // it outruns the float32 FMAs; and the switch that forces the choice for tests.
 #include "kernels/bf16_unit.hpp"
 

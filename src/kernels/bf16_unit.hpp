@@ -1,5 +1,5 @@
 // Internal: a CPU's bf16 dot-product unit, the two products of bf16
-// precision's prefill done by instructions that multiply bf16 pairs into
+// precision's prefill (and int8's P·V, which is bf16's) done by instructions that multiply bf16 pairs into
 // float32 sums (x86's VDPBF16PS: twice the float32 FMA's work per
 // instruction; Arm's BFDOT). Highway 1.0.3 has none of them, so each
 // architecture's unit is one file of compiler intrinsics (bf16_x86.cc,
@@ -55,7 +55,7 @@ const BF16Unit* arm_bf16_unit();
 // This CPU's unit, used or not; null where it has none.
 const BF16Unit* cpu_bf16_unit();
 
-// The unit bf16 precision uses: the CPU's where bf16_unit_speedup() is at
+// The unit bf16 precision (and int8's P·V) uses: the CPU's where bf16_unit_speedup() is at
 // least kBF16UnitMinSpeedup (attention_kernel.hpp; or as set_bf16_unit_use
 // forces), else null.
 const BF16Unit* bf16_unit();

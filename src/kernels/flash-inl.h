@@ -106,7 +106,7 @@ void PackK(const AttentionProblem<float>& p, int64_t b, int64_t hkv, int64_t kt,
 
 // The bf16 unit (bf16_unit.hpp) on targets whose vectors are whole multiples
 // of its lanes (padded V rows, and the key columns products write, then are too);
-// null elsewhere, where bf16 precision runs on FMAs.
+// null elsewhere, where bf16 precision (and int8's P·V) runs on FMAs.
 inline const BF16Unit* BF16UnitOfTarget() {
   const BF16Unit* unit = bf16_unit();
   return unit && hn::Lanes(DF()) % static_cast<size_t>(unit->lanes) == 0 ? unit : nullptr;

@@ -194,8 +194,8 @@ void SetQueries(DF d, const Item& it, int64_t h, ItemState& st) {
       if (it.int8) QueryCodes(row, p.d, scale, it.key_mean, st.q_scales[r], st.q_centers[r]);
       continue;
     }
-    if (it.scores_unit()) {
-      it.unit->to_pairs(st.q.first + r * st.q.stride, p.d, reinterpret_cast<uint32_t*>(rounded + r * width));
+    if (const BF16Unit* unit = it.scores_unit()) {
+      unit->to_pairs(st.q.first + r * st.q.stride, p.d, reinterpret_cast<uint32_t*>(rounded + r * width));
       continue;
     }
     const float* in = st.q.first + r * st.q.stride;
