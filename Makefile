@@ -78,7 +78,6 @@ test: test-deps configure
 # library compiled again, so make test leaves it out (it kept make test past
 # 30 minutes on 2 cores).
 test-add-subdirectory: test-deps configure
-	cmake --build $(BUILD) -j $(JOBS)
 	ctest --test-dir $(BUILD) --output-on-failure -L source_build
 
 # The C++ tests (not pytest, not the CLI) in the checked build, but one: under

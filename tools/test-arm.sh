@@ -19,18 +19,18 @@ logs=$(dirname "$bin")/../test-arm-logs
 mkdir -p "$logs"
 jobs=${ARM_JOBS:-$(nproc)}
 
-cpu_of() { echo "${1%%/*}"; }
-target_of() { local rest=${1#*/}; echo "${rest%%/*}"; }
-field_of() {  # CPU_SPEC N: its Nth /-separated field, or highway where it has none
+field_of() {  # CPU_SPEC N: its Nth /-separated field, or highway where it has none (the units)
   local fields
   IFS=/ read -ra fields <<<"$1"
   echo "${fields[$2]:-highway}"
 }
+cpu_of() { field_of "$1" 0; }
+target_of() { field_of "$1" 1; }
 unit_of() { field_of "$1" 2; }
 int8_unit_of() { field_of "$1" 3; }
 log_of() { echo "$logs/$(cpu_of "$1" | tr ',=' '__').log"; }
 
-run_one() {  # CPU/TARGET[/UNIT]: the log, then its exit status and seconds in LOG.status
+run_one() {  # CPU/TARGET[/UNIT[/INT8_UNIT]]: the log, then its exit status and seconds in LOG.status
   local cpu expected unit int8_unit log only=() start rc
   cpu=$(cpu_of "$1") expected=$(target_of "$1") unit=$(unit_of "$1") int8_unit=$(int8_unit_of "$1")
   log=$(log_of "$1")
