@@ -22,6 +22,7 @@
 #include "attn/attention.hpp"
 #include "attn/multi_head_attention.hpp"
 #include "attn/quantize.hpp"
+#include "attn/threads.hpp"
 #include "helpers.hpp"
 #include "kernels/attention_kernel.hpp"
 #include "kernels/int8_unit.hpp"
@@ -186,6 +187,36 @@ TEST(Precision, BF16WithinItsToleranceOnEveryTarget) { expect_every_case_within(
 // bf16's 3e-3; rows with a ×30 channel lose more, docs/semantics.md
 // "Precision".)
 TEST(Precision, Int8WithinItsToleranceOnEveryTarget) { expect_every_case_within(2311, Precision::Int8, 2e-2); }
+
+// bf16 and int8 take the online softmax two key tiles at a time (config.hpp's
+// kBF16StepTiles), in steps that start at the same keys for every work item.
+// With a sliding window, query tiles start at an odd key tile (rows from 256
+// see keys from 106, tile 1; rows from 512 from 362, tile 5), and several
+// query tiles share one packing of K and V. One or two threads change the
+// rows per item (one kv head: 512, or 256 when items would be too few): the
+// results must not change. Within the tolerance on every unit and target.
+TEST(Precision, SoftmaxStepsAlignedForEveryItem) {
+  std::mt19937 rng(2321);
+  const auto q = normal({1, 1, 1100, 64}, rng), k = normal({1, 1, 1100, 64}, rng), v = normal({1, 1, 1100, 64}, rng);
+  AttentionOptions options;
+  options.window = {150, 0};
+  const auto exact = attention(cast<double>(q).view(), cast<double>(k).view(), cast<double>(v).view(), options);
+  for (const Precision precision : {Precision::BF16, Precision::Int8}) {
+    SCOPED_TRACE(precision == Precision::BF16 ? "bf16" : "int8");
+    options.precision = precision;
+    on_every_unit_and_target([&] {
+      EXPECT_LE(rel_error(attention(q.view(), k.view(), v.view(), options), exact),
+                precision == Precision::BF16 ? 4e-3 : 2e-2);
+    }, precision);
+    const int saved = num_threads();
+    set_num_threads(1);
+    const auto one = attention(q.view(), k.view(), v.view(), options);
+    set_num_threads(2);
+    const auto two = attention(q.view(), k.view(), v.view(), options);
+    set_num_threads(saved);
+    EXPECT_EQ(std::memcmp(one.data(), two.data(), sizeof(float) * one.numel()), 0);
+  }
+}
 
 // Inputs int8's quantization keeps exactly: each query row integers with
 // 127 or -127 among them (scale 1), each key 0.5 plus such integers in

@@ -157,7 +157,7 @@ void BackwardItem(DF d, const AttentionProblem<float>& p, const GradientOperands
         const RowBlock rb(p, i0, static_cast<int>(std::min(R, sp.i_end - i0)));
         if (rb.masks_all(j0, jn)) continue;
         alibi.Set(p, h, i0, rb.rows);
-        Scores(d, p, sp.b, h, kt, rb, QueryRows::Of(p, sp.b, h, i0), kpack, alibi, P, tanh);
+        Scores(d, p, sp.b, h, kt, rb, QueryRows::Of(p, sp.b, h, i0), kpack, alibi, P, kBlockK, tanh);
         // dP = dO Vᵀ
         const float* dout_rows[kRows];
         for (int r0 = 0; r0 < rb.rows; r0 += kRows) {

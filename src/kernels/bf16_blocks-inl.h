@@ -24,7 +24,7 @@ namespace attn::detail::bf16_blocks {
 // A block of 4 rows × 4 vectors: 16 accumulators, more independent sums
 // than the instruction's latency × throughput needs on the CPUs measured.
 constexpr int kRows = 4, kVecs = 4;
-constexpr int64_t kTilePairs = kBlockK / 2;
+constexpr int64_t kStepPairs = kBF16StepKeys / 2;  // of a P row, paired
 
 // acc[r][v] += Σ_i pair(a_r, i) · vector v of b's pairs row i, for r < MR,
 // v < NV, i < pairs: row r's pairs at a + r · a_stride, b's rows b_stride
@@ -56,7 +56,7 @@ void ProductBlock(const uint32_t* q, int64_t q_stride, int64_t pairs, const uint
     for (int v = 0; v < NV; ++v) Isa::Store(s + r * s_stride + v * Isa::kLanes, Isa::Mul(acc[r][v], sc));
 }
 
-// o rows r < MR, vectors v < NV += the P rows' key pairs (pp, kTilePairs
+// o rows r < MR, vectors v < NV += the P rows' key pairs (pp, kStepPairs
 // apart) against the V tile's pairs.
 template <class Isa, int MR, int NV>
 void AccumulateBlock(const uint32_t* pp, int64_t pairs, const uint32_t* v0, int64_t dvp, float* o,
@@ -64,7 +64,7 @@ void AccumulateBlock(const uint32_t* pp, int64_t pairs, const uint32_t* v0, int6
   typename Isa::Acc acc[MR][NV];
   for (int r = 0; r < MR; ++r)
     for (int v = 0; v < NV; ++v) acc[r][v] = Isa::Load(o + r * o_stride + v * Isa::kLanes);
-  DotPairs<Isa>(acc, pp, kTilePairs, v0, dvp, pairs);
+  DotPairs<Isa>(acc, pp, kStepPairs, v0, dvp, pairs);
   for (int r = 0; r < MR; ++r)
     for (int v = 0; v < NV; ++v) Isa::Store(o + r * o_stride + v * Isa::kLanes, acc[r][v]);
 }
@@ -100,12 +100,12 @@ template <class Isa>
 void Accumulate(const float* p, int64_t p_stride, int rows, int64_t count, const uint32_t* v, int64_t dvp, float* o,
                 int64_t o_stride) {
   static constexpr auto table = AccumulateTable<Isa>(std::make_integer_sequence<int, kRows * kVecs>());
-  static_assert(kTilePairs % 16 == 0, "a tile's P row is whole vectors of pairs on every unit");
-  alignas(64) uint32_t pp[kRows * kTilePairs];
+  static_assert(kStepPairs % 16 == 0, "a step's P row is whole vectors of pairs on every unit");
+  alignas(64) uint32_t pp[kRows * kStepPairs];
   const int64_t pairs = (count + 1) / 2, vecs = dvp / Isa::kLanes;
   for (int r0 = 0; r0 < rows; r0 += kRows) {
     const int mr = std::min(kRows, rows - r0);
-    for (int r = 0; r < mr; ++r) Isa::ToPairs(p + (r0 + r) * p_stride, count, pp + r * kTilePairs);
+    for (int r = 0; r < mr; ++r) Isa::ToPairs(p + (r0 + r) * p_stride, count, pp + r * kStepPairs);
     for (int64_t v0 = 0; v0 < vecs; v0 += kVecs) {
       const auto nv = std::min<int64_t>(kVecs, vecs - v0);
       table[(mr - 1) * kVecs + nv - 1](pp, pairs, v + v0 * Isa::kLanes, dvp, o + r0 * o_stride + v0 * Isa::kLanes,

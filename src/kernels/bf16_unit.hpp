@@ -10,7 +10,8 @@
 //   K panel   [ceil(d / 2)][kBlockK] pairs: (k_j[2c], k_j[2c + 1]) at
 //             [c][j], a float32 panel (PackRows) with rows 2c and 2c + 1
 //             interleaved (flash-inl.h, InterleavePairs)
-//   V tile    [ceil(count / 2)][dvp] pairs: (v_2i[c], v_2i+1[c]) at [i][c]
+//   V tile    [ceil(count / 2)][dvp] pairs: (v_2i[c], v_2i+1[c]) at [i][c],
+//             the keys of a softmax step (up to kBF16StepKeys)
 //   Q rows    ceil(d / 2) pairs each (to_pairs)
 // P rows are float32, paired by the unit.
 // The instructions treat bf16 subnormals (below 2^-126) as zero.
@@ -36,8 +37,8 @@ struct BF16Unit {
   void (*products)(const uint32_t* q, int64_t q_stride, int rows, int64_t pairs, const uint32_t* panel,
                    float scale, float* s, int64_t s_stride, int64_t cols);
   // o[r · o_stride + c] += Σ_{j < count} p[r · p_stride + j] · v_j[c] for
-  // r < rows, c < dvp (a multiple of `lanes`), count <= kBlockK; p's
-  // entries past count are not read.
+  // r < rows, c < dvp (a multiple of `lanes`), count <= kBF16StepKeys (a
+  // softmax step's keys, config.hpp); p's entries past count are not read.
   void (*accumulate)(const float* p, int64_t p_stride, int rows, int64_t count, const uint32_t* v, int64_t dvp,
                      float* o, int64_t o_stride);
   // The unit's throughput loop for measuring its peak: `iterations` rounds

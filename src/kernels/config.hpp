@@ -24,6 +24,9 @@
 #ifndef ATTN_BLOCK_K
 #define ATTN_BLOCK_K 64
 #endif
+#ifndef ATTN_BF16_STEP_TILES
+#define ATTN_BF16_STEP_TILES 2
+#endif
 #ifndef ATTN_BLOCK_ROWS
 #define ATTN_BLOCK_ROWS 8
 #endif
@@ -61,6 +64,18 @@ constexpr int64_t kBlockQ = ATTN_BLOCK_Q;
 // (kVecs vectors: 64 floats with AVX-512) must divide it.
 constexpr int64_t kBlockK = ATTN_BLOCK_K;
 
+// Prefill in bf16 and int8 precision: key tiles per step of the online
+// softmax, whose max P is rounded against (so part of what the precision
+// computes, on a bf16 unit or not). The unit's K panels and V tiles are bf16
+// pairs, half float32's bytes, so two tiles of each take the L1 that one
+// float32 tile does, and a step's fixed costs (the softmax's per-row checks
+// and sum, the rescale of O, the unit's calls, loading and storing O around
+// P·V) are spread over twice the keys. float32 keeps one: 128-key tiles
+// (-DATTN_BLOCK_K=128) were no faster on a Xeon or at head dim 64 on a Zen 5,
+// and 5-10% slower at head dims 80-256 on the Zen 5 (docs/performance.md).
+constexpr int64_t kBF16StepTiles = ATTN_BF16_STEP_TILES;
+constexpr int64_t kBF16StepKeys = kBF16StepTiles * kBlockK;
+
 // Prefill: query rows per block of the inner loop, so the score block S is
 // kBlockRows · kBlockK · 4 B = 2 KiB, never a whole tile. Key tiles outer and
 // 8-row blocks inner took 256-row items from 63% to 72% of peak (Zen 5, as
@@ -96,8 +111,9 @@ constexpr int64_t kDecodeMaxQueries = ATTN_DECODE_MAX_QUERIES;
 // bf16 within noise of each other at 0 and 16 (docs/performance.md).
 constexpr int64_t kDecodePrefetchRows = ATTN_DECODE_PREFETCH_ROWS;
 
-static_assert(kBlockQ > 0 && kBlockK > 0 && kBlockRows > 0 && kBackwardRows > 0 && kDecodeChunk > 0 &&
-              kDecodeMaxQueries > 0 && kDecodePrefetchRows >= 0, "kernel configuration: sizes must be positive");
+static_assert(kBlockQ > 0 && kBlockK > 0 && kBF16StepTiles > 0 && kBlockRows > 0 && kBackwardRows > 0 &&
+                  kDecodeChunk > 0 && kDecodeMaxQueries > 0 && kDecodePrefetchRows >= 0,
+              "kernel configuration: sizes must be positive");
 // Row blocks tile an item exactly (and take whole micro-kernel row groups:
 // asserted in prefill.cc against matmul-inl.h's kRows).
 static_assert(kBlockQ % (2 * kBlockRows) == 0, "ATTN_BLOCK_Q must be a multiple of 2 × ATTN_BLOCK_ROWS");

@@ -187,15 +187,15 @@ struct QueryRows {
 };
 
 // S = scale · Q Kᵀ of block rb (its queries at q) against the packed key
-// tile at `panel` (keys from j0), row r at s + r · kBlockK; with `alibi`,
+// tile at `panel` (keys from j0), row r at s + r · s_stride; with `alibi`,
 // ALiBi's bias added as the products are stored. Only the tile's keys, in
 // whole vectors, are computed (WholeVectors(n_k - j0) of the kBlockK
 // columns): the rest of a row is left alone. With `unit` or `int8`, the
 // panel is its pairs (PackKPairs) or codes (PackKInt8) and the products are
 // the unit's (no `alibi` then).
 HWY_INLINE void Products(DF d, const AttentionProblem<float>& p, const RowBlock& rb, QueryRows qr,
-                         const float* panel, int64_t j0, float scale, float* s, const AlibiRows* alibi,
-                         const BF16Unit* unit = nullptr, const Int8Unit* int8 = nullptr) {
+                         const float* panel, int64_t j0, float scale, float* s, int64_t s_stride,
+                         const AlibiRows* alibi, const BF16Unit* unit = nullptr, const Int8Unit* int8 = nullptr) {
   const int64_t cols = std::min(kBlockK, p.n_k - j0);
   const float* q[kRows];
   for (int r0 = 0; r0 < rb.rows; r0 += kRows) {
@@ -203,50 +203,53 @@ HWY_INLINE void Products(DF d, const AttentionProblem<float>& p, const RowBlock&
     for (int r = 0; r < rows; ++r) q[r] = qr.first + (r0 + r) * qr.stride;
     if (unit) {
       unit->products(reinterpret_cast<const uint32_t*>(q[0]), qr.stride, rows, (p.d + 1) / 2,
-                     reinterpret_cast<const uint32_t*>(panel), scale, s + r0 * kBlockK, kBlockK, cols);
+                     reinterpret_cast<const uint32_t*>(panel), scale, s + r0 * s_stride, s_stride, cols);
     } else if (int8) {
       int8->products(reinterpret_cast<const uint8_t*>(q[0]), qr.stride * 4, rows, (p.d + 3) / 4, qr.scales + r0,
-                     qr.centers + r0, reinterpret_cast<const int8_t*>(panel), kBlockK, scale, s + r0 * kBlockK,
-                     kBlockK, cols);
+                     qr.centers + r0, reinterpret_cast<const int8_t*>(panel), kBlockK, scale, s + r0 * s_stride,
+                     s_stride, cols);
     } else if (alibi) {
       int64_t first[kRows];
       for (int r = 0; r < rows; ++r) first[r] = j0 - alibi->of(rb.i0 + r0 + r);
-      MatmulPanel(d, q, rows, p.d, panel, scale, s + r0 * kBlockK, kBlockK,
+      MatmulPanel(d, q, rows, p.d, panel, scale, s + r0 * s_stride, s_stride,
                   AlibiEpilogue{alibi->slope2, first}, cols);
     } else {
-      MatmulPanel(d, q, rows, p.d, panel, scale, s + r0 * kBlockK, kBlockK, Plain(), cols);
+      MatmulPanel(d, q, rows, p.d, panel, scale, s + r0 * s_stride, s_stride, Plain(), cols);
     }
   }
 }
 
 // S = masked, softcapped scores (base-2 units) of block rb (head h of batch
 // b, its queries at q) against the packed key tile kt at `panel`, ALiBi's
-// bias added; row r at
-// s + r · kBlockK. With softcap and `tanh_out`, also tanh(scale·q·k /
-// softcap) there, in the same layout (the backward's derivative of softcap).
+// bias added; row r's kBlockK scores at s + r · s_stride. With softcap and
+// `tanh_out`, also tanh(scale·q·k / softcap) there, in the same layout (the
+// backward's derivative of softcap).
 // With `unit` or `int8`, the panel is its pairs or codes (Products).
 inline void Scores(DF d, const AttentionProblem<float>& p, int64_t b, int64_t h, int64_t kt, const RowBlock& rb,
-                   QueryRows q, const float* panel, const AlibiRows& alibi, float* s, float* tanh_out = nullptr,
-                   const BF16Unit* unit = nullptr, const Int8Unit* int8 = nullptr) {
+                   QueryRows q, const float* panel, const AlibiRows& alibi, float* s, int64_t s_stride,
+                   float* tanh_out = nullptr, const BF16Unit* unit = nullptr, const Int8Unit* int8 = nullptr) {
   const int64_t j0 = kt * kBlockK, jn = std::min(kBlockK, p.n_k - j0);
   const bool inside = rb.allows_all(j0, jn);
   // Without softcap (which comes first) and masks, the bias is added as the
   // scores are stored (but not by the unit); otherwise after softcap
   // (AddAlibi) or with the masks (MaskRow).
   const bool alibi_now = !p.alibi.empty() && p.softcap == 0 && inside && !p.mask.present() && !unit && !int8;
-  Products(d, p, rb, q, panel, j0, ScoreScale(p), s, alibi_now ? &alibi : nullptr, unit, int8);
+  Products(d, p, rb, q, panel, j0, ScoreScale(p), s, s_stride, alibi_now ? &alibi : nullptr, unit, int8);
   // (On a partial tile the entries past its keys are not products: softcap
   // sees whatever is there, and the masks below make them -inf.)
-  if (p.softcap > 0) Softcap(d, p.softcap, s, rb.rows * kBlockK, /*natural=*/false, tanh_out);
+  if (p.softcap > 0)
+    for (int r = 0; r < rb.rows; ++r)
+      Softcap(d, p.softcap, s + r * s_stride, kBlockK, /*natural=*/false,
+              tanh_out ? tanh_out + r * s_stride : nullptr);
   if (inside && !p.mask.present()) {
     if (p.alibi.empty() || alibi_now) return;
     for (int r = 0; r < rb.rows; ++r)
-      AddAlibi(d, alibi.slope2, j0 - alibi.of(rb.i0 + r), kBlockK, s + r * kBlockK);
+      AddAlibi(d, alibi.slope2, j0 - alibi.of(rb.i0 + r), kBlockK, s + r * s_stride);
     return;
   }
   const float ninf = -std::numeric_limits<float>::infinity();
   for (int r = 0; r < rb.rows; ++r) {
-    float* sr = s + r * kBlockK;
+    float* sr = s + r * s_stride;
     std::fill(sr + jn, sr + kBlockK, ninf);  // keys past n_k
     MaskRow(d, p, b, h, rb.i0 + r, j0, jn, !inside, sr);
   }

@@ -72,10 +72,11 @@ struct Item {
   float* kpack;  // this (batch, kv head)'s packed K tiles: n_tiles × d × kBlockK
   bool pack;     // whether the item packs them itself (see FlashTiles)
   PackKFn pack_k;
-  // This (batch, kv head)'s V tiles, kBlockK · dvp floats apart: its own
-  // rows when they are float32 rows of whole vectors side by side, or all of
-  // them widened at once (FlashTiles); otherwise null, and each tile's rows
-  // are widened into v_tile first.
+  // This (batch, kv head)'s V rows, dvp floats apart: its own rows when
+  // they are float32 rows of whole vectors side by side, or all of them
+  // widened at once (FlashTiles; on the bf16 unit each softmax step's keys
+  // as one tile of pairs); otherwise null, and each step's rows are widened
+  // into v_tile first.
   const float* v;
   WidenValuesFn widen_v;
   float* v_tile;
@@ -91,6 +92,9 @@ struct Item {
 
   // The bf16 unit where it computes Q·Kᵀ too: bf16 precision's.
   const BF16Unit* scores_unit() const { return p.precision == Precision::BF16 ? unit : nullptr; }
+
+  // Key tiles per step of the online softmax (config.hpp's kBF16StepTiles).
+  int64_t StepTiles() const { return p.precision == Precision::Float32 ? 1 : kBF16StepTiles; }
 
   // Packs K tile kt into its place in kpack.
   void PackTile(int64_t kt) const { pack_k(p, b, hkv, kt, unit, int8, key_mean, kpack + kt * p.d * kBlockK); }
@@ -147,7 +151,7 @@ thread_local Scratch<float> tls_scores, tls_out, tls_sums, tls_queries;
 struct ItemState {
   int64_t dvp;             // d_v rounded up to whole vectors
   int64_t t_begin, t_end;  // key tiles some row of the item reaches
-  float* s;                // a block of scores, kBlockRows × kBlockK
+  float* s;                // a block of scores, kBlockRows × a step's keys
   float* o;                // unnormalised output rows, rows × dvp
   float* l_lanes;          // per-lane running sums, rows × lanes
   RowBlock blocks[kBlockQ / kBlockRows];
@@ -162,7 +166,7 @@ ItemState StartItem(DF d, const Item& it) {
   const size_t N = hn::Lanes(d);
   ItemState st;
   st.dvp = WholeVectors(p.d_v);
-  st.s = tls_scores.get(kBlockRows * kBlockK);
+  st.s = tls_scores.get(kBlockRows * kBlockK * it.StepTiles());
   st.o = tls_out.get(static_cast<size_t>(kBlockQ * std::max<int64_t>(st.dvp, 1)));
   st.l_lanes = tls_sums.get(static_cast<size_t>(kBlockQ) * N);
   const int64_t n_tiles = (p.n_k + kBlockK - 1) / kBlockK;
@@ -231,21 +235,35 @@ HWY_INLINE void SoftmaxPass(DF d, const Item& it, int64_t h, bool pack, ItemStat
     if (!p.sinks.empty()) st.l_lanes[r * N] = 1.0f;
   }
   std::fill(o, o + it.rows * dvp, 0.0f);
-  for (int64_t kt = st.t_begin; kt < st.t_end; ++kt) {
-    const int64_t j0 = kt * kBlockK, jn = std::min(kBlockK, p.n_k - j0);
+  // A step takes `tiles` key tiles: their scores side by side in each row of
+  // s, one softmax step and one P·V over them. Steps start at multiples of
+  // `tiles` for every item (so items of any size round P the same way, and
+  // V's pairs made once per step of keys serve all of them): a step's first
+  // tile may lie before the item's first.
+  const int64_t tiles = it.StepTiles(), s_stride = tiles * kBlockK;
+  const auto keys_from = [&](int64_t kt, int64_t end) { return std::min(end * kBlockK, p.n_k) - kt * kBlockK; };
+  for (int64_t t0 = st.t_begin / tiles * tiles; t0 < st.t_end; t0 += tiles) {
+    const int64_t t1 = std::min(t0 + tiles, st.t_end), j0 = t0 * kBlockK;
     const float* v0 = it.v ? it.v + j0 * dvp : it.v_tile;
-    if (!it.v) it.widen_v(p, it.b, it.hkv, j0, jn, dvp, it.v_tile);
-    if (pack) it.PackTile(kt);
+    if (!it.v) it.widen_v(p, it.b, it.hkv, j0, keys_from(t0, t1), dvp, it.v_tile);
+    if (pack)
+      for (int64_t kt = std::max(t0, st.t_begin); kt < t1; ++kt) it.PackTile(kt);
     for (int64_t r0 = 0; r0 < it.rows; r0 += kBlockRows) {
       const RowBlock& rb = st.blocks[r0 / kBlockRows];
-      if (rb.masks_all(j0, jn)) continue;
-      Scores(d, p, it.b, h, kt, rb, st.q.From(r0), it.kpack + kt * p.d * kBlockK, st.alibi, s, nullptr,
-             it.scores_unit(), it.int8);
+      // The step's tiles that the block reaches: a run, as each row's
+      // allowed keys are one range.
+      int64_t first = t0, end = t1;
+      while (first < end && rb.masks_all(first * kBlockK, keys_from(first, first + 1))) ++first;
+      while (end > first && rb.masks_all((end - 1) * kBlockK, keys_from(end - 1, end))) --end;
+      if (first == end) continue;
+      for (int64_t kt = first; kt < end; ++kt)
+        Scores(d, p, it.b, h, kt, rb, st.q.From(r0), it.kpack + kt * p.d * kBlockK, st.alibi,
+               s + (kt - first) * kBlockK, s_stride, nullptr, it.scores_unit(), it.int8);
       const int rows = rb.rows;
-      const int64_t width = WholeVectors(jn);  // the tile's keys (past them: -inf)
+      const int64_t count = keys_from(first, end), width = WholeVectors(count);  // (past them: -inf)
       for (int r = 0; r < rows; ++r) {
         float* orow = o + (r0 + r) * dvp;
-        float* sr = s + r * kBlockK;
+        float* sr = s + r * s_stride;
         float& m = st.m[r0 + r];
         float* l = st.l_lanes + (r0 + r) * N;
         const float alpha = !bf16    ? SoftmaxStep(d, sr, width, m, l)
@@ -258,11 +276,14 @@ HWY_INLINE void SoftmaxPass(DF d, const Item& it, int64_t h, bool pack, ItemStat
         }
       }
       // (In bf16, SoftmaxStep left P rounded, or for the unit to round.)
+      // V from key `first` (on the unit, rows of pairs: a step's first tile is whole).
+      const int64_t skipped = (first - t0) * kBlockK;
       if (it.unit) {
-        it.unit->accumulate(s, kBlockK, rows, jn, reinterpret_cast<const uint32_t*>(v0), dvp, o + r0 * dvp, dvp);
+        const auto* v = reinterpret_cast<const uint32_t*>(v0) + skipped / 2 * dvp;
+        it.unit->accumulate(s, s_stride, rows, count, v, dvp, o + r0 * dvp, dvp);
         continue;
       }
-      AccumulateValues(d, rows, s, kBlockK, jn, v0, dvp, dvp, o + r0 * dvp, dvp);
+      AccumulateValues(d, rows, s, s_stride, count, v0 + skipped * dvp, dvp, dvp, o + r0 * dvp, dvp);
     }
   }
 }
@@ -296,7 +317,7 @@ void WriteWeights(DF d, const Item& it, int64_t h, ItemState& st) {
     for (int64_t r0 = 0; r0 < it.rows; r0 += kBlockRows) {
       const RowBlock& rb = st.blocks[r0 / kBlockRows];
       if (rb.masks_all(j0, jn)) continue;
-      Scores(d, p, it.b, h, kt, rb, st.q.From(r0), it.kpack + kt * p.d * kBlockK, st.alibi, s, nullptr,
+      Scores(d, p, it.b, h, kt, rb, st.q.From(r0), it.kpack + kt * p.d * kBlockK, st.alibi, s, kBlockK, nullptr,
              it.scores_unit(), it.int8);
       for (int r = 0; r < rb.rows; ++r) {
         const int64_t i = r0 + r;
@@ -333,7 +354,7 @@ void WriteLogits(DF d, const Item& it, int64_t h, ItemState& st) {
       const RowBlock& rb = st.blocks[r0 / kBlockRows];
       if (masked && rb.masks_all(j0, jn)) continue;
       Products(d, p, rb, st.q.From(r0), it.kpack + kt * p.d * kBlockK, j0, static_cast<float>(p.scale), s,
-               nullptr, it.scores_unit(), it.int8);
+               kBlockK, nullptr, it.scores_unit(), it.int8);
       if (softcap) Softcap(d, p.softcap, s, rb.rows * kBlockK, /*natural=*/true);
       for (int r = 0; r < rb.rows; ++r) {
         float* sr = s + r * kBlockK;
@@ -434,8 +455,8 @@ void FlashTiles(const AttentionProblem<float>& p) {
       const int64_t bh = item / n_tiles, kt = item % n_tiles, j0 = kt * kBlockK;
       pack_k(p, bh / p.heads_kv, bh % p.heads_kv, kt, unit, int8, key_mean(bh),
              kpack + bh * head_pack + kt * p.d * kBlockK);
-      if (v_shared)
-        widen_v(p, bh / p.heads_kv, bh % p.heads_kv, j0, std::min(kBlockK, p.n_k - j0), dvp,
+      if (v_shared && kt % kBF16StepTiles == 0)  // a softmax step's keys at once (Item::v)
+        widen_v(p, bh / p.heads_kv, bh % p.heads_kv, j0, std::min(kBF16StepKeys, p.n_k - j0), dvp,
                 vpack + bh * head_vpack + j0 * dvp);
     }, double(heads * (head_pack + (v_shared ? head_vpack : 0))));
   }
@@ -444,7 +465,7 @@ void FlashTiles(const AttentionProblem<float>& p) {
     const int64_t qt = n_qt - 1 - item / heads, bh = item % heads;
     const int64_t b = bh / p.heads_kv, hkv = bh % p.heads_kv, i0 = qt * rows;
     const float* v = v_in_place ? p.v.row(b, hkv, 0) : v_shared ? vpack + bh * head_vpack : nullptr;
-    float* v_tile = v ? nullptr : tls_v_tile.get(static_cast<size_t>(kBlockK * std::max<int64_t>(dvp, 1)));
+    float* v_tile = v ? nullptr : tls_v_tile.get(static_cast<size_t>(kBF16StepKeys * std::max<int64_t>(dvp, 1)));
     const Item it{p,
                   shared ? kpack + bh * head_pack : tls_item_kpack.get(size),
                   !shared,
