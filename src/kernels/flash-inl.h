@@ -112,23 +112,27 @@ inline const BF16Unit* BF16UnitOfTarget() {
   return unit && hn::Lanes(DF()) % static_cast<size_t>(unit->lanes) == 0 ? unit : nullptr;
 }
 
+// Two vectors of bf16 values (float32 with zero low halves) as one of
+// pairs, lo's in the low halves (BF16Unit's layouts).
+HWY_INLINE VF BF16Pairs(DF d, VF lo, VF hi) {
+  const hn::RebindToUnsigned<DF> du;
+  const auto bits = hn::Or(hn::ShiftRight<16>(hn::BitCast(du, lo)), hn::BitCast(du, hi));
+  return hn::BitCast(d, bits);
+}
+
 // `count` float32 rows of bf16 values, `width` (whole vectors) apart, as
 // rows of bf16 pairs, in place: row i is rows 2i and 2i + 1 interleaved
 // (BF16Unit's layouts), paired with zeros where count is odd. (Row i is read
 // only by pairs before it, or its own before it is written.)
 inline void InterleavePairs(float* rows, int64_t count, int64_t width) {
   const DF d;
-  const hn::RebindToUnsigned<DF> du;
   const auto N = static_cast<int64_t>(hn::Lanes(d));
-  const auto top = hn::Set(du, 0xffff0000u);
   for (int64_t i = 0; 2 * i < count; ++i) {
     const float* lo = rows + 2 * i * width;
     const bool pair = 2 * i + 1 < count;
-    for (int64_t c = 0; c < width; c += N) {
-      auto bits = hn::ShiftRight<16>(hn::BitCast(du, hn::Load(d, lo + c)));
-      if (pair) bits = hn::Or(bits, hn::And(hn::BitCast(du, hn::Load(d, lo + width + c)), top));
-      hn::Store(hn::BitCast(d, bits), d, rows + i * width + c);
-    }
+    for (int64_t c = 0; c < width; c += N)
+      hn::Store(BF16Pairs(d, hn::Load(d, lo + c), pair ? hn::Load(d, lo + width + c) : hn::Zero(d)), d,
+                rows + i * width + c);
   }
 }
 

@@ -135,12 +135,23 @@ void WidenValues(const AttentionProblem<float>& p, int64_t b, int64_t hkv, int64
   }
 }
 
-// The same V rows as the bf16 unit's tile of pairs.
+// The same V rows as the bf16 unit's tile of pairs (BF16Unit's layouts),
+// rounded and paired in one pass: half WidenValues' stores, none read back.
 template <class KV>
 void WidenValuePairs(const AttentionProblem<float>& p, int64_t b, int64_t hkv, int64_t j0, int64_t count,
                      int64_t width, float* dst) {
-  WidenValues<KV>(p, b, hkv, j0, count, width, dst);
-  InterleavePairs(dst, count, width);
+  const DF d;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(d));
+  const int64_t whole = p.d_v / N * N;
+  const auto load = [&](const KV* row, int64_t c) HWY_ATTR {
+    if (!row) return hn::Zero(d);  // (past an odd count)
+    return RoundToBF16(d, c < whole ? LoadKV(d, row, c) : LoadKVPart(d, row, c, p.d_v - c));
+  };
+  for (int64_t i = 0; 2 * i < count; ++i) {
+    const KV* lo = ValueRow<KV>(p, b, hkv, j0 + 2 * i);
+    const KV* hi = 2 * i + 1 < count ? ValueRow<KV>(p, b, hkv, j0 + 2 * i + 1) : nullptr;
+    for (int64_t c = 0; c < p.d_v; c += N) hn::Store(BF16Pairs(d, load(lo, c), load(hi, c)), d, dst + i * width + c);
+  }
 }
 
 thread_local Scratch<float> tls_scores, tls_out, tls_sums, tls_queries;
