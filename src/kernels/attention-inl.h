@@ -173,6 +173,14 @@ HWY_INLINE VF LoadKVPart(DF d, const KV* row, int64_t c, int64_t m) {
   }
 }
 
+// Vector c of a row `width` elements long: whole, or the part before width
+// and 0 past it.
+template <class KV>
+HWY_INLINE VF LoadKVUpTo(DF d, const KV* row, int64_t c, int64_t width) {
+  const auto N = static_cast<int64_t>(hn::Lanes(d));
+  return c + N <= width ? LoadKV(d, row, c) : LoadKVPart(d, row, c, width - c);
+}
+
 // Row j of K or V of (b, h) in its storage type KV, and how many KVs apart
 // rows are.
 template <class KV>

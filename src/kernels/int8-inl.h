@@ -78,7 +78,7 @@ bool KeyMean(const AttentionProblem<float>& p, int64_t b, int64_t hkv, float* me
   for (int64_t j = 0; j < p.n_k; ++j) {
     const KV* row = KeyRow<KV>(p, b, hkv, j);
     for (int64_t c = 0; c < p.d; c += N) {
-      const VF x = c + N <= p.d ? LoadKV(d, row, c) : LoadKVPart(d, row, c, p.d - c);
+      const VF x = LoadKVUpTo(d, row, c, p.d);
       const auto x_finite = hn::IsFinite(x);
       within = hn::And(within, hn::Le(hn::Abs(x), limit));  // (false for NaN)
       hn::Store(hn::Add(hn::Load(d, mean + c), hn::IfThenElseZero(x_finite, x)), d, mean + c);
@@ -139,8 +139,7 @@ void PackKInt8(const AttentionProblem<float>& p, int64_t b, int64_t hkv, int64_t
   for (int64_t j = 0; j < count; ++j) {
     const KV* in = KeyRow<KV>(p, b, hkv, j0 + j);
     float* out = rows + j * width;
-    for (int64_t c = 0; c < p.d; c += N)
-      hn::Store(c + N <= p.d ? LoadKV(d, in, c) : LoadKVPart(d, in, c, p.d - c), d, out + c);
+    for (int64_t c = 0; c < p.d; c += N) hn::Store(LoadKVUpTo(d, in, c, p.d), d, out + c);
     scales[j] = QuantizeRowInt8(out, p.d, mean, unit != nullptr);
   }
   if (!unit) return PackRows(rows, width, count, p.d, dst);

@@ -124,14 +124,13 @@ void WidenValues(const AttentionProblem<float>& p, int64_t b, int64_t hkv, int64
                  int64_t count, int64_t width, float* dst) {
   const DF d;
   const int64_t N = static_cast<int64_t>(hn::Lanes(d));
-  const int64_t whole = p.d_v / N * N;
   const bool bf16 = p.precision != Precision::Float32;
-  const auto rounded = [&](VF v) HWY_ATTR { return bf16 ? RoundToBF16(d, v) : v; };
   for (int64_t j = 0; j < count; ++j) {
     const KV* in = ValueRow<KV>(p, b, hkv, j0 + j);
-    float* out = dst + j * width;
-    for (int64_t c = 0; c < whole; c += N) hn::Store(rounded(LoadKV(d, in, c)), d, out + c);
-    if (whole < p.d_v) hn::Store(rounded(LoadKVPart(d, in, whole, p.d_v - whole)), d, out + whole);
+    for (int64_t c = 0; c < p.d_v; c += N) {
+      const VF x = LoadKVUpTo(d, in, c, p.d_v);
+      hn::Store(bf16 ? RoundToBF16(d, x) : x, d, dst + j * width + c);
+    }
   }
 }
 
@@ -142,10 +141,8 @@ void WidenValuePairs(const AttentionProblem<float>& p, int64_t b, int64_t hkv, i
                      int64_t width, float* dst) {
   const DF d;
   const int64_t N = static_cast<int64_t>(hn::Lanes(d));
-  const int64_t whole = p.d_v / N * N;
   const auto load = [&](const KV* row, int64_t c) HWY_ATTR {
-    if (!row) return hn::Zero(d);  // (past an odd count)
-    return RoundToBF16(d, c < whole ? LoadKV(d, row, c) : LoadKVPart(d, row, c, p.d_v - c));
+    return row ? RoundToBF16(d, LoadKVUpTo(d, row, c, p.d_v)) : hn::Zero(d);  // (null: past an odd count)
   };
   for (int64_t i = 0; 2 * i < count; ++i) {
     const KV* lo = ValueRow<KV>(p, b, hkv, j0 + 2 * i);
