@@ -134,6 +134,8 @@ std::vector<PrecisionCase> cases() {
       {"alibi_sinks", 4, 4, 130, 130, 64, alibi},
       {"head_dim_128", 2, 2, 130, 200, 128, {}},
       {"head_dim_40", 2, 2, 70, 90, 40, {}},   // not whole vectors of 16
+      {"head_dim_16", 2, 2, 70, 90, 16, {}},   // blocks too narrow for the unit's latency: more sums each
+      {"head_dim_80", 2, 2, 70, 90, 80, {}},   // value columns in blocks of 4 and 1 vectors
       {"odd_head_dim", 2, 2, 70, 90, 33, {}},
       {"one_query", 4, 2, 1, 300, 64, {}},       // keys within one decode chunk: the prefill kernel
   };

@@ -63,6 +63,7 @@ struct NeonBf16 {
   static Acc Set(float x) { return vdupq_n_f32(x); }
   static Acc Load(const float* p) { return vld1q_f32(p); }
   static void Store(float* p, Acc x) { vst1q_f32(p, x); }
+  static Acc Add(Acc a, Acc b) { return vaddq_f32(a, b); }
   static Acc Mul(Acc a, Acc b) { return vmulq_f32(a, b); }
   static Pairs LoadPairs(const uint32_t* p) { return vreinterpretq_bf16_u32(vld1q_u32(p)); }
   static Pairs Broadcast(uint32_t pair) { return vreinterpretq_bf16_u32(vdupq_n_u32(pair)); }

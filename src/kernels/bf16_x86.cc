@@ -44,6 +44,7 @@ struct Avx512Bf16 {
   static Acc Set(float x) { return _mm512_set1_ps(x); }
   static Acc Load(const float* p) { return _mm512_loadu_ps(p); }
   static void Store(float* p, Acc x) { _mm512_storeu_ps(p, x); }
+  static Acc Add(Acc a, Acc b) { return _mm512_add_ps(a, b); }
   static Acc Mul(Acc a, Acc b) { return _mm512_mul_ps(a, b); }
   static Pairs LoadPairs(const uint32_t* p) { return reinterpret_cast<__m512bh>(_mm512_loadu_si512(p)); }
   static Pairs Broadcast(uint32_t pair) {
