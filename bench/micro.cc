@@ -57,7 +57,7 @@ BENCHMARK(BM_AttentionTile)->Args({128, 64})->Args({512, 64})->Args({512, 128})-
 // Xeons seen so far) run, timed on any CPU. Arg 0: float32, 1: bf16 as
 // chosen, 2: bf16 on the Highway path, 3: int8 as chosen.
 void BM_AttentionPrecision(benchmark::State& state) {
-  const int64_t n = 4096, d = 64;
+  const int64_t n = 4096, d = state.range(1);
   const auto q = random_tensor({8, n, d}), k = random_tensor({8, n, d}), v = random_tensor({8, n, d});
   attn::Tensor<float> out({8, n, d});
   const attn::Precision precisions[] = {attn::Precision::Float32, attn::Precision::BF16, attn::Precision::BF16,
@@ -72,7 +72,7 @@ void BM_AttentionPrecision(benchmark::State& state) {
                                                  benchmark::Counter::kIsRate,
                                                  benchmark::Counter::kIs1000);
 }
-BENCHMARK(BM_AttentionPrecision)->DenseRange(0, 3)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_AttentionPrecision)->ArgsProduct({{0, 1, 2, 3}, {16, 64, 80, 128}})->Unit(benchmark::kMillisecond)->UseRealTime();
 
 void BM_Decode(benchmark::State& state) {
   const int64_t len = state.range(0);
