@@ -52,10 +52,11 @@ void BM_AttentionTile(benchmark::State& state) {
 }
 BENCHMARK(BM_AttentionTile)->Args({128, 64})->Args({512, 64})->Args({512, 128})->UseRealTime();
 
-// Prefill at n = 4096, 8 heads × 64, in each precision, and bf16 with its
-// unit forced off: the Highway path, which CPUs without a fast unit (the
-// Xeons seen so far) run, timed on any CPU. Arg 0: float32, 1: bf16 as
-// chosen, 2: bf16 on the Highway path, 3: int8 as chosen.
+// Prefill at n = 4096, 8 heads, in each precision, and bf16 with its unit
+// forced off: the Highway path, which CPUs without a fast unit (the Xeons
+// seen so far) run, timed on any CPU. First arg 0: float32, 1: bf16 as
+// chosen, 2: bf16 on the Highway path, 3: int8 as chosen; second: the head
+// dim (16 and 80 have the unit's narrow blocks, 64 and 128 none).
 void BM_AttentionPrecision(benchmark::State& state) {
   const int64_t n = 4096, d = state.range(1);
   const auto q = random_tensor({8, n, d}), k = random_tensor({8, n, d}), v = random_tensor({8, n, d});
@@ -72,7 +73,10 @@ void BM_AttentionPrecision(benchmark::State& state) {
                                                  benchmark::Counter::kIsRate,
                                                  benchmark::Counter::kIs1000);
 }
-BENCHMARK(BM_AttentionPrecision)->ArgsProduct({{0, 1, 2, 3}, {16, 64, 80, 128}})->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_AttentionPrecision)
+    ->ArgsProduct({{0, 1, 2, 3}, {16, 64, 80, 128}})
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
 
 void BM_Decode(benchmark::State& state) {
   const int64_t len = state.range(0);
