@@ -26,8 +26,8 @@ namespace attn::detail::bf16_blocks {
 constexpr int kRows = 4, kVecs = 4;
 constexpr int64_t kStepPairs = kBF16StepKeys / 2;  // of a P row, paired
 
-// Independent sums a block keeps going: as many as PeakLoop keeps, more than
-// the instruction's latency × its throughput. A narrow block (the last value
+// Independent sums a block keeps going, and PeakLoop too: more than the
+// instruction's latency × its throughput. A narrow block (the last value
 // vector of d_v = 80, the last two of 96, every block at 16 and 32, a last
 // partial tile of keys) has fewer accumulators, so DotPairs adds its pairs
 // into 2 or 3 sets of them in turn and sums the sets at the end (bf16 18%
@@ -144,24 +144,22 @@ void Accumulate(const float* p, int64_t p_stride, int rows, int64_t count, const
   }
 }
 
-// BF16Unit::peak_loop: 12 independent sums (more than 2 pipes × the
-// instruction's latency), starting from different values so that no
-// compiler merges them.
+// BF16Unit::peak_loop: kMinSums independent sums, starting from different
+// values so that no compiler merges them.
 template <class Isa>
 double PeakLoop(int64_t iterations, float* sink) {
-  constexpr int kChains = 12;
-  typename Isa::Acc acc[kChains];
-  for (int i = 0; i < kChains; ++i) acc[i] = Isa::Set(static_cast<float>(i));
+  typename Isa::Acc acc[kMinSums];
+  for (int i = 0; i < kMinSums; ++i) acc[i] = Isa::Set(static_cast<float>(i));
   const typename Isa::Pairs ones = Isa::Broadcast(0x3f803f80u), tiny = Isa::Broadcast(0x33d633d6u);  // 1; 1e-7
   for (int64_t it = 0; it < iterations; ++it)
-    for (int i = 0; i < kChains; ++i) acc[i] = Isa::Dot(acc[i], ones, tiny);
+    for (int i = 0; i < kMinSums; ++i) acc[i] = Isa::Dot(acc[i], ones, tiny);
   alignas(64) float lanes[Isa::kLanes];
   *sink = 0;
-  for (int i = 0; i < kChains; ++i) {
+  for (int i = 0; i < kMinSums; ++i) {
     Isa::Store(lanes, acc[i]);
     for (float x : lanes) *sink += x;
   }
-  return 4.0 * Isa::kLanes * kChains * static_cast<double>(iterations);
+  return 4.0 * Isa::kLanes * kMinSums * static_cast<double>(iterations);
 }
 
 // The unit of an Isa (constant: initialised before any code runs).
