@@ -1,5 +1,7 @@
 #include "kernels/thread_pool.hpp"
 
+#include <pthread.h>
+
 #include <algorithm>
 #include <atomic>
 #include <charconv>
@@ -153,7 +155,29 @@ std::mutex pool_mutex;
 std::shared_ptr<ThreadPool> current_pool;
 int requested_threads = 0;
 
+// fork() copies only the thread that calls it. A child of a process that
+// ran attn inherits a pool whose workers do not exist in it: a job would
+// wait for them forever, and destroying the pool would join them (and its
+// condition variables may hold waiters that are gone). So the child lets go
+// of that pool without destroying it, and its first parallel call starts a
+// pool of its own. pool_mutex is held across the fork, so that the child
+// never inherits it locked by a thread it does not have.
+void lock_before_fork() { pool_mutex.lock(); }
+void unlock_in_parent() { pool_mutex.unlock(); }
+void forget_pool_in_child() {
+  if (current_pool) {
+    // Reachable (not a leak to LeakSanitizer) and never destroyed.
+    static auto* const abandoned = new std::vector<std::shared_ptr<ThreadPool>>;
+    abandoned->push_back(std::move(current_pool));
+  }
+  pool_mutex.unlock();
+}
+
 std::shared_ptr<ThreadPool> pool() {
+  static const int fork_handlers = pthread_atfork(lock_before_fork, unlock_in_parent, forget_pool_in_child);
+  if (fork_handlers != 0)
+    throw RuntimeError("cannot register attn's fork handlers (pthread_atfork: " + std::to_string(fork_handlers) +
+                       ")");
   std::lock_guard lock(pool_mutex);
   if (!requested_threads) requested_threads = default_threads();
   if (!current_pool || current_pool->size() != requested_threads)
