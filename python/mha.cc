@@ -41,15 +41,21 @@ struct PyKVCache {
                                                                      : "float64 keys and values") +
                     " input; feed it float32 input");
   }
+  // f(the cache), held for this thread meanwhile (a forward on another
+  // thread may be using it, without the GIL).
   template <class F>
-  int64_t read(F f) const {
+  int64_t read(const char* who, F f) const {
     return std::visit([&](const auto& c) -> int64_t {
-      if constexpr (std::is_same_v<std::decay_t<decltype(c)>, std::monostate>) return 0;
-      else return f(c);
+      if constexpr (std::is_same_v<std::decay_t<decltype(c)>, std::monostate>) {
+        return 0;
+      } else {
+        const auto held = c.use(who);
+        return f(c);
+      }
     }, cache);
   }
-  int64_t length() const { return read([](const auto& c) { return c.length(); }); }
-  int64_t nbytes() const { return read([](const auto& c) { return c.bytes(); }); }
+  int64_t length() const { return read("length", [](const auto& c) { return c.length(); }); }
+  int64_t nbytes() const { return read("nbytes", [](const auto& c) { return c.bytes(); }); }
 };
 
 // The float32 layer, and a float64 twin built on the first float64 call.
@@ -228,7 +234,7 @@ void bind_mha(py::module_& m) {
   using py::arg;
   py::class_<PyKVCache>(m, "KVCache", docs::kKVCache)
       .def_property_readonly("length", &PyKVCache::length)
-      .def_property_readonly("seen", [](const PyKVCache& c) { return c.read([](const auto& k) { return k.seen(); }); })
+      .def_property_readonly("seen", [](const PyKVCache& c) { return c.read("seen", [](const auto& k) { return k.seen(); }); })
       .def_property_readonly("dtype", [](const PyKVCache& c) { return kv_dtype_name(c.dtype); })
       .def_property_readonly("nbytes", &PyKVCache::nbytes)
       .def("__len__", &PyKVCache::length)

@@ -3,8 +3,11 @@
 // a float32 cache, compactly (bf16, f16 or q8_0: attn/quantize.hpp).
 #pragma once
 
+#include <atomic>
 #include <cstdint>
+#include <thread>
 #include <type_traits>
+#include <utility>
 #include <variant>
 #include <vector>
 
@@ -30,11 +33,54 @@ struct StreamingCache {
   CachePositions positions = CachePositions::Original;
 };
 
+namespace detail {
+
+// The thread using a cache, and how deeply (the layer's forward holds it and
+// appends within). A cache is one sequence's state: one thread at a time.
+// Another thread's use meanwhile is a RuntimeError, never a race. A copy of
+// a cache starts unused.
+class CacheUser {
+ public:
+  CacheUser() = default;
+  CacheUser(const CacheUser&) {}
+  CacheUser& operator=(const CacheUser&) { return *this; }
+
+  // Released when it goes out of scope.
+  class Hold {
+   public:
+    explicit Hold(const CacheUser& user) : user_(&user) {}
+    Hold(Hold&& other) noexcept : user_(std::exchange(other.user_, nullptr)) {}
+    Hold(const Hold&) = delete;
+    Hold& operator=(const Hold&) = delete;
+    Hold& operator=(Hold&&) = delete;
+    ~Hold() {
+      if (user_ && --user_->depth_ == 0) user_->owner_.store(std::thread::id(), std::memory_order_release);
+    }
+
+   private:
+    const CacheUser* user_;
+  };
+  // Throws RuntimeError naming `who` when another thread holds the cache.
+  [[nodiscard]] Hold hold(const char* who) const;
+
+ private:
+  mutable std::atomic<std::thread::id> owner_{};
+  mutable int depth_ = 0;  // touched by the owner only
+};
+
+}  // namespace detail
+
 // Storage is (batch, heads, capacity, head_dim) for keys and for values (a
 // q8_0 row: head_dim / 32 blocks, one row per token and head, so appending
 // never re-quantizes old tokens); the capacity doubles when full, so
 // appending is amortised O(chunk). The batch size, head count and head dim
 // are fixed by the first append.
+//
+// One thread at a time: append, evict, clear, bytes, keys, values, visit and
+// the layer's forward with the cache raise RuntimeError ("the cache is in
+// use by another thread") while another thread is inside one of them. (The
+// plain getters, length() and the like, only read; calling them meanwhile
+// is a race.)
 template <class T>
 class KVCache {
  public:
@@ -66,6 +112,7 @@ class KVCache {
   // blocks, as attention() takes it); valid until the next append.
   template <class F>
   decltype(auto) visit(F&& f) const {
+    const auto held = use("visit");
     return std::visit(
         [&](const auto& k) -> decltype(auto) {
           using S = std::remove_cvref_t<decltype(*k.data())>;
@@ -84,9 +131,14 @@ class KVCache {
   void evict();
 
   void clear() {
+    const auto held = use("clear");
     length_ = seen_ = 0;
     positions_.clear();
   }
+
+  // Holds the cache for this thread until the result goes out of scope (the
+  // layer's forward does); RuntimeError naming `who` if another thread does.
+  [[nodiscard]] detail::CacheUser::Hold use(const char* who) const { return user_.hold(who); }
 
  private:
   using Storage = std::variant<Tensor<T>, Tensor<bfloat16>, Tensor<float16>, Tensor<block_q8_0>>;
@@ -106,6 +158,7 @@ class KVCache {
   int64_t head_dim_k_ = 0, head_dim_v_ = 0;
   int64_t length_ = 0, seen_ = 0;
   std::vector<int64_t> positions_;
+  detail::CacheUser user_;
 };
 
 extern template class KVCache<float>;

@@ -45,6 +45,23 @@ void store_rows(TensorView<const T> src, Tensor<S>& dst, int64_t at) {
 
 }  // namespace
 
+namespace detail {
+
+CacheUser::Hold CacheUser::hold(const char* who) const {
+  const std::thread::id me = std::this_thread::get_id();
+  if (owner_.load(std::memory_order_acquire) != me) {
+    std::thread::id none;
+    if (!owner_.compare_exchange_strong(none, me, std::memory_order_acquire))
+      throw RuntimeError(std::string("KVCache: ") + who +
+                         ": the cache is in use by another thread (a cache holds one sequence: "
+                         "give each thread its own cache)");
+  }
+  ++depth_;
+  return Hold(*this);
+}
+
+}  // namespace detail
+
 template <class T>
 KVCache<T>::KVCache(KVDtype dtype, const StreamingCache& streaming) : dtype_(dtype), streaming_(streaming) {
   if (streaming.sink_tokens < 0 || streaming.window < 0)
@@ -74,6 +91,7 @@ int64_t KVCache<T>::capacity() const {
 
 template <class T>
 int64_t KVCache<T>::bytes() const {
+  const auto held = use("bytes");
   const int64_t rows = std::visit([](const auto& s) { return s.rank() == 4 ? s.dim(0) * s.dim(1) : int64_t{0}; }, keys_);
   const auto row_bytes = [&](int64_t cols) {
     return dtype_ == KVDtype::F32 ? cols * static_cast<int64_t>(sizeof(T)) : kv_dtype_bytes(dtype_, cols);
@@ -90,10 +108,16 @@ TensorView<const T> KVCache<T>::own_type(const Storage& s, const char* name) con
 }
 
 template <class T>
-TensorView<const T> KVCache<T>::keys() const { return own_type(keys_, "keys"); }
+TensorView<const T> KVCache<T>::keys() const {
+  const auto held = use("keys");
+  return own_type(keys_, "keys");
+}
 
 template <class T>
-TensorView<const T> KVCache<T>::values() const { return own_type(values_, "values"); }
+TensorView<const T> KVCache<T>::values() const {
+  const auto held = use("values");
+  return own_type(values_, "values");
+}
 
 template <class T>
 void KVCache<T>::reserve(int64_t capacity) {
@@ -112,6 +136,7 @@ void KVCache<T>::reserve(int64_t capacity) {
 
 template <class T>
 void KVCache<T>::append(TensorView<const T> k, TensorView<const T> v) {
+  const auto held = use("append");
   if (k.rank() != 4 || v.rank() != 4 || k.dim(0) != v.dim(0) || k.dim(1) != v.dim(1) ||
       k.dim(2) != v.dim(2))
     throw ValueError("KVCache.append: k and v must be (batch, heads, n, head_dim) with equal "
@@ -151,6 +176,7 @@ void KVCache<T>::append(TensorView<const T> k, TensorView<const T> v) {
 
 template <class T>
 void KVCache<T>::evict() {
+  const auto held = use("evict");
   if (!is_streaming()) return;
   // The first sink_tokens of the stream are the first slots; the window's
   // tokens the last. Those in between go, and the window's move down.

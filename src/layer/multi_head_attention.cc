@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <optional>
 #include <random>
 #include <tuple>
 #include <utility>
@@ -383,6 +384,8 @@ typename MultiHeadAttention<T>::Activations MultiHeadAttention<T>::forward_activ
   a.q_in = batched(query), a.k_in = batched(key), a.v_in = batched(value);
   const int64_t B = a.q_in.dim(0), n_q = a.q_in.dim(1), H = c.num_heads, Hkv = c.kv_heads();
   KVCache<T>* cache = opt.cache;
+  std::optional<detail::CacheUser::Hold> held;  // until the chunk is appended and attended
+  if (cache) held.emplace(cache->use("forward"));
   const int64_t extra = c.extra_keys();
   if (extra && cache) fail("a KV cache with add_bias_kv or add_zero_attn is not supported");
   if (extra && (opt.attention.causal != Causal::None || opt.attention.window.left >= 0 ||
