@@ -183,6 +183,79 @@ TEST(Concurrency, EightThreadsShareOneLayerWithTheirOwnCaches) {
   for (int t = 0; t < 8; ++t) EXPECT_EQ(mismatches[t], 0) << "thread " << t;
 }
 
+// A cache is one sequence: a second thread's use while one thread holds it
+// is a RuntimeError naming the reason, for every call that uses it, and the
+// cache is as the first thread leaves it.
+TEST(Concurrency, ACacheHeldByOneThreadIsAnErrorForAnother) {
+  const MultiHeadAttention<float> layer(layer_config(), 7);
+  KVCache<float> cache = layer.new_cache();
+  std::mt19937 rng(4);
+  const Tensor<float> x = cast<float>(random_tensor({1, 5, 64}, rng));
+  const Tensor<float> kv = cast<float>(random_tensor({1, 2, 3, 8}, rng));
+  MhaForwardOptions<float> o;
+  o.cache = &cache;
+  layer.forward(x.view(), {}, {}, o);
+  {
+    const auto held = cache.use("test");
+    cache.append(kv.view(), kv.view());  // the holding thread itself may
+    std::thread other([&] {
+      const std::string busy = "the cache is in use by another thread";
+      EXPECT_THROW_MSG(layer.forward(x.view(), {}, {}, o), RuntimeError, "KVCache: forward: " + busy);
+      EXPECT_THROW_MSG(cache.append(kv.view(), kv.view()), RuntimeError, "KVCache: append: " + busy);
+      EXPECT_THROW_MSG(cache.evict(), RuntimeError, busy);
+      EXPECT_THROW_MSG(cache.clear(), RuntimeError, busy);
+      EXPECT_THROW_MSG(cache.bytes(), RuntimeError, busy);
+      EXPECT_THROW_MSG(cache.keys(), RuntimeError, busy);
+      EXPECT_THROW_MSG(cache.visit([](auto, auto) { return 0; }), RuntimeError, busy);
+    });
+    other.join();
+  }
+  EXPECT_EQ(cache.length(), 8);
+  std::thread after([&] { layer.forward(x.view(), {}, {}, o); });  // released: another thread may
+  after.join();
+  EXPECT_EQ(cache.length(), 13);
+}
+
+// Four threads feeding one cache at once (which corrupted memory): each
+// forward either runs whole or raises, and the cache holds exactly the
+// tokens of the forwards that ran, as a serial run of that many gives them.
+TEST(Concurrency, FourThreadsSharingOneCacheNeverCorruptIt) {
+  RestoreThreads restore;
+  set_num_threads(2);
+  MultiHeadAttentionConfig c = layer_config();
+  c.rope = false;  // (so that the tokens' order in the cache does not matter)
+  const MultiHeadAttention<float> layer(c, 7);
+  std::mt19937 rng(8);
+  const Tensor<float> chunk = cast<float>(random_tensor({1, 64, 64}, rng));
+  KVCache<float> shared = layer.new_cache();
+  MhaForwardOptions<float> o;
+  o.cache = &shared;
+  std::atomic<int> ran{0}, refused{0}, other_errors{0}, ready{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t)
+    threads.emplace_back([&] {
+      for (++ready; ready < 4;) std::this_thread::yield();  // all start at once
+      for (int r = 0; r < 25; ++r) try {
+          layer.forward(chunk.view(), {}, {}, o);
+          ++ran;
+        } catch (const RuntimeError& e) {
+          ++(std::string(e.what()).find("in use by another thread") != std::string::npos ? refused : other_errors);
+        } catch (...) {
+          ++other_errors;
+        }
+    });
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(other_errors, 0);
+  EXPECT_EQ(ran + refused, 100);
+  EXPECT_EQ(shared.length(), 64 * ran);
+  KVCache<float> serial = layer.new_cache();
+  o.cache = &serial;
+  for (int r = 0; r < ran; ++r) layer.forward(chunk.view(), {}, {}, o);
+  const Tensor<float> a = layer.forward(chunk.view(), {}, {}, o).out;
+  o.cache = &shared;
+  EXPECT_TRUE(same_bits(layer.forward(chunk.view(), {}, {}, o).out, a));
+}
+
 // One thread loads two parameter sets in turn while two threads run
 // forwards: every forward sees one set whole (bitwise the serial result with
 // A or with B), never a mix or freed memory (ASan, `make tsan`). Packed
@@ -276,6 +349,70 @@ TEST(Threads, ThreadCreationFailureIsAnError) {
   ASSERT_EQ(waitpid(child, &status, 0), child);
   ASSERT_TRUE(WIFEXITED(status)) << "the child died (signal " << WTERMSIG(status) << ")";
   EXPECT_EQ(WEXITSTATUS(status), 0) << "1: no error, 2: another error, 3: could not drop root";
+}
+
+// Runs check() in a forked child, which exits 0 when it returns true, 1
+// when false, 2 on an exception; alarm() turns a hang into a failure. The
+// child's status as gtest sees it.
+template <class F>
+::testing::AssertionResult in_child(F check) {
+  const pid_t child = fork();
+  if (child < 0) return ::testing::AssertionFailure() << "fork failed";
+  if (child == 0) {
+    alarm(20);
+    int status = 2;
+    try {
+      status = check() ? 0 : 1;
+    } catch (...) {
+    }
+    _exit(status);
+  }
+  int status = 0;
+  if (waitpid(child, &status, 0) != child) return ::testing::AssertionFailure() << "waitpid failed";
+  if (WIFSIGNALED(status))
+    return ::testing::AssertionFailure() << "the child died of signal " << WTERMSIG(status)
+                                         << (WTERMSIG(status) == SIGALRM ? " (it hung)" : "");
+  if (WEXITSTATUS(status) != 0)
+    return ::testing::AssertionFailure() << "the child exited " << WEXITSTATUS(status)
+                                         << (WEXITSTATUS(status) == 1 ? " (a wrong result)" : " (an exception)");
+  return ::testing::AssertionSuccess();
+}
+
+// fork() copies only the calling thread: a child inherits the parent's pool
+// without its workers. Its calls must run (they waited for the missing
+// workers forever), bitwise as the parent's, at the same thread count, at
+// another (the old pool was joined, which hung too), and in a grandchild.
+TEST(Fork, AChildRunsAttentionOnThreadsOfItsOwn) {
+  RestoreThreads restore;
+  set_num_threads(2);
+  const Problem p({1, 4, 300, 32}, {1, 4, 300, 32}, {1, 4, 300, 32}, 5);
+  const Tensor<float> before = p.run32(causal());  // the pool has started
+  const auto same_again = [&] { return same_bits(p.run32(causal()), before); };
+  EXPECT_TRUE(in_child(same_again));
+  EXPECT_TRUE(in_child([&] {
+    set_num_threads(3);
+    return same_again();
+  }));
+  EXPECT_TRUE(in_child([&] { return same_again() && in_child(same_again); }));
+  EXPECT_TRUE(same_again());  // the parent's pool still works
+}
+
+// A fork while another thread is inside a call (the pool busy, its lock
+// held): the child still runs its own calls.
+TEST(Fork, WhileAnotherThreadIsInsideACall) {
+  RestoreThreads restore;
+  set_num_threads(2);
+  const Problem p({1, 4, 300, 32}, {1, 4, 300, 32}, {1, 4, 300, 32}, 6);
+  const Tensor<float> expected = p.run32(causal());
+  std::atomic<bool> done{false};
+  std::atomic<int> calls{0};
+  std::thread busy([&] {
+    while (!done) p.run32(causal()), ++calls;
+  });
+  while (calls == 0) std::this_thread::yield();
+  for (int i = 0; i < 5; ++i) EXPECT_TRUE(in_child([&] { return same_bits(p.run32(causal()), expected); })) << i;
+  done = true;
+  busy.join();
 }
 
 }  // namespace

@@ -4,12 +4,19 @@
    the status and that attn_last_error() names the problem.
    Run by ctest as capi_c (from the build's tests folder, where it writes its
    two small weights files). */
+#define _POSIX_C_SOURCE 200809L /* fork, waitpid, alarm, threads */
 #include <math.h>
+#include <pthread.h>
+#include <signal.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "attn/attn.h"
 
@@ -701,6 +708,98 @@ static void test_mha(void) {
   remove(corrupt);
 }
 
+/* One cache fed by four threads at once (which corrupted the heap): each
+   forward is ATTN_OK or ATTN_ERROR_RUNTIME saying the cache is in use by
+   another thread, and the cache holds exactly the tokens of the forwards
+   that ran. */
+enum { SHARED_N = 200, SHARED_ROUNDS = 20 };
+static struct {
+  attn_mha* layer;
+  attn_cache* cache;
+  float x[SHARED_N * E];
+  int ran, refused, other; /* under lock */
+  pthread_mutex_t lock;
+} shared;
+
+static void* feed_shared_cache(void* unused) {
+  const int64_t shape[] = {1, SHARED_N, E};
+  static float out[4][SHARED_N * E];
+  static int next = 0;
+  int r, slot;
+  attn_tensor tx = tensor(shared.x, ATTN_F32, 3, shape), tout;
+  (void)unused;
+  pthread_mutex_lock(&shared.lock);
+  slot = next++;
+  pthread_mutex_unlock(&shared.lock);
+  tout = tensor(out[slot], ATTN_F32, 3, shape);
+  for (r = 0; r < SHARED_ROUNDS; ++r) {
+    const int status = attn_mha_forward(shared.layer, &tx, shared.cache, NULL, &tout);
+    const int busy = status == ATTN_ERROR_RUNTIME &&
+                     strstr(attn_last_error(), "the cache is in use by another thread") != NULL;
+    pthread_mutex_lock(&shared.lock);
+    if (status == ATTN_OK) ++shared.ran;
+    else if (busy) ++shared.refused;
+    else ++shared.other;
+    pthread_mutex_unlock(&shared.lock);
+  }
+  return NULL;
+}
+
+static void test_shared_cache(void) {
+  const char* path = "capi_test_shared_layer.safetensors";
+  pthread_t threads[4];
+  int64_t bytes = -1;
+  uint32_t state = 9;
+  int i;
+  CHECK(write_layer(path));
+  CHECK(attn_mha_load(path, &shared.layer) == ATTN_OK);
+  remove(path);
+  if (!shared.layer) return;
+  CHECK(attn_cache_new(shared.layer, &shared.cache) == ATTN_OK);
+  for (i = 0; i < SHARED_N * E; ++i) shared.x[i] = (float)next_value(&state);
+  pthread_mutex_init(&shared.lock, NULL);
+  CHECK(attn_set_num_threads(2) == ATTN_OK);
+  for (i = 0; i < 4; ++i) CHECK(pthread_create(&threads[i], NULL, feed_shared_cache, NULL) == 0);
+  for (i = 0; i < 4; ++i) pthread_join(threads[i], NULL);
+  CHECK(shared.other == 0);
+  CHECK(shared.ran + shared.refused == 4 * SHARED_ROUNDS);
+  /* float32 K and V of E values each per token */
+  CHECK(attn_cache_bytes(shared.cache, &bytes) == ATTN_OK);
+  CHECK(bytes == (int64_t)shared.ran * SHARED_N * 2 * E * (int64_t)sizeof(float));
+  pthread_mutex_destroy(&shared.lock);
+  attn_cache_free(shared.cache);
+  attn_mha_free(shared.layer);
+}
+
+/* A child of a process whose calls started the library's threads: its own
+   calls run (they waited forever for the parent's threads, which a child
+   does not have) and give the parent's result bitwise. */
+static void test_fork(void) {
+  enum { H = 4, N = 300, DH = 32 };
+  static float q[H * N * DH], out[H * N * DH], again[H * N * DH];
+  const int64_t shape[] = {H, N, DH};
+  attn_tensor tq = tensor(q, ATTN_F32, 3, shape), tout = tensor(out, ATTN_F32, 3, shape);
+  uint32_t state = 3;
+  int i, status = -1;
+  pid_t child;
+  for (i = 0; i < H * N * DH; ++i) q[i] = (float)next_value(&state);
+  CHECK(attn_set_num_threads(2) == ATTN_OK);
+  CHECK(attn_attention(&tq, &tq, &tq, NULL, NULL, &tout) == ATTN_OK);
+  child = fork();
+  CHECK(child >= 0);
+  if (child == 0) {
+    attn_tensor tagain = tensor(again, ATTN_F32, 3, shape);
+    alarm(20); /* a hang becomes SIGALRM */
+    _exit(attn_attention(&tq, &tq, &tq, NULL, NULL, &tagain) == ATTN_OK &&
+                  memcmp(out, again, sizeof out) == 0
+              ? 0
+              : 1);
+  }
+  CHECK(waitpid(child, &status, 0) == child);
+  CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  if (WIFSIGNALED(status)) fprintf(stderr, "the forked child died of signal %d\n", WTERMSIG(status));
+}
+
 static void test_misc(void) {
   CHECK(strcmp(attn_version(), ATTN_VERSION) == 0);
   CHECK(attn_set_num_threads(2) == ATTN_OK);
@@ -801,6 +900,8 @@ int main(void) {
   test_sinusoidal();
   test_rope();
   test_mha();
+  test_shared_cache();
+  test_fork();
   test_misc();
   if (failures) fprintf(stderr, "%d failures\n", failures);
   else printf("test_capi: all checks passed (attn %s)\n", attn_version());

@@ -6,6 +6,8 @@ import pytest
 
 import attn
 
+from util import run_python
+
 
 def rows(n, d, seed):
     return np.random.default_rng(seed).uniform(-1, 1, (n, d))
@@ -74,3 +76,90 @@ def test_eight_python_threads_get_the_serial_results():
         for out, layer_out in results[t]:
             np.testing.assert_array_equal(out, serial[t])
             np.testing.assert_array_equal(layer_out, serial_layer[t])
+
+
+# A process that ran attn (its threads started), then forked: the child's
+# calls hung for ever, waiting for threads a child does not have. Each way
+# Python forks, in a fresh interpreter that a hang cannot stall (timeout).
+FORK_CHILD = """
+import multiprocessing, os, sys
+import numpy as np
+import attn
+attn.set_num_threads(2)
+q = np.random.default_rng(0).normal(size=(4, 300, 32)).astype(np.float32)
+expected = attn.attention(q, q, q, causal=True)  # the pool starts here
+
+def same(_=None):
+    return bool((attn.attention(q, q, q, causal=True) == expected).all())
+
+def same_after_setting_threads(n):
+    attn.set_num_threads(n)
+    return same()
+"""
+
+
+@pytest.mark.parametrize("how", [
+    "pid = os.fork()\n"
+    "if pid == 0:\n    os._exit(0 if same() else 1)\n"
+    "_, status = os.waitpid(pid, 0)\nprint('ok' if status == 0 else f'child status {status}')\n",
+    "with multiprocessing.get_context('fork').Pool(2) as p:\n"
+    "    print('ok' if all(p.map(same, range(4))) else 'wrong')\n",
+    "with multiprocessing.get_context('fork').Pool(2) as p:\n"
+    "    print('ok' if all(p.map(same_after_setting_threads, [1, 2, 3, 5])) else 'wrong')\n",
+], ids=["os.fork", "multiprocessing", "multiprocessing_set_num_threads"])
+def test_a_forked_child_runs_attn(how):
+    r = run_python(FORK_CHILD + how, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "ok"
+
+
+def test_four_threads_sharing_one_cache_get_an_error_not_a_crash():
+    """One KVCache fed by four threads at once segfaulted or lost tokens: each
+    forward now runs whole or raises RuntimeError, and the cache holds the
+    tokens of those that ran, as a serial run of as many holds them."""
+    r = run_python("""
+import threading
+import numpy as np
+import attn
+attn.set_num_threads(2)
+layer = attn.MultiHeadAttention(64, 8, num_kv_heads=2, seed=1)
+chunk = np.random.default_rng(2).normal(size=(1, 64, 64)).astype(np.float32)
+cache = layer.new_cache()
+counts = {"ran": 0, "refused": 0}
+other = []
+start = threading.Barrier(4)
+lock = threading.Lock()
+
+def feed():
+    start.wait()
+    for _ in range(25):
+        try:
+            layer(chunk, cache=cache, need_weights=False)
+            key = "ran"
+        except RuntimeError as e:
+            if "the cache is in use by another thread" not in str(e):
+                other.append(repr(e))
+                continue
+            key = "refused"
+        except Exception as e:
+            other.append(repr(e))
+            continue
+        with lock:
+            counts[key] += 1
+
+threads = [threading.Thread(target=feed) for _ in range(4)]
+for t in threads: t.start()
+for t in threads: t.join()
+assert not other, other[:3]
+assert counts["ran"] + counts["refused"] == 100, counts
+assert cache.length == 64 * counts["ran"], (cache.length, counts)
+serial = layer.new_cache()
+for _ in range(counts["ran"]):
+    layer(chunk, cache=serial, need_weights=False)
+a = layer(chunk, cache=serial, need_weights=False)[0]
+b = layer(chunk, cache=cache, need_weights=False)[0]
+assert (a == b).all()
+print("ok", counts)
+""", timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.startswith("ok")
