@@ -91,7 +91,6 @@ def refuse_grad(x, name, why):
 @functools.lru_cache(maxsize=None)
 def _function_class():
     torch = _torch()
-    from torch.autograd.function import once_differentiable
 
     class Function(torch.autograd.Function):
         """forward(ctx, run, *tensors): run.forward() gives the outputs (the
@@ -107,8 +106,17 @@ def _function_class():
             return tuple(run.forward())
 
         @staticmethod
-        @once_differentiable
         def backward(ctx, *grads):
+            # autograd runs a backward with grad mode on exactly when a graph
+            # of it is asked for (create_graph=True: hessian, a gradient
+            # penalty). The library's backward is not differentiable, and
+            # torch's once_differentiable only refuses when a gradient coming
+            # in requires grad, not when the saved inputs do: the second
+            # derivative came out silently zero.
+            if torch.is_grad_enabled():
+                raise RuntimeError("attn computes no second derivative (double backward is unsupported): "
+                                   "call torch.autograd.grad without create_graph=True, or compute this "
+                                   "part with torch ops")
             run = ctx.run
             for g, name in zip(grads[run.differentiable:], run.output_names[run.differentiable:]):
                 if g is not None:

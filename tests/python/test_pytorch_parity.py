@@ -232,12 +232,34 @@ def test_gradients_never_silently_dropped():
         attn.attention(x, x, x, mask)
     with pytest.raises(RuntimeError, match="attention_backward has no backward"):
         attn.attention_backward(x, x, x, torch.ones(2, 4, 8))
-    out = attn.attention(x, x, x)
-    g, = torch.autograd.grad(out.sum(), x, create_graph=True)  # once_differentiable
-    with pytest.raises(RuntimeError):
-        g.sum().backward()
     with torch.no_grad():
         assert attn.attention(x, x, x).grad_fn is None
+
+
+SECOND_DERIVATIVE = "no second derivative \\(double backward is unsupported\\)"
+
+
+@pytest.mark.parametrize("function", [
+    lambda x: attn.attention(x, x * 2, x),
+    lambda x: attn.scaled_dot_product_attention(x, x, x, is_causal=True),
+    lambda x: attn.softmax(x * x),
+    lambda x: attn.multi_head(x, 2),
+    lambda x: attn.rope(x) ** 2,
+    lambda x: attn.MultiHeadAttention(8, 2, seed=1)(x, need_weights=False)[0],
+], ids=["attention", "sdpa", "softmax", "multi_head", "rope", "MultiHeadAttention"])
+def test_a_graph_of_the_backward_is_an_error_never_a_silent_zero(function):
+    """hessian of a scalar built from attn gave all zeros where torch's math
+    does not, and grad(create_graph=True) a gradient that required no grad: a
+    gradient penalty trained on nothing. First derivatives still run."""
+    x = torch.randn(2, 4, 8, dtype=torch.float64, requires_grad=True)
+    g, = torch.autograd.grad(function(x).sum(), x)
+    assert g.abs().sum() > 0
+    with pytest.raises(RuntimeError, match=SECOND_DERIVATIVE):
+        torch.autograd.grad(function(x).sum(), x, create_graph=True)
+    with pytest.raises(RuntimeError, match=SECOND_DERIVATIVE):
+        torch.autograd.functional.hessian(lambda t: function(t).sum(), x)
+    with pytest.raises(RuntimeError, match=SECOND_DERIVATIVE):
+        function(x).sum().backward(create_graph=True)
 
 
 # --- nn.MultiheadAttention ------------------------------------------------------
