@@ -670,3 +670,89 @@ TEST(AttentionPlan, ValidatesOnceAndRunsLikeAttention) {
 
 }  // namespace
 }  // namespace attn
+
+namespace attn {
+namespace {
+
+// An output that overlaps an input, itself or another output was accepted:
+// out aliasing v returned wrong numbers, a zero row stride raced its own
+// rows. Each is refused, naming both; views that interleave in one buffer
+// share no element and run as separate buffers do.
+TEST(Attention, OutputsThatOverlapAnInputThemselvesOrEachOtherAreRefused) {
+  std::mt19937 rng(46);
+  const Tensor<float> q = test::cast<float>(test::random_tensor({2, 5, 8}, rng));
+  Tensor<float> v = test::cast<float>(test::random_tensor({2, 5, 8}, rng));
+  const TensorView<float> vv = v.view();
+  const std::string own = "an output needs memory of its own for every element";
+  EXPECT_THROW_MSG(attention<float>(q.view(), q.view(), vv, vv), ValueError,
+                   "attention: out and v share memory (shape (2, 5, 8), strides (40, 8, 1) and shape (2, 5, 8), "
+                   "strides (40, 8, 1)): an output must not overlap an input; pass a buffer of its own");
+  Tensor<float> big({2, 5, 16});
+  EXPECT_THROW_MSG(attention<float>(q.view(), q.view(), vv, TensorView<float>(big.data(), {2, 5, 8}, {80, 0, 1})),
+                   ValueError, "attention: out (shape (2, 5, 8), strides (80, 0, 1)) has elements that share memory: " + own);
+  Tensor<float> out({2, 5, 8}), weights({2, 5, 5});
+  AttentionExtras<float> extras;
+  extras.weights = TensorView<float>(out.data() + 3, {2, 5, 5});
+  EXPECT_THROW_MSG(attention<float>(q.view(), q.view(), vv, out.view(), extras), ValueError,
+                   "attention: weights and out share memory");
+  extras.weights = weights.view();
+  extras.lse = TensorView<float>(const_cast<float*>(q.data()), {2, 5});
+  EXPECT_THROW_MSG(attention<float>(q.view(), q.view(), vv, out.view(), extras), ValueError,
+                   "attention: lse and q share memory");
+  Tensor<bool> bytes({200});  // a boolean mask's bytes, and the weights' floats over them
+  const TensorView<const bool> mask(bytes.data(), {5, 5});
+  EXPECT_THROW_MSG(attention<float>(q.view(), q.view(), vv, out.view(), {}, Mask(mask),
+                                    TensorView<float>(reinterpret_cast<float*>(bytes.data()), {2, 5, 5})),
+                   ValueError, "attention: weights and mask share memory");
+  // The plan checks each run's outputs against the inputs it was made with.
+  const AttentionPlan<float> plan(q.view(), q.view(), vv);
+  EXPECT_THROW_MSG(plan.run(TensorView<float>(const_cast<float*>(q.data()), {2, 5, 8})), ValueError,
+                   "attention: out and q share memory");
+  // v in a buffer's even columns, out in its odd ones: no element shared.
+  Tensor<float> both({2, 5, 16});
+  const TensorView<float> v_even(both.data(), {2, 5, 8}, {80, 16, 2}), out_odd(both.data() + 1, {2, 5, 8}, {80, 16, 2});
+  copy<float>(v.view(), v_even);
+  attention<float>(q.view(), q.view(), v_even, out_odd);
+  const Tensor<float> separate = attention<float>(q.view(), q.view(), v.view());
+  EXPECT_EQ(test::max_abs_diff(contiguous(TensorView<const float>(out_odd)), separate), 0.0);
+}
+
+TEST(Attention, EveryFunctionWithAnOutputRefusesOverlap) {
+  std::mt19937 rng(47);
+  Tensor<double> x = test::random_tensor({2, 6, 8}, rng);
+  Tensor<double> out({2, 6, 8});
+  const TensorView<double> xv = x.view();
+  const TensorView<double> shifted(x.data() + 8, {2, 5, 8});  // x's rows, one row on
+  // In place, as documented: rope and softmax on x itself.
+  const Tensor<double> rotated = apply_rope<double>(x.view());
+  const Tensor<double> soft = softmax<double>(x.view());
+  Tensor<double> y = x;
+  apply_rope<double>(y.view(), y.view());
+  EXPECT_EQ(test::max_abs_diff(y, rotated), 0.0);
+  y = x;
+  softmax<double>(y.view(), y.view());
+  EXPECT_EQ(test::max_abs_diff(y, soft), 0.0);
+  // Partly over their input: refused.
+  EXPECT_THROW_MSG(apply_rope<double>(TensorView<const double>(x.data(), {2, 5, 8}), shifted), ValueError,
+                   "rope: out and x share memory");
+  EXPECT_THROW_MSG(rope_backward<double>(TensorView<const double>(x.data(), {2, 5, 8}), shifted), ValueError,
+                   "rope: out and x share memory");
+  EXPECT_THROW_MSG(softmax<double>(TensorView<const double>(x.data(), {2, 5, 8}), shifted), ValueError,
+                   "softmax: out and a share memory");
+  EXPECT_THROW_MSG(multi_head<double>(xv, xv, 2), ValueError, "multi_head: out and x share memory");
+  EXPECT_THROW_MSG(sinusoidal_encoding<double>(TensorView<double>(out.data(), {6, 8}, {1, 1})), ValueError,
+                   "positional_encoding: out (shape (6, 8), strides (1, 1)) has elements that share memory");
+  Tensor<double> dk({2, 6, 8}), dv({2, 6, 8});
+  EXPECT_THROW_MSG(attention_backward<double>(xv, xv, xv, xv, xv, dk.view(), dv.view()), ValueError,
+                   "attention_backward: dq and q share memory");
+  EXPECT_THROW_MSG(attention_backward<double>(xv, xv, xv, out.view(), dk.view(), dk.view(), dv.view()), ValueError,
+                   "attention_backward: dk and dq share memory");
+  const Tensor<double> packed = test::random_tensor({6, 2, 8}, rng);
+  const Tensor<int64_t> cu({2}, {0, 6});
+  Tensor<double> vout({6, 2, 8});
+  EXPECT_THROW_MSG(attention_varlen<double>(packed.view(), packed.view(), vout.view(), cu.view(), cu.view(), vout.view()),
+                   ValueError, "attention_varlen: out and v share memory");
+}
+
+}  // namespace
+}  // namespace attn

@@ -1,7 +1,9 @@
 #include <gtest/gtest.h>
 
+#include <bitset>
 #include <cstdint>
 #include <limits>
+#include <random>
 
 #include "helpers.hpp"
 
@@ -112,6 +114,82 @@ TEST(Tensor, ViewRejectsMismatchedStrides) {
   float x[4];
   EXPECT_THROW_MSG(TensorView<float>(x, {2, 2}, {1}), ValueError, "rank");
   EXPECT_THROW_MSG(TensorView<float>(x, {2, -2}), ValueError, "negative");
+}
+
+// The bytes a view covers, by visiting every element: the reference the
+// search in shares_memory and overlaps_itself is held to. `base` is the
+// buffer the views lie in (kBufferBytes long).
+constexpr int kBufferBytes = 160;
+struct Covered {
+  std::bitset<kBufferBytes> bytes;
+  bool twice = false;
+};
+Covered covered(const MemorySpan& m, const unsigned char* base) {
+  Covered c;
+  if (numel_of(m.shape) == 0) return c;
+  std::vector<int64_t> index(m.shape.size(), 0);
+  for (;;) {
+    int64_t at = static_cast<const unsigned char*>(m.data) - base;
+    for (size_t a = 0; a < index.size(); ++a) at += index[a] * m.byte_strides[a];
+    for (int64_t b = at; b < at + m.item_bytes; ++b) {
+      c.twice = c.twice || c.bytes[static_cast<size_t>(b)];
+      c.bytes[static_cast<size_t>(b)] = true;
+    }
+    size_t a = index.size();
+    while (a > 0 && ++index[a - 1] == m.shape[a - 1]) index[--a] = 0;
+    if (a == 0) return c;
+  }
+}
+
+// A random view inside the buffer: rank 0-4, dims 0-4, element strides in
+// [-9, 9] (0 and negative included), items of 1, 2, 4 or 8 bytes.
+MemorySpan random_span(std::mt19937& rng, const unsigned char* base) {
+  const auto pick = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };
+  MemorySpan m;
+  m.item_bytes = int64_t{1} << pick(0, 3);
+  const int rank = pick(0, 4);
+  int64_t lo = 0, hi = m.item_bytes;
+  for (int a = 0; a < rank; ++a) {
+    m.shape.push_back(pick(0, 4) == 0 ? pick(0, 1) : pick(2, 4));
+    m.byte_strides.push_back(pick(-9, 9) * m.item_bytes);
+    const int64_t step = m.byte_strides.back() * std::max<int64_t>(m.shape.back() - 1, 0);
+    (step < 0 ? lo : hi) += step;
+  }
+  if (hi - lo > kBufferBytes) return random_span(rng, base);
+  m.data = base - lo + pick(0, static_cast<int>(kBufferBytes - (hi - lo)));
+  return m;
+}
+
+TEST(Overlap, SharesMemoryAndOverlapsItselfAreExact) {
+  alignas(8) static unsigned char buffer[kBufferBytes];
+  std::mt19937 rng(46);
+  int shared = 0, folded = 0;
+  for (int trial = 0; trial < 20000; ++trial) {
+    const MemorySpan a = random_span(rng, buffer), b = random_span(rng, buffer);
+    const Covered ca = covered(a, buffer), cb = covered(b, buffer);
+    const bool share = (ca.bytes & cb.bytes).any();
+    ASSERT_EQ(shares_memory(a, b), share) << "trial " << trial;
+    ASSERT_EQ(shares_memory(b, a), share) << "trial " << trial;
+    ASSERT_EQ(overlaps_itself(a), ca.twice) << "trial " << trial << ": shape " << shape_str(a.shape)
+                                            << ", byte strides " << shape_str(a.byte_strides);
+    shared += share, folded += ca.twice;
+  }
+  // Both answers occur often enough for the comparison to mean something.
+  EXPECT_GT(shared, 2000);
+  EXPECT_GT(folded, 2000);
+}
+
+TEST(Overlap, InterleavedAndLargeViews) {
+  // A buffer's even and odd columns share nothing; its rows do with itself.
+  std::vector<float> buf(4096 * 256);
+  const TensorView<const float> even(buf.data(), {4096, 128}, {256, 2}), odd(buf.data() + 1, {4096, 128}, {256, 2});
+  EXPECT_FALSE(shares_memory(MemorySpan::of(even), MemorySpan::of(odd)));
+  EXPECT_TRUE(shares_memory(MemorySpan::of(even), MemorySpan::of(TensorView<const float>(buf.data() + 256, {1}))));
+  EXPECT_FALSE(overlaps_itself(MemorySpan::of(even)));
+  // Rows of 128 read 64 apart: each row's second half is the next one's first.
+  EXPECT_TRUE(overlaps_itself(MemorySpan::of(TensorView<const float>(buf.data(), {100, 128}, {64, 1}))));
+  EXPECT_TRUE(overlaps_itself(MemorySpan::of(TensorView<const float>(buf.data(), {3, 4}, {0, 1}))));
+  EXPECT_FALSE(overlaps_itself(MemorySpan::of(TensorView<const float>(buf.data(), {1, 4}, {0, 1}))));
 }
 
 }  // namespace

@@ -242,6 +242,52 @@ class Tensor {
 
 namespace attn {
 
+// Where a view's elements lie, in bytes: for telling whether two views
+// (of any element types) overlap.
+struct MemorySpan {
+  const void* data = nullptr;
+  Shape shape;
+  Strides byte_strides;
+  int64_t item_bytes = 1;
+
+  template <class T>
+  static MemorySpan of(TensorView<const T> v) {
+    MemorySpan m{v.data(), v.shape(), v.strides(), static_cast<int64_t>(sizeof(T))};
+    for (int64_t& s : m.byte_strides) s *= m.item_bytes;
+    return m;
+  }
+};
+
+// Whether some byte belongs to an element of each (NumPy's shares_memory:
+// exact, not a comparison of bounds). Views that interleave, such as a
+// buffer's even and odd columns, share none. In the rare layouts too costly
+// to settle (past about a million steps of the search) the answer is true.
+bool shares_memory(const MemorySpan& a, const MemorySpan& b);
+// Whether two elements of the view share a byte (a stride of 0 on an axis of
+// two or more, or strides that fold onto themselves); as exact as above.
+bool overlaps_itself(const MemorySpan& a);
+
+namespace detail {
+
+// A function's argument by name, for the error messages.
+struct NamedSpan {
+  const char* name;
+  MemorySpan span;
+};
+
+// ValueError "<function>: <output> ..." when an output overlaps itself, an
+// input or another output: its elements would be written over values still
+// to be read. Outputs without data (an extra not asked for) are skipped.
+void check_outputs(const char* function, const std::vector<NamedSpan>& outputs,
+                   const std::vector<NamedSpan>& inputs);
+// Whether b is a's very elements, as an in-place call passes them (the
+// functions that work in place leave such an input out of check_outputs).
+inline bool same_elements(const MemorySpan& a, const MemorySpan& b) {
+  return a.data == b.data && a.shape == b.shape && a.byte_strides == b.byte_strides && a.item_bytes == b.item_bytes;
+}
+
+}  // namespace detail
+
 // dst = f(src), element by element, between views of one shape (any
 // strides). Throws ValueError if the shapes differ.
 template <class Src, class Dst, class F>

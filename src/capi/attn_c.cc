@@ -369,6 +369,8 @@ int attn_attention_extras(const attn_tensor* q, const attn_tensor* k, const attn
 int attn_sinusoidal_encoding(int64_t n, int64_t d, double base, attn_tensor* out) {
   return guarded([&] {
     const char* fn = "attn_sinusoidal_encoding";
+    if (n < 0) fail(fn, "n", "must be >= 0, got " + std::to_string(n));
+    if (d < 1) fail(fn, "d", "must be >= 1, got " + std::to_string(d));
     const Layout lo = layout_of(out, fn, "out");
     if (lo.shape != Shape{n, d})
       fail(fn, "out", "shape " + attn::shape_str(lo.shape) + " is not (n, d) = " +
@@ -383,6 +385,8 @@ int attn_rope(const attn_tensor* x, const int64_t* positions, double base, int32
               int64_t rotary_dim, attn_tensor* out) {
   return guarded([&] {
     const char* fn = "attn_rope";
+    if (interleaved != 0 && interleaved != 1)
+      fail(fn, "interleaved", "must be 0 (halves) or 1 (pairs), got " + std::to_string(interleaved));
     const Layout lx = layout_of(x, fn, "x"), lo = layout_of(out, fn, "out");
     attn::RopeOptions options;
     options.base = base;
@@ -450,6 +454,8 @@ int attn_mha_forward(attn_mha* layer, const attn_tensor* x, attn_cache* cache,
     if (o.shape() != query.shape())
       fail(fn, "out", "shape " + attn::shape_str(o.shape()) + " is not x's shape " +
                           attn::shape_str(query.shape()));
+    attn::detail::check_outputs(fn, {{"out", attn::MemorySpan::of(TensorView<const float>(o))}},
+                                {{"x", attn::MemorySpan::of(query)}});
     attn::copy<float>(layer->layer.forward(query, {}, {}, forward).out.view(), o);
   });
 }

@@ -251,7 +251,15 @@ PreparedAttention<T, KV>::PreparedAttention(TensorView<const T> q, TensorView<co
                                             TensorView<const KV> v,
                                             const AttentionOptions& options,
                                             const MaskInput& mask, const MaskInput& second)
-    : problem(make_problem(q, k, v, options, mask, second)) {
+    : problem(make_problem(q, k, v, options, mask, second)),
+      inputs{{"q", MemorySpan::of(q)}, {"k", MemorySpan::of(k)}, {"v", MemorySpan::of(v)}} {
+  for (const MaskInput* m : {&mask, &second})
+    std::visit(
+        [&](const auto& view) {
+          if constexpr (!std::is_same_v<std::decay_t<decltype(view)>, std::monostate>)
+            inputs.push_back({m == &mask ? "mask" : "key_padding_mask", MemorySpan::of(view)});
+        },
+        m->mask);
   if constexpr (std::is_same_v<T, float>) {
     // The kernels read rows with unit stride: other layouts are copied once,
     // here (the problem was built, and its errors name, the caller's views).
@@ -267,6 +275,11 @@ template <class T, class KV>
 void PreparedAttention<T, KV>::run(TensorView<T> out, const AttentionExtras<T>& extras) const {
   AttentionProblem<T> p = problem;
   bind_outputs(p, out, extras);
+  const auto span = [](const TensorView<T>& t) { return MemorySpan::of(TensorView<const T>(t)); };
+  check_outputs("attention",
+                {{"out", span(out)}, {"weights", span(extras.weights)}, {"logits", span(extras.logits)},
+                 {"lse", span(extras.lse)}},
+                inputs);
   if constexpr (std::is_same_v<T, double>) {
     reference_attention(p);
   } else {
@@ -380,6 +393,15 @@ void masked_attention_backward(TensorView<const T> q, TensorView<const KV> k,
   if (options.precision != Precision::Float32)
     fail("the backward computes in float32: precision must be f32, got " + precision_name(options.precision));
   const PreparedAttention<T, KV> prepared(q, k, v, options, mask, second);
+  {
+    std::vector<NamedSpan> inputs = prepared.inputs;
+    for (const NamedSpan& in : {NamedSpan{"dout", MemorySpan::of(dout)}, NamedSpan{"out", MemorySpan::of(saved.out)},
+                                NamedSpan{"lse", MemorySpan::of(saved.lse)}})
+      inputs.push_back(in);
+    const auto span = [](const TensorView<T>& t) { return MemorySpan::of(TensorView<const T>(t)); };
+    check_outputs("attention_backward",
+                  {{"dq", span(dq)}, {"dk", span(dk)}, {"dv", span(dv)}, {"dsinks", span(dsinks)}}, inputs);
+  }
   AttentionProblem<T> p = prepared.problem;
   const GradientOperands<T> g =
       gradient_operands(p, q.shape(), logical_shape(k), logical_shape(v), dout, dq, dk, dv, dsinks);

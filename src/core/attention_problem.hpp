@@ -127,9 +127,11 @@ struct PreparedAttention {
   PreparedAttention(TensorView<const T> q, TensorView<const KV> k, TensorView<const KV> v,
                     const AttentionOptions& options, const MaskInput& mask,
                     const MaskInput& second = {});
+  // Refuses out and extras that overlap each other or the caller's inputs.
   void run(TensorView<T> out, const AttentionExtras<T>& extras) const;
 
   AttentionProblem<T> problem;
+  std::vector<NamedSpan> inputs;  // the caller's q, k, v and masks (not the copies below)
   Tensor<T> q_copy;
   Tensor<KV> k_copy, v_copy;
 };

@@ -62,6 +62,10 @@ void attention_varlen(TensorView<const T> q, TensorView<const T> k, TensorView<c
     fail("out has shape " + shape_str(out.shape()) + ", expected " + shape_str(out_shape));
   if (!lse.empty_view() && lse.shape() != lse_shape)
     fail("lse has shape " + shape_str(lse.shape()) + ", expected " + shape_str(lse_shape));
+  detail::check_outputs("attention_varlen",
+                        {{"out", MemorySpan::of(TensorView<const T>(out))}, {"lse", MemorySpan::of(TensorView<const T>(lse))}},
+                        {{"q", MemorySpan::of(q)}, {"k", MemorySpan::of(k)}, {"v", MemorySpan::of(v)},
+                         {"cu_seqlens_q", MemorySpan::of(cu_q)}, {"cu_seqlens_k", MemorySpan::of(cu_k)}});
   for (int64_t b = 0; b + 1 < cu_q.dim(0); ++b) {
     const int64_t q0 = cu_q.at({b}), q1 = cu_q.at({b + 1}), k0 = cu_k.at({b}), k1 = cu_k.at({b + 1});
     AttentionExtras<T> extras;

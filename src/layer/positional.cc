@@ -46,6 +46,12 @@ RopePlan plan_rope(const TensorView<const T>& x, const TensorView<T>& out, const
   if (out.shape() != x.shape())
     throw ValueError("rope: out has shape " + shape_str(out.shape()) +
                      ", expected x's shape " + shape_str(x.shape()));
+  {
+    const MemorySpan in = MemorySpan::of(x), o = MemorySpan::of(TensorView<const T>(out));
+    std::vector<detail::NamedSpan> inputs{{"positions", MemorySpan::of(positions)}};
+    if (!detail::same_elements(in, o)) inputs.push_back({"x", in});  // (x itself: in place)
+    detail::check_outputs("rope", {{"out", o}}, inputs);
+  }
   check_base(opt.base, "rope");
   RopePlan p;
   p.d = x.dim(-1);
@@ -229,6 +235,8 @@ void rope_tables(TensorView<const T> x, TensorView<T> out, const RopeTables<T>& 
     throw ValueError("rope: rope_scaling '" + rope_type_name(opt.scaling.rope_type) +
                      "' with explicit cos/sin tables: tables are used as given, so bake the scaling "
                      "into them (only mrope_section applies)");
+  detail::check_outputs("rope", {{"out", MemorySpan::of(TensorView<const T>(out))}},
+                        {{"cos", MemorySpan::of(tc)}, {"sin", MemorySpan::of(ts)}});
   const RopePlan p = plan_rope(x, out, opt, positions, tc.dim(-1));
   const int64_t half = p.half;
   std::vector<double> c(half), s(half);
@@ -306,6 +314,7 @@ void sinusoidal_encoding(TensorView<T> out, double base) {
     throw ValueError("positional_encoding: out must be (n, d) with d >= 1, got shape " +
                      shape_str(out.shape()));
   check_base(base, "positional_encoding");
+  detail::check_outputs("positional_encoding", {{"out", MemorySpan::of(TensorView<const T>(out))}}, {});
   const int64_t n = out.dim(0), d = out.dim(1);
   for (int64_t i = 0; i < d; ++i) {
     const double denom = std::pow(base, double(2 * (i / 2)) / double(d));

@@ -250,6 +250,23 @@ static void test_attention_errors(void) {
   attn_options options;
   CHECK(attn_attention(&tq, &tk, &tv, NULL, NULL, &tout) == ATTN_OK);
 
+  /* An output over an input (out aliasing v returned ATTN_OK and wrong
+     numbers), over itself (a zero row stride) or over another output:
+     refused, naming both. */
+  {
+    const int64_t zero_rows[] = {0, 1}, w_shape[] = {2, 4};
+    bad = tensor(v, ATTN_F32, 2, q_shape);
+    EXPECT_ERROR(attn_attention(&tq, &tk, &tv, NULL, NULL, &bad), ATTN_ERROR_INVALID_ARGUMENT,
+                 "out and v share memory");
+    bad = tout;
+    bad.strides = zero_rows;
+    EXPECT_ERROR(attn_attention(&tq, &tk, &tv, NULL, NULL, &bad), ATTN_ERROR_INVALID_ARGUMENT,
+                 "out (shape (2, 3), strides (0, 1)) has elements that share memory");
+    bad = tensor(out, ATTN_F32, 2, w_shape);
+    EXPECT_ERROR(attn_attention_extras(&tq, &tk, &tv, NULL, NULL, &tout, &bad, NULL, 2, NULL),
+                 ATTN_ERROR_INVALID_ARGUMENT, "weights and out share memory");
+  }
+
   EXPECT_ERROR(attn_attention(NULL, &tk, &tv, NULL, NULL, &tout), ATTN_ERROR_INVALID_ARGUMENT,
                "attn_attention: q is NULL");
   EXPECT_ERROR(attn_attention(&tq, &tk, &tv, NULL, NULL, NULL), ATTN_ERROR_INVALID_ARGUMENT,
@@ -474,6 +491,10 @@ static void test_sinusoidal(void) {
                "is not (n, d) = (7, 6)");
   out = tensor(got, ATTN_F64, 2, shape);
   EXPECT_ERROR(attn_sinusoidal_encoding(N, W, -1.0, &out), ATTN_ERROR_INVALID_ARGUMENT, "base");
+  EXPECT_ERROR(attn_sinusoidal_encoding(-1, W, 10000.0, &out), ATTN_ERROR_INVALID_ARGUMENT,
+               "attn_sinusoidal_encoding: n: must be >= 0, got -1");
+  EXPECT_ERROR(attn_sinusoidal_encoding(N, 0, 10000.0, &out), ATTN_ERROR_INVALID_ARGUMENT,
+               "attn_sinusoidal_encoding: d: must be >= 1, got 0");
   out = tensor(got, ATTN_BF16, 2, shape);
   EXPECT_ERROR(attn_sinusoidal_encoding(N, W, 10000.0, &out), ATTN_ERROR_UNSUPPORTED,
                "out: dtype BF16 is not F32 or F64");
@@ -534,6 +555,16 @@ static void test_rope(void) {
   bad = tensor(gotf, ATTN_F32, 3, shape);
   EXPECT_ERROR(attn_rope(&tx, NULL, 10000.0, 0, 0, &bad), ATTN_ERROR_UNSUPPORTED,
                "dtypes x F64, out F32");
+  EXPECT_ERROR(attn_rope(&tx, NULL, 10000.0, 7, 0, &tout), ATTN_ERROR_INVALID_ARGUMENT,
+               "attn_rope: interleaved: must be 0 (halves) or 1 (pairs), got 7");
+  {
+    /* In place is x itself; out one row on from x is refused. */
+    const int64_t two_rows[] = {1, 2, W};
+    attn_tensor from = tensor(x, ATTN_F64, 3, two_rows);
+    bad = tensor(x + W, ATTN_F64, 3, two_rows);
+    EXPECT_ERROR(attn_rope(&from, NULL, 10000.0, 0, 0, &bad), ATTN_ERROR_INVALID_ARGUMENT,
+                 "rope: out and x share memory");
+  }
 }
 
 /* A layer file written here, byte by byte (safetensors: an 8-byte
@@ -658,6 +689,8 @@ static void test_mha(void) {
                "attn_mha_forward: out: shape (1, 3, 2) is not x's shape (1, 3, 4)");
   EXPECT_ERROR(attn_mha_forward(NULL, &tx, NULL, NULL, &tout), ATTN_ERROR_INVALID_ARGUMENT,
                "attn_mha_forward: layer is NULL");
+  EXPECT_ERROR(attn_mha_forward(layer, &tx, NULL, NULL, &tx), ATTN_ERROR_INVALID_ARGUMENT,
+               "attn_mha_forward: out and x share memory");
   bad = tensor(xd, ATTN_F64, 3, shape);
   EXPECT_ERROR(attn_mha_forward(layer, &bad, NULL, NULL, &tout), ATTN_ERROR_UNSUPPORTED,
                "the layer is F32");
