@@ -267,17 +267,16 @@ bool shares_memory(const MemorySpan& a, const MemorySpan& b);
 // two or more, or strides that fold onto themselves); as exact as above.
 bool overlaps_itself(const MemorySpan& a);
 
-namespace detail {
-
 // A function's argument by name, for the error messages.
 struct NamedSpan {
   const char* name;
   MemorySpan span;
 };
 
-// ValueError "<function>: <output> ..." when an output overlaps itself, an
-// input or another output: its elements would be written over values still
-// to be read. Outputs without data (an extra not asked for) are skipped.
+// ValueError "<function>: <output> ..." ("<output> ..." for an empty
+// function name) when an output overlaps itself, an input or another
+// output: its elements would be written over values still to be read.
+// Outputs without data (an extra not asked for) are skipped.
 void check_outputs(const char* function, const std::vector<NamedSpan>& outputs,
                    const std::vector<NamedSpan>& inputs);
 // Whether b is a's very elements, as an in-place call passes them (the
@@ -285,8 +284,6 @@ void check_outputs(const char* function, const std::vector<NamedSpan>& outputs,
 inline bool same_elements(const MemorySpan& a, const MemorySpan& b) {
   return a.data == b.data && a.shape == b.shape && a.byte_strides == b.byte_strides && a.item_bytes == b.item_bytes;
 }
-
-}  // namespace detail
 
 // dst = f(src), element by element, between views of one shape (any
 // strides). Throws ValueError if the shapes differ.

@@ -160,8 +160,6 @@ bool shares_memory(const MemorySpan& a, const MemorySpan& b) { return shares(a, 
 
 bool overlaps_itself(const MemorySpan& a) { return folds(a).value_or(true); }
 
-namespace detail {
-
 void check_outputs(const char* function, const std::vector<NamedSpan>& outputs,
                    const std::vector<NamedSpan>& inputs) {
   const auto layout = [](const MemorySpan& m) {
@@ -169,16 +167,17 @@ void check_outputs(const char* function, const std::vector<NamedSpan>& outputs,
     for (int64_t& s : elements) s /= m.item_bytes;
     return "shape " + shape_str(m.shape) + ", strides " + shape_str(elements);
   };
+  const std::string prefix = *function ? std::string(function) + ": " : std::string();
   for (auto out = outputs.begin(); out != outputs.end(); ++out) {
     if (!out->span.data) continue;
     if (const auto r = folds(out->span); !r || *r)
-      throw ValueError(std::string(function) + ": " + out->name + " (" + layout(out->span) + ") " +
+      throw ValueError(prefix + out->name + " (" + layout(out->span) + ") " +
                        (r ? "has" : "may have") +
                        " elements that share memory: an output needs memory of its own for every element");
     const auto refuse = [&](const NamedSpan& other, const char* kind) {
       if (!other.span.data) return;
       if (const auto r = shares(out->span, other.span); !r || *r)
-        throw ValueError(std::string(function) + ": " + out->name + " and " + other.name +
+        throw ValueError(prefix + out->name + " and " + other.name +
                          (r ? " share" : " may share") + " memory (" + layout(out->span) + " and " +
                          layout(other.span) + "): an output must not overlap " + kind +
                          "; pass a buffer of its own");
@@ -188,5 +187,4 @@ void check_outputs(const char* function, const std::vector<NamedSpan>& outputs,
   }
 }
 
-}  // namespace detail
 }  // namespace attn

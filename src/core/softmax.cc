@@ -28,9 +28,9 @@ void softmax(TensorView<const T> a, TensorView<T> out, int64_t axis) {
   if (a.rank() == 0) throw ValueError("softmax: input must have rank >= 1, got a scalar");
   {
     const MemorySpan in = MemorySpan::of(a), o = MemorySpan::of(TensorView<const T>(out));
-    detail::check_outputs("softmax", {{"out", o}},  // (a itself: in place, row by row)
-                          detail::same_elements(in, o) ? std::vector<detail::NamedSpan>{}
-                                                       : std::vector<detail::NamedSpan>{{"a", in}});
+    check_outputs("softmax", {{"out", o}},  // (a itself: in place, row by row)
+                          same_elements(in, o) ? std::vector<NamedSpan>{}
+                                                       : std::vector<NamedSpan>{{"a", in}});
   }
   const int ax = normalize_axis(axis, a.rank(), "softmax: axis");
   // Move the softmax axis last, then walk every row.

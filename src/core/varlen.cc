@@ -62,7 +62,7 @@ void attention_varlen(TensorView<const T> q, TensorView<const T> k, TensorView<c
     fail("out has shape " + shape_str(out.shape()) + ", expected " + shape_str(out_shape));
   if (!lse.empty_view() && lse.shape() != lse_shape)
     fail("lse has shape " + shape_str(lse.shape()) + ", expected " + shape_str(lse_shape));
-  detail::check_outputs("attention_varlen",
+  check_outputs("attention_varlen",
                         {{"out", MemorySpan::of(TensorView<const T>(out))}, {"lse", MemorySpan::of(TensorView<const T>(lse))}},
                         {{"q", MemorySpan::of(q)}, {"k", MemorySpan::of(k)}, {"v", MemorySpan::of(v)},
                          {"cu_seqlens_q", MemorySpan::of(cu_q)}, {"cu_seqlens_k", MemorySpan::of(cu_k)}});

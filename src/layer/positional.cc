@@ -48,9 +48,9 @@ RopePlan plan_rope(const TensorView<const T>& x, const TensorView<T>& out, const
                      ", expected x's shape " + shape_str(x.shape()));
   {
     const MemorySpan in = MemorySpan::of(x), o = MemorySpan::of(TensorView<const T>(out));
-    std::vector<detail::NamedSpan> inputs{{"positions", MemorySpan::of(positions)}};
-    if (!detail::same_elements(in, o)) inputs.push_back({"x", in});  // (x itself: in place)
-    detail::check_outputs("rope", {{"out", o}}, inputs);
+    std::vector<NamedSpan> inputs{{"positions", MemorySpan::of(positions)}};
+    if (!same_elements(in, o)) inputs.push_back({"x", in});  // (x itself: in place)
+    check_outputs("rope", {{"out", o}}, inputs);
   }
   check_base(opt.base, "rope");
   RopePlan p;
@@ -235,7 +235,7 @@ void rope_tables(TensorView<const T> x, TensorView<T> out, const RopeTables<T>& 
     throw ValueError("rope: rope_scaling '" + rope_type_name(opt.scaling.rope_type) +
                      "' with explicit cos/sin tables: tables are used as given, so bake the scaling "
                      "into them (only mrope_section applies)");
-  detail::check_outputs("rope", {{"out", MemorySpan::of(TensorView<const T>(out))}},
+  check_outputs("rope", {{"out", MemorySpan::of(TensorView<const T>(out))}},
                         {{"cos", MemorySpan::of(tc)}, {"sin", MemorySpan::of(ts)}});
   const RopePlan p = plan_rope(x, out, opt, positions, tc.dim(-1));
   const int64_t half = p.half;
@@ -314,7 +314,7 @@ void sinusoidal_encoding(TensorView<T> out, double base) {
     throw ValueError("positional_encoding: out must be (n, d) with d >= 1, got shape " +
                      shape_str(out.shape()));
   check_base(base, "positional_encoding");
-  detail::check_outputs("positional_encoding", {{"out", MemorySpan::of(TensorView<const T>(out))}}, {});
+  check_outputs("positional_encoding", {{"out", MemorySpan::of(TensorView<const T>(out))}}, {});
   const int64_t n = out.dim(0), d = out.dim(1);
   for (int64_t i = 0; i < d; ++i) {
     const double denom = std::pow(base, double(2 * (i / 2)) / double(d));

@@ -5,6 +5,7 @@
 #include <mpi.h>
 
 #include <cmath>
+#include <functional>
 #include <limits>
 #include <random>
 #include <string>
@@ -468,6 +469,39 @@ TEST(ContextParallel, BadInputOnOneRankFailsOnEveryRank) {
       EXPECT_NE(message.find("(" + std::to_string(hkv) + ", 3, 7)"), std::string::npos) << message;
     }
   }
+}
+
+// An output over an input on one rank (out aliasing v; a gradient over
+// dout): every rank throws, naming both.
+void expect_error_on_every_rank(const std::function<void()>& call, const std::string& needle) {
+  try {
+    call();
+    ADD_FAILURE() << "no error; expected " << needle;
+  } catch (const ValueError& e) {
+    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+  }
+}
+
+TEST(ContextParallel, OutputsThatOverlapInputsFailOnEveryRank) {
+  const int w = world_size(), r = world_rank(), bad = w - 1;
+  const int64_t hq = 2 * w, hkv = w;
+  const std::string on_bad = "rank " + std::to_string(bad) + ": ";
+  const Tensor<float> q = normal<float>({hq, 3, 8}, 1), k = normal<float>({hkv, 3, 8}, 2);
+  Tensor<float> v = normal<float>({hq, 3, 8}, 3), out({hq, 3, 8});
+  const TensorView<const float> v_heads(v.data(), {hkv, 3, 8});
+  for (Strategy s : kStrategies) {
+    auto f = s == Strategy::Ring ? ring_attention<float, float> : ulysses_attention<float, float>;
+    expect_error_on_every_rank([&] {
+      f(q.view(), k.view(), v_heads, r == bad ? v.view() : out.view(), MPI_COMM_WORLD, {}, Layout::Contiguous, {});
+    }, on_bad + "out and v share memory");
+  }
+  Tensor<float> dout = normal<float>({hq, 3, 8}, 4), lse({hq, 3}), dq({hq, 3, 8}), dk({hkv, 3, 8}), dv({hkv, 3, 8});
+  ring_attention<float, float>(q.view(), k.view(), v_heads, out.view(), MPI_COMM_WORLD, {}, Layout::Contiguous,
+                               lse.view());
+  expect_error_on_every_rank([&] {
+    ring_attention_backward<float>(q.view(), k.view(), v_heads, dout.view(), out.view(), lse.view(),
+                                   r == bad ? dout.view() : dq.view(), dk.view(), dv.view(), MPI_COMM_WORLD);
+  }, on_bad + "dq and dout share memory");
 }
 
 TEST(ContextParallel, OptionsThatDifferBetweenRanksAreAnError) {
