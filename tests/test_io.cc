@@ -163,6 +163,73 @@ TEST(WriteFile, AFailedWriteLeavesTheOldFileAndNoTemporary) {
   EXPECT_EQ(names_in(dir.path), std::vector<std::string>{"a.npy"});
 }
 
+// Files written together: when one fails (in place or staged), or what runs
+// before the renames throws, every target stays as it was, with no
+// temporary file left.
+TEST(WriteFile, ASetIsReplacedWholeOrNotAtAll) {
+  TempDir dir;
+  const std::string a = dir.file("a.txt"), b = dir.file("b.txt");
+  write_file(a, {"old a"});
+  write_file(b, {"old b"});
+  fs::create_symlink("/dev/full", dir.file("full"));
+  const auto unchanged = [&] {
+    EXPECT_EQ(read_bytes(a), "old a");
+    EXPECT_EQ(read_bytes(b), "old b");
+    EXPECT_EQ(names_in(dir.path), (std::vector<std::string>{"a.txt", "b.txt", "full"}));
+  };
+  for (const std::string& failing : {std::string("/dev/full"), dir.file("full"), dir.file("no/such/c.txt")}) {
+    FileSet files;
+    files.add(a, std::string("new a"));
+    files.add(failing, {"x"});
+    files.add(b, {"new ", "b"});
+    EXPECT_THROW(files.write(), IOError) << failing;
+    unchanged();
+  }
+  FileSet files;
+  files.add(a, std::string("new a"));
+  files.add(b, std::string("new b"));
+  EXPECT_THROW_MSG(files.write([] { throw IOError("standard output: write error"); }), IOError, "standard output");
+  unchanged();
+  FileSet twice;
+  twice.add(a, {"1"});
+  fs::create_symlink("a.txt", dir.file("to_a"));
+  twice.add(dir.file("to_a"), {"2"});
+  EXPECT_THROW_MSG(twice.write(), IOError, dir.file("to_a") + ": also given as '" + a + "'");
+  EXPECT_EQ(read_bytes(a), "old a");
+  files.write();
+  EXPECT_EQ(read_bytes(a), "new a");
+  EXPECT_EQ(read_bytes(b), "new b");
+}
+
+// A file its owner made read-only (mode 444) is refused, as cp refuses it:
+// the rename that replaces it needs only the folder's permission. Root may
+// write anything, so the test runs in a child that drops to "nobody".
+TEST(WriteFile, AWriteProtectedFileIsRefused) {
+  TempDir dir;
+  ::chmod(dir.path.c_str(), 0777);
+  const std::string path = dir.file("keep.txt");
+  write_file(path, {"old"});
+  ::chmod(path.c_str(), 0444);
+  if (::getuid() == 0) ASSERT_EQ(::chown(path.c_str(), 65534, 65534), 0);
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    if (::getuid() == 0 && (::setgid(65534) != 0 || ::setuid(65534) != 0)) _exit(4);
+    try {
+      write_file(path, {"new"});
+    } catch (const IOError& e) {
+      _exit(std::string(e.what()) == path + ": cannot open for writing: Permission denied" ? 0 : 3);
+    }
+    _exit(2);  // no error
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0) << "2: no error, 3: another message, 4: could not drop root";
+  EXPECT_EQ(read_bytes(path), "old");
+  EXPECT_EQ(names_in(dir.path), std::vector<std::string>{"keep.txt"});
+}
+
 TEST(WriteFile, AMissingFolderIsAnErrorNamingIt) {
   TempDir dir;
   const std::string path = dir.file("no/such/a.npy");

@@ -25,9 +25,12 @@ namespace attn {
 // astype(float32) does); big-endian files ('>f2', '>f4', '>f8') are converted
 // to native byte order and Fortran-order files to C order, so the array is
 // the one np.load gives. Other dtypes and malformed or truncated files are
-// errors. write_npy writes little-endian, C order.
+// errors. write_npy writes little-endian, C order; encode_npy gives the
+// file's bytes (for a FileSet of several outputs).
 using NpyArray = std::variant<Tensor<float>, Tensor<double>>;
 NpyArray read_npy(const std::string& path);
+std::string encode_npy(TensorView<const float> array);
+std::string encode_npy(TensorView<const double> array);
 void write_npy(const std::string& path, TensorView<const float> array);
 void write_npy(const std::string& path, TensorView<const double> array);
 

@@ -5,6 +5,7 @@
 #include "attn/attn.hpp"
 #include "attn/io.hpp"
 #include "cli/commands.hpp"
+#include "cli/files.hpp"
 #include "cli/heat_maps.hpp"
 
 namespace attn::cli {
@@ -22,21 +23,20 @@ void attend(const AttendArgs& args, Tensor<T> x) {
                      " has n = " + std::to_string(x.dim(-2)) + " rows");
   x = with_positions(std::move(x), args.pe, args.heads);
   const AttentionOptions& options = args.attention;
+  Outputs outputs;
   if (args.weights.empty()) {
-    write_npy(args.out, multi_head(x.view(), args.heads, options).view());
-    return;
+    outputs.add(args.out, encode_npy(multi_head(x.view(), args.heads, options).view()));
+    return outputs.write();
   }
   const auto result = multi_head_with_weights(x.view(), args.heads, options);
   // The titles say what was drawn: the sentence, the encoding, the mask.
   std::string caption = join_tokens(tokens);
   caption += (caption.empty() ? "" : ", ") + encoding_title(args.pe);
   if (options.causal != Causal::None) caption += ", causal";
-  // The picture first: one that cannot be drawn (too large) must not leave
-  // the .npy written and the command failed.
-  const std::string picture =
-      weights_picture(args.weights, result.weights, tokens, caption, probability_scale());
-  write_npy(args.out, result.out.view());
-  write_file(args.weights, {picture});
+  outputs.add(args.out, encode_npy(result.out.view()));
+  outputs.add(args.weights, weights_picture(output_format(args.weights, {".png", ".svg"}), result.weights, tokens,
+                                            caption, probability_scale()));
+  outputs.write();
 }
 
 }  // namespace

@@ -92,7 +92,8 @@ struct Sentence {
   std::map<PositionalEncoding, Tensor<float>> weights;  // (heads, n, n)
 };
 
-// Writes a picture as .png and .svg into a folder, and says so.
+// The walkthrough's files in a folder, each picture as .png and .svg,
+// written together at the end (Outputs).
 class PictureFolder {
  public:
   explicit PictureFolder(std::string folder) : folder_(std::move(folder)) {
@@ -101,21 +102,21 @@ class PictureFolder {
   std::string path(const std::string& file) const {
     return (std::filesystem::path(folder_) / file).string();
   }
+  void add(const std::string& file, std::string bytes) { outputs_.add(path(file), std::move(bytes)); }
   template <class Encode>
-  void both(const std::string& name, Encode encode) const {
-    for (const char* ext : {".png", ".svg"}) {
-      const std::string p = path(name + ext);
-      write_file(p, {encode(p)});
-    }
+  void both(const std::string& name, Encode encode) {
+    for (const char* format : {".png", ".svg"}) add(name + format, encode(format));
     std::printf("   %s.png, .svg\n", path(name).c_str());
   }
+  void write() { outputs_.write(); }
 
  private:
   std::string folder_;
+  Outputs outputs_;
 };
 
 // Each head's weights, both sentences with each encoding, on one scale.
-void write_weights(const PictureFolder& out, const std::vector<Sentence>& sentences) {
+void write_weights(PictureFolder& out, const std::vector<Sentence>& sentences) {
   double lo = INFINITY, hi = -INFINITY;
   for (const Sentence& s : sentences)
     for (const auto& [encoding, weights] : s.weights)
@@ -134,15 +135,15 @@ void write_weights(const PictureFolder& out, const std::vector<Sentence>& senten
   for (const Sentence& s : sentences)
     for (const auto& [encoding_name, encoding] : kPositionalEncodings) {
       const std::string caption = s.text + ", " + encoding_title(encoding);
-      out.both(std::string("weights_") + s.name + "_" + encoding_name, [&](const std::string& path) {
-        return weights_picture(path, s.weights.at(encoding), s.tokens, caption, scale);
+      out.both(std::string("weights_") + s.name + "_" + encoding_name, [&](const std::string& format) {
+        return weights_picture(format, s.weights.at(encoding), s.tokens, caption, scale);
       });
     }
 }
 
 // The first sentence's weights minus the second's un-mirrored, per encoding,
 // on one scale symmetric about 0.
-void write_differences(const PictureFolder& out, const std::vector<Sentence>& sentences) {
+void write_differences(PictureFolder& out, const std::vector<Sentence>& sentences) {
   std::printf("   %s's weights minus %s's with rows and columns reversed (so that the words\n"
               "   line up), on one scale symmetric about 0 (white):\n",
               sentences[0].text.c_str(), sentences[1].text.c_str());
@@ -162,8 +163,8 @@ void write_differences(const PictureFolder& out, const std::vector<Sentence>& se
     const auto& d = differences.at(encoding);
     const std::string caption =
         sentences[0].text + " - " + sentences[1].text + ", " + encoding_title(encoding);
-    out.both(std::string("difference_") + encoding_name, [&](const std::string& path) {
-      return weights_picture(path, d, sentences[0].tokens, caption, scale);
+    out.both(std::string("difference_") + encoding_name, [&](const std::string& format) {
+      return weights_picture(format, d, sentences[0].tokens, caption, scale);
     });
     std::printf("     %s: max |difference| = %.3g\n", encoding_title(encoding).c_str(), max_abs(d));
   }
@@ -174,12 +175,12 @@ void write_differences(const PictureFolder& out, const std::vector<Sentence>& se
 // The walkthrough's pictures, each as .png and .svg, into `folder`, and the
 // two sentences' word vectors as .npy (the input of `attn attend`).
 void write_pictures(const std::string& folder) {
-  const PictureFolder out(folder);
+  PictureFolder out(folder);
   std::printf("5. Pictures (the .svg files show each value on hover):\n");
   std::printf("   the sinusoidal table, n=%lld, d=%lld (fast stripes left, slow right):\n",
               static_cast<long long>(kTableRows), static_cast<long long>(kTableDim));
   const auto table = sinusoidal_encoding<float>(kTableRows, kTableDim);
-  out.both("positional_encoding", [&](const std::string& path) { return encoding_picture(path, table); });
+  out.both("positional_encoding", [&](const std::string& format) { return encoding_picture(format, table); });
 
   std::vector<Sentence> sentences{{"cat_bites_dog", kCatBitesDog, "", {}, {}},
                                   {"dog_bites_cat", kDogBitesCat, "", {}, {}}};
@@ -187,13 +188,14 @@ void write_pictures(const std::string& folder) {
     for (int w : s.words) s.tokens.emplace_back(kWords[w]);
     s.text = join_tokens(s.tokens);
     const auto x = sentence(s.words);
-    write_npy(out.path(std::string(s.name) + ".npy"), x.view());
+    out.add(std::string(s.name) + ".npy", encode_npy(x.view()));
     for (const auto& [encoding_name, encoding] : kPositionalEncodings)
       s.weights.emplace(encoding, multi_head_with_weights(with_positions(x, encoding, kHeads).view(),
                                                           kHeads).weights);
   }
   write_weights(out, sentences);
   write_differences(out, sentences);
+  out.write();
 }
 
 }  // namespace

@@ -26,13 +26,14 @@ int run_order_experiment(const OrderArgs& args) {
   // Each variant's heads on the two display sentences, (heads, 3, 3), only
   // where asked for: not into the current folder of whoever runs it.
   std::vector<std::string> files;
+  Outputs outputs;  // written after the table (or JSON) is printed
   if (!args.out.empty()) {
     for (const auto& v : r.variants)
       for (const auto& [name, w] : {std::pair{"cat_bites_dog", &v.weights_cat_bites_dog},
                                     std::pair{"dog_bites_cat", &v.weights_dog_bites_cat}}) {
         const auto path = std::filesystem::path(args.out) /
                           ("order_" + positional_name(v.positional) + "_" + name + ".npy");
-        write_npy(path.string(), w->view());
+        outputs.add(path.string(), encode_npy(w->view()));
         files.push_back(path.string());
       }
   }
@@ -46,6 +47,7 @@ int run_order_experiment(const OrderArgs& args) {
     j["dtype"] = args.dtype;
     j["weights"] = files;
     std::printf("%s\n", j.dump(2).c_str());
+    outputs.write();
     return 0;
   }
   std::printf("Who does the action? Sentences \"A VERB B\" over %zu nouns and %zu verbs, "
@@ -65,6 +67,7 @@ int run_order_experiment(const OrderArgs& args) {
     std::printf("\nEach head's weights on 猫 咬 狗 and 狗 咬 猫, (heads, 3, 3) rows = queries:\n");
     for (const auto& f : files) std::printf("  %s\n", f.c_str());
   }
+  outputs.write();
   return 0;
 }
 

@@ -9,6 +9,10 @@
 namespace attn::cli {
 namespace {
 
+std::string picture_in(const std::string& format, const std::vector<HeatMap>& maps, const PictureOptions& options) {
+  return format == ".svg" ? encode_svg(maps, options) : encode_png(maps, options);
+}
+
 // Cells for `columns` columns about 640 pixels wide in all (pictures of
 // positions along a line of text).
 int64_t wide_cells(int64_t columns) { return std::clamp<int64_t>(640 / std::max<int64_t>(columns, 1), 1, 40); }
@@ -22,7 +26,7 @@ std::string number_text(double x) {
 
 }  // namespace
 
-std::string encoding_picture(const std::string& path, const Tensor<float>& table) {
+std::string encoding_picture(const std::string& format, const Tensor<float>& table) {
   HeatMap map;
   map.title = "sinusoidal encoding, n=" + std::to_string(table.dim(0)) +
               ", d=" + std::to_string(table.dim(1));
@@ -34,10 +38,10 @@ std::string encoding_picture(const std::string& path, const Tensor<float>& table
   options.vmin = -1;
   options.vmax = 1;
   options.scale_title = "sin or cos";
-  return encode_picture(path, {map}, options);
+  return picture_in(format, {map}, options);
 }
 
-std::string rope_picture(const std::string& path, const Tensor<double>& plain, double base,
+std::string rope_picture(const std::string& format, const Tensor<double>& plain, double base,
                          const RopeScaling& scaling, double attention_factor,
                          const Tensor<double>& scaled) {
   const int64_t n = plain.dim(0), pairs = plain.dim(1);
@@ -71,10 +75,10 @@ std::string rope_picture(const std::string& path, const Tensor<double>& plain, d
   options.vmin = 0;
   options.vmax = 2 * std::numbers::pi;
   options.scale_title = "angle mod 2π (radians)";
-  return encode_picture(path, maps, options);
+  return picture_in(format, maps, options);
 }
 
-std::string alibi_picture(const std::string& path, const Tensor<double>& bias,
+std::string alibi_picture(const std::string& format, const Tensor<double>& bias,
                           const std::vector<double>& slopes) {
   HeatMap map;
   map.title = "ALiBi, " + std::to_string(bias.dim(0)) + " heads";
@@ -85,7 +89,7 @@ std::string alibi_picture(const std::string& path, const Tensor<double>& bias,
   PictureOptions options;
   options.cell_px = wide_cells(bias.dim(1));
   options.scale_title = "bias added to the logit";
-  return encode_picture(path, {map}, options);
+  return picture_in(format, {map}, options);
 }
 
 PictureOptions probability_scale() {
@@ -97,7 +101,7 @@ PictureOptions probability_scale() {
 }
 
 template <class T>
-std::string weights_picture(const std::string& path, const Tensor<T>& weights,
+std::string weights_picture(const std::string& format, const Tensor<T>& weights,
                             const std::vector<std::string>& tokens, const std::string& caption,
                             PictureOptions options) {
   const bool batched = weights.rank() == 4;
@@ -116,7 +120,7 @@ std::string weights_picture(const std::string& path, const Tensor<T>& weights,
     maps[m].col_axis = "key";
   }
   options.columns = heads;
-  return encode_picture(path, maps, options);
+  return picture_in(format, maps, options);
 }
 template std::string weights_picture(const std::string&, const Tensor<float>&,
                                      const std::vector<std::string>&, const std::string&,

@@ -8,7 +8,9 @@
 #include <charconv>
 #include <cmath>
 #include <cstdint>
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <exception>
 #include <functional>
 #include <memory>
@@ -19,6 +21,7 @@
 #include <vector>
 
 #include "attn/error.hpp"
+#include "attn/file.hpp"
 #include "attn/threads.hpp"
 #include "attn/version.h"
 #include "cli/commands.hpp"
@@ -26,14 +29,14 @@
 
 namespace {
 
-// A usage error (exit 2) unless the file name ends in one of `extensions`.
+// A usage error (exit 2) unless the file name ends in one of `extensions`
+// (a device or FIFO, such as /dev/stdout, takes the first: output_format).
 CLI::Validator extension_in(const std::vector<std::string>& extensions) {
   std::string list;
   for (const auto& e : extensions) list += (list.empty() ? "" : ", ") + e;
   return CLI::Validator(
       [extensions, list](std::string& path) -> std::string {
-        for (const auto& e : extensions)
-          if (attn::cli::lower_extension(path) == e) return "";
+        if (!attn::cli::output_format(path, extensions).empty()) return "";
         return "'" + path + "' must end in " + list;
       },
       "FILE (" + list + ")");
@@ -369,6 +372,21 @@ void add_bench(CLI::App& app, Command& chosen) {
 #endif
 }
 
+// The exit status: `status`, or 1 when some of what was printed did not
+// reach standard output (`attn demo > /dev/full`), said on stderr, as
+// coreutils do.
+int finished(int status) {
+  try {
+    attn::cli::flush_standard_output();
+    if (std::fclose(stdout) != 0)
+      throw attn::IOError(std::string("standard output: write error: ") + std::strerror(errno));
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "attn: error: %s\n", e.what());
+    return 1;
+  }
+  return status;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -401,15 +419,15 @@ int main(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::Success& e) {
-    return app.exit(e);
+    return finished(app.exit(e));
   } catch (const CLI::ParseError& e) {
     std::fprintf(stderr, "attn: %s (see attn --help)\n", e.what());
     return 2;
   }
   try {
-    return chosen ? chosen() : 2;
+    return finished(chosen ? chosen() : 2);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "attn: error: %s\n", e.what());
-    return 1;
+    return 1;  // (one line: the failure of standard output itself, maybe)
   }
 }

@@ -4,6 +4,7 @@
 #include "attn/attn.hpp"
 #include "attn/io.hpp"
 #include "cli/commands.hpp"
+#include "cli/files.hpp"
 
 namespace attn::cli {
 namespace {
@@ -14,7 +15,9 @@ void run(const MhaArgs& args, const Tensor<T>& x) {
   MhaForwardOptions<T> opt;
   opt.attention = args.attention;
   const auto y = layer.forward(x.view(), {}, {}, opt);
-  write_npy(args.out, y.out.view());
+  Outputs outputs;
+  outputs.add(args.out, encode_npy(y.out.view()));
+  outputs.write();
 }
 
 }  // namespace

@@ -33,13 +33,13 @@ std::string csv(const Tensor<T>& table) {
   return text;
 }
 
-// The table as the file its extension names; `picture` draws it.
+// The table as the file its extension names; picture(format) draws it.
 template <class T, class Picture>
 void write_table(const std::string& path, const Tensor<T>& table, Picture picture) {
-  const std::string ext = lower_extension(path);
-  if (ext == ".npy") write_npy(path, table.view());
-  else if (ext == ".csv") write_file(path, {csv(table)});
-  else write_file(path, {picture()});
+  const std::string format = output_format(path, {".npy", ".csv", ".png", ".svg"});
+  Outputs outputs;
+  outputs.add(path, format == ".npy" ? encode_npy(table.view()) : format == ".csv" ? csv(table) : picture(format));
+  outputs.write();
 }
 
 // RoPE's angle θ[t, k] = t · inv_freq[k] of pair k at position t (n, d/2),
@@ -58,7 +58,7 @@ int run_pe(const PeArgs& args) {
   if (args.encoding == "sinusoidal") {
     // float32, as attn.positional_encoding gives by default (angles in double).
     const auto table = sinusoidal_encoding<float>(args.n, args.d, args.base);
-    write_table(args.out, table, [&] { return encoding_picture(args.out, table); });
+    write_table(args.out, table, [&](const std::string& format) { return encoding_picture(format, table); });
   } else if (args.encoding == "rope") {
     if (args.d % 2 != 0)
       throw ValueError("--d must be even for rope (it rotates pairs of features), got " + std::to_string(args.d));
@@ -67,16 +67,16 @@ int run_pe(const PeArgs& args) {
     const auto plain = rope_angles(args.n, rope_frequencies(args.d, args.base, {}, seq_len));
     const RopeFrequencies scaled = rope_frequencies(args.d, args.base, scaling, seq_len);
     const auto angles = rope_angles(args.n, scaled);
-    write_table(args.out, angles, [&] {
-      return args.scaling.empty() ? rope_picture(args.out, plain, args.base, {}, 1.0, {})
-                                  : rope_picture(args.out, plain, args.base, scaling, scaled.attention_factor, angles);
+    write_table(args.out, angles, [&](const std::string& format) {
+      return args.scaling.empty() ? rope_picture(format, plain, args.base, {}, 1.0, {})
+                                  : rope_picture(format, plain, args.base, scaling, scaled.attention_factor, angles);
     });
   } else {
     const std::vector<double> slopes = alibi_slopes(args.heads);
     Tensor<double> bias({args.heads, args.n});
     for (int64_t h = 0; h < args.heads; ++h)
       for (int64_t t = 0; t < args.n; ++t) bias[h * args.n + t] = 0.0 - slopes[h] * double(t);  // +0 at t = 0
-    write_table(args.out, bias, [&] { return alibi_picture(args.out, bias, slopes); });
+    write_table(args.out, bias, [&](const std::string& format) { return alibi_picture(format, bias, slopes); });
   }
   return 0;
 }

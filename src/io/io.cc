@@ -110,7 +110,7 @@ std::string le_bytes(uint64_t v, int bytes) {
 }
 
 template <class T>
-void npy_write(const std::string& path, TensorView<const T> a, const char* descr) {
+std::string npy_bytes(TensorView<const T> a, const char* descr) {
   std::string dict = std::string("{'descr': '") + descr + "', 'fortran_order': False, 'shape': (";
   for (int i = 0; i < a.rank(); ++i) dict += std::to_string(a.dim(i)) + (a.rank() == 1 ? "," : i + 1 < a.rank() ? ", " : "");
   dict += "), }";
@@ -126,7 +126,7 @@ void npy_write(const std::string& path, TensorView<const T> a, const char* descr
   head += le_bytes(dict.size(), v1 ? 2 : 4);
   head += dict;
   const Tensor<T> c = contiguous(a);
-  write_file(path, {head, {reinterpret_cast<const char*>(c.data()), c.numel() * sizeof(T)}});
+  return head.append(reinterpret_cast<const char*>(c.data()), static_cast<size_t>(c.numel()) * sizeof(T));
 }
 
 // The header is a Python dict literal with exactly the keys 'descr',
@@ -313,8 +313,10 @@ NpyArray read_npy(const std::string& path) {
   return npy_payload<float>(path, in, h, *dtype);
 }
 
-void write_npy(const std::string& path, TensorView<const float> a) { npy_write(path, a, "<f4"); }
-void write_npy(const std::string& path, TensorView<const double> a) { npy_write(path, a, "<f8"); }
+std::string encode_npy(TensorView<const float> a) { return npy_bytes(a, "<f4"); }
+std::string encode_npy(TensorView<const double> a) { return npy_bytes(a, "<f8"); }
+void write_npy(const std::string& path, TensorView<const float> a) { write_file(path, {encode_npy(a)}); }
+void write_npy(const std::string& path, TensorView<const double> a) { write_file(path, {encode_npy(a)}); }
 
 namespace {
 
