@@ -285,6 +285,31 @@ TEST(Png, DifferencesUseTheDivergingMap) {
   EXPECT_EQ(png.at(l.bar_x + l.bar_width / 2, l.bar_y + l.bar_height - 1), kRdBuR0);
 }
 
+// SVG is XML: labels with control characters or bytes that are not UTF-8
+// gave a file no XML parser reads. They are refused, naming the label (the
+// file is not written); what XML can hold is escaped (the Python tests
+// parse the result with a real XML parser).
+TEST(Picture, SvgRefusesTextThatXmlCannotHold) {
+  TempDir dir;
+  HeatMap m = map_of("h", {1, 2}, {0, 1});
+  m.col_labels = {"ok", std::string("a\x01" "b")};
+  EXPECT_THROW_MSG(write_svg(dir.file("a.svg"), {m}), ValueError,
+                   "write_svg: column label 1 of heat map 0 'a\\x01b' holds U+0001, a character XML cannot hold");
+  m.col_labels = {std::string("\xff"), "ok"};
+  EXPECT_THROW_MSG(write_svg(dir.file("a.svg"), {m}), ValueError,
+                   "write_svg: column label 0 of heat map 0 '\\xff' is not valid UTF-8 (at byte 0)");
+  for (const std::string bad : {"\xc0\xaf" /* overlong '/' */, "\xed\xa0\x80" /* a surrogate */, "\xe7\x8c" /* cut short */,
+                                "\xef\xbf\xbe" /* U+FFFE */, "\x7f\x1b"}) {
+    m.col_labels = {"ok", bad};
+    EXPECT_THROW(write_svg(dir.file("a.svg"), {m}), ValueError) << bad;
+  }
+  m.col_labels = {"ok", "ok"};
+  m.title = std::string("tab\there");  // allowed, kept by a reference
+  write_svg(dir.file("a.svg"), {m});
+  EXPECT_NE(test::read_bytes(dir.file("a.svg")).find("tab&#9;here"), std::string::npos);
+  EXPECT_EQ(test::names_in(dir.path), std::vector<std::string>{"a.svg"});
+}
+
 TEST(Picture, BadInputIsAClearError) {
   TempDir dir;
   const auto ok = map_of("h", {1, 2}, {0, 1});

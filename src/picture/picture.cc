@@ -445,6 +445,58 @@ constexpr const char* kFontFamily =
     "'Noto Sans CJK SC', 'Source Han Sans SC', 'WenQuanYi Zen Hei', 'WenQuanYi Micro Hei', "
     "'PingFang SC', 'Hiragino Sans GB', 'Microsoft YaHei', 'DejaVu Sans', sans-serif";
 
+// The text for an error message: bytes outside printable ASCII as \xNN.
+std::string shown(const std::string& s) {
+  std::string out;
+  for (unsigned char c : s) {
+    if (c >= 0x20 && c < 0x7f && c != '\\') {
+      out += static_cast<char>(c);
+    } else {
+      char hex[5];
+      std::snprintf(hex, sizeof hex, "\\x%02x", c);
+      out += hex;
+    }
+  }
+  return out;
+}
+
+// SVG is XML, whose text is UTF-8 of the characters XML 1.0 allows: tab, line
+// feed, carriage return, U+0020 to U+D7FF, U+E000 to U+FFFD and U+10000 to
+// U+10FFFF. A text with a malformed byte sequence, or with another control
+// character (no escape can hold one), is a ValueError naming it; a file no
+// XML parser reads is never written.
+void check_xml_text(const std::string& what, const std::string& s) {
+  const auto bytes = reinterpret_cast<const unsigned char*>(s.data());
+  for (size_t i = 0; i < s.size();) {
+    const unsigned char b = bytes[i];
+    const int extra = b < 0x80 ? 0 : (b & 0xE0) == 0xC0 ? 1 : (b & 0xF0) == 0xE0 ? 2 : (b & 0xF8) == 0xF0 ? 3 : -1;
+    uint32_t cp = extra == 0 ? b : extra == 1 ? b & 0x1Fu : extra == 2 ? b & 0x0Fu : b & 0x07u;
+    bool ok = extra >= 0;
+    for (int k = 1; ok && k <= extra; ++k) {
+      ok = i + static_cast<size_t>(k) < s.size() && (bytes[i + k] & 0xC0) == 0x80;
+      if (ok) cp = (cp << 6) | (bytes[i + k] & 0x3Fu);
+    }
+    // Overlong forms, surrogates and values past U+10FFFF are not UTF-8 either.
+    ok = ok && !(extra == 1 && cp < 0x80) && !(extra == 2 && cp < 0x800) && !(extra == 3 && cp < 0x10000) &&
+         !(cp >= 0xD800 && cp <= 0xDFFF) && cp <= 0x10FFFF;
+    if (!ok)
+      throw ValueError("write_svg: " + what + " '" + shown(s) + "' is not valid UTF-8 (at byte " + std::to_string(i) +
+                       "); SVG is XML, which holds UTF-8 text only");
+    const bool allowed = cp == 0x9 || cp == 0xA || cp == 0xD || (cp >= 0x20 && cp <= 0xD7FF) ||
+                         (cp >= 0xE000 && cp <= 0xFFFD) || cp >= 0x10000;
+    if (!allowed) {
+      char code[16];
+      std::snprintf(code, sizeof code, "U+%04X", static_cast<unsigned>(cp));
+      throw ValueError("write_svg: " + what + " '" + shown(s) + "' holds " + code +
+                       ", a character XML cannot hold (SVG is XML); write a .png, or leave it out");
+    }
+    i += static_cast<size_t>(extra) + 1;
+  }
+}
+
+// Text checked by check_xml_text, escaped for an element or an attribute
+// (tab, line feed and carriage return as references, so that a parser keeps
+// them as they are).
 std::string xml_escape(const std::string& s) {
   std::string out;
   for (char c : s) switch (c) {
@@ -452,6 +504,9 @@ std::string xml_escape(const std::string& s) {
       case '<': out += "&lt;"; break;
       case '>': out += "&gt;"; break;
       case '"': out += "&quot;"; break;
+      case '\t': out += "&#9;"; break;
+      case '\n': out += "&#10;"; break;
+      case '\r': out += "&#13;"; break;
       default: out += c;
     }
   return out;
@@ -528,6 +583,19 @@ std::string encode_png(const std::vector<HeatMap>& maps, const PictureOptions& o
 
 std::string encode_svg(const std::vector<HeatMap>& maps, const PictureOptions& options) {
   validate("write_svg", maps, options);
+  for (size_t i = 0; i < maps.size(); ++i) {
+    const HeatMap& m = maps[i];
+    const std::string of = " of heat map " + std::to_string(i);
+    // The labels first: a title made of them then names the label itself.
+    for (size_t r = 0; r < m.row_labels.size(); ++r)
+      check_xml_text("row label " + std::to_string(r) + of, m.row_labels[r]);
+    for (size_t c = 0; c < m.col_labels.size(); ++c)
+      check_xml_text("column label " + std::to_string(c) + of, m.col_labels[c]);
+    check_xml_text("the title" + of, m.title);
+    check_xml_text("the row axis" + of, m.row_axis);
+    check_xml_text("the column axis" + of, m.col_axis);
+  }
+  check_xml_text("the scale's title", options.scale_title);
   int64_t cells = 0;
   for (const HeatMap& m : maps) cells += m.values.numel();
   if (cells > kMaxSvgCells)

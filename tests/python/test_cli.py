@@ -260,6 +260,26 @@ def test_attend_weights_svg_has_a_cell_per_weight_and_the_labels(tmp_path):
     assert maps[0]["tips"][1] == "query 0 猫, key 1 咬: " + maps[0]["tips"][1].rsplit(": ", 1)[1]
 
 
+def test_attend_svg_is_xml_whatever_the_tokens(tmp_path):
+    """Tokens with control characters or bytes that are not UTF-8 gave an SVG
+    no XML parser reads, and exit 0. What XML can hold is escaped and parses
+    back (expat, a real XML parser) to the very labels; what it cannot is
+    refused, naming the token, and nothing is written."""
+    np.save(tmp_path / "x.npy", np.random.default_rng(0).normal(size=(3, 8)).astype(np.float32))
+    tokens = ['<a&"x">&amp;', "'quoted'", "\U0001F600猫"]
+    ok("attend", tmp_path / "x.npy", "--out", tmp_path / "o.npy", "--weights", tmp_path / "w.svg",
+       "--tokens", " ".join(tokens))
+    _, maps = svg_maps(tmp_path / "w.svg")
+    assert maps[0]["rows"] == tokens  # (column labels too wide to fit are left out; the tooltips hold them)
+    assert maps[0]["tips"][5].startswith(f"query 1 {tokens[1]}, key 2 {tokens[2]}: ")
+    for bad, said in [(b"a\x01 b c", "'a\\x01' holds U+0001"), (b"a \xff c", "'\\xff' is not valid UTF-8"),
+                      (b"a b \x1b[31m", "holds U+001B")]:
+        r = subprocess.run([CLI.encode(), b"attend", bytes(tmp_path / "x.npy"), b"--out", bytes(tmp_path / "p.npy"),
+                            b"--weights", bytes(tmp_path / "p.svg"), b"--tokens", bad], capture_output=True, timeout=60)
+        assert r.returncode == 1 and said.encode() in r.stderr, (bad, r.stderr)
+        assert not (tmp_path / "p.svg").exists() and not (tmp_path / "p.npy").exists()
+
+
 def test_attend_weights_of_a_batch(tmp_path):
     np.save(tmp_path / "in.npy", np.random.default_rng(4).normal(size=(2, 4, 6)))
     ok("attend", tmp_path / "in.npy", "--heads", 3, "--causal", "--out", tmp_path / "o.npy",
