@@ -12,6 +12,7 @@
 #include "attn/half.hpp"
 #include "attn/mask.hpp"
 #include "attn/tensor.hpp"
+#include "quantized.hpp"
 
 namespace attn::python {
 
@@ -20,6 +21,8 @@ namespace py = pybind11;
 // Any array-like as an ndarray; refuses non-numeric dtypes with a TypeError
 // that names the argument.
 inline py::array as_numeric_array(const py::handle& obj, const char* name) {
+  // (Its buffer is its bytes: read as an array, they were taken for values.)
+  if (py::isinstance<PyQuantizedTensor>(obj)) throw TypeError(quantized_refused(obj.cast<const PyQuantizedTensor&>(), name));
   py::array a = py::array::ensure(obj);
   if (!a) {
     // numpy.asarray again, for its reason (a torch tensor that requires grad

@@ -7,6 +7,7 @@
 #include <pybind11/pybind11.h>
 
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "args.hpp"
@@ -47,7 +48,7 @@ py::object run(Strategy strategy, const py::array& q_in, TensorView<const KV> k,
     // Shaped as q with v's last axis; a shape that is wrong on any rank is
     // the call's to report, on every rank alike.
     Shape out_shape(qa.shape(), qa.shape() + qa.ndim()), lse_shape = out_shape;
-    if (!out_shape.empty() && v.rank() > 0) out_shape.back() = v.dim(-1);
+    if (!out_shape.empty() && v.rank() > 0) out_shape.back() = values_shape(v).back();
     if (!lse_shape.empty()) lse_shape.pop_back();
     out = empty<T>(out_shape);
     lse = empty<T>(return_lse ? lse_shape : Shape{0});
@@ -75,6 +76,11 @@ py::object dispatch(Strategy strategy, const py::object& q_obj, const py::object
   AttentionOptions opt;
   dist::Layout layout = dist::Layout::Contiguous;
   py::array q, k, v;
+  bool quantized = false;  // k and v are attn.QuantizedTensor: they travel as stored
+  const auto run_quantized = [&](auto kq, auto vq) {
+    using S = std::remove_const_t<std::remove_reference_t<decltype(*kq.data())>>;
+    return run<float, S>(strategy, q, kq, vq, c, opt, layout, return_lse);
+  };
   // Arguments one rank gets wrong fail on every rank (no rank left waiting).
   dist::check_collectively(c, name_of(strategy), [&] {
     opt = attention_options(causal, scale, softcap, window);
@@ -82,8 +88,11 @@ py::object dispatch(Strategy strategy, const py::object& q_obj, const py::object
     opt.alibi_slopes = per_head_from(alibi_slopes, "alibi_slopes", "slope");
     opt.sinks = per_head_from(sinks, "sinks", "logit");
     layout = dist::parse_layout(str_arg(layout_obj, "layout"));
-    q = as_numeric_array(q_obj, "q"), k = as_numeric_array(k_obj, "k"), v = as_numeric_array(v_obj, "v");
+    q = as_numeric_array(q_obj, "q");
+    quantized = on_quantized_kv(name_of(strategy), q, k_obj, v_obj, [](auto, auto) { return py::none(); }).has_value();
+    if (!quantized) k = as_numeric_array(k_obj, "k"), v = as_numeric_array(v_obj, "v");
   });
+  if (quantized) return *on_quantized_kv(name_of(strategy), q, k_obj, v_obj, run_quantized);
   if (is_float64(q) || is_float64(k) || is_float64(v)) {
     auto ka = as<double>(k), va = as<double>(v);
     return run<double, double>(strategy, q, view_of<const double>(ka), view_of<const double>(va), c, opt, layout,

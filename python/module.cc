@@ -89,35 +89,6 @@ py::object attention_t(const py::array& q, const py::array& k_in, const py::arra
   return attention_t<T, T>(q, view_of<const T>(ka), view_of<const T>(va), mask, opt, returns);
 }
 
-// k and v stored compactly (attn.QuantizedTensor, one dtype for both) with
-// float32 queries.
-py::object attention_compact(const py::object& q_obj, const py::object& k_obj,
-                             const py::object& v_obj, const py::object& mask,
-                             const AttentionOptions& opt, const AttentionReturns& returns) {
-  if (!py::isinstance<PyQuantizedTensor>(k_obj) || !py::isinstance<PyQuantizedTensor>(v_obj))
-    throw TypeError("attention: k and v must both be attn.QuantizedTensor or both arrays, got " +
-                    std::string(py::str(py::type::of(k_obj))) + " and " + std::string(py::str(py::type::of(v_obj))));
-  const auto& k = k_obj.cast<const PyQuantizedTensor&>();
-  const auto& v = v_obj.cast<const PyQuantizedTensor&>();
-  if (k.dtype != v.dtype)
-    throw TypeError(std::string("attention: k and v must be stored alike, got k ") + kv_dtype_name(k.dtype) +
-                    " and v " + kv_dtype_name(v.dtype));
-  const auto q = as_numeric_array(q_obj, "q");
-  if (is_float64(q))
-    throw TypeError(std::string("attention: q is float64, but compact k and v (") + kv_dtype_name(k.dtype) +
-                    ") are read with float32 queries: pass q as float32");
-  return k.visit([&](auto kv) {
-    using S = std::remove_const_t<std::remove_reference_t<decltype(*kv.data())>>;
-    return v.visit([&](auto vv) -> py::object {
-      using SV = std::remove_const_t<std::remove_reference_t<decltype(*vv.data())>>;
-      if constexpr (std::is_same_v<S, SV>)
-        return attention_t<float, S>(q, kv, vv, mask, opt, returns);
-      else
-        throw TypeError("attention: k and v must be stored alike");  // (checked above)
-    });
-  });
-}
-
 py::object py_attention(const py::object& q_obj, const py::object& k_obj,
                         const py::object& v_obj, const py::object& mask,
                         const py::object& causal, const py::object& scale,
@@ -137,8 +108,11 @@ py::object py_attention(const py::object& q_obj, const py::object& k_obj,
                       std::string(py::repr(return_logits)));
     returns.logits = parse_logits(return_logits.cast<std::string>());
   }
-  if (py::isinstance<PyQuantizedTensor>(k_obj) || py::isinstance<PyQuantizedTensor>(v_obj))
-    return attention_compact(q_obj, k_obj, v_obj, mask, opt, returns);
+  if (auto r = on_quantized_kv("attention", q_obj, k_obj, v_obj, [&](auto k, auto v) {
+        using S = std::remove_const_t<std::remove_reference_t<decltype(*k.data())>>;
+        return attention_t<float, S>(as_numeric_array(q_obj, "q"), k, v, mask, opt, returns);
+      }))
+    return *r;
   const auto q = as_numeric_array(q_obj, "q"), k = as_numeric_array(k_obj, "k"),
              v = as_numeric_array(v_obj, "v");
   if (is_float64(q) || is_float64(k) || is_float64(v))
@@ -149,20 +123,18 @@ py::object py_attention(const py::object& q_obj, const py::object& k_obj,
   return attention_t<float>(q, k, v, mask, opt, returns);
 }
 
-template <class T>
-py::tuple attention_backward_t(const py::array& q_in, const py::array& k_in,
-                               const py::array& v_in, const py::array& dout_in,
-                               const py::object& mask_obj, const AttentionOptions& opt,
+template <class T, class KV>
+py::tuple attention_backward_t(const py::array& q_in, TensorView<const KV> k, TensorView<const KV> v,
+                               const py::array& dout_in, const py::object& mask_obj, const AttentionOptions& opt,
                                const py::object& out_obj, const py::object& lse_obj) {
-  auto qa = as<T>(q_in), ka = as<T>(k_in), va = as<T>(v_in), da = as<T>(dout_in);
-  const auto q = view_of<const T>(qa), k = view_of<const T>(ka), v = view_of<const T>(va),
-             dout = view_of<const T>(da);
+  auto qa = as<T>(q_in), da = as<T>(dout_in);
+  const auto q = view_of<const T>(qa), dout = view_of<const T>(da);
   // The forward's output and log-sum-exp, when the caller kept them.
   py::array_t<T> out_a, lse_a;
   SavedForward<T> saved;
   if (!out_obj.is_none()) saved.out = view_of<const T>(out_a = as<T>(as_numeric_array(out_obj, "out")));
   if (!lse_obj.is_none()) saved.lse = view_of<const T>(lse_a = as<T>(as_numeric_array(lse_obj, "lse")));
-  auto dq = empty<T>(q.shape()), dk = empty<T>(k.shape()), dv = empty<T>(v.shape());
+  auto dq = empty<T>(q.shape()), dk = empty<T>(values_shape(k)), dv = empty<T>(values_shape(v));
   auto dsinks = empty<T>({static_cast<int64_t>(opt.sinks.size())});
   auto dqv = view_of<T>(dq), dkv = view_of<T>(dk), dvv = view_of<T>(dv);
   const TensorView<T> dsv = opt.sinks.empty() ? TensorView<T>() : view_of<T>(dsinks);
@@ -175,6 +147,14 @@ py::tuple attention_backward_t(const py::array& q_in, const py::array& k_in,
   return py::make_tuple(dq, dk, dv, dsinks);
 }
 
+template <class T>
+py::tuple attention_backward_t(const py::array& q, const py::array& k_in, const py::array& v_in,
+                               const py::array& dout, const py::object& mask, const AttentionOptions& opt,
+                               const py::object& out, const py::object& lse) {
+  auto ka = as<T>(k_in), va = as<T>(v_in);
+  return attention_backward_t<T, T>(q, view_of<const T>(ka), view_of<const T>(va), dout, mask, opt, out, lse);
+}
+
 py::tuple py_attention_backward(const py::object& q_obj, const py::object& k_obj,
                                 const py::object& v_obj, const py::object& dout_obj,
                                 const py::object& mask, const py::object& causal,
@@ -182,11 +162,17 @@ py::tuple py_attention_backward(const py::object& q_obj, const py::object& k_obj
                                 const py::object& window, const py::object& alibi_slopes,
                                 const py::object& sinks, const py::object& out,
                                 const py::object& lse) {
-  const auto q = as_numeric_array(q_obj, "q"), k = as_numeric_array(k_obj, "k"),
-             v = as_numeric_array(v_obj, "v"), dout = as_numeric_array(dout_obj, "dout");
   AttentionOptions opt = attention_options(causal, scale, softcap, window);
   opt.alibi_slopes = per_head_from(alibi_slopes, "alibi_slopes", "slope");
   opt.sinks = per_head_from(sinks, "sinks", "logit");
+  if (auto r = on_quantized_kv("attention_backward", q_obj, k_obj, v_obj, [&](auto k, auto v) -> py::object {
+        using S = std::remove_const_t<std::remove_reference_t<decltype(*k.data())>>;
+        return attention_backward_t<float, S>(as_numeric_array(q_obj, "q"), k, v, as_numeric_array(dout_obj, "dout"),
+                                              mask, opt, out, lse);
+      }))
+    return *r;
+  const auto q = as_numeric_array(q_obj, "q"), k = as_numeric_array(k_obj, "k"),
+             v = as_numeric_array(v_obj, "v"), dout = as_numeric_array(dout_obj, "dout");
   if (is_float64(q) || is_float64(k) || is_float64(v) || is_float64(dout))
     return attention_backward_t<double>(q, k, v, dout, mask, opt, out, lse);
   return attention_backward_t<float>(q, k, v, dout, mask, opt, out, lse);
@@ -201,16 +187,16 @@ py::array_t<int64_t> offsets_arg(const py::object& o, const char* name) {
   return as<int64_t>(a);
 }
 
-template <class T>
-py::object attention_varlen_t(const py::array& q_in, const py::array& k_in, const py::array& v_in,
+template <class T, class KV>
+py::object attention_varlen_t(const py::array& q_in, TensorView<const KV> k, TensorView<const KV> v,
                               py::array_t<int64_t> cu_q, py::array_t<int64_t> cu_k,
                               const AttentionOptions& opt, bool return_lse) {
-  auto qa = as<T>(q_in), ka = as<T>(k_in), va = as<T>(v_in);
-  const auto q = view_of<const T>(qa), k = view_of<const T>(ka), v = view_of<const T>(va);
+  auto qa = as<T>(q_in);
+  const auto q = view_of<const T>(qa);
   if (q.rank() != 3 || v.rank() != 3)
     throw ValueError("attention_varlen: q, k and v must be packed (total, heads, head_dim), got q " +
-                     shape_str(q.shape()) + ", v " + shape_str(v.shape()));
-  auto out = empty<T>({q.dim(0), q.dim(1), v.dim(2)});
+                     shape_str(q.shape()) + ", v " + shape_str(values_shape(v)));
+  auto out = empty<T>({q.dim(0), q.dim(1), values_shape(v)[2]});
   auto lse = empty<T>(return_lse ? Shape{q.dim(1), q.dim(0)} : Shape{0});
   const auto o = view_of<T>(out);
   const TensorView<T> l = return_lse ? view_of<T>(lse) : TensorView<T>();
@@ -223,6 +209,14 @@ py::object attention_varlen_t(const py::array& q_in, const py::array& k_in, cons
   return out;
 }
 
+template <class T>
+py::object attention_varlen_t(const py::array& q, const py::array& k_in, const py::array& v_in,
+                              py::array_t<int64_t> cu_q, py::array_t<int64_t> cu_k,
+                              const AttentionOptions& opt, bool return_lse) {
+  auto ka = as<T>(k_in), va = as<T>(v_in);
+  return attention_varlen_t<T, T>(q, view_of<const T>(ka), view_of<const T>(va), cu_q, cu_k, opt, return_lse);
+}
+
 py::object py_attention_varlen(const py::object& q_obj, const py::object& k_obj, const py::object& v_obj,
                                const py::object& cu_seqlens_q, const py::object& cu_seqlens_k,
                                const py::object& causal, const py::object& scale,
@@ -231,9 +225,13 @@ py::object py_attention_varlen(const py::object& q_obj, const py::object& k_obj,
   AttentionOptions opt = attention_options(causal, scale, softcap, window);
   opt.alibi_slopes = per_head_from(alibi_slopes, "alibi_slopes", "slope");
   opt.sinks = per_head_from(sinks, "sinks", "logit");
+  const auto cu_q = offsets_arg(cu_seqlens_q, "cu_seqlens_q"), cu_k = offsets_arg(cu_seqlens_k, "cu_seqlens_k");
+  if (auto r = on_quantized_kv("attention_varlen", q_obj, k_obj, v_obj, [&](auto k, auto v) {
+        return attention_varlen_t<float>(as_numeric_array(q_obj, "q"), k, v, cu_q, cu_k, opt, return_lse);
+      }))
+    return *r;
   const auto q = as_numeric_array(q_obj, "q"), k = as_numeric_array(k_obj, "k"),
              v = as_numeric_array(v_obj, "v");
-  const auto cu_q = offsets_arg(cu_seqlens_q, "cu_seqlens_q"), cu_k = offsets_arg(cu_seqlens_k, "cu_seqlens_k");
   if (is_float64(q) || is_float64(k) || is_float64(v))
     return attention_varlen_t<double>(q, k, v, cu_q, cu_k, opt, return_lse);
   return attention_varlen_t<float>(q, k, v, cu_q, cu_k, opt, return_lse);

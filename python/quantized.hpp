@@ -3,9 +3,13 @@
 // another engine filled.
 #pragma once
 
+#include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 
 #include <memory>
+#include <optional>
+#include <string>
+#include <type_traits>
 
 #include "attn/quantize.hpp"
 #include "attn/tensor.hpp"
@@ -40,6 +44,54 @@ struct PyQuantizedTensor {
     return TensorView<const S>(reinterpret_cast<const S*>(data), s);
   }
 };
+
+// The shape of a view's values: a q8_0 view's last axis counts blocks of 32.
+template <class KV>
+Shape values_shape(const TensorView<const KV>& t) {
+  Shape s = t.shape();
+  if (std::is_same_v<KV, block_q8_0> && !s.empty()) s.back() *= kQ8_0Block;
+  return s;
+}
+
+// k and v as the attention functions read them: when either is an
+// attn.QuantizedTensor (then both must be, stored alike, with float32 q:
+// TypeError naming `function` otherwise), f(k, v) with views of their
+// storage type (q8_0: (..., d / 32) blocks); nullopt when neither is.
+template <class F>
+std::optional<py::object> on_quantized_kv(const char* function, const py::object& q_obj, const py::object& k_obj,
+                                          const py::object& v_obj, F&& f) {
+  const bool k_quantized = py::isinstance<PyQuantizedTensor>(k_obj), v_quantized = py::isinstance<PyQuantizedTensor>(v_obj);
+  if (!k_quantized && !v_quantized) return std::nullopt;
+  if (!k_quantized || !v_quantized)
+    throw TypeError(std::string(function) + ": k and v must both be attn.QuantizedTensor or both arrays, got " +
+                    std::string(py::str(py::type::of(k_obj))) + " and " + std::string(py::str(py::type::of(v_obj))));
+  const auto& k = k_obj.cast<const PyQuantizedTensor&>();
+  const auto& v = v_obj.cast<const PyQuantizedTensor&>();
+  if (k.dtype != v.dtype)
+    throw TypeError(std::string(function) + ": k and v must be stored alike, got k " + kv_dtype_name(k.dtype) +
+                    " and v " + kv_dtype_name(v.dtype));
+  const py::array q = py::array::ensure(q_obj);
+  if (q && q.dtype().is(py::dtype::of<double>()))
+    throw TypeError(std::string(function) + ": q is float64, but quantized k and v (" + kv_dtype_name(k.dtype) +
+                    ") are read with float32 queries: pass q as float32");
+  return k.visit([&](auto kv) {
+    using S = std::remove_const_t<std::remove_reference_t<decltype(*kv.data())>>;
+    return v.visit([&](auto vv) -> py::object {
+      using SV = std::remove_const_t<std::remove_reference_t<decltype(*vv.data())>>;
+      if constexpr (std::is_same_v<S, SV>) return f(kv, vv);
+      else throw TypeError(std::string(function) + ": k and v must be stored alike");  // (checked above)
+    });
+  });
+}
+
+// A message for an attn.QuantizedTensor given where an array is read: what
+// it is, and what to do.
+inline std::string quantized_refused(const PyQuantizedTensor& t, const char* name) {
+  return std::string(name) + " is an attn.QuantizedTensor (" + kv_dtype_name(t.dtype) + ", shape " +
+         shape_str(t.shape) + "), read quantized only as the keys and values of attention, attention_backward, "
+         "attention_varlen, scaled_dot_product_attention and attn.dist: pass " + name +
+         ".dequantize() for its float32 values";
+}
 
 void bind_quantized(py::module_& m);
 

@@ -21,6 +21,8 @@ import sys
 
 import numpy as np
 
+from . import _core
+
 
 def _torch():
     return sys.modules.get("torch")
@@ -35,10 +37,24 @@ def any_tensor(*xs):
     return any(is_tensor(x) for x in xs)
 
 
-def to_array(x, name):
+def is_quantized(x):
+    return isinstance(x, _core.QuantizedTensor)
+
+
+def to_array(x, name, quantized=False):
     """x as a NumPy array: a CPU torch tensor without copying (bfloat16, which
     NumPy lacks, as float32); anything else as numpy.asarray reads it (the
-    library then refuses what is not numeric, naming `name`)."""
+    library then refuses what is not numeric, naming `name`). An
+    attn.QuantizedTensor passes as it is where `quantized` (the keys and
+    values of the attention functions), and is a TypeError elsewhere: its
+    buffer is its bytes, not its values."""
+    if is_quantized(x):
+        if quantized:
+            return x
+        raise TypeError(f"{name} is an attn.QuantizedTensor ({x.dtype}, shape {x.shape}), read quantized "
+                        "only as the keys and values of attention, attention_backward, attention_varlen, "
+                        f"scaled_dot_product_attention and attn.dist: pass {name}.dequantize() for its "
+                        "float32 values")
     if not is_tensor(x):
         return x
     torch = _torch()

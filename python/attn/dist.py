@@ -29,7 +29,7 @@ except ImportError as e:  # built only where Open MPI and mpi4py are (make test 
 __all__ = ["ring_attention", "ring_attention_backward", "ulysses_attention"]
 
 
-def _arrays(comm, function, inputs, names):
+def _arrays(comm, function, inputs, names, quantized=()):
     """The inputs as arrays; a conversion that fails on any rank fails on all.
     attn._dist holds its own copy of the library: it runs with attn's thread
     count (attn.set_num_threads)."""
@@ -37,7 +37,7 @@ def _arrays(comm, function, inputs, names):
     try:
         for x, n in zip(inputs, names):
             refuse_grad(x, n, f"{function.__name__} has no autograd (ring_attention_backward is its gradient)")
-        arrays = [None if x is None else to_array(x, n) for x, n in zip(inputs, names)]
+        arrays = [None if x is None else to_array(x, n, quantized=n in quantized) for x, n in zip(inputs, names)]
         _dist.set_num_threads(_core.num_threads())
     except Exception as e:  # noqa: BLE001 - every rank must hear of it, whatever it is
         error = e
@@ -47,7 +47,7 @@ def _arrays(comm, function, inputs, names):
 
 def _call(function, q, k, v, comm, return_lse, **options):
     arrays = _arrays(comm, function, (q, k, v, options.pop("alibi_slopes", None), options.pop("sinks", None)),
-                     ("q", "k", "v", "alibi_slopes", "sinks"))
+                     ("q", "k", "v", "alibi_slopes", "sinks"), quantized=("k", "v"))
     r = function(*arrays[:3], comm, alibi_slopes=arrays[3], sinks=arrays[4], return_lse=return_lse, **options)
     if not any_tensor(q, k, v):
         return r

@@ -4,7 +4,7 @@ torch tensors in and out and their gradients (see _interop)."""
 import numpy as np
 
 from . import _core
-from ._interop import (Differentiable, any_tensor, is_tensor, refuse_grad, result_dtype,
+from ._interop import (Differentiable, any_tensor, is_quantized, is_tensor, refuse_grad, result_dtype,
                        scaling_json, sum_to_shape, to_array, to_tensor, wants_grad, _torch)
 
 __all__ = ["softmax", "attention", "attention_backward", "attention_varlen", "scaled_dot_product_attention",
@@ -60,7 +60,7 @@ def _attention(inputs, arrays, mask, options, returns):
 def attention(q, k, v, mask=None, *, causal=False, scale=None, softcap=None, window=None,
               alibi_slopes=None, sinks=None, return_weights=False, return_logits=None, return_lse=False,
               precision="f32"):
-    arrays = tuple(to_array(x, name) for x, name in ((q, "q"), (k, "k"), (v, "v")))
+    arrays = (to_array(q, "q"), to_array(k, "k", quantized=True), to_array(v, "v", quantized=True))
     refuse_grad(alibi_slopes, "alibi_slopes", "attn computes no gradient for ALiBi's slopes")
     if precision != "f32":
         _core.precision_unit(precision)  # (a ValueError naming the choices, before any other)
@@ -87,7 +87,8 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, causal=False, scale
     inputs = (q, k, v, sinks)
     for x, name in zip(inputs, ("q", "k", "v", "sinks")):
         refuse_grad(x, name, "attention_varlen has no backward yet")
-    arrays = [None if x is None else to_array(x, n) for x, n in zip(inputs, ("q", "k", "v", "sinks"))]
+    arrays = [None if x is None else to_array(x, n, quantized=n in ("k", "v"))
+              for x, n in zip(inputs, ("q", "k", "v", "sinks"))]
     r = _core.attention_varlen(*arrays[:3], to_array(cu_seqlens_q, "cu_seqlens_q"),
                                to_array(cu_seqlens_k, "cu_seqlens_k"), causal=causal, scale=scale,
                                softcap=softcap, window=window,
@@ -134,14 +135,17 @@ autograd as attn.attention.
                          "give one or the other, as torch requires")
     inputs = (query, key, value)
     names = ("query", "key", "value")
-    arrays = [np.asarray(to_array(x, n)) for x, n in zip(inputs, names)]
+    # Keys and values stored as an attn.QuantizedTensor are read as they are:
+    # they are never broadcast (the batch axes must be the query's).
+    arrays = [to_array(x, n, quantized=n != "query") for x, n in zip(inputs, names)]
+    arrays = [a if is_quantized(a) else np.asarray(a) for a in arrays]
     dtypes = [str(x.dtype).replace("torch.", "") if is_tensor(x) else str(a.dtype)
-              for x, a in zip(inputs, arrays)]
+              for x, a in zip(inputs, arrays) if not is_quantized(a)]
     if len(set(dtypes)) != 1:
         raise TypeError("scaled_dot_product_attention: query, key and value must have the same "
                         f"dtype, got {', '.join(dtypes)}")
     for a, n in zip(arrays, names):
-        if a.ndim < 2:
+        if len(a.shape) < 2:
             raise ValueError(f"scaled_dot_product_attention: {n} must have at least 2 axes "
                              f"(..., seq, features), got shape {a.shape}")
     mask = to_array(attn_mask, "attn_mask")
@@ -151,7 +155,7 @@ autograd as attn.attention.
     mask_shape = () if mask is None else np.shape(mask)
     shapes = " ".join(f"{n} {a.shape}" for n, a in zip(names, arrays))
     q, k, v = arrays
-    gqa = enable_gqa and min(a.ndim for a in arrays) >= 3
+    gqa = enable_gqa and min(len(a.shape) for a in arrays) >= 3
     own = 3 if gqa else 2  # trailing axes of each operand that do not broadcast
     if gqa and (k.shape[-3] != v.shape[-3] or q.shape[-3] % k.shape[-3]):
         raise ValueError("scaled_dot_product_attention: with enable_gqa, key and value need the "
@@ -163,7 +167,12 @@ autograd as attn.attention.
         raise ValueError("scaled_dot_product_attention: the batch axes of " + shapes +
                          (f" attn_mask {mask_shape}" if mask is not None else "") +
                          " do not broadcast" + hint) from None
-    views = tuple(np.broadcast_to(a, lead + a.shape[-own:]) for a in arrays)
+    for a, n in zip(arrays, names):
+        if is_quantized(a) and a.shape[:-own] != lead:
+            raise ValueError(f"scaled_dot_product_attention: {n}, an attn.QuantizedTensor, is read as it is "
+                             f"stored and cannot broadcast: give it the batch axes {lead}, or pass "
+                             f"{n}.dequantize(); got " + shapes)
+    views = tuple(a if is_quantized(a) else np.broadcast_to(a, lead + a.shape[-own:]) for a in arrays)
     options = dict(causal="top_left" if is_causal else False, scale=scale, softcap=None, window=None)
     out = _attention(inputs, views, attn_mask, options,
                      dict(return_weights=False, return_logits=None, return_lse=False))
@@ -179,7 +188,7 @@ def attention_backward(q, k, v, dout, mask=None, *, causal=False, scale=None, so
     if refuse_second:
         raise RuntimeError("attention_backward has no backward (no second derivative); call it "
                            "under torch.no_grad() or on detached tensors")
-    arrays = [to_array(x, n) for x, n in zip(inputs, ("q", "k", "v", "dout"))]
+    arrays = [to_array(x, n, quantized=n in ("k", "v")) for x, n in zip(inputs, ("q", "k", "v", "dout"))]
     grads = _core.attention_backward(*arrays, to_array(mask, "mask"), causal=causal, scale=scale,
                                      softcap=softcap, window=window,
                                      alibi_slopes=to_array(alibi_slopes, "alibi_slopes"),

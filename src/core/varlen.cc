@@ -35,14 +35,25 @@ TensorView<T> sequence(TensorView<T> x, int64_t begin, int64_t end) {
                        {x.stride(1), x.stride(0), x.stride(2)});
 }
 
+// The values in a packed K or V row (a q8_0 view's last axis counts blocks).
+template <class KV>
+int64_t row_values(const TensorView<const KV>& t) {
+  return std::is_same_v<KV, block_q8_0> ? t.dim(2) * kQ8_0Block : t.dim(2);
+}
+
 }  // namespace
 
-template <Real T>
-void attention_varlen(TensorView<const T> q, TensorView<const T> k, TensorView<const T> v,
+template <class T, class KV>
+  requires AttentionTypes<T, KV>
+void attention_varlen(TensorView<const T> q, TensorView<const KV> k, TensorView<const KV> v,
                       TensorView<const int64_t> cu_q, TensorView<const int64_t> cu_k, TensorView<T> out,
                       const AttentionOptions& options, TensorView<T> lse) {
-  const std::string shapes =
-      "q " + shape_str(q.shape()) + ", k " + shape_str(k.shape()) + ", v " + shape_str(v.shape());
+  const auto logical = [](const TensorView<const KV>& t) {
+    Shape s = t.shape();
+    if (t.rank() == 3) s[2] = row_values(t);
+    return shape_str(s);
+  };
+  const std::string shapes = "q " + shape_str(q.shape()) + ", k " + logical(k) + ", v " + logical(v);
   if (q.rank() != 3 || k.rank() != 3 || v.rank() != 3)
     fail("q, k and v must be packed (total, heads, head_dim), got " + shapes);
   if (k.dim(0) != v.dim(0)) fail("k and v must have the same total length (axis 0), got " + shapes);
@@ -56,8 +67,8 @@ void attention_varlen(TensorView<const T> q, TensorView<const T> k, TensorView<c
   if (k.dim(1) == 0 ? q.dim(1) != 0 : q.dim(1) % k.dim(1) != 0)
     fail("query heads (" + std::to_string(q.dim(1)) + ") must be a multiple of key/value heads (" +
          std::to_string(k.dim(1)) + "), got " + shapes);
-  if (q.dim(2) != k.dim(2)) fail("q and k must have the same head dimension (last axis), got " + shapes);
-  const Shape out_shape = {q.dim(0), q.dim(1), v.dim(2)}, lse_shape = {q.dim(1), q.dim(0)};
+  if (q.dim(2) != row_values(k)) fail("q and k must have the same head dimension (last axis), got " + shapes);
+  const Shape out_shape = {q.dim(0), q.dim(1), row_values(v)}, lse_shape = {q.dim(1), q.dim(0)};
   if (out.shape() != out_shape)
     fail("out has shape " + shape_str(out.shape()) + ", expected " + shape_str(out_shape));
   if (!lse.empty_view() && lse.shape() != lse_shape)
@@ -72,35 +83,39 @@ void attention_varlen(TensorView<const T> q, TensorView<const T> k, TensorView<c
     if (!lse.empty_view())
       extras.lse = TensorView<T>(lse.data() + q0 * lse.stride(1), {lse.dim(0), q1 - q0},
                                  {lse.stride(0), lse.stride(1)});
-    detail::PreparedAttention<T, T>(sequence(q, q0, q1), sequence(k, k0, k1), sequence(v, k0, k1), options,
-                                    detail::MaskInput{})
+    detail::PreparedAttention<T, KV>(sequence(q, q0, q1), sequence(k, k0, k1), sequence(v, k0, k1), options,
+                                     detail::MaskInput{})
         .run(sequence(out, q0, q1), extras);
   }
 }
 
-template <Real T>
-VarlenResult<T> attention_varlen(TensorView<const T> q, TensorView<const T> k, TensorView<const T> v,
+template <class T, class KV>
+  requires AttentionTypes<T, KV>
+VarlenResult<T> attention_varlen(TensorView<const T> q, TensorView<const KV> k, TensorView<const KV> v,
                                  TensorView<const int64_t> cu_q, TensorView<const int64_t> cu_k,
                                  const AttentionOptions& options, bool return_lse) {
   VarlenResult<T> r;
   if (q.rank() != 3 || v.rank() != 3)
     fail("q, k and v must be packed (total, heads, head_dim), got q " + shape_str(q.shape()) + ", v " +
          shape_str(v.shape()));
-  r.out = Tensor<T>({q.dim(0), q.dim(1), v.dim(2)});
+  r.out = Tensor<T>({q.dim(0), q.dim(1), row_values(v)});
   if (return_lse) r.lse = Tensor<T>({q.dim(1), q.dim(0)});
   attention_varlen(q, k, v, cu_q, cu_k, r.out.view(), options, return_lse ? r.lse.view() : TensorView<T>());
   return r;
 }
 
-#define ATTN_VARLEN_INSTANTIATE(T)                                                                      \
-  template void attention_varlen(TensorView<const T>, TensorView<const T>, TensorView<const T>,          \
+#define ATTN_VARLEN_INSTANTIATE(T, KV)                                                                  \
+  template void attention_varlen(TensorView<const T>, TensorView<const KV>, TensorView<const KV>,        \
                                  TensorView<const int64_t>, TensorView<const int64_t>, TensorView<T>,    \
                                  const AttentionOptions&, TensorView<T>);                               \
-  template VarlenResult<T> attention_varlen(TensorView<const T>, TensorView<const T>,                   \
-                                            TensorView<const T>, TensorView<const int64_t>,             \
+  template VarlenResult<T> attention_varlen(TensorView<const T>, TensorView<const KV>,                  \
+                                            TensorView<const KV>, TensorView<const int64_t>,            \
                                             TensorView<const int64_t>, const AttentionOptions&, bool);
-ATTN_VARLEN_INSTANTIATE(float)
-ATTN_VARLEN_INSTANTIATE(double)
+ATTN_VARLEN_INSTANTIATE(float, float)
+ATTN_VARLEN_INSTANTIATE(float, bfloat16)
+ATTN_VARLEN_INSTANTIATE(float, float16)
+ATTN_VARLEN_INSTANTIATE(float, block_q8_0)
+ATTN_VARLEN_INSTANTIATE(double, double)
 #undef ATTN_VARLEN_INSTANTIATE
 
 }  // namespace attn

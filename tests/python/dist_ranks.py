@@ -51,6 +51,20 @@ for function in (attn.dist.ring_attention, attn.dist.ulysses_attention):
         check(function, np.float32, layout, causal="top_left", window=(3, 0), softcap=3.0,
               sinks=np.linspace(-1, 1, 2 * world))
         check(function, np.float32, layout, kv_dtype=np.float16, causal=True)
+# Keys and values as attn.QuantizedTensor travel as stored: against
+# attention on the whole problem's quantized K and V (q8_0 blocks lie along
+# a row, so each rank's rows quantize as the whole's do).
+for function in (attn.dist.ring_attention, attn.dist.ulysses_attention):
+    for kv_dtype in ("bf16", "q8_0"):
+        rng = np.random.default_rng(9)
+        q = rng.standard_normal((2 * world, 4 * world, 32)).astype(np.float32)
+        k, v = (rng.standard_normal((world, 4 * world, 32)).astype(np.float32) for _ in range(2))
+        whole = attn.attention(q, attn.quantize(k, kv_dtype), attn.quantize(v, kv_dtype), causal=True)
+        mine = rows("contiguous", 4)
+        got = function(q[:, mine], attn.quantize(np.ascontiguousarray(k[:, mine]), kv_dtype),
+                       attn.quantize(np.ascontiguousarray(v[:, mine]), kv_dtype), comm, causal=True)
+        digest.update(got.tobytes())
+        assert np.abs(got - whole[:, mine]).max() <= 1e-5 * np.abs(whole).max(), (function.__name__, kv_dtype)
 for function in (attn.dist.ring_attention, attn.dist.ulysses_attention):
     check(function, np.float32, "zigzag", causal=True, alibi_slopes=attn.alibi_slopes(2 * world))
     check(function, np.float64, "contiguous", window=(4, 2), alibi_slopes=attn.alibi_slopes(2 * world))

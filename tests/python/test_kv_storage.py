@@ -124,6 +124,74 @@ def test_bad_compact_input_is_a_clear_error():
     assert memoryview(t).readonly
 
 
+@pytest.mark.parametrize("dtype", ["bf16", "f16", "q8_0"])
+def test_every_function_that_takes_kv_reads_a_quantized_tensor(dtype):
+    """A QuantizedTensor is read as stored by every function that takes K and
+    V, as attention reads it: each gives its result on the dequantized values
+    (float32 rounding apart)."""
+    import torch
+    rng = np.random.default_rng(6)
+    q = rng.standard_normal((2, 4, 5, 32)).astype(np.float32)
+    k = rng.standard_normal((2, 2, 9, 32)).astype(np.float32)
+    v = rng.standard_normal((2, 2, 9, 32)).astype(np.float32)
+    kq, vq = attn.quantize(k, dtype), attn.quantize(v, dtype)
+    kd, vd = kq.dequantize(), vq.dequantize()
+    dout = rng.standard_normal(q.shape).astype(np.float32)
+    close = dict(rtol=2e-5, atol=2e-6)
+    np.testing.assert_allclose(attn.attention(q, kq, vq, causal=True), attn.attention(q, kd, vd, causal=True), **close)
+    for got, want in zip(attn.attention_backward(q, kq, vq, dout, causal=True),
+                         attn.attention_backward(q, kd, vd, dout, causal=True)):
+        assert got.shape == want.shape  # the values' shape (q8_0: not its blocks)
+        np.testing.assert_allclose(got, want, **close)
+    sdpa = attn.scaled_dot_product_attention
+    np.testing.assert_allclose(sdpa(q, kq, vq, enable_gqa=True), sdpa(q, kd, vd, enable_gqa=True), **close)
+    got = sdpa(torch.from_numpy(q), kq, vq, enable_gqa=True)
+    assert isinstance(got, torch.Tensor)
+    np.testing.assert_allclose(got.numpy(), sdpa(q, kd, vd, enable_gqa=True), **close)
+    with pytest.raises(ValueError, match="key, an attn.QuantizedTensor, is read as it is stored and cannot broadcast"):
+        sdpa(q, attn.quantize(k[:1], dtype), attn.quantize(v[:1], dtype), enable_gqa=True)
+    # Packed sequences of 4 and 5 tokens: (total, heads, head_dim).
+    packed = [np.ascontiguousarray(a[0].swapaxes(0, 1)) for a in (q, k, v)]
+    cu_q, cu_k = np.array([0, 2, 5]), np.array([0, 4, 9])
+    kp, vp = attn.quantize(packed[1], dtype), attn.quantize(packed[2], dtype)
+    np.testing.assert_allclose(attn.attention_varlen(packed[0], kp, vp, cu_q, cu_k, causal=True),
+                               attn.attention_varlen(packed[0], kp.dequantize(), vp.dequantize(), cu_q, cu_k,
+                                                     causal=True), **close)
+
+
+def test_a_quantized_tensor_is_never_read_as_its_bytes():
+    """Its buffer is its bytes: softmax over them gave a softmax of the raw
+    uint8 codes, and rope, attention_varlen and SDPA failed with shapes that
+    counted bytes. Where an array of values is read, it is a TypeError that
+    says what to do."""
+    import torch
+    x = np.ones((2, 4, 64), np.float32)
+    t = attn.quantize(x, "q8_0")
+    layer = attn.MultiHeadAttention(64, 2)
+    calls = {
+        "softmax": lambda: attn.softmax(t),
+        "rope": lambda: attn.rope(t),
+        "rope_backward": lambda: attn.rope_backward(t),
+        "multi_head": lambda: attn.multi_head(t, 2),
+        "attention's q": lambda: attn.attention(t, x, x),
+        "attention's mask": lambda: attn.attention(x, x, x, mask=t),
+        "sdpa's query": lambda: attn.scaled_dot_product_attention(t, x, x),
+        "attention_varlen's q": lambda: attn.attention_varlen(t, x, x, np.array([0, 2]), np.array([0, 2])),
+        "attention_backward's dout": lambda: attn.attention_backward(x, x, x, t),
+        "the layer's query": lambda: layer(t),
+        "the layer's state_dict": lambda: layer.load_state_dict({**layer.state_dict(), "out_proj.bias": t}),
+        "onnx.attention": lambda: attn.onnx.attention(x, t, x),
+        "onnx.rotary_embedding": lambda: attn.onnx.rotary_embedding(t, np.zeros((1, 4), np.int64),
+                                                                    np.ones((4, 32)), np.zeros((4, 32))),
+        "a torch-facing call": lambda: attn.softmax(torch.ones(3)) + attn.softmax(t),
+    }
+    for what, call in calls.items():
+        with pytest.raises(TypeError, match=r"is an attn.QuantizedTensor \(q8_0, shape \(2, 4, 64\)\).*"
+                                            r"\.dequantize\(\) for its float32 values"):
+            call()
+            pytest.fail(what)
+
+
 def test_float16_kv_are_read_without_a_float32_copy():
     """Peak memory of the call (n = 32768, 8 heads x 128, a causal window to
     keep it short), measured in a fresh interpreter: the output (128 MiB)
