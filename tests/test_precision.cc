@@ -413,6 +413,50 @@ TEST(Precision, WeightsSumToOne) {
   });
 }
 
+// Logits beyond float32's range (q and k of 1e20): bf16's products overflow
+// to NaN (+inf and -inf in one pair), and such a row is computed again in
+// double. Its weights, logits and lse were the kernel's NaNs beside the
+// double's finite output; they now describe the output: in every precision
+// the output is the weights' mean of the values, the weights sum to 1, and
+// nothing is NaN. (The logits themselves may differ between precisions:
+// they overflow.)
+TEST(Precision, ExtrasDescribeTheOutputWhenLogitsOverflow) {
+  std::mt19937 rng(2346);
+  Tensor<float> q = normal({2, 40, 64}, rng), k = normal({2, 70, 64}, rng);
+  const Tensor<float> v = normal({2, 70, 16}, rng);
+  for (int64_t i = 0; i < q.numel(); ++i) q[i] *= 1e20f;
+  for (int64_t i = 0; i < k.numel(); ++i) k[i] *= 1e20f;
+  for (Precision precision : {Precision::Float32, Precision::BF16, Precision::Int8}) {
+    AttentionOptions o;
+    o.precision = precision;
+    AttentionReturns returns;
+    returns.weights = true;
+    returns.lse = true;
+    returns.logits = Logits::Masked;
+    on_every_unit_and_target([&] {
+      const auto r = attention_with_extras(q.view(), k.view(), v.view(), returns, o);
+      for (int64_t h = 0; h < 2; ++h)
+        for (int64_t i = 0; i < 40; ++i) {
+          double sum = 0;
+          for (int64_t j = 0; j < 70; ++j) sum += r.weights.at({h, i, j});
+          ASSERT_NEAR(sum, 1.0, 1e-5) << precision_name(precision) << " row " << i;
+          ASSERT_FALSE(std::isnan(r.lse.at({h, i})));
+          for (int64_t c = 0; c < 16; ++c) {
+            // bf16 and int8 round P and V to bf16 for P·V (2^-9 each, relative)
+            // but return the weights unrounded.
+            double mean = 0, size = 0;
+            for (int64_t j = 0; j < 70; ++j) {
+              mean += r.weights.at({h, i, j}) * double(v.at({h, j, c}));
+              size += r.weights.at({h, i, j}) * std::abs(double(v.at({h, j, c})));
+            }
+            const double bound = precision == Precision::Float32 ? 1e-5 : 0x1p-8 * size + 1e-6;
+            ASSERT_NEAR(r.out.at({h, i, c}), mean, bound) << precision_name(precision) << " row " << i;
+          }
+        }
+    });
+  }
+}
+
 // A sink at 0 and one key whose logit c is above it by less than float32's
 // lazy-rescale threshold (c from 1/16 to 4, exact in bf16; v = 1): the
 // key's weight, the output, is e^c / (1 + e^c). bf16 moves the running max

@@ -475,8 +475,11 @@ inline float RowLse(const AttentionProblem<float>& p, int64_t h, int64_t i, floa
 // weight is 0; a NaN or infinite value in its row still gives 0·NaN = NaN. So
 // a row that comes out with a NaN is computed again the slow way
 // (reference_attention_row, which never reads an excluded key), and keeps a
-// NaN only if it has one of its own. Rows with NaN are rare.
-inline void WriteRow(DF d, const AttentionProblem<float>& p, int64_t b, int64_t h, int64_t i,
+// NaN only if it has one of its own. Rows with NaN are rare. Returns whether
+// the row was computed again: then its extras (lse, weights, logits) are the
+// reference's too, so that they describe this output, and the caller leaves
+// them as they are.
+inline bool WriteRow(DF d, const AttentionProblem<float>& p, int64_t b, int64_t h, int64_t i,
                      const float* o, float inv, float* out) {
   const int64_t N = static_cast<int64_t>(hn::Lanes(d));
   const VF vinv = hn::Set(d, inv);
@@ -486,7 +489,9 @@ inline void WriteRow(DF d, const AttentionProblem<float>& p, int64_t b, int64_t 
     nan = hn::Or(nan, hn::IsNaN(x));  // a padding lane is NaN only with the row's real ones
     StorePart(d, x, out + c, std::min(N, p.d_v - c));
   }
-  if (!hn::AllFalse(d, nan)) reference_attention_row(p, b, h, i, out);
+  if (hn::AllFalse(d, nan)) return false;
+  reference_attention_row(p, b, h, i, out);
+  return true;
 }
 
 // Which online softmax SoftmaxStep runs, and what it leaves of P:

@@ -191,8 +191,8 @@ void DecodeForwardT(const AttentionProblem<float>& p) {
           hn::Store(hn::MulAdd(vw, hn::Load(d, part + r * dvp + col), hn::Load(d, o + col)), d, o + col);
       }
       // No allowed key: zeros (o is). l NaN: the row is NaN.
-      WriteRow(d, p, b, h, r % p.n_q, o, l == 0 ? 0.0f : 1.0f / l, p.out.row(b, h, r % p.n_q));
-      if (p.lse) *p.lse.row(b, h, r % p.n_q) = RowLse(p, h, r % p.n_q, mx, l);
+      const bool by_reference = WriteRow(d, p, b, h, r % p.n_q, o, l == 0 ? 0.0f : 1.0f / l, p.out.row(b, h, r % p.n_q));
+      if (p.lse && !by_reference) *p.lse.row(b, h, r % p.n_q) = RowLse(p, h, r % p.n_q, mx, l);
     }
   });
 }

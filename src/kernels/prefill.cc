@@ -166,6 +166,7 @@ struct ItemState {
   AlibiRows alibi;         // of the head being processed
   QueryRows q;             // its rows from it.i0 (SetQueries)
   float m[kBlockQ], l[kBlockQ];
+  bool by_reference[kBlockQ];  // rows WriteRow computed again, extras and all
   float q_scales[kBlockQ], q_centers[kBlockQ];  // for the int8 unit (SetQueries)
 };
 
@@ -305,8 +306,8 @@ void WriteOutput(DF d, const Item& it, int64_t h, ItemState& st) {
     const int64_t i = it.i0 + r;
     st.l[r] = hn::GetLane(hn::SumOfLanes(d, hn::Load(d, st.l_lanes + r * N)));
     const float inv = st.l[r] == 0 ? 0.0f : 1.0f / st.l[r];  // l NaN: the row is NaN
-    WriteRow(d, p, it.b, h, i, st.o + r * st.dvp, inv, p.out.row(it.b, h, i));
-    if (p.lse) *p.lse.row(it.b, h, i) = RowLse(p, h, i, st.m[r], st.l[r]);
+    st.by_reference[r] = WriteRow(d, p, it.b, h, i, st.o + r * st.dvp, inv, p.out.row(it.b, h, i));
+    if (p.lse && !st.by_reference[r]) *p.lse.row(it.b, h, i) = RowLse(p, h, i, st.m[r], st.l[r]);
   }
 }
 
@@ -315,6 +316,7 @@ void WriteOutput(DF d, const Item& it, int64_t h, ItemState& st) {
 void WriteWeights(DF d, const Item& it, int64_t h, ItemState& st) {
   const auto& p = it.p;
   for (int64_t r = 0; r < it.rows; ++r) {
+    if (st.by_reference[r]) continue;
     float* w = p.weights.row(it.b, h, it.i0 + r);
     const float outside = std::isnan(st.l[r]) ? st.l[r] : 0.0f;  // a NaN row is NaN throughout
     for (int64_t j = 0; j < p.n_k; ++j) w[j * p.weights.col_stride] = outside;
@@ -329,7 +331,7 @@ void WriteWeights(DF d, const Item& it, int64_t h, ItemState& st) {
              it.scores_unit(), it.int8);
       for (int r = 0; r < rb.rows; ++r) {
         const int64_t i = r0 + r;
-        if (st.l[i] == 0) continue;
+        if (st.l[i] == 0 || st.by_reference[i]) continue;
         float* w = p.weights.row(it.b, h, it.i0 + i);
         const float inv = 1.0f / st.l[i];
         for (int64_t j = 0; j < jn; ++j)
@@ -350,6 +352,7 @@ void WriteLogits(DF d, const Item& it, int64_t h, ItemState& st) {
   const bool softcap = p.softcap > 0 && p.logits_stage != Logits::Scaled;
   if (masked)
     for (int64_t r = 0; r < it.rows; ++r) {
+      if (st.by_reference[r]) continue;
       float* row = p.logits.row(it.b, h, it.i0 + r);
       for (int64_t j = 0; j < p.n_k; ++j) row[j * p.logits.col_stride] = ninf;
     }
@@ -367,6 +370,7 @@ void WriteLogits(DF d, const Item& it, int64_t h, ItemState& st) {
       for (int r = 0; r < rb.rows; ++r) {
         float* sr = s + r * kBlockK;
         const int64_t i = it.i0 + r0 + r;
+        if (st.by_reference[r0 + r]) continue;
         if (masked) {
           std::fill(sr + jn, sr + kBlockK, ninf);
           MaskRow(d, p, it.b, h, i, j0, jn, true, sr, /*natural=*/true);

@@ -123,10 +123,16 @@ void reference_attention(const AttentionProblem<double>& p) {
 
 void reference_attention_row(const AttentionProblem<float>& p, int64_t b, int64_t h, int64_t i,
                              float* out) {
-  std::vector<double> s(p.n_k), w(p.n_k);
+  std::vector<double> s(p.n_k), w(p.n_k), logits(p.n_k);
   std::vector<char> part(p.n_k);
-  row_weights(p, b, h, i, s, w, part);
+  const double lse = row_weights(p, b, h, i, s, w, part, p.logits ? &logits : nullptr);
   row_output(p, b, h, w, part, out, 1);
+  const auto store = [&](const Operand<float>& t, const std::vector<double>& row) {
+    for (int64_t j = 0; j < p.n_k; ++j) t.row(b, h, i)[j * t.col_stride] = static_cast<float>(row[j]);
+  };
+  if (p.weights) store(p.weights, w);
+  if (p.logits) store(p.logits, logits);
+  if (p.lse) *p.lse.row(b, h, i) = static_cast<float>(lse);
 }
 
 void reference_attention_backward(const AttentionProblem<double>& p,
