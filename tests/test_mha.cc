@@ -137,6 +137,48 @@ TEST(MultiHeadAttention, StreamingCacheIsADenseMaskOverTheHistory) {
                    "positions 'cache' rotates the cached keys");
 }
 
+// The streaming rule is two attention calls merged by their log-sum-exps
+// (no n_q × n_k mask): over chunks longer than the sink part's row blocks,
+// with the layer's sinks, the outputs and the per-head weights are the dense
+// mask's, in double within its rounding.
+TEST(MultiHeadAttention, StreamingPrefillMergesTheWindowAndTheSinkKeys) {
+  std::mt19937 rng(55);
+  auto c = config(16, 4);
+  c.rope = true;
+  c.sinks = true;
+  const MultiHeadAttention<double> layer(c, 5);
+  const int64_t N = 3200, first = 2500, S = 4, W = 300;
+  const auto x = random_tensor({1, N, 16}, rng);
+  Tensor<bool> blocked({N, N});
+  for (int64_t t = 0; t < N; ++t)
+    for (int64_t j = 0; j < N; ++j) blocked[t * N + j] = !(j <= t && (j < S || j > t - W));
+  MhaForwardOptions<double> dense;
+  dense.attn_mask = TensorView<const bool>(blocked.view());
+  dense.need_weights = true;
+  dense.average_attn_weights = false;
+  const auto full = layer.forward(x.view(), {}, {}, dense);
+  auto cache = layer.new_cache(KVDtype::F32, {S, W, CachePositions::Original});
+  MhaForwardOptions<double> step;
+  step.cache = &cache;
+  step.attention.causal = Causal::BottomRight;
+  step.need_weights = true;
+  step.average_attn_weights = false;
+  const auto head = layer.forward(TensorView<const double>(x.data(), {1, first, 16}), {}, {}, step);
+  Tensor<double> want({1, first, 16}), want_weights({1, 4, first, first});
+  for (int64_t i = 0; i < first * 16; ++i) want[i] = full.out[(i / 16) * 16 + i % 16];
+  for (int64_t h = 0; h < 4; ++h)
+    for (int64_t i = 0; i < first; ++i)
+      for (int64_t j = 0; j < first; ++j) want_weights.at({0, h, i, j}) = full.weights->at({0, h, i, j});
+  EXPECT_LT(rel_error(head.out, want), 1e-12);
+  EXPECT_LT(rel_error(*head.weights, want_weights), 1e-12);
+  EXPECT_EQ(cache.length(), S + W);
+  step.need_weights = false;
+  const auto tail = layer.forward(TensorView<const double>(x.data() + first * 16, {1, N - first, 16}), {}, {}, step);
+  Tensor<double> want_tail({1, N - first, 16});
+  std::copy(full.out.data() + first * 16, full.out.data() + N * 16, want_tail.data());
+  EXPECT_LT(rel_error(tail.out, want_tail), 1e-12);
+}
+
 // A forward whose options attention() refuses appends nothing to the cache,
 // so the cache stays usable (bad options, and a layer's sinks made NaN).
 TEST(MultiHeadAttention, ACallThatFailsAppendsNothing) {

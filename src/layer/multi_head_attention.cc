@@ -32,6 +32,86 @@ void check_backward_precision(const MhaForwardOptions<T>& opt) {
          "save_for_backward, got " + precision_name(opt.attention.precision));
 }
 
+// Keys [begin, end) of a (batch, heads, n, row) view (axis 2).
+template <class KV>
+TensorView<const KV> key_slots(TensorView<const KV> x, int64_t begin, int64_t end) {
+  return TensorView<const KV>(x.data() + begin * x.stride(2), {x.dim(0), x.dim(1), end - begin, x.dim(3)},
+                              x.strides());
+}
+template <class T>
+TensorView<T> query_rows(TensorView<T> x, int64_t begin, int64_t end) {
+  return TensorView<T>(x.data() + begin * x.stride(2), {x.dim(0), x.dim(1), end - begin, x.dim(3)}, x.strides());
+}
+
+// Query rows handled together by the sink keys' part of streaming_attention:
+// its output (and log-sum-exp) for this many rows at a time, not the
+// chunk's, is what it holds beside the window's.
+constexpr int64_t kSinkRows = 1024;
+
+// A streaming cache's rule (StreamingLLM; StreamingCache) for the chunk's
+// queries q (batch, heads, n_q, head_dim) against the keys and values the
+// cache holds, in slots 0 .. n_k - 1: token t attends the key at stream
+// position j iff j <= t and (j < sink_tokens or j > t - window). The sink
+// keys are the first `sinks` slots (position = slot); the others hold
+// consecutive positions from `first_window_position`. The rule is two
+// attention calls, each a causal offset (and a window) the kernels skip
+// tiles by: the window's keys, and the sink keys; their results are merged
+// by their log-sum-exps (FlashInfer's merge_state). No mask of n_q × n_k is
+// built: at 30k tokens one took 918 MiB, and 200k did not fit. The sink
+// logits of gpt-oss (options.sinks) join the window's part.
+template <class T, class KV>
+void streaming_attention(TensorView<const T> q, TensorView<const KV> k, TensorView<const KV> v,
+                         AttentionOptions options, int64_t sinks, int64_t t0, int64_t first_window_position,
+                         int64_t window, TensorView<T> out, TensorView<T> weights) {
+  const int64_t B = q.dim(0), H = q.dim(1), n_q = q.dim(2), n_k = k.dim(2), dv = out.dim(3);
+  const auto weight_cols = [&](TensorView<T> w, int64_t i0, int64_t i1, int64_t j0, int64_t j1) {
+    return weights.empty_view() ? TensorView<T>()
+                                : TensorView<T>(w.data() + i0 * w.stride(2) + j0 * w.stride(3),
+                                                {B, H, i1 - i0, j1 - j0}, w.strides());
+  };
+  // The window's keys: slot s holds position first_window_position + (s - sinks).
+  Tensor<T> window_lse({B, H, n_q});
+  AttentionOptions in_window = options;
+  in_window.causal = Causal::offset(t0 - first_window_position);
+  in_window.window = {window - 1, -1};
+  AttentionExtras<T> extras;
+  extras.lse = window_lse.view();
+  extras.weights = weight_cols(weights, 0, n_q, sinks, n_k);
+  detail::PreparedAttention<T, KV>(q, key_slots(k, sinks, n_k), key_slots(v, sinks, n_k), in_window, {})
+      .run(out, extras);
+  if (sinks == 0) return;
+  AttentionOptions sink_keys = options;
+  sink_keys.sinks.clear();
+  sink_keys.window = {};
+  const auto ks = key_slots(k, 0, sinks), vs = key_slots(v, 0, sinks);
+  for (int64_t i0 = 0; i0 < n_q; i0 += kSinkRows) {
+    const int64_t i1 = std::min(n_q, i0 + kSinkRows);
+    sink_keys.causal = Causal::offset(t0 + i0);
+    Tensor<T> sink_out({B, H, i1 - i0, dv}), sink_lse({B, H, i1 - i0});
+    AttentionExtras<T> sink_extras;
+    sink_extras.lse = sink_lse.view();
+    sink_extras.weights = weight_cols(weights, i0, i1, 0, sinks);
+    detail::PreparedAttention<T, KV>(query_rows(q, i0, i1), ks, vs, sink_keys, {}).run(sink_out.view(), sink_extras);
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t h = 0; h < H; ++h)
+        for (int64_t i = i0; i < i1; ++i) {
+          const double la = window_lse.at({b, h, i}), lb = sink_lse.at({b, h, i - i0});
+          const double top = std::max(la, lb);
+          if (top == -std::numeric_limits<double>::infinity()) continue;  // no key: zeros
+          // (A NaN in either carries: the row is NaN.)
+          const double fa = la == top ? 1.0 : std::exp(la - top), fb = lb == top ? 1.0 : std::exp(lb - top);
+          const double sum = fa + fb;
+          T* o = &out.at({b, h, i, 0});
+          const T* ob = &sink_out.at({b, h, i - i0, 0});
+          for (int64_t c = 0; c < dv; ++c)
+            o[c * out.stride(3)] = static_cast<T>((fa * o[c * out.stride(3)] + fb * ob[c]) / sum);
+          if (weights.empty_view()) continue;
+          T* w = &weights.at({b, h, i, 0});
+          for (int64_t j = 0; j < n_k; ++j) w[j * weights.stride(3)] *= static_cast<T>((j < sinks ? fb : fa) / sum);
+        }
+  }
+}
+
 uint64_t new_layer_id() {
   static std::atomic<uint64_t> next{1};
   return next.fetch_add(1, std::memory_order_relaxed);
@@ -342,7 +422,6 @@ struct MultiHeadAttention<T>::Activations {
   Tensor<T> ctx;                         // the heads' outputs concatenated, in query's layout
   Tensor<T> weights;                     // (batch, heads, n_q, n_k) when need_weights
   Tensor<T> lse;                         // (batch, heads, n_q) without a cache: the backward's
-  Tensor<bool> stream_mask;              // a streaming cache's rule, (n_q, n_k), true = blocked
 
   // In PyTorch's convention: a boolean true blocks.
   detail::MaskInput mask() const { return {attn_mask, true}; }
@@ -456,31 +535,29 @@ typename MultiHeadAttention<T>::Activations MultiHeadAttention<T>::forward_activ
           .run(ctx_heads(a.ctx, a), extras);
   };
   if (cache) {
-    if (streaming) {
-      // Token t attends key j iff j <= t and (j < sink_tokens or j > t - window),
-      // in stream positions; the mask stands in for causal masking.
-      const StreamingCache& s = cache->streaming();
-      const int64_t t0 = cache->seen(), held = cache->length();
-      a.stream_mask = Tensor<bool>({n_q, n_k});
-      for (int64_t i = 0; i < n_q; ++i)
-        for (int64_t j = 0; j < n_k; ++j) {
-          const int64_t t = t0 + i, p = j < held ? cache->positions()[j] : t0 + (j - held);
-          a.stream_mask[i * n_k + j] = !(p <= t && (p < s.sink_tokens || p > t - s.window));
-        }
-      a.attn_mask = TensorView<const bool>(a.stream_mask.view());
-      a.attention.causal = Causal::None;
-    }
     // The chunk's keys and values are read back from the cache, stored as
     // the past tokens are (quantized, for a compact cache).
     detail::check_options<T>(a.attention, H);  // nothing is appended for a call that fails
+    const int64_t t0 = cache->seen();
     cache->append(kh, vh);
+    const auto run = [&](auto K, auto V) {
+      using KV = std::remove_const_t<std::remove_reference_t<decltype(*K.data())>>;
+      if (!streaming) return attend(K, V);
+      const std::vector<int64_t>& positions = cache->positions();
+      const StreamingCache& s = cache->streaming();
+      int64_t sinks = 0;
+      while (sinks < n_k && positions[sinks] < s.sink_tokens) ++sinks;
+      if constexpr (AttentionTypes<T, KV>)
+        streaming_attention<T, KV>(qh, K, V, a.attention, sinks, t0, sinks < n_k ? positions[sinks] : t0, s.window,
+                                   ctx_heads(a.ctx, a), extras.weights);
+    };
     if (by_slot) {
       RopeOptions slots = a.rope;  // every cached key at its slot
       slots.offset = 0;
       const Tensor<T> keys = apply_rope(cache->keys(), slots);
-      attend(keys.view(), cache->values());
+      run(keys.view(), cache->values());
     } else {
-      cache->visit(attend);
+      cache->visit(run);
     }
     cache->evict();
   } else {

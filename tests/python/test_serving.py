@@ -2,10 +2,15 @@
 reference written here in torch (a sink column joined to the logits before
 the softmax and dropped after it; its gradients by torch's autograd) and in
 NumPy."""
+import os
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 
 import attn
+from util import PEAK_BYTES, PYTHONPATH
 
 F32 = dict(rtol=1e-5, atol=1e-6)
 
@@ -207,6 +212,35 @@ def test_streaming_cache_original_positions_is_a_dense_mask(chunks):
         start += n
         assert len(cache) <= S + W   # bounded memory
     np.testing.assert_allclose(np.concatenate(parts, axis=1), want, rtol=1e-5, atol=1e-6)
+
+
+def test_streaming_prefill_of_200k_tokens_takes_no_quadratic_memory():
+    """A streaming cache's prefill built a dense (n, n) mask for its rule: 918
+    MiB more at 30k tokens, and 200k did not fit. Its peak memory now grows by
+    no more than the same prefill's without streaming (a plain cache, the
+    window as attention's own option) + 64 MiB. Each in a fresh interpreter
+    (VmHWM, reset before the call)."""
+    code = PEAK_BYTES + """
+import sys
+import numpy as np, attn
+streaming = sys.argv[1] == "streaming"
+m = attn.MultiHeadAttention(64, 4, num_kv_heads=2, seed=1)
+x = np.random.default_rng(0).standard_normal((1, 200_000, 64)).astype(np.float32)
+cache = m.new_cache(sink_tokens=4, window=512) if streaming else m.new_cache()
+window = None if streaming else (511, 0)
+open('/proc/self/clear_refs', 'w').write('5')
+before = peak_bytes()
+out = m(x, cache=cache, causal=True, window=window, need_weights=False)[0]
+print(peak_bytes() - before, len(cache))
+"""
+    grew = {}
+    for kind in ("plain", "streaming"):
+        r = subprocess.run([sys.executable, "-c", code, kind], capture_output=True, text=True, timeout=300,
+                           env={**os.environ, "PYTHONPATH": PYTHONPATH})
+        assert r.returncode == 0, r.stderr[-2000:]
+        grew[kind], held = map(int, r.stdout.split())
+        assert held == (516 if kind == "streaming" else 200_000)
+    assert grew["streaming"] <= grew["plain"] + (64 << 20), {k: f"{v / 2**20:.0f} MiB" for k, v in grew.items()}
 
 
 def rope_half(x, positions, base=10000.0):
