@@ -521,6 +521,17 @@ TEST(Safetensors, CorruptFilesAreClearErrors) {
                R"( "data_offsets": [0, 8]}})", d8),
        "refusing to allocate"},
       {st_file(R"({"__metadata__": {"n": 5}})", ""), "is not a string"},
+      // As the format's reference implementation: a key twice (nlohmann kept
+      // the last), bytes no tensor holds, bytes after the last tensor.
+      {st_file(R"({"w": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]},)"
+               R"( "w": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}})", d8),
+       "header has the key 'w' twice"},
+      {st_file(R"({"__metadata__": {"a": "1", "a": "2"}})", ""), "header has the key 'a' twice"},
+      {st_file(R"({"w": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]},)"
+               R"( "v": {"dtype": "F32", "shape": [1], "data_offsets": [8, 12]}})", d8 + "1234"),
+       "bytes 4 to 8 of the data section belong to no tensor"},
+      {st_file(R"({"w": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}})", d8 + "x"),
+       "1 bytes follow the data section's last tensor"},
   };
   for (const auto& c : cases) {
     write_bytes(f, c.bytes);

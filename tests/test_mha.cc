@@ -432,6 +432,26 @@ TEST(MultiHeadAttention, AppendedKeysTakePartInEveryRow) {
   EXPECT_THROW_MSG(MultiHeadAttention<double>{c}, ValueError, "rope with add_bias_kv or add_zero_attn");
 }
 
+// Metadata that claims a larger layer than the file's tensors (1.8 KB that
+// said embed_dim 16384 made load allocate and initialise 4.2 GB, then
+// refuse): refused against the tensors' shapes before anything is built.
+TEST(MultiHeadAttention, LoadChecksTheMetadataAgainstTheTensorsFirst) {
+  const test::TempDir dir;
+  const auto path = dir.file("lying.safetensors");
+  const MultiHeadAttention<float> small(config(16, 4), 1);
+  std::map<std::string, TensorView<const float>> views;
+  const auto state = small.state_dict();
+  for (const auto& [name, t] : state) views.emplace(name, t.view());
+  write_safetensors(path, views, {{"embed_dim", "16384"}, {"num_heads", "4"}});
+  EXPECT_THROW_MSG(MultiHeadAttention<float>::load(path), ValueError,
+                   path + ": its metadata (embed_dim 16384, num_heads 4) needs a tensor 'in_proj_bias' of shape "
+                          "(49152,); the file's is (48,)");
+  write_safetensors(path, views, {{"embed_dim", "16"}, {"num_heads", "4"}, {"sinks", "true"}});
+  EXPECT_THROW_MSG(MultiHeadAttention<float>::load(path), ValueError, "needs a tensor 'sinks' of shape (4,), which the file does not hold");
+  write_safetensors(path, views, {{"embed_dim", "16"}, {"num_heads", "5"}});
+  EXPECT_THROW_MSG(MultiHeadAttention<float>::load(path), ValueError, path + ": its metadata: MultiHeadAttention: embed_dim (16) must be divisible by num_heads (5)");
+}
+
 TEST(MultiHeadAttention, SaveAndLoad) {
   const test::TempDir dir;
   const auto path = dir.file("layer.safetensors");
@@ -469,7 +489,8 @@ TEST(MultiHeadAttention, SaveAndLoad) {
   write_safetensors(path, {}, {{"embed_dim", "12x"}, {"num_heads", "3"}});
   EXPECT_THROW_MSG(MultiHeadAttention<float>::load(path), ValueError, "'embed_dim' is not an integer");
   write_safetensors(path, {}, {{"embed_dim", "12"}, {"num_heads", "3"}});
-  EXPECT_THROW_MSG(MultiHeadAttention<float>::load(path), ValueError, "missing key");
+  EXPECT_THROW_MSG(MultiHeadAttention<float>::load(path), ValueError,
+                   "needs a tensor 'in_proj_bias' of shape (36,), which the file does not hold");
   write_safetensors(path, {}, {{"embed_dim", "12"}, {"num_heads", "3"}, {"rope", "true"},
                                {"rope_scaling", R"({"rope_type": "linear"})"}});
   EXPECT_THROW_MSG(MultiHeadAttention<float>::load(path), ValueError,

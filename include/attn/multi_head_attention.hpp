@@ -65,6 +65,9 @@ struct MultiHeadAttentionConfig {
   }
   // Throws ValueError naming the offending field.
   void validate() const;
+  // The state_dict's names and shapes for this configuration, nothing
+  // allocated (load checks a file's tensors against them before building).
+  std::map<std::string, Shape> state_dict_shapes() const;
 };
 
 // Masks in nn.MultiheadAttention's convention (the opposite of attention()'s

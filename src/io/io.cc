@@ -332,8 +332,24 @@ nlohmann::json read_safetensors_header(InputFile& in, const std::string& path) {
     st_fail(path, "header length " + std::to_string(n) + " runs past the end of the file (" +
                       std::to_string(8 + json.size()) + " bytes)");
   nlohmann::json header;
+  // A key twice in one object is an error, as in the format's reference
+  // implementation (nlohmann keeps the last silently): one object's keys
+  // per level of nesting.
+  std::vector<std::vector<std::string>> keys;
+  const auto no_duplicates = [&](int, nlohmann::json::parse_event_t event, nlohmann::json& parsed) {
+    using Event = nlohmann::json::parse_event_t;
+    if (event == Event::object_start) keys.emplace_back();
+    if (event == Event::object_end) keys.pop_back();
+    if (event == Event::key && !keys.empty()) {
+      const std::string& key = parsed.get_ref<const std::string&>();
+      if (std::find(keys.back().begin(), keys.back().end(), key) != keys.back().end())
+        st_fail(path, "header has the key '" + excerpt(key) + "' twice");
+      keys.back().push_back(key);
+    }
+    return true;
+  };
   try {
-    header = nlohmann::json::parse(json);
+    header = nlohmann::json::parse(json, no_duplicates);
   } catch (const nlohmann::json::exception& e) {
     st_fail(path, std::string("header is not JSON: ") + e.what());
   }
@@ -429,10 +445,22 @@ Safetensors read_safetensors(const std::string& path) {
     out.tensors.emplace(name, read_safetensors_entry(path, name, entry, data_section.data(),
                                                      data_size, ranges.emplace_back()));
   }
+  // The tensors cover the data section exactly, end to end, and the file
+  // ends with it, as the reference implementation requires: no overlap, no
+  // bytes that no tensor holds, nothing after.
   std::sort(ranges.begin(), ranges.end());
-  for (size_t i = 1; i < ranges.size(); ++i)
-    if (ranges[i].first < ranges[i - 1].second)
-      st_fail(path, "tensors overlap in the data section at byte " + std::to_string(ranges[i].first));
+  uint64_t covered = 0;
+  for (const auto& [begin, end] : ranges) {
+    if (begin < covered) st_fail(path, "tensors overlap in the data section at byte " + std::to_string(begin));
+    if (begin > covered)
+      st_fail(path, "bytes " + std::to_string(covered) + " to " + std::to_string(begin) +
+                        " of the data section belong to no tensor");
+    covered = end;
+  }
+  const uint64_t trailing = data_size - covered;
+  if (trailing > 0 || in.read(1).size() > 0)  // (a stream's size is known only by reading on)
+    st_fail(path, (trailing > 0 ? std::to_string(trailing) : std::string("some")) +
+                      " bytes follow the data section's last tensor");
   return out;
 }
 

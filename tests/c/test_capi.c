@@ -573,7 +573,7 @@ static void test_rope(void) {
 enum { E = 4, HEADS = 2, T = 3 };
 static float w_in[3 * E * E], b_in[3 * E], w_out[E * E], b_out[E];
 
-static int write_layer(const char* path) {
+static int write_layer_claiming(const char* path, int embed_dim) {
   char header[512];
   unsigned char length[8];
   uint64_t n;
@@ -591,7 +591,7 @@ static int write_layer(const char* path) {
           "\"in_proj_bias\":{\"dtype\":\"F32\",\"shape\":[%d],\"data_offsets\":[%d,%d]},"
           "\"out_proj.weight\":{\"dtype\":\"F32\",\"shape\":[%d,%d],\"data_offsets\":[%d,%d]},"
           "\"out_proj.bias\":{\"dtype\":\"F32\",\"shape\":[%d],\"data_offsets\":[%d,%d]}}",
-          E, HEADS, 3 * E, E, 12 * E * E, 3 * E, 12 * E * E, 12 * E * E + 12 * E, E, E,
+          embed_dim, HEADS, 3 * E, E, 12 * E * E, 3 * E, 12 * E * E, 12 * E * E + 12 * E, E, E,
           12 * E * E + 12 * E, 16 * E * E + 12 * E, E, 16 * E * E + 12 * E, 16 * E * E + 16 * E);
   n = strlen(header);
   for (i = 0; i < 8; ++i) length[i] = (unsigned char)(n >> (8 * i));
@@ -605,6 +605,8 @@ static int write_layer(const char* path) {
   fwrite(b_out, sizeof b_out, 1, f);
   return fclose(f) == 0;
 }
+
+static int write_layer(const char* path) { return write_layer_claiming(path, E); }
 
 /* y (rows, out) = x (rows, in) Wᵀ + b, W (out, in) as nn.Linear. */
 static void linear(const double* x, const float* w, const float* b, int rows, int in, int out_dim,
@@ -734,6 +736,12 @@ static void test_mha(void) {
     fclose(f);
   }
   EXPECT_ERROR(attn_mha_load(corrupt, &layer), ATTN_ERROR_INVALID_ARGUMENT, corrupt);
+  /* Metadata claiming a far larger layer than the file's tensors: refused
+     before anything of that size is built (it allocated gigabytes first). */
+  CHECK(write_layer_claiming(corrupt, 16384));
+  EXPECT_ERROR(attn_mha_load(corrupt, &layer), ATTN_ERROR_INVALID_ARGUMENT,
+               "its metadata (embed_dim 16384, num_heads 2) needs a tensor 'in_proj_bias' of shape (49152,); "
+               "the file's is (12,)");
   EXPECT_ERROR(attn_mha_load(NULL, &layer), ATTN_ERROR_INVALID_ARGUMENT,
                "attn_mha_load: safetensors_path is NULL");
   EXPECT_ERROR(attn_mha_load(path, NULL), ATTN_ERROR_INVALID_ARGUMENT, "attn_mha_load: layer is NULL");

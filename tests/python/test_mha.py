@@ -274,6 +274,75 @@ def test_save_load_and_seed(tmp_path):
         attn.MultiHeadAttention.load(path)
 
 
+def lying_file(path, embed_dim):
+    """A small layer's tensors under metadata that claims embed_dim: about 1.8 KB."""
+    import json
+    import struct
+    tensors = attn.MultiHeadAttention(8, 4, seed=1).state_dict()
+    header, data = {"__metadata__": {"embed_dim": str(embed_dim), "num_heads": "4"}}, b""
+    for name, t in sorted(tensors.items()):
+        header[name] = {"dtype": "F32", "shape": list(t.shape), "data_offsets": [len(data), len(data) + t.nbytes]}
+        data += t.astype("<f4").tobytes()
+    text = json.dumps(header).encode()
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(text)) + text + data)
+
+
+@pytest.mark.parametrize("embed_dim", [16384, 65536])
+def test_a_small_file_claiming_a_large_layer_allocates_nothing_for_it(tmp_path, embed_dim):
+    """Its metadata is checked against its own tensors' shapes first: load
+    allocated and initialised 4.2 GB for 10 s (more than 64 GiB at 65536)
+    before refusing the file. Peak memory in a fresh interpreter."""
+    path = str(tmp_path / "lying.safetensors")
+    lying_file(path, embed_dim)
+    assert os.path.getsize(path) < 2500
+    r = run_python(PEAK_BYTES + f"""
+import attn
+open('/proc/self/clear_refs', 'w').write('5')
+before = peak_bytes()
+try:
+    attn.MultiHeadAttention.load({path!r})
+except ValueError as e:
+    print(peak_bytes() - before, e)
+""", timeout=60)
+    assert r.returncode == 0, r.stderr
+    grew, message = r.stdout.split(" ", 1)
+    assert int(grew) < 16 << 20, f"{int(grew) / 2**20:.0f} MiB"
+    assert f"its metadata (embed_dim {embed_dim}, num_heads 4) needs a tensor 'in_proj_bias'" in message
+
+
+def test_attn_mha_refuses_such_a_file_as_quickly(tmp_path):
+    path = str(tmp_path / "lying.safetensors")
+    lying_file(path, 16384)
+    np.save(tmp_path / "x.npy", np.ones((1, 2, 8), np.float32))
+    r = subprocess.run([CLI, "mha", str(tmp_path / "x.npy"), "--weights", path, "--out", str(tmp_path / "o.npy")],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1 and "needs a tensor 'in_proj_bias' of shape (49152,)" in r.stderr, r.stderr
+    assert not os.path.exists(tmp_path / "o.npy")
+
+
+def test_safetensors_that_the_reference_refuses_are_value_errors(tmp_path):
+    """A key twice in the header (the last one was kept) and bytes after the
+    data, as the format's reference implementation refuses them."""
+    good = str(tmp_path / "layer.safetensors")
+    attn.MultiHeadAttention(8, 2, seed=1).save(good)
+    with open(good, "rb") as f:
+        raw = f.read()
+    trailing = str(tmp_path / "trailing.safetensors")
+    with open(trailing, "wb") as f:
+        f.write(raw + b"\0")
+    with pytest.raises(ValueError, match="1 bytes follow the data section's last tensor"):
+        attn.MultiHeadAttention.load(trailing)
+    n = int.from_bytes(raw[:8], "little")
+    header = raw[8:8 + n].decode().rstrip()
+    duplicated = str(tmp_path / "duplicated.safetensors")
+    text = header.replace('{"__metadata__"', '{"__metadata__": {"a": "1"}, "__metadata__"', 1).encode()
+    with open(duplicated, "wb") as f:
+        f.write(len(text).to_bytes(8, "little") + text + raw[8 + n:])
+    with pytest.raises(ValueError, match="header has the key '__metadata__' twice"):
+        attn.MultiHeadAttention.load(duplicated)
+
+
 def test_save_to_a_full_disk_and_load_from_a_folder_are_os_errors(tmp_path):
     """A failed write raises (the final flush went unchecked: save returned as if it
     had worked); a folder is not a file (was RuntimeError without the name)."""
