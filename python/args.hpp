@@ -42,13 +42,16 @@ inline std::optional<int64_t> optional_int(const py::handle& o, const std::strin
 
 // A str, bytes or os.PathLike (pathlib.Path), as os.fspath reads it.
 inline std::string path_arg(const py::handle& o, const std::string& name) {
+  // As Python's own functions take them: os.fsencode gives a str's bytes in
+  // the file system's encoding, with surrogateescape (a Latin-1 name listed
+  // by os.listdir comes back to the same bytes), and bytes as they are.
   py::object p;
   try {
-    p = py::module_::import("os").attr("fspath")(o);
+    p = py::module_::import("os").attr("fsencode")(o);
   } catch (const py::error_already_set&) {
-    throw TypeError(name + " must be a str or path-like object, got " + repr_of(o));
+    throw TypeError(name + " must be a str, bytes or path-like object, got " + repr_of(o));
   }
-  return p.cast<std::string>();  // str or bytes
+  return p.cast<std::string>();  // (bytes)
 }
 
 }  // namespace attn::python

@@ -4,6 +4,7 @@
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 
+#include <cstring>
 #include <optional>
 #include <string>
 #include <vector>
@@ -82,20 +83,43 @@ AttentionOptions attention_options(const py::object& causal, const py::object& s
   return opt;
 }
 
+namespace {
+
+// A message as a Python str: bytes that are not UTF-8 (a path or a header
+// key read from a file) as \xNN, never an exception without its message.
+py::str message_of(const std::string& text) {
+  PyObject* s = PyUnicode_DecodeUTF8(text.data(), static_cast<Py_ssize_t>(text.size()), "backslashreplace");
+  if (!s) throw py::error_already_set();
+  return py::reinterpret_steal<py::str>(s);
+}
+
+void set_error(PyObject* type, const char* what) { PyErr_SetObject(type, message_of(what).ptr()); }
+
+}  // namespace
+
 void register_errors() {
   py::register_exception_translator([](std::exception_ptr p) {
     try {
       if (p) std::rethrow_exception(p);
     } catch (const attn::TypeError& e) {
-      PyErr_SetString(PyExc_TypeError, e.what());
+      set_error(PyExc_TypeError, e.what());
     } catch (const attn::ValueError& e) {
-      PyErr_SetString(PyExc_ValueError, e.what());
+      set_error(PyExc_ValueError, e.what());
     } catch (const attn::IOError& e) {
-      PyErr_SetString(PyExc_OSError, e.what());
+      if (!e.error_number()) return set_error(PyExc_OSError, e.what());
+      // OSError(errno, reason, filename) is the subclass the errno names
+      // (FileNotFoundError, PermissionError, ...), as open() raises; the
+      // filename decoded as the file system's (os.fsdecode).
+      PyObject* name = PyUnicode_DecodeFSDefaultAndSize(e.path().data(), static_cast<Py_ssize_t>(e.path().size()));
+      if (!name) throw py::error_already_set();
+      const py::object error = py::reinterpret_borrow<py::object>(PyExc_OSError)(
+          e.error_number(), message_of(e.what_failed() + ": " + std::strerror(e.error_number())),
+          py::reinterpret_steal<py::object>(name));
+      PyErr_SetObject(reinterpret_cast<PyObject*>(Py_TYPE(error.ptr())), error.ptr());
     } catch (const attn::RuntimeError& e) {
-      PyErr_SetString(PyExc_RuntimeError, e.what());
+      set_error(PyExc_RuntimeError, e.what());
     } catch (const attn::Error& e) {
-      PyErr_SetString(PyExc_ValueError, e.what());
+      set_error(PyExc_ValueError, e.what());
     }
   });
 }

@@ -13,10 +13,20 @@
 
 namespace attn {
 
-// A file could not be opened, read or written (Python: OSError).
+// A file could not be opened, read or written (Python: OSError, of the
+// subclass its errno names, such as FileNotFoundError).
 class IOError : public Error {
  public:
   using Error::Error;
+  // "<path>: <what>: <the system's reason>", keeping errno and the path.
+  IOError(const std::string& path, const std::string& what, int error_number);
+  int error_number() const { return error_number_; }  // 0: not the system's error
+  const std::string& path() const { return path_; }
+  const std::string& what_failed() const { return what_failed_; }
+
+ private:
+  int error_number_ = 0;
+  std::string path_, what_failed_;
 };
 
 // Files written together: all of them, or (up to the final renames) none.

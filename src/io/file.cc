@@ -16,7 +16,7 @@ namespace {
 namespace fs = std::filesystem;
 
 [[noreturn]] void fail(const std::string& path, const std::string& what, int error) {
-  throw IOError(path + ": " + what + ": " + std::strerror(error));
+  throw IOError(path, what, error);
 }
 
 // False, with errno set, at the first write that fails.
@@ -131,6 +131,12 @@ void stage(Staged& s, const std::vector<std::string_view>& parts) {
 }
 
 }  // namespace
+
+IOError::IOError(const std::string& path, const std::string& what, int error_number)
+    : Error(path + ": " + what + ": " + std::strerror(error_number)),
+      error_number_(error_number),
+      path_(path),
+      what_failed_(what) {}
 
 void FileSet::add(const std::string& path, std::initializer_list<std::string_view> parts) {
   files_.push_back({path, nullptr, parts});

@@ -81,7 +81,7 @@ class InputFile {
 
  private:
   [[noreturn]] void fail(const char* what, int error) {
-    throw IOError(path_ + ": " + what + ": " + std::strerror(error));
+    throw IOError(path_, what, error);
   }
 
   std::string path_;

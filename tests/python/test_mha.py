@@ -1,7 +1,9 @@
 """attn.MultiHeadAttention against torch.nn.MultiheadAttention (PyTorch 1.13),
 GQA against NumPy, the KV cache, files, and the export script -> CLI path."""
+import errno
 import math
 import os
+import pathlib
 import subprocess
 import sys
 
@@ -341,6 +343,37 @@ def test_safetensors_that_the_reference_refuses_are_value_errors(tmp_path):
         f.write(len(text).to_bytes(8, "little") + text + raw[8 + n:])
     with pytest.raises(ValueError, match="header has the key '__metadata__' twice"):
         attn.MultiHeadAttention.load(duplicated)
+
+
+def test_paths_and_headers_that_are_not_utf8(tmp_path):
+    """A str naming a Latin-1 file (as os.listdir gives it) raised "Unable to
+    cast Python instance to C++ type"; a bytes path to a missing file an
+    OSError() with no message; a header key with a raw 0xff byte an empty
+    ValueError(). Paths are taken as Python takes them (os.fsencode), errors
+    are the OSError subclass open() raises, and messages show such bytes."""
+    m = attn.MultiHeadAttention(8, 2, seed=1)
+    latin1 = os.path.join(os.fsencode(tmp_path), b"caf\xe9.safetensors")
+    m.save(os.fsdecode(latin1))  # a str with a surrogate escape
+    assert os.path.exists(latin1)
+    for path in (latin1, os.fsdecode(latin1), pathlib.Path(os.fsdecode(latin1))):
+        np.testing.assert_array_equal(attn.MultiHeadAttention.load(path).state_dict()["out_proj.weight"],
+                                      m.state_dict()["out_proj.weight"])
+    missing = os.path.join(os.fsencode(tmp_path), b"no\xffsuch.safetensors")
+    with pytest.raises(FileNotFoundError) as e:
+        attn.MultiHeadAttention.load(missing)
+    assert e.value.errno == errno.ENOENT and e.value.filename == os.fsdecode(missing)
+    assert "cannot open for reading: No such file or directory" in str(e.value)
+    with open(latin1, "rb") as f:
+        raw = f.read()
+    n = int.from_bytes(raw[:8], "little")
+    bad = raw[8:8 + n].replace(b'"out_proj.bias"', b'"out_proj.bia\xff"', 1)
+    with open(latin1, "wb") as f:
+        f.write(len(bad).to_bytes(8, "little") + bad + raw[8 + n:])
+    with pytest.raises(ValueError) as e:
+        attn.MultiHeadAttention.load(latin1)
+    assert str(e.value) and "\\xe9" in str(e.value), str(e.value)  # the path's byte, shown
+    with pytest.raises(TypeError, match="path must be a str, bytes or path-like object, got 3"):
+        attn.MultiHeadAttention.load(3)
 
 
 def test_save_to_a_full_disk_and_load_from_a_folder_are_os_errors(tmp_path):
