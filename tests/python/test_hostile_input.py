@@ -161,7 +161,7 @@ def test_numpy_scalars_and_path_like_objects_are_accepted(tmp_path):
             attn.rope(q, rotary_dim=bad)
     with pytest.raises(TypeError, match="window sizes"):
         attn.attention(q, k, v, window=(True, 0))
-    with pytest.raises(TypeError, match="path must be a str or path-like object"):
+    with pytest.raises(TypeError, match="path must be a str, bytes or path-like object"):
         m.save(3)
 
 

@@ -383,8 +383,9 @@ def test_save_to_a_full_disk_and_load_from_a_folder_are_os_errors(tmp_path):
     os.symlink("/dev/full", full)
     with pytest.raises(OSError, match="No space left on device"):
         attn.MultiHeadAttention(4, 1).save(str(full))  # small: the old writer raised nothing
-    with pytest.raises(OSError, match=f"{tmp_path}: cannot read: Is a directory"):
+    with pytest.raises(IsADirectoryError, match="cannot read: Is a directory") as e:
         attn.MultiHeadAttention.load(str(tmp_path))
+    assert e.value.filename == str(tmp_path)
 
 
 # ---------------------------------------------------------------------------
