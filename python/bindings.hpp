@@ -23,6 +23,8 @@ AttentionOptions attention_options(const py::object& causal, const py::object& s
 // alibi_slopes=None | one slope per query head; sinks=None | one logit per
 // query head.
 std::vector<double> per_head_from(const py::object& o, const char* name, const char* what);
+// precision=: 'f32', 'bf16' or 'int8' (TypeError for what is not a str).
+Precision precision_arg(const py::object& o);
 
 // attn's errors as Python's: TypeError, ValueError, OSError, RuntimeError.
 void register_errors();

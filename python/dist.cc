@@ -84,7 +84,7 @@ py::object dispatch(Strategy strategy, const py::object& q_obj, const py::object
   // Arguments one rank gets wrong fail on every rank (no rank left waiting).
   dist::check_collectively(c, name_of(strategy), [&] {
     opt = attention_options(causal, scale, softcap, window);
-    opt.precision = parse_precision(str_arg(precision, "precision"));
+    opt.precision = precision_arg(precision);
     opt.alibi_slopes = per_head_from(alibi_slopes, "alibi_slopes", "slope");
     opt.sinks = per_head_from(sinks, "sinks", "logit");
     layout = dist::parse_layout(str_arg(layout_obj, "layout"));

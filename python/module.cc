@@ -94,9 +94,9 @@ py::object py_attention(const py::object& q_obj, const py::object& k_obj,
                         const py::object& causal, const py::object& scale,
                         const py::object& softcap, const py::object& window,
                         const py::object& alibi_slopes, const py::object& sinks, bool return_weights,
-                        const py::object& return_logits, bool return_lse, const std::string& precision) {
+                        const py::object& return_logits, bool return_lse, const py::object& precision) {
   AttentionOptions opt = attention_options(causal, scale, softcap, window);
-  opt.precision = parse_precision(precision);
+  opt.precision = precision_arg(precision);
   opt.alibi_slopes = per_head_from(alibi_slopes, "alibi_slopes", "slope");
   opt.sinks = per_head_from(sinks, "sinks", "logit");
   AttentionReturns returns;
@@ -424,7 +424,7 @@ PYBIND11_MODULE(_core, m) {
   m.def("max_num_threads", &attn::max_num_threads,
         "max_num_threads() -> int: the largest count set_num_threads accepts, "
         "min(1024, max(64, 4 x hardware threads)).");
-  m.def("precision_unit", [](const std::string& precision) { return attn::precision_unit(attn::parse_precision(precision)); },
+  m.def("precision_unit", [](const py::object& precision) { return attn::precision_unit(precision_arg(precision)); },
         arg("precision"),
         "precision_unit(precision) -> str: what computes attention's products in that precision ('f32', "
         "'bf16' or 'int8') on this CPU: 'avx512_bf16' (x86's VDPBF16PS) or 'neon_bf16' (Arm's BFDOT), for 'bf16' where "

@@ -73,6 +73,12 @@ std::vector<double> per_head_from(const py::object& o, const char* name, const c
   return values;
 }
 
+Precision precision_arg(const py::object& o) {
+  if (!py::isinstance<py::str>(o))
+    throw TypeError("precision must be 'f32', 'bf16' or 'int8', got " + repr_of(o));
+  return parse_precision(o.cast<std::string>());
+}
+
 AttentionOptions attention_options(const py::object& causal, const py::object& scale,
                               const py::object& softcap, const py::object& window) {
   AttentionOptions opt;
@@ -118,6 +124,8 @@ void register_errors() {
       PyErr_SetObject(reinterpret_cast<PyObject*>(Py_TYPE(error.ptr())), error.ptr());
     } catch (const attn::RuntimeError& e) {
       set_error(PyExc_RuntimeError, e.what());
+    } catch (const attn::MemoryError& e) {
+      set_error(PyExc_MemoryError, e.what());
     } catch (const attn::Error& e) {
       set_error(PyExc_ValueError, e.what());
     }

@@ -25,6 +25,14 @@ class TypeError : public Error {
   using Error::Error;
 };
 
+// A result would not fit in this machine's memory, known before allocating
+// (Python: MemoryError; C: ATTN_ERROR_OUT_OF_MEMORY). The message says what
+// to ask for instead.
+class MemoryError : public Error {
+ public:
+  using Error::Error;
+};
+
 // The system refused a resource, e.g. could not start a thread (Python:
 // RuntimeError).
 class RuntimeError : public Error {

@@ -94,7 +94,12 @@ Tensor<T> rope_backward(TensorView<const T> dy, const RopeTables<T>& tables,
 // with c the largest power of 2 <= num_heads, head h < c gets
 // 2^(-max_bias (h + 1) / c) and the remaining heads the odd powers of
 // 2^(-max_bias / 2c): 1, 3, 5, ... (the slopes of 2c heads that fall between
-// the first c). num_heads >= 1; max_bias finite > 0 (8: the paper's 2^(-8h/H)).
+// the first c). 1 <= num_heads <= kMaxAlibiHeads; max_bias finite > 0 (8:
+// the paper's 2^(-8h/H)).
 std::vector<double> alibi_slopes(int64_t num_heads, double max_bias = 8.0);
+// 2^24 heads: far beyond any model (hundreds), small enough that the slopes
+// (8 bytes each) always fit in memory; a larger count is a ValueError
+// naming the range, not a failed allocation.
+inline constexpr int64_t kMaxAlibiHeads = int64_t{1} << 24;
 
 }  // namespace attn

@@ -73,10 +73,14 @@ struct RopeFrequencies {
 // `scaling`, in double. seq_len, the current sequence length (the largest
 // position + 1), selects dynamic's base and longrope's long or short
 // factors; unset, it is the original context (no dynamic growth, short
-// factors). rotary_dim must be even and >= 0 (> 2 for dynamic); a key the
-// type needs and cannot derive is a ValueError naming it.
+// factors). rotary_dim must be even and in [0, kMaxRotaryDim] (> 2 for
+// dynamic); a key the type needs and cannot derive is a ValueError naming it.
 RopeFrequencies rope_frequencies(int64_t rotary_dim, double base = 10000.0,
                                  const RopeScaling& scaling = {},
                                  std::optional<int64_t> seq_len = std::nullopt);
+// 2^24: far beyond any head dimension (tens to hundreds), small enough that
+// the frequencies always fit in memory; larger is a ValueError naming the
+// range, not a failed allocation.
+inline constexpr int64_t kMaxRotaryDim = int64_t{1} << 24;
 
 }  // namespace attn

@@ -66,6 +66,8 @@ int guarded(F&& fn) noexcept {
     return failed(ATTN_ERROR_UNSUPPORTED, e.what());
   } catch (const std::bad_alloc&) {
     return failed(ATTN_ERROR_OUT_OF_MEMORY, "out of memory");
+  } catch (const attn::MemoryError& e) {
+    return failed(ATTN_ERROR_OUT_OF_MEMORY, e.what());
   } catch (const std::exception& e) {
     return failed(ATTN_ERROR_RUNTIME, e.what());
   } catch (...) {

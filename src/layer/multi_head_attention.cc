@@ -1,7 +1,10 @@
 #include "attn/multi_head_attention.hpp"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <atomic>
+#include <cstdio>
 #include <cmath>
 #include <optional>
 #include <random>
@@ -110,6 +113,18 @@ void streaming_attention(TensorView<const T> q, TensorView<const KV> k, TensorVi
           for (int64_t j = 0; j < n_k; ++j) w[j * weights.stride(3)] *= static_cast<T>((j < sinks ? fb : fa) / sum);
         }
   }
+}
+
+// The machine's memory in bytes (0 if unknown).
+int64_t physical_memory() {
+  const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGE_SIZE);
+  return pages > 0 && page > 0 ? int64_t{pages} * page : 0;
+}
+
+std::string gib(double bytes) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%.1f GiB", bytes / double(int64_t{1} << 30));
+  return text;
 }
 
 uint64_t new_layer_id() {
@@ -533,7 +548,18 @@ typename MultiHeadAttention<T>::Activations MultiHeadAttention<T>::forward_activ
   a.K = kh, a.V = vh;
   a.n_k = n_k + extra;
   a.ctx = seq_first(a) ? Tensor<T>({n_q, B, c.embed_dim}) : Tensor<T>({B, n_q, c.embed_dim});
-  if (opt.need_weights) a.weights = Tensor<T>({B, H, n_q, a.n_k});
+  if (opt.need_weights) {
+    // Checked before the allocation: at n = 65536 the weights take 64 GiB,
+    // and the failure said nothing of need_weights.
+    const Shape shape{B, H, n_q, a.n_k};
+    const int64_t bytes = checked_numel(shape, sizeof(T), "MultiHeadAttention: the attention weights") *
+                          static_cast<int64_t>(sizeof(T));
+    if (const int64_t memory = physical_memory(); memory > 0 && bytes > memory)
+      throw MemoryError("MultiHeadAttention: the attention weights " + shape_str(shape) + " would take " +
+                        gib(double(bytes)) + ", more than this machine's " + gib(double(memory)) +
+                        " of memory: pass need_weights=False (the output does not need them)");
+    a.weights = Tensor<T>(shape);
+  }
   a.attention = opt.attention;
   if (c.alibi) {
     if (!a.attention.alibi_slopes.empty())

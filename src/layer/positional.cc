@@ -372,8 +372,9 @@ Tensor<T> rope_backward(TensorView<const T> dy, const RopeTables<T>& tables,
 }
 
 std::vector<double> alibi_slopes(int64_t num_heads, double max_bias) {
-  if (num_heads < 1)
-    throw ValueError("alibi_slopes: num_heads must be >= 1, got " + std::to_string(num_heads));
+  if (num_heads < 1 || num_heads > kMaxAlibiHeads)
+    throw ValueError("alibi_slopes: num_heads must be in [1, " + std::to_string(kMaxAlibiHeads) + "], got " +
+                     std::to_string(num_heads) + " (one slope per attention head)");
   if (!(max_bias > 0) || !std::isfinite(max_bias))
     throw ValueError("alibi_slopes: max_bias must be a finite number > 0, got " + std::to_string(max_bias));
   int64_t c = 1;  // the largest power of 2 <= num_heads

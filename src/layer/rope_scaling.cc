@@ -297,8 +297,9 @@ RopeFrequencies rope_frequencies(int64_t rotary_dim, double base, const RopeScal
                                  std::optional<int64_t> seq_len) {
   if (!(base > 0) || !std::isfinite(base))
     throw ValueError("rope_frequencies: base must be a finite number > 0, got " + number_text(base));
-  if (rotary_dim < 0 || rotary_dim % 2 != 0)
-    throw ValueError("rope_frequencies: rotary_dim must be even and >= 0, got " + std::to_string(rotary_dim));
+  if (rotary_dim < 0 || rotary_dim % 2 != 0 || rotary_dim > kMaxRotaryDim)
+    throw ValueError("rope_frequencies: rotary_dim must be even and in [0, " + std::to_string(kMaxRotaryDim) +
+                     "] (the rotated features of a head), got " + std::to_string(rotary_dim));
   const Resolved v = resolve(s);
   const int64_t half = rotary_dim / 2;
   const double r = double(rotary_dim);

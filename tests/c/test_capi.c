@@ -378,7 +378,7 @@ static void test_positional(void) {
   attn_options options;
   CHECK(attn_alibi_slopes(HQ, 8.0, slopes) == ATTN_OK); /* 2^(-8(h+1)/4) */
   for (h = 0; h < HQ; ++h) CHECK(slopes[h] == ldexp(1.0, -2 * (h + 1)));
-  EXPECT_ERROR(attn_alibi_slopes(0, 8.0, slopes), ATTN_ERROR_INVALID_ARGUMENT, "num_heads must be >= 1");
+  EXPECT_ERROR(attn_alibi_slopes(0, 8.0, slopes), ATTN_ERROR_INVALID_ARGUMENT, "num_heads must be in [1, 16777216], got 0");
   random_gqa(3);
   for (h = 0; h < HQ; ++h) slopes32[h] = (float)slopes[h];
   attn_options_init(&options);

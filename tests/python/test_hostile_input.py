@@ -193,3 +193,27 @@ def test_a_padded_key_takes_no_part_even_when_nan(dtype, float_attn_mask):
     kept = np.delete(kv[1:], 3, axis=1)
     ref = m(q[1:], kept, kept, attn_mask=None if am is None else np.delete(am, 3, axis=1))[0]
     np.testing.assert_allclose(out[1:], ref, rtol=1e-5, atol=1e-6)
+
+
+def test_internals_never_leak_into_messages():
+    """Each of these named a C++ internal (precision_unit()'s signature,
+    std::vector's max_size(), std::bad_alloc) or failed to allocate with no
+    hint; each now names the argument, its range and what to do."""
+    x = np.ones((2, 3, 4), np.float32)
+    for precision in (None, 1, b"bf16"):
+        with pytest.raises(TypeError, match=r"precision must be 'f32', 'bf16' or 'int8', got "):
+            attn.attention(x, x, x, precision=precision)
+    with pytest.raises(ValueError, match=r"precision"):
+        attn.attention(x, x, x, precision="fp8")
+    for heads in (2**62, 10**9):
+        with pytest.raises(ValueError, match=rf"alibi_slopes: num_heads must be in \[1, 16777216\], got {heads}"):
+            attn.alibi_slopes(heads)
+    with pytest.raises(ValueError, match=r"rotary_dim must be even and in \[0, 16777216\] .* got 1099511627776"):
+        attn.rope_frequencies(2**40)
+    # Weights (1, 4, n, n) of float32 just larger than this machine's memory.
+    memory = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    n = int((memory / 16) ** 0.5) + 1024
+    layer = attn.MultiHeadAttention(8, 4)
+    with pytest.raises(MemoryError, match=rf"the attention weights \(1, 4, {n}, {n}\) would take [0-9.]+ GiB, "
+                                          r"more than this machine's [0-9.]+ GiB of memory: pass need_weights=False"):
+        layer(np.zeros((1, n, 8), np.float32))
