@@ -45,6 +45,21 @@ inline py::array as_numeric_array(const py::handle& obj, const char* name) {
 
 inline bool is_float64(const py::array& a) { return a.dtype().is(py::dtype::of<double>()); }
 
+// An integer array (TypeError naming `name` for any other dtype) as int64;
+// unsigned values past INT64_MAX are a ValueError showing them, never
+// wrapped to negative ones (2^64 - 1 was reported as -1).
+inline py::array_t<int64_t> int64_array(const py::object& obj, const char* name) {
+  const py::array a = as_numeric_array(obj, name);
+  if (a.dtype().kind() != 'i' && a.dtype().kind() != 'u')
+    throw TypeError(std::string(name) + " must be an integer array, got dtype " + std::string(py::str(a.dtype())));
+  if (a.dtype().kind() == 'u' && a.dtype().itemsize() == 8 && a.size() > 0) {
+    const py::object max = py::module_::import("numpy").attr("max")(a);
+    if (max.cast<uint64_t>() > uint64_t(INT64_MAX))
+      throw ValueError(std::string(name) + " must fit in int64, got " + std::string(py::str(max)));
+  }
+  return py::array_t<int64_t>::ensure(a);
+}
+
 // The array converted to T when needed (no copy when it already is T). The
 // result keeps its strides, so a non-contiguous view is still used in place.
 template <class T>

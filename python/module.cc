@@ -178,15 +178,6 @@ py::tuple py_attention_backward(const py::object& q_obj, const py::object& k_obj
   return attention_backward_t<float>(q, k, v, dout, mask, opt, out, lse);
 }
 
-// cu_seqlens: an integer array as int64.
-py::array_t<int64_t> offsets_arg(const py::object& o, const char* name) {
-  const py::array a = as_numeric_array(o, name);
-  if (a.dtype().kind() != 'i' && a.dtype().kind() != 'u')
-    throw TypeError(std::string(name) + " must be an integer array (int32 or int64), got dtype " +
-                    std::string(py::str(a.dtype())));
-  return as<int64_t>(a);
-}
-
 template <class T, class KV>
 py::object attention_varlen_t(const py::array& q_in, TensorView<const KV> k, TensorView<const KV> v,
                               py::array_t<int64_t> cu_q, py::array_t<int64_t> cu_k,
@@ -225,7 +216,7 @@ py::object py_attention_varlen(const py::object& q_obj, const py::object& k_obj,
   AttentionOptions opt = attention_options(causal, scale, softcap, window);
   opt.alibi_slopes = per_head_from(alibi_slopes, "alibi_slopes", "slope");
   opt.sinks = per_head_from(sinks, "sinks", "logit");
-  const auto cu_q = offsets_arg(cu_seqlens_q, "cu_seqlens_q"), cu_k = offsets_arg(cu_seqlens_k, "cu_seqlens_k");
+  const auto cu_q = int64_array(cu_seqlens_q, "cu_seqlens_q"), cu_k = int64_array(cu_seqlens_k, "cu_seqlens_k");
   if (auto r = on_quantized_kv("attention_varlen", q_obj, k_obj, v_obj, [&](auto k, auto v) {
         return attention_varlen_t<float>(as_numeric_array(q_obj, "q"), k, v, cu_q, cu_k, opt, return_lse);
       }))
@@ -259,27 +250,7 @@ py::array py_positional_encoding(int64_t n, int64_t d, double base, const py::ob
                   std::string(py::str(static_cast<const py::handle&>(dt))));
 }
 
-// Positions as int64; unsigned values past INT64_MAX are refused rather than
-// wrapped to negative positions.
-py::array_t<int64_t> int64_positions(const py::array& p) {
-  if (p.dtype().kind() == 'u' && p.dtype().itemsize() == 8 && p.size() > 0) {
-    const py::object max = py::module_::import("numpy").attr("max")(p);
-    if (max.cast<uint64_t>() > uint64_t(INT64_MAX))
-      throw ValueError("rope: positions must fit in int64, got " + std::string(py::str(max)));
-  }
-  return as<int64_t>(p);
-}
-
-// An integer array of positions as int64 (TypeError for any other dtype).
-py::array_t<int64_t> positions_from(const py::object& positions) {
-  const py::array p = py::array::ensure(positions);
-  const char kind = p ? p.dtype().kind() : '?';
-  if (kind != 'i' && kind != 'u')
-    throw TypeError("rope: positions must be an integer array, got " +
-                    (p ? "dtype " + std::string(py::str(p.dtype()))
-                       : std::string(py::str(py::type::of(positions)))));
-  return int64_positions(p);
-}
+py::array_t<int64_t> positions_from(const py::object& positions) { return int64_array(positions, "rope: positions"); }
 
 template <class T, bool backward>
 py::array rope_t(const py::array& x_in, const py::object& positions, const RopeOptions& opt,

@@ -43,10 +43,7 @@ Input<T> input(const py::object& obj, const char* name) {
 
 Input<int64_t> integers(const py::object& obj, const char* name) {
   if (obj.is_none()) return {};
-  const py::array a = as_numeric_array(obj, name);
-  if (a.dtype().kind() != 'i' && a.dtype().kind() != 'u')
-    throw TypeError(std::string(name) + " must be an integer array, got dtype " + std::string(py::str(a.dtype())));
-  auto t = as<int64_t>(a);
+  auto t = int64_array(obj, name);
   return {t, view_of<const int64_t>(t)};
 }
 

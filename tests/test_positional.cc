@@ -385,6 +385,7 @@ TEST(Rope, TablesOfTheComputedAnglesGiveTheSameRotation) {
       s.at({p, k}) = f.attention_factor * std::sin(double(p) * f.inv_freq[k]);
     }
   RopeOptions table_options;
+  table_options.rotary_dim = 8;  // (tables of width 4 rotate 8 of the 12 features only when asked)
   for (bool inter : {false, true}) {
     o.interleaved = table_options.interleaved = inter;
     const RopeTables<double> tables{c.view(), s.view()};
@@ -394,8 +395,13 @@ TEST(Rope, TablesOfTheComputedAnglesGiveTheSameRotation) {
                            rope_backward(x.view(), o, pos.view())), 0.0);
   }
   const Tensor<int64_t> far({6}, {0, 1, 2, 3, 4, 10});
-  EXPECT_THROW_MSG(apply_rope(x.view(), RopeTables<double>{c.view(), s.view()}, {}, far.view()), ValueError,
+  EXPECT_THROW_MSG(apply_rope(x.view(), RopeTables<double>{c.view(), s.view()}, table_options, far.view()), ValueError,
                    "position 10 is outside the cos/sin tables, which hold positions 0..9");
+  // Narrower than rotary_dim / 2 (the head dim by default): refused, as
+  // ONNX's reference refuses it, naming both widths (it rotated 8 silently).
+  EXPECT_THROW_MSG(apply_rope(x.view(), RopeTables<double>{c.view(), s.view()}, {}, pos.view()), ValueError,
+                   "rope: the cos/sin tables are 4 wide, but rotary_dim / 2 is 6 (rotary_dim 12 (the default, all of "
+                   "d)): they must match; pass tables of width 6, or rotary_dim=8 to rotate the first 8 features only");
 }
 
 // M-RoPE: pair k turns by the position of its section's row.

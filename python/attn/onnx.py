@@ -25,7 +25,8 @@ def attention(Q, K, V, attn_mask=None, past_key=None, past_value=None, nonpad_kv
                                q_num_heads=q_num_heads, qk_matmul_output_mode=qk_matmul_output_mode,
                                scale=scale, softcap=softcap, softmax_precision=softmax_precision,
                                qk_matmul_output=qk_matmul_output)
-    return tuple(to_tensor(a) for a in out) if is_tensor(Q) else out  # (to_tensor(None) is None)
+    # Every output is of ONNX's T, Q's dtype (bfloat16, which NumPy lacks, was computed in float32).
+    return tuple(to_tensor(a, Q.dtype) for a in out) if is_tensor(Q) else out  # (to_tensor(None) is None)
 
 
 attention.__doc__ = _core.onnx_attention.__doc__
@@ -37,7 +38,7 @@ def rotary_embedding(X, cos_cache, sin_cache, position_ids=None, *, interleaved=
                       (position_ids, "position_ids")))
     y = _core.onnx_rotary_embedding(*arrays, interleaved=interleaved, num_heads=num_heads,
                                     rotary_embedding_dim=rotary_embedding_dim)
-    return to_tensor(y) if is_tensor(X) else y
+    return to_tensor(y, X.dtype) if is_tensor(X) else y
 
 
 rotary_embedding.__doc__ = _core.onnx_rotary_embedding.__doc__

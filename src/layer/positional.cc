@@ -58,21 +58,25 @@ RopePlan plan_rope(const TensorView<const T>& x, const TensorView<T>& out, const
   p.n = x.dim(-2);
   const double prf = opt.scaling.partial_rotary_factor;
   const auto partial = static_cast<int64_t>(double(p.d) * prf);  // int(head_dim * factor), as Hugging Face
-  const char* from = table_width ? " (twice the tables' width)"
-                     : prf != 1  ? " (int(d * partial_rotary_factor))"
-                                 : " (the default, all of d); pass an even rotary_dim";
-  p.r = opt.rotary_dim.value_or(table_width ? 2 * *table_width : partial);
-  if (opt.rotary_dim && table_width && *opt.rotary_dim != 2 * *table_width)
-    throw ValueError("rope: rotary_dim " + std::to_string(*opt.rotary_dim) +
-                     " does not match the cos/sin tables' width " + std::to_string(*table_width) +
-                     " (rotary_dim / 2)");
+  const char* from = prf != 1 ? " (int(d * partial_rotary_factor))" : " (the default, all of d)";
+  p.r = opt.rotary_dim.value_or(partial);
+  // Tables of another width than rotary_dim / 2 are refused, as ONNX's
+  // reference refuses them: narrower ones rotated part of the head silently.
+  if (table_width && p.r != 2 * *table_width)
+    throw ValueError("rope: the cos/sin tables are " + std::to_string(*table_width) + " wide, but rotary_dim / 2 is " +
+                     std::to_string(p.r / 2) + " (rotary_dim " + std::to_string(p.r) + (opt.rotary_dim ? "" : from) +
+                     "): they must match; pass tables of width " + std::to_string(p.r / 2) +
+                     (2 * *table_width <= p.d ? ", or rotary_dim=" + std::to_string(2 * *table_width) +
+                                                    " to rotate the first " + std::to_string(2 * *table_width) +
+                                                    " features only"
+                                              : std::string()));
   if (opt.rotary_dim && prf != 1 && *opt.rotary_dim != partial)
     throw ValueError("rope: rotary_dim " + std::to_string(*opt.rotary_dim) +
                      " contradicts partial_rotary_factor " + std::to_string(prf) + " of d=" +
                      std::to_string(p.d) + " (" + std::to_string(partial) + ")");
   if (p.r < 0 || p.r > p.d || p.r % 2 != 0)
-    throw ValueError("rope: rotary_dim must be even and in [0, d=" + std::to_string(p.d) +
-                     "], got " + std::to_string(p.r) + (opt.rotary_dim ? "" : from));
+    throw ValueError("rope: rotary_dim must be even and in [0, d=" + std::to_string(p.d) + "], got " +
+                     std::to_string(p.r) + (opt.rotary_dim ? "" : std::string(from) + "; pass an even rotary_dim"));
   p.half = p.r / 2;
   p.section.assign(static_cast<size_t>(p.half), 0);
   if (const auto& ms = opt.scaling.mrope_section; !ms.empty()) {

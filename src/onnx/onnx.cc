@@ -281,6 +281,10 @@ Tensor<T> rotary_embedding(TensorView<const T> X, TensorView<const T> cos_cache,
   }
   const int64_t batch = x.dim(0), n = x.dim(2), d = x.dim(3);
   const int64_t r = a.rotary_embedding_dim == 0 ? d : a.rotary_embedding_dim;
+  if (a.rotary_embedding_dim == 0 && d % 2 != 0)
+    fail(op, "the head size " + std::to_string(d) + " (X " + shape_str(X.shape()) +
+                 ") is odd, and rotary_embedding_dim 0 rotates all of it, in pairs: give an even "
+                 "rotary_embedding_dim below " + std::to_string(d));
   if (r < 0 || r > d || r % 2 != 0)
     fail(op, "rotary_embedding_dim must be even, within 0.." + std::to_string(d) +
                  " (the head size; 0: all of it), got " + std::to_string(a.rotary_embedding_dim));

@@ -232,6 +232,19 @@ def test_attention_torch_tensors_give_tensors():
     got = attn.onnx.attention(**{k: torch.from_numpy(a) for k, a in inputs.items()}, **attrs)
     assert all(isinstance(g, torch.Tensor) for g in got)
     np.testing.assert_allclose(got[0].numpy(), onnx_attention(**inputs, **attrs)[0], **F32)
+    # bfloat16 in, bfloat16 out (ONNX's T for every output; it came back float32),
+    # computed in float32 from the bfloat16 values
+    half = {k: torch.from_numpy(a).to(torch.bfloat16) if a.dtype.kind == "f" else torch.from_numpy(a)
+            for k, a in inputs.items()}
+    got = attn.onnx.attention(**half, **attrs)
+    assert all(g.dtype == torch.bfloat16 for g in got if g is not None)
+    wide = {k: t.float().numpy() if t.dtype == torch.bfloat16 else t.numpy() for k, t in half.items()}
+    np.testing.assert_array_equal(got[0].float().numpy(),
+                                  torch.from_numpy(attn.onnx.attention(**wide, **attrs)[0]).to(torch.bfloat16).float())
+    x = torch.randn(1, 2, 3, 4, dtype=torch.bfloat16)
+    y = attn.onnx.rotary_embedding(x, torch.ones(3, 2, dtype=torch.bfloat16), torch.zeros(3, 2, dtype=torch.bfloat16),
+                                   torch.zeros(1, 3, dtype=torch.int64))
+    assert y.dtype == torch.bfloat16 and torch.equal(y, x)  # cos 1, sin 0: x itself
 
 
 @pytest.mark.parametrize("change, error, message", [
@@ -247,6 +260,8 @@ def test_attention_torch_tensors_give_tensors():
     (dict(nonpad_kv_seqlen=np.array([7, 1])), ValueError, "nonpad_kv_seqlen[0] = 7"),
     (dict(nonpad_kv_seqlen=np.array([1])), ValueError, "nonpad_kv_seqlen must have shape (2,)"),
     (dict(nonpad_kv_seqlen=np.array([1.0, 2.0])), TypeError, "integer array"),
+    (dict(nonpad_kv_seqlen=np.array([1, 2**64 - 1], np.uint64)), ValueError,
+     "nonpad_kv_seqlen must fit in int64, got 18446744073709551615"),
     (dict(is_causal=2), ValueError, "is_causal must be 0 or 1"),
     (dict(qk_matmul_output_mode=4), ValueError, "qk_matmul_output_mode"),
     (dict(softmax_precision=3), ValueError, "softmax_precision"),
@@ -346,6 +361,11 @@ def test_rotary_embedding_float16_and_float64():
     (dict(position_ids=np.zeros((2, 4), np.int64)), ValueError, "position_ids must be (batch, sequence)"),
     (dict(position_ids=np.full((2, 3), 50)), ValueError, "position"),
     (dict(interleaved=2), ValueError, "interleaved must be 0 or 1"),
+    # head size 1: the default rotary_embedding_dim (0: all of it) is not to blame
+    (dict(X=np.zeros((2, 4, 3, 1), np.float32)), ValueError,
+     "the head size 1 (X (2, 4, 3, 1)) is odd, and rotary_embedding_dim 0 rotates all of it"),
+    (dict(position_ids=np.array([[0, 1, 2**64 - 1]] * 2, np.uint64)), ValueError,
+     "position_ids must fit in int64, got 18446744073709551615"),
 ])
 def test_rotary_embedding_refuses_bad_input(change, error, message):
     expect_refused(attn.onnx.rotary_embedding, rope_case("4d", seed=1), change, error, message)

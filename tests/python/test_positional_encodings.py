@@ -266,9 +266,15 @@ def test_tables_used_as_given_and_broadcast_without_positions():
     got = attn.rope(x, cos=cos[:, None], sin=sin[:, None])  # (2, 1, 5, 4) against (2, 3, 5)
     c, s = np.concatenate([cos, cos], -1)[:, None], np.concatenate([sin, sin], -1)[:, None]
     assert np.max(np.abs(got - (x * c + rotate_half(x) * s))) < 1e-14
-    # a narrower table rotates twice its width; the rest passes through
-    part = attn.rope(x, cos=cos[:, None, :, :2], sin=sin[:, None, :, :2])
+    # a narrower table rotates twice its width, asked for; the rest passes through
+    part = attn.rope(x, cos=cos[:, None, :, :2], sin=sin[:, None, :, :2], rotary_dim=4)
     assert np.array_equal(part[..., 4:], x[..., 4:])
+    # Not asked for, it is refused naming both widths, as ONNX's reference
+    # refuses it (it rotated silently).
+    with pytest.raises(ValueError, match=r"the cos/sin tables are 2 wide, but rotary_dim / 2 is 4 \(rotary_dim 8 "
+                                         r"\(the default, all of d\)\): they must match; pass tables of width 4, "
+                                         r"or rotary_dim=4 to rotate the first 4 features only"):
+        attn.rope(x, cos=cos[:, None, :, :2], sin=sin[:, None, :, :2])
     assert attn.rope(x.astype(np.float32), cos=cos[:, None], sin=sin[:, None]).dtype == np.float32
 
 
@@ -285,7 +291,7 @@ def test_table_errors_name_the_problem():
         attn.rope(x, positions=np.arange(4), cos=cos, sin=np.ones((10, 3)))
     with pytest.raises(ValueError, match="bake the scaling"):
         attn.rope(x, positions=np.arange(4), cos=cos, sin=sin, scaling=GEMMA3_LINEAR[2])
-    with pytest.raises(ValueError, match="does not match the cos/sin tables' width"):
+    with pytest.raises(ValueError, match="the cos/sin tables are 4 wide, but rotary_dim / 2 is 2"):
         attn.rope(x, positions=np.arange(4), cos=cos, sin=sin, rotary_dim=4)
     # x is left as it was: a table error comes before anything is written
     x = np.arange(32.0).reshape(4, 8)

@@ -146,6 +146,8 @@ def test_varlen_torch_tensors():
     (dict(cu_seqlens_k=np.array([0, 5, 8])), ValueError, "cu_seqlens_k must end at k's length 9, got 8"),
     (dict(cu_seqlens_k=np.array([0, 9])), ValueError, "as many sequences"),
     (dict(cu_seqlens_q=np.array([0.0, 3.0, 7.0])), TypeError, "integer array"),
+    (dict(cu_seqlens_q=np.array([0, 2**64 - 1, 7], np.uint64)), ValueError,  # (was reported as -1)
+     "cu_seqlens_q must fit in int64, got 18446744073709551615"),
     (dict(q=np.zeros((7, 3, 16), np.float32)), ValueError, "multiple of key/value heads"),
     (dict(q=np.zeros((7, 16), np.float32)), ValueError, "packed (total, heads, head_dim)"),
 ])
