@@ -5,6 +5,7 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <cstring>
 #include <map>
 #include <memory>
 #include <string>
@@ -57,6 +58,84 @@ struct PyKVCache {
   int64_t length() const { return read("length", [](const auto& c) { return c.length(); }); }
   int64_t nbytes() const { return read("nbytes", [](const auto& c) { return c.bytes(); }); }
 };
+
+// Pickling (and so copy.deepcopy): a cache's state is its options and, once
+// it has held tokens, its storage as bytes with their shapes, the positions
+// held and the tokens seen. A copy shares nothing with the original.
+template <class S>
+py::bytes storage_bytes(TensorView<const S> v) {
+  const Tensor<S> c = contiguous(v);
+  return py::bytes(reinterpret_cast<const char*>(c.data()), static_cast<size_t>(c.numel()) * sizeof(S));
+}
+
+py::tuple shape_tuple(const Shape& s) {
+  py::tuple t(s.size());
+  for (size_t i = 0; i < s.size(); ++i) t[i] = py::int_(s[i]);
+  return t;
+}
+
+py::tuple cache_state(const PyKVCache& c) {
+  const StreamingCache& s = c.streaming;
+  const py::tuple options = py::make_tuple(kv_dtype_name(c.dtype), s.sink_tokens, s.window,
+                                           s.positions == CachePositions::Cache ? "cache" : "original");
+  return std::visit([&](const auto& k) -> py::tuple {
+    if constexpr (std::is_same_v<std::decay_t<decltype(k)>, std::monostate>) {
+      return py::make_tuple(options, py::none());
+    } else {
+      const auto held = k.use("pickle");
+      const bool f64 = std::is_same_v<std::decay_t<decltype(k)>, KVCache<double>>;
+      return k.visit([&](auto keys, auto values) {
+        return py::make_tuple(options, py::make_tuple(f64, shape_tuple(keys.shape()), shape_tuple(values.shape()),
+                                                      storage_bytes(keys), storage_bytes(values),
+                                                      py::cast(k.positions()), k.seen()));
+      });
+    }
+  }, c.cache);
+}
+
+Shape shape_of(const py::handle& t) {
+  Shape s;
+  for (const auto& d : t) s.push_back(d.cast<int64_t>());
+  return s;
+}
+
+PyKVCache cache_from_state(const py::tuple& state) {
+  if (state.size() != 2) throw ValueError("KVCache: not a pickled cache's state");
+  const py::tuple options = state[0].cast<py::tuple>();
+  StreamingCache s;
+  s.sink_tokens = options[1].cast<int64_t>();
+  s.window = options[2].cast<int64_t>();
+  s.positions = options[3].cast<std::string>() == "cache" ? CachePositions::Cache : CachePositions::Original;
+  PyKVCache c(parse_kv_dtype(options[0].cast<std::string>()), s);
+  if (state[1].is_none()) return c;
+  const py::tuple held = state[1].cast<py::tuple>();
+  const Shape ks = shape_of(held[1]), vs = shape_of(held[2]);
+  const std::string kb = held[3].cast<std::string>(), vb = held[4].cast<std::string>();
+  const auto positions = held[5].cast<std::vector<int64_t>>();
+  const int64_t seen = held[6].cast<int64_t>();
+  const auto restore = [&](auto& cache, auto element) {
+    using S = decltype(element);
+    if (kb.size() != static_cast<size_t>(numel_of(ks)) * sizeof(S) || vb.size() != static_cast<size_t>(numel_of(vs)) * sizeof(S))
+      throw ValueError("KVCache: a pickled cache's bytes do not fit its shapes");
+    // (Copied into aligned storage by restore: the bytes object's buffer may not be.)
+    std::vector<S> k(static_cast<size_t>(numel_of(ks))), v(static_cast<size_t>(numel_of(vs)));
+    std::memcpy(k.data(), kb.data(), kb.size());
+    std::memcpy(v.data(), vb.data(), vb.size());
+    cache.restore(TensorView<const S>(k.data(), ks), TensorView<const S>(v.data(), vs), positions, seen);
+  };
+  if (held[0].cast<bool>()) {
+    restore(*c.get<double>(), double{});
+    return c;
+  }
+  KVCache<float>& cache = *c.get<float>();
+  switch (c.dtype) {
+    case KVDtype::F32: restore(cache, float{}); break;
+    case KVDtype::BF16: restore(cache, bfloat16{}); break;
+    case KVDtype::F16: restore(cache, float16{}); break;
+    case KVDtype::Q8_0: restore(cache, block_q8_0{}); break;
+  }
+  return c;
+}
 
 // The float32 layer, and a float64 twin built on the first float64 call.
 // Both live as long as this object and are never replaced, only their
@@ -228,6 +307,20 @@ void py_load_state_dict(PyMha& self, const py::dict& d) {
   self.load_state_dict(s);
 }
 
+// A layer's state: its configuration (as safetensors metadata, the form
+// save() writes) and its parameters.
+py::tuple layer_state(const PyMha& self) {
+  return py::make_tuple(py::cast(to_metadata(self.f32->config())), py_state_dict(self));
+}
+
+PyMha layer_from_state(const py::tuple& state) {
+  if (state.size() != 2) throw ValueError("MultiHeadAttention: not a pickled layer's state");
+  const auto config = from_metadata("a pickled layer", state[0].cast<std::map<std::string, std::string>>());
+  PyMha layer{std::make_unique<MultiHeadAttention<float>>(config), nullptr};
+  py_load_state_dict(layer, state[1].cast<py::dict>());
+  return layer;
+}
+
 }  // namespace
 
 void bind_mha(py::module_& m) {
@@ -241,7 +334,8 @@ void bind_mha(py::module_& m) {
       .def("__repr__", [](const PyKVCache& c) {
         return "attn.KVCache(length=" + std::to_string(c.length()) + ", dtype='" +
                kv_dtype_name(c.dtype) + "', nbytes=" + std::to_string(c.nbytes()) + ")";
-      });
+      })
+      .def(py::pickle(&cache_state, &cache_from_state));
 
   py::class_<PyMha>(m, "MultiHeadAttention",
                     "The layer over NumPy arrays; use attn.MultiHeadAttention.")
@@ -337,7 +431,8 @@ void bind_mha(py::module_& m) {
         return py::str(rope_scaling_json(r));
       })
       .def_property_readonly("alibi", [](const PyMha& s) { return s.f32->config().alibi; })
-      .def_property_readonly("sinks", [](const PyMha& s) { return s.f32->config().sinks; });
+      .def_property_readonly("sinks", [](const PyMha& s) { return s.f32->config().sinks; })
+      .def(py::pickle(&layer_state, &layer_from_state));
 }
 
 }  // namespace attn::python

@@ -4,6 +4,7 @@
 #include <pybind11/numpy.h>
 #include <pybind11/stl.h>
 
+#include <cstring>
 #include <string>
 
 #include "args.hpp"
@@ -100,6 +101,34 @@ py::tuple shape_tuple(const Shape& s) {
   return t;
 }
 
+// Pickling (and copy.deepcopy): the dtype, the logical shape and the bytes;
+// the copy owns bytes of its own, also of a tensor that wrapped a buffer.
+py::tuple quantized_state(const PyQuantizedTensor& t) {
+  return py::make_tuple(kv_dtype_name(t.dtype), shape_tuple(t.shape),
+                        py::bytes(reinterpret_cast<const char*>(t.data), static_cast<size_t>(t.nbytes())));
+}
+
+PyQuantizedTensor quantized_from_state(const py::tuple& state) {
+  if (state.size() != 3) throw ValueError("QuantizedTensor: not a pickled tensor's state");
+  const KVDtype dtype = compact_dtype(state[0], "QuantizedTensor");
+  Shape shape;
+  for (const auto& d : state[1]) shape.push_back(d.cast<int64_t>());
+  const std::string bytes = state[2].cast<std::string>();
+  const auto make = [&](auto element) {
+    using S = decltype(element);
+    Shape stored = shape;
+    if (std::is_same_v<S, block_q8_0>) stored.back() /= kQ8_0Block;
+    Tensor<S> t(stored);
+    if (bytes.size() != static_cast<size_t>(t.numel()) * sizeof(S))
+      throw ValueError("QuantizedTensor: a pickled tensor's bytes do not fit its shape " + shape_str(shape));
+    std::memcpy(t.data(), bytes.data(), bytes.size());
+    return owning(dtype, shape, std::move(t));
+  };
+  if (dtype == KVDtype::BF16) return make(bfloat16{});
+  if (dtype == KVDtype::F16) return make(float16{});
+  return make(block_q8_0{});
+}
+
 }  // namespace
 
 void bind_quantized(py::module_& m) {
@@ -117,6 +146,7 @@ void bind_quantized(py::module_& m) {
            "dequantize() -> numpy.ndarray: the values as float32, of this tensor's shape.")
       .def_static("from_buffer", &from_buffer, arg("buffer"), arg("dtype"), arg("shape"),
                   docs::kFromBuffer)
+      .def(py::pickle(&quantized_state, &quantized_from_state))
       .def("__repr__", [](const PyQuantizedTensor& t) {
         return "attn.QuantizedTensor(dtype='" + std::string(kv_dtype_name(t.dtype)) + "', shape=" +
                std::string(py::repr(shape_tuple(t.shape))) + ", nbytes=" + std::to_string(t.nbytes()) + ")";

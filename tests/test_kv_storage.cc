@@ -237,6 +237,36 @@ TEST(KVStorage, StorageTypesKeepTheirAccuracy) {
 // The cache in every storage type: fed chunk by chunk, its attention equals
 // one causal attention over the whole sequence's keys and values stored
 // the same way, whatever the chunking; it reports the bytes its tokens use.
+// restore() puts back what visit(), positions() and seen() give (pickling):
+// the restored cache attends as the original, and what does not fit is
+// refused with the cache left as it was.
+TEST(KVStorage, RestoreGivesTheCacheBackAndRefusesWhatDoesNotFit) {
+  std::mt19937 rng(12);
+  const auto k = cast<float>(random_tensor({1, 2, 5, 32}, rng)), v = cast<float>(random_tensor({1, 2, 5, 32}, rng));
+  KVCache<float> a(KVDtype::Q8_0, {1, 3, CachePositions::Original});
+  a.append(k.view(), v.view());
+  a.evict();  // positions 0, 2, 3, 4
+  KVCache<float> b(KVDtype::Q8_0, {1, 3, CachePositions::Original});
+  a.visit([&](auto keys, auto values) {
+    using S = std::remove_const_t<std::remove_reference_t<decltype(*keys.data())>>;
+    if constexpr (std::is_same_v<S, block_q8_0>) {
+      b.restore(keys, values, a.positions(), a.seen());
+      EXPECT_THROW_MSG(b.restore(keys, values, {0, 1}, 5), ValueError, "2 positions for 4 tokens");
+      EXPECT_THROW_MSG(b.restore(keys, values, {0, 2, 2, 4}, 5), ValueError, "positions must ascend");
+      EXPECT_THROW_MSG(b.restore(keys, values, a.positions(), 4), ValueError, "stay below seen (4)");
+    }
+  });
+  EXPECT_EQ(b.positions(), (std::vector<int64_t>{0, 2, 3, 4}));
+  EXPECT_EQ(b.seen(), 5);
+  EXPECT_EQ(b.bytes(), a.bytes());
+  EXPECT_THROW_MSG(b.restore(k.view(), v.view(), {0, 1, 2, 3, 4}, 5), TypeError, "the cache stores q8_0");
+  const Tensor<float> q = cast<float>(random_tensor({1, 2, 1, 32}, rng));
+  const auto attend = [&](const KVCache<float>& c) {
+    return c.visit([&](auto keys, auto values) { return attention<float>(q.view(), keys, values); });
+  };
+  EXPECT_EQ(test::max_abs_diff(attend(a), attend(b)), 0.0);
+}
+
 TEST(KVStorage, CacheInEveryStorageTypeEqualsOneCausalCall) {
   std::mt19937 rng(31);
   const int64_t B = 2, Hq = 4, Hkv = 2, n = 70, d = 64;

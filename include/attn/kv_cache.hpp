@@ -125,6 +125,16 @@ class KVCache {
   TensorView<const T> keys() const;
   TensorView<const T> values() const;
 
+  // Puts back a cache's content as visit(), positions() and seen() give it
+  // (pickling, copies): keys and values (batch, heads, length, row) of the
+  // storage type (S: T for an F32 cache; bfloat16, float16 or block_q8_0),
+  // the stream position of each token held (ascending, below seen). Replaces
+  // what the cache held; ValueError (TypeError for another storage type)
+  // naming what does not fit, the cache then unchanged.
+  template <class S>
+  void restore(TensorView<const S> keys, TensorView<const S> values, const std::vector<int64_t>& positions,
+               int64_t seen);
+
   // A streaming cache: drops every token but the first sink_tokens of the
   // stream and its last `window` (nothing otherwise). The layer calls it
   // after each forward, when the chunk's queries have seen the chunk.

@@ -70,6 +70,13 @@ struct MultiHeadAttentionConfig {
   std::map<std::string, Shape> state_dict_shapes() const;
 };
 
+// The configuration as the safetensors __metadata__ that save() writes (all
+// strings), and back: `source` (a path) names it in the ValueError for a
+// key that is missing or not of its kind. The configuration is not
+// validated here (MultiHeadAttention's constructor does).
+std::map<std::string, std::string> to_metadata(const MultiHeadAttentionConfig& config);
+MultiHeadAttentionConfig from_metadata(const std::string& source, const std::map<std::string, std::string>& metadata);
+
 // Masks in nn.MultiheadAttention's convention (the opposite of attention()'s
 // boolean convention, by history):
 //   attn_mask: boolean true = NOT allowed, or float added to the logits;

@@ -175,6 +175,38 @@ void KVCache<T>::append(TensorView<const T> k, TensorView<const T> v) {
 }
 
 template <class T>
+template <class S>
+void KVCache<T>::restore(TensorView<const S> keys, TensorView<const S> values, const std::vector<int64_t>& positions,
+                         int64_t seen) {
+  const auto held = use("restore");
+  if (!std::holds_alternative<Tensor<S>>(keys_))
+    throw TypeError(std::string("KVCache.restore: the cache stores ") +
+                    (dtype_ == KVDtype::F32 ? (std::is_same_v<T, float> ? "float32" : "float64") : kv_dtype_name(dtype_)) +
+                    ", and the keys and values given are of another storage type");
+  const auto shapes = "keys " + shape_str(keys.shape()) + ", values " + shape_str(values.shape());
+  if (keys.rank() != 4 || values.rank() != 4 || keys.dim(0) != values.dim(0) || keys.dim(1) != values.dim(1) ||
+      keys.dim(2) != values.dim(2))
+    throw ValueError("KVCache.restore: keys and values must be (batch, heads, length, row) with equal batch, heads "
+                     "and length, got " + shapes);
+  const int64_t length = keys.dim(2);
+  if (static_cast<int64_t>(positions.size()) != length)
+    throw ValueError("KVCache.restore: " + std::to_string(positions.size()) + " positions for " +
+                     std::to_string(length) + " tokens");
+  for (int64_t t = 0; t < length; ++t)
+    if (positions[t] < 0 || positions[t] >= seen || (t > 0 && positions[t] <= positions[t - 1]))
+      throw ValueError("KVCache.restore: positions must ascend from 0 and stay below seen (" + std::to_string(seen) +
+                       "), got " + std::to_string(positions[t]) + " at " + std::to_string(t));
+  Tensor<S> k = contiguous(keys), v = contiguous(values);  // (before anything changes)
+  keys_ = std::move(k);
+  values_ = std::move(v);
+  const int64_t per_row = std::is_same_v<S, block_q8_0> ? kQ8_0Block : 1;
+  head_dim_k_ = keys.dim(3) * per_row, head_dim_v_ = values.dim(3) * per_row;
+  length_ = length;
+  seen_ = seen;
+  positions_ = positions;
+}
+
+template <class T>
 void KVCache<T>::evict() {
   const auto held = use("evict");
   if (!is_streaming()) return;
@@ -200,5 +232,15 @@ void KVCache<T>::evict() {
 
 template class KVCache<float>;
 template class KVCache<double>;
+
+#define ATTN_KV_RESTORE(T, S)                                                                              \
+  template void KVCache<T>::restore(TensorView<const S>, TensorView<const S>, const std::vector<int64_t>&, \
+                                    int64_t);
+ATTN_KV_RESTORE(float, float)
+ATTN_KV_RESTORE(float, bfloat16)
+ATTN_KV_RESTORE(float, float16)
+ATTN_KV_RESTORE(float, block_q8_0)
+ATTN_KV_RESTORE(double, double)
+#undef ATTN_KV_RESTORE
 
 }  // namespace attn

@@ -906,8 +906,6 @@ void MultiHeadAttention<T>::load_state_dict(const std::map<std::string, Tensor<T
   params_ = std::move(w);
 }
 
-namespace {
-
 std::map<std::string, std::string> to_metadata(const MultiHeadAttentionConfig& c) {
   std::map<std::string, std::string> m{
       {"format", "attn.MultiHeadAttention"},
@@ -1001,8 +999,6 @@ MultiHeadAttentionConfig from_metadata(const std::string& path,
   c.dropout = get_number("dropout", 0.0);
   return c;
 }
-
-}  // namespace
 
 template <class T>
 void MultiHeadAttention<T>::save(const std::string& path, StorageDtype dtype) const {
