@@ -87,10 +87,21 @@ import numpy as np
 import attn
 attn.set_num_threads(2)
 q = np.random.default_rng(0).normal(size=(4, 300, 32)).astype(np.float32)
-expected = attn.attention(q, q, q, causal=True)  # the pool starts here
+layer = attn.MultiHeadAttention(128, 4, seed=1)
+x = q.transpose(1, 0, 2).reshape(1, 300, 128)
+packed, cu = np.ascontiguousarray(q.transpose(1, 0, 2)), np.array([0, 100, 300])
+
+def every_entry_point():
+    # Each runs on the library's threads: attention, its backward, packed
+    # sequences, and the layer (its projections and attention).
+    return (attn.attention(q, q, q, causal=True), *attn.attention_backward(q, q, q, q, causal=True),
+            attn.attention_varlen(packed, packed, packed, cu, cu, causal=True),
+            layer(x, causal=True, need_weights=False)[0])
+
+expected = every_entry_point()  # the pool starts here
 
 def same(_=None):
-    return bool((attn.attention(q, q, q, causal=True) == expected).all())
+    return all((a == b).all() for a, b in zip(every_entry_point(), expected))
 
 def same_after_setting_threads(n):
     attn.set_num_threads(n)
