@@ -112,8 +112,10 @@ struct PreparedAttention;
 // One attention call validated once: the shapes, strides and element types
 // of q, k, v and the mask, and the options; the shapes of the output and the
 // extras come from it. run() writes out (and each extra whose view is not
-// empty), checking only their shapes; it may run any number of times, from any
-// thread, while q, k, v and the mask stay alive and unchanged. attention() is
+// empty), checking their shapes, and that none shares memory with q, k, v,
+// the mask, another output or itself (ValueError naming both: check_outputs,
+// attn/tensor.hpp); it may run any number of times, from any thread, while
+// q, k, v and the mask stay alive and unchanged. attention() is
 // a plan run once; build one to allocate the outputs first (as the Python
 // module does).
 template <class T, class KV = T>
