@@ -72,6 +72,7 @@ test: test-deps configure
 	ctest --test-dir $(BUILD) --output-on-failure -j $(JOBS) -LE source_build
 	$(MAKE) asan
 	tools/run-fuzzers.sh $(ASAN_BUILD) $(TEST_FUZZ_SECONDS) 1 $(JOBS)
+	$(MAKE) tsan
 	$(MAKE) test-arm-kernels
 
 # A project that builds attn from source with add_subdirectory: the whole
@@ -100,8 +101,12 @@ fuzz-build: test-deps
 fuzz: fuzz-build
 	tools/run-fuzzers.sh $(ASAN_BUILD) $(FUZZ_SECONDS) 0 $(JOBS)
 
-# ThreadSanitizer over the tests that run attn from many threads (too slow
-# for every make test: its own build of the library).
+# ThreadSanitizer over the tests that run attn from many threads: the thread
+# pool (determinism at every thread count, callers that contend for it), the
+# caches (one per thread, and one shared by four), concurrent state-dict
+# loads. Its own build of the library, about 2 minutes in all on 2 cores.
+# (Not the fork tests: ThreadSanitizer does not follow a multi-threaded
+# process across fork; ASan runs them.)
 tsan: test-deps
 	cmake -S . -B $(TSAN_BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_COMPILER=clang++-14 -DCMAKE_C_COMPILER=clang-14 \
 	    -DATTN_SANITIZE=thread >/dev/null
