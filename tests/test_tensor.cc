@@ -116,62 +116,74 @@ TEST(Tensor, ViewRejectsMismatchedStrides) {
   EXPECT_THROW_MSG(TensorView<float>(x, {2, -2}), ValueError, "negative");
 }
 
-// The bytes a view covers, by visiting every element: the reference the
-// search in shares_memory and overlaps_itself is held to. `base` is the
-// buffer the views lie in (kBufferBytes long).
+// A view inside a buffer of kBufferBytes, as a MemorySpan refers to it.
 constexpr int kBufferBytes = 160;
+struct RandomView {
+  Shape shape;
+  Strides strides;  // in items
+  MemorySpan span;
+};
+
+// The bytes a view covers, by visiting every element: the reference the
+// search in shares_memory and overlaps_itself is held to.
 struct Covered {
   std::bitset<kBufferBytes> bytes;
   bool twice = false;
 };
 Covered covered(const MemorySpan& m, const unsigned char* base) {
   Covered c;
-  if (numel_of(m.shape) == 0) return c;
-  std::vector<int64_t> index(m.shape.size(), 0);
+  if (numel_of(Shape(m.shape, m.shape + m.rank)) == 0) return c;
+  std::vector<int64_t> index(static_cast<size_t>(m.rank), 0);
   for (;;) {
     int64_t at = static_cast<const unsigned char*>(m.data) - base;
-    for (size_t a = 0; a < index.size(); ++a) at += index[a] * m.byte_strides[a];
+    for (int a = 0; a < m.rank; ++a) at += index[a] * m.strides[a] * m.item_bytes;
     for (int64_t b = at; b < at + m.item_bytes; ++b) {
       c.twice = c.twice || c.bytes[static_cast<size_t>(b)];
       c.bytes[static_cast<size_t>(b)] = true;
     }
-    size_t a = index.size();
+    int a = m.rank;
     while (a > 0 && ++index[a - 1] == m.shape[a - 1]) index[--a] = 0;
     if (a == 0) return c;
   }
 }
 
-// A random view inside the buffer: rank 0-4, dims 0-4, element strides in
-// [-9, 9] (0 and negative included), items of 1, 2, 4 or 8 bytes.
-MemorySpan random_span(std::mt19937& rng, const unsigned char* base) {
+// A random view inside the buffer: rank 0-4, dims 0-4, strides in [-9, 9]
+// items (0 and negative included), items of 1, 2, 4 or 8 bytes.
+void random_view(std::mt19937& rng, const unsigned char* base, RandomView& v) {
   const auto pick = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };
-  MemorySpan m;
-  m.item_bytes = int64_t{1} << pick(0, 3);
-  const int rank = pick(0, 4);
-  int64_t lo = 0, hi = m.item_bytes;
-  for (int a = 0; a < rank; ++a) {
-    m.shape.push_back(pick(0, 4) == 0 ? pick(0, 1) : pick(2, 4));
-    m.byte_strides.push_back(pick(-9, 9) * m.item_bytes);
-    const int64_t step = m.byte_strides.back() * std::max<int64_t>(m.shape.back() - 1, 0);
-    (step < 0 ? lo : hi) += step;
+  for (;;) {
+    const int64_t item = int64_t{1} << pick(0, 3);
+    const int rank = pick(0, 4);
+    v.shape.clear(), v.strides.clear();
+    int64_t lo = 0, hi = item;
+    for (int a = 0; a < rank; ++a) {
+      v.shape.push_back(pick(0, 4) == 0 ? pick(0, 1) : pick(2, 4));
+      v.strides.push_back(pick(-9, 9));
+      const int64_t step = v.strides.back() * item * std::max<int64_t>(v.shape.back() - 1, 0);
+      (step < 0 ? lo : hi) += step;
+    }
+    if (hi - lo > kBufferBytes) continue;
+    v.span = {base - lo + pick(0, static_cast<int>(kBufferBytes - (hi - lo))), v.shape.data(), v.strides.data(), rank,
+              item};
+    return;
   }
-  if (hi - lo > kBufferBytes) return random_span(rng, base);
-  m.data = base - lo + pick(0, static_cast<int>(kBufferBytes - (hi - lo)));
-  return m;
 }
 
 TEST(Overlap, SharesMemoryAndOverlapsItselfAreExact) {
   alignas(8) static unsigned char buffer[kBufferBytes];
   std::mt19937 rng(46);
   int shared = 0, folded = 0;
+  RandomView va, vb;
   for (int trial = 0; trial < 20000; ++trial) {
-    const MemorySpan a = random_span(rng, buffer), b = random_span(rng, buffer);
+    random_view(rng, buffer, va);
+    random_view(rng, buffer, vb);
+    const MemorySpan &a = va.span, &b = vb.span;
     const Covered ca = covered(a, buffer), cb = covered(b, buffer);
     const bool share = (ca.bytes & cb.bytes).any();
     ASSERT_EQ(shares_memory(a, b), share) << "trial " << trial;
     ASSERT_EQ(shares_memory(b, a), share) << "trial " << trial;
-    ASSERT_EQ(overlaps_itself(a), ca.twice) << "trial " << trial << ": shape " << shape_str(a.shape)
-                                            << ", byte strides " << shape_str(a.byte_strides);
+    ASSERT_EQ(overlaps_itself(a), ca.twice) << "trial " << trial << ": shape " << shape_str(va.shape)
+                                            << ", strides " << shape_str(va.strides) << " of " << a.item_bytes;
     shared += share, folded += ca.twice;
   }
   // Both answers occur often enough for the comparison to mean something.
@@ -182,14 +194,18 @@ TEST(Overlap, SharesMemoryAndOverlapsItselfAreExact) {
 TEST(Overlap, InterleavedAndLargeViews) {
   // A buffer's even and odd columns share nothing; its rows do with itself.
   std::vector<float> buf(4096 * 256);
-  const TensorView<const float> even(buf.data(), {4096, 128}, {256, 2}), odd(buf.data() + 1, {4096, 128}, {256, 2});
+  const TensorView<const float> even(buf.data(), {4096, 128}, {256, 2}), odd(buf.data() + 1, {4096, 128}, {256, 2}),
+      one(buf.data() + 256, {1}), folded_rows(buf.data(), {100, 128}, {64, 1}), zero_rows(buf.data(), {3, 4}, {0, 1}),
+      one_zero_row(buf.data(), {1, 4}, {0, 1});
   EXPECT_FALSE(shares_memory(MemorySpan::of(even), MemorySpan::of(odd)));
-  EXPECT_TRUE(shares_memory(MemorySpan::of(even), MemorySpan::of(TensorView<const float>(buf.data() + 256, {1}))));
+  EXPECT_TRUE(shares_memory(MemorySpan::of(even), MemorySpan::of(one)));
   EXPECT_FALSE(overlaps_itself(MemorySpan::of(even)));
   // Rows of 128 read 64 apart: each row's second half is the next one's first.
-  EXPECT_TRUE(overlaps_itself(MemorySpan::of(TensorView<const float>(buf.data(), {100, 128}, {64, 1}))));
-  EXPECT_TRUE(overlaps_itself(MemorySpan::of(TensorView<const float>(buf.data(), {3, 4}, {0, 1}))));
-  EXPECT_FALSE(overlaps_itself(MemorySpan::of(TensorView<const float>(buf.data(), {1, 4}, {0, 1}))));
+  EXPECT_TRUE(overlaps_itself(MemorySpan::of(folded_rows)));
+  EXPECT_TRUE(overlaps_itself(MemorySpan::of(zero_rows)));
+  EXPECT_FALSE(overlaps_itself(MemorySpan::of(one_zero_row)));
+  EXPECT_TRUE(same_elements(MemorySpan::of(even), MemorySpan::of(TensorView<const float>(even))));
+  EXPECT_FALSE(same_elements(MemorySpan::of(even), MemorySpan::of(odd)));
 }
 
 }  // namespace

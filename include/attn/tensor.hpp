@@ -11,6 +11,7 @@
 #include <initializer_list>
 #include <memory>
 #include <new>
+#include <span>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -242,19 +243,20 @@ class Tensor {
 
 namespace attn {
 
-// Where a view's elements lie, in bytes: for telling whether two views
-// (of any element types) overlap.
+// Where a view's elements lie: its data, shape and strides (in items of
+// item_bytes), for telling whether two views (of any element types) overlap.
+// It refers to the view's own shape and strides, without copying them: it is
+// valid while the view is (never make one of a temporary view).
 struct MemorySpan {
   const void* data = nullptr;
-  Shape shape;
-  Strides byte_strides;
+  const int64_t* shape = nullptr;
+  const int64_t* strides = nullptr;
+  int rank = 0;
   int64_t item_bytes = 1;
 
   template <class T>
-  static MemorySpan of(TensorView<const T> v) {
-    MemorySpan m{v.data(), v.shape(), v.strides(), static_cast<int64_t>(sizeof(T))};
-    for (int64_t& s : m.byte_strides) s *= m.item_bytes;
-    return m;
+  static MemorySpan of(const TensorView<const T>& v) {
+    return {v.data(), v.shape().data(), v.strides().data(), v.rank(), static_cast<int64_t>(sizeof(T))};
   }
 };
 
@@ -276,14 +278,18 @@ struct NamedSpan {
 // ValueError "<function>: <output> ..." ("<output> ..." for an empty
 // function name) when an output overlaps itself, an input or another
 // output: its elements would be written over values still to be read.
-// Outputs without data (an extra not asked for) are skipped.
-void check_outputs(const char* function, const std::vector<NamedSpan>& outputs,
-                   const std::vector<NamedSpan>& inputs);
+// Spans without data (an extra not asked for) are skipped. Allocates
+// nothing unless two views' bounds meet or strides interleave: every call
+// that writes into a caller's view runs it.
+void check_outputs(const char* function, std::span<const NamedSpan> outputs, std::span<const NamedSpan> inputs);
+inline void check_outputs(const char* function, std::initializer_list<NamedSpan> outputs,
+                          std::initializer_list<NamedSpan> inputs) {
+  check_outputs(function, std::span<const NamedSpan>(outputs.begin(), outputs.size()),
+                std::span<const NamedSpan>(inputs.begin(), inputs.size()));
+}
 // Whether b is a's very elements, as an in-place call passes them (the
 // functions that work in place leave such an input out of check_outputs).
-inline bool same_elements(const MemorySpan& a, const MemorySpan& b) {
-  return a.data == b.data && a.shape == b.shape && a.byte_strides == b.byte_strides && a.item_bytes == b.item_bytes;
-}
+bool same_elements(const MemorySpan& a, const MemorySpan& b);
 
 // dst = f(src), element by element, between views of one shape (any
 // strides). Throws ValueError if the shapes differ.

@@ -456,7 +456,7 @@ int attn_mha_forward(attn_mha* layer, const attn_tensor* x, attn_cache* cache,
     if (o.shape() != query.shape())
       fail(fn, "out", "shape " + attn::shape_str(o.shape()) + " is not x's shape " +
                           attn::shape_str(query.shape()));
-    attn::check_outputs(fn, {{"out", attn::MemorySpan::of(TensorView<const float>(o))}},
+    attn::check_outputs(fn, {{"out", attn::MemorySpan::of(o)}},
                                 {{"x", attn::MemorySpan::of(query)}});
     attn::copy<float>(layer->layer.forward(query, {}, {}, forward).out.view(), o);
   });

@@ -251,13 +251,14 @@ PreparedAttention<T, KV>::PreparedAttention(TensorView<const T> q, TensorView<co
                                             TensorView<const KV> v,
                                             const AttentionOptions& options,
                                             const MaskInput& mask, const MaskInput& second)
-    : problem(make_problem(q, k, v, options, mask, second)),
-      inputs{{"q", MemorySpan::of(q)}, {"k", MemorySpan::of(k)}, {"v", MemorySpan::of(v)}} {
+    : problem(make_problem(q, k, v, options, mask, second)), inputs{SpanCopy(q), SpanCopy(k), SpanCopy(v)} {
   for (const MaskInput* m : {&mask, &second})
     std::visit(
         [&](const auto& view) {
-          if constexpr (!std::is_same_v<std::decay_t<decltype(view)>, std::monostate>)
-            inputs.push_back({m == &mask ? "mask" : "key_padding_mask", MemorySpan::of(view)});
+          if constexpr (!std::is_same_v<std::decay_t<decltype(view)>, std::monostate>) {
+            input_names[n_inputs] = m == &mask ? "mask" : "key_padding_mask";  // (the layer's second)
+            inputs[n_inputs++] = SpanCopy(view);
+          }
         },
         m->mask);
   if constexpr (std::is_same_v<T, float>) {
@@ -272,14 +273,19 @@ PreparedAttention<T, KV>::PreparedAttention(TensorView<const T> q, TensorView<co
 }
 
 template <class T, class KV>
+int PreparedAttention<T, KV>::input_spans(NamedSpan* spans) const {
+  for (int i = 0; i < n_inputs; ++i) spans[i] = {input_names[i], inputs[i].span()};
+  return n_inputs;
+}
+
+template <class T, class KV>
 void PreparedAttention<T, KV>::run(TensorView<T> out, const AttentionExtras<T>& extras) const {
   AttentionProblem<T> p = problem;
   bind_outputs(p, out, extras);
-  const auto span = [](const TensorView<T>& t) { return MemorySpan::of(TensorView<const T>(t)); };
-  check_outputs("attention",
-                {{"out", span(out)}, {"weights", span(extras.weights)}, {"logits", span(extras.logits)},
-                 {"lse", span(extras.lse)}},
-                inputs);
+  NamedSpan inputs[5];
+  const NamedSpan outputs[] = {{"out", MemorySpan::of(out)}, {"weights", MemorySpan::of(extras.weights)},
+                               {"logits", MemorySpan::of(extras.logits)}, {"lse", MemorySpan::of(extras.lse)}};
+  check_outputs("attention", outputs, std::span<const NamedSpan>(inputs, input_spans(inputs)));
   if constexpr (std::is_same_v<T, double>) {
     reference_attention(p);
   } else {
@@ -394,13 +400,14 @@ void masked_attention_backward(TensorView<const T> q, TensorView<const KV> k,
     fail("the backward computes in float32: precision must be f32, got " + precision_name(options.precision));
   const PreparedAttention<T, KV> prepared(q, k, v, options, mask, second);
   {
-    std::vector<NamedSpan> inputs = prepared.inputs;
-    for (const NamedSpan& in : {NamedSpan{"dout", MemorySpan::of(dout)}, NamedSpan{"out", MemorySpan::of(saved.out)},
-                                NamedSpan{"lse", MemorySpan::of(saved.lse)}})
-      inputs.push_back(in);
-    const auto span = [](const TensorView<T>& t) { return MemorySpan::of(TensorView<const T>(t)); };
-    check_outputs("attention_backward",
-                  {{"dq", span(dq)}, {"dk", span(dk)}, {"dv", span(dv)}, {"dsinks", span(dsinks)}}, inputs);
+    NamedSpan inputs[8];
+    int n = prepared.input_spans(inputs);
+    inputs[n++] = {"dout", MemorySpan::of(dout)};
+    inputs[n++] = {"out", MemorySpan::of(saved.out)};
+    inputs[n++] = {"lse", MemorySpan::of(saved.lse)};
+    const NamedSpan outputs[] = {{"dq", MemorySpan::of(dq)}, {"dk", MemorySpan::of(dk)}, {"dv", MemorySpan::of(dv)},
+                                 {"dsinks", MemorySpan::of(dsinks)}};
+    check_outputs("attention_backward", outputs, std::span<const NamedSpan>(inputs, n));
   }
   AttentionProblem<T> p = prepared.problem;
   const GradientOperands<T> g =

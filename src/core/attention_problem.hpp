@@ -119,6 +119,34 @@ AttentionProblem<T> make_problem(TensorView<const T> q, TensorView<const KV> k,
                                  TensorView<const KV> v, const AttentionOptions& options,
                                  const MaskInput& mask, const MaskInput& second = {});
 
+// A view's place in memory kept by value, for overlap checks after the view
+// is gone: its data, shape and strides inline up to rank 8 (a copy of the
+// view itself would allocate on every call of a small decode).
+class SpanCopy {
+ public:
+  SpanCopy() = default;
+  template <class T>
+  explicit SpanCopy(const TensorView<const T>& v) : data_(v.data()), rank_(v.rank()), item_(sizeof(T)) {
+    if (rank_ > kInline) more_.resize(2 * static_cast<size_t>(rank_));
+    int64_t* shape = rank_ > kInline ? more_.data() : shape_;
+    int64_t* strides = rank_ > kInline ? more_.data() + rank_ : strides_;
+    std::copy(v.shape().begin(), v.shape().end(), shape);
+    std::copy(v.strides().begin(), v.strides().end(), strides);
+  }
+  MemorySpan span() const {
+    const bool inline_ = rank_ <= kInline;
+    return {data_, inline_ ? shape_ : more_.data(), inline_ ? strides_ : more_.data() + rank_, rank_, item_};
+  }
+
+ private:
+  static constexpr int kInline = 8;
+  const void* data_ = nullptr;
+  int rank_ = 0;
+  int64_t item_ = 1;
+  int64_t shape_[kInline] = {}, strides_[kInline] = {};
+  std::vector<int64_t> more_;  // shape then strides, past kInline axes
+};
+
 // A problem ready to run any number of times, from any thread: validated
 // once, with contiguous copies of the inputs the float32 kernels cannot read
 // in place. run() checks only the shapes of out and the extras.
@@ -130,8 +158,14 @@ struct PreparedAttention {
   // Refuses out and extras that overlap each other or the caller's inputs.
   void run(TensorView<T> out, const AttentionExtras<T>& extras) const;
 
+  // Spans of the caller's q, k, v and masks (not the copies below), for
+  // overlap checks: writes them into spans (room for 5), returns how many.
+  int input_spans(NamedSpan* spans) const;
+
   AttentionProblem<T> problem;
-  std::vector<NamedSpan> inputs;  // the caller's q, k, v and masks (not the copies below)
+  SpanCopy inputs[5];  // the caller's q, k, v and masks
+  const char* input_names[5] = {"q", "k", "v"};
+  int n_inputs = 3;
   Tensor<T> q_copy;
   Tensor<KV> k_copy, v_copy;
 };

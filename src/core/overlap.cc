@@ -74,13 +74,19 @@ class BoundedSum {
   int64_t work_ = 0;
 };
 
-bool empty(const MemorySpan& m) { return numel_of(m.shape) == 0; }
+bool empty(const MemorySpan& m) {
+  for (int a = 0; a < m.rank; ++a)
+    if (m.shape[a] == 0) return true;
+  return false;
+}
+
+Wide byte_stride(const MemorySpan& m, int a) { return Wide(m.strides[a]) * m.item_bytes; }
 
 // The lowest and one past the highest byte of a non-empty view.
 std::pair<Wide, Wide> bounds(const MemorySpan& m) {
   Wide lo = reinterpret_cast<uintptr_t>(m.data), hi = lo;
-  for (size_t a = 0; a < m.shape.size(); ++a) {
-    const Wide step = Wide(m.byte_strides[a]) * (m.shape[a] - 1);
+  for (int a = 0; a < m.rank; ++a) {
+    const Wide step = byte_stride(m, a) * (m.shape[a] - 1);
     (step < 0 ? lo : hi) += step;
   }
   return {lo, hi + m.item_bytes};
@@ -107,43 +113,50 @@ std::optional<bool> shares(const MemorySpan& a, const MemorySpan& b) {
   if (a_hi <= b_lo || b_hi <= a_lo) return false;
   std::vector<Term> terms;
   Wide shift = 0;
-  for (size_t i = 0; i < a.shape.size(); ++i) shift += add_term(terms, a.byte_strides[i], a.shape[i]);
-  for (size_t j = 0; j < b.shape.size(); ++j) shift += add_term(terms, -Wide(b.byte_strides[j]), b.shape[j]);
+  for (int i = 0; i < a.rank; ++i) shift += add_term(terms, byte_stride(a, i), a.shape[i]);
+  for (int j = 0; j < b.rank; ++j) shift += add_term(terms, -byte_stride(b, j), b.shape[j]);
   const Wide gap = Wide(reinterpret_cast<uintptr_t>(b.data)) - Wide(reinterpret_cast<uintptr_t>(a.data));
   return BoundedSum(std::move(terms)).reaches(gap - a.item_bytes + 1 - shift, gap + b.item_bytes - 1 - shift);
 }
 
+struct Axis {
+  Wide stride;  // |stride| in bytes
+  int64_t n;
+};
+
 std::optional<bool> folds(const MemorySpan& m) {
-  if (numel_of(m.shape) <= 1) return false;
-  struct Axis {
-    Wide stride;  // |stride|
-    int64_t n;
-  };
-  std::vector<Axis> axes;
-  for (size_t i = 0; i < m.shape.size(); ++i)
+  if (empty(m)) return false;
+  // The axes of two or more, on the stack for any real rank.
+  constexpr int kOnStack = 16;
+  Axis stack[kOnStack];
+  std::vector<Axis> heap(m.rank > kOnStack ? static_cast<size_t>(m.rank) : 0);
+  Axis* axes = m.rank > kOnStack ? heap.data() : stack;
+  int count = 0;
+  for (int i = 0; i < m.rank; ++i)
     if (m.shape[i] > 1) {
-      if (m.byte_strides[i] == 0) return true;
-      axes.push_back({m.byte_strides[i] < 0 ? -Wide(m.byte_strides[i]) : Wide(m.byte_strides[i]), m.shape[i]});
+      const Wide stride = byte_stride(m, i);
+      if (stride == 0) return true;
+      axes[count++] = {stride < 0 ? -stride : stride, m.shape[i]};
     }
   // Nested strides (each at least the extent of the smaller ones: every
   // C- or F-ordered array, slice or transpose of one) cannot overlap.
-  std::sort(axes.begin(), axes.end(), [](const Axis& x, const Axis& y) { return x.stride < y.stride; });
+  std::sort(axes, axes + count, [](const Axis& x, const Axis& y) { return x.stride < y.stride; });
   Wide extent = m.item_bytes;
   bool nested = true;
-  for (const Axis& x : axes) {
-    if (x.stride < extent) nested = false;
-    extent += x.stride * (x.n - 1);
+  for (int k = 0; k < count; ++k) {
+    if (axes[k].stride < extent) nested = false;
+    extent += axes[k].stride * (axes[k].n - 1);
   }
   if (nested) return false;
   // Two indices x != x' share a byte iff d = x − x' != 0 has
   // |Σ s_i d_i| < item. d and −d both do, so the first axis (in this order)
   // where d is not 0 may be taken to add |s_k|·|d_k|, |d_k| in [1, n_k − 1];
   // the later ones add s_j·d_j, d_j in [−(n_j − 1), n_j − 1].
-  for (size_t k = 0; k < axes.size(); ++k) {
+  for (int k = 0; k < count; ++k) {
     std::vector<Term> terms;
     Wide shift = axes[k].stride;  // d_k = 1 + z
     if (axes[k].n > 2) terms.push_back({axes[k].stride, axes[k].n - 2});
-    for (size_t j = k + 1; j < axes.size(); ++j) {
+    for (int j = k + 1; j < count; ++j) {
       terms.push_back({axes[j].stride, 2 * Wide(axes[j].n - 1)});  // d_j = z − (n_j − 1)
       shift -= axes[j].stride * (axes[j].n - 1);
     }
@@ -160,30 +173,32 @@ bool shares_memory(const MemorySpan& a, const MemorySpan& b) { return shares(a, 
 
 bool overlaps_itself(const MemorySpan& a) { return folds(a).value_or(true); }
 
-void check_outputs(const char* function, const std::vector<NamedSpan>& outputs,
-                   const std::vector<NamedSpan>& inputs) {
+bool same_elements(const MemorySpan& a, const MemorySpan& b) {
+  return a.data == b.data && a.rank == b.rank && a.item_bytes == b.item_bytes &&
+         std::equal(a.shape, a.shape + a.rank, b.shape) && std::equal(a.strides, a.strides + a.rank, b.strides);
+}
+
+void check_outputs(const char* function, std::span<const NamedSpan> outputs, std::span<const NamedSpan> inputs) {
   const auto layout = [](const MemorySpan& m) {
-    Strides elements = m.byte_strides;
-    for (int64_t& s : elements) s /= m.item_bytes;
-    return "shape " + shape_str(m.shape) + ", strides " + shape_str(elements);
+    return "shape " + shape_str(Shape(m.shape, m.shape + m.rank)) + ", strides " +
+           shape_str(Strides(m.strides, m.strides + m.rank));
   };
-  const std::string prefix = *function ? std::string(function) + ": " : std::string();
-  for (auto out = outputs.begin(); out != outputs.end(); ++out) {
-    if (!out->span.data) continue;
-    if (const auto r = folds(out->span); !r || *r)
-      throw ValueError(prefix + out->name + " (" + layout(out->span) + ") " +
-                       (r ? "has" : "may have") +
+  const auto prefix = [&] { return *function ? std::string(function) + ": " : std::string(); };
+  for (size_t o = 0; o < outputs.size(); ++o) {
+    const NamedSpan& out = outputs[o];
+    if (!out.span.data) continue;
+    if (const auto r = folds(out.span); !r || *r)
+      throw ValueError(prefix() + out.name + " (" + layout(out.span) + ") " + (r ? "has" : "may have") +
                        " elements that share memory: an output needs memory of its own for every element");
     const auto refuse = [&](const NamedSpan& other, const char* kind) {
       if (!other.span.data) return;
-      if (const auto r = shares(out->span, other.span); !r || *r)
-        throw ValueError(prefix + out->name + " and " + other.name +
-                         (r ? " share" : " may share") + " memory (" + layout(out->span) + " and " +
-                         layout(other.span) + "): an output must not overlap " + kind +
+      if (const auto r = shares(out.span, other.span); !r || *r)
+        throw ValueError(prefix() + out.name + " and " + other.name + (r ? " share" : " may share") + " memory (" +
+                         layout(out.span) + " and " + layout(other.span) + "): an output must not overlap " + kind +
                          "; pass a buffer of its own");
     };
     for (const NamedSpan& in : inputs) refuse(in, "an input");
-    for (auto other = outputs.begin(); other != out; ++other) refuse(*other, "another output");
+    for (size_t other = 0; other < o; ++other) refuse(outputs[other], "another output");
   }
 }
 

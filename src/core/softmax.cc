@@ -27,10 +27,8 @@ void softmax(TensorView<const T> a, TensorView<T> out, int64_t axis) {
                      ", expected the input's " + shape_str(a.shape()));
   if (a.rank() == 0) throw ValueError("softmax: input must have rank >= 1, got a scalar");
   {
-    const MemorySpan in = MemorySpan::of(a), o = MemorySpan::of(TensorView<const T>(out));
-    check_outputs("softmax", {{"out", o}},  // (a itself: in place, row by row)
-                          same_elements(in, o) ? std::vector<NamedSpan>{}
-                                                       : std::vector<NamedSpan>{{"a", in}});
+    const NamedSpan in[] = {{"a", MemorySpan::of(a)}}, o[] = {{"out", MemorySpan::of(out)}};
+    check_outputs("softmax", o, std::span(in, same_elements(in[0].span, o[0].span) ? 0 : 1));  // (a itself: in place)
   }
   const int ax = normalize_axis(axis, a.rank(), "softmax: axis");
   // Move the softmax axis last, then walk every row.

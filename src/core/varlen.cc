@@ -74,7 +74,7 @@ void attention_varlen(TensorView<const T> q, TensorView<const KV> k, TensorView<
   if (!lse.empty_view() && lse.shape() != lse_shape)
     fail("lse has shape " + shape_str(lse.shape()) + ", expected " + shape_str(lse_shape));
   check_outputs("attention_varlen",
-                        {{"out", MemorySpan::of(TensorView<const T>(out))}, {"lse", MemorySpan::of(TensorView<const T>(lse))}},
+                        {{"out", MemorySpan::of(out)}, {"lse", MemorySpan::of(lse)}},
                         {{"q", MemorySpan::of(q)}, {"k", MemorySpan::of(k)}, {"v", MemorySpan::of(v)},
                          {"cu_seqlens_q", MemorySpan::of(cu_q)}, {"cu_seqlens_k", MemorySpan::of(cu_k)}});
   for (int64_t b = 0; b + 1 < cu_q.dim(0); ++b) {

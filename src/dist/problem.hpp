@@ -43,7 +43,7 @@ void check_local(TensorView<const T> q, TensorView<const KV> k, TensorView<const
                      " for q " + shape_str(q.shape()) + " and v " + shape_str(v.shape()));
   if (!lse.empty_view() && lse.shape() != plan.lse_shape())
     throw ValueError("lse has shape " + shape_str(lse.shape()) + ", expected " + shape_str(plan.lse_shape()));
-  check_outputs("", {{"out", MemorySpan::of(TensorView<const T>(out))}, {"lse", MemorySpan::of(TensorView<const T>(lse))}},
+  check_outputs("", {{"out", MemorySpan::of(out)}, {"lse", MemorySpan::of(lse)}},
                         {{"q", MemorySpan::of(q)}, {"k", MemorySpan::of(k)}, {"v", MemorySpan::of(v)}});
 }
 

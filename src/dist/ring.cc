@@ -244,10 +244,11 @@ DistStats ring_attention_backward(TensorView<const T> q, TensorView<const T> k, 
       if (options.sinks.empty()) throw ValueError("dsinks given without sinks");
       expect("dsinks", dsinks.shape(), "sinks", Shape{static_cast<int64_t>(options.sinks.size())});
     }
-    const auto span = [](TensorView<const T> t) { return MemorySpan::of(t); };
-    check_outputs("", {{"dq", span(dq)}, {"dk", span(dk)}, {"dv", span(dv)}, {"dsinks", span(dsinks)}},
-                          {{"q", span(q)}, {"k", span(k)}, {"v", span(v)}, {"dout", span(dout)}, {"out", span(out)},
-                           {"lse", span(lse)}});
+    check_outputs("",
+                  {{"dq", MemorySpan::of(dq)}, {"dk", MemorySpan::of(dk)}, {"dv", MemorySpan::of(dv)},
+                   {"dsinks", MemorySpan::of(dsinks)}},
+                  {{"q", MemorySpan::of(q)}, {"k", MemorySpan::of(k)}, {"v", MemorySpan::of(v)},
+                   {"dout", MemorySpan::of(dout)}, {"out", MemorySpan::of(out)}, {"lse", MemorySpan::of(lse)}});
   });
   std::vector<Field> fields = describe(q, k, v, TensorView<T>(), options, layout);
   fields.push_back({"whether dsinks is asked for", dsinks.empty_view() ? "no" : "yes"});

@@ -39,7 +39,7 @@ void multi_head_into(TensorView<const T> x, TensorView<T> out, int64_t heads,
   if (out.shape() != x.shape())
     throw ValueError("multi_head: out has shape " + shape_str(out.shape()) +
                      ", expected x's shape " + shape_str(x.shape()));
-  check_outputs("multi_head", {{"out", MemorySpan::of(TensorView<const T>(out))}},
+  check_outputs("multi_head", {{"out", MemorySpan::of(out)}},
                         {{"x", MemorySpan::of(x)}});
   const auto s = split_heads(x, heads);
   attention(s, s, s, split_heads(out, heads), options);

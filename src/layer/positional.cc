@@ -47,10 +47,9 @@ RopePlan plan_rope(const TensorView<const T>& x, const TensorView<T>& out, const
     throw ValueError("rope: out has shape " + shape_str(out.shape()) +
                      ", expected x's shape " + shape_str(x.shape()));
   {
-    const MemorySpan in = MemorySpan::of(x), o = MemorySpan::of(TensorView<const T>(out));
-    std::vector<NamedSpan> inputs{{"positions", MemorySpan::of(positions)}};
-    if (!same_elements(in, o)) inputs.push_back({"x", in});  // (x itself: in place)
-    check_outputs("rope", {{"out", o}}, inputs);
+    const NamedSpan in[] = {{"positions", MemorySpan::of(positions)}, {"x", MemorySpan::of(x)}},
+                    o[] = {{"out", MemorySpan::of(out)}};
+    check_outputs("rope", o, std::span(in, same_elements(in[1].span, o[0].span) ? 1 : 2));  // (x itself: in place)
   }
   check_base(opt.base, "rope");
   RopePlan p;
@@ -239,7 +238,7 @@ void rope_tables(TensorView<const T> x, TensorView<T> out, const RopeTables<T>& 
     throw ValueError("rope: rope_scaling '" + rope_type_name(opt.scaling.rope_type) +
                      "' with explicit cos/sin tables: tables are used as given, so bake the scaling "
                      "into them (only mrope_section applies)");
-  check_outputs("rope", {{"out", MemorySpan::of(TensorView<const T>(out))}},
+  check_outputs("rope", {{"out", MemorySpan::of(out)}},
                         {{"cos", MemorySpan::of(tc)}, {"sin", MemorySpan::of(ts)}});
   const RopePlan p = plan_rope(x, out, opt, positions, tc.dim(-1));
   const int64_t half = p.half;
@@ -318,7 +317,7 @@ void sinusoidal_encoding(TensorView<T> out, double base) {
     throw ValueError("positional_encoding: out must be (n, d) with d >= 1, got shape " +
                      shape_str(out.shape()));
   check_base(base, "positional_encoding");
-  check_outputs("positional_encoding", {{"out", MemorySpan::of(TensorView<const T>(out))}}, {});
+  check_outputs("positional_encoding", {{"out", MemorySpan::of(out)}}, {});
   const int64_t n = out.dim(0), d = out.dim(1);
   for (int64_t i = 0; i < d; ++i) {
     const double denom = std::pow(base, double(2 * (i / 2)) / double(d));
