@@ -36,6 +36,16 @@ TEST_FUZZ_SECONDS ?= 20
 # Reports need files and lines, not variables: line tables only, quicker to
 # build than full debug info for every Highway target.
 ASAN_OPT_FLAGS := -O2 -gline-tables-only -DNDEBUG
+# The Highway targets make test compiles, each once where another build does
+# not: the Release build compiles and tests every x86 target (AVX3, AVX2,
+# SSE4, SSSE3, SCALAR: the kernel tests force each in turn). The sanitizer
+# builds keep the two whose memory accesses differ: AVX3 (masked loads and
+# stores, and the bf16 and int8 units' AVX-512 code) and SCALAR (partial
+# vectors through a buffer, the code SSSE3, SSE4 and AVX2 run too:
+# HWY_MEM_OPS_MIGHT_FAULT). make test's Arm build keeps NEON, the target its
+# emulated CPUs run; make test-arm builds and runs SVE too.
+SANITIZER_HWY_DISABLED := HWY_SSSE3|HWY_SSE4|HWY_AVX2
+ARM_TEST_HWY_DISABLED  := HWY_SVE|HWY_SVE2|HWY_SVE_256|HWY_SVE2_128
 SANITIZER_ENV := ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1
 # The attn::dist tests under mpirun: the same, with Open MPI's own
 # allocations at exit suppressed (tests/dist/lsan.supp).
@@ -93,7 +103,7 @@ asan: fuzz-build
 fuzz-build: test-deps
 	cmake -S . -B $(ASAN_BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_COMPILER=clang++-14 -DCMAKE_C_COMPILER=clang-14 \
 	    -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="$(ASAN_OPT_FLAGS)" -DCMAKE_C_FLAGS_RELWITHDEBINFO="$(ASAN_OPT_FLAGS)" \
-	    -DATTN_SANITIZE=address,undefined -DATTN_FUZZ=ON >/dev/null
+	    -DATTN_SANITIZE=address,undefined -DATTN_FUZZ=ON -DATTN_HWY_DISABLED_TARGETS="$(SANITIZER_HWY_DISABLED)" >/dev/null
 	cmake --build $(ASAN_BUILD) -j $(JOBS) --target attn_tests attn_dist_tests fuzz_npy fuzz_safetensors fuzz_attention \
 	    fuzz_rope fuzz_capi
 
@@ -109,7 +119,7 @@ fuzz: fuzz-build
 # process across fork; ASan runs them.)
 tsan: test-deps
 	cmake -S . -B $(TSAN_BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_COMPILER=clang++-14 -DCMAKE_C_COMPILER=clang-14 \
-	    -DATTN_SANITIZE=thread >/dev/null
+	    -DATTN_SANITIZE=thread -DATTN_HWY_DISABLED_TARGETS="$(SANITIZER_HWY_DISABLED)" >/dev/null
 	cmake --build $(TSAN_BUILD) -j $(JOBS) --target attn_tests
 	TSAN_OPTIONS=halt_on_error=1 $(TSAN_BUILD)/bin/attn_tests --gtest_filter='Concurrency.*:Determinism.*:Kernels.BitwiseIdenticalForAnyThreadCount'
 
@@ -133,6 +143,7 @@ bench: test-deps
 # sve128/sve256 set its vector length, sve=off leaves NEON with BF16; a64fx
 # is SVE without SVE2.
 ARM_BUILD     ?= build-arm
+ARM_TEST_BUILD ?= build-arm-neon
 ARM_DEBS      := g++-aarch64-linux-gnu qemu-user libhwy-dev:arm64 libgtest-dev:arm64 libstb-dev:arm64
 ARM_CPUS      := cortex-a72/NEON max,sve=off/NEON/neon_bf16/neon_dotprod a64fx/SVE \
                  max,sve128=on/SVE2_128/neon_bf16/neon_dotprod max,sve256=on/SVE_256/neon_bf16/neon_dotprod \
@@ -144,9 +155,11 @@ ARM_CPUS      := cortex-a72/NEON max,sve=off/NEON/neon_bf16/neon_dotprod a64fx/S
 ARM_TEST_CPUS := cortex-a72/NEON max,sve=off/NEON/neon_bf16/neon_dotprod
 ARM_KERNEL_TESTS := Kernels.*:EdgeCases.*:KVStorage.*:Q8_0.*:Precision.*
 
+# ARM_HWY_DISABLED: the Highway targets to leave out (none: every Arm target).
 arm-build:
 	@tools/install-deps.sh $(ARM_DEBS)
-	cmake -S . -B $(ARM_BUILD) -DCMAKE_TOOLCHAIN_FILE=cmake/aarch64-linux-gnu.cmake -DCMAKE_BUILD_TYPE=Release >/dev/null
+	cmake -S . -B $(ARM_BUILD) -DCMAKE_TOOLCHAIN_FILE=cmake/aarch64-linux-gnu.cmake -DCMAKE_BUILD_TYPE=Release \
+	    -DATTN_HWY_DISABLED_TARGETS="$(ARM_HWY_DISABLED)" >/dev/null
 	cmake --build $(ARM_BUILD) -j $(JOBS) --target attn_tests attn_cli attn_shared attn_static
 
 # The whole C++ suite on every CPU of ARM_CPUS, and the arm64 packages
@@ -157,10 +170,11 @@ test-arm: arm-build
 
 # make test's part: the kernel tests and the edge cases on NEON, each CPU's
 # best target forced (make test-arm forces all of them, SVE too), and the
-# arm64 packages.
-test-arm-kernels: arm-build
-	tools/test-arm.sh --best-only $(ARM_BUILD)/bin/attn_tests '$(ARM_KERNEL_TESTS)' $(ARM_TEST_CPUS)
-	tests/packages.sh . $(ARM_BUILD) arm64
+# arm64 packages, from a build of the NEON target alone (its own folder).
+test-arm-kernels:
+	$(MAKE) arm-build ARM_BUILD=$(ARM_TEST_BUILD) ARM_HWY_DISABLED="$(ARM_TEST_HWY_DISABLED)"
+	tools/test-arm.sh --best-only $(ARM_TEST_BUILD)/bin/attn_tests '$(ARM_KERNEL_TESTS)' $(ARM_TEST_CPUS)
+	tests/packages.sh . $(ARM_TEST_BUILD) arm64
 
 # The arm64 Debian packages (libattn0, libattn-dev, attn) in $(ARM_BUILD)/.
 package-arm: arm-build
@@ -168,4 +182,4 @@ package-arm: arm-build
 	cd $(ARM_BUILD) && DEB_HOST_ARCH=arm64 cpack -G DEB
 
 clean:
-	rm -rf $(BUILD) $(ASAN_BUILD) $(TSAN_BUILD) $(ARM_BUILD)
+	rm -rf $(BUILD) $(ASAN_BUILD) $(TSAN_BUILD) $(ARM_BUILD) $(ARM_TEST_BUILD)
