@@ -1,6 +1,7 @@
-// attention(), AttentionPlan and attention_backward(): validate the
-// arguments once, normalize them into an AttentionProblem and dispatch:
-// float32 to the SIMD kernels, float64 to the double-precision reference.
+// attention() and AttentionPlan: validate the arguments once, normalize them
+// into an AttentionProblem and dispatch: float32 to the SIMD kernels,
+// float64 to the double-precision reference. (attention_backward:
+// attention_backward.cc.)
 #include "attn/attention.hpp"
 
 #include <algorithm>
@@ -60,32 +61,6 @@ Shape with_tail(const Dims& s, bool heads, int64_t a, int64_t b) {
   return out;
 }
 
-// Sees a view of shape (batch..., [heads,] rows, cols) as an Operand over the
-// first `count` flattened batch entries (the problem's batch: see
-// make_problem).
-template <class T>
-Operand<T> operand(const TensorView<T>& t, const Shape& batch, int64_t count) {
-  Operand<T> o;
-  o.data = t.data();
-  const int r = t.rank();
-  o.row_stride = t.stride(r - 2);
-  o.col_stride = t.stride(r - 1);
-  o.head_stride = r >= 3 ? t.stride(r - 3) : 0;
-  const int nb = static_cast<int>(batch.size());
-  o.batch_offset.resize(static_cast<size_t>(count));
-  std::vector<int64_t> index(nb, 0);
-  for (int64_t b = 0; b < count; ++b) {
-    int64_t off = 0;
-    for (int a = 0; a < nb; ++a) off += index[a] * t.stride(a);
-    o.batch_offset[b] = off;
-    for (int a = nb - 1; a >= 0; --a) {
-      if (++index[a] < batch[a]) break;
-      index[a] = 0;
-    }
-  }
-  return o;
-}
-
 template <class M, class T>
 Operand<const M> mask_operand(const TensorView<const M>& m, const AttentionProblem<T>& p) {
   const Strides s = broadcast_strides(m.shape(), m.strides(), p.weights_shape, "attention: mask");
@@ -119,21 +94,6 @@ void point_at(AttentionProblem<T>& p, TensorView<const T> q, TensorView<const KV
     p.k_stored = bytes(k);
     p.v_stored = bytes(v);
   }
-}
-
-// The logical shape of a K or V view: a q8_0 view's last axis counts blocks.
-template <class KV>
-Shape logical_shape(const TensorView<const KV>& t) {
-  Shape s = t.shape();
-  if constexpr (std::is_same_v<KV, block_q8_0>)
-    if (!s.empty()) s.back() *= kQ8_0Block;
-  return s;
-}
-
-// Whether the kernels can read the view's rows in place (unit column stride).
-template <class T>
-bool unit_rows(const TensorView<const T>& t) {
-  return t.rank() == 0 || t.stride(-1) == 1 || t.dim(-1) <= 1;
 }
 
 }  // namespace
@@ -245,6 +205,8 @@ void bind_outputs(AttentionProblem<T>& p, TensorView<T> out, const AttentionExtr
     p.lse = bind(TensorView<T>(extras.lse.data(), shape, strides));
   }
 }
+template void bind_outputs(AttentionProblem<float>&, TensorView<float>, const AttentionExtras<float>&);
+template void bind_outputs(AttentionProblem<double>&, TensorView<double>, const AttentionExtras<double>&);
 
 template <class T, class KV>
 PreparedAttention<T, KV>::PreparedAttention(TensorView<const T> q, TensorView<const KV> k,
@@ -305,164 +267,6 @@ template struct PreparedAttention<float, bfloat16>;
 template struct PreparedAttention<float, float16>;
 template struct PreparedAttention<float, block_q8_0>;
 template struct PreparedAttention<double, double>;
-
-template <class T>
-GradientOperands<T> gradient_operands(const AttentionProblem<T>& p, const Shape& q, const Shape& k,
-                                      const Shape& v, TensorView<const T> dout, TensorView<T> dq,
-                                      TensorView<T> dk, TensorView<T> dv, TensorView<T> dsinks) {
-  if (dout.shape() != p.out_shape)
-    fail("dout has shape " + shape_str(dout.shape()) + ", expected the output's shape " +
-         shape_str(p.out_shape));
-  const auto check_grad = [](const char* name, const Shape& got, const char* of, const Shape& want) {
-    if (got != want)
-      fail(std::string(name) + " has shape " + shape_str(got) + ", expected " + of +
-           "'s shape " + shape_str(want));
-  };
-  check_grad("dq", dq.shape(), "q", q);
-  check_grad("dk", dk.shape(), "k", k);
-  check_grad("dv", dv.shape(), "v", v);
-  GradientOperands<T> g;
-  g.dout = operand(dout, p.batch_axes, p.batch);
-  g.dq = operand(dq, p.batch_axes, p.batch);
-  g.dk = operand(dk, p.batch_axes, p.batch);
-  g.dv = operand(dv, p.batch_axes, p.batch);
-  if (!dsinks.empty_view()) {
-    if (p.sinks.empty()) fail("dsinks given without sinks");
-    check_grad("dsinks", dsinks.shape(), "sinks", Shape{p.heads_q});
-    g.dsinks = dsinks.data();
-    g.dsinks_stride = dsinks.stride(0);
-  }
-  return g;
-}
-
-namespace {
-
-// Checks a SavedForward against the problem: both views or neither.
-template <class T>
-bool check_saved(const AttentionProblem<T>& p, const SavedForward<T>& saved) {
-  if (saved.out.empty_view() != saved.lse.empty_view())
-    fail("the saved forward needs both out and lse, or neither");
-  if (saved.out.empty_view()) return false;
-  if (saved.out.shape() != p.out_shape)
-    fail("saved out has shape " + shape_str(saved.out.shape()) + ", expected " + shape_str(p.out_shape));
-  if (saved.lse.shape() != p.lse_shape)
-    fail("saved lse has shape " + shape_str(saved.lse.shape()) + ", expected " + shape_str(p.lse_shape));
-  return true;
-}
-
-// A float32 view as float64, K and V stored in 16 or 8 bits widened first.
-template <class KV>
-Tensor<double> widen(TensorView<const KV> t) {
-  if constexpr (std::is_same_v<KV, float>) {
-    Tensor<double> d(t.shape());
-    copy<float>(t, d.view());
-    return d;
-  } else {
-    const Tensor<float> f = dequantize(t);
-    return widen<float>(f.view());
-  }
-}
-
-// The float32 backward through the double reference, converting in and out:
-// for the problems the kernel leaves to it (flash_backward). The float mask
-// is read as it is.
-template <class KV>
-void backward_in_double(TensorView<const float> q, TensorView<const KV> k, TensorView<const KV> v,
-                        TensorView<const float> dout, TensorView<float> dq, TensorView<float> dk,
-                        TensorView<float> dv, const AttentionOptions& options, const MaskInput& mask,
-                        const MaskInput& second, TensorView<float> dsinks, const SavedForward<float>& saved) {
-  const Tensor<double> q64 = widen(q), k64 = widen(k), v64 = widen(v), dout64 = widen(dout);
-  Tensor<double> dq64(dq.shape()), dk64(dk.shape()), dv64(dv.shape()), dsinks64(dsinks.shape());
-  Tensor<double> out64, lse64;
-  SavedForward<double> saved64;
-  if (!saved.out.empty_view()) {
-    out64 = widen(saved.out), lse64 = widen(saved.lse);
-    saved64 = {out64.view(), lse64.view()};
-  }
-  masked_attention_backward<double, double>(q64.view(), k64.view(), v64.view(), dout64.view(), dq64.view(),
-                                            dk64.view(), dv64.view(), options, mask, second,
-                                            dsinks.empty_view() ? TensorView<double>() : dsinks64.view(), saved64);
-  copy<double>(dq64.view(), dq);
-  copy<double>(dk64.view(), dk);
-  copy<double>(dv64.view(), dv);
-  if (!dsinks.empty_view()) copy<double>(dsinks64.view(), dsinks);
-}
-
-}  // namespace
-
-template <class T, class KV>
-void masked_attention_backward(TensorView<const T> q, TensorView<const KV> k,
-                               TensorView<const KV> v, TensorView<const T> dout, TensorView<T> dq,
-                               TensorView<T> dk, TensorView<T> dv, const AttentionOptions& options,
-                               const MaskInput& mask, const MaskInput& second, TensorView<T> dsinks,
-                               const SavedForward<T>& saved) {
-  if (options.precision != Precision::Float32)
-    fail("the backward computes in float32: precision must be f32, got " + precision_name(options.precision));
-  const PreparedAttention<T, KV> prepared(q, k, v, options, mask, second);
-  {
-    NamedSpan inputs[8];
-    int n = prepared.input_spans(inputs);
-    inputs[n++] = {"dout", MemorySpan::of(dout)};
-    inputs[n++] = {"out", MemorySpan::of(saved.out)};
-    inputs[n++] = {"lse", MemorySpan::of(saved.lse)};
-    const NamedSpan outputs[] = {{"dq", MemorySpan::of(dq)}, {"dk", MemorySpan::of(dk)}, {"dv", MemorySpan::of(dv)},
-                                 {"dsinks", MemorySpan::of(dsinks)}};
-    check_outputs("attention_backward", outputs, std::span<const NamedSpan>(inputs, n));
-  }
-  AttentionProblem<T> p = prepared.problem;
-  const GradientOperands<T> g =
-      gradient_operands(p, q.shape(), logical_shape(k), logical_shape(v), dout, dq, dk, dv, dsinks);
-  const bool given = check_saved(p, saved);
-  if constexpr (std::is_same_v<T, double>) {
-    if (given) {  // read only: the reference writes the gradients alone
-      AttentionExtras<double> extras;
-      extras.lse = TensorView<double>(const_cast<double*>(saved.lse.data()), saved.lse.shape(), saved.lse.strides());
-      bind_outputs(p, TensorView<double>(const_cast<double*>(saved.out.data()), saved.out.shape(), saved.out.strides()),
-                   extras);
-    }
-    reference_attention_backward(p, g);
-  } else {
-    // The kernel reads out, lse and dout by rows of unit stride: the
-    // forward's when not given, contiguous copies of other layouts.
-    Tensor<float> out, lse, dout_copy;
-    const auto rows = [&](TensorView<const float> t, Tensor<float>& holder) {
-      return unit_rows(t) ? t : TensorView<const float>((holder = contiguous(t)).view());
-    };
-    TensorView<const float> out_view, lse_view;
-    if (given) {
-      out_view = rows(saved.out, out);
-      lse_view = saved.lse;
-    } else {
-      out = Tensor<float>(p.out_shape);
-      lse = Tensor<float>(p.lse_shape);
-      AttentionExtras<float> extras;
-      extras.lse = lse.view();
-      prepared.run(out.view(), extras);
-      out_view = out.view(), lse_view = lse.view();
-    }
-    AttentionExtras<float> bound;
-    bound.lse = TensorView<float>(const_cast<float*>(lse_view.data()), lse_view.shape(), lse_view.strides());
-    bind_outputs(p, TensorView<float>(const_cast<float*>(out_view.data()), out_view.shape(), out_view.strides()),
-                 bound);  // read only: the kernel writes the gradients alone
-    GradientOperands<float> gk = g;
-    gk.dout = operand(rows(dout, dout_copy), p.batch_axes, p.batch);
-    if (!flash_backward(p, gk))
-      backward_in_double(q, k, v, dout, dq, dk, dv, options, mask, second, dsinks, saved);
-  }
-}
-
-#define ATTN_INSTANTIATE(T, KV)                                                                      \
-  template void masked_attention_backward(TensorView<const T>, TensorView<const KV>,                 \
-                                          TensorView<const KV>, TensorView<const T>, TensorView<T>,  \
-                                          TensorView<T>, TensorView<T>, const AttentionOptions&,     \
-                                          const MaskInput&, const MaskInput&, TensorView<T>,         \
-                                          const SavedForward<T>&);
-ATTN_INSTANTIATE(float, float)
-ATTN_INSTANTIATE(float, bfloat16)
-ATTN_INSTANTIATE(float, float16)
-ATTN_INSTANTIATE(float, block_q8_0)
-ATTN_INSTANTIATE(double, double)
-#undef ATTN_INSTANTIATE
 
 }  // namespace detail
 
@@ -601,29 +405,6 @@ AttentionResult<T> attention_with_extras(TensorView<const T> q, TensorView<const
   return r;
 }
 
-template <class T, class KV>
-  requires AttentionTypes<T, KV>
-void attention_backward(TensorView<const T> q, TensorView<const KV> k, TensorView<const KV> v,
-                        TensorView<const T> dout, TensorView<T> dq, TensorView<T> dk,
-                        TensorView<T> dv, const AttentionOptions& options, const Mask& mask,
-                        TensorView<T> dsinks, const SavedForward<T>& saved) {
-  detail::masked_attention_backward(q, k, v, dout, dq, dk, dv, options, {mask}, {}, dsinks, saved);
-}
-
-template <class T, class KV>
-  requires AttentionTypes<T, KV>
-AttentionGradients<T> attention_backward(TensorView<const T> q, TensorView<const KV> k,
-                                         TensorView<const KV> v, TensorView<const T> dout,
-                                         const AttentionOptions& options, const Mask& mask,
-                                         const SavedForward<T>& saved) {
-  AttentionGradients<T> g{Tensor<T>(q.shape()), Tensor<T>(detail::logical_shape(k)),
-                          Tensor<T>(detail::logical_shape(v)), {}};
-  if (!options.sinks.empty()) g.dsinks = Tensor<T>({static_cast<int64_t>(options.sinks.size())});
-  attention_backward(q, k, v, dout, g.dq.view(), g.dk.view(), g.dv.view(), options, mask,
-                     options.sinks.empty() ? TensorView<T>() : g.dsinks.view(), saved);
-  return g;
-}
-
 // The supported element types (AttentionTypes, Real).
 #define ATTN_INSTANTIATE(T, KV)                                                                 \
   template class AttentionPlan<T, KV>;                                                          \
@@ -640,15 +421,7 @@ AttentionGradients<T> attention_backward(TensorView<const T> q, TensorView<const
                                const AttentionOptions&, const Mask&);                           \
   template AttentionResult<T> attention_with_weights(TensorView<const T>, TensorView<const KV>, \
                                                      TensorView<const KV>,                      \
-                                                     const AttentionOptions&, const Mask&);     \
-  template void attention_backward(TensorView<const T>, TensorView<const KV>, TensorView<const KV>, \
-                                   TensorView<const T>, TensorView<T>, TensorView<T>, TensorView<T>, \
-                                   const AttentionOptions&, const Mask&, TensorView<T>,            \
-                                   const SavedForward<T>&);                                        \
-  template AttentionGradients<T> attention_backward(TensorView<const T>, TensorView<const KV>,     \
-                                                    TensorView<const KV>, TensorView<const T>,     \
-                                                    const AttentionOptions&, const Mask&,          \
-                                                    const SavedForward<T>&);
+                                                     const AttentionOptions&, const Mask&);
 ATTN_INSTANTIATE(float, float)
 ATTN_INSTANTIATE(float, bfloat16)
 ATTN_INSTANTIATE(float, float16)

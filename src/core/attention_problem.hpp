@@ -101,6 +101,53 @@ struct AttentionProblem {
   int64_t group() const { return heads_q / heads_kv; }  // query heads per kv head
 };
 
+// Sees a view of shape (batch..., [heads,] rows, cols) as an Operand over the
+// first `count` flattened batch entries (the problem's batch: see
+// make_problem).
+template <class T>
+inline Operand<T> operand(const TensorView<T>& t, const Shape& batch, int64_t count) {
+  Operand<T> o;
+  o.data = t.data();
+  const int r = t.rank();
+  o.row_stride = t.stride(r - 2);
+  o.col_stride = t.stride(r - 1);
+  o.head_stride = r >= 3 ? t.stride(r - 3) : 0;
+  const int nb = static_cast<int>(batch.size());
+  o.batch_offset.resize(static_cast<size_t>(count));
+  std::vector<int64_t> index(nb, 0);
+  for (int64_t b = 0; b < count; ++b) {
+    int64_t off = 0;
+    for (int a = 0; a < nb; ++a) off += index[a] * t.stride(a);
+    o.batch_offset[b] = off;
+    for (int a = nb - 1; a >= 0; --a) {
+      if (++index[a] < batch[a]) break;
+      index[a] = 0;
+    }
+  }
+  return o;
+}
+
+
+// The logical shape of a K or V view: a q8_0 view's last axis counts blocks.
+template <class KV>
+Shape logical_shape(const TensorView<const KV>& t) {
+  Shape s = t.shape();
+  if constexpr (std::is_same_v<KV, block_q8_0>)
+    if (!s.empty()) s.back() *= kQ8_0Block;
+  return s;
+}
+
+// Whether the kernels can read the view's rows in place (unit column stride).
+template <class T>
+bool unit_rows(const TensorView<const T>& t) {
+  return t.rank() == 0 || t.stride(-1) == 1 || t.dim(-1) <= 1;
+}
+
+// Binds out and the extras asked for to problem p, checking their shapes
+// (ValueError naming the one that differs).
+template <class T>
+void bind_outputs(AttentionProblem<T>& p, TensorView<T> out, const AttentionExtras<T>& extras);
+
 // Validates the options of attention() for heads_q query heads and inputs
 // of element type T (make_problem does; callers that must not act on bad
 // options first call it themselves).
