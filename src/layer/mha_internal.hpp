@@ -1,0 +1,161 @@
+// Internal to the layer room: what the MultiHeadAttention layer's files
+// (multi_head_attention.cc: configuration and parameters, mha_forward.cc,
+// mha_backward.cc, mha_state.cc: state dict and files) share: the
+// activations a forward keeps for its backward, and the reshapings both use.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <type_traits>
+#include <variant>
+
+#include "attention_problem.hpp"
+#include "attn/multi_head_attention.hpp"
+#include "attn/positional.hpp"
+#include "kernels/linear.hpp"
+
+namespace attn::detail::mha {
+
+[[noreturn]] inline void fail(const std::string& msg) { throw ValueError("MultiHeadAttention: " + msg); }
+
+// The backward computes in float32 (attention_backward): a forward meant
+// for it must too.
+template <class T>
+void check_backward_precision(const MhaForwardOptions<T>& opt) {
+  if (opt.attention.precision != Precision::Float32)
+    fail("the backward computes in float32: attention.precision must be f32 for backward and "
+         "save_for_backward, got " + precision_name(opt.attention.precision));
+}
+
+// y (B, n, out) = x (B, n, in) Wᵀ + b. x is read in place when its rows are
+// evenly strided with unit column stride, else through a contiguous copy.
+template <class T>
+Tensor<T> project(TensorView<const T> x, const Tensor<T>& w, const Tensor<T>& b) {
+  const int64_t B = x.dim(0), n = x.dim(1), in = x.dim(2), out = w.dim(0);
+  Tensor<T> y({B, n, out});
+  Tensor<T> xc;
+  const int64_t row_stride = n == 1 ? x.stride(0) : x.stride(1);
+  const bool even = (x.stride(2) == 1 || in <= 1) &&
+                    (B == 1 || n == 1 || x.stride(0) == n * x.stride(1));
+  const TensorView<const T> rows =
+      even ? TensorView<const T>(x.data(), {B * n, in}, {row_stride, 1})
+           : TensorView<const T>((xc = contiguous(x)).data(), {B * n, in});
+  detail::linear(rows, w.data(), b.rank() ? b.data() : nullptr,
+                 TensorView<T>(y.data(), {B * n, out}));
+  return y;
+}
+
+// (B, n, H*dh) seen as (B, H, n, dh) without copying.
+template <class T>
+TensorView<T> heads_view(Tensor<T>& t, int64_t heads) {
+  const int64_t B = t.dim(0), n = t.dim(1), width = t.dim(2), dh = heads ? width / heads : 0;
+  return TensorView<T>(t.data(), {B, heads, n, dh}, {n * width, dh, width, 1});
+}
+template <class T>
+TensorView<const T> heads_view(const Tensor<T>& t, int64_t heads) {
+  return heads_view(const_cast<Tensor<T>&>(t), heads);  // (a view that only reads)
+}
+
+// A (batch, n, width) view of an input: unbatched (n, width) gets batch 1.
+template <class T>
+TensorView<const T> batched(const TensorView<const T>& x) {
+  if (x.rank() == 3) return x;
+  Shape s{1, x.dim(0), x.dim(1)};
+  Strides st{0, x.stride(0), x.stride(1)};
+  return TensorView<const T>(x.data(), s, st);
+}
+
+// A (batch, n, width) input given as (n, batch, width) seen batch first,
+// without copying.
+template <class T>
+TensorView<const T> batch_major(const TensorView<const T>& x) {
+  return TensorView<const T>(x.data(), {x.dim(1), x.dim(0), x.dim(2)},
+                             {x.stride(1), x.stride(0), x.stride(2)});
+}
+
+// A (batch, n, width) tensor as (n, batch, width), copied.
+template <class T>
+Tensor<T> seq_major(const Tensor<T>& x) {
+  const int64_t B = x.dim(0), n = x.dim(1), w = x.dim(2);
+  Tensor<T> y({n, B, w});
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t i = 0; i < n; ++i)
+      std::copy_n(x.data() + (b * n + i) * w, w, y.data() + (i * B + b) * w);
+  return y;
+}
+
+// A mask extended by `extra` allowed keys at the end of its last axis (false
+// for a boolean mask in PyTorch's convention, 0 for an additive one), as
+// nn.MultiheadAttention pads its masks for add_bias_kv and add_zero_attn.
+// The copy has the mask's own shape (its broadcast axes stay size 1).
+struct PaddedMask {
+  Tensor<bool> b;
+  Tensor<float> f;
+  Tensor<double> d;
+  Mask mask;
+
+  PaddedMask(const Mask& m, int64_t extra) {
+    std::visit([&](const auto& v) {
+      using V = std::decay_t<decltype(v)>;
+      if constexpr (!std::is_same_v<V, std::monostate>) {
+        using E = std::remove_const_t<std::remove_pointer_t<decltype(v.data())>>;
+        const Tensor<E> src = contiguous(v);
+        Shape shape = src.shape();
+        const int64_t n_k = shape.back(), rows = n_k ? src.numel() / n_k : 0;
+        shape.back() += extra;
+        Tensor<E> t(shape);  // zero-filled: false / 0, allowed
+        for (int64_t r = 0; r < rows; ++r)
+          std::copy_n(src.data() + r * n_k, n_k, t.data() + r * (n_k + extra));
+        auto& keep = storage<E>();
+        keep = std::move(t);
+        mask = TensorView<const E>(keep.view());
+      }
+    }, m);
+  }
+
+ private:
+  template <class E>
+  Tensor<E>& storage() {
+    if constexpr (std::is_same_v<E, bool>) return b;
+    else if constexpr (std::is_same_v<E, float>) return f;
+    else return d;
+  }
+};
+
+}  // namespace attn::detail::mha
+
+namespace attn {
+
+template <class T>
+struct MultiHeadAttention<T>::Activations {
+  TensorView<const T> q_in, k_in, v_in;  // the inputs as (batch, n, width)
+  bool key_is_query, value_is_key;       // key (value) was not given: it defaulted
+  bool is_batched;
+  Tensor<T> q, k, v;                     // projections (batch, n, heads * head_dim); q, k rotated
+  TensorView<const T> K, V;              // this call's keys and values (heads, rotated)
+  int64_t n_k;                           // keys attended: with a cache, all it holds
+  Mask attn_mask, key_padding_mask;      // views that broadcast to (batch, heads, n_q, n_k)
+  std::optional<detail::mha::PaddedMask> padded_attn_mask, padded_key_padding_mask;  // with extra keys
+  AttentionOptions attention;
+  RopeOptions rope;
+  Tensor<T> ctx;                         // the heads' outputs concatenated, in query's layout
+  Tensor<T> weights;                     // (batch, heads, n_q, n_k) when need_weights
+  Tensor<T> lse;                         // (batch, heads, n_q) without a cache: the backward's
+
+  // In PyTorch's convention: a boolean true blocks.
+  detail::MaskInput mask() const { return {attn_mask, true}; }
+  detail::MaskInput padding() const { return {key_padding_mask, true}; }
+};
+
+// A forward's state for its backward (multi_head_attention.hpp).
+template <class T>
+struct MhaSaved {
+  uint64_t layer_id;  // the layer whose forward this is (MultiHeadAttention::id_)
+  std::shared_ptr<const typename MultiHeadAttention<T>::Parameters> params;
+  typename MultiHeadAttention<T>::Activations activations;
+};
+
+}  // namespace attn
