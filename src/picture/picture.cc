@@ -13,59 +13,18 @@
 #include <sstream>
 
 #include "attn/file.hpp"
+#include "picture/colour_map.hpp"
 #include "picture/png_text.hpp"
+#include "picture/xml_text.hpp"
 
 namespace attn {
 namespace {
 
-// viridis (van der Walt and Smith, matplotlib's default map) sampled at
-// t = k/9; interpolating linearly between these stays within a few units of
-// the full 256-entry map.
-constexpr std::array<Rgb, 10> kViridis{{{0x44, 0x01, 0x54},
-                                        {0x48, 0x28, 0x78},
-                                        {0x3e, 0x4a, 0x89},
-                                        {0x31, 0x68, 0x8e},
-                                        {0x26, 0x82, 0x8e},
-                                        {0x1f, 0x9e, 0x89},
-                                        {0x35, 0xb7, 0x79},
-                                        {0x6d, 0xcd, 0x59},
-                                        {0xb4, 0xde, 0x2c},
-                                        {0xfd, 0xe7, 0x25}}};
-// ColorBrewer's 11-class RdBu (Brewer, colorbrewer2.org) from blue to red, at
-// t = k/10, as matplotlib's RdBu_r interpolates it.
-constexpr std::array<Rgb, 11> kBlueWhiteRed{{{0x05, 0x30, 0x61},
-                                             {0x21, 0x66, 0xac},
-                                             {0x43, 0x93, 0xc3},
-                                             {0x92, 0xc5, 0xde},
-                                             {0xd1, 0xe5, 0xf0},
-                                             {0xf7, 0xf7, 0xf7},
-                                             {0xfd, 0xdb, 0xc7},
-                                             {0xf4, 0xa5, 0x82},
-                                             {0xd6, 0x60, 0x4d},
-                                             {0xb2, 0x18, 0x2b},
-                                             {0x67, 0x00, 0x1f}}};
 constexpr Rgb kBlack{0, 0, 0};
 
 // Sizes beyond these are refused before anything is allocated.
 constexpr int64_t kMaxPngSide = 16384;
 constexpr int64_t kMaxSvgCells = 1'000'000;
-
-std::span<const Rgb> stops_of(ColourMap map) {
-  if (map == ColourMap::BlueWhiteRed) return kBlueWhiteRed;
-  return kViridis;
-}
-
-Rgb interpolate(std::span<const Rgb> stops, double t) {
-  if (std::isnan(t)) return {128, 128, 128};
-  const double x = std::clamp(t, 0.0, 1.0) * static_cast<double>(stops.size() - 1);
-  const size_t k = std::min(static_cast<size_t>(x), stops.size() - 2);
-  const double f = x - static_cast<double>(k);
-  auto mix = [f](uint8_t a, uint8_t b) {
-    return static_cast<uint8_t>(std::lround(a + (b - a) * f));
-  };
-  const Rgb a = stops[k], b = stops[k + 1];
-  return {mix(a.r, b.r), mix(a.g, b.g), mix(a.b, b.b)};
-}
 
 int64_t rows_of(const HeatMap& m) { return m.values.dim(0); }
 int64_t cols_of(const HeatMap& m) { return m.values.dim(1); }
@@ -103,8 +62,8 @@ struct Scale {
   double vmin, vmax;
   std::span<const Rgb> stops;
   Rgb colour(double v) const {
-    if (std::isnan(v)) return interpolate(stops, v);
-    return interpolate(stops, vmax > vmin ? (v - vmin) / (vmax - vmin) : 0.5);
+    if (std::isnan(v)) return detail::interpolate(stops, v);
+    return detail::interpolate(stops, vmax > vmin ? (v - vmin) / (vmax - vmin) : 0.5);
   }
 };
 
@@ -118,7 +77,7 @@ Scale colour_scale(const char* what, const std::vector<HeatMap>& maps,
         hi = std::max(hi, m.values[i]);
       }
   if (lo > hi) lo = 0, hi = 1;  // no finite value at all
-  Scale s{opt.vmin.value_or(lo), opt.vmax.value_or(hi), stops_of(opt.colour_map)};
+  Scale s{opt.vmin.value_or(lo), opt.vmax.value_or(hi), detail::stops_of(opt.colour_map)};
   if (!std::isfinite(s.vmin) || !std::isfinite(s.vmax) || s.vmin > s.vmax)
     throw ValueError(std::string(what) + ": the colour scale needs finite vmin <= vmax, got vmin " +
                      std::to_string(s.vmin) + ", vmax " + std::to_string(s.vmax));
@@ -445,73 +404,6 @@ constexpr const char* kFontFamily =
     "'Noto Sans CJK SC', 'Source Han Sans SC', 'WenQuanYi Zen Hei', 'WenQuanYi Micro Hei', "
     "'PingFang SC', 'Hiragino Sans GB', 'Microsoft YaHei', 'DejaVu Sans', sans-serif";
 
-// The text for an error message: bytes outside printable ASCII as \xNN.
-std::string shown(const std::string& s) {
-  std::string out;
-  for (unsigned char c : s) {
-    if (c >= 0x20 && c < 0x7f && c != '\\') {
-      out += static_cast<char>(c);
-    } else {
-      char hex[5];
-      std::snprintf(hex, sizeof hex, "\\x%02x", c);
-      out += hex;
-    }
-  }
-  return out;
-}
-
-// SVG is XML, whose text is UTF-8 of the characters XML 1.0 allows: tab, line
-// feed, carriage return, U+0020 to U+D7FF, U+E000 to U+FFFD and U+10000 to
-// U+10FFFF. A text with a malformed byte sequence, or with another control
-// character (no escape can hold one), is a ValueError naming it; a file no
-// XML parser reads is never written.
-void check_xml_text(const std::string& what, const std::string& s) {
-  const auto bytes = reinterpret_cast<const unsigned char*>(s.data());
-  for (size_t i = 0; i < s.size();) {
-    const unsigned char b = bytes[i];
-    const int extra = b < 0x80 ? 0 : (b & 0xE0) == 0xC0 ? 1 : (b & 0xF0) == 0xE0 ? 2 : (b & 0xF8) == 0xF0 ? 3 : -1;
-    uint32_t cp = extra == 0 ? b : extra == 1 ? b & 0x1Fu : extra == 2 ? b & 0x0Fu : b & 0x07u;
-    bool ok = extra >= 0;
-    for (int k = 1; ok && k <= extra; ++k) {
-      ok = i + static_cast<size_t>(k) < s.size() && (bytes[i + k] & 0xC0) == 0x80;
-      if (ok) cp = (cp << 6) | (bytes[i + k] & 0x3Fu);
-    }
-    // Overlong forms, surrogates and values past U+10FFFF are not UTF-8 either.
-    ok = ok && !(extra == 1 && cp < 0x80) && !(extra == 2 && cp < 0x800) && !(extra == 3 && cp < 0x10000) &&
-         !(cp >= 0xD800 && cp <= 0xDFFF) && cp <= 0x10FFFF;
-    if (!ok)
-      throw ValueError("write_svg: " + what + " '" + shown(s) + "' is not valid UTF-8 (at byte " + std::to_string(i) +
-                       "); SVG is XML, which holds UTF-8 text only");
-    const bool allowed = cp == 0x9 || cp == 0xA || cp == 0xD || (cp >= 0x20 && cp <= 0xD7FF) ||
-                         (cp >= 0xE000 && cp <= 0xFFFD) || cp >= 0x10000;
-    if (!allowed) {
-      char code[16];
-      std::snprintf(code, sizeof code, "U+%04X", static_cast<unsigned>(cp));
-      throw ValueError("write_svg: " + what + " '" + shown(s) + "' holds " + code +
-                       ", a character XML cannot hold (SVG is XML); write a .png, or leave it out");
-    }
-    i += static_cast<size_t>(extra) + 1;
-  }
-}
-
-// Text checked by check_xml_text, escaped for an element or an attribute
-// (tab, line feed and carriage return as references, so that a parser keeps
-// them as they are).
-std::string xml_escape(const std::string& s) {
-  std::string out;
-  for (char c : s) switch (c) {
-      case '&': out += "&amp;"; break;
-      case '<': out += "&lt;"; break;
-      case '>': out += "&gt;"; break;
-      case '"': out += "&quot;"; break;
-      case '\t': out += "&#9;"; break;
-      case '\n': out += "&#10;"; break;
-      case '\r': out += "&#13;"; break;
-      default: out += c;
-    }
-  return out;
-}
-
 std::string hex(Rgb c) {
   char buf[8];
   std::snprintf(buf, sizeof buf, "#%02x%02x%02x", c.r, c.g, c.b);
@@ -544,13 +436,11 @@ void svg_text(std::ostringstream& o, const Text& t) {
     << "\" text-anchor=\"" << anchor << "\" dominant-baseline=\"central\"";
   if (t.vertical) o << " transform=\"rotate(-90 " << t.x << ' ' << t.y << ")\"";
   if (t.css_class == "title") o << " font-weight=\"bold\"";
-  o << '>' << xml_escape(t.text) << "</text>\n";
+  o << '>' << detail::xml_escape(t.text) << "</text>\n";
 }
 
 }  // namespace
 
-Rgb viridis(double t) { return interpolate(kViridis, t); }
-Rgb blue_white_red(double t) { return interpolate(kBlueWhiteRed, t); }
 
 PictureLayout png_layout(const std::vector<HeatMap>& maps, const PictureOptions& options) {
   const detail::PngFont font(options.png_font, kPngFontPx);
@@ -577,7 +467,7 @@ std::string encode_png(const std::vector<HeatMap>& maps, const PictureOptions& o
   // The bar runs from vmax (top row) to vmin (bottom row).
   for (int64_t j = 0; j < l.bar_height; ++j)
     img.fill({l.bar_x, l.bar_y + j, l.bar_x + l.bar_width, l.bar_y + j + 1},
-             interpolate(s.stops, 1.0 - static_cast<double>(j) / double(l.bar_height - 1)));
+             detail::interpolate(s.stops, 1.0 - static_cast<double>(j) / double(l.bar_height - 1)));
   return img.png();
 }
 
@@ -588,14 +478,14 @@ std::string encode_svg(const std::vector<HeatMap>& maps, const PictureOptions& o
     const std::string of = " of heat map " + std::to_string(i);
     // The labels first: a title made of them then names the label itself.
     for (size_t r = 0; r < m.row_labels.size(); ++r)
-      check_xml_text("row label " + std::to_string(r) + of, m.row_labels[r]);
+      detail::check_xml_text("row label " + std::to_string(r) + of, m.row_labels[r]);
     for (size_t c = 0; c < m.col_labels.size(); ++c)
-      check_xml_text("column label " + std::to_string(c) + of, m.col_labels[c]);
-    check_xml_text("the title" + of, m.title);
-    check_xml_text("the row axis" + of, m.row_axis);
-    check_xml_text("the column axis" + of, m.col_axis);
+      detail::check_xml_text("column label " + std::to_string(c) + of, m.col_labels[c]);
+    detail::check_xml_text("the title" + of, m.title);
+    detail::check_xml_text("the row axis" + of, m.row_axis);
+    detail::check_xml_text("the column axis" + of, m.col_axis);
   }
-  check_xml_text("the scale's title", options.scale_title);
+  detail::check_xml_text("the scale's title", options.scale_title);
   int64_t cells = 0;
   for (const HeatMap& m : maps) cells += m.values.numel();
   if (cells > kMaxSvgCells)
@@ -635,7 +525,7 @@ std::string encode_svg(const std::vector<HeatMap>& maps, const PictureOptions& o
         const double v = m.values[r * cols_of(m) + c];
         o << "<rect class=\"cell\" x=\"" << x0 + c * l.cell_px << "\" y=\"" << y0 + r * l.cell_px
           << "\" width=\"" << l.cell_px << "\" height=\"" << l.cell_px << "\" fill=\""
-          << hex(s.colour(v)) << "\"><title>" << xml_escape(cell_tooltip(m, r, c, v))
+          << hex(s.colour(v)) << "\"><title>" << detail::xml_escape(cell_tooltip(m, r, c, v))
           << "</title></rect>\n";
       }
     o << "</g>\n</g>\n";
