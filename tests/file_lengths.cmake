@@ -10,7 +10,7 @@ file(GLOB_RECURSE files LIST_DIRECTORIES false
      ${SOURCE}/python/*.cc ${SOURCE}/python/*.hpp ${SOURCE}/python/*.py)
 set(long "")
 foreach(f IN LISTS files)
-  # (file(STRINGS) skips empty lines: count newlines instead.)
+  # Lines counted by their newlines (file(STRINGS) would skip the empty ones).
   file(READ ${f} text)
   string(REGEX MATCHALL "\n" newlines "${text}")
   list(LENGTH newlines n)
