@@ -5,7 +5,7 @@
 # room of the library, composing attn::attn.
 
 # The library's rooms, from the bottom up, then the programs built on it.
-set(ATTN_LIBRARY_ROOMS core kernels reference layer onnx io picture train bench capi)
+set(ATTN_LIBRARY_ROOMS core reference kernels api layer onnx io picture train bench capi)
 set(ATTN_ROOMS ${ATTN_LIBRARY_ROOMS} dist cli python)
 
 # Where a file lives: src/<room>/ and python/ are rooms by folder; the public
@@ -25,9 +25,15 @@ set(ATTN_PUBLIC_dist dist.hpp)
 # Which rooms a room may include besides its own. External libraries count as
 # rooms too (hwy: Highway, json: nlohmann, stb); the C++ and system headers,
 # CLI11 and pybind11 are open to all.
-#   core: the API validates once, then calls the kernels (and the reference,
-#     declared in core's own plan header) -- through the kernels' door only.
-#   kernels: the plan and the types; no file formats, no pictures.
+#   core: tensors, masks, the options and the plan (attention_problem.hpp):
+#     the bottom, which includes no other room.
+#   reference: the double-precision definition, over core's plan.
+#   kernels: the plan and the types; no file formats, no pictures. The
+#     reference, for the rare float32 rows their vector arithmetic cannot
+#     settle (reference_attention_row).
+#   api: the functions that validate once and dispatch (attention, its
+#     backward, varlen, softmax): to the kernels (through their door) for
+#     float32, to the reference for float64.
 #   layer: the API, the kernels' linear map, io for its save/load, and json
 #     for rope_scaling dicts.
 #   onnx: ONNX's operators, an adapter over the API (and core's plan, for a
@@ -37,9 +43,10 @@ set(ATTN_PUBLIC_dist dist.hpp)
 #   capi: the C API, a thin layer over the C++ API's public headers.
 #   dist: context parallelism over MPI (a library of its own, attn::dist),
 #     over the public API only.
-set(ATTN_MAY_INCLUDE_core kernels)
-set(ATTN_MAY_INCLUDE_kernels core hwy)
+set(ATTN_MAY_INCLUDE_core)
 set(ATTN_MAY_INCLUDE_reference core)
+set(ATTN_MAY_INCLUDE_kernels core reference hwy)
+set(ATTN_MAY_INCLUDE_api core reference kernels)
 set(ATTN_MAY_INCLUDE_layer core kernels io json)
 set(ATTN_MAY_INCLUDE_onnx core layer)
 set(ATTN_MAY_INCLUDE_io core json)

@@ -24,5 +24,5 @@ endfunction()
 
 check(FALSE "")
 file(WRITE ${tree}/src/kernels/includes_io.cc "// A kernel reaching for a file format.\n#include \"attn/io.hpp\"\n")
-check(TRUE "src/kernels/includes_io.cc:2: #include \"attn/io.hpp\": kernels may not include io (kernels may include: core, hwy)")
+check(TRUE "src/kernels/includes_io.cc:2: #include \"attn/io.hpp\": kernels may not include io (kernels may include: core, reference, hwy)")
 file(REMOVE_RECURSE ${tree})

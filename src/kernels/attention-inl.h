@@ -26,6 +26,7 @@
 #include <type_traits>
 
 #include "attention_problem.hpp"
+#include "reference/reference.hpp"
 #include "attn/quantize.hpp"
 
 HWY_BEFORE_NAMESPACE();
@@ -477,8 +478,7 @@ inline float RowLse(const AttentionProblem<float>& p, int64_t h, int64_t i, floa
 // (reference_attention_row, which never reads an excluded key), and keeps a
 // NaN only if it has one of its own. Rows with NaN are rare. Returns whether
 // the row was computed again: then its extras (lse, weights, logits) are the
-// reference's too, so that they describe this output, and the caller leaves
-// them as they are.
+// reference's too, describing this output, and the caller leaves them be.
 inline bool WriteRow(DF d, const AttentionProblem<float>& p, int64_t b, int64_t h, int64_t i,
                      const float* o, float inv, float* out) {
   const int64_t N = static_cast<int64_t>(hn::Lanes(d));

@@ -2,6 +2,8 @@
 // gradient, written as plainly as possible. It is the oracle every fast path
 // is tested against and the float64 path of the library; keep it small and
 // obviously right. The backward mirrors the forward line by line (llm.c).
+#include "reference/reference.hpp"
+
 #include <cmath>
 #include <cstring>
 #include <limits>

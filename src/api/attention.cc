@@ -10,6 +10,7 @@
 
 #include "attention_problem.hpp"
 #include "kernels/attention_kernel.hpp"
+#include "reference/reference.hpp"
 
 namespace attn {
 namespace detail {

@@ -10,6 +10,7 @@
 #include "attn/attention.hpp"
 #include "attn/quantize.hpp"
 #include "kernels/attention_kernel.hpp"
+#include "reference/reference.hpp"
 
 namespace attn {
 namespace detail {
