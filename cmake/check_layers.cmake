@@ -45,6 +45,18 @@ endfunction()
 
 # Messages hold no ";", which would split them in this list.
 set(problems "")
+
+# The rooms form a DAG: ATTN_ROOMS lists them from the bottom up, and a room
+# may include only rooms before it (so no two include each other).
+set(below "")
+foreach(room IN LISTS ATTN_ROOMS)
+  foreach(to IN LISTS ATTN_MAY_INCLUDE_${room})
+    if(to IN_LIST ATTN_ROOMS AND NOT to IN_LIST below)
+      list(APPEND problems "cmake/layers.cmake: ${room} may include ${to}, which is not below it in ATTN_ROOMS (the rooms must form a DAG)")
+    endif()
+  endforeach()
+  list(APPEND below ${room})
+endforeach()
 macro(refuse file line message_text)
   # The line number, for the message only (file(STRINGS) keeps none).
   file(READ ${ROOT}/${file} text)

@@ -5,7 +5,7 @@
 # room of the library, composing attn::attn.
 
 # The library's rooms, from the bottom up, then the programs built on it.
-set(ATTN_LIBRARY_ROOMS core reference kernels api layer onnx io picture train bench capi)
+set(ATTN_LIBRARY_ROOMS core reference kernels api io layer onnx picture train bench capi)
 set(ATTN_ROOMS ${ATTN_LIBRARY_ROOMS} dist cli python)
 
 # Where a file lives: src/<room>/ and python/ are rooms by folder; the public
