@@ -1,11 +1,12 @@
 #!/usr/bin/python3
 """Run every fenced code block of a Markdown file as printed, so the README stays true.
 
-    readme_check.py README.md BUILD_DIR
+    readme_check.py README.md BUILD_DIR [ROOT]
 
-`make test` runs it on README.md as the ctest test `readme`. Each block runs in README
-order inside one temporary copy of the repository (the folder of the Markdown file),
-whose `build` is a link to BUILD_DIR: files a block writes (layer.safetensors, docs/*.png)
+`make test` runs it on README.md as the ctest test `readme`, and on each of docs/*.md
+(ctest `docs_<name>`, from the repository's root). Each block runs in the file's order
+inside one temporary copy of ROOT (default: the folder of the Markdown file), whose
+`build` is a link to BUILD_DIR: files a block writes (layer.safetensors, docs/*.png)
 land in the copy, never in the checkout, and a later block sees them, as a reader
 following the README would. What runs, by the fence's language:
 
@@ -23,7 +24,8 @@ following the README would. What runs, by the fence's language:
   included), and a synopsis, i.e. a line with an optional part in brackets
   (`[--causal]`) or an UPPERCASE placeholder word (`IN.npy`, `--n N`) that names no file
   of the repository. Quotes and `# comments` are left out of that test.
-- a fence with no language is text (the layout tree) and is not run; any other
+- a fence with no language is text (the layout tree) and is not run, nor is a
+  ```mermaid diagram (docs/layout.md's rooms: ctest layers_diagram checks it); any other
   language is an error, so that no block goes unchecked.
 
 A failure names the Markdown line and shows the output; the exit status is 1.
@@ -178,20 +180,21 @@ def copy_repository(repo, into):
     return copy
 
 
-def check(markdown, build):
-    """Run every block of `markdown` against the build tree `build`; one Result each."""
+def check(markdown, build, root=None):
+    """Run every block of `markdown` against the build tree `build`, in a copy of `root`
+    (default: the Markdown file's folder); one Result each."""
     markdown, build = os.path.abspath(markdown), os.path.abspath(build)
     with open(markdown, encoding="utf-8") as f:
         blocks = fenced_blocks(f.read())
     name = os.path.basename(markdown)
     results = []
     with tempfile.TemporaryDirectory(prefix="readme_check_") as scratch:
-        repo = copy_repository(os.path.dirname(markdown), scratch)
+        repo = copy_repository(os.path.abspath(root) if root else os.path.dirname(markdown), scratch)
         os.symlink(build, os.path.join(repo, "build"))
         env = dict(os.environ, PYTHONPATH=os.path.join(repo, "build", "python"),
                    PATH=os.path.join(repo, "build", "bin") + os.pathsep + os.environ["PATH"])
         for block in blocks:
-            if block.language == "":
+            if block.language in ("", "mermaid"):
                 continue
             if block.language == "python":
                 results.append(_result(block, run_python(block, repo, env, scratch)))
@@ -218,10 +221,10 @@ def _result(block, failure):
 
 
 def main(argv):
-    if len(argv) != 3:
-        print(f"usage: {argv[0]} README.md BUILD_DIR", file=sys.stderr)
+    if len(argv) not in (3, 4):
+        print(f"usage: {argv[0]} README.md BUILD_DIR [ROOT]", file=sys.stderr)
         return 2
-    results = check(argv[1], argv[2])
+    results = check(argv[1], argv[2], argv[3] if len(argv) == 4 else None)
     name = os.path.basename(argv[1])
     for r in results:
         first = r.detail.splitlines()[0] if r.detail and r.status != "failed" else ""
