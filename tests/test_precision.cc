@@ -25,6 +25,7 @@
 #include "attn/threads.hpp"
 #include "helpers.hpp"
 #include "kernels/attention_kernel.hpp"
+#include "kernels/config.hpp"
 #include "kernels/int8_unit.hpp"
 
 namespace attn {

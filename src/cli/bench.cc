@@ -459,8 +459,8 @@ Measurement measure(const BenchArgs& a, int threads) {
   return a.kind == "attention" ? bench_attention(a, threads) : bench_decode(a, threads);
 }
 
-// The shapes of `attn bench attention --sweep` (docs/performance.md holds its
-// table): first the one every target is a ratio to (R64: head dim 64,
+// The shapes of `attn bench attention --sweep`: first the one the others'
+// ratios are given against (R64: head dim 64,
 // n = 4096, 8 heads), then the head dims real models use at short to long n,
 // batches, GQA ratios, cross-attention and chunked prefill against a cache,
 // causal and long sequences, and decode at three head dims.

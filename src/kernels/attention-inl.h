@@ -528,7 +528,7 @@ HWY_INLINE void AddExponentials(DF d, float* s, int64_t n, float m, float* l, fl
 // kRescaleThreshold; otherwise m stays, and P may reach 2^8.
 // n is a multiple of the lanes. The sum is kept per lane (l points at one
 // vector, aligned) and reduced once at the end: no horizontal sum per tile.
-// Edge cases (README "Edge cases"): a NaN logit makes P, and so l, NaN for
+// Edge cases (docs/semantics.md "Numeric edge cases"): a NaN logit makes P, and so l, NaN for
 // good (the row comes out NaN); +inf logits share the weight equally, the
 // softmax's limit.
 // For bf16 (SoftmaxFor), P's exponentials to bf16 precision's accuracy

@@ -67,13 +67,8 @@ const char* int8_prefill_unit();
 // on one core (its peak loop's FLOP/s over fma_loop's, on the SIMD target
 // the dispatcher has then: the best, unless a test forces one), measured
 // once, on first use; 0 where the CPU has no unit. bf16 precision takes the
-// unit from kBF16UnitMinSpeedup up: twice the FMA's products per
-// instruction is not twice the throughput on every CPU (1.8-1.9x the FMAs'
-// FLOP/s on a Zen 5, 0.48x on an Intel Xeon with AVX512_BF16;
-// docs/performance.md), and the margin pays for the pairing the unit adds
-// (Q, V and each block of P).
+// unit from kBF16UnitMinSpeedup (config.hpp) up.
 double bf16_unit_speedup();
-inline constexpr double kBF16UnitMinSpeedup = 1.25;
 
 // Throughput loops: `iterations` rounds of independent float32 FMAs on the
 // best SIMD target (an FMA counting 2), or of the CPU's bf16 or int8 unit

@@ -22,17 +22,9 @@
 namespace attn::detail::bf16_blocks {
 
 // A block of 4 rows × 4 vectors: 16 accumulators, more independent sums
-// than the instruction's latency × throughput needs on the CPUs measured.
+// than the instruction's latency × throughput needs (kMinSums, config.hpp).
 constexpr int kRows = 4, kVecs = 4;
 constexpr int64_t kStepPairs = kBF16StepKeys / 2;  // of a P row, paired
-
-// Independent sums a block keeps going, and PeakLoop too: more than the
-// instruction's latency × its throughput. A narrow block (the last value
-// vector of d_v = 80, the last two of 96, every block at 16 and 32, a last
-// partial tile of keys) has fewer accumulators, so DotPairs adds its pairs
-// into 2 or 3 sets of them in turn and sums the sets at the end (bf16 18%
-// faster at head dim 16, 8% at 80, on a Zen 5: docs/performance.md).
-constexpr int kMinSums = 12;
 
 // acc[r][v] += pair(a_r, i) · vector v of b's pairs row i
 template <class Isa, int MR, int NV>

@@ -7,6 +7,7 @@
 #include <chrono>
 
 #include "kernels/attention_kernel.hpp"
+#include "kernels/config.hpp"
 
 namespace attn::detail {
 namespace {

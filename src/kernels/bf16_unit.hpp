@@ -57,7 +57,7 @@ const BF16Unit* arm_bf16_unit();
 const BF16Unit* cpu_bf16_unit();
 
 // The unit bf16 precision (and int8's P·V) uses: the CPU's where bf16_unit_speedup() is at
-// least kBF16UnitMinSpeedup (attention_kernel.hpp; or as set_bf16_unit_use
+// least kBF16UnitMinSpeedup (config.hpp; or as set_bf16_unit_use
 // forces), else null.
 const BF16Unit* bf16_unit();
 

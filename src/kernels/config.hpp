@@ -1,7 +1,8 @@
 // Internal: the attention kernels' configuration, in one place: the prefill
 // tile sizes, the decode chunk and the query count below which decode takes
-// over. Each default sits next to the measurement (or, where none was made,
-// the reason) behind it; docs/performance.md has the runs.
+// over, and the bf16 unit's thresholds. Each default sits next to the
+// measurement (or, where none was made, the reason) behind it, here and
+// nowhere else; docs/performance.md explains the kernels they tune.
 //
 // Each can be overridden at build time for an experiment, in a build folder
 // of its own, e.g.
@@ -70,9 +71,13 @@ constexpr int64_t kBlockK = ATTN_BLOCK_K;
 // pairs, half float32's bytes, so two tiles of each take the L1 that one
 // float32 tile does, and a step's fixed costs (the softmax's per-row checks
 // and sum, the rescale of O, the unit's calls, loading and storing O around
-// P·V) are spread over twice the keys. float32 keeps one: 128-key tiles
-// (-DATTN_BLOCK_K=128) were no faster on a Xeon or at head dim 64 on a Zen 5,
-// and 5-10% slower at head dims 80-256 on the Zen 5 (docs/performance.md).
+// P·V) are spread over twice the keys. Measured on a Zen 5, n = 4096, 8 × 64,
+// 2 threads, ms over three alternating turns: bf16 on the unit 65.5-66.7 at
+// 2 tiles against 70.0-72.7 at 1, int8 65.6-66.3 against 69.2-71.4, the
+// Highway bf16 path 104 against 104-107. float32 keeps one: two tiles per
+// step gained nothing there (0.76-0.79 of the FMA peak either way), and
+// 128-key tiles (-DATTN_BLOCK_K=128) were no faster on a Xeon or at head dim
+// 64 on a Zen 5, and 5-10% slower at head dims 80-256 on the Zen 5.
 constexpr int64_t kBF16StepTiles = ATTN_BF16_STEP_TILES;
 constexpr int64_t kBF16StepKeys = kBF16StepTiles * kBlockK;
 
@@ -86,7 +91,10 @@ constexpr int kBlockRows = ATTN_BLOCK_ROWS;
 // Backward: query rows per block against one key tile. The block's products
 // Pᵀ dO and dSᵀ Q keep a tile's dK, dV accumulators in registers for all
 // its rows, so more rows amortize their loads and stores; P and dS are each
-// rows · kBlockK · 4 B (8 KiB at 32). (Measurements: docs/performance.md.)
+// rows · kBlockK · 4 B (8 KiB at 32), still within L1 beside the K and V
+// tiles. 32 is the only value timed: n = 4096, 8 × 64, 2 threads, Zen 5,
+// 0.82-0.84 of the FMA peak, against the forward's 0.73-0.75 in the same
+// turns.
 constexpr int64_t kBackwardRows = ATTN_BACKWARD_ROWS;
 
 // Decode: keys per chunk, each chunk a work item whose partial softmax is
@@ -108,8 +116,28 @@ constexpr int64_t kDecodeMaxQueries = ATTN_DECODE_MAX_QUERIES;
 // (V's row is prefetched as its K row is read). Measured on a Xeon (Sapphire
 // Rapids), 2 threads, 32768 keys, 32 heads × 128, ms: q8_0 16.6 without K
 // prefetch, 14.9 at 4 rows, 13.9 at 16, 14.2 at 32, 14.5 at 64; float32 and
-// bf16 within noise of each other at 0 and 16 (docs/performance.md).
+// bf16 within noise of each other at 0 and 16.
 constexpr int64_t kDecodePrefetchRows = ATTN_DECODE_PREFETCH_ROWS;
+
+// bf16 and int8 precision take the CPU's bf16 unit when its throughput is at
+// least this many times the float32 FMAs' (bf16_unit_speedup, timed once per
+// process). Twice the products per instruction is not twice the throughput
+// on every CPU: 1.8-1.9x the FMAs' FLOP/s on a Zen 5, 0.48x on an Intel Xeon
+// (Sapphire Rapids) with AVX512_BF16. The margin above 1 pays for the
+// pairing the unit adds (Q, V and each block of P).
+inline constexpr double kBF16UnitMinSpeedup = 1.25;
+
+// bf16 and int8 precision: independent accumulator chains a block of the
+// unit's products keeps going, and its peak loop too: more than the
+// instruction's latency × its throughput. A block of 4 rows × 4 vectors has
+// 16. A narrower one (the last value vector of d_v = 80, the last two of 96,
+// every block at head dims 16 and 32, a last partial tile of keys) adds its
+// pairs into 2 or 3 sets of accumulators in turn (bf16_blocks-inl.h,
+// DotPairs). Measured on a Zen 5, n = 4096, 8 heads, 2 threads, bf16's time
+// against float32 precision's, one set of accumulators against several:
+// head dim 16 1.01-1.02 against 0.82-0.83, 32 0.76-0.79 against 0.67-0.68,
+// 80 0.67-0.69 against 0.62-0.63; 64 and 128 (4 × 4 blocks only) unchanged.
+constexpr int kMinSums = 12;
 
 static_assert(kBlockQ > 0 && kBlockK > 0 && kBF16StepTiles > 0 && kBlockRows > 0 && kBackwardRows > 0 &&
                   kDecodeChunk > 0 && kDecodeMaxQueries > 0 && kDecodePrefetchRows >= 0,

@@ -1,8 +1,7 @@
 // The int8 unit of x86 CPUs with AVX512_VNNI (Cascade Lake, Ice Lake,
 // Sapphire Rapids and later Xeons, Zen 4 and 5): VPDPBUSD adds 16 lanes × 4
 // byte products into int32 sums, four times the float32 FMA's multiplies
-// per instruction (2.4-3.1x its operations per second measured on an Intel
-// Xeon, docs/performance.md). Highway 1.0.3 has no such instruction, so
+// per instruction. Highway 1.0.3 has no such instruction, so
 // this one file uses compiler intrinsics, compiled for them by the pragma
 // below; avx512_vnni_unit() hands them out only when the CPU and the OS have
 // them. (Layouts and contract: int8_unit.hpp; the kernels:

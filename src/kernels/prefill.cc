@@ -227,10 +227,8 @@ void SetQueries(DF d, const Item& it, int64_t h, ItemState& st) {
 // to 8) in st.m, its per-lane sum in st.l_lanes and O = Σ P V in st.o. Key tile
 // outer, row blocks inner (see the top of the file). With `pack`, the first
 // head of the item's group packs each K tile just before its rows use it.
-// Inlined, so that the row state stays ProcessItem's local, as it was before
-// this pass was its own function: not inlined, prefill measured 0.642 of peak against 0.660 for the
-// one-function kernel (medians of 5, one noisy session); inlined, 0.679
-// against 0.666 (docs/performance.md).
+// Inlined, so that the row state stays a local of ProcessItem that the
+// compiler can keep in registers across the key tiles.
 HWY_INLINE void SoftmaxPass(DF d, const Item& it, int64_t h, bool pack, ItemState& st) {
   const auto& p = it.p;
   const size_t N = hn::Lanes(d);
@@ -418,13 +416,11 @@ void FlashTiles(const AttentionProblem<float>& p) {
   const int64_t n_qt = (p.n_q + rows - 1) / rows;
   const int64_t dvp = WholeVectors(p.d_v);
   // Several query tiles share each (batch, kv head)'s packed K: a pass packs
-  // it all first. A single one packs it inside its item, each tile just
-  // before use, while it is in L1, with no pass of its own (short sequences:
-  // n = 128, batch 8, head dim 64 went from 0.49 to 0.55 of the FMA peak;
-  // packing in the items always took n = 4096 from 0.68 to 0.64, Xeon, 2
-  // threads, medians of 3–5). K stored in 16 or 8 bits is always packed in
-  // the items: packed all at once it would be a float32 copy of K, twice
-  // or four times the memory of K itself.
+  // it all first, once. A single one packs it inside its item, each tile
+  // just before use, while it is in L1, saving short calls a pass of their
+  // own. K stored in 16 or 8 bits is always packed in the items: packed all
+  // at once it would be a float32 copy of K, twice or four times the memory
+  // of K itself.
   const bool shared = n_qt > 1 && std::is_same_v<KV, float>;
   const BF16Unit* unit = p.precision != Precision::Float32 ? BF16UnitOfTarget() : nullptr;  // (Item::unit)
   const PackKFn pack_k = &PackKeys<KV>;
@@ -434,8 +430,8 @@ void FlashTiles(const AttentionProblem<float>& p) {
   const bool v_in_place = std::is_same_v<KV, float> && p.d_v == dvp && ValueStride<KV>(p) == dvp &&
                           p.precision == Precision::Float32;
   // On the bf16 unit, V's pairs are made once for all items when K is packed
-  // once (n = 4096, 8 heads × 64: 3.9% of a call went to pairing each tile
-  // again in each of 8 items): a copy of all of V, as K's panels are of K.
+  // once, rather than again in each item: a copy of all of V, as K's panels
+  // are of K.
   // float32 V that is not read in place (heads sliced from one wide array,
   // as the layer passes them) is still widened per tile: a full copy there
   // cost the layer's calls the memory of V again (test_mha.py's

@@ -71,10 +71,10 @@ class ThreadPool {
   std::mutex busy_;
 
  private:
-  // Waking a thread blocked on a condition variable took ~40 µs here (2
-  // threads ran a 0.1 ms call slower than 1), and the kernels hand out work
-  // several times per call, and calls come in loops. So both sides first
-  // poll for a while, as OpenMP runtimes do, and only then block.
+  // Waking a thread blocked on a condition variable takes tens of
+  // microseconds, as long as a short call's whole work, and the kernels hand
+  // out work several times per call, and calls come in loops. So both sides
+  // first poll for a while, as OpenMP runtimes do, and only then block.
   template <class Ready>
   static bool spin_until(const Ready& ready) {
     using Clock = std::chrono::steady_clock;
