@@ -52,7 +52,7 @@ SANITIZER_ENV := ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=prin
 MPI_SANITIZER_ENV := ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:fast_unwind_on_malloc=0 \
                      LSAN_OPTIONS=suppressions=$(CURDIR)/tests/dist/lsan.supp UBSAN_OPTIONS=print_stacktrace=1
 
-.PHONY: all build configure demo test test-add-subdirectory bench arm-build test-arm test-arm-kernels package-arm deps test-deps clean asan fuzz fuzz-build tsan package
+.PHONY: all build configure demo test test-add-subdirectory bench bench-report arm-build test-arm test-arm-kernels package-arm deps test-deps clean asan fuzz fuzz-build tsan package
 
 all: build
 
@@ -131,6 +131,13 @@ bench: test-deps
 	$(BUILD)/bin/attn_micro
 	env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE ATEN_CPU_CAPABILITY=avx512 \
 	    $(PYTHON) bench/compare.py
+
+# The figures of the README and docs/performance.md, measured again and
+# written between their markers (bench/report.py), peers as for `make bench`.
+bench-report: test-deps
+	$(MAKE) build
+	env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE ATEN_CPU_CAPABILITY=avx512 \
+	    $(PYTHON) bench/report.py --build $(BUILD) --write
 
 # Arm (aarch64): the library, the CLI and the C++ tests cross-built with
 # Debian's toolchain against Debian's arm64 packages (multiarch; tools/

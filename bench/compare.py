@@ -12,9 +12,10 @@ and the learnable layer: attn.MultiHeadAttention against torch.nn.MultiheadAtten
 with the same weights; then attn.attention against PyTorch's matmul + softmax
 at every head dim of `attn bench attention --sweep` (16 to 256).
 
-Run it through `make bench`, which sets ATEN_CPU_CAPABILITY=avx512 and lets
-OpenBLAS detect the CPU itself (unsets OPENBLAS_CORETYPE / OPENBLAS_L2_SIZE)
-for this command only.
+attn comes from build/python (or $ATTN_PYTHONPATH). Run it through `make bench`,
+which sets ATEN_CPU_CAPABILITY=avx512 and lets OpenBLAS detect the CPU itself
+(unsets OPENBLAS_CORETYPE / OPENBLAS_L2_SIZE) for this command only;
+bench/report.py uses peer_seconds for the tables of the docs.
 """
 import argparse
 import os
@@ -26,7 +27,7 @@ import time
 import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, "..", "build", "python"))
+sys.path.insert(0, os.environ.get("ATTN_PYTHONPATH", os.path.join(HERE, "..", "build", "python")))
 sys.path.insert(0, os.path.join(HERE, "..", "tests", "python"))
 import attn  # noqa: E402
 import article  # noqa: E402
@@ -51,6 +52,32 @@ def torch_multi_head(x, heads):
     return (w @ s).transpose(0, 1).reshape(n, d)
 
 
+def peer_seconds(n, width, heads, repeats, reference=False):
+    """Median seconds of the article's self-attention (n tokens, `width`, `heads`) through
+    attn and its peers, and of attn's layer against PyTorch's, in one run: a dict with
+    keys attn, numpy, torch, (reference,) attn_layer, torch_layer."""
+    torch.set_num_threads(os.cpu_count())
+    x = np.random.default_rng(0).random((n, width), dtype=np.float32)
+    xt = torch.from_numpy(x)
+    seconds = {}
+    with torch.no_grad():
+        seconds["attn"] = median_seconds(lambda: attn.multi_head(x, heads), repeats)
+        seconds["numpy"] = median_seconds(lambda: article.multi_head(x, heads), repeats)
+        seconds["torch"] = median_seconds(lambda: torch_multi_head(xt, heads), repeats)
+        if reference:
+            x64 = x.astype(np.float64)
+            seconds["reference"] = median_seconds(lambda: attn.multi_head(x64, heads), 1, 0)
+        torch.manual_seed(0)
+        mha = torch.nn.MultiheadAttention(width, heads, batch_first=True).eval()
+        layer = attn.MultiHeadAttention(width, heads)
+        layer.load_state_dict({k: v.numpy() for k, v in mha.state_dict().items()})
+        xb = x[None]
+        xbt = torch.from_numpy(xb)
+        seconds["attn_layer"] = median_seconds(lambda: layer(xb), repeats)
+        seconds["torch_layer"] = median_seconds(lambda: mha(xbt, xbt, xbt, need_weights=False), repeats)
+    return seconds
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--n", type=int, default=4096)
@@ -61,49 +88,25 @@ def main():
     p.add_argument("--sweep-n", type=int, default=1024, help="sequence length of the head-dim table")
     args = p.parse_args()
     n, d, h = args.n, args.width, args.heads
-    cores = os.cpu_count()
-    torch.set_num_threads(cores)
     flop = 4.0 * n * n * d  # 4·n²·dh·heads
-
-    rng = np.random.default_rng(0)
-    x = rng.random((n, d), dtype=np.float32)
-    xt = torch.from_numpy(x)
-    rows = []
-
-    def add(name, seconds, note=""):
-        rows.append((name, seconds, note))
-
-    with torch.no_grad():
-        add("attn.multi_head (float32)", median_seconds(lambda: attn.multi_head(x, h), args.repeats),
-            f"{attn_threads()} threads")
-        add("article NumPy multi_head", median_seconds(lambda: article.multi_head(x, h), args.repeats),
-            "float32 input")
-        add("PyTorch matmul + softmax", median_seconds(lambda: torch_multi_head(xt, h), args.repeats),
-            f"{torch.get_num_threads()} threads, ATEN_CPU_CAPABILITY="
-            f"{os.environ.get('ATEN_CPU_CAPABILITY', 'default')}")
-        if not args.skip_reference:
-            x64 = x.astype(np.float64)
-            add("attn reference (float64)", median_seconds(lambda: attn.multi_head(x64, h), 1, 0),
-                "plain double loops")
-
-        torch.manual_seed(0)
-        mha = torch.nn.MultiheadAttention(d, h, batch_first=True).eval()
-        layer = attn.MultiHeadAttention(d, h)
-        layer.load_state_dict({k: v.numpy() for k, v in mha.state_dict().items()})
-        xb = x[None]
-        xbt = torch.from_numpy(xb)
-        t_layer = median_seconds(lambda: layer(xb), args.repeats)
-        t_mha = median_seconds(lambda: mha(xbt, xbt, xbt, need_weights=False), args.repeats)
+    t = peer_seconds(n, d, h, args.repeats, reference=not args.skip_reference)
+    rows = [("attn.multi_head (float32)", t["attn"], f"{attn_threads()} threads"),
+            ("article NumPy multi_head", t["numpy"], "float32 input"),
+            ("PyTorch matmul + softmax", t["torch"], f"{torch.get_num_threads()} threads, ATEN_CPU_CAPABILITY="
+             f"{os.environ.get('ATEN_CPU_CAPABILITY', 'default')}")]
+    if "reference" in t:
+        rows.append(("attn reference (float64)", t["reference"], "plain double loops"))
 
     base = rows[0][1]
     print(f"# attn vs peers: self-attention n={n}, width {d}, {h} heads of {d // h}")
-    print(f"machine: {platform.processor() or platform.machine()}, {cores} cores; "
+    print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores; "
           f"torch {torch.__version__}, numpy {np.__version__}\n")
     print("| implementation | median ms | GFLOP/s | attn speedup | notes |")
     print("|---|---:|---:|---:|---|")
     for name, s, note in rows:
         print(f"| {name} | {s * 1e3:.1f} | {flop / s * 1e-9:.1f} | {s / base:.1f}× | {note} |")
     layer_flop = flop + 2.0 * n * d * d * 4  # + q, k, v, out projections
+    t_layer, t_mha = t["attn_layer"], t["torch_layer"]
     print(f"| attn.MultiHeadAttention | {t_layer * 1e3:.1f} | {layer_flop / t_layer * 1e-9:.1f} "
           f"| 1.0× | projections included |")
     print(f"| torch.nn.MultiheadAttention | {t_mha * 1e3:.1f} | {layer_flop / t_mha * 1e-9:.1f} "

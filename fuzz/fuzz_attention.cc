@@ -38,7 +38,7 @@ void perturb(Shape& s, fuzz::Input& in) {
 struct Values {
   std::vector<double> q, k, v, mask;
   bool finite = true;
-  // README "Edge cases": a non-finite value in v reaches the rows that weigh
+  // docs/semantics.md "Numeric edge cases": a non-finite value in v reaches the rows that weigh
   // it, and in float32 possibly rows that weigh it 0 (0 · ∞ is NaN).
   bool special_in_v = false;
 };

@@ -1,4 +1,4 @@
-// The numeric edge cases of README "Edge cases": each in float64 (the
+// The numeric edge cases of docs/semantics.md "Numeric edge cases": each in float64 (the
 // reference) and float32 through both kernels (prefill: flash tiles; decode:
 // n_q <= 8 against more than one 512-key chunk).
 #include <gtest/gtest.h>

@@ -1,6 +1,6 @@
 // Reliability: results that do not depend on the thread count, on repeated
 // runs or on other threads calling at the same time; and the numeric edge
-// cases of README "Edge cases", each in float32 (the kernels, prefill and
+// cases of docs/semantics.md "Numeric edge cases", each in float32 (the kernels, prefill and
 // decode) and float64 (the reference).
 #include <gtest/gtest.h>
 

@@ -1,5 +1,5 @@
 // Internal: the softmax of one row by its definition and its limits, the one
-// statement of its rules at the numeric edges (README "Edge cases"):
+// statement of its rules at the numeric edges (docs/semantics.md "Numeric edge cases"):
 //   a NaN entry          the whole row is NaN
 //   every entry −∞       zeros, not NaN (a row with nothing allowed)
 //   a +∞ maximum         the +∞ entries share the weight equally, the rest 0

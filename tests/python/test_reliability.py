@@ -1,4 +1,4 @@
-"""README "Edge cases" through the Python module, and calls from many Python threads."""
+"""docs/semantics.md "Numeric edge cases" through the Python module, and calls from many Python threads."""
 import threading
 
 import numpy as np
