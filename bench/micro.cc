@@ -45,7 +45,7 @@ void BM_AttentionTile(benchmark::State& state) {
   const int64_t n = state.range(0), d = state.range(1);
   const auto q = random_tensor({n, d}), k = random_tensor({n, d}), v = random_tensor({n, d});
   attn::Tensor<float> out({n, d});
-  for (auto _ : state) attn::attention(q.view(), k.view(), v.view(), out.view());
+  for (auto _ : state) attn::AttentionPlan(q.view(), k.view(), v.view()).run(out.view());
   state.counters["GFLOP/s"] = benchmark::Counter(4.0 * n * n * d * state.iterations(),
                                                  benchmark::Counter::kIsRate,
                                                  benchmark::Counter::kIs1000);
@@ -67,7 +67,7 @@ void BM_AttentionPrecision(benchmark::State& state) {
   options.precision = precisions[state.range(0)];
   const auto use = state.range(0) == 2 ? attn::detail::BF16UnitUse::Never : attn::detail::BF16UnitUse::Measured;
   attn::detail::set_bf16_unit_use(use);
-  for (auto _ : state) attn::attention(q.view(), k.view(), v.view(), out.view(), options);
+  for (auto _ : state) attn::AttentionPlan(q.view(), k.view(), v.view(), options).run(out.view());
   attn::detail::set_bf16_unit_use(attn::detail::BF16UnitUse::Measured);
   state.counters["GFLOP/s"] = benchmark::Counter(4.0 * 8 * n * n * d * state.iterations(),
                                                  benchmark::Counter::kIsRate,
@@ -83,7 +83,7 @@ void BM_Decode(benchmark::State& state) {
   const auto q = random_tensor({8, 1, 128}), k = random_tensor({8, len, 128}),
              v = random_tensor({8, len, 128});
   attn::Tensor<float> out({8, 1, 128});
-  for (auto _ : state) attn::attention(q.view(), k.view(), v.view(), out.view());
+  for (auto _ : state) attn::AttentionPlan(q.view(), k.view(), v.view()).run(out.view());
   state.SetBytesProcessed(state.iterations() * 2 * k.numel() * 4);
 }
 BENCHMARK(BM_Decode)->Arg(4096)->Arg(32768)->UseRealTime();

@@ -10,8 +10,8 @@ set(ATTN_ROOMS ${ATTN_LIBRARY_ROOMS} dist cli python)
 
 # Where a file lives: src/<room>/ and python/ are rooms by folder; the public
 # headers (include/attn/, one flat folder for users) are assigned one by one.
-set(ATTN_PUBLIC_core attention.hpp error.hpp half.hpp mask.hpp quantize.hpp softmax.hpp tensor.hpp
-                     threads.hpp varlen.hpp version.h)
+set(ATTN_PUBLIC_core attention.hpp error.hpp half.hpp linear.hpp mask.hpp quantize.hpp softmax.hpp
+                     tensor.hpp threads.hpp varlen.hpp version.h)
 set(ATTN_PUBLIC_layer attn.hpp kv_cache.hpp multi_head.hpp multi_head_attention.hpp
                       positional.hpp rope_scaling.hpp)
 set(ATTN_PUBLIC_onnx onnx.hpp)

@@ -215,7 +215,7 @@ std::optional<Result<T>> run(const Case& c, bool& guards_ok) {
   if (c.logits_stage) extras.logits = logits.view(), extras.logits_stage = *c.logits_stage;
   if (c.want_lse) extras.lse = lse.view();
   const bool ok = fuzz::accepted([&] {
-    attention(q.cview(), k.cview(), v.cview(), out.view(), extras, c.options, mask);
+    AttentionPlan(q.cview(), k.cview(), v.cview(), c.options, mask).run(out.view(), extras);
   });
   guards_ok = out.guards_intact() && weights.guards_intact() && logits.guards_intact() && lse.guards_intact();
   if (!ok) return std::nullopt;

@@ -48,6 +48,13 @@ py::array py_softmax(const py::object& a_obj, int64_t axis) {
   return same_shape(as_numeric_array(a_obj, "a"), [&](auto in, auto out) { softmax(in, out, axis); });
 }
 
+// Which extras attn.attention returns beside its output.
+struct AttentionReturns {
+  bool weights = false;
+  std::optional<Logits> logits;  // the stage, when the logits are wanted
+  bool lse = false;
+};
+
 template <class T, class KV>
 py::object attention_t(const py::array& q_in, TensorView<const KV> k, TensorView<const KV> v,
                        const py::object& mask_obj, const AttentionOptions& opt,

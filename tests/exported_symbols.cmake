@@ -30,8 +30,8 @@ if(stray)
   list(JOIN stray "\n  " shown)
   message(FATAL_ERROR "${LIBRARY} exports ${n} symbols outside attn_* and attn::* (or in attn::detail):\n  ${shown}")
 endif()
-# The public API: attention<float, float>, the layer's forward, the errors' type information.
-foreach(required "_ZN4attn9attentionIffEEv" "_ZTIN4attn10ValueErrorE" "_ZNK4attn18MultiHeadAttentionIfE7forward")
+# The public API: attention<float, float>, its plan's run, the layer's forward, the errors' type information.
+foreach(required "_ZN4attn9attentionIffEE" "_ZNK4attn13AttentionPlanIffE3run" "_ZTIN4attn10ValueErrorE" "_ZNK4attn18MultiHeadAttentionIfE7forward")
   string(FIND "${listing}" "${required}" at)
   if(at EQUAL -1)
     message(FATAL_ERROR "${LIBRARY} does not export ${required}")

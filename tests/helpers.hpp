@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <random>
 #include <sstream>
 #include <string>
@@ -80,6 +81,41 @@ double max_abs_diff(const Tensor<A>& a, const Tensor<B>& b) {
     if (diff > m) m = diff;
   }
   return m;
+}
+
+// The extras a test asks a forward for beside its output.
+struct Returns {
+  bool weights = false;
+  std::optional<Logits> logits;  // the stage, when the logits are wanted
+  bool lse = false;
+};
+template <class T>
+struct Forward {
+  Tensor<T> out, weights, logits, lse;  // empty unless asked for
+};
+// One forward through the public plan, the output and each extra asked for
+// allocated at the shapes the plan gives.
+template <class T, class KV>
+Forward<T> forward(TensorView<const T> q, TensorView<const KV> k, TensorView<const KV> v,
+                   const Returns& returns, const AttentionOptions& options = {},
+                   const AttentionMasks& masks = {}) {
+  const AttentionPlan<T, KV> plan(q, k, v, options, masks);
+  Forward<T> r;
+  r.out = Tensor<T>(plan.output_shape());
+  AttentionExtras<T> extras;
+  if (returns.weights) extras.weights = (r.weights = Tensor<T>(plan.weights_shape())).view();
+  if (returns.logits) {
+    extras.logits = (r.logits = Tensor<T>(plan.weights_shape())).view();
+    extras.logits_stage = *returns.logits;
+  }
+  if (returns.lse) extras.lse = (r.lse = Tensor<T>(plan.lse_shape())).view();
+  plan.run(r.out.view(), extras);
+  return r;
+}
+template <class T, class KV>
+Forward<T> forward_with_weights(TensorView<const T> q, TensorView<const KV> k, TensorView<const KV> v,
+                                const AttentionOptions& options = {}, const AttentionMasks& masks = {}) {
+  return forward(q, k, v, Returns{.weights = true}, options, masks);
 }
 
 // One attention problem of the kernel tests: shapes, options and a mask kind.

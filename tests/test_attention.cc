@@ -28,7 +28,7 @@ TEST(Reference, OneKeyReturnsItsValue) {
   std::mt19937 rng(3);
   const auto q = random_tensor({4, 6}, rng), k = random_tensor({1, 6}, rng),
              v = random_tensor({1, 5}, rng);
-  const auto r = attention_with_weights(q.view(), k.view(), v.view());
+  const auto r = test::forward_with_weights(q.view(), k.view(), v.view());
   for (int64_t i = 0; i < 4; ++i) {
     EXPECT_EQ(r.weights[i], 1.0);
     for (int64_t c = 0; c < 5; ++c) EXPECT_NEAR(r.out[i * 5 + c], v[c], 1e-15);
@@ -46,7 +46,7 @@ TEST(Reference, TwoKeysGiveALogisticWeight) {
     double s0 = (0.3 * 1.5 - 1.2 * 0.5) * 0.8, s1 = (0.3 * -0.7 - 1.2 * 2.0) * 0.8;
     if (cap > 0) s0 = cap * std::tanh(s0 / cap), s1 = cap * std::tanh(s1 / cap);
     const double w0 = 1.0 / (1.0 + std::exp(s1 - s0));
-    const auto r = attention_with_weights(q.view(), k.view(), v.view(), o);
+    const auto r = test::forward_with_weights(q.view(), k.view(), v.view(), o);
     EXPECT_NEAR(r.weights[0], w0, 1e-15);
     EXPECT_NEAR(r.out[0], w0 * 10.0 + (1 - w0) * -4.0, 1e-13);
   }
@@ -161,10 +161,10 @@ TEST(Reference, AlibiIsADenseAdditiveBias) {
         for (int64_t i = 0; i < n_q; ++i)
           for (int64_t j = 0; j < n_k; ++j)
             bias.at({h, i, j}) = -o.alibi_slopes[h] * double(i + shift - j);
-      const auto got = attention_with_weights(q.view(), k.view(), v.view(), o);
+      const auto got = test::forward_with_weights(q.view(), k.view(), v.view(), o);
       AttentionOptions plain = o;
       plain.alibi_slopes.clear();
-      const auto want = attention_with_weights(q.view(), k.view(), v.view(), plain,
+      const auto want = test::forward_with_weights(q.view(), k.view(), v.view(), plain,
                                                TensorView<const double>(bias.view()));
       EXPECT_LT(max_abs_diff(got.out, want.out), 1e-15);
       EXPECT_LT(max_abs_diff(got.weights, want.weights), 1e-15);
@@ -225,7 +225,7 @@ TEST(Reference, ExtrasFollowTheirDefinitions) {
   const std::pair<Logits, const Tensor<double>*> stages[] = {
       {Logits::Scaled, &scaled}, {Logits::Softcapped, &capped}, {Logits::Masked, &masked}};
   for (const auto& [stage, want] : stages) {
-    const auto r = attention_with_extras(q.view(), k.view(), v.view(),
+    const auto r = test::forward(q.view(), k.view(), v.view(),
                                          {.weights = true, .logits = stage, .lse = true}, o, mask);
     expect_equal(r.logits, *want, "logits");
     expect_equal(r.lse, lse, "lse");
@@ -246,10 +246,10 @@ TEST(Reference, SinksJoinTheDenominator) {
   o.causal = Causal::offset(-1);
   o.softcap = 1.5;
   o.sinks = {0.75, -2.0};
-  AttentionReturns returns;
+  test::Returns returns;
   returns.weights = true;
   returns.lse = true;
-  const auto r = attention_with_extras(q.view(), k.view(), v.view(), returns, o);
+  const auto r = test::forward(q.view(), k.view(), v.view(), returns, o);
   for (int64_t h = 0; h < hq; ++h)
     for (int64_t i = 0; i < n_q; ++i) {
       double denominator = std::exp(o.sinks[h]), out[2] = {0, 0};
@@ -297,10 +297,10 @@ void check_varlen() {
     return contiguous(TensorView<const T>(t.data() + begin * t.dim(1) * t.dim(2), {t.dim(1), n, t.dim(2)},
                                           {t.dim(2), t.dim(1) * t.dim(2), 1}));
   };
-  AttentionReturns lse;
+  test::Returns lse;
   lse.lse = true;
   for (size_t b = 0; b < 4; ++b) {
-    const auto want = attention_with_extras(rows(q, cu_q[b], lens_q[b]).view(), rows(k, cu_k[b], lens_k[b]).view(),
+    const auto want = test::forward(rows(q, cu_q[b], lens_q[b]).view(), rows(k, cu_k[b], lens_k[b]).view(),
                                             rows(v, cu_k[b], lens_k[b]).view(), lse, o);
     EXPECT_EQ(max_abs_diff(rows(r.out, cu_q[b], lens_q[b]), want.out), 0.0) << "sequence " << b;
     for (int64_t h = 0; h < hq; ++h)
@@ -418,8 +418,8 @@ void check_against_reference(const Case& c, std::mt19937& rng) {
     m32 = TensorView<const float>(mf.view());
     m64 = TensorView<const double>(md.view());
   }
-  const auto ref = attention_with_weights(q.view(), k.view(), v.view(), o, m64);
-  const auto fast = attention_with_weights(cast<float>(q).view(), cast<float>(k).view(),
+  const auto ref = test::forward_with_weights(q.view(), k.view(), v.view(), o, m64);
+  const auto fast = test::forward_with_weights(cast<float>(q).view(), cast<float>(k).view(),
                                            cast<float>(v).view(), o, m32);
   // float32 logits carry ~d·2^-24 relative error; outputs are convex
   // combinations, so 1e-5 relative (Frobenius) is ample and still catches
@@ -483,8 +483,8 @@ TEST(Attention, RowsWithNoAllowedKeyAreZero) {
   Tensor<bool> none({5, 3});  // all false: no key allowed anywhere
   for (bool use_mask : {false, true}) {
     const Mask m = use_mask ? Mask(TensorView<const bool>(none.view())) : Mask();
-    const auto r64 = attention_with_weights(q.view(), k.view(), v.view(), o, m);
-    const auto r32 = attention_with_weights(cast<float>(q).view(), cast<float>(k).view(),
+    const auto r64 = test::forward_with_weights(q.view(), k.view(), v.view(), o, m);
+    const auto r32 = test::forward_with_weights(cast<float>(q).view(), cast<float>(k).view(),
                                             cast<float>(v).view(), o, m);
     const int64_t empty_rows = use_mask ? 5 : 2;
     for (int64_t i = 0; i < empty_rows; ++i) {
@@ -521,7 +521,7 @@ TEST(Attention, StridedViewsEqualContiguousCopies) {
   const TensorView<const float> krev(k.data() + 7, {18, 8}, {8, -1});
   const TensorView<const float> vflat(v.data(), {18, 8});
   Tensor<float> out_t({8, 18});
-  attention(qrev, krev, vflat, out_t.view().transpose(0, 1));
+  AttentionPlan(qrev, krev, vflat).run(out_t.view().transpose(0, 1));
   const auto expect = attention(contiguous(qrev).view(), contiguous(krev).view(), vflat);
   EXPECT_EQ(max_abs_diff(contiguous(out_t.view().transpose(0, 1)), expect), 0.0);
 }
@@ -545,22 +545,22 @@ TEST(Attention, ErrorsNameTheArgumentAndShapes) {
   EXPECT_THROW_MSG(attention(q.view(), r3.view(), v.view()), ValueError, "same rank");
   EXPECT_THROW_MSG(attention(q1.view(), q1.view(), q1.view()), ValueError, "rank >= 2");
   Tensor<float> bad_out({2, 4, 5, 4});
-  EXPECT_THROW_MSG(attention(q.view(), k.view(), v.view(), bad_out.view()), ValueError,
+  EXPECT_THROW_MSG(AttentionPlan(q.view(), k.view(), v.view()).run(bad_out.view()), ValueError,
                    "out has shape (2, 4, 5, 4), expected (2, 4, 5, 3)");
   Tensor<float> bad_w({2, 4, 5, 5});
-  EXPECT_THROW_MSG(attention(q.view(), k.view(), v.view(), out.view(), {}, {}, bad_w.view()),
+  EXPECT_THROW_MSG(AttentionPlan(q.view(), k.view(), v.view()).run(out.view(), {.weights = bad_w.view()}),
                    ValueError, "weights has shape (2, 4, 5, 5), expected (2, 4, 5, 6)");
   AttentionExtras<float> logits, lse;
   logits.logits = bad_w.view();
-  EXPECT_THROW_MSG(attention(q.view(), k.view(), v.view(), out.view(), logits), ValueError,
+  EXPECT_THROW_MSG(AttentionPlan(q.view(), k.view(), v.view()).run(out.view(), logits), ValueError,
                    "logits has shape (2, 4, 5, 5), expected (2, 4, 5, 6)");
   Tensor<float> bad_lse({2, 4, 6});
   lse.lse = bad_lse.view();
-  EXPECT_THROW_MSG(attention(q.view(), k.view(), v.view(), out.view(), lse), ValueError,
+  EXPECT_THROW_MSG(AttentionPlan(q.view(), k.view(), v.view()).run(out.view(), lse), ValueError,
                    "lse has shape (2, 4, 6), expected (2, 4, 5)");
   EXPECT_THROW_MSG(parse_logits("softmax"), ValueError, "'scaled', 'softcapped' or 'masked', got 'softmax'");
   // out is never optional: an empty view is the wrong shape (it was read as (rank 0) rows)
-  EXPECT_THROW_MSG(attention(q.view(), k.view(), v.view(), TensorView<float>(), lse), ValueError,
+  EXPECT_THROW_MSG(AttentionPlan(q.view(), k.view(), v.view()).run(TensorView<float>(), lse), ValueError,
                    "out has shape (), expected (2, 4, 5, 3)");
 }
 
@@ -643,12 +643,12 @@ TEST(AttentionPlan, ValidatesOnceAndRunsLikeAttention) {
   const AttentionPlan<float> plan(q.view(), k.view(), v, o);
   EXPECT_EQ(plan.output_shape(), (Shape{2, 4, 70, 12}));
   EXPECT_EQ(plan.weights_shape(), (Shape{2, 4, 70, 90}));
-  const auto expected = attention_with_weights(q.view(), k.view(), v, o);
+  const auto expected = test::forward_with_weights(q.view(), k.view(), v, o);
   std::vector<Tensor<float>> outs(4, Tensor<float>(plan.output_shape()));
   std::vector<Tensor<float>> weights(4, Tensor<float>(plan.weights_shape()));
   std::vector<std::thread> threads;
   for (int t = 0; t < 4; ++t)
-    threads.emplace_back([&, t] { plan.run(outs[t].view(), weights[t].view()); });
+    threads.emplace_back([&, t] { plan.run(outs[t].view(), {.weights = weights[t].view()}); });
   for (auto& th : threads) th.join();
   for (int t = 0; t < 4; ++t) {
     EXPECT_EQ(max_abs_diff(outs[t], expected.out), 0.0) << "thread " << t;
@@ -660,7 +660,7 @@ TEST(AttentionPlan, ValidatesOnceAndRunsLikeAttention) {
   Tensor<float> wrong({2, 4, 70, 11});
   EXPECT_THROW_MSG(plan.run(wrong.view()), ValueError,
                    "attention: out has shape (2, 4, 70, 11), expected (2, 4, 70, 12)");
-  EXPECT_THROW_MSG(plan.run(outs[0].view(), wrong.view()), ValueError,
+  EXPECT_THROW_MSG(plan.run(outs[0].view(), {.weights = wrong.view()}), ValueError,
                    "attention: weights has shape (2, 4, 70, 11), expected (2, 4, 70, 90)");
   EXPECT_THROW_MSG(AttentionPlan<float>(q.view(), k.view(), k.view(), {}, Mask(TensorView<const bool>(nullptr, {3}))),
                    ValueError, "attention: mask");
@@ -684,25 +684,25 @@ TEST(Attention, OutputsThatOverlapAnInputThemselvesOrEachOtherAreRefused) {
   Tensor<float> v = test::cast<float>(test::random_tensor({2, 5, 8}, rng));
   const TensorView<float> vv = v.view();
   const std::string own = "an output needs memory of its own for every element";
-  EXPECT_THROW_MSG(attention<float>(q.view(), q.view(), vv, vv), ValueError,
+  EXPECT_THROW_MSG(AttentionPlan<float>(q.view(), q.view(), vv).run(vv), ValueError,
                    "attention: out and v share memory (shape (2, 5, 8), strides (40, 8, 1) and shape (2, 5, 8), "
                    "strides (40, 8, 1)): an output must not overlap an input; pass a buffer of its own");
   Tensor<float> big({2, 5, 16});
-  EXPECT_THROW_MSG(attention<float>(q.view(), q.view(), vv, TensorView<float>(big.data(), {2, 5, 8}, {80, 0, 1})),
+  EXPECT_THROW_MSG(AttentionPlan<float>(q.view(), q.view(), vv).run(TensorView<float>(big.data(), {2, 5, 8}, {80, 0, 1})),
                    ValueError, "attention: out (shape (2, 5, 8), strides (80, 0, 1)) has elements that share memory: " + own);
   Tensor<float> out({2, 5, 8}), weights({2, 5, 5});
   AttentionExtras<float> extras;
   extras.weights = TensorView<float>(out.data() + 3, {2, 5, 5});
-  EXPECT_THROW_MSG(attention<float>(q.view(), q.view(), vv, out.view(), extras), ValueError,
+  EXPECT_THROW_MSG(AttentionPlan<float>(q.view(), q.view(), vv).run(out.view(), extras), ValueError,
                    "attention: weights and out share memory");
   extras.weights = weights.view();
   extras.lse = TensorView<float>(const_cast<float*>(q.data()), {2, 5});
-  EXPECT_THROW_MSG(attention<float>(q.view(), q.view(), vv, out.view(), extras), ValueError,
+  EXPECT_THROW_MSG(AttentionPlan<float>(q.view(), q.view(), vv).run(out.view(), extras), ValueError,
                    "attention: lse and q share memory");
   Tensor<bool> bytes({200});  // a boolean mask's bytes, and the weights' floats over them
   const TensorView<const bool> mask(bytes.data(), {5, 5});
-  EXPECT_THROW_MSG(attention<float>(q.view(), q.view(), vv, out.view(), {}, Mask(mask),
-                                    TensorView<float>(reinterpret_cast<float*>(bytes.data()), {2, 5, 5})),
+  EXPECT_THROW_MSG(AttentionPlan<float>(q.view(), q.view(), vv, {}, Mask(mask))
+                       .run(out.view(), {.weights = TensorView<float>(reinterpret_cast<float*>(bytes.data()), {2, 5, 5})}),
                    ValueError, "attention: weights and mask share memory");
   // The plan checks each run's outputs against the inputs it was made with.
   const AttentionPlan<float> plan(q.view(), q.view(), vv);
@@ -712,7 +712,7 @@ TEST(Attention, OutputsThatOverlapAnInputThemselvesOrEachOtherAreRefused) {
   Tensor<float> both({2, 5, 16});
   const TensorView<float> v_even(both.data(), {2, 5, 8}, {80, 16, 2}), out_odd(both.data() + 1, {2, 5, 8}, {80, 16, 2});
   copy<float>(v.view(), v_even);
-  attention<float>(q.view(), q.view(), v_even, out_odd);
+  AttentionPlan<float>(q.view(), q.view(), v_even).run(out_odd);
   const Tensor<float> separate = attention<float>(q.view(), q.view(), v.view());
   EXPECT_EQ(test::max_abs_diff(contiguous(TensorView<const float>(out_odd)), separate), 0.0);
 }

@@ -206,7 +206,7 @@ void expect_block_gradients(double tolerance) {
   const auto v = test::cast<T>(random_tensor({2, n_k, 3}, rng));
   const auto dout = test::cast<T>(random_tensor({2, 5, 3}, rng));
   AttentionOptions options{.softcap = 3.0, .sinks = {0.5, -1.0}};
-  const auto whole = attention_with_extras<T, T>(q.view(), k.view(), v.view(), {.lse = true}, options);
+  const auto whole = test::forward<T, T>(q.view(), k.view(), v.view(), {.lse = true}, options);
   const auto g = attention_backward<T, T>(q.view(), k.view(), v.view(), dout.view(), options);
   options.sinks.clear();
   auto keys = [](const Tensor<T>& t, int64_t begin, int64_t end) {
@@ -243,7 +243,7 @@ void expect_infinite_logits_gradients() {
   Tensor<T> mask({3, 5});
   mask.at({1, 2}) = mask.at({1, 4}) = std::numeric_limits<T>::infinity();
   const Mask m = TensorView<const T>(mask.view());
-  const auto whole = attention_with_extras<T, T>(q.view(), k.view(), v.view(), {.lse = true}, {}, m);
+  const auto whole = test::forward<T, T>(q.view(), k.view(), v.view(), {.lse = true}, {}, m);
   const auto fresh = attention_backward<T, T>(q.view(), k.view(), v.view(), dout.view(), {}, m);
   const auto saved = attention_backward<T, T>(q.view(), k.view(), v.view(), dout.view(), {}, m,
                                               {whole.out.view(), whole.lse.view()});

@@ -191,7 +191,7 @@ TEST(Capi, ErrorsCarryTheCppMessage) {
   attn_tensor cout = descriptor(out, ATTN_F32);
   std::string cpp_message;
   try {
-    attention<float, float>(q.view(), k.view(), k.view(), out.view());
+    AttentionPlan<float>(q.view(), k.view(), k.view()).run(out.view());
   } catch (const ValueError& e) {
     cpp_message = e.what();
   }

@@ -73,12 +73,12 @@ TEST(EdgeCases, NanInOneQueryRowMakesOnlyThatRowNan) {
   }
   // The weights too (the prefill kernel writes them; decode does not).
   Data x = random_data(Path::Prefill, 16, 8, 2);
-  const auto clean64 = attention_with_weights(x.q.view(), x.k.view(), x.v.view());
-  const auto clean32 = attention_with_weights(cast<float>(x.q).view(), cast<float>(x.k).view(),
+  const auto clean64 = test::forward_with_weights(x.q.view(), x.k.view(), x.v.view());
+  const auto clean32 = test::forward_with_weights(cast<float>(x.q).view(), cast<float>(x.k).view(),
                                               cast<float>(x.v).view());
   x.q[7 * 16] = kNaN;
-  const auto got64 = attention_with_weights(x.q.view(), x.k.view(), x.v.view());
-  const auto got32 = attention_with_weights(cast<float>(x.q).view(), cast<float>(x.k).view(),
+  const auto got64 = test::forward_with_weights(x.q.view(), x.k.view(), x.v.view());
+  const auto got32 = test::forward_with_weights(cast<float>(x.q).view(), cast<float>(x.k).view(),
                                             cast<float>(x.v).view());
   expect_only_row_nan(got64.weights, clean64.weights, 7);
   expect_only_row_nan(cast<double>(got32.weights), cast<double>(clean32.weights), 7);
@@ -326,8 +326,8 @@ TEST(EdgeCases, LongSequencesUseLinearMemory) {
     Tensor<double> out64({n_q, d});
     Tensor<float> out32({n_q, d});
     const int64_t before = peak_rss();
-    if (p == Path::Reference) attention(q.view(), k.view(), v.view(), out64.view());
-    else attention(q32.view(), k32.view(), v32.view(), out32.view());
+    if (p == Path::Reference) AttentionPlan(q.view(), k.view(), v.view()).run(out64.view());
+    else AttentionPlan(q32.view(), k32.view(), v32.view()).run(out32.view());
     const int64_t grown = peak_rss() - before;
     // The weights alone would be n_q · n_k · 4 bytes: 128 MiB for prefill
     // (32 MiB emulated). Allowed: one packed copy of K (16 MiB; 4 MiB) and

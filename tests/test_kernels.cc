@@ -70,12 +70,12 @@ Tensor<float> check(const KernelCase& c, bool weights, uint32_t seed, bool again
   if (c.mask == 2) m32 = TensorView<const float>(mf.view()), m64 = TensorView<const double>(md.view());
   if (!against_reference)
     return attention(cast<float>(q).view(), cast<float>(k).view(), cast<float>(v).view(), o, m32);
-  AttentionReturns returns;
+  test::Returns returns;
   returns.weights = weights;
   returns.lse = true;
   if (weights) returns.logits = std::array{Logits::Scaled, Logits::Softcapped, Logits::Masked}[seed % 3];
-  const auto ref = attention_with_extras(q.view(), k.view(), v.view(), returns, o, m64);
-  const auto got = attention_with_extras(cast<float>(q).view(), cast<float>(k).view(),
+  const auto ref = test::forward(q.view(), k.view(), v.view(), returns, o, m64);
+  const auto got = test::forward(cast<float>(q).view(), cast<float>(k).view(),
                                          cast<float>(v).view(), returns, o, m32);
   EXPECT_LT(rel_error(got.out, ref.out), 1e-5);
   EXPECT_LT(finite_rel_error(got.lse, ref.lse), 1e-6);
@@ -319,13 +319,13 @@ TEST(Kernels, RisingMaxAcrossKeyTiles) {
   for (int64_t e = 0; e < v.numel(); ++e) v[e] = steps(rng) / 64.0;
   AttentionOptions options;
   options.scale = 1.0;
-  AttentionReturns returns;
+  test::Returns returns;
   returns.weights = true;
   returns.lse = true;
-  const auto ref = attention_with_extras(q.view(), k.view(), v.view(), returns, options);
+  const auto ref = test::forward(q.view(), k.view(), v.view(), returns, options);
   const auto q32 = cast<float>(q), k32 = cast<float>(k), v32 = cast<float>(v);
   test::on_every_simd_target([&] {
-    const auto got = attention_with_extras(q32.view(), k32.view(), v32.view(), returns, options);
+    const auto got = test::forward(q32.view(), k32.view(), v32.view(), returns, options);
     EXPECT_LT(rel_error(got.out, ref.out), 1e-5);
     EXPECT_LT(rel_error(got.lse, ref.lse), 1e-6);
     EXPECT_LT(rel_error(got.weights, ref.weights), 1e-5);
@@ -444,8 +444,8 @@ TEST(Kernels, SoftmaxRulesOnEveryTarget) {
       Tensor<float> k({1, n, 1});
       std::copy(logits.begin(), logits.end(), k.data());
       Tensor<float> out({1, 1, n}), weights({1, 1, n}), decoded({1, 1, n});
-      attention(q.view(), k.view(), v.view(), out.view(), o, {}, weights.view());  // prefill
-      attention(q.view(), k.view(), v.view(), decoded.view(), o);                 // decode
+      AttentionPlan(q.view(), k.view(), v.view(), o).run(out.view(), {.weights = weights.view()});  // prefill
+      AttentionPlan(q.view(), k.view(), v.view(), o).run(decoded.view());                            // decode
       for (const auto* got : {&out, &weights, &decoded})
         for (int64_t j = 0; j < n; ++j) {
           if (std::isnan(want[j])) {
@@ -505,8 +505,8 @@ void check_16bit_poisoned(int64_t n_q, int64_t n_k, double poison, uint16_t (*to
   AttentionOptions o;
   o.causal = Causal::BottomRight;
   Tensor<float> out({2, n_q, 8});
-  attention(cast<float>(q).view(), TensorView<const H>(k16.view()), TensorView<const H>(v16.view()),
-            out.view(), o);
+  AttentionPlan(cast<float>(q).view(), TensorView<const H>(k16.view()), TensorView<const H>(v16.view()), o)
+      .run(out.view());
   const auto ref = attention(q.view(), k_rounded.view(), v_rounded.view(), o);
   for (int64_t e = 0; e < out.numel(); ++e) {
     const int64_t row = e / 8 % n_q;

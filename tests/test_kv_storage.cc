@@ -293,7 +293,7 @@ TEST(KVStorage, CacheInEveryStorageTypeEqualsOneCausalCall) {
       for (int64_t count : chunks) {
         cache.append(rows(k, at, count), rows(v, at, count));
         const TensorView<float> out_rows(out.data() + at * d, {B, Hq, count, d}, {Hq * n * d, n * d, d, 1});
-        cache.visit([&](auto K, auto V) { attention(rows(q, at, count), K, V, out_rows, causal); });
+        cache.visit([&](auto K, auto V) { AttentionPlan(rows(q, at, count), K, V, causal).run(out_rows); });
         at += count;
       }
       EXPECT_LT(rel_error(out, whole), 1e-6);
@@ -359,7 +359,7 @@ TEST(KVStorageMemory, CompactPrefillMakesNoFullSizeCopy) {
   const auto measure = [&](const char* name, auto k, auto v) {
     ASSERT_TRUE(reset_peak_rss());
     const int64_t before = status_bytes("VmRSS:");
-    attention(q.view(), k, v, out.view(), o);
+    AttentionPlan(q.view(), k, v, o).run(out.view());
     const int64_t growth = status_bytes("VmHWM:") - before;
     std::printf("%s prefill n=%lld, %lld heads x %lld: peak memory grew %.1f MiB\n", name, (long long)n,
                 (long long)H, (long long)d, growth / 1048576.0);

@@ -404,7 +404,7 @@ TEST(MultiHeadAttention, AppendedKeysTakePartInEveryRow) {
   Tensor<bool> allowed({3, 5});  // attention()'s convention: true = may attend
   for (int64_t i = 0; i < 3; ++i)
     for (int64_t j = 0; j < 5; ++j) allowed[i * 5 + j] = j != i;
-  const auto r = attention_with_weights(q.view(), k.view(), v.view(), {},
+  const auto r = test::forward_with_weights(q.view(), k.view(), v.view(), {},
                                         Mask(TensorView<const bool>(allowed.view())));
   EXPECT_LT(max_abs_diff(*got.weights, r.weights), 1e-15);
   const auto& wo = s.at("out_proj.weight");

@@ -78,7 +78,7 @@ TEST(MultiHead, WeightsAreEachSlicesAttentionWeights) {
       EXPECT_LE(max_abs_diff(r.out, multi_head(x.view(), heads, opt)), 0);
       for (int64_t h = 0; h < heads; ++h) {
         const auto s = head_slice(x, h, d / heads);
-        const auto ref = attention_with_weights(s.view(), s.view(), s.view(), opt).weights;
+        const auto ref = test::forward_with_weights(s.view(), s.view(), s.view(), opt).weights;
         for (int64_t i = 0; i < n * n; ++i)
           EXPECT_NEAR(r.weights[h * n * n + i], ref[i], 1e-12) << "head " << h << " n " << n;
       }

@@ -85,9 +85,9 @@ TEST(Onnx, AttentionIsTheReferenceWithOnnxsMask) {
             TensorView<const double>(mask.view()), with_past ? pk.view() : TensorView<const double>(),
             with_past ? pv.view() : TensorView<const double>(),
             with_nonpad ? nonpad.view() : TensorView<const int64_t>(), a, true);
-        AttentionReturns returns;
+        test::Returns returns;
         returns.logits = Logits::Masked;
-        const auto want = attention_with_extras(q.view(), keys.view(), values.view(), returns, {},
+        const auto want = test::forward(q.view(), keys.view(), values.view(), returns, {},
                                                 TensorView<const double>(dense.view()));
         EXPECT_LT(max_abs_diff(got.Y, want.out), 1e-14);
         EXPECT_EQ(max_abs_diff(got.present_key, keys), 0.0);

@@ -401,7 +401,7 @@ TEST(Precision, WeightsSumToOne) {
   bf16.precision = Precision::BF16;
   bf16.scale = 0.5;  // logits spread as in trained models
   on_every_unit_and_target([&] {
-    const auto w = attention_with_weights(q.view(), k.view(), v.view(), bf16).weights;
+    const auto w = test::forward_with_weights(q.view(), k.view(), v.view(), bf16).weights;
     double worst = 0;
     for (int64_t h = 0; h < 2; ++h)
       for (int64_t i = 0; i < 70; ++i) {
@@ -430,12 +430,12 @@ TEST(Precision, ExtrasDescribeTheOutputWhenLogitsOverflow) {
   for (Precision precision : {Precision::Float32, Precision::BF16, Precision::Int8}) {
     AttentionOptions o;
     o.precision = precision;
-    AttentionReturns returns;
+    test::Returns returns;
     returns.weights = true;
     returns.lse = true;
     returns.logits = Logits::Masked;
     on_every_unit_and_target([&] {
-      const auto r = attention_with_extras(q.view(), k.view(), v.view(), returns, o);
+      const auto r = test::forward(q.view(), k.view(), v.view(), returns, o);
       for (int64_t h = 0; h < 2; ++h)
         for (int64_t i = 0; i < 40; ++i) {
           double sum = 0;
@@ -554,14 +554,14 @@ void expect_unit_agrees_with_the_highway_path(Precision precision, uint32_t seed
     const Mask mask = name == "boolean_mask"    ? Mask(TensorView<const bool>(allowed.view()))
                       : name == "additive_mask" ? Mask(TensorView<const float>(added.view()))
                                                 : Mask();
-    const AttentionReturns returns{true, Logits::Scaled, false};  // (scaled: no -inf to compare)
+    const test::Returns returns{true, Logits::Scaled, false};  // (scaled: no -inf to compare)
     int compared = 0;
     test::on_every_simd_target([&] {
       std::optional<UnitsOn> units(std::in_place, true);
       if (precision_unit(precision) == "highway") return;  // (a target the unit does not fit)
-      const auto unit = attention_with_extras(q.view(), k.view(), v.view(), returns, options, mask);
+      const auto unit = test::forward(q.view(), k.view(), v.view(), returns, options, mask);
       units.emplace(false);
-      const auto fallback = attention_with_extras(q.view(), k.view(), v.view(), returns, options, mask);
+      const auto fallback = test::forward(q.view(), k.view(), v.view(), returns, options, mask);
       units.reset();
       const double out_error = rel_error(unit.out, cast<double>(fallback.out));
       EXPECT_LE(out_error, 3e-4);

@@ -10,7 +10,7 @@
 //
 // float32 runs the fast kernel; float64 runs the double-precision reference.
 // Any view may be strided (including the transposed head slices that
-// multi_head() passes); out and weights must not overlap the inputs.
+// multi_head() passes); the outputs must not overlap the inputs.
 #pragma once
 
 #include <concepts>
@@ -104,83 +104,49 @@ concept AttentionTypes =
       std::same_as<KV, block_q8_0>)) ||
     (std::same_as<T, double> && std::same_as<KV, double>);
 
-namespace detail {
-template <class T, class KV>
-struct PreparedAttention;
-}  // namespace detail
+// Checks options against a call of `query_heads` query heads on inputs of
+// element type T, as every attention call does first: a ValueError naming
+// the option (a scale, softcap or window out of range, alibi_slopes or sinks
+// not one finite number per query head, a precision other than f32 for
+// float64). For a caller that must not act on bad options, such as a layer
+// about to append to its cache.
+template <class T>
+void check_attention_options(const AttentionOptions& options, int64_t query_heads);
 
 // One attention call validated once: the shapes, strides and element types
-// of q, k, v and the mask, and the options; the shapes of the output and the
-// extras come from it. run() writes out (and each extra whose view is not
+// of q, k, v and the masks, and the options; the shapes of the output and
+// the extras come from it. run() writes out (and each extra whose view is not
 // empty), checking their shapes, and that none shares memory with q, k, v,
-// the mask, another output or itself (ValueError naming both: check_outputs,
+// the masks, another output or itself (ValueError naming both: check_outputs,
 // attn/tensor.hpp); it may run any number of times, from any thread, while
-// q, k, v and the mask stay alive and unchanged. attention() is
-// a plan run once; build one to allocate the outputs first (as the Python
-// module does).
+// q, k, v and the masks stay alive and unchanged. This is the forward into
+// caller memory; attention() below is the allocating one.
 template <class T, class KV = T>
   requires AttentionTypes<T, KV>
 class AttentionPlan {
  public:
   AttentionPlan(TensorView<const T> q, TensorView<const KV> k, TensorView<const KV> v,
-                const AttentionOptions& options = {}, const Mask& mask = {});
+                const AttentionOptions& options = {}, const AttentionMasks& masks = {});
   const Shape& output_shape() const;   // (..., Hq, n_q, d_v)
   const Shape& weights_shape() const;  // (..., Hq, n_q, n_k), also the logits'
   const Shape& lse_shape() const;      // (..., Hq, n_q)
-  void run(TensorView<T> out, TensorView<T> weights = {}) const;
-  void run(TensorView<T> out, const AttentionExtras<T>& extras) const;
+  void run(TensorView<T> out, const AttentionExtras<T>& extras = {}) const;
 
  private:
-  std::shared_ptr<const detail::PreparedAttention<T, KV>> prepared_;
+  struct Prepared;  // the validated problem (src/api/attention.cc)
+  std::shared_ptr<const Prepared> prepared_;
 };
 
 // The shapes attention() produces for these inputs (validating them).
 Shape attention_output_shape(const Shape& q, const Shape& k, const Shape& v);
 Shape attention_weights_shape(const Shape& q, const Shape& k, const Shape& v);
 
-// Writes into out (and weights unless it is an empty view).
-template <class T, class KV>
-  requires AttentionTypes<T, KV>
-void attention(TensorView<const T> q, TensorView<const KV> k, TensorView<const KV> v,
-               TensorView<T> out, const AttentionOptions& options = {}, const Mask& mask = {},
-               TensorView<T> weights = {});
-// Writes into out and the extras asked for.
-template <class T, class KV>
-  requires AttentionTypes<T, KV>
-void attention(TensorView<const T> q, TensorView<const KV> k, TensorView<const KV> v,
-               TensorView<T> out, const AttentionExtras<T>& extras,
-               const AttentionOptions& options = {}, const Mask& mask = {});
-
-// Allocating forms. A result's extras are empty tensors unless asked for.
-template <class T>
-struct AttentionResult {
-  Tensor<T> out;
-  Tensor<T> weights;
-  Tensor<T> logits;
-  Tensor<T> lse;
-};
-// Which extras attention_with_extras returns.
-struct AttentionReturns {
-  bool weights = false;
-  std::optional<Logits> logits;  // the stage, when the logits are wanted
-  bool lse = false;
-};
+// The output of a plan of these arguments, allocated. (The extras: a plan,
+// with views of the sizes it gives.)
 template <class T, class KV>
   requires AttentionTypes<T, KV>
 Tensor<T> attention(TensorView<const T> q, TensorView<const KV> k, TensorView<const KV> v,
-                    const AttentionOptions& options = {}, const Mask& mask = {});
-template <class T, class KV>
-  requires AttentionTypes<T, KV>
-AttentionResult<T> attention_with_weights(TensorView<const T> q, TensorView<const KV> k,
-                                          TensorView<const KV> v,
-                                          const AttentionOptions& options = {},
-                                          const Mask& mask = {});
-template <class T, class KV>
-  requires AttentionTypes<T, KV>
-AttentionResult<T> attention_with_extras(TensorView<const T> q, TensorView<const KV> k,
-                                         TensorView<const KV> v, const AttentionReturns& returns,
-                                         const AttentionOptions& options = {},
-                                         const Mask& mask = {});
+                    const AttentionOptions& options = {}, const AttentionMasks& masks = {});
 
 // What a forward pass keeps for its backward: its output and its
 // log-sum-exp (AttentionExtras::lse), both from attention() with the same
@@ -215,7 +181,7 @@ template <class T, class KV>
 void attention_backward(TensorView<const T> q, TensorView<const KV> k, TensorView<const KV> v,
                         TensorView<const T> dout, TensorView<T> dq, TensorView<T> dk,
                         TensorView<T> dv, const AttentionOptions& options = {},
-                        const Mask& mask = {}, TensorView<T> dsinks = {},
+                        const AttentionMasks& masks = {}, TensorView<T> dsinks = {},
                         const SavedForward<T>& saved = {});
 
 template <class T>
@@ -228,6 +194,7 @@ template <class T, class KV>
 AttentionGradients<T> attention_backward(TensorView<const T> q, TensorView<const KV> k,
                                          TensorView<const KV> v, TensorView<const T> dout,
                                          const AttentionOptions& options = {},
-                                         const Mask& mask = {}, const SavedForward<T>& saved = {});
+                                         const AttentionMasks& masks = {},
+                                         const SavedForward<T>& saved = {});
 
 }  // namespace attn

@@ -3,12 +3,14 @@
 // Convention (PyTorch scaled_dot_product_attention, ONNX Attention): a boolean
 // mask is true where the query MAY attend; a float mask is added to the scaled
 // logits. The MultiHeadAttention layer uses nn.MultiheadAttention's opposite
-// boolean convention and converts before calling attention().
+// boolean convention, and says so with each mask (AttentionMask).
 #pragma once
 
 #include <algorithm>
+#include <concepts>
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <variant>
 
 #include "attn/tensor.hpp"
@@ -99,5 +101,35 @@ using Mask = std::variant<std::monostate, TensorView<const bool>,
 inline bool has_mask(const Mask& m) {
   return !std::holds_alternative<std::monostate>(m);
 }
+
+// What a boolean mask's true means. PyTorch has both: scaled_dot_product_attention
+// (and ONNX's Attention) let a query attend where the mask is true,
+// nn.MultiheadAttention's attn_mask and key_padding_mask block it there.
+// Additive masks are added to the logits either way.
+enum class MaskConvention { TrueAllows, TrueBlocks };
+
+// A mask and the convention of its booleans.
+struct AttentionMask {
+  Mask mask;
+  MaskConvention convention = MaskConvention::TrueAllows;
+};
+
+// The masks of one call: none, one, or two combined, each broadcasting to
+// the logits' shape on its own. A key a boolean mask excludes takes no part;
+// additive masks add up. attention() is usually given one in PyTorch's
+// scaled_dot_product_attention sense (any Mask converts to that); the layer
+// gives two (its attn_mask and key_padding_mask, TrueBlocks), ONNX's operator
+// two (attn_mask and the padding past nonpad_kv_seqlen). In errors the first
+// is "mask", the second "key_padding_mask".
+struct AttentionMasks {
+  AttentionMasks() = default;
+  template <class M>
+    requires std::constructible_from<Mask, M&&>
+  AttentionMasks(M&& mask) : first{Mask(std::forward<M>(mask))} {}
+  AttentionMasks(AttentionMask first_mask, AttentionMask second_mask = {})
+      : first(std::move(first_mask)), second(std::move(second_mask)) {}
+
+  AttentionMask first, second;
+};
 
 }  // namespace attn

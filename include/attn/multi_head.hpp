@@ -23,8 +23,13 @@ Tensor<T> multi_head(TensorView<const T> x, int64_t heads = 4,
 
 // The same, also returning each head's attention weights, (..., heads, n, n):
 // weights[..., h, i, j] is how much word i attends to word j in head h.
+template <class T>
+struct MultiHeadResult {
+  Tensor<T> out;      // x's shape
+  Tensor<T> weights;  // (..., heads, n, n)
+};
 template <Real T>
-AttentionResult<T> multi_head_with_weights(TensorView<const T> x, int64_t heads = 4,
+MultiHeadResult<T> multi_head_with_weights(TensorView<const T> x, int64_t heads = 4,
                                            const AttentionOptions& options = {});
 
 // RoPE as a multi-head model applies it: on each head's slice of x (..., n, d)

@@ -8,7 +8,7 @@
 #include <cmath>
 #include <string>
 
-#include "attention_problem.hpp"
+#include "api/prepared_attention.hpp"
 #include "kernels/attention_kernel.hpp"
 #include "reference/reference.hpp"
 
@@ -132,9 +132,9 @@ void check_options(const AttentionOptions& options, int64_t heads_q, bool float3
 template <class T, class KV>
 AttentionProblem<T> make_problem(TensorView<const T> q, TensorView<const KV> k,
                                  TensorView<const KV> v, const AttentionOptions& options,
-                                 const MaskInput& mask, const MaskInput& second) {
+                                 const AttentionMasks& masks) {
   const Dims s = check_shapes(q.shape(), logical_shape(k), logical_shape(v));
-  check_options<T>(options, s.heads_q);
+  check_options(options, s.heads_q, std::is_same_v<T, float>);
 
   AttentionProblem<T> p;
   p.batch_axes = s.batch;
@@ -156,11 +156,11 @@ AttentionProblem<T> make_problem(TensorView<const T> q, TensorView<const KV> k,
                        numel_of(p.out_shape) == 0 && numel_of(p.weights_shape) == 0;
   p.batch = nothing ? 0 : numel_of(s.batch);
   point_at(p, q, k, v);
-  const MaskInput* inputs[2] = {&mask, &second};
+  const AttentionMask* inputs[2] = {&masks.first, &masks.second};
   for (int t = 0; t < 2; ++t) {
     MaskTerm& term = p.mask.terms[t];
     const Mask& m = inputs[t]->mask;
-    term.blocking = inputs[t]->true_blocks;
+    term.blocking = inputs[t]->convention == MaskConvention::TrueBlocks;
     if (const auto* b = std::get_if<TensorView<const bool>>(&m))
       term.boolean = mask_operand(*b, p);
     if (const auto* f = std::get_if<TensorView<const float>>(&m))
@@ -213,13 +213,13 @@ template <class T, class KV>
 PreparedAttention<T, KV>::PreparedAttention(TensorView<const T> q, TensorView<const KV> k,
                                             TensorView<const KV> v,
                                             const AttentionOptions& options,
-                                            const MaskInput& mask, const MaskInput& second)
-    : problem(make_problem(q, k, v, options, mask, second)), inputs{SpanCopy(q), SpanCopy(k), SpanCopy(v)} {
-  for (const MaskInput* m : {&mask, &second})
+                                            const AttentionMasks& masks)
+    : problem(make_problem(q, k, v, options, masks)), inputs{SpanCopy(q), SpanCopy(k), SpanCopy(v)} {
+  for (const AttentionMask* m : {&masks.first, &masks.second})
     std::visit(
         [&](const auto& view) {
           if constexpr (!std::is_same_v<std::decay_t<decltype(view)>, std::monostate>) {
-            input_names[n_inputs] = m == &mask ? "mask" : "key_padding_mask";  // (the layer's second)
+            input_names[n_inputs] = m == &masks.first ? "mask" : "key_padding_mask";
             inputs[n_inputs++] = SpanCopy(view);
           }
         },
@@ -311,13 +311,25 @@ Shape attention_weights_shape(const Shape& q, const Shape& k, const Shape& v) {
   return detail::with_tail(s, q.size() >= 3, s.n_q, s.n_k);
 }
 
+template <class T>
+void check_attention_options(const AttentionOptions& options, int64_t query_heads) {
+  detail::check_options(options, query_heads, std::is_same_v<T, float>);
+}
+template void check_attention_options<float>(const AttentionOptions&, int64_t);
+template void check_attention_options<double>(const AttentionOptions&, int64_t);
+
+template <class T, class KV>
+  requires AttentionTypes<T, KV>
+struct AttentionPlan<T, KV>::Prepared : detail::PreparedAttention<T, KV> {
+  using detail::PreparedAttention<T, KV>::PreparedAttention;
+};
+
 template <class T, class KV>
   requires AttentionTypes<T, KV>
 AttentionPlan<T, KV>::AttentionPlan(TensorView<const T> q, TensorView<const KV> k,
                                     TensorView<const KV> v, const AttentionOptions& options,
-                                    const Mask& mask)
-    : prepared_(std::make_shared<const detail::PreparedAttention<T, KV>>(q, k, v, options,
-                                                                        detail::MaskInput{mask})) {}
+                                    const AttentionMasks& masks)
+    : prepared_(std::make_shared<const Prepared>(q, k, v, options, masks)) {}
 
 template <class T, class KV>
   requires AttentionTypes<T, KV>
@@ -339,90 +351,25 @@ const Shape& AttentionPlan<T, KV>::lse_shape() const {
 
 template <class T, class KV>
   requires AttentionTypes<T, KV>
-void AttentionPlan<T, KV>::run(TensorView<T> out, TensorView<T> weights) const {
-  AttentionExtras<T> extras;
-  extras.weights = weights;
-  prepared_->run(out, extras);
-}
-
-template <class T, class KV>
-  requires AttentionTypes<T, KV>
 void AttentionPlan<T, KV>::run(TensorView<T> out, const AttentionExtras<T>& extras) const {
   prepared_->run(out, extras);
 }
 
 template <class T, class KV>
   requires AttentionTypes<T, KV>
-void attention(TensorView<const T> q, TensorView<const KV> k, TensorView<const KV> v,
-               TensorView<T> out, const AttentionOptions& options, const Mask& mask,
-               TensorView<T> weights) {
-  AttentionPlan<T, KV>(q, k, v, options, mask).run(out, weights);
-}
-
-template <class T, class KV>
-  requires AttentionTypes<T, KV>
-void attention(TensorView<const T> q, TensorView<const KV> k, TensorView<const KV> v,
-               TensorView<T> out, const AttentionExtras<T>& extras,
-               const AttentionOptions& options, const Mask& mask) {
-  AttentionPlan<T, KV>(q, k, v, options, mask).run(out, extras);
-}
-
-template <class T, class KV>
-  requires AttentionTypes<T, KV>
 Tensor<T> attention(TensorView<const T> q, TensorView<const KV> k, TensorView<const KV> v,
-                    const AttentionOptions& options, const Mask& mask) {
-  const AttentionPlan<T, KV> plan(q, k, v, options, mask);
+                    const AttentionOptions& options, const AttentionMasks& masks) {
+  const AttentionPlan<T, KV> plan(q, k, v, options, masks);
   Tensor<T> out(plan.output_shape());
   plan.run(out.view());
   return out;
 }
 
-template <class T, class KV>
-  requires AttentionTypes<T, KV>
-AttentionResult<T> attention_with_weights(TensorView<const T> q, TensorView<const KV> k,
-                                          TensorView<const KV> v, const AttentionOptions& options,
-                                          const Mask& mask) {
-  AttentionReturns returns;
-  returns.weights = true;
-  return attention_with_extras(q, k, v, returns, options, mask);
-}
-
-template <class T, class KV>
-  requires AttentionTypes<T, KV>
-AttentionResult<T> attention_with_extras(TensorView<const T> q, TensorView<const KV> k,
-                                         TensorView<const KV> v, const AttentionReturns& returns,
-                                         const AttentionOptions& options, const Mask& mask) {
-  const AttentionPlan<T, KV> plan(q, k, v, options, mask);
-  AttentionResult<T> r;
-  r.out = Tensor<T>(plan.output_shape());
-  AttentionExtras<T> extras;
-  if (returns.weights) extras.weights = (r.weights = Tensor<T>(plan.weights_shape())).view();
-  if (returns.logits) {
-    extras.logits = (r.logits = Tensor<T>(plan.weights_shape())).view();
-    extras.logits_stage = *returns.logits;
-  }
-  if (returns.lse) extras.lse = (r.lse = Tensor<T>(plan.lse_shape())).view();
-  plan.run(r.out.view(), extras);
-  return r;
-}
-
 // The supported element types (AttentionTypes, Real).
 #define ATTN_INSTANTIATE(T, KV)                                                                 \
   template class AttentionPlan<T, KV>;                                                          \
-  template void attention(TensorView<const T>, TensorView<const KV>, TensorView<const KV>,      \
-                          TensorView<T>, const AttentionOptions&, const Mask&, TensorView<T>);  \
-  template void attention(TensorView<const T>, TensorView<const KV>, TensorView<const KV>,      \
-                          TensorView<T>, const AttentionExtras<T>&, const AttentionOptions&,    \
-                          const Mask&);                                                         \
-  template AttentionResult<T> attention_with_extras(TensorView<const T>, TensorView<const KV>,  \
-                                                    TensorView<const KV>,                       \
-                                                    const AttentionReturns&,                    \
-                                                    const AttentionOptions&, const Mask&);      \
   template Tensor<T> attention(TensorView<const T>, TensorView<const KV>, TensorView<const KV>, \
-                               const AttentionOptions&, const Mask&);                           \
-  template AttentionResult<T> attention_with_weights(TensorView<const T>, TensorView<const KV>, \
-                                                     TensorView<const KV>,                      \
-                                                     const AttentionOptions&, const Mask&);
+                               const AttentionOptions&, const AttentionMasks&);
 ATTN_INSTANTIATE(float, float)
 ATTN_INSTANTIATE(float, bfloat16)
 ATTN_INSTANTIATE(float, float16)

@@ -1,12 +1,12 @@
 // attention_backward(): the gradient of attention, validated once as the
-// forward is (PreparedAttention), then the fused float32 kernel, or the
+// forward is (PreparedAttention, the plan's), then the fused float32 kernel, or the
 // double-precision reference (float64, and the float32 problems the kernel
 // leaves to it).
 #include <algorithm>
 #include <cmath>
 #include <string>
 
-#include "attention_problem.hpp"
+#include "api/prepared_attention.hpp"
 #include "attn/attention.hpp"
 #include "attn/quantize.hpp"
 #include "kernels/attention_kernel.hpp"
@@ -83,8 +83,8 @@ Tensor<double> widen(TensorView<const KV> t) {
 template <class KV>
 void backward_in_double(TensorView<const float> q, TensorView<const KV> k, TensorView<const KV> v,
                         TensorView<const float> dout, TensorView<float> dq, TensorView<float> dk,
-                        TensorView<float> dv, const AttentionOptions& options, const MaskInput& mask,
-                        const MaskInput& second, TensorView<float> dsinks, const SavedForward<float>& saved) {
+                        TensorView<float> dv, const AttentionOptions& options, const AttentionMasks& masks,
+                        TensorView<float> dsinks, const SavedForward<float>& saved) {
   const Tensor<double> q64 = widen(q), k64 = widen(k), v64 = widen(v), dout64 = widen(dout);
   Tensor<double> dq64(dq.shape()), dk64(dk.shape()), dv64(dv.shape()), dsinks64(dsinks.shape());
   Tensor<double> out64, lse64;
@@ -93,9 +93,9 @@ void backward_in_double(TensorView<const float> q, TensorView<const KV> k, Tenso
     out64 = widen(saved.out), lse64 = widen(saved.lse);
     saved64 = {out64.view(), lse64.view()};
   }
-  masked_attention_backward<double, double>(q64.view(), k64.view(), v64.view(), dout64.view(), dq64.view(),
-                                            dk64.view(), dv64.view(), options, mask, second,
-                                            dsinks.empty_view() ? TensorView<double>() : dsinks64.view(), saved64);
+  attention_backward<double, double>(q64.view(), k64.view(), v64.view(), dout64.view(), dq64.view(), dk64.view(),
+                                     dv64.view(), options, masks,
+                                     dsinks.empty_view() ? TensorView<double>() : dsinks64.view(), saved64);
   copy<double>(dq64.view(), dq);
   copy<double>(dk64.view(), dk);
   copy<double>(dv64.view(), dv);
@@ -103,16 +103,18 @@ void backward_in_double(TensorView<const float> q, TensorView<const KV> k, Tenso
 }
 
 }  // namespace
+}  // namespace detail
 
 template <class T, class KV>
-void masked_attention_backward(TensorView<const T> q, TensorView<const KV> k,
-                               TensorView<const KV> v, TensorView<const T> dout, TensorView<T> dq,
-                               TensorView<T> dk, TensorView<T> dv, const AttentionOptions& options,
-                               const MaskInput& mask, const MaskInput& second, TensorView<T> dsinks,
-                               const SavedForward<T>& saved) {
+  requires AttentionTypes<T, KV>
+void attention_backward(TensorView<const T> q, TensorView<const KV> k, TensorView<const KV> v,
+                        TensorView<const T> dout, TensorView<T> dq, TensorView<T> dk,
+                        TensorView<T> dv, const AttentionOptions& options, const AttentionMasks& masks,
+                        TensorView<T> dsinks, const SavedForward<T>& saved) {
+  using namespace detail;
   if (options.precision != Precision::Float32)
     fail("the backward computes in float32: precision must be f32, got " + precision_name(options.precision));
-  const PreparedAttention<T, KV> prepared(q, k, v, options, mask, second);
+  const PreparedAttention<T, KV> prepared(q, k, v, options, masks);
   {
     NamedSpan inputs[8];
     int n = prepared.input_spans(inputs);
@@ -161,44 +163,20 @@ void masked_attention_backward(TensorView<const T> q, TensorView<const KV> k,
     GradientOperands<float> gk = g;
     gk.dout = operand(rows(dout, dout_copy), p.batch_axes, p.batch);
     if (!flash_backward(p, gk))
-      backward_in_double(q, k, v, dout, dq, dk, dv, options, mask, second, dsinks, saved);
+      backward_in_double(q, k, v, dout, dq, dk, dv, options, masks, dsinks, saved);
   }
-}
-
-#define ATTN_INSTANTIATE(T, KV)                                                                      \
-  template void masked_attention_backward(TensorView<const T>, TensorView<const KV>,                 \
-                                          TensorView<const KV>, TensorView<const T>, TensorView<T>,  \
-                                          TensorView<T>, TensorView<T>, const AttentionOptions&,     \
-                                          const MaskInput&, const MaskInput&, TensorView<T>,         \
-                                          const SavedForward<T>&);
-ATTN_INSTANTIATE(float, float)
-ATTN_INSTANTIATE(float, bfloat16)
-ATTN_INSTANTIATE(float, float16)
-ATTN_INSTANTIATE(float, block_q8_0)
-ATTN_INSTANTIATE(double, double)
-#undef ATTN_INSTANTIATE
-
-}  // namespace detail
-
-template <class T, class KV>
-  requires AttentionTypes<T, KV>
-void attention_backward(TensorView<const T> q, TensorView<const KV> k, TensorView<const KV> v,
-                        TensorView<const T> dout, TensorView<T> dq, TensorView<T> dk,
-                        TensorView<T> dv, const AttentionOptions& options, const Mask& mask,
-                        TensorView<T> dsinks, const SavedForward<T>& saved) {
-  detail::masked_attention_backward(q, k, v, dout, dq, dk, dv, options, {mask}, {}, dsinks, saved);
 }
 
 template <class T, class KV>
   requires AttentionTypes<T, KV>
 AttentionGradients<T> attention_backward(TensorView<const T> q, TensorView<const KV> k,
                                          TensorView<const KV> v, TensorView<const T> dout,
-                                         const AttentionOptions& options, const Mask& mask,
+                                         const AttentionOptions& options, const AttentionMasks& masks,
                                          const SavedForward<T>& saved) {
   AttentionGradients<T> g{Tensor<T>(q.shape()), Tensor<T>(detail::logical_shape(k)),
                           Tensor<T>(detail::logical_shape(v)), {}};
   if (!options.sinks.empty()) g.dsinks = Tensor<T>({static_cast<int64_t>(options.sinks.size())});
-  attention_backward(q, k, v, dout, g.dq.view(), g.dk.view(), g.dv.view(), options, mask,
+  attention_backward(q, k, v, dout, g.dq.view(), g.dk.view(), g.dv.view(), options, masks,
                      options.sinks.empty() ? TensorView<T>() : g.dsinks.view(), saved);
   return g;
 }
@@ -206,11 +184,11 @@ AttentionGradients<T> attention_backward(TensorView<const T> q, TensorView<const
 #define ATTN_INSTANTIATE(T, KV)                                                                     \
   template void attention_backward(TensorView<const T>, TensorView<const KV>, TensorView<const KV>, \
                                    TensorView<const T>, TensorView<T>, TensorView<T>, TensorView<T>, \
-                                   const AttentionOptions&, const Mask&, TensorView<T>,            \
+                                   const AttentionOptions&, const AttentionMasks&, TensorView<T>,  \
                                    const SavedForward<T>&);                                        \
   template AttentionGradients<T> attention_backward(TensorView<const T>, TensorView<const KV>,     \
                                                     TensorView<const KV>, TensorView<const T>,     \
-                                                    const AttentionOptions&, const Mask&,          \
+                                                    const AttentionOptions&, const AttentionMasks&, \
                                                     const SavedForward<T>&);
 ATTN_INSTANTIATE(float, float)
 ATTN_INSTANTIATE(float, bfloat16)

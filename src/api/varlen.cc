@@ -7,7 +7,7 @@
 
 #include <string>
 
-#include "attention_problem.hpp"
+#include "attn/attention.hpp"
 
 namespace attn {
 namespace {
@@ -57,7 +57,7 @@ void attention_varlen(TensorView<const T> q, TensorView<const KV> k, TensorView<
   if (q.rank() != 3 || k.rank() != 3 || v.rank() != 3)
     fail("q, k and v must be packed (total, heads, head_dim), got " + shapes);
   if (k.dim(0) != v.dim(0)) fail("k and v must have the same total length (axis 0), got " + shapes);
-  detail::check_options<T>(options, q.dim(1));  // also when there is no sequence to run
+  check_attention_options<T>(options, q.dim(1));  // also when there is no sequence to run
   check_offsets(cu_q, "cu_seqlens_q", q.dim(0), "q");
   check_offsets(cu_k, "cu_seqlens_k", k.dim(0), "k");
   if (cu_q.dim(0) != cu_k.dim(0))
@@ -83,8 +83,7 @@ void attention_varlen(TensorView<const T> q, TensorView<const KV> k, TensorView<
     if (!lse.empty_view())
       extras.lse = TensorView<T>(lse.data() + q0 * lse.stride(1), {lse.dim(0), q1 - q0},
                                  {lse.stride(0), lse.stride(1)});
-    detail::PreparedAttention<T, KV>(sequence(q, q0, q1), sequence(k, k0, k1), sequence(v, k0, k1), options,
-                                     detail::MaskInput{})
+    AttentionPlan<T, KV>(sequence(q, q0, q1), sequence(k, k0, k1), sequence(v, k0, k1), options)
         .run(sequence(out, q0, q1), extras);
   }
 }

@@ -285,8 +285,9 @@ void attention_as(const attn_tensor* q, const Layout& lq, const attn_tensor* k, 
   extras.logits = bind(c.logits, "logits");
   extras.logits_stage = c.stage;
   extras.lse = bind(c.lse, "lse");
-  attn::attention<T, KV>(view_of<const T>(q, lq), view_of<const KV>(k, lk), view_of<const KV>(v, lv),
-                         view_of<T>(out, lo), extras, options, mask);
+  attn::AttentionPlan<T, KV>(view_of<const T>(q, lq), view_of<const KV>(k, lk), view_of<const KV>(v, lv), options,
+                             mask)
+      .run(view_of<T>(out, lo), extras);
 }
 
 int new_cache(const attn_mha* layer, attn_dtype dtype, attn_cache** cache, const char* fn) {

@@ -98,7 +98,7 @@ struct Attend {
   }
   void operator()(Tensor<float>& out, const AttentionOptions& opt, bool as_f32 = false,
                   const AttentionExtras<float>& extras = {}) const {
-    with_kv([&](const auto& ks, const auto& vs) { attention(q.view(), ks.view(), vs.view(), out.view(), extras, opt); },
+    with_kv([&](const auto& ks, const auto& vs) { AttentionPlan(q.view(), ks.view(), vs.view(), opt).run(out.view(), extras); },
             as_f32);
   }
   // ||out - ref|| / ||ref|| (Frobenius) of this dtype's output against the
@@ -370,9 +370,9 @@ Measurement bench_varlen(const BenchArgs& a, int threads) {
       [&] { attention_varlen(q.view(), k.view(), v.view(), cu.view(), cu.view(), out.view(), opt); },
       [&] {
         for (int64_t b = 0; b < batch; ++b)
-          attention(seq(q, b), seq(k, b), seq(v, b), outs[b].view(), opt);
+          AttentionPlan(seq(q, b), seq(k, b), seq(v, b), opt).run(outs[b].view());
       },
-      [&] { attention(qp.view(), kp.view(), vp.view(), outp.view(), opt, TensorView<const bool>(valid.view())); }};
+      [&] { AttentionPlan(qp.view(), kp.view(), vp.view(), opt, TensorView<const bool>(valid.view())).run(outp.view()); }};
   const Turns t = run_in_turns(kernels, [] { return 0.0; });
   const double packed = t.kernel_ms[0], separate = t.kernel_ms[1], padding = t.kernel_ms[2];
   std::string lengths;

@@ -109,7 +109,7 @@ int run_bench_ring(const RingBenchArgs& a) {
     std::vector<double> times;
     for (int i = 0; i <= a.repeats; ++i) {
       const auto t0 = Clock::now();
-      attention<float, float>(q1.view(), k1.view(), v1.view(), out1.view(), options);
+      AttentionPlan<float>(q1.view(), k1.view(), v1.view(), options).run(out1.view());
       if (i > 0) times.push_back(ms_since(t0));  // the first: warm-up
     }
     one_ms = median(times);

@@ -26,14 +26,6 @@ struct Operand {
   explicit operator bool() const { return data != nullptr; }
 };
 
-// A mask argument and what a boolean true means in it: attention() follows
-// scaled_dot_product_attention (true = may attend), the MultiHeadAttention
-// layer nn.MultiheadAttention (true = blocked).
-struct MaskInput {
-  Mask mask;
-  bool true_blocks = false;
-};
-
 // One mask broadcast to (batch, Hq, n_q, n_k), without copying: boolean (a
 // key whose entry equals `blocking` takes no part, as if causal masking
 // excluded it) or additive (float or double).
@@ -44,8 +36,7 @@ struct MaskTerm {
   Operand<const double> f64;
 };
 
-// The masks of a call: attention() has one, the layer up to two (attn_mask
-// and key_padding_mask), combined as they are read.
+// The masks of a call (AttentionMasks: up to two), combined as they are read.
 struct MaskOperand {
   MaskTerm terms[2];
 
@@ -143,80 +134,6 @@ bool unit_rows(const TensorView<const T>& t) {
   return t.rank() == 0 || t.stride(-1) == 1 || t.dim(-1) <= 1;
 }
 
-// Binds out and the extras asked for to problem p, checking their shapes
-// (ValueError naming the one that differs).
-template <class T>
-void bind_outputs(AttentionProblem<T>& p, TensorView<T> out, const AttentionExtras<T>& extras);
-
-// Validates the options of attention() for heads_q query heads and inputs
-// of element type T (make_problem does; callers that must not act on bad
-// options first call it themselves).
-void check_options(const AttentionOptions& options, int64_t heads_q, bool float32);
-template <class T>
-void check_options(const AttentionOptions& options, int64_t heads_q) {
-  check_options(options, heads_q, std::is_same_v<T, float>);
-}
-
-// Validates the arguments of attention() and builds the problem, without
-// its outputs; every error names the argument and its shape. `second` is the
-// MultiHeadAttention layer's other mask (its key_padding_mask).
-// KV is T, or bfloat16 / float16 / block_q8_0 with T = float.
-template <class T, class KV>
-AttentionProblem<T> make_problem(TensorView<const T> q, TensorView<const KV> k,
-                                 TensorView<const KV> v, const AttentionOptions& options,
-                                 const MaskInput& mask, const MaskInput& second = {});
-
-// A view's place in memory kept by value, for overlap checks after the view
-// is gone: its data, shape and strides inline up to rank 8 (a copy of the
-// view itself would allocate on every call of a small decode).
-class SpanCopy {
- public:
-  SpanCopy() = default;
-  template <class T>
-  explicit SpanCopy(const TensorView<const T>& v) : data_(v.data()), rank_(v.rank()), item_(sizeof(T)) {
-    if (rank_ > kInline) more_.resize(2 * static_cast<size_t>(rank_));
-    int64_t* shape = rank_ > kInline ? more_.data() : shape_;
-    int64_t* strides = rank_ > kInline ? more_.data() + rank_ : strides_;
-    std::copy(v.shape().begin(), v.shape().end(), shape);
-    std::copy(v.strides().begin(), v.strides().end(), strides);
-  }
-  MemorySpan span() const {
-    const bool inline_ = rank_ <= kInline;
-    return {data_, inline_ ? shape_ : more_.data(), inline_ ? strides_ : more_.data() + rank_, rank_, item_};
-  }
-
- private:
-  static constexpr int kInline = 8;
-  const void* data_ = nullptr;
-  int rank_ = 0;
-  int64_t item_ = 1;
-  int64_t shape_[kInline] = {}, strides_[kInline] = {};
-  std::vector<int64_t> more_;  // shape then strides, past kInline axes
-};
-
-// A problem ready to run any number of times, from any thread: validated
-// once, with contiguous copies of the inputs the float32 kernels cannot read
-// in place. run() checks only the shapes of out and the extras.
-template <class T, class KV>
-struct PreparedAttention {
-  PreparedAttention(TensorView<const T> q, TensorView<const KV> k, TensorView<const KV> v,
-                    const AttentionOptions& options, const MaskInput& mask,
-                    const MaskInput& second = {});
-  // Refuses out and extras that overlap each other or the caller's inputs.
-  void run(TensorView<T> out, const AttentionExtras<T>& extras) const;
-
-  // Spans of the caller's q, k, v and masks (not the copies below), for
-  // overlap checks: writes them into spans (room for 5), returns how many.
-  int input_spans(NamedSpan* spans) const;
-
-  AttentionProblem<T> problem;
-  SpanCopy inputs[5];  // the caller's q, k, v and masks
-  const char* input_names[5] = {"q", "k", "v"};
-  int n_inputs = 3;
-  Tensor<T> q_copy;
-  Tensor<KV> k_copy, v_copy;
-};
-
 // The gradients of attention: dout (the output's shape) in, dq, dk, dv (the
 // shapes of q, k, v) out, as (batch, head, row, col) operands.
 template <class T>
@@ -226,21 +143,5 @@ struct GradientOperands {
   T* dsinks = nullptr;  // (Hq,) contiguous, when the sinks' gradient is asked for
   int64_t dsinks_stride = 1;
 };
-
-// Validates the gradient arguments of attention_backward() for problem p,
-// built from q, k, v of these (logical) shapes, and sees them as operands.
-template <class T>
-GradientOperands<T> gradient_operands(const AttentionProblem<T>& p, const Shape& q, const Shape& k,
-                                      const Shape& v, TensorView<const T> dout, TensorView<T> dq,
-                                      TensorView<T> dk, TensorView<T> dv, TensorView<T> dsinks);
-
-// attention_backward() with two masks as in make_problem: the entry of the
-// MultiHeadAttention layer.
-template <class T, class KV>
-void masked_attention_backward(TensorView<const T> q, TensorView<const KV> k,
-                               TensorView<const KV> v, TensorView<const T> dout, TensorView<T> dq,
-                               TensorView<T> dk, TensorView<T> dv, const AttentionOptions& options,
-                               const MaskInput& mask, const MaskInput& second,
-                               TensorView<T> dsinks = {}, const SavedForward<T>& saved = {});
 
 }  // namespace attn::detail

@@ -197,10 +197,10 @@ DistStats ring_attention(TensorView<const T> q, TensorView<const KV> k, TensorVi
           extras.lse = lse_b.view();
           block_options.causal = call.causal;
           block_options.window = call.window;
-          attention<T, KV>(slice(q, -2, call.q_begin, call.q_length),
-                           slice(k_block.view(), -2, call.k_begin, call.k_length),
-                           slice(v_block.view(), -2, call.k_begin, call.k_length), out_b.view(), extras,
-                           block_options);
+          AttentionPlan<T, KV>(slice(q, -2, call.q_begin, call.q_length),
+                               slice(k_block.view(), -2, call.k_begin, call.k_length),
+                               slice(v_block.view(), -2, call.k_begin, call.k_length), block_options)
+              .run(out_b.view(), extras);
           result.merge(out_b, lse_b, call.q_begin, ring.alibi_lse_shift(call, options.alibi_slopes));
         });
         stats.blocks_computed += 1;

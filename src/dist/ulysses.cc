@@ -184,7 +184,7 @@ DistStats ulysses_attention(TensorView<const T> q, TensorView<const KV> k, Tenso
   AttentionExtras<T> extras;
   if (!lse.empty_view()) extras.lse = lse_all.view();
   const auto start = std::chrono::steady_clock::now();
-  attention<T, KV>(q_all.view(), k_all.view(), v_all.view(), out_all.view(), extras, group_options);
+  AttentionPlan<T, KV>(q_all.view(), k_all.view(), v_all.view(), group_options).run(out_all.view(), extras);
   stats.compute_seconds += seconds_since(start);
   stats.blocks_computed += 1;
 

@@ -47,20 +47,24 @@ MhaGradients<T> MultiHeadAttention<T>::gradients(const Parameters& params, const
   for (const Tensor<T>* p : w->list(c)) g.parameters.emplace_back(p->shape());
   Tensor<T>&dwq = g.parameters[0], &dwk = g.parameters[1], &dwv = g.parameters[2],
   &dwo = g.parameters[3];
-  const auto bias_grad = [&](int i) { return c.bias ? g.parameters[4 + i].data() : nullptr; };
+  const auto bias_grad = [&](int i) { return c.bias ? g.parameters[4 + i].view() : TensorView<T>(); };
+  // A contiguous tensor of `rows` rows of `width` (the tokens of every batch
+  // entry) as the matrix linear() takes.
+  const auto matrix = [](auto& t, int64_t rows, int64_t width) {
+    return TensorView<std::remove_pointer_t<decltype(t.data())>>(t.data(), {rows, width});
+  };
 
   // forward: out = ctx Woᵀ + bo (rows in ctx's layout)
   Tensor<T> dctx(out_shape);
-  detail::linear_backward(a.ctx.data(), w->wo.data(), dy.data(), B * n_q, E, E, dctx.data(),
-                          dwo.data(), bias_grad(3));
+  linear_backward(matrix(a.ctx, B * n_q, E), w->wo.view(), matrix(dy, B * n_q, E), matrix(dctx, B * n_q, E),
+                  dwo.view(), bias_grad(3));
   // forward: ctx = attention(q, k, v) per head
   Tensor<T> dq({B, n_q, E}), dk({B, n_k, kv}), dv({B, n_k, kv});
   auto dqh = heads_view(dq, H), dkh = heads_view(dk, Hkv);
-  detail::masked_attention_backward(TensorView<const T>(heads_view(a.q, H)), a.K, a.V,
-                                    TensorView<const T>(ctx_heads(dctx, a)), dqh, dkh,
-                                    heads_view(dv, Hkv), a.attention, a.mask(), a.padding(),
-                                    c.sinks ? g.parameters.back().view() : TensorView<T>(),
-                                    SavedForward<T>{TensorView<const T>(ctx_heads(a.ctx, a)), a.lse.view()});
+  attention_backward(TensorView<const T>(heads_view(a.q, H)), a.K, a.V, TensorView<const T>(ctx_heads(dctx, a)),
+                     dqh, dkh, heads_view(dv, Hkv), a.attention, a.masks(),
+                     c.sinks ? g.parameters.back().view() : TensorView<T>(),
+                     SavedForward<T>{TensorView<const T>(ctx_heads(a.ctx, a)), a.lse.view()});
   // forward: bias_k, bias_v (add_bias_kv) and zeros (add_zero_attn) appended
   // after the n_in keys the inputs gave
   if (const int64_t n_in = a.k_in.dim(1); n_in != n_k) {
@@ -88,11 +92,12 @@ MhaGradients<T> MultiHeadAttention<T>::gradients(const Parameters& params, const
   }
   // forward: q = q_in Wqᵀ + bq;  k = k_in Wkᵀ + bk;  v = v_in Wvᵀ + bv
   const auto input_grad = [&](TensorView<const T> x, const Tensor<T>& w, const Tensor<T>& dproj,
-                              Tensor<T>& dw, T* db) {
+                              Tensor<T>& dw, TensorView<T> db) {
     const Tensor<T> xc = contiguous(x);
     Tensor<T> dx(xc.shape());
-    detail::linear_backward(xc.data(), w.data(), dproj.data(), x.dim(0) * x.dim(1), x.dim(2),
-                            w.dim(0), dx.data(), dw.data(), db);
+    const int64_t rows = x.dim(0) * x.dim(1);
+    linear_backward(matrix(xc, rows, x.dim(2)), w.view(), matrix(dproj, rows, w.dim(0)), matrix(dx, rows, x.dim(2)),
+                    dw.view(), db);
     return dx;
   };
   Tensor<T> dq_in = input_grad(a.q_in, w->wq, dq, dwq, bias_grad(0));

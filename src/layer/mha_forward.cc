@@ -214,13 +214,12 @@ typename MultiHeadAttention<T>::Activations MultiHeadAttention<T>::forward_activ
   const auto attend = [&](auto K, auto V) {
     using KV = std::remove_const_t<std::remove_reference_t<decltype(*K.data())>>;
     if constexpr (AttentionTypes<T, KV>)  // (a float64 cache holds float64 only)
-      detail::PreparedAttention<T, KV>(qh, K, V, a.attention, a.mask(), a.padding())
-          .run(ctx_heads(a.ctx, a), extras);
+      AttentionPlan<T, KV>(qh, K, V, a.attention, a.masks()).run(ctx_heads(a.ctx, a), extras);
   };
   if (cache) {
     // The chunk's keys and values are read back from the cache, stored as
     // the past tokens are (quantized, for a compact cache).
-    detail::check_options<T>(a.attention, H);  // nothing is appended for a call that fails
+    check_attention_options<T>(a.attention, H);  // nothing is appended for a call that fails
     const int64_t t0 = cache->seen();
     cache->append(kh, vh);
     const auto run = [&](auto K, auto V) {

@@ -12,10 +12,9 @@
 #include <type_traits>
 #include <variant>
 
-#include "attention_problem.hpp"
+#include "attn/linear.hpp"
 #include "attn/multi_head_attention.hpp"
 #include "attn/positional.hpp"
-#include "kernels/linear.hpp"
 
 namespace attn::detail::mha {
 
@@ -43,8 +42,7 @@ Tensor<T> project(TensorView<const T> x, const Tensor<T>& w, const Tensor<T>& b)
   const TensorView<const T> rows =
       even ? TensorView<const T>(x.data(), {B * n, in}, {row_stride, 1})
            : TensorView<const T>((xc = contiguous(x)).data(), {B * n, in});
-  detail::linear(rows, w.data(), b.rank() ? b.data() : nullptr,
-                 TensorView<T>(y.data(), {B * n, out}));
+  linear(rows, w.view(), b.rank() ? b.view() : TensorView<const T>(), TensorView<T>(y.data(), {B * n, out}));
   return y;
 }
 
@@ -145,9 +143,10 @@ struct MultiHeadAttention<T>::Activations {
   Tensor<T> weights;                     // (batch, heads, n_q, n_k) when need_weights
   Tensor<T> lse;                         // (batch, heads, n_q) without a cache: the backward's
 
-  // In PyTorch's convention: a boolean true blocks.
-  detail::MaskInput mask() const { return {attn_mask, true}; }
-  detail::MaskInput padding() const { return {key_padding_mask, true}; }
+  // Both in nn.MultiheadAttention's convention: a boolean true blocks.
+  AttentionMasks masks() const {
+    return {{attn_mask, MaskConvention::TrueBlocks}, {key_padding_mask, MaskConvention::TrueBlocks}};
+  }
 };
 
 // A forward's state for its backward (multi_head_attention.hpp).

@@ -42,7 +42,7 @@ void multi_head_into(TensorView<const T> x, TensorView<T> out, int64_t heads,
   check_outputs("multi_head", {{"out", MemorySpan::of(out)}},
                         {{"x", MemorySpan::of(x)}});
   const auto s = split_heads(x, heads);
-  attention(s, s, s, split_heads(out, heads), options);
+  AttentionPlan<T>(s, s, s, options).run(split_heads(out, heads));
 }
 
 }  // namespace
@@ -61,15 +61,13 @@ Tensor<T> multi_head(TensorView<const T> x, int64_t heads, const AttentionOption
 }
 
 template <Real T>
-AttentionResult<T> multi_head_with_weights(TensorView<const T> x, int64_t heads,
-                                                const AttentionOptions& options) {
+MultiHeadResult<T> multi_head_with_weights(TensorView<const T> x, int64_t heads,
+                                           const AttentionOptions& options) {
   check_heads("multi_head", x, heads);
   const auto s = split_heads(x, heads);
   const AttentionPlan<T> plan(s, s, s, options);
-  AttentionResult<T> r;
-  r.out = Tensor<T>(x.shape());
-  r.weights = Tensor<T>(plan.weights_shape());
-  plan.run(split_heads(r.out.view(), heads), r.weights.view());
+  MultiHeadResult<T> r{Tensor<T>(x.shape()), Tensor<T>(plan.weights_shape())};
+  plan.run(split_heads(r.out.view(), heads), {.weights = r.weights.view()});
   return r;
 }
 
@@ -88,7 +86,7 @@ Tensor<T> apply_rope_per_head(TensorView<const T> x, int64_t heads, const RopeOp
 #define ATTN_INSTANTIATE(T)                                                                   \
   template void multi_head(TensorView<const T>, TensorView<T>, int64_t, const AttentionOptions&); \
   template Tensor<T> multi_head(TensorView<const T>, int64_t, const AttentionOptions&);          \
-  template AttentionResult<T> multi_head_with_weights(TensorView<const T>, int64_t,             \
+  template MultiHeadResult<T> multi_head_with_weights(TensorView<const T>, int64_t,             \
                                                       const AttentionOptions&);                 \
   template Tensor<T> apply_rope_per_head(TensorView<const T>, int64_t, const RopeOptions&);
 ATTN_INSTANTIATE(float)

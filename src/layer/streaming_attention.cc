@@ -8,7 +8,7 @@
 #include <cmath>
 #include <limits>
 
-#include "attention_problem.hpp"
+#include "attn/attention.hpp"
 
 namespace attn::detail {
 namespace {
@@ -55,7 +55,7 @@ void streaming_attention(TensorView<const T> q, TensorView<const KV> k, TensorVi
   AttentionExtras<T> extras;
   extras.lse = window_lse.view();
   extras.weights = weight_cols(weights, 0, n_q, sinks, n_k);
-  PreparedAttention<T, KV>(q, key_slots(k, sinks, n_k), key_slots(v, sinks, n_k), in_window, {}).run(out, extras);
+  AttentionPlan<T, KV>(q, key_slots(k, sinks, n_k), key_slots(v, sinks, n_k), in_window).run(out, extras);
   if (sinks == 0) return;
   AttentionOptions sink_keys = options;
   sink_keys.sinks.clear();
@@ -68,7 +68,7 @@ void streaming_attention(TensorView<const T> q, TensorView<const KV> k, TensorVi
     AttentionExtras<T> sink_extras;
     sink_extras.lse = sink_lse.view();
     sink_extras.weights = weight_cols(weights, i0, i1, 0, sinks);
-    PreparedAttention<T, KV>(query_rows(q, i0, i1), ks, vs, sink_keys, {}).run(sink_out.view(), sink_extras);
+    AttentionPlan<T, KV>(query_rows(q, i0, i1), ks, vs, sink_keys).run(sink_out.view(), sink_extras);
     for (int64_t b = 0; b < B; ++b)
       for (int64_t h = 0; h < H; ++h)
         for (int64_t i = i0; i < i1; ++i) {

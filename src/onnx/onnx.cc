@@ -10,7 +10,6 @@
 #include <string>
 #include <type_traits>
 
-#include "attention_problem.hpp"
 #include "attn/attention.hpp"
 #include "attn/positional.hpp"
 
@@ -150,8 +149,9 @@ void run_attention(const Sizes& z, TensorView<const T> q, const Tensor<T>& prese
     if (a.is_causal)
       options.causal = Causal::offset(z.has_past || nonpad.empty_view() ? z.past : limit - z.queries);
     for (int64_t j = 0; j < z.keys; ++j) valid[j] = j < limit;
-    const detail::MaskInput second =
-        nonpad.empty_view() ? detail::MaskInput{} : detail::MaskInput{TensorView<const bool>(valid.view())};
+    // The keys past nonpad_kv_seqlen: a second mask, beside attn_mask.
+    const attn::AttentionMask padding =
+        nonpad.empty_view() ? attn::AttentionMask{} : attn::AttentionMask{TensorView<const bool>(valid.view())};
     AttentionExtras<C> extras;
     if (!qk.empty_view()) {
       if (a.qk_matmul_output_mode == 3) extras.weights = qk_b.view();
@@ -159,8 +159,8 @@ void run_attention(const Sizes& z, TensorView<const T> q, const Tensor<T>& prese
       extras.logits_stage = std::array{Logits::Scaled, Logits::Softcapped, Logits::Masked,
                                        Logits::Masked}[a.qk_matmul_output_mode];
     }
-    detail::PreparedAttention<C, C>(at_batch(qc.view, b), at_batch(kc.view, b), at_batch(vc.view, b),
-                                    options, detail::MaskInput{mask_at(mask, b)}, second)
+    AttentionPlan<C, C>(at_batch(qc.view, b), at_batch(kc.view, b), at_batch(vc.view, b), options,
+                        {attn::AttentionMask{mask_at(mask, b)}, padding})
         .run(y_b.view(), extras);
     transform(TensorView<const C>(y_b.view()), at_batch(y, b), narrow<T, C>);
     if (!qk.empty_view()) transform(TensorView<const C>(qk_b.view()), at_batch(qk, b), narrow<T, C>);

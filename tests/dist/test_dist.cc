@@ -102,6 +102,20 @@ struct Problem {
   int64_t batch = 2, d = 8;
 };
 
+// attention() on one process: the output and log-sum-exp of the whole problem.
+template <class T>
+struct Whole {
+  Tensor<T> out, lse;
+};
+template <class T, class KV>
+Whole<T> whole_attention(TensorView<const T> q, TensorView<const KV> k, TensorView<const KV> v,
+                         const AttentionOptions& options) {
+  const AttentionPlan<T, KV> plan(q, k, v, options);
+  Whole<T> whole{Tensor<T>(plan.output_shape()), Tensor<T>(plan.lse_shape())};
+  plan.run(whole.out.view(), {.lse = whole.lse.view()});
+  return whole;
+}
+
 // Rows per rank: contiguous ones uneven (base + r, some ranks possibly
 // empty when base is 0), zigzag ones two chunks each.
 std::vector<int64_t> lengths(Layout layout, int64_t base) {
@@ -126,8 +140,7 @@ Outcome<T, KV> run(const Problem& p, bool with_lse = true) {
   const Tensor<T> q = normal<T>({p.batch, hq, n_q, p.d}, 1);
   const Tensor<KV> k = normal<KV>({p.batch, hkv, n_k, p.d}, 2), v = normal<KV>({p.batch, hkv, n_k, p.d}, 3);
   Outcome<T, KV> o;
-  const AttentionResult<T> whole =
-      attention_with_extras<T, KV>(q.view(), k.view(), v.view(), {.lse = true}, p.options);
+  const auto whole = whole_attention<T, KV>(q.view(), k.view(), v.view(), p.options);
   const std::vector<int64_t> q_rows = positions(p.layout, p.q_lengths, r);
   const std::vector<int64_t> k_rows = positions(p.layout, p.k_lengths, r);
   o.expected_out = take_rows(whole.out, q_rows);
@@ -309,7 +322,7 @@ TEST(ContextParallel, Q8_0KeysAndValues) {
       const Tensor<block_q8_0> v = quantize_q8_0(normal<float>({w, n, 32}, 3).view());
       const AttentionOptions options{.causal = Causal::TopLeft};
       const auto whole =
-          attention_with_extras<float, block_q8_0>(q.view(), k.view(), v.view(), {.lse = true}, options);
+          whole_attention<float, block_q8_0>(q.view(), k.view(), v.view(), options);
       const std::vector<int64_t> rows = positions(l, n_local, r);
       const Tensor<float> q_local = take_rows(q, rows);
       const Tensor<block_q8_0> k_local = take_rows(k, rows), v_local = take_rows(v, rows);
