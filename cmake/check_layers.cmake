@@ -1,6 +1,7 @@
-# Checks every #include of src/, include/ and python/ under ROOT against the
-# rooms' table (cmake/layers.cmake): a file may include its own room, the
-# rooms its room may include (through their door, where they have one), and
+# Checks every #include of src/, include/, companion/ and python/ under ROOT
+# against the rooms' table (cmake/layers.cmake): a file may include its own
+# room, the rooms its room may include (through their door, where they have
+# one; through include/attn/ only, for a room on the public API only), and
 # the C++ and system headers. Fails naming each file, include and rule.
 #   cmake -DROOT=<source tree> -P cmake/check_layers.cmake
 # The build runs it before compiling the library (target attn_layers_check);
@@ -20,8 +21,18 @@ function(room_of path out)
         set(room ${candidate})
       endif()
     endforeach()
+  elseif(path MATCHES "^companion/include/companion/([^/]+)$")
+    foreach(candidate IN LISTS ATTN_COMPANION_ROOMS)
+      if(CMAKE_MATCH_1 IN_LIST ATTN_COMPANION_HEADERS_${candidate})
+        set(room ${candidate})
+      endif()
+    endforeach()
   elseif(path MATCHES "^src/([^/]+)/")
-    if(CMAKE_MATCH_1 IN_LIST ATTN_ROOMS)
+    if(CMAKE_MATCH_1 IN_LIST ATTN_ROOMS AND NOT CMAKE_MATCH_1 IN_LIST ATTN_COMPANION_ROOMS)
+      set(room ${CMAKE_MATCH_1})
+    endif()
+  elseif(path MATCHES "^companion/([^/]+)/")
+    if(CMAKE_MATCH_1 IN_LIST ATTN_COMPANION_ROOMS)
       set(room ${CMAKE_MATCH_1})
     endif()
   elseif(path MATCHES "^python/")
@@ -31,11 +42,17 @@ function(room_of path out)
 endfunction()
 
 # The file a quoted include names, searched as the compiler does: the
-# including file's folder, then the include roots; "" when none has it.
+# including file's folder, then the include roots of its side (the
+# library's and the companion's headers, or the companion's roots); "" when
+# none has it. (Which of them a room may include is the table's to say.)
 function(resolve including name out)
   get_filename_component(folder ${including} DIRECTORY)
+  set(roots ${ATTN_INCLUDE_ROOTS} companion/include)
+  if(including MATCHES "^companion/")
+    set(roots ${ATTN_COMPANION_INCLUDE_ROOTS})
+  endif()
   set(found "")
-  foreach(dir IN ITEMS ${folder} ${ATTN_INCLUDE_ROOTS})
+  foreach(dir IN ITEMS ${folder} ${roots})
     if(NOT found AND EXISTS ${ROOT}/${dir}/${name} AND NOT IS_DIRECTORY ${ROOT}/${dir}/${name})
       file(RELATIVE_PATH found ${ROOT} ${ROOT}/${dir}/${name})
     endif()
@@ -70,7 +87,7 @@ macro(refuse file line message_text)
 endmacro()
 
 file(GLOB_RECURSE files RELATIVE ${ROOT}
-     ${ROOT}/src/* ${ROOT}/include/* ${ROOT}/python/*)
+     ${ROOT}/src/* ${ROOT}/include/* ${ROOT}/companion/* ${ROOT}/python/*)
 list(FILTER files INCLUDE REGEX "\\.(cc|hpp|h)$")
 list(SORT files)
 foreach(file IN LISTS files)
@@ -115,6 +132,10 @@ foreach(file IN LISTS files)
       string(REPLACE ";" ", " allowed "${ATTN_MAY_INCLUDE_${room}}")
       refuse(${file} "${line}"
              "${room} may not include ${target_room} (${room} may include: ${allowed})")
+    elseif(room IN_LIST ATTN_PUBLIC_API_ONLY AND target_room IN_LIST ATTN_LIBRARY_ROOMS AND
+           NOT target MATCHES "^include/attn/")
+      refuse(${file} "${line}"
+             "${room} is built on the library's public API only (include/attn/), not ${target_room}'s inside")
     elseif(DEFINED ATTN_DOOR_${target_room} AND NOT target IN_LIST ATTN_DOOR_${target_room})
       string(REPLACE ";" ", " door "${ATTN_DOOR_${target_room}}")
       refuse(${file} "${line}"

@@ -1,26 +1,31 @@
 # The rooms of attn and which room may include which: the one table that
-# cmake/check_layers.cmake holds every #include of src/, include/ and python/
-# against, before the library compiles (so a kernel that includes
+# cmake/check_layers.cmake holds every #include of src/, include/, companion/
+# and python/ against, before the library compiles (so a kernel that includes
 # "attn/io.hpp" fails the build). CMakeLists.txt builds one OBJECT library per
-# room of the library, composing attn::attn.
+# room, composing attn::attn (the library's rooms) and attn_companion (the
+# companion's).
 
-# The library's rooms, from the bottom up, then the programs built on it.
-set(ATTN_LIBRARY_ROOMS core reference kernels api io layer onnx picture train bench capi)
-set(ATTN_ROOMS ${ATTN_LIBRARY_ROOMS} dist cli python)
+# The library's rooms, from the bottom up; the article's companion (pictures,
+# training and the experiments, the machine's ceilings), built on the
+# library's public API; then the programs built on them.
+set(ATTN_LIBRARY_ROOMS core reference kernels api io layer onnx capi)
+set(ATTN_COMPANION_ROOMS picture train machine)
+set(ATTN_ROOMS ${ATTN_LIBRARY_ROOMS} ${ATTN_COMPANION_ROOMS} dist cli python)
 
-# Where a file lives: src/<room>/ and python/ are rooms by folder; the public
-# headers (include/attn/, one flat folder for users) are assigned one by one.
-set(ATTN_PUBLIC_core attention.hpp error.hpp half.hpp linear.hpp mask.hpp quantize.hpp softmax.hpp
-                     tensor.hpp threads.hpp varlen.hpp version.h)
+# Where a file lives: src/<room>/, companion/<room>/ and python/ are rooms by
+# folder; the public headers (include/attn/, one flat folder for users; the
+# companion's in companion/include/companion/) are assigned one by one.
+set(ATTN_PUBLIC_core attention.hpp error.hpp half.hpp linear.hpp mask.hpp quantize.hpp random.hpp
+                     softmax.hpp tensor.hpp threads.hpp varlen.hpp version.h)
 set(ATTN_PUBLIC_layer attn.hpp kv_cache.hpp multi_head.hpp multi_head_attention.hpp
                       positional.hpp rope_scaling.hpp)
 set(ATTN_PUBLIC_onnx onnx.hpp)
 set(ATTN_PUBLIC_io io.hpp file.hpp)
-set(ATTN_PUBLIC_picture picture.hpp)
-set(ATTN_PUBLIC_train adam.hpp embedding.hpp experiments.hpp train.hpp)
-set(ATTN_PUBLIC_bench machine.hpp)
 set(ATTN_PUBLIC_capi attn.h)
 set(ATTN_PUBLIC_dist dist.hpp)
+set(ATTN_COMPANION_HEADERS_picture picture.hpp)
+set(ATTN_COMPANION_HEADERS_train adam.hpp embedding.hpp experiments.hpp train.hpp)
+set(ATTN_COMPANION_HEADERS_machine machine.hpp)
 
 # Which rooms a room may include besides its own. External libraries count as
 # rooms too (hwy: Highway, json: nlohmann, stb); the C++ and system headers,
@@ -34,35 +39,38 @@ set(ATTN_PUBLIC_dist dist.hpp)
 #   api: the functions that validate once and dispatch (attention, its
 #     backward, varlen, softmax): to the kernels (through their door) for
 #     float32, to the reference for float64.
-#   layer: the API, the kernels' linear map, io for its save/load, and json
-#     for rope_scaling dicts.
-#   onnx: ONNX's operators, an adapter over the API (and core's plan, for a
-#     second mask) and the positional encodings.
-#   bench: the machine's ceilings; the bf16 unit's throughput loop is the
-#     kernels'.
+#   layer: over the public API (attention, linear: core's headers, the api's
+#     code), io for its save/load, and json for rope_scaling dicts.
+#   onnx: ONNX's operators, an adapter over the public API and the
+#     positional encodings.
 #   capi: the C API, a thin layer over the C++ API's public headers.
-#   dist: context parallelism over MPI (a library of its own, attn::dist),
-#     over the public API only.
+#   picture, train, machine: the companion (attn_companion): heat maps;
+#     Adam, the classifier, the trainer and the experiments; the machine's
+#     ceilings (over precision_peak_loop).
+#   dist: context parallelism over MPI (a library of its own, attn::dist).
 set(ATTN_MAY_INCLUDE_core)
 set(ATTN_MAY_INCLUDE_reference core)
 set(ATTN_MAY_INCLUDE_kernels core reference hwy)
 set(ATTN_MAY_INCLUDE_api core reference kernels)
-set(ATTN_MAY_INCLUDE_layer core kernels io json)
+set(ATTN_MAY_INCLUDE_layer core io json)
 set(ATTN_MAY_INCLUDE_onnx core layer)
 set(ATTN_MAY_INCLUDE_io core json)
-set(ATTN_MAY_INCLUDE_picture core io stb)
-set(ATTN_MAY_INCLUDE_train core kernels layer io)
-set(ATTN_MAY_INCLUDE_bench core kernels hwy)
 set(ATTN_MAY_INCLUDE_capi core layer io)
+set(ATTN_MAY_INCLUDE_picture core io stb)
+set(ATTN_MAY_INCLUDE_train core layer io)
+set(ATTN_MAY_INCLUDE_machine core hwy)
 set(ATTN_MAY_INCLUDE_dist core)
-set(ATTN_MAY_INCLUDE_cli core layer io picture train bench json dist)
+set(ATTN_MAY_INCLUDE_cli core layer io picture train machine json dist)
 set(ATTN_MAY_INCLUDE_python core layer onnx io dist)
 
 # A room's door: the only files of it that other rooms may include (every
-# file, for a room without one). The thread pool is in the kernels' door so
-# that work made of kernel calls (the experiments' models) can share it; the
-# rest of the kernels (-inl.h pieces, scratch) is theirs alone.
-set(ATTN_DOOR_kernels src/kernels/attention_kernel.hpp src/kernels/linear.hpp src/kernels/thread_pool.hpp)
+# file, for a room without one). The rest of the kernels (-inl.h pieces,
+# scratch) is theirs alone.
+set(ATTN_DOOR_kernels src/kernels/attention_kernel.hpp src/kernels/linear.hpp)
+
+# The rooms built on the library's public API only: of the library's rooms
+# they may include the public headers (include/attn/) and nothing else.
+set(ATTN_PUBLIC_API_ONLY ${ATTN_COMPANION_ROOMS} dist cli python)
 
 # External headers, by how their name starts in <...>.
 set(ATTN_EXTERNAL_hwy "hwy/")
@@ -75,3 +83,6 @@ set(ATTN_EXTERNAL_stb "stb_")
 # and core's plan header ("attention_problem.hpp"). Users, the Python module
 # and the fuzzers see include/ only.
 set(ATTN_INCLUDE_ROOTS include src src/core)
+# The companion's: the library's public headers, its own ("companion/
+# picture.hpp") and its rooms' ("picture/colour_map.hpp").
+set(ATTN_COMPANION_INCLUDE_ROOTS include companion/include companion)

@@ -51,6 +51,11 @@ if $has_dist; then
   if dpkg-deb -c "$dev" | grep -q 'dist\.hpp\|attn_dist\|attn-dist\|DistTargets'; then fail "libattn-dev holds attn::dist's files"; fi
 fi
 if dpkg-deb -c "$runtime" | grep -q 'include/\|\.a$'; then fail "the runtime package holds development files"; fi
+# The companion (pictures, training, the machine's ceilings) is the command's
+# alone: none of its headers in libattn-dev, none of its code in libattn.
+if dpkg-deb -c "$dev" | grep -qE 'companion|include/attn/(picture|train|adam|experiments|machine|embedding)\.hpp'; then
+  fail "libattn-dev holds the companion's headers"
+fi
 dpkg-deb -f "$runtime" Depends | grep -q 'libhwy1' || fail "libattn$major does not depend on libhwy1 (dpkg-shlibdeps)"
 dpkg-deb -f "$dev" Depends | grep -q "libattn$major (= $version)" || fail "libattn-dev does not depend on libattn$major"
 dpkg-deb -f "$cli" Depends | grep -q "libattn$major (= $version)" || fail "attn does not depend on libattn$major"
@@ -60,6 +65,9 @@ done
 
 root=$work/root
 for deb in "${debs[@]}"; do dpkg -x "$deb" "$root"; done
+if nm -D --defined-only "$root/usr/lib/libattn.so.$major" | c++filt | grep -qE 'attn::(write_png|viridis|Adam|Classifier|measure_fma_peak_gflops)'; then
+  fail "libattn$major exports the companion's code"
+fi
 export PKG_CONFIG_PATH=$root/usr/lib/pkgconfig
 [ -n "$pkg_config_dirs" ] && export PKG_CONFIG_LIBDIR=$pkg_config_dirs
 # shellcheck disable=SC2046

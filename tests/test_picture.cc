@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "attn/picture.hpp"
+#include "companion/picture.hpp"
 #include "helpers.hpp"
 
 namespace attn {

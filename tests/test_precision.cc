@@ -624,13 +624,14 @@ TEST(Precision, Int8UnitAtItsEdges) {
   compare(q, k, v, false);
 }
 
-// The int8 unit's peak loop (the bench's int8_peak_gops) does the
-// operations it counts: 12 sums of its lanes, each starting at its index
-// and adding four 1 · 1 byte products per round; 2 operations per product.
+// The int8 unit's peak loop (precision_peak_loop, the bench's
+// int8_peak_gops) does the operations it counts: 12 sums of its lanes, each
+// starting at its index and adding four 1 · 1 byte products per round; 2
+// operations per product.
 TEST(Precision, Int8PeakLoopDoesWhatItCounts) {
   float sink = 0;
   const int64_t rounds = 1000;
-  const double ops = detail::int8_peak_loop(rounds, &sink);
+  const double ops = precision_peak_loop(Precision::Int8, rounds, &sink);
   const detail::Int8Unit* unit = detail::cpu_int8_unit();
   ASSERT_EQ(unit != nullptr, expected_int8_unit() != "highway");
   if (!unit) {
@@ -641,6 +642,19 @@ TEST(Precision, Int8PeakLoopDoesWhatItCounts) {
   EXPECT_EQ(lanes, expected_int8_unit() == "avx512_vnni" ? 16 : 4);
   EXPECT_EQ(ops, 2.0 * 4 * lanes * 12 * rounds);
   EXPECT_EQ(sink, lanes * (66 + 12 * 4 * rounds));  // lanes · Σ_i (i + 4 · rounds)
+}
+
+// precision_peak_loop runs each precision's unit: the FMAs for float32
+// (some work on every CPU), the bf16 unit where the CPU has one (none: 0),
+// and as many operations per round as the rounds ask.
+TEST(Precision, PeakLoopIsEachPrecisionsUnit) {
+  float sink = 0;
+  const double fma = precision_peak_loop(Precision::Float32, 1000, &sink);
+  EXPECT_GT(fma, 0);
+  EXPECT_EQ(precision_peak_loop(Precision::Float32, 2000, &sink), 2 * fma);
+  const double bf16 = precision_peak_loop(Precision::BF16, 1000, &sink);
+  EXPECT_EQ(bf16 > 0, expected_unit() != "highway");
+  EXPECT_EQ(precision_peak_loop(Precision::BF16, 2000, &sink), 2 * bf16);
 }
 
 // A few queries against more keys than one decode chunk take the decode

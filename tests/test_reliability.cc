@@ -8,9 +8,12 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstring>
 #include <limits>
+#include <mutex>
 #include <thread>
 #include <vector>
 
@@ -314,6 +317,49 @@ TEST(Threads, CountsOutsideOneToMaxAreRefused) {
   EXPECT_THROW_MSG(set_num_threads(100000), ValueError, "got 100000");
   set_num_threads(max_num_threads());
   EXPECT_EQ(num_threads(), max_num_threads());
+}
+
+// parallel_for runs every item once, on more than one thread when it has
+// them; a nested call runs on its caller's thread; an item that throws
+// leaves the others to run, and the lowest-numbered item's exception is the
+// one rethrown.
+TEST(Threads, ParallelForRunsEveryItemOnceAndRethrowsTheFirstError) {
+  RestoreThreads restore;
+  set_num_threads(4);
+  constexpr int64_t n = 64;
+  std::vector<std::atomic<int>> runs(n);
+  std::mutex ids_mutex;
+  std::vector<std::thread::id> ids;
+  parallel_for(n, [&](int64_t i) {
+    runs[i].fetch_add(1);
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));  // long enough for the others to take some
+    std::lock_guard lock(ids_mutex);
+    if (std::find(ids.begin(), ids.end(), std::this_thread::get_id()) == ids.end())
+      ids.push_back(std::this_thread::get_id());
+  });
+  for (int64_t i = 0; i < n; ++i) EXPECT_EQ(runs[i].load(), 1) << "item " << i;
+  EXPECT_GT(ids.size(), 1u);
+
+  std::atomic<int> inner{0};
+  parallel_for(4, [&](int64_t) {
+    const auto outer_thread = std::this_thread::get_id();
+    parallel_for(3, [&](int64_t) {
+      EXPECT_EQ(std::this_thread::get_id(), outer_thread);
+      inner.fetch_add(1);
+    });
+  });
+  EXPECT_EQ(inner.load(), 12);
+
+  std::atomic<int> ran{0};
+  EXPECT_THROW_MSG(parallel_for(n,
+                                [&](int64_t i) {
+                                  ran.fetch_add(1);
+                                  if (i == 40 || i == 7 || i == 63) throw ValueError("item " + std::to_string(i));
+                                }),
+                   ValueError, "item 7");
+  EXPECT_EQ(ran.load(), n);
+  EXPECT_THROW_MSG(parallel_for(-1, [](int64_t) {}), ValueError, "parallel_for: n must be >= 0, got -1");
+  parallel_for(0, [](int64_t) { ADD_FAILURE() << "an item of an empty range ran"; });
 }
 
 // A pool the system cannot start is an error, not std::terminate: the

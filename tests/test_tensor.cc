@@ -1,10 +1,12 @@
 #include <gtest/gtest.h>
 
 #include <bitset>
+#include <cmath>
 #include <cstdint>
 #include <limits>
 #include <random>
 
+#include "attn/random.hpp"
 #include "helpers.hpp"
 
 namespace attn {
@@ -206,6 +208,28 @@ TEST(Overlap, InterleavedAndLargeViews) {
   EXPECT_FALSE(overlaps_itself(MemorySpan::of(one_zero_row)));
   EXPECT_TRUE(same_elements(MemorySpan::of(even), MemorySpan::of(TensorView<const float>(even))));
   EXPECT_FALSE(same_elements(MemorySpan::of(even), MemorySpan::of(odd)));
+}
+
+// The random tensors are the same everywhere: uniform01 is the generator's
+// top 53 bits (the standard fixes mt19937_64's first output for its default
+// seed), uniform and normal the closed forms of it, draw by draw.
+TEST(RandomTensors, AreTheirClosedFormsOfTheStandardGenerator) {
+  std::mt19937_64 rng;
+  EXPECT_EQ(uniform01(rng), static_cast<double>(14514284786278117030ull >> 11) / 9007199254740992.0);
+  std::mt19937_64 a(7), b(7);
+  const Tensor<double> u = uniform<double>({3, 4}, 0.5, a);
+  for (int64_t i = 0; i < u.numel(); ++i) {
+    const double x = static_cast<double>(b() >> 11) / 9007199254740992.0;
+    EXPECT_EQ(u[i], (2 * x - 1) * 0.5);
+    EXPECT_GE(u[i], -0.5);
+    EXPECT_LT(u[i], 0.5);
+  }
+  const Tensor<double> g = normal<double>({5}, 2.0, a);
+  for (int64_t i = 0; i < g.numel(); ++i) {
+    const double x = 1 - static_cast<double>(b() >> 11) / 9007199254740992.0;
+    const double y = static_cast<double>(b() >> 11) / 9007199254740992.0;
+    EXPECT_EQ(g[i], 2.0 * std::sqrt(-2 * std::log(x)) * std::cos(2 * M_PI * y));
+  }
 }
 
 }  // namespace

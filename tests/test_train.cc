@@ -7,9 +7,9 @@
 #include <cmath>
 #include <ostream>
 
-#include "attn/adam.hpp"
-#include "attn/embedding.hpp"
-#include "attn/experiments.hpp"
+#include "companion/adam.hpp"
+#include "companion/embedding.hpp"
+#include "companion/experiments.hpp"
 #include "attn/threads.hpp"
 #include "gradcheck.hpp"
 #include "helpers.hpp"

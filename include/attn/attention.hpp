@@ -49,6 +49,15 @@ std::string precision_name(Precision precision);
 // and Int8). Int8's P·V, being BF16's, runs on what
 // precision_unit(Precision::BF16) names.
 std::string precision_unit(Precision precision);
+// A benchmark's ceiling for a precision (what `attn bench` divides a kernel's
+// rate by): `iterations` rounds of independent multiply-adds on registers, on
+// the calling thread, on the unit that computes that precision's products
+// at their fastest here: the float32 FMAs of the best SIMD target (Float32),
+// the bf16 unit (BF16: VDPBF16PS, BFDOT) or the int8 unit (Int8: VPDPBUSD,
+// SDOT), whether precision_unit chooses it or not. Returns the operations
+// done (a multiply and its add count 2), 0 where the CPU has no such unit;
+// the loop's result goes to *sink, so that no compiler drops it.
+double precision_peak_loop(Precision precision, int64_t iterations, float* sink);
 
 struct AttentionOptions {
   std::optional<double> scale;  // default 1/sqrt(d) (1 when d == 0)

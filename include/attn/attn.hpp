@@ -1,18 +1,19 @@
 // attn: multi-head attention and positional encodings in C++. This umbrella
-// covers the core (tensors, masks, attention, softmax, errors, threads) and the layer
-// (multi_head, positional encodings, MultiHeadAttention, KVCache). Files
-// (attn/io.hpp, attn/file.hpp), pictures (attn/picture.hpp) and training
-// (attn/train.hpp, attn/adam.hpp, attn/embedding.hpp, attn/experiments.hpp)
-// have their own headers.
+// covers the core (tensors, masks, attention, linear, softmax, errors,
+// threads, random tensors) and the layer (multi_head, positional encodings,
+// MultiHeadAttention, KVCache). Files (attn/io.hpp, attn/file.hpp) and ONNX's
+// operators (attn/onnx.hpp) have their own headers.
 #pragma once
 
 #include "attn/attention.hpp"
 #include "attn/error.hpp"
 #include "attn/kv_cache.hpp"
+#include "attn/linear.hpp"
 #include "attn/mask.hpp"
 #include "attn/multi_head.hpp"
 #include "attn/multi_head_attention.hpp"
 #include "attn/positional.hpp"
+#include "attn/random.hpp"
 #include "attn/rope_scaling.hpp"
 #include "attn/softmax.hpp"
 #include "attn/tensor.hpp"

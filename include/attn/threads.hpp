@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 
 namespace attn {
 
@@ -18,5 +19,15 @@ int num_threads();
 // into the library. If the system cannot start that many threads, that call
 // throws attn::RuntimeError and the count stays as requested.
 void set_num_threads(int64_t n);
+
+// Runs fn(item) for every item in [0, n) on attn's threads (the calling
+// thread included), handing items out in order, and returns when all are
+// done: for work made of coarse items, such as whole models trained at once
+// (the kernel calls inside an item then run on that item's thread). A call
+// made while the threads are busy (inside an item, or beside another
+// thread's call) runs its items on the calling thread. If items throw, every
+// item still runs, and the exception of the lowest-numbered one that threw
+// is rethrown. n < 0 is a ValueError.
+void parallel_for(int64_t n, const std::function<void(int64_t)>& fn);
 
 }  // namespace attn

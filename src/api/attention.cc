@@ -294,6 +294,14 @@ std::string precision_unit(Precision precision) {
   }
 }
 
+double precision_peak_loop(Precision precision, int64_t iterations, float* sink) {
+  switch (precision) {
+    case Precision::BF16: return detail::bf16_peak_loop(iterations, sink);
+    case Precision::Int8: return detail::int8_peak_loop(iterations, sink);
+    default: return detail::fma_loop(iterations, sink);
+  }
+}
+
 Logits parse_logits(const std::string& name) {
   if (name == "scaled") return Logits::Scaled;
   if (name == "softcapped") return Logits::Softcapped;

@@ -13,7 +13,7 @@
 
 #include "attn/attn.hpp"
 #include "attn/quantize.hpp"
-#include "attn/machine.hpp"
+#include "companion/machine.hpp"
 #include "attn/threads.hpp"
 #include "cli/bench_common.hpp"
 #include "cli/commands.hpp"

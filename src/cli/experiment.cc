@@ -5,7 +5,7 @@
 #include <nlohmann/json.hpp>
 
 #include "attn/attn.hpp"
-#include "attn/experiments.hpp"
+#include "companion/experiments.hpp"
 #include "attn/file.hpp"
 #include "attn/io.hpp"
 #include "cli/commands.hpp"

@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "attn/picture.hpp"
+#include "companion/picture.hpp"
 #include "attn/rope_scaling.hpp"
 
 namespace attn::cli {

@@ -8,6 +8,8 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdlib>
+#include <exception>
+#include <limits>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -200,6 +202,28 @@ void parallel_for(int64_t n, const std::function<void(int64_t)>& fn, double work
 }
 
 }  // namespace detail
+
+void parallel_for(int64_t n, const std::function<void(int64_t)>& fn) {
+  if (n < 0) throw ValueError("parallel_for: n must be >= 0, got " + std::to_string(n));
+  std::mutex first_error_mutex;
+  int64_t first_failed = n;
+  std::exception_ptr first_error;
+  detail::parallel_for(
+      n,
+      [&](int64_t item) {
+        try {
+          fn(item);
+        } catch (...) {
+          std::lock_guard lock(first_error_mutex);
+          if (item < first_failed) {
+            first_failed = item;
+            first_error = std::current_exception();
+          }
+        }
+      },
+      std::numeric_limits<double>::infinity());  // items are coarse: always worth a thread
+  if (first_error) std::rethrow_exception(first_error);
+}
 
 int max_num_threads() { return std::min(1024, std::max(64, 4 * detail::hardware_threads())); }
 

@@ -9,7 +9,7 @@
 #include <utility>
 
 #include "layer/mha_internal.hpp"
-#include "layer/random.hpp"
+#include "attn/random.hpp"
 
 namespace attn {
 using namespace detail::mha;
@@ -20,7 +20,6 @@ uint64_t new_layer_id() {
   return next.fetch_add(1, std::memory_order_relaxed);
 }
 
-using detail::uniform;
 
 // Xavier-uniform, as torch.nn.init.xavier_uniform_: bound sqrt(6 / (fan_in + fan_out)).
 template <class T>
@@ -121,8 +120,8 @@ MultiHeadAttention<T>::MultiHeadAttention(const MultiHeadAttentionConfig& config
   }
   if (config_.add_bias_kv) {
     // xavier_normal_ on (1, 1, dkv), as PyTorch: fan_in = fan_out = dkv
-    w.bias_k = detail::normal<T>({1, 1, kv}, std::sqrt(1.0 / double(kv)), rng);
-    w.bias_v = detail::normal<T>({1, 1, kv}, std::sqrt(1.0 / double(kv)), rng);
+    w.bias_k = normal<T>({1, 1, kv}, std::sqrt(1.0 / double(kv)), rng);
+    w.bias_v = normal<T>({1, 1, kv}, std::sqrt(1.0 / double(kv)), rng);
   }
   if (config_.sinks) w.sinks = Tensor<T>({config_.num_heads});  // zeros
 }

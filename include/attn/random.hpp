@@ -1,5 +1,7 @@
-// Internal: reproducible random numbers (the same on every platform; the
-// std distributions are not).
+// Reproducible random tensors: the same numbers on every platform and
+// compiler from the same seed, as the std distributions' are not (their
+// algorithms are each standard library's own). What MultiHeadAttention
+// initialises its parameters with (PyTorch's schemes, on these numbers).
 #pragma once
 
 #include <cmath>
@@ -7,7 +9,7 @@
 
 #include "attn/tensor.hpp"
 
-namespace attn::detail {
+namespace attn {
 
 // Uniform in [0, 1) from the top 53 bits of a 64-bit Mersenne twister.
 inline double uniform01(std::mt19937_64& rng) {
@@ -33,4 +35,4 @@ Tensor<T> normal(Shape shape, double std, std::mt19937_64& rng) {
   return t;
 }
 
-}  // namespace attn::detail
+}  // namespace attn

@@ -1,4 +1,4 @@
-#include "attn/adam.hpp"
+#include "companion/adam.hpp"
 
 #include <cmath>
 #include <string>

@@ -1,12 +1,11 @@
-// The order and heads experiments (include/attn/experiments.hpp).
-#include "attn/experiments.hpp"
+// The order and heads experiments (companion/experiments.hpp).
+#include "companion/experiments.hpp"
 
 #include <algorithm>
 #include <array>
 #include <exception>
-#include <limits>
 
-#include "kernels/thread_pool.hpp"
+#include "attn/threads.hpp"
 
 namespace attn {
 namespace {
@@ -24,7 +23,7 @@ TrainOptions training(const Options& o, Progress& progress) {
 }
 
 // run(i) for the experiment's count models, trained at once, one per thread
-// of the kernels' pool: the kernel calls inside a model's steps then run on
+// of attn's threads (parallel_for): the kernel calls inside a model's steps then run on
 // its thread. (Models this small keep one core busy each: two cores train
 // two at a time, where a model's own calls gained little from a second
 // core.) They start last first: the later models are the larger ones (more
@@ -35,14 +34,14 @@ template <class Result, class Run>
 std::vector<Result> train_models(int64_t count, const Run& run) {
   std::vector<Result> results(static_cast<size_t>(count));
   std::vector<std::exception_ptr> errors(static_cast<size_t>(count));
-  detail::parallel_for(count, [&](int64_t item) {
+  parallel_for(count, [&](int64_t item) {
     const int64_t i = count - 1 - item;
     try {
       results[i] = run(i);
     } catch (...) {
       errors[i] = std::current_exception();
     }
-  }, std::numeric_limits<double>::infinity());
+  });
   for (const auto& e : errors)
     if (e) std::rethrow_exception(e);
   return results;

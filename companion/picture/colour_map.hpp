@@ -4,7 +4,7 @@
 
 #include <span>
 
-#include "attn/picture.hpp"
+#include "companion/picture.hpp"
 
 namespace attn::detail {
 

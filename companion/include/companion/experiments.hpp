@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "attn/tensor.hpp"
-#include "attn/train.hpp"
+#include "companion/train.hpp"
 
 namespace attn {
 

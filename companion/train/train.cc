@@ -6,8 +6,8 @@
 #include <cstdio>
 #include <optional>
 
-#include "attn/adam.hpp"
-#include "attn/train.hpp"
+#include "companion/adam.hpp"
+#include "companion/train.hpp"
 
 namespace attn {
 Progress::Progress(std::string label, int64_t total_steps)

@@ -1,8 +1,8 @@
-// Ceilings for `attn bench`: the kernels' FMA loop (enough independent
-// accumulators to fill every FMA pipe) and the bf16 and int8 units' loops on each thread, and
-// a streaming read of a buffer much larger than the last-level cache.
+// Ceilings for `attn bench`: the units' peak loops of libattn
+// (precision_peak_loop) on each thread, and a streaming read of a buffer much
+// larger than the last-level cache.
 #undef HWY_TARGET_INCLUDE
-#define HWY_TARGET_INCLUDE "bench/machine.cc"
+#define HWY_TARGET_INCLUDE "machine/machine.cc"
 #include <hwy/foreach_target.h>  // IWYU pragma: keep
 #include <hwy/highway.h>
 
@@ -14,12 +14,12 @@
 #include <thread>
 #include <vector>
 
+#include "attn/attention.hpp"
 #include "attn/error.hpp"
-#include "attn/machine.hpp"
-#include "kernels/attention_kernel.hpp"
+#include "companion/machine.hpp"
 
 HWY_BEFORE_NAMESPACE();
-namespace attn::detail {
+namespace attn::machine {
 namespace HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 
@@ -45,15 +45,15 @@ size_t ReadSum(const float* p, size_t n, float* sink) {
 }
 
 }  // namespace HWY_NAMESPACE
-}  // namespace attn::detail
+}  // namespace attn::machine
 HWY_AFTER_NAMESPACE();
 
 #if HWY_ONCE
 namespace attn {
-namespace detail {
+namespace machine {
 HWY_EXPORT(ReadSum);
 size_t read_sum(const float* p, size_t n, float* sink) { return HWY_DYNAMIC_DISPATCH(ReadSum)(p, n, sink); }
-}  // namespace detail
+}  // namespace machine
 
 namespace {
 using Clock = std::chrono::steady_clock;
@@ -91,18 +91,22 @@ double loop_gflops(int threads, Loop loop) {
   return total / s * 1e-9;
 }
 
-// A unit's loop's rate, or 0 where the CPU has no such unit (its loop does nothing).
-double unit_gflops(int threads, double (*loop)(int64_t, float*)) {
+// The peak rate of a precision's unit, or 0 where the CPU has no such unit
+// (its loop does nothing).
+double unit_gflops(int threads, Precision precision) {
+  const auto loop = [precision](int64_t iterations, float* sink) {
+    return precision_peak_loop(precision, iterations, sink);
+  };
   float sink[1];
   return loop(1, sink) == 0 ? 0 : loop_gflops(threads, loop);
 }
 }  // namespace
 
-double measure_fma_peak_gflops(int threads) { return loop_gflops(threads, detail::fma_loop); }
+double measure_fma_peak_gflops(int threads) { return unit_gflops(threads, Precision::Float32); }
 
-double measure_bf16_peak_gflops(int threads) { return unit_gflops(threads, detail::bf16_peak_loop); }
+double measure_bf16_peak_gflops(int threads) { return unit_gflops(threads, Precision::BF16); }
 
-double measure_int8_peak_gops(int threads) { return unit_gflops(threads, detail::int8_peak_loop); }
+double measure_int8_peak_gops(int threads) { return unit_gflops(threads, Precision::Int8); }
 
 // 512 MiB, touched; one spare cache line so that reads can start aligned.
 ReadBandwidth::ReadBandwidth() : buffer_((size_t{128} << 20) + 16, 1.0f) {}
@@ -115,7 +119,7 @@ double ReadBandwidth::measure_gbps(int threads) const {
   std::vector<float> sink(threads * 16);
   std::vector<size_t> read(threads);
   const double s = timed(threads, [&](int t) {
-    read[t] = detail::read_sum(start + t * part, part, &sink[t * 16]);
+    read[t] = machine::read_sum(start + t * part, part, &sink[t * 16]);
   });
   size_t floats = 0;
   for (size_t r : read) floats += r;

@@ -1,4 +1,4 @@
-#include "attn/picture.hpp"
+#include "companion/picture.hpp"
 
 #include <stb_image_write.h>
 

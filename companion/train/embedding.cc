@@ -1,4 +1,4 @@
-#include "attn/embedding.hpp"
+#include "companion/embedding.hpp"
 
 #include <string>
 

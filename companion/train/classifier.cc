@@ -4,11 +4,11 @@
 #include <cmath>
 #include <utility>
 
-#include "attn/embedding.hpp"
+#include "attn/linear.hpp"
 #include "attn/positional.hpp"
-#include "attn/train.hpp"
-#include "kernels/linear.hpp"
-#include "layer/random.hpp"
+#include "attn/random.hpp"
+#include "companion/embedding.hpp"
+#include "companion/train.hpp"
 
 namespace attn {
 
@@ -56,18 +56,18 @@ Classifier<T>::Classifier(const ClassifierConfig& c, uint64_t seed) : config_(c)
         ", " + std::to_string(c.max_len) + ", " + std::to_string(c.num_classes));
   if (c.num_layers < 1) bad("num_layers must be >= 1, got " + std::to_string(c.num_layers));
   std::mt19937_64 rng(seed);
-  tokens_ = detail::uniform<T>({c.vocab_size, c.embed_dim}, 1.0, rng);
+  tokens_ = uniform<T>({c.vocab_size, c.embed_dim}, 1.0, rng);
   if (c.positional == Positional::Sinusoidal)
     positions_ = sinusoidal_encoding<T>(c.max_len, c.embed_dim);
   if (c.positional == Positional::Learned)
-    positions_ = detail::uniform<T>({c.max_len, c.embed_dim}, 1.0, rng);
+    positions_ = uniform<T>({c.max_len, c.embed_dim}, 1.0, rng);
   MultiHeadAttentionConfig mc;
   mc.embed_dim = c.embed_dim;
   mc.num_heads = c.num_heads;
   mc.rope = c.positional == Positional::Rope;
   mc.alibi = c.positional == Positional::Alibi;
   for (int64_t l = 0; l < c.num_layers; ++l) layers_.emplace_back(mc, rng());
-  readout_w_ = detail::uniform<T>({c.num_classes, c.embed_dim}, 1 / std::sqrt(double(c.embed_dim)), rng);
+  readout_w_ = uniform<T>({c.num_classes, c.embed_dim}, 1 / std::sqrt(double(c.embed_dim)), rng);
   readout_b_ = Tensor<T>({c.num_classes});
 }
 
@@ -137,8 +137,7 @@ typename Classifier<T>::Forward Classifier<T>::forward(TensorView<const int64_t>
       for (int64_t e = 0; e < E; ++e) f.pooled[b * E + e] += h[(b * n + t) * E + e] / T(n - first);
   // logits = pooled W_rᵀ + b_r
   f.logits = Tensor<T>({B, c.num_classes});
-  detail::linear(TensorView<const T>(f.pooled.view()), readout_w_.data(), readout_b_.data(),
-                 f.logits.view());
+  linear<T>(f.pooled.view(), readout_w_.view(), readout_b_.view(), f.logits.view());
   return f;
 }
 
@@ -201,8 +200,8 @@ double Classifier<T>::loss(const Batch& batch, std::vector<Tensor<T>>* gradients
 
   // logits = pooled W_rᵀ + b_r
   Tensor<T> dpooled({B, E});
-  detail::linear_backward(f.pooled.data(), readout_w_.data(), dlogits.data(), B, E, K,
-                          dpooled.data(), dreadout_w.data(), dreadout_b.data());
+  linear_backward<T>(f.pooled.view(), readout_w_.view(), dlogits.view(), dpooled.view(), dreadout_w.view(),
+                     dreadout_b.view());
   // pooled = mean over tokens, or the last token
   Tensor<T> dx({B, n, E});
   const int64_t first = first_pooled(c, n);
