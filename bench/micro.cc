@@ -33,7 +33,7 @@ void BM_Exp2(benchmark::State& state) {
   std::vector<float> x(static_cast<size_t>(state.range(0))), y(x.size());
   for (size_t i = 0; i < x.size(); ++i) x[i] = -static_cast<float>(i % 1000) * 0.03f;
   for (auto _ : state) {
-    attn::detail::softmax_exp2(x.data(), y.data(), static_cast<int64_t>(x.size()));
+    attn::kernels::softmax_exp2(x.data(), y.data(), static_cast<int64_t>(x.size()));
     benchmark::DoNotOptimize(y.data());
   }
   state.SetItemsProcessed(state.iterations() * state.range(0));
@@ -65,10 +65,10 @@ void BM_AttentionPrecision(benchmark::State& state) {
                                         attn::Precision::Int8};
   attn::AttentionOptions options;
   options.precision = precisions[state.range(0)];
-  const auto use = state.range(0) == 2 ? attn::detail::BF16UnitUse::Never : attn::detail::BF16UnitUse::Measured;
-  attn::detail::set_bf16_unit_use(use);
+  const auto use = state.range(0) == 2 ? attn::kernels::BF16UnitUse::Never : attn::kernels::BF16UnitUse::Measured;
+  attn::kernels::set_bf16_unit_use(use);
   for (auto _ : state) attn::AttentionPlan(q.view(), k.view(), v.view(), options).run(out.view());
-  attn::detail::set_bf16_unit_use(attn::detail::BF16UnitUse::Measured);
+  attn::kernels::set_bf16_unit_use(attn::kernels::BF16UnitUse::Measured);
   state.counters["GFLOP/s"] = benchmark::Counter(4.0 * 8 * n * n * d * state.iterations(),
                                                  benchmark::Counter::kIsRate,
                                                  benchmark::Counter::kIs1000);
@@ -101,7 +101,7 @@ void BM_Linear(benchmark::State& state) {
   const auto x = random_tensor({rows, width}), w = random_tensor({width, width}),
              b = random_tensor({width});
   attn::Tensor<float> y({rows, width});
-  for (auto _ : state) attn::detail::linear(x.view(), w.data(), b.data(), y.view());
+  for (auto _ : state) attn::kernels::linear(x.view(), w.data(), b.data(), y.view());
   state.counters["GFLOP/s"] = benchmark::Counter(2.0 * rows * width * width * state.iterations(),
                                                  benchmark::Counter::kIsRate,
                                                  benchmark::Counter::kIs1000);

@@ -68,6 +68,12 @@ set(ATTN_MAY_INCLUDE_python core layer onnx io dist)
 # scratch) is theirs alone.
 set(ATTN_DOOR_kernels src/kernels/attention_kernel.hpp src/kernels/linear.hpp)
 
+# What a room gives the rooms above it beyond the public API is in a
+# namespace named after it (attn::core, attn::kernels, attn::reference),
+# which only that room's files open; attn::detail is each room's own, used
+# by no other room.
+set(ATTN_NAMESPACE_ROOMS core kernels reference)
+
 # The rooms built on the library's public API only: of the library's rooms
 # they may include the public headers (include/attn/) and nothing else.
 set(ATTN_PUBLIC_API_ONLY ${ATTN_COMPANION_ROOMS} dist cli python)

@@ -213,8 +213,8 @@ inline bool emulated() { return std::getenv("ATTN_TEST_EMULATED") != nullptr; }
 // each path); back to the measured choice at its end, also when an
 // assertion leaves early.
 struct BF16UnitUseScope {
-  explicit BF16UnitUseScope(detail::BF16UnitUse use) { detail::set_bf16_unit_use(use); }
-  ~BF16UnitUseScope() { detail::set_bf16_unit_use(detail::BF16UnitUse::Measured); }
+  explicit BF16UnitUseScope(kernels::BF16UnitUse use) { kernels::set_bf16_unit_use(use); }
+  ~BF16UnitUseScope() { kernels::set_bf16_unit_use(kernels::BF16UnitUse::Measured); }
   BF16UnitUseScope(const BF16UnitUseScope&) = delete;
   BF16UnitUseScope& operator=(const BF16UnitUseScope&) = delete;
 };
@@ -228,7 +228,7 @@ template <class Body>
 void on_every_simd_target(Body body) {
   // (bf16 precision times its unit against the FMAs of the dispatcher's
   // target once per process: on the best one, before a lesser one is forced.)
-  detail::bf16_unit_speedup();
+  kernels::bf16_unit_speedup();
   auto targets = hwy::SupportedAndGeneratedTargets();
   ASSERT_FALSE(targets.empty());
   if (const char* only = std::getenv("ATTN_TEST_TARGETS")) {

@@ -182,7 +182,7 @@ TEST(FlashBackward, MatchesReferenceAtLength4096) {
 // whose column once summed all n_q rows in one chain (measured: 1.4e-4
 // then, 5.2e-6 now; the bound is 3.3e-5).
 TEST(FlashBackward, ValueGradientErrorGrowsWithBlocksNotRows) {
-  constexpr int64_t n_k = 64, n_q = 256 * n_k, d = 17, b = detail::kBackwardRows;
+  constexpr int64_t n_k = 64, n_q = 256 * n_k, d = 17, b = kernels::kBackwardRows;
   constexpr double u = 0x1p-24;
   const Tensor<float> q({1, 1, n_q, d});
   Tensor<float> k({1, 1, n_k, d}), v({1, 1, n_k, d}), dout({1, 1, n_q, d});

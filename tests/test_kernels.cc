@@ -247,7 +247,7 @@ TEST(Kernels, Exp2MatchesStdExp2OnEveryTarget) {
     for (size_t n : {x.size(), size_t{7}, size_t{1}}) {
       const std::vector<float> in(x.end() - static_cast<std::ptrdiff_t>(n), x.end());
       std::vector<float> out(n, -1.0f);
-      detail::softmax_exp2(in.data(), out.data(), static_cast<int64_t>(n));
+      kernels::softmax_exp2(in.data(), out.data(), static_cast<int64_t>(n));
       double worst = 0;
       for (size_t i = 0; i < n; ++i) {
         if (std::isnan(in[i])) {
@@ -262,7 +262,7 @@ TEST(Kernels, Exp2MatchesStdExp2OnEveryTarget) {
       EXPECT_LE(worst, 2.5e-7);
     }
     float zero = 0.0f, one = 0.0f;
-    detail::softmax_exp2(&zero, &one, 1);
+    kernels::softmax_exp2(&zero, &one, 1);
     EXPECT_EQ(one, 1.0f);  // the row's maximum weighs exactly 1
   });
 }
@@ -278,7 +278,7 @@ TEST(Kernels, Exp2ForBF16WithinItsBoundOnEveryTarget) {
   x.push_back(std::numeric_limits<float>::quiet_NaN());
   test::on_every_simd_target([&] {
     std::vector<float> out(x.size());
-    detail::softmax_exp2(x.data(), out.data(), static_cast<int64_t>(x.size()), /*for_bf16=*/true);
+    kernels::softmax_exp2(x.data(), out.data(), static_cast<int64_t>(x.size()), /*for_bf16=*/true);
     double worst = 0;
     for (size_t i = 0; i + 3 < x.size(); ++i) {
       const double want = std::exp2(static_cast<double>(x[i]));
@@ -290,7 +290,7 @@ TEST(Kernels, Exp2ForBF16WithinItsBoundOnEveryTarget) {
     EXPECT_EQ(out[x.size() - 2], 0.0f);
     EXPECT_TRUE(std::isnan(out.back()));
     float zero = 0.0f, one = 0.0f;
-    detail::softmax_exp2(&zero, &one, 1, /*for_bf16=*/true);
+    kernels::softmax_exp2(&zero, &one, 1, /*for_bf16=*/true);
     EXPECT_EQ(one, 1.0f);
   });
 }
@@ -332,7 +332,7 @@ TEST(Kernels, RisingMaxAcrossKeyTiles) {
   });
   AttentionOptions bf16 = options;
   bf16.precision = Precision::BF16;
-  for (const auto use : {detail::BF16UnitUse::Always, detail::BF16UnitUse::Never}) {
+  for (const auto use : {kernels::BF16UnitUse::Always, kernels::BF16UnitUse::Never}) {
     const test::BF16UnitUseScope scope(use);
     test::on_every_simd_target([&] {
       EXPECT_LT(rel_error(attention(q32.view(), k32.view(), v32.view(), bf16), ref.out), 4e-3);
@@ -358,7 +358,7 @@ TEST(Kernels, OutputErrorGrowsWithTilesNotKeys) {
     const char* name;
     int64_t n_q, b;
   };
-  for (const Path path : {Path{"prefill", 32, detail::kBlockK}, Path{"decode", 1, detail::kDecodeChunk}}) {
+  for (const Path path : {Path{"prefill", 32, kernels::kBlockK}, Path{"decode", 1, kernels::kDecodeChunk}}) {
     for (const int64_t d_v : {64, 17}) {
       SCOPED_TRACE(std::string(path.name) + ", d_v " + std::to_string(d_v));
       const Tensor<float> q({1, 1, path.n_q, 16}), k({1, 1, n_k, 16});
@@ -440,7 +440,7 @@ TEST(Kernels, SoftmaxRulesOnEveryTarget) {
     for (const auto& [name, logits] : rows) {
       SCOPED_TRACE(name);
       std::vector<double> want(logits.begin(), logits.end());
-      detail::softmax_by_definition(want.data(), n);
+      core::softmax_by_definition(want.data(), n);
       Tensor<float> k({1, n, 1});
       std::copy(logits.begin(), logits.end(), k.data());
       Tensor<float> out({1, 1, n}), weights({1, 1, n}), decoded({1, 1, n});

@@ -51,8 +51,8 @@ double cosine(const Tensor<float>& a, const Tensor<double>& b) {
 // int8's P·V, stays as it is (the Highway path's P·V sums in another order).
 class Int8UnitOn {
  public:
-  explicit Int8UnitOn(bool on) { detail::set_int8_unit_use(on); }
-  ~Int8UnitOn() { detail::set_int8_unit_use(true); }
+  explicit Int8UnitOn(bool on) { kernels::set_int8_unit_use(on); }
+  ~Int8UnitOn() { kernels::set_int8_unit_use(true); }
   Int8UnitOn(const Int8UnitOn&) = delete;
   Int8UnitOn& operator=(const Int8UnitOn&) = delete;
 };
@@ -61,7 +61,7 @@ class Int8UnitOn {
 // it outruns the FMAs here) on, or both off (the Highway path), for a scope.
 class UnitsOn {
  public:
-  explicit UnitsOn(bool on) : bf16_(on ? detail::BF16UnitUse::Always : detail::BF16UnitUse::Never), int8_(on) {}
+  explicit UnitsOn(bool on) : bf16_(on ? kernels::BF16UnitUse::Always : kernels::BF16UnitUse::Never), int8_(on) {}
   UnitsOn(const UnitsOn&) = delete;
   UnitsOn& operator=(const UnitsOn&) = delete;
 
@@ -259,7 +259,7 @@ TEST(Precision, Int8OnValuesItKeepsIsBF16) {
   // scores on the unit are exact sums of these values too, so the same):
   // still bit for bit, where int8's P·V on FMAs would not be.
   if (expected_unit() == "highway") return;
-  const test::BF16UnitUseScope bf16_unit(detail::BF16UnitUse::Always);
+  const test::BF16UnitUseScope bf16_unit(kernels::BF16UnitUse::Always);
   expect_bitwise_equal();
 }
 
@@ -271,7 +271,7 @@ TEST(Precision, Int8OnValuesItKeepsIsBF16) {
 // throughout); the int8 unit, which has no code for them, leaves such a
 // call to that path: the same result bit for bit.
 TEST(Precision, Int8KeepsANonFiniteValueToItsOwnRows) {
-  const test::BF16UnitUseScope bf16_unit(detail::BF16UnitUse::Always);  // (P·V's, where there is one)
+  const test::BF16UnitUseScope bf16_unit(kernels::BF16UnitUse::Always);  // (P·V's, where there is one)
   std::mt19937 rng(2313);
   const int64_t n = 80, d = 64, bad_key = 50, bad_query = 20;
   auto q = normal({1, 2, n, d}, rng), k = normal({1, 2, n, d}, rng);
@@ -492,7 +492,7 @@ TEST(Precision, KeyAboveASinkWeighsItsFormula) {
 // instructions do twice an FMA's products, at a rate that differs by CPU.
 TEST(Precision, UnitIsTheCPUs) {
   {
-    const test::BF16UnitUseScope always(detail::BF16UnitUse::Always);
+    const test::BF16UnitUseScope always(kernels::BF16UnitUse::Always);
     EXPECT_EQ(precision_unit(Precision::BF16), expected_unit());
     if (const char* unit = std::getenv("ATTN_EXPECT_UNIT")) {
       EXPECT_EQ(precision_unit(Precision::BF16), unit);
@@ -508,7 +508,7 @@ TEST(Precision, UnitIsTheCPUs) {
     EXPECT_EQ(precision_unit(Precision::BF16), "highway");
     EXPECT_EQ(precision_unit(Precision::Int8), "highway");
   }
-  const double speedup = detail::bf16_unit_speedup();
+  const double speedup = kernels::bf16_unit_speedup();
   if (expected_unit() == "highway") {
     EXPECT_EQ(precision_unit(Precision::BF16), "highway");
   } else {
@@ -516,7 +516,7 @@ TEST(Precision, UnitIsTheCPUs) {
       EXPECT_GT(speedup, 0.05);
       EXPECT_LT(speedup, 8.0);
     }
-    EXPECT_EQ(precision_unit(Precision::BF16), speedup >= detail::kBF16UnitMinSpeedup ? expected_unit() : "highway");
+    EXPECT_EQ(precision_unit(Precision::BF16), speedup >= kernels::kBF16UnitMinSpeedup ? expected_unit() : "highway");
   }
 }
 
@@ -592,7 +592,7 @@ TEST(Precision, Int8UnitAgreesWithTheHighwayPath) {
 // a partial one, every target.
 TEST(Precision, Int8UnitAtItsEdges) {
   if (expected_int8_unit() == "highway") GTEST_SKIP() << "this CPU has no int8 unit";
-  const test::BF16UnitUseScope bf16_unit(detail::BF16UnitUse::Always);  // (P·V's, where there is one)
+  const test::BF16UnitUseScope bf16_unit(kernels::BF16UnitUse::Always);  // (P·V's, where there is one)
   std::mt19937 rng(2317);
   AttentionOptions int8;
   int8.precision = Precision::Int8;
@@ -632,7 +632,7 @@ TEST(Precision, Int8PeakLoopDoesWhatItCounts) {
   float sink = 0;
   const int64_t rounds = 1000;
   const double ops = precision_peak_loop(Precision::Int8, rounds, &sink);
-  const detail::Int8Unit* unit = detail::cpu_int8_unit();
+  const kernels::Int8Unit* unit = kernels::cpu_int8_unit();
   ASSERT_EQ(unit != nullptr, expected_int8_unit() != "highway");
   if (!unit) {
     EXPECT_EQ(ops, 0.0);
@@ -688,7 +688,7 @@ TEST(Precision, RoundingIsFloatToBF16s) {
   test::on_every_simd_target([&] {
     for (const size_t n : {x.size(), x.size() - 3}) {  // a partial last vector on every width
       std::vector<float> out(n);
-      detail::round_to_bf16(x.data(), out.data(), static_cast<int64_t>(n));
+      kernels::round_to_bf16(x.data(), out.data(), static_cast<int64_t>(n));
       for (size_t i = 0; i < n; ++i) {
         const float want = bf16_to_float(float_to_bf16(x[i]));
         ASSERT_EQ(std::memcmp(&out[i], &want, 4), 0) << "x = " << x[i] << " (element " << i << ")";

@@ -1,5 +1,5 @@
 // attention() and AttentionPlan: validate the arguments once, normalize them
-// into an AttentionProblem and dispatch: float32 to the SIMD kernels,
+// into an core::AttentionProblem and dispatch: float32 to the SIMD kernels,
 // float64 to the double-precision reference. (attention_backward:
 // attention_backward.cc.)
 #include "attn/attention.hpp"
@@ -63,25 +63,25 @@ Shape with_tail(const Dims& s, bool heads, int64_t a, int64_t b) {
 }
 
 template <class M, class T>
-Operand<const M> mask_operand(const TensorView<const M>& m, const AttentionProblem<T>& p) {
+core::Operand<const M> mask_operand(const TensorView<const M>& m, const core::AttentionProblem<T>& p) {
   const Strides s = broadcast_strides(m.shape(), m.strides(), p.weights_shape, "attention: mask");
-  return operand(TensorView<const M>(m.data(), p.weights_shape, s), p.batch_axes, p.batch);
+  return core::operand(TensorView<const M>(m.data(), p.weights_shape, s), p.batch_axes, p.batch);
 }
 
 // Points the problem's q, k and v at these views (compact K/V as their bytes).
 template <class T, class KV>
-void point_at(AttentionProblem<T>& p, TensorView<const T> q, TensorView<const KV> k,
+void point_at(core::AttentionProblem<T>& p, TensorView<const T> q, TensorView<const KV> k,
               TensorView<const KV> v) {
   const Shape& batch = p.batch_axes;
-  p.q = operand(q, batch, p.batch);
+  p.q = core::operand(q, batch, p.batch);
   if constexpr (std::is_same_v<KV, T>) {
-    p.k = operand(k, batch, p.batch);
-    p.v = operand(v, batch, p.batch);
+    p.k = core::operand(k, batch, p.batch);
+    p.v = core::operand(v, batch, p.batch);
   } else {
     const auto bytes = [&](const TensorView<const KV>& t) {
-      const Operand<const KV> o = operand(t, batch, p.batch);
+      const core::Operand<const KV> o = core::operand(t, batch, p.batch);
       constexpr auto size = static_cast<int64_t>(sizeof(KV));
-      Operand<const std::byte> b;
+      core::Operand<const std::byte> b;
       b.data = reinterpret_cast<const std::byte*>(o.data);
       for (int64_t off : o.batch_offset) b.batch_offset.push_back(off * size);
       b.head_stride = o.head_stride * size;
@@ -89,9 +89,9 @@ void point_at(AttentionProblem<T>& p, TensorView<const T> q, TensorView<const KV
       b.col_stride = o.col_stride * size;
       return b;
     };
-    p.kv = std::is_same_v<KV, bfloat16> ? KVStorage::BF16
-           : std::is_same_v<KV, float16> ? KVStorage::F16
-                                         : KVStorage::Q8_0;
+    p.kv = std::is_same_v<KV, bfloat16> ? core::KVStorage::BF16
+           : std::is_same_v<KV, float16> ? core::KVStorage::F16
+                                         : core::KVStorage::Q8_0;
     p.k_stored = bytes(k);
     p.v_stored = bytes(v);
   }
@@ -130,13 +130,13 @@ void check_options(const AttentionOptions& options, int64_t heads_q, bool float3
 }
 
 template <class T, class KV>
-AttentionProblem<T> make_problem(TensorView<const T> q, TensorView<const KV> k,
+core::AttentionProblem<T> make_problem(TensorView<const T> q, TensorView<const KV> k,
                                  TensorView<const KV> v, const AttentionOptions& options,
                                  const AttentionMasks& masks) {
-  const Dims s = check_shapes(q.shape(), logical_shape(k), logical_shape(v));
+  const Dims s = check_shapes(q.shape(), core::logical_shape(k), core::logical_shape(v));
   check_options(options, s.heads_q, std::is_same_v<T, float>);
 
-  AttentionProblem<T> p;
+  core::AttentionProblem<T> p;
   p.batch_axes = s.batch;
   p.heads_q = s.heads_q;
   p.heads_kv = s.heads_kv;
@@ -158,7 +158,7 @@ AttentionProblem<T> make_problem(TensorView<const T> q, TensorView<const KV> k,
   point_at(p, q, k, v);
   const AttentionMask* inputs[2] = {&masks.first, &masks.second};
   for (int t = 0; t < 2; ++t) {
-    MaskTerm& term = p.mask.terms[t];
+    core::MaskTerm& term = p.mask.terms[t];
     const Mask& m = inputs[t]->mask;
     term.blocking = inputs[t]->convention == MaskConvention::TrueBlocks;
     if (const auto* b = std::get_if<TensorView<const bool>>(&m))
@@ -179,7 +179,7 @@ AttentionProblem<T> make_problem(TensorView<const T> q, TensorView<const KV> k,
 }
 
 template <class T>
-void bind_outputs(AttentionProblem<T>& p, TensorView<T> out, const AttentionExtras<T>& extras) {
+void bind_outputs(core::AttentionProblem<T>& p, TensorView<T> out, const AttentionExtras<T>& extras) {
   const auto check = [](const char* name, const TensorView<T>& t, const Shape& want) {
     if (t.shape() != want)
       fail(std::string(name) + " has shape " + shape_str(t.shape()) + ", expected " + shape_str(want));
@@ -192,9 +192,9 @@ void bind_outputs(AttentionProblem<T>& p, TensorView<T> out, const AttentionExtr
   check_extra("logits", extras.logits, p.weights_shape);
   check_extra("lse", extras.lse, p.lse_shape);
   const auto bind = [&](const TensorView<T>& t) {
-    return t.empty_view() ? Operand<T>() : operand(t, p.batch_axes, p.batch);
+    return t.empty_view() ? core::Operand<T>() : core::operand(t, p.batch_axes, p.batch);
   };
-  p.out = operand(out, p.batch_axes, p.batch);
+  p.out = core::operand(out, p.batch_axes, p.batch);
   p.weights = bind(extras.weights);
   p.logits = bind(extras.logits);
   p.logits_stage = extras.logits_stage;
@@ -206,8 +206,8 @@ void bind_outputs(AttentionProblem<T>& p, TensorView<T> out, const AttentionExtr
     p.lse = bind(TensorView<T>(extras.lse.data(), shape, strides));
   }
 }
-template void bind_outputs(AttentionProblem<float>&, TensorView<float>, const AttentionExtras<float>&);
-template void bind_outputs(AttentionProblem<double>&, TensorView<double>, const AttentionExtras<double>&);
+template void bind_outputs(core::AttentionProblem<float>&, TensorView<float>, const AttentionExtras<float>&);
+template void bind_outputs(core::AttentionProblem<double>&, TensorView<double>, const AttentionExtras<double>&);
 
 template <class T, class KV>
 PreparedAttention<T, KV>::PreparedAttention(TensorView<const T> q, TensorView<const KV> k,
@@ -227,10 +227,10 @@ PreparedAttention<T, KV>::PreparedAttention(TensorView<const T> q, TensorView<co
   if constexpr (std::is_same_v<T, float>) {
     // The kernels read rows with unit stride: other layouts are copied once,
     // here (the problem was built, and its errors name, the caller's views).
-    if (unit_rows(q) && unit_rows(k) && unit_rows(v)) return;
-    if (!unit_rows(q)) q = (q_copy = contiguous(q)).view();
-    if (!unit_rows(k)) k = (k_copy = contiguous(k)).view();
-    if (!unit_rows(v)) v = (v_copy = contiguous(v)).view();
+    if (core::unit_rows(q) && core::unit_rows(k) && core::unit_rows(v)) return;
+    if (!core::unit_rows(q)) q = (q_copy = contiguous(q)).view();
+    if (!core::unit_rows(k)) k = (k_copy = contiguous(k)).view();
+    if (!core::unit_rows(v)) v = (v_copy = contiguous(v)).view();
     point_at(problem, q, k, v);
   }
 }
@@ -243,22 +243,22 @@ int PreparedAttention<T, KV>::input_spans(NamedSpan* spans) const {
 
 template <class T, class KV>
 void PreparedAttention<T, KV>::run(TensorView<T> out, const AttentionExtras<T>& extras) const {
-  AttentionProblem<T> p = problem;
+  core::AttentionProblem<T> p = problem;
   bind_outputs(p, out, extras);
   NamedSpan inputs[5];
   const NamedSpan outputs[] = {{"out", MemorySpan::of(out)}, {"weights", MemorySpan::of(extras.weights)},
                                {"logits", MemorySpan::of(extras.logits)}, {"lse", MemorySpan::of(extras.lse)}};
   check_outputs("attention", outputs, std::span<const NamedSpan>(inputs, input_spans(inputs)));
   if constexpr (std::is_same_v<T, double>) {
-    reference_attention(p);
+    reference::reference_attention(p);
   } else {
     Tensor<float> staged;  // out with a column stride: written here, then copied
-    if (!unit_rows(TensorView<const float>(out))) {
+    if (!core::unit_rows(TensorView<const float>(out))) {
       staged = Tensor<float>(out.shape());
-      p.out = operand(staged.view(), p.batch_axes, p.batch);
+      p.out = core::operand(staged.view(), p.batch_axes, p.batch);
     }
-    if (use_decode(p)) decode_forward(p);  // (float32 whatever the precision: docs/semantics.md "Precision")
-    else flash_forward(p);
+    if (kernels::use_decode(p)) kernels::decode_forward(p);  // (float32 whatever the precision: docs/semantics.md "Precision")
+    else kernels::flash_forward(p);
     if (staged.rank()) copy<float>(staged.view(), out);
   }
 }
@@ -288,17 +288,17 @@ std::string precision_name(Precision precision) {
 
 std::string precision_unit(Precision precision) {
   switch (precision) {
-    case Precision::BF16: return detail::bf16_prefill_unit();
-    case Precision::Int8: return detail::int8_prefill_unit();
+    case Precision::BF16: return kernels::bf16_prefill_unit();
+    case Precision::Int8: return kernels::int8_prefill_unit();
     default: return "highway";
   }
 }
 
 double precision_peak_loop(Precision precision, int64_t iterations, float* sink) {
   switch (precision) {
-    case Precision::BF16: return detail::bf16_peak_loop(iterations, sink);
-    case Precision::Int8: return detail::int8_peak_loop(iterations, sink);
-    default: return detail::fma_loop(iterations, sink);
+    case Precision::BF16: return kernels::bf16_peak_loop(iterations, sink);
+    case Precision::Int8: return kernels::int8_peak_loop(iterations, sink);
+    default: return kernels::fma_loop(iterations, sink);
   }
 }
 

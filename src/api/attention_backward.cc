@@ -21,7 +21,7 @@ namespace {
 }  // namespace
 
 template <class T>
-GradientOperands<T> gradient_operands(const AttentionProblem<T>& p, const Shape& q, const Shape& k,
+core::GradientOperands<T> gradient_operands(const core::AttentionProblem<T>& p, const Shape& q, const Shape& k,
                                       const Shape& v, TensorView<const T> dout, TensorView<T> dq,
                                       TensorView<T> dk, TensorView<T> dv, TensorView<T> dsinks) {
   if (dout.shape() != p.out_shape)
@@ -35,11 +35,11 @@ GradientOperands<T> gradient_operands(const AttentionProblem<T>& p, const Shape&
   check_grad("dq", dq.shape(), "q", q);
   check_grad("dk", dk.shape(), "k", k);
   check_grad("dv", dv.shape(), "v", v);
-  GradientOperands<T> g;
-  g.dout = operand(dout, p.batch_axes, p.batch);
-  g.dq = operand(dq, p.batch_axes, p.batch);
-  g.dk = operand(dk, p.batch_axes, p.batch);
-  g.dv = operand(dv, p.batch_axes, p.batch);
+  core::GradientOperands<T> g;
+  g.dout = core::operand(dout, p.batch_axes, p.batch);
+  g.dq = core::operand(dq, p.batch_axes, p.batch);
+  g.dk = core::operand(dk, p.batch_axes, p.batch);
+  g.dv = core::operand(dv, p.batch_axes, p.batch);
   if (!dsinks.empty_view()) {
     if (p.sinks.empty()) fail("dsinks given without sinks");
     check_grad("dsinks", dsinks.shape(), "sinks", Shape{p.heads_q});
@@ -53,7 +53,7 @@ namespace {
 
 // Checks a SavedForward against the problem: both views or neither.
 template <class T>
-bool check_saved(const AttentionProblem<T>& p, const SavedForward<T>& saved) {
+bool check_saved(const core::AttentionProblem<T>& p, const SavedForward<T>& saved) {
   if (saved.out.empty_view() != saved.lse.empty_view())
     fail("the saved forward needs both out and lse, or neither");
   if (saved.out.empty_view()) return false;
@@ -125,9 +125,9 @@ void attention_backward(TensorView<const T> q, TensorView<const KV> k, TensorVie
                                  {"dsinks", MemorySpan::of(dsinks)}};
     check_outputs("attention_backward", outputs, std::span<const NamedSpan>(inputs, n));
   }
-  AttentionProblem<T> p = prepared.problem;
-  const GradientOperands<T> g =
-      gradient_operands(p, q.shape(), logical_shape(k), logical_shape(v), dout, dq, dk, dv, dsinks);
+  core::AttentionProblem<T> p = prepared.problem;
+  const core::GradientOperands<T> g =
+      gradient_operands(p, q.shape(), core::logical_shape(k), core::logical_shape(v), dout, dq, dk, dv, dsinks);
   const bool given = check_saved(p, saved);
   if constexpr (std::is_same_v<T, double>) {
     if (given) {  // read only: the reference writes the gradients alone
@@ -136,13 +136,13 @@ void attention_backward(TensorView<const T> q, TensorView<const KV> k, TensorVie
       bind_outputs(p, TensorView<double>(const_cast<double*>(saved.out.data()), saved.out.shape(), saved.out.strides()),
                    extras);
     }
-    reference_attention_backward(p, g);
+    reference::reference_attention_backward(p, g);
   } else {
     // The kernel reads out, lse and dout by rows of unit stride: the
     // forward's when not given, contiguous copies of other layouts.
     Tensor<float> out, lse, dout_copy;
     const auto rows = [&](TensorView<const float> t, Tensor<float>& holder) {
-      return unit_rows(t) ? t : TensorView<const float>((holder = contiguous(t)).view());
+      return core::unit_rows(t) ? t : TensorView<const float>((holder = contiguous(t)).view());
     };
     TensorView<const float> out_view, lse_view;
     if (given) {
@@ -160,9 +160,9 @@ void attention_backward(TensorView<const T> q, TensorView<const KV> k, TensorVie
     bound.lse = TensorView<float>(const_cast<float*>(lse_view.data()), lse_view.shape(), lse_view.strides());
     bind_outputs(p, TensorView<float>(const_cast<float*>(out_view.data()), out_view.shape(), out_view.strides()),
                  bound);  // read only: the kernel writes the gradients alone
-    GradientOperands<float> gk = g;
-    gk.dout = operand(rows(dout, dout_copy), p.batch_axes, p.batch);
-    if (!flash_backward(p, gk))
+    core::GradientOperands<float> gk = g;
+    gk.dout = core::operand(rows(dout, dout_copy), p.batch_axes, p.batch);
+    if (!kernels::flash_backward(p, gk))
       backward_in_double(q, k, v, dout, dq, dk, dv, options, masks, dsinks, saved);
   }
 }
@@ -173,8 +173,8 @@ AttentionGradients<T> attention_backward(TensorView<const T> q, TensorView<const
                                          TensorView<const KV> v, TensorView<const T> dout,
                                          const AttentionOptions& options, const AttentionMasks& masks,
                                          const SavedForward<T>& saved) {
-  AttentionGradients<T> g{Tensor<T>(q.shape()), Tensor<T>(detail::logical_shape(k)),
-                          Tensor<T>(detail::logical_shape(v)), {}};
+  AttentionGradients<T> g{Tensor<T>(q.shape()), Tensor<T>(core::logical_shape(k)),
+                          Tensor<T>(core::logical_shape(v)), {}};
   if (!options.sinks.empty()) g.dsinks = Tensor<T>({static_cast<int64_t>(options.sinks.size())});
   attention_backward(q, k, v, dout, g.dq.view(), g.dk.view(), g.dv.view(), options, masks,
                      options.sinks.empty() ? TensorView<T>() : g.dsinks.view(), saved);

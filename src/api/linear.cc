@@ -66,7 +66,7 @@ void linear(TensorView<const T> x, TensorView<const T> w, TensorView<const T> b,
   need_unit_rows(f, "y", TensorView<const T>(y));
   check_outputs(f, {{"y", MemorySpan::of(y)}},
                 {{"x", MemorySpan::of(x)}, {"w", MemorySpan::of(w)}, {"b", MemorySpan::of(b)}});
-  detail::linear(x, w.data(), b.empty_view() ? nullptr : b.data(), y);
+  kernels::linear(x, w.data(), b.empty_view() ? nullptr : b.data(), y);
 }
 
 template <class T>
@@ -91,7 +91,7 @@ void linear_backward(TensorView<const T> x, TensorView<const T> w, TensorView<co
   }
   check_outputs(f, {{"dx", MemorySpan::of(dx)}, {"dw", MemorySpan::of(dw)}, {"db", MemorySpan::of(db)}},
                 {{"x", MemorySpan::of(x)}, {"w", MemorySpan::of(w)}, {"dy", MemorySpan::of(dy)}});
-  detail::linear_backward(x.data(), w.data(), dy.data(), rows, in, out, dx.empty_view() ? nullptr : dx.data(),
+  kernels::linear_backward(x.data(), w.data(), dy.data(), rows, in, out, dx.empty_view() ? nullptr : dx.data(),
                           dw.data(), db.empty_view() ? nullptr : db.data());
 }
 

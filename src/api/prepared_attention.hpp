@@ -1,7 +1,7 @@
 // Internal to the API room: an attention call validated once (what
 // AttentionPlan holds, and what attention_backward builds its problem from),
 // and the checks that build it. The kernels and the reference see only the
-// AttentionProblem it holds (attention_problem.hpp).
+// core::AttentionProblem it holds (attention_problem.hpp).
 #pragma once
 
 #include <algorithm>
@@ -16,7 +16,7 @@ namespace attn::detail {
 // Binds out and the extras asked for to problem p, checking their shapes
 // (ValueError naming the one that differs).
 template <class T>
-void bind_outputs(AttentionProblem<T>& p, TensorView<T> out, const AttentionExtras<T>& extras);
+void bind_outputs(core::AttentionProblem<T>& p, TensorView<T> out, const AttentionExtras<T>& extras);
 
 // Validates the options of attention() for heads_q query heads and inputs
 // of element type T (float32 or not): check_attention_options' body.
@@ -64,7 +64,7 @@ struct PreparedAttention {
   // overlap checks: writes them into spans (room for 5), returns how many.
   int input_spans(NamedSpan* spans) const;
 
-  AttentionProblem<T> problem;
+  core::AttentionProblem<T> problem;
   SpanCopy inputs[5];  // the caller's q, k, v and masks
   const char* input_names[5] = {"q", "k", "v"};
   int n_inputs = 3;
@@ -75,7 +75,7 @@ struct PreparedAttention {
 // Validates the gradient arguments of attention_backward() for problem p,
 // built from q, k, v of these (logical) shapes, and sees them as operands.
 template <class T>
-GradientOperands<T> gradient_operands(const AttentionProblem<T>& p, const Shape& q, const Shape& k,
+core::GradientOperands<T> gradient_operands(const core::AttentionProblem<T>& p, const Shape& q, const Shape& k,
                                       const Shape& v, TensorView<const T> dout, TensorView<T> dq,
                                       TensorView<T> dk, TensorView<T> dv, TensorView<T> dsinks);
 

@@ -14,7 +14,7 @@ namespace {
 template <class T>
 void softmax_row_plain(const T* x, int64_t sa, T* y, int64_t so, int64_t n, T* e) {
   for (int64_t j = 0; j < n; ++j) e[j] = x[j * sa];
-  detail::softmax_by_definition(e, n);
+  core::softmax_by_definition(e, n);
   for (int64_t j = 0; j < n; ++j) y[j * so] = e[j];
 }
 
@@ -46,7 +46,7 @@ void softmax(TensorView<const T> a, TensorView<T> out, int64_t axis) {
     // float32 rows in place in memory take the SIMD kernel unless they hold
     // NaN or infinities.
     bool done = false;
-    if constexpr (std::is_same_v<T, float>) done = sa == 1 && so == 1 && detail::softmax_row(x, y, n);
+    if constexpr (std::is_same_v<T, float>) done = sa == 1 && so == 1 && kernels::softmax_row(x, y, n);
     if (!done) softmax_row_plain(x, sa, y, so, n, e.data());
     for (int d = lead - 1; d >= 0; --d) {
       if (++index[d] < a.dim(d)) break;

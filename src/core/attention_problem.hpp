@@ -10,7 +10,7 @@
 
 #include "attn/attention.hpp"
 
-namespace attn::detail {
+namespace attn::core {
 
 // One operand seen as (batch, head, row, col). Leading batch axes of any
 // stride are flattened through a per-batch offset table.
@@ -144,4 +144,4 @@ struct GradientOperands {
   int64_t dsinks_stride = 1;
 };
 
-}  // namespace attn::detail
+}  // namespace attn::core

@@ -18,7 +18,7 @@
 #include <cstdint>
 #include <limits>
 
-namespace attn::detail {
+namespace attn::core {
 
 // x[0 .. n) := softmax(x), in place; returns the log-sum-exp of x (and the
 // sink, a finite logit or −∞ for none).
@@ -47,4 +47,4 @@ T softmax_by_definition(T* x, int64_t n, T sink = -std::numeric_limits<T>::infin
   return max == -inf || max == inf ? max : max + std::log(sum);
 }
 
-}  // namespace attn::detail
+}  // namespace attn::core

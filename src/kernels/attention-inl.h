@@ -30,7 +30,7 @@
 #include "attn/quantize.hpp"
 
 HWY_BEFORE_NAMESPACE();
-namespace attn::detail {
+namespace attn::kernels {
 namespace HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 using DF = hn::ScalableTag<float>;
@@ -54,7 +54,7 @@ inline float Base2(double x) {
   const double max = std::numeric_limits<float>::max();
   return static_cast<float>(std::isfinite(x) ? std::clamp(y, -max, max) : y);
 }
-inline float ScoreScale(const AttentionProblem<float>& p) {
+inline float ScoreScale(const core::AttentionProblem<float>& p) {
   return p.softcap > 0 ? static_cast<float>(p.scale) : Base2(p.scale);
 }
 
@@ -185,22 +185,22 @@ HWY_INLINE VF LoadKVUpTo(DF d, const KV* row, int64_t c, int64_t width) {
 // Row j of K or V of (b, h) in its storage type KV, and how many KVs apart
 // rows are.
 template <class KV>
-const KV* KeyRow(const AttentionProblem<float>& p, int64_t b, int64_t h, int64_t j) {
+const KV* KeyRow(const core::AttentionProblem<float>& p, int64_t b, int64_t h, int64_t j) {
   if constexpr (std::is_same_v<KV, float>) return p.k.row(b, h, j);
   else return reinterpret_cast<const KV*>(p.k_stored.row(b, h, j));
 }
 template <class KV>
-const KV* ValueRow(const AttentionProblem<float>& p, int64_t b, int64_t h, int64_t j) {
+const KV* ValueRow(const core::AttentionProblem<float>& p, int64_t b, int64_t h, int64_t j) {
   if constexpr (std::is_same_v<KV, float>) return p.v.row(b, h, j);
   else return reinterpret_cast<const KV*>(p.v_stored.row(b, h, j));
 }
 template <class KV>
-int64_t KeyStride(const AttentionProblem<float>& p) {
+int64_t KeyStride(const core::AttentionProblem<float>& p) {
   if constexpr (std::is_same_v<KV, float>) return p.k.row_stride;
   else return p.k_stored.row_stride / static_cast<int64_t>(sizeof(KV));
 }
 template <class KV>
-int64_t ValueStride(const AttentionProblem<float>& p) {
+int64_t ValueStride(const core::AttentionProblem<float>& p) {
   if constexpr (std::is_same_v<KV, float>) return p.v.row_stride;
   else return p.v_stored.row_stride / static_cast<int64_t>(sizeof(KV));
 }
@@ -215,12 +215,12 @@ constexpr int64_t RowBytes(int64_t n) {
 // Calls f with a value of the storage type of p's K and V (hwy's 16-bit
 // types, whose loads Highway knows).
 template <class F>
-HWY_INLINE void WithKVType(const AttentionProblem<float>& p, F&& f) {
+HWY_INLINE void WithKVType(const core::AttentionProblem<float>& p, F&& f) {
   switch (p.kv) {
-    case KVStorage::BF16: return f(hwy::bfloat16_t());
-    case KVStorage::F16: return f(hwy::float16_t());
-    case KVStorage::Q8_0: return f(block_q8_0());
-    case KVStorage::Native: return f(0.0f);
+    case core::KVStorage::BF16: return f(hwy::bfloat16_t());
+    case core::KVStorage::F16: return f(hwy::float16_t());
+    case core::KVStorage::Q8_0: return f(block_q8_0());
+    case core::KVStorage::Native: return f(0.0f);
   }
 }
 
@@ -396,7 +396,7 @@ HWY_INLINE void AddAlibi(DF d, float slope2, int64_t first, int64_t count, float
 // scores are in base-2 units with ALiBi anchored (AlibiAnchor); `natural`
 // adds both as the returned logits have them: natural units, ALiBi's bias
 // literal, -slope · (p - j).
-inline void MaskRow(DF d, const AttentionProblem<float>& p, int64_t b, int64_t h, int64_t i, int64_t j0,
+inline void MaskRow(DF d, const core::AttentionProblem<float>& p, int64_t b, int64_t h, int64_t i, int64_t j0,
                     int64_t count, bool check_range, float* s, bool natural = false) {
   const float ninf = -std::numeric_limits<float>::infinity();
   const KeyRange kr = allowed_keys(i, p.n_q, p.n_k, p.causal, p.window);
@@ -411,7 +411,7 @@ inline void MaskRow(DF d, const AttentionProblem<float>& p, int64_t b, int64_t h
     const int64_t anchor = natural ? i + p.causal.position(p.n_q, p.n_k) : AlibiAnchor(p.alibi[h], kr);
     AddAlibi(d, unit(p.alibi[h]), j0 - anchor, count, s);
   }
-  for (const MaskTerm& m : p.mask.terms) {
+  for (const core::MaskTerm& m : p.mask.terms) {
     if (m.f32) {
       const float* mr = m.f32.row(b, h, i) + j0 * m.f32.col_stride;
       for (int64_t j = 0; j < count; ++j) s[j] += unit(mr[j * m.f32.col_stride]);
@@ -421,7 +421,7 @@ inline void MaskRow(DF d, const AttentionProblem<float>& p, int64_t b, int64_t h
     }
   }
   // After the additive masks, so that an excluded key is -inf whatever was added.
-  for (const MaskTerm& m : p.mask.terms)
+  for (const core::MaskTerm& m : p.mask.terms)
     if (m.boolean) {
       const bool* mr = m.boolean.row(b, h, i) + j0 * m.boolean.col_stride;
       for (int64_t j = 0; j < count; ++j)
@@ -446,7 +446,7 @@ inline void Softcap(DF d, double softcap, float* s, int64_t n, bool natural = fa
 // How far the kernels' logits of row i of head h lie above the true ones,
 // in natural units: ALiBi's anchor (AlibiAnchor) shifts them by
 // slope · (p - anchor); 0 without ALiBi.
-inline double AlibiShift(const AttentionProblem<float>& p, int64_t h, int64_t i) {
+inline double AlibiShift(const core::AttentionProblem<float>& p, int64_t h, int64_t i) {
   if (p.alibi.empty()) return 0;
   const int64_t anchor = AlibiAnchor(p.alibi[h], allowed_keys(i, p.n_q, p.n_k, p.causal, p.window));
   return p.alibi[h] * double(i + p.causal.position(p.n_q, p.n_k) - anchor);
@@ -455,7 +455,7 @@ inline double AlibiShift(const AttentionProblem<float>& p, int64_t h, int64_t i)
 // Row i of head h's attention sink in the kernels' units (base 2, shifted
 // with the row's logits), the running max its online softmax starts from
 // (with a sum of 1: the sink is a key of value zero); -inf without sinks.
-inline float SinkLogit(const AttentionProblem<float>& p, int64_t h, int64_t i) {
+inline float SinkLogit(const core::AttentionProblem<float>& p, int64_t h, int64_t i) {
   if (p.sinks.empty()) return -std::numeric_limits<float>::infinity();
   return Base2(p.sinks[h] + AlibiShift(p, h, i));
 }
@@ -463,7 +463,7 @@ inline float SinkLogit(const AttentionProblem<float>& p, int64_t h, int64_t i) {
 // The log-sum-exp of row i of head h, in natural units, from the running max
 // m and sum l of its online softmax (base 2, shifted: AlibiShift is undone):
 // -inf for a row with no allowed key (and no sink), NaN for a NaN row.
-inline float RowLse(const AttentionProblem<float>& p, int64_t h, int64_t i, float m, float l) {
+inline float RowLse(const core::AttentionProblem<float>& p, int64_t h, int64_t i, float m, float l) {
   if (l == 0) return -std::numeric_limits<float>::infinity();
   const double lse = (double(m) + std::log2(double(l))) * 0.69314718055994530942;  // NaN and +inf carry
   return static_cast<float>(lse - AlibiShift(p, h, i));
@@ -479,7 +479,7 @@ inline float RowLse(const AttentionProblem<float>& p, int64_t h, int64_t i, floa
 // NaN only if it has one of its own. Rows with NaN are rare. Returns whether
 // the row was computed again: then its extras (lse, weights, logits) are the
 // reference's too, describing this output, and the caller leaves them be.
-inline bool WriteRow(DF d, const AttentionProblem<float>& p, int64_t b, int64_t h, int64_t i,
+inline bool WriteRow(DF d, const core::AttentionProblem<float>& p, int64_t b, int64_t h, int64_t i,
                      const float* o, float inv, float* out) {
   const int64_t N = static_cast<int64_t>(hn::Lanes(d));
   const VF vinv = hn::Set(d, inv);
@@ -490,7 +490,7 @@ inline bool WriteRow(DF d, const AttentionProblem<float>& p, int64_t b, int64_t 
     StorePart(d, x, out + c, std::min(N, p.d_v - c));
   }
   if (hn::AllFalse(d, nan)) return false;
-  reference_attention_row(p, b, h, i, out);
+  reference::reference_attention_row(p, b, h, i, out);
   return true;
 }
 
@@ -594,7 +594,7 @@ HWY_INLINE float SoftmaxStep(DF d, float* s, int64_t n, float& m, float* l) {
 inline float ExpDifference(float x, float m) { return x == m ? 1.0f : std::exp2(x - m); }
 
 }  // namespace HWY_NAMESPACE
-}  // namespace attn::detail
+}  // namespace attn::kernels
 HWY_AFTER_NAMESPACE();
 
 #endif  // ATTN_KERNELS_ATTENTION_INL_H_

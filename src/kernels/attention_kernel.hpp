@@ -4,13 +4,13 @@
 
 #include "attention_problem.hpp"
 
-namespace attn::detail {
+namespace attn::kernels {
 
 // Both require col_stride == 1 for q, k, v and out (PreparedAttention arranges it).
 
 // Tiled online-softmax attention (flash style), any shape; writes the
 // weights, logits and log-sum-exp when asked for.
-void flash_forward(const AttentionProblem<float>& p);
+void flash_forward(const core::AttentionProblem<float>& p);
 
 // The gradient of p's attention into g (dq, dk, dv overwritten; dsinks with
 // sinks), from the output and log-sum-exp that the forward wrote into p.out
@@ -18,16 +18,16 @@ void flash_forward(const AttentionProblem<float>& p);
 // col_stride == 1 for dout too. Returns false, having written nothing, when
 // an input, the output or dout holds a NaN or an infinity, or a row's
 // log-sum-exp is NaN or +inf: the reference settles those problems.
-bool flash_backward(const AttentionProblem<float>& p, const GradientOperands<float>& g);
+bool flash_backward(const core::AttentionProblem<float>& p, const core::GradientOperands<float>& g);
 
 // A few queries against a long key/value cache: keys split into fixed chunks
 // processed in parallel, partial softmax results merged exactly. No weights
 // or logits (the log-sum-exp, yes).
-void decode_forward(const AttentionProblem<float>& p);
+void decode_forward(const core::AttentionProblem<float>& p);
 
 // Whether decode_forward is the better kernel for p (n_q <= kDecodeMaxQueries,
 // n_k beyond one chunk, no weights or logits asked for; config.hpp).
-bool use_decode(const AttentionProblem<float>& p);
+bool use_decode(const core::AttentionProblem<float>& p);
 
 // out[i] = 2^x[i], the kernels' softmax exponential, meant for x <= 8 (the
 // online softmax's lazy rescale lets scores exceed their max by up to 8):
@@ -83,4 +83,4 @@ double int8_peak_loop(int64_t iterations, float* sink);
 // leaves y alone (softmax.cc handles those rows).
 bool softmax_row(const float* x, float* y, int64_t n);
 
-}  // namespace attn::detail
+}  // namespace attn::kernels

@@ -42,7 +42,7 @@
 #include "thread_pool.hpp"
 
 HWY_BEFORE_NAMESPACE();
-namespace attn::detail {
+namespace attn::kernels {
 namespace HWY_NAMESPACE {
 static_assert(kBackwardRows % kRows == 0 && kBackwardRows <= kBlockQ,
               "ATTN_BACKWARD_ROWS must be a multiple of kRows (4), at most ATTN_BLOCK_Q");
@@ -62,7 +62,7 @@ constexpr int64_t kMaxBackwardScratch = int64_t{32} << 20;
 struct RowStats {
   float* delta;
   float* lse2;
-  int64_t at(const AttentionProblem<float>& p, int64_t b, int64_t h, int64_t i) const {
+  int64_t at(const core::AttentionProblem<float>& p, int64_t b, int64_t h, int64_t i) const {
     return (b * p.heads_q + h) * p.n_q + i;
   }
 };
@@ -79,7 +79,7 @@ bool FiniteRow(const KV* row, int64_t n) {
 // input finite, every row's lse finite or -inf (a NaN or +inf anywhere goes
 // to the reference, which settles those rows by its edge rules).
 template <class KV>
-bool Prepare(const AttentionProblem<float>& p, const GradientOperands<float>& g, const RowStats& stats) {
+bool Prepare(const core::AttentionProblem<float>& p, const core::GradientOperands<float>& g, const RowStats& stats) {
   const DF d;
   const int64_t N = static_cast<int64_t>(hn::Lanes(d));
   std::atomic<bool> finite{true};
@@ -127,7 +127,7 @@ struct Span {
 // file says. Every gradient element sums in the same order whatever the
 // span, so the one-pass and two-pass plans (BackwardTiles) agree bitwise.
 template <class KV>
-void BackwardItem(DF d, const AttentionProblem<float>& p, const GradientOperands<float>& g,
+void BackwardItem(DF d, const core::AttentionProblem<float>& p, const core::GradientOperands<float>& g,
                   const RowStats& stats, const Span& sp) {
   const int64_t N = static_cast<int64_t>(hn::Lanes(d));
   const int64_t G = p.group(), dp = WholeVectors(p.d), dvp = WholeVectors(p.d_v);
@@ -217,7 +217,7 @@ void BackwardItem(DF d, const AttentionProblem<float>& p, const GradientOperands
 }
 
 template <class KV>
-bool BackwardTiles(const AttentionProblem<float>& p, const GradientOperands<float>& g) {
+bool BackwardTiles(const core::AttentionProblem<float>& p, const core::GradientOperands<float>& g) {
   const DF d;
   if (p.heads_kv == 0) return true;  // no head: nothing to write (and no group size)
   const auto rows = static_cast<size_t>(std::max<int64_t>(p.batch * p.heads_q * p.n_q, 1));
@@ -269,21 +269,21 @@ bool BackwardTiles(const AttentionProblem<float>& p, const GradientOperands<floa
   return true;
 }
 
-bool FlashBackward(const AttentionProblem<float>& p, const GradientOperands<float>& g) {
+bool FlashBackward(const core::AttentionProblem<float>& p, const core::GradientOperands<float>& g) {
   bool done = false;
   WithKVType(p, [&](auto kv) HWY_ATTR { done = BackwardTiles<decltype(kv)>(p, g); });
   return done;
 }
 
 }  // namespace HWY_NAMESPACE
-}  // namespace attn::detail
+}  // namespace attn::kernels
 HWY_AFTER_NAMESPACE();
 
 #if HWY_ONCE
-namespace attn::detail {
+namespace attn::kernels {
 HWY_EXPORT(FlashBackward);
-bool flash_backward(const AttentionProblem<float>& p, const GradientOperands<float>& g) {
+bool flash_backward(const core::AttentionProblem<float>& p, const core::GradientOperands<float>& g) {
   return HWY_DYNAMIC_DISPATCH(FlashBackward)(p, g);
 }
-}  // namespace attn::detail
+}  // namespace attn::kernels
 #endif

@@ -17,9 +17,9 @@
 #endif
 
 #if !defined(ATTN_ARM_BF16_UNIT)
-namespace attn::detail {
+namespace attn::kernels {
 const BF16Unit* arm_bf16_unit() { return nullptr; }  // (see above)
-}  // namespace attn::detail
+}  // namespace attn::kernels
 #else
 #include <arm_neon.h>
 #include <sys/auxv.h>
@@ -50,7 +50,7 @@ const BF16Unit* arm_bf16_unit() { return nullptr; }  // (see above)
 #pragma GCC target("arch=armv8.2-a+fp16+bf16")  // (arm_neon.h declares the bf16 intrinsics for armv8.2-a+bf16)
 #endif
 
-namespace attn::detail {
+namespace attn::kernels {
 namespace {
 
 struct NeonBf16 {
@@ -86,7 +86,7 @@ struct NeonBf16 {
 };
 
 }  // namespace
-}  // namespace attn::detail
+}  // namespace attn::kernels
 
 #include "kernels/bf16_blocks-inl.h"
 
@@ -96,7 +96,7 @@ struct NeonBf16 {
 #pragma GCC pop_options
 #endif
 
-namespace attn::detail {
+namespace attn::kernels {
 
 const BF16Unit* arm_bf16_unit() {
   static const bool present =
@@ -104,5 +104,5 @@ const BF16Unit* arm_bf16_unit() {
   return present ? bf16_blocks::UnitOf<NeonBf16>() : nullptr;
 }
 
-}  // namespace attn::detail
+}  // namespace attn::kernels
 #endif  // ATTN_ARM_BF16_UNIT

@@ -19,7 +19,7 @@
 #ifndef ATTN_KERNELS_BF16_BLOCKS_INL_H_
 #define ATTN_KERNELS_BF16_BLOCKS_INL_H_
 
-namespace attn::detail::bf16_blocks {
+namespace attn::kernels::bf16_blocks {
 
 // A block of 4 rows × 4 vectors: 16 accumulators, more independent sums
 // than the instruction's latency × throughput needs (kMinSums, config.hpp).
@@ -162,6 +162,6 @@ const BF16Unit* UnitOf() {
   return &unit;
 }
 
-}  // namespace attn::detail::bf16_blocks
+}  // namespace attn::kernels::bf16_blocks
 
 #endif  // ATTN_KERNELS_BF16_BLOCKS_INL_H_

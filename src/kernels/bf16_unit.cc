@@ -9,7 +9,7 @@
 #include "kernels/attention_kernel.hpp"
 #include "kernels/config.hpp"
 
-namespace attn::detail {
+namespace attn::kernels {
 namespace {
 std::atomic<BF16UnitUse> unit_use{BF16UnitUse::Measured};
 
@@ -61,4 +61,4 @@ double bf16_peak_loop(int64_t iterations, float* sink) {
   return unit ? unit->peak_loop(iterations, sink) : 0.0;
 }
 
-}  // namespace attn::detail
+}  // namespace attn::kernels

@@ -19,7 +19,7 @@
 
 #include <cstdint>
 
-namespace attn::detail {
+namespace attn::kernels {
 
 struct BF16Unit {
   const char* name;  // as precision_unit reports it
@@ -61,4 +61,4 @@ const BF16Unit* cpu_bf16_unit();
 // forces), else null.
 const BF16Unit* bf16_unit();
 
-}  // namespace attn::detail
+}  // namespace attn::kernels

@@ -8,9 +8,9 @@
 #include "kernels/bf16_unit.hpp"
 
 #if !defined(__x86_64__)
-namespace attn::detail {
+namespace attn::kernels {
 const BF16Unit* avx512_bf16_unit() { return nullptr; }  // (not an x86 build)
-}  // namespace attn::detail
+}  // namespace attn::kernels
 #else
 #include <immintrin.h>
 
@@ -31,7 +31,7 @@ const BF16Unit* avx512_bf16_unit() { return nullptr; }  // (not an x86 build)
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512bf16")
 #endif
 
-namespace attn::detail {
+namespace attn::kernels {
 namespace {
 
 struct Avx512Bf16 {
@@ -67,7 +67,7 @@ struct Avx512Bf16 {
 };
 
 }  // namespace
-}  // namespace attn::detail
+}  // namespace attn::kernels
 
 #include "kernels/bf16_blocks-inl.h"
 
@@ -77,12 +77,12 @@ struct Avx512Bf16 {
 #pragma GCC pop_options
 #endif
 
-namespace attn::detail {
+namespace attn::kernels {
 
 const BF16Unit* avx512_bf16_unit() {
   static const bool present = HasAvx512() && __builtin_cpu_supports("avx512bf16");
   return present ? bf16_blocks::UnitOf<Avx512Bf16>() : nullptr;
 }
 
-}  // namespace attn::detail
+}  // namespace attn::kernels
 #endif  // __x86_64__

@@ -44,7 +44,7 @@
 #define ATTN_DECODE_MAX_QUERIES 8
 #endif
 
-namespace attn::detail {
+namespace attn::kernels {
 
 // Prefill: query rows per work item (batch, kv head, query tile), at most.
 // The K and V tiles stay in cache while all of an item's rows pass over
@@ -151,4 +151,4 @@ static_assert(kBlockQ % (2 * kBlockRows) == 0, "ATTN_BLOCK_Q must be a multiple 
 static_assert(kBlockK % 64 == 0, "ATTN_BLOCK_K must be a multiple of 64");
 static_assert(kDecodeChunk % 64 == 0, "ATTN_DECODE_CHUNK must be a multiple of 64");
 
-}  // namespace attn::detail
+}  // namespace attn::kernels

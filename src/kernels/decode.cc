@@ -23,7 +23,7 @@
 #include "thread_pool.hpp"
 
 HWY_BEFORE_NAMESPACE();
-namespace attn::detail {
+namespace attn::kernels {
 namespace HWY_NAMESPACE {
 
 // s[r · s_stride] = scale · q_r · k for r < MR.
@@ -90,7 +90,7 @@ thread_local Scratch<const float*> tls_decode_queries;
 
 // Partial result of one chunk for R rows: O[R][dvp] (aligned), then m[R], l[R].
 template <class KV>
-void DecodeChunk(DF d, const AttentionProblem<float>& p, int64_t b, int64_t hkv, int64_t chunk,
+void DecodeChunk(DF d, const core::AttentionProblem<float>& p, int64_t b, int64_t hkv, int64_t chunk,
                  int64_t dvp, float* part) {
   const int64_t R = p.group() * p.n_q;
   float* o = part;
@@ -155,7 +155,7 @@ void DecodeChunk(DF d, const AttentionProblem<float>& p, int64_t b, int64_t hkv,
 thread_local Scratch<float> tls_partials, tls_merged;
 
 template <class KV>
-void DecodeForwardT(const AttentionProblem<float>& p) {
+void DecodeForwardT(const core::AttentionProblem<float>& p) {
   const DF d;
   const int64_t N = static_cast<int64_t>(hn::Lanes(d));
   const int64_t dvp = WholeVectors(p.d_v);
@@ -197,20 +197,20 @@ void DecodeForwardT(const AttentionProblem<float>& p) {
   });
 }
 
-void DecodeForward(const AttentionProblem<float>& p) {
+void DecodeForward(const core::AttentionProblem<float>& p) {
   WithKVType(p, [&](auto kv) HWY_ATTR { DecodeForwardT<decltype(kv)>(p); });
 }
 
 }  // namespace HWY_NAMESPACE
-}  // namespace attn::detail
+}  // namespace attn::kernels
 HWY_AFTER_NAMESPACE();
 
 #if HWY_ONCE
-namespace attn::detail {
+namespace attn::kernels {
 HWY_EXPORT(DecodeForward);
-void decode_forward(const AttentionProblem<float>& p) { HWY_DYNAMIC_DISPATCH(DecodeForward)(p); }
-bool use_decode(const AttentionProblem<float>& p) {
+void decode_forward(const core::AttentionProblem<float>& p) { HWY_DYNAMIC_DISPATCH(DecodeForward)(p); }
+bool use_decode(const core::AttentionProblem<float>& p) {
   return !p.weights && !p.logits && p.n_q <= kDecodeMaxQueries && p.n_k > kDecodeChunk;
 }
-}  // namespace attn::detail
+}  // namespace attn::kernels
 #endif

@@ -19,7 +19,7 @@
 #endif
 
 HWY_BEFORE_NAMESPACE();
-namespace attn::detail {
+namespace attn::kernels {
 namespace HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 
@@ -64,7 +64,7 @@ HWY_INLINE V SoftmaxExp2(D d, V x) {
 }
 
 }  // namespace HWY_NAMESPACE
-}  // namespace attn::detail
+}  // namespace attn::kernels
 HWY_AFTER_NAMESPACE();
 
 #endif  // ATTN_KERNELS_EXP2_INL_H_

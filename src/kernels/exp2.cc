@@ -17,7 +17,7 @@
 #include "kernels/attention_kernel.hpp"
 
 HWY_BEFORE_NAMESPACE();
-namespace attn::detail {
+namespace attn::kernels {
 namespace HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 
@@ -42,16 +42,16 @@ void RoundArray(const float* x, float* out, int64_t n) {
 }
 
 }  // namespace HWY_NAMESPACE
-}  // namespace attn::detail
+}  // namespace attn::kernels
 HWY_AFTER_NAMESPACE();
 
 #if HWY_ONCE
-namespace attn::detail {
+namespace attn::kernels {
 HWY_EXPORT(Exp2Array);
 void softmax_exp2(const float* x, float* out, int64_t n, bool for_bf16) {
   HWY_DYNAMIC_DISPATCH(Exp2Array)(x, out, n, for_bf16);
 }
 HWY_EXPORT(RoundArray);
 void round_to_bf16(const float* x, float* out, int64_t n) { HWY_DYNAMIC_DISPATCH(RoundArray)(x, out, n); }
-}  // namespace attn::detail
+}  // namespace attn::kernels
 #endif

@@ -24,7 +24,7 @@
 #include "kernels/config.hpp"
 
 HWY_BEFORE_NAMESPACE();
-namespace attn::detail {
+namespace attn::kernels {
 namespace HWY_NAMESPACE {
 static_assert(kBlockK == kPanel, "a key tile is one packed matmul panel");
 
@@ -36,7 +36,7 @@ struct RowBlock {
   KeyRange first, last;
 
   RowBlock() = default;
-  RowBlock(const AttentionProblem<float>& p, int64_t i0_, int rows_)
+  RowBlock(const core::AttentionProblem<float>& p, int64_t i0_, int rows_)
       : i0(i0_),
         rows(rows_),
         first(allowed_keys(i0_, p.n_q, p.n_k, p.causal, p.window)),
@@ -98,7 +98,7 @@ void PackRows(const KV* row0, int64_t stride, int64_t count, int64_t width, floa
 // K tile kt of (b, hkv) as a panel (PackRows), rounded to bf16 with that
 // precision; keys past n_k are zero (their scores are masked anyway).
 template <class KV>
-void PackK(const AttentionProblem<float>& p, int64_t b, int64_t hkv, int64_t kt, float* dst) {
+void PackK(const core::AttentionProblem<float>& p, int64_t b, int64_t hkv, int64_t kt, float* dst) {
   const int64_t j0 = kt * kBlockK;
   PackRows(KeyRow<KV>(p, b, hkv, j0), KeyStride<KV>(p), std::min(kBlockK, p.n_k - j0), p.d, dst,
            p.precision == Precision::BF16);
@@ -138,7 +138,7 @@ inline void InterleavePairs(float* rows, int64_t count, int64_t width) {
 
 // K tile kt as the bf16 unit's panel of pairs (PackK, then paired).
 template <class KV>
-void PackKPairs(const AttentionProblem<float>& p, int64_t b, int64_t hkv, int64_t kt, float* dst) {
+void PackKPairs(const core::AttentionProblem<float>& p, int64_t b, int64_t hkv, int64_t kt, float* dst) {
   PackK<KV>(p, b, hkv, kt, dst);
   InterleavePairs(dst, p.d, kBlockK);
 }
@@ -160,7 +160,7 @@ struct AlibiRows {
   int64_t i0 = 0;
   int64_t anchor[kBlockQ];
 
-  void Set(const AttentionProblem<float>& p, int64_t h, int64_t first_row, int64_t rows) {
+  void Set(const core::AttentionProblem<float>& p, int64_t h, int64_t first_row, int64_t rows) {
     if (p.alibi.empty()) return;
     slope2 = Base2(p.alibi[h]);
     i0 = first_row;
@@ -181,7 +181,7 @@ struct QueryRows {
   const float* centers = nullptr;
 
   // Head h's rows of batch b from row i.
-  static QueryRows Of(const AttentionProblem<float>& p, int64_t b, int64_t h, int64_t i) {
+  static QueryRows Of(const core::AttentionProblem<float>& p, int64_t b, int64_t h, int64_t i) {
     return {p.q.row(b, h, i), p.q.row_stride};
   }
   // The same rows from r rows further on.
@@ -197,7 +197,7 @@ struct QueryRows {
 // columns): the rest of a row is left alone. With `unit` or `int8`, the
 // panel is its pairs (PackKPairs) or codes (PackKInt8) and the products are
 // the unit's (no `alibi` then).
-HWY_INLINE void Products(DF d, const AttentionProblem<float>& p, const RowBlock& rb, QueryRows qr,
+HWY_INLINE void Products(DF d, const core::AttentionProblem<float>& p, const RowBlock& rb, QueryRows qr,
                          const float* panel, int64_t j0, float scale, float* s, int64_t s_stride,
                          const AlibiRows* alibi, const BF16Unit* unit = nullptr, const Int8Unit* int8 = nullptr) {
   const int64_t cols = std::min(kBlockK, p.n_k - j0);
@@ -229,7 +229,7 @@ HWY_INLINE void Products(DF d, const AttentionProblem<float>& p, const RowBlock&
 // `tanh_out`, also tanh(scale·q·k / softcap) there, in the same layout (the
 // backward's derivative of softcap).
 // With `unit` or `int8`, the panel is its pairs or codes (Products).
-inline void Scores(DF d, const AttentionProblem<float>& p, int64_t b, int64_t h, int64_t kt, const RowBlock& rb,
+inline void Scores(DF d, const core::AttentionProblem<float>& p, int64_t b, int64_t h, int64_t kt, const RowBlock& rb,
                    QueryRows q, const float* panel, const AlibiRows& alibi, float* s, int64_t s_stride,
                    float* tanh_out = nullptr, const BF16Unit* unit = nullptr, const Int8Unit* int8 = nullptr) {
   const int64_t j0 = kt * kBlockK, jn = std::min(kBlockK, p.n_k - j0);
@@ -260,7 +260,7 @@ inline void Scores(DF d, const AttentionProblem<float>& p, int64_t b, int64_t h,
 }
 
 }  // namespace HWY_NAMESPACE
-}  // namespace attn::detail
+}  // namespace attn::kernels
 HWY_AFTER_NAMESPACE();
 
 #endif  // ATTN_KERNELS_FLASH_INL_H_

@@ -11,7 +11,7 @@
 #include "kernels/attention_kernel.hpp"
 
 HWY_BEFORE_NAMESPACE();
-namespace attn::detail {
+namespace attn::kernels {
 namespace HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 
@@ -40,12 +40,12 @@ double FmaLoop(int64_t iterations, float* sink) {
 }
 
 }  // namespace HWY_NAMESPACE
-}  // namespace attn::detail
+}  // namespace attn::kernels
 HWY_AFTER_NAMESPACE();
 
 #if HWY_ONCE
-namespace attn::detail {
+namespace attn::kernels {
 HWY_EXPORT(FmaLoop);
 double fma_loop(int64_t iterations, float* sink) { return HWY_DYNAMIC_DISPATCH(FmaLoop)(iterations, sink); }
-}  // namespace attn::detail
+}  // namespace attn::kernels
 #endif

@@ -22,7 +22,7 @@
 #include "kernels/scratch.hpp"
 
 HWY_BEFORE_NAMESPACE();
-namespace attn::detail {
+namespace attn::kernels {
 namespace HWY_NAMESPACE {
 
 // Row x of n floats, in place, as mean + s · round((x − mean) / s) (ties to
@@ -68,7 +68,7 @@ inline float QuantizeRowInt8(float* x, int64_t n, const float* mean, bool codes 
 // quantized differences small where keys share an offset, as trained
 // models' keys do.
 template <class KV>
-bool KeyMean(const AttentionProblem<float>& p, int64_t b, int64_t hkv, float* mean) {
+bool KeyMean(const core::AttentionProblem<float>& p, int64_t b, int64_t hkv, float* mean) {
   const DF d;
   const auto N = static_cast<int64_t>(hn::Lanes(d));
   const int64_t width = WholeVectors(p.d);
@@ -107,7 +107,7 @@ inline void QueryCodes(float* x, int64_t n, float s, const float* mean, float& s
 
 // Whether every element of Q is within ±kInt8UnitLimit (the int8 unit
 // takes only those).
-inline bool QueriesWithinUnitLimit(const AttentionProblem<float>& p) {
+inline bool QueriesWithinUnitLimit(const core::AttentionProblem<float>& p) {
   const DF d;
   const auto N = static_cast<int64_t>(hn::Lanes(d));
   const VF limit = hn::Set(d, kInt8UnitLimit);
@@ -129,7 +129,7 @@ inline thread_local Scratch<float> tls_int8_keys;
 // packed as PackK packs it, or with `unit` as its panel of codes, scales and
 // offsets (int8_unit.hpp).
 template <class KV>
-void PackKInt8(const AttentionProblem<float>& p, int64_t b, int64_t hkv, int64_t kt, const float* mean,
+void PackKInt8(const core::AttentionProblem<float>& p, int64_t b, int64_t hkv, int64_t kt, const float* mean,
                const Int8Unit* unit, float* dst) {
   const DF d;
   const auto N = static_cast<int64_t>(hn::Lanes(d));
@@ -162,7 +162,7 @@ void PackKInt8(const AttentionProblem<float>& p, int64_t b, int64_t hkv, int64_t
 }
 
 }  // namespace HWY_NAMESPACE
-}  // namespace attn::detail
+}  // namespace attn::kernels
 HWY_AFTER_NAMESPACE();
 
 #endif  // include guard

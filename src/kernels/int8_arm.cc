@@ -19,9 +19,9 @@
 #endif
 
 #if !defined(ATTN_ARM_DOTPROD_UNIT)
-namespace attn::detail {
+namespace attn::kernels {
 const Int8Unit* arm_dotprod_unit() { return nullptr; }  // (see above)
-}  // namespace attn::detail
+}  // namespace attn::kernels
 #else
 #include <arm_neon.h>
 #include <sys/auxv.h>
@@ -46,7 +46,7 @@ const Int8Unit* arm_dotprod_unit() { return nullptr; }  // (see above)
 #pragma GCC target("arch=armv8.2-a+dotprod")
 #endif
 
-namespace attn::detail {
+namespace attn::kernels {
 namespace {
 
 struct NeonDotprod {
@@ -71,7 +71,7 @@ struct NeonDotprod {
 };
 
 }  // namespace
-}  // namespace attn::detail
+}  // namespace attn::kernels
 
 #include "kernels/int8_blocks-inl.h"
 
@@ -81,12 +81,12 @@ struct NeonDotprod {
 #pragma GCC pop_options
 #endif
 
-namespace attn::detail {
+namespace attn::kernels {
 
 const Int8Unit* arm_dotprod_unit() {
   static const bool present = (getauxval(AT_HWCAP) & HWCAP_ASIMDDP) != 0;
   return present ? int8_blocks::UnitOf<NeonDotprod>() : nullptr;
 }
 
-}  // namespace attn::detail
+}  // namespace attn::kernels
 #endif  // ATTN_ARM_DOTPROD_UNIT

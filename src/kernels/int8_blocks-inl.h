@@ -21,7 +21,7 @@
 #ifndef ATTN_KERNELS_INT8_BLOCKS_INL_H_
 #define ATTN_KERNELS_INT8_BLOCKS_INL_H_
 
-namespace attn::detail::int8_blocks {
+namespace attn::kernels::int8_blocks {
 
 // A block of 4 rows × 4 vectors: 16 sums, more independent ones than the
 // instruction's latency × throughput needs.
@@ -112,6 +112,6 @@ const Int8Unit* UnitOf() {
   return &unit;
 }
 
-}  // namespace attn::detail::int8_blocks
+}  // namespace attn::kernels::int8_blocks
 
 #endif  // ATTN_KERNELS_INT8_BLOCKS_INL_H_

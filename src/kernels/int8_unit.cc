@@ -6,7 +6,7 @@
 
 #include "kernels/attention_kernel.hpp"
 
-namespace attn::detail {
+namespace attn::kernels {
 namespace {
 std::atomic<bool> int8_unit_on{true};
 }  // namespace
@@ -30,4 +30,4 @@ double int8_peak_loop(int64_t iterations, float* sink) {
   return unit ? unit->peak_loop(iterations, sink) : 0.0;
 }
 
-}  // namespace attn::detail
+}  // namespace attn::kernels

@@ -20,7 +20,7 @@
 
 #include <cstdint>
 
-namespace attn::detail {
+namespace attn::kernels {
 
 // Bytes of one K panel of `keys` keys with head dim d.
 inline int64_t Int8PanelBytes(int64_t d, int64_t keys) { return (d + 3) / 4 * keys * 4 + keys * 8; }
@@ -62,4 +62,4 @@ const Int8Unit* cpu_int8_unit();
 // (attention_kernel.hpp) turned it off; null where there is none.
 const Int8Unit* int8_unit();
 
-}  // namespace attn::detail
+}  // namespace attn::kernels

@@ -9,9 +9,9 @@
 #include "kernels/int8_unit.hpp"
 
 #if !defined(__x86_64__)
-namespace attn::detail {
+namespace attn::kernels {
 const Int8Unit* avx512_vnni_unit() { return nullptr; }  // (not an x86 build)
-}  // namespace attn::detail
+}  // namespace attn::kernels
 #else
 #include <immintrin.h>
 
@@ -32,7 +32,7 @@ const Int8Unit* avx512_vnni_unit() { return nullptr; }  // (not an x86 build)
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512vnni")
 #endif
 
-namespace attn::detail {
+namespace attn::kernels {
 namespace {
 
 struct Avx512Vnni {
@@ -58,7 +58,7 @@ struct Avx512Vnni {
 };
 
 }  // namespace
-}  // namespace attn::detail
+}  // namespace attn::kernels
 
 #include "kernels/int8_blocks-inl.h"
 
@@ -68,12 +68,12 @@ struct Avx512Vnni {
 #pragma GCC pop_options
 #endif
 
-namespace attn::detail {
+namespace attn::kernels {
 
 const Int8Unit* avx512_vnni_unit() {
   static const bool present = HasAvx512() && __builtin_cpu_supports("avx512vnni");
   return present ? int8_blocks::UnitOf<Avx512Vnni>() : nullptr;
 }
 
-}  // namespace attn::detail
+}  // namespace attn::kernels
 #endif  // __x86_64__

@@ -20,7 +20,7 @@
 #include "thread_pool.hpp"
 
 HWY_BEFORE_NAMESPACE();
-namespace attn::detail {
+namespace attn::kernels {
 namespace HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 
@@ -114,11 +114,11 @@ void MatmulF64(const TensorView<const double>& a, const double* b, int64_t b_str
 }
 
 }  // namespace HWY_NAMESPACE
-}  // namespace attn::detail
+}  // namespace attn::kernels
 HWY_AFTER_NAMESPACE();
 
 #if HWY_ONCE
-namespace attn::detail {
+namespace attn::kernels {
 HWY_EXPORT(LinearF32);
 HWY_EXPORT(LinearF64);
 HWY_EXPORT(MatmulF32);
@@ -137,5 +137,5 @@ void matmul(TensorView<const double> a, const double* b, int64_t b_stride, Tenso
             bool accumulate) {
   HWY_DYNAMIC_DISPATCH(MatmulF64)(a, b, b_stride, c, accumulate);
 }
-}  // namespace attn::detail
+}  // namespace attn::kernels
 #endif

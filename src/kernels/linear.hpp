@@ -6,7 +6,7 @@
 
 #include "attn/tensor.hpp"
 
-namespace attn::detail {
+namespace attn::kernels {
 
 // x (rows, in) with unit column stride, w (out, in) contiguous, b (out) or
 // null, y (rows, out) with unit column stride.
@@ -27,4 +27,4 @@ template <class T>
 void linear_backward(const T* x, const T* w, const T* dy, int64_t rows, int64_t in, int64_t out,
                      T* dx, T* dw, T* db);
 
-}  // namespace attn::detail
+}  // namespace attn::kernels

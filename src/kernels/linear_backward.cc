@@ -9,7 +9,7 @@
 
 #include <algorithm>
 
-namespace attn::detail {
+namespace attn::kernels {
 
 template <class T>
 void linear_backward(const T* x, const T* w, const T* dy, int64_t rows, int64_t in, int64_t out,
@@ -34,4 +34,4 @@ template void linear_backward<float>(const float*, const float*, const float*, i
 template void linear_backward<double>(const double*, const double*, const double*, int64_t,
                                       int64_t, int64_t, double*, double*, double*);
 
-}  // namespace attn::detail
+}  // namespace attn::kernels

@@ -18,7 +18,7 @@
 #include "kernels/config.hpp"
 
 HWY_BEFORE_NAMESPACE();
-namespace attn::detail {
+namespace attn::kernels {
 namespace HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 
@@ -152,7 +152,7 @@ HWY_INLINE void MatmulPanel(D d, const T* const* a, int rows, int64_t K, const T
 }
 
 }  // namespace HWY_NAMESPACE
-}  // namespace attn::detail
+}  // namespace attn::kernels
 HWY_AFTER_NAMESPACE();
 
 #endif  // ATTN_KERNELS_MATMUL_INL_H_

@@ -22,7 +22,7 @@
 #include "attn/half.hpp"
 
 HWY_BEFORE_NAMESPACE();
-namespace attn::detail {
+namespace attn::kernels {
 namespace HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 
@@ -70,7 +70,7 @@ HWY_INLINE void StorePart(D d, hn::Vec<D> v, float* p, int64_t m) {
 }
 
 }  // namespace HWY_NAMESPACE
-}  // namespace attn::detail
+}  // namespace attn::kernels
 HWY_AFTER_NAMESPACE();
 
 #endif  // ATTN_KERNELS_PARTIAL_INL_H_

@@ -55,20 +55,20 @@
 #include "thread_pool.hpp"
 
 HWY_BEFORE_NAMESPACE();
-namespace attn::detail {
+namespace attn::kernels {
 namespace HWY_NAMESPACE {
 static_assert(kBlockRows % kRows == 0, "ATTN_BLOCK_ROWS must be a multiple of kRows (4)");
 
 // Packs K tile kt of (b, hkv) (PackKeys) or widens V rows j0 .. j0 + count - 1
 // (WidenValues): the steps that depend on K/V's storage type.
-using PackKFn = void (*)(const AttentionProblem<float>& p, int64_t b, int64_t hkv, int64_t kt,
+using PackKFn = void (*)(const core::AttentionProblem<float>& p, int64_t b, int64_t hkv, int64_t kt,
                          const BF16Unit* unit, const Int8Unit* int8, const float* key_mean, float* dst);
-using WidenValuesFn = void (*)(const AttentionProblem<float>& p, int64_t b, int64_t hkv,
+using WidenValuesFn = void (*)(const core::AttentionProblem<float>& p, int64_t b, int64_t hkv,
                                int64_t j0, int64_t count, int64_t width, float* dst);
 
 // Everything one work item needs to see.
 struct Item {
-  const AttentionProblem<float>& p;
+  const core::AttentionProblem<float>& p;
   float* kpack;  // this (batch, kv head)'s packed K tiles: n_tiles × d × kBlockK
   bool pack;     // whether the item packs them itself (see FlashTiles)
   PackKFn pack_k;
@@ -105,7 +105,7 @@ struct Item {
 // quantized keys less key_mean (as a panel, or the int8 unit's codes; int8
 // precision's `unit` computes only P·V).
 template <class KV>
-void PackKeys(const AttentionProblem<float>& p, int64_t b, int64_t hkv, int64_t kt, const BF16Unit* unit,
+void PackKeys(const core::AttentionProblem<float>& p, int64_t b, int64_t hkv, int64_t kt, const BF16Unit* unit,
               const Int8Unit* int8, const float* key_mean, float* dst) {
   if (p.precision == Precision::Int8) return PackKInt8<KV>(p, b, hkv, kt, key_mean, int8, dst);
   if (unit) return PackKPairs<KV>(p, b, hkv, kt, dst);
@@ -120,7 +120,7 @@ void PackKeys(const AttentionProblem<float>& p, int64_t b, int64_t hkv, int64_t 
 // sliced from one wide array, as multi_head and the layer pass them) also
 // share few cache sets, which the copy avoids.
 template <class KV>
-void WidenValues(const AttentionProblem<float>& p, int64_t b, int64_t hkv, int64_t j0,
+void WidenValues(const core::AttentionProblem<float>& p, int64_t b, int64_t hkv, int64_t j0,
                  int64_t count, int64_t width, float* dst) {
   const DF d;
   const int64_t N = static_cast<int64_t>(hn::Lanes(d));
@@ -137,7 +137,7 @@ void WidenValues(const AttentionProblem<float>& p, int64_t b, int64_t hkv, int64
 // The same V rows as the bf16 unit's tile of pairs (BF16Unit's layouts),
 // rounded and paired in one pass: half WidenValues' stores, none read back.
 template <class KV>
-void WidenValuePairs(const AttentionProblem<float>& p, int64_t b, int64_t hkv, int64_t j0, int64_t count,
+void WidenValuePairs(const core::AttentionProblem<float>& p, int64_t b, int64_t hkv, int64_t j0, int64_t count,
                      int64_t width, float* dst) {
   const DF d;
   const int64_t N = static_cast<int64_t>(hn::Lanes(d));
@@ -401,13 +401,13 @@ thread_local Scratch<float> tls_kpack, tls_vpack, tls_item_kpack, tls_v_tile, tl
 
 // Query rows per work item: kBlockQ, or half as many when there would be
 // fewer than 2 items per thread (config.hpp).
-int64_t ItemRows(const AttentionProblem<float>& p) {
+int64_t ItemRows(const core::AttentionProblem<float>& p) {
   const int64_t items = p.batch * p.heads_kv * ((p.n_q + kBlockQ - 1) / kBlockQ);
   return items >= 2 * static_cast<int64_t>(num_threads()) ? kBlockQ : kBlockQ / 2;
 }
 
 template <class KV>
-void FlashTiles(const AttentionProblem<float>& p) {
+void FlashTiles(const core::AttentionProblem<float>& p) {
   const DF d;
   const int64_t n_tiles = (p.n_k + kBlockK - 1) / kBlockK;
   const int64_t head_pack = n_tiles * p.d * kBlockK;
@@ -492,7 +492,7 @@ void FlashTiles(const AttentionProblem<float>& p) {
   }, 2.0 * double(p.batch * p.heads_q) * double(p.n_q) * double(p.n_k) * double(p.d + p.d_v));
 }
 
-void FlashForward(const AttentionProblem<float>& p) {
+void FlashForward(const core::AttentionProblem<float>& p) {
   WithKVType(p, [&](auto kv) HWY_ATTR { FlashTiles<decltype(kv)>(p); });
 }
 
@@ -502,14 +502,14 @@ const char* BF16PrefillUnit() {
 }
 
 }  // namespace HWY_NAMESPACE
-}  // namespace attn::detail
+}  // namespace attn::kernels
 HWY_AFTER_NAMESPACE();
 
 #if HWY_ONCE
-namespace attn::detail {
+namespace attn::kernels {
 HWY_EXPORT(FlashForward);
 HWY_EXPORT(BF16PrefillUnit);
-void flash_forward(const AttentionProblem<float>& p) { HWY_DYNAMIC_DISPATCH(FlashForward)(p); }
+void flash_forward(const core::AttentionProblem<float>& p) { HWY_DYNAMIC_DISPATCH(FlashForward)(p); }
 const char* bf16_prefill_unit() { return HWY_DYNAMIC_DISPATCH(BF16PrefillUnit)(); }
-}  // namespace attn::detail
+}  // namespace attn::kernels
 #endif

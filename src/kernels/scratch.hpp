@@ -10,7 +10,7 @@
 
 #include "attn/error.hpp"
 
-namespace attn::detail {
+namespace attn::kernels {
 
 template <class T>
 class Scratch {
@@ -32,4 +32,4 @@ class Scratch {
   size_t size_ = 0;
 };
 
-}  // namespace attn::detail
+}  // namespace attn::kernels

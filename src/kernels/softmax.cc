@@ -16,7 +16,7 @@
 #include "kernels/attention_kernel.hpp"
 
 HWY_BEFORE_NAMESPACE();
-namespace attn::detail {
+namespace attn::kernels {
 namespace HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 
@@ -53,14 +53,14 @@ bool SoftmaxRow(const float* x, float* y, int64_t n) {
 }
 
 }  // namespace HWY_NAMESPACE
-}  // namespace attn::detail
+}  // namespace attn::kernels
 HWY_AFTER_NAMESPACE();
 
 #if HWY_ONCE
-namespace attn::detail {
+namespace attn::kernels {
 HWY_EXPORT(SoftmaxRow);
 bool softmax_row(const float* x, float* y, int64_t n) {
   return HWY_DYNAMIC_DISPATCH(SoftmaxRow)(x, y, n);
 }
-}  // namespace attn::detail
+}  // namespace attn::kernels
 #endif

@@ -23,7 +23,7 @@
 #include "attn/threads.hpp"
 
 namespace attn {
-namespace detail {
+namespace kernels {
 namespace {
 
 // Whether this thread is running a pool's items: a parallel_for inside one
@@ -201,14 +201,14 @@ void parallel_for(int64_t n, const std::function<void(int64_t)>& fn, double work
   p->run(n, fn);
 }
 
-}  // namespace detail
+}  // namespace kernels
 
 void parallel_for(int64_t n, const std::function<void(int64_t)>& fn) {
   if (n < 0) throw ValueError("parallel_for: n must be >= 0, got " + std::to_string(n));
   std::mutex first_error_mutex;
   int64_t first_failed = n;
   std::exception_ptr first_error;
-  detail::parallel_for(
+  kernels::parallel_for(
       n,
       [&](int64_t item) {
         try {
@@ -225,20 +225,20 @@ void parallel_for(int64_t n, const std::function<void(int64_t)>& fn) {
   if (first_error) std::rethrow_exception(first_error);
 }
 
-int max_num_threads() { return std::min(1024, std::max(64, 4 * detail::hardware_threads())); }
+int max_num_threads() { return std::min(1024, std::max(64, 4 * kernels::hardware_threads())); }
 
 int num_threads() {
-  std::lock_guard lock(detail::pool_mutex);
-  if (!detail::requested_threads) detail::requested_threads = detail::default_threads();
-  return detail::requested_threads;
+  std::lock_guard lock(kernels::pool_mutex);
+  if (!kernels::requested_threads) kernels::requested_threads = kernels::default_threads();
+  return kernels::requested_threads;
 }
 
 void set_num_threads(int64_t n) {
   if (n < 1 || n > max_num_threads())
     throw ValueError("set_num_threads: n must be in [1, max_num_threads() = " +
                      std::to_string(max_num_threads()) + "], got " + std::to_string(n));
-  std::lock_guard lock(detail::pool_mutex);
-  detail::requested_threads = static_cast<int>(n);
+  std::lock_guard lock(kernels::pool_mutex);
+  kernels::requested_threads = static_cast<int>(n);
 }
 
 }  // namespace attn

@@ -4,7 +4,7 @@
 #include <cstdint>
 #include <functional>
 
-namespace attn::detail {
+namespace attn::kernels {
 
 // Runs fn(item) for every item in [0, n) on the library's threads (the caller
 // included), handing out items in order from a shared counter. Returns when
@@ -20,4 +20,4 @@ namespace attn::detail {
 inline constexpr double kMinParallelWork = 1e6;
 void parallel_for(int64_t n, const std::function<void(int64_t)>& fn, double work = kMinParallelWork);
 
-}  // namespace attn::detail
+}  // namespace attn::kernels

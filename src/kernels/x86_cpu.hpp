@@ -3,7 +3,7 @@
 #pragma once
 
 #if defined(__x86_64__)
-namespace attn::detail {
+namespace attn::kernels {
 
 // Whether the CPU runs AVX-512 F, BW and VL and the OS saves their state
 // (GCC's and clang's checks include the latter).
@@ -13,5 +13,5 @@ inline bool HasAvx512() {
          __builtin_cpu_supports("avx512vl");
 }
 
-}  // namespace attn::detail
+}  // namespace attn::kernels
 #endif

@@ -14,12 +14,12 @@
 #include "attn/half.hpp"
 #include "softmax_rules.hpp"
 
-namespace attn::detail {
+namespace attn::reference {
 namespace {
 
 // Causal and window rules exactly as docs/semantics.md "Which keys take part" states them.
 template <class T>
-bool in_range(const AttentionProblem<T>& p, int64_t i, int64_t j) {
+bool in_range(const core::AttentionProblem<T>& p, int64_t i, int64_t j) {
   const int64_t pos = i + p.causal.position(p.n_q, p.n_k);
   if (p.causal.masks() && j > i + p.causal.diagonal(p.n_q, p.n_k)) return false;
   // (pos - j and j - pos cannot overflow; pos ± a window of up to INT64_MAX can.)
@@ -31,23 +31,23 @@ bool in_range(const AttentionProblem<T>& p, int64_t i, int64_t j) {
 // Element (j, c) of head (b, h) of K or V (x, or its stored bytes in a
 // float32 problem) as a double, whatever its storage.
 template <class T>
-double element(const AttentionProblem<T>& p, const Operand<const T>& x,
-               const Operand<const std::byte>& stored, int64_t b, int64_t h, int64_t j, int64_t c) {
+double element(const core::AttentionProblem<T>& p, const core::Operand<const T>& x,
+               const core::Operand<const std::byte>& stored, int64_t b, int64_t h, int64_t j, int64_t c) {
   if constexpr (std::is_same_v<T, float>) {
-    const std::byte* row = p.kv == KVStorage::Native ? nullptr : stored.row(b, h, j);
+    const std::byte* row = p.kv == core::KVStorage::Native ? nullptr : stored.row(b, h, j);
     const auto at = [&](auto kind, int64_t col) {
       decltype(kind) e;
       std::memcpy(&e, row + col * stored.col_stride, sizeof e);
       return e;
     };
     switch (p.kv) {
-      case KVStorage::BF16: return bf16_to_float(at(uint16_t{}, c));
-      case KVStorage::F16: return fp16_to_float(at(uint16_t{}, c));
-      case KVStorage::Q8_0: {
+      case core::KVStorage::BF16: return bf16_to_float(at(uint16_t{}, c));
+      case core::KVStorage::F16: return fp16_to_float(at(uint16_t{}, c));
+      case core::KVStorage::Q8_0: {
         const block_q8_0 block = at(block_q8_0{}, c / kQ8_0Block);
         return double(fp16_to_float(block.d.bits)) * block.qs[c % kQ8_0Block];
       }
-      case KVStorage::Native: break;
+      case core::KVStorage::Native: break;
     }
   }
   return x.row(b, h, j)[c * x.col_stride];
@@ -61,7 +61,7 @@ double element(const AttentionProblem<T>& p, const Operand<const T>& x,
 // additive -inf is a value like any other). A row with no allowed key gets
 // all-zero weights; one with a NaN logit, all-NaN weights.
 template <class T>
-double row_weights(const AttentionProblem<T>& p, int64_t b, int64_t h, int64_t i,
+double row_weights(const core::AttentionProblem<T>& p, int64_t b, int64_t h, int64_t i,
                    std::vector<double>& s, std::vector<double>& w, std::vector<char>& part,
                    std::vector<double>* logits = nullptr) {
   const T* q = p.q.row(b, h, i);
@@ -78,14 +78,14 @@ double row_weights(const AttentionProblem<T>& p, int64_t b, int64_t h, int64_t i
     if (logits)
       (*logits)[j] = p.logits_stage == Logits::Scaled ? s[j] : p.logits_stage == Logits::Softcapped ? logit : w[j];
   }
-  return softmax_by_definition(w.data(), p.n_k,
+  return core::softmax_by_definition(w.data(), p.n_k,
                                p.sinks.empty() ? -std::numeric_limits<double>::infinity() : p.sinks[h]);
 }
 
 // out[c] = Σ w[j] v[j][c] over the keys that take part (a weight of 0 times
 // a NaN value is NaN, as in PyTorch; an excluded key is not read).
 template <class T, class Out>
-void row_output(const AttentionProblem<T>& p, int64_t b, int64_t h, const std::vector<double>& w,
+void row_output(const core::AttentionProblem<T>& p, int64_t b, int64_t h, const std::vector<double>& w,
                 const std::vector<char>& part, Out* out, int64_t out_stride) {
   const int64_t hkv = h / p.group();
   for (int64_t c = 0; c < p.d_v; ++c) {
@@ -96,7 +96,7 @@ void row_output(const AttentionProblem<T>& p, int64_t b, int64_t h, const std::v
   }
 }
 
-void zero(const Operand<double>& t, int64_t batch, int64_t heads, int64_t rows, int64_t cols) {
+void zero(const core::Operand<double>& t, int64_t batch, int64_t heads, int64_t rows, int64_t cols) {
   for (int64_t b = 0; b < batch; ++b)
     for (int64_t h = 0; h < heads; ++h)
       for (int64_t i = 0; i < rows; ++i)
@@ -105,10 +105,10 @@ void zero(const Operand<double>& t, int64_t batch, int64_t heads, int64_t rows, 
 
 }  // namespace
 
-void reference_attention(const AttentionProblem<double>& p) {
+void reference_attention(const core::AttentionProblem<double>& p) {
   std::vector<double> s(p.n_k), w(p.n_k), logits(p.n_k);
   std::vector<char> part(p.n_k);
-  const auto store = [&](const Operand<double>& t, int64_t b, int64_t h, int64_t i,
+  const auto store = [&](const core::Operand<double>& t, int64_t b, int64_t h, int64_t i,
                          const std::vector<double>& row) {
     for (int64_t j = 0; j < p.n_k; ++j) t.row(b, h, i)[j * t.col_stride] = row[j];
   };
@@ -123,13 +123,13 @@ void reference_attention(const AttentionProblem<double>& p) {
       }
 }
 
-void reference_attention_row(const AttentionProblem<float>& p, int64_t b, int64_t h, int64_t i,
+void reference_attention_row(const core::AttentionProblem<float>& p, int64_t b, int64_t h, int64_t i,
                              float* out) {
   std::vector<double> s(p.n_k), w(p.n_k), logits(p.n_k);
   std::vector<char> part(p.n_k);
   const double lse = row_weights(p, b, h, i, s, w, part, p.logits ? &logits : nullptr);
   row_output(p, b, h, w, part, out, 1);
-  const auto store = [&](const Operand<float>& t, const std::vector<double>& row) {
+  const auto store = [&](const core::Operand<float>& t, const std::vector<double>& row) {
     for (int64_t j = 0; j < p.n_k; ++j) t.row(b, h, i)[j * t.col_stride] = static_cast<float>(row[j]);
   };
   if (p.weights) store(p.weights, w);
@@ -137,8 +137,8 @@ void reference_attention_row(const AttentionProblem<float>& p, int64_t b, int64_
   if (p.lse) *p.lse.row(b, h, i) = static_cast<float>(lse);
 }
 
-void reference_attention_backward(const AttentionProblem<double>& p,
-                                  const GradientOperands<double>& g) {
+void reference_attention_backward(const core::AttentionProblem<double>& p,
+                                  const core::GradientOperands<double>& g) {
   zero(g.dq, p.batch, p.heads_q, p.n_q, p.d);
   zero(g.dk, p.batch, p.heads_kv, p.n_k, p.d);
   zero(g.dv, p.batch, p.heads_kv, p.n_k, p.d_v);
@@ -208,4 +208,4 @@ void reference_attention_backward(const AttentionProblem<double>& p,
     }
 }
 
-}  // namespace attn::detail
+}  // namespace attn::reference
