@@ -120,8 +120,8 @@ fuzz: fuzz-build
 tsan: test-deps
 	cmake -S . -B $(TSAN_BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_COMPILER=clang++-14 -DCMAKE_C_COMPILER=clang-14 \
 	    -DATTN_SANITIZE=thread -DATTN_HWY_DISABLED_TARGETS="$(SANITIZER_HWY_DISABLED)" >/dev/null
-	cmake --build $(TSAN_BUILD) -j $(JOBS) --target attn_tests
-	TSAN_OPTIONS=halt_on_error=1 $(TSAN_BUILD)/bin/attn_tests --gtest_filter='Concurrency.*:Determinism.*:Kernels.BitwiseIdenticalForAnyThreadCount'
+	cmake --build $(TSAN_BUILD) -j $(JOBS) --target attn_kernel_tests
+	TSAN_OPTIONS=halt_on_error=1 $(TSAN_BUILD)/bin/attn_kernel_tests --gtest_filter='Concurrency.*:Determinism.*:Kernels.BitwiseIdenticalForAnyThreadCount'
 
 # Performance against peers (bench/compare.py). PyTorch at its best: AVX-512
 # kernels and OpenBLAS's own CPU detection, for this command only.
@@ -162,12 +162,15 @@ ARM_CPUS      := cortex-a72/NEON max,sve=off/NEON/neon_bf16/neon_dotprod a64fx/S
 ARM_TEST_CPUS := cortex-a72/NEON max,sve=off/NEON/neon_bf16/neon_dotprod
 ARM_KERNEL_TESTS := Kernels.*:EdgeCases.*:KVStorage.*:Q8_0.*:Precision.*
 
-# ARM_HWY_DISABLED: the Highway targets to leave out (none: every Arm target).
+# ARM_HWY_DISABLED: the Highway targets to leave out (none: every Arm target);
+# ARM_TESTS: the test program (attn_kernel_tests: the kernels' and threads'
+# tests alone).
+ARM_TESTS ?= attn_tests
 arm-build:
 	@tools/install-deps.sh $(ARM_DEBS)
 	cmake -S . -B $(ARM_BUILD) -DCMAKE_TOOLCHAIN_FILE=cmake/aarch64-linux-gnu.cmake -DCMAKE_BUILD_TYPE=Release \
 	    -DATTN_HWY_DISABLED_TARGETS="$(ARM_HWY_DISABLED)" >/dev/null
-	cmake --build $(ARM_BUILD) -j $(JOBS) --target attn_tests attn_cli attn_shared attn_static
+	cmake --build $(ARM_BUILD) -j $(JOBS) --target $(ARM_TESTS) attn_cli attn_shared attn_static
 
 # The whole C++ suite on every CPU of ARM_CPUS, and the arm64 packages
 # (built, checked, their C consumer and CLI run under qemu).
@@ -179,8 +182,8 @@ test-arm: arm-build
 # best target forced (make test-arm forces all of them, SVE too), and the
 # arm64 packages, from a build of the NEON target alone (its own folder).
 test-arm-kernels:
-	$(MAKE) arm-build ARM_BUILD=$(ARM_TEST_BUILD) ARM_HWY_DISABLED="$(ARM_TEST_HWY_DISABLED)"
-	tools/test-arm.sh --best-only $(ARM_TEST_BUILD)/bin/attn_tests '$(ARM_KERNEL_TESTS)' $(ARM_TEST_CPUS)
+	$(MAKE) arm-build ARM_BUILD=$(ARM_TEST_BUILD) ARM_HWY_DISABLED="$(ARM_TEST_HWY_DISABLED)" ARM_TESTS=attn_kernel_tests
+	tools/test-arm.sh --best-only $(ARM_TEST_BUILD)/bin/attn_kernel_tests '$(ARM_KERNEL_TESTS)' $(ARM_TEST_CPUS)
 	tests/packages.sh . $(ARM_TEST_BUILD) arm64
 
 # The arm64 Debian packages (libattn0, libattn-dev, attn) in $(ARM_BUILD)/.
