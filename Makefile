@@ -82,9 +82,8 @@ test: test-deps configure
 	ctest --test-dir $(BUILD) --output-on-failure -j $(JOBS) -LE source_build
 	$(MAKE) asan
 	tools/run-fuzzers.sh $(ASAN_BUILD) $(TEST_FUZZ_SECONDS) 1 $(JOBS)
-	# Side by side: each leaves cores idle (configuring, linking, packaging,
-	# the last emulated CPU), which the other fills.
-	$(MAKE) --output-sync=recurse -j 2 tsan test-arm-kernels
+	$(MAKE) tsan
+	$(MAKE) test-arm-kernels
 
 # A project that builds attn from source with add_subdirectory: the whole
 # library compiled again, so make test leaves it out (it kept make test past
