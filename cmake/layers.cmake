@@ -23,9 +23,9 @@ set(ATTN_PUBLIC_onnx onnx.hpp)
 set(ATTN_PUBLIC_io io.hpp file.hpp)
 set(ATTN_PUBLIC_capi attn.h)
 set(ATTN_PUBLIC_dist dist.hpp)
-set(ATTN_COMPANION_HEADERS_picture picture.hpp)
-set(ATTN_COMPANION_HEADERS_train adam.hpp embedding.hpp experiments.hpp train.hpp)
-set(ATTN_COMPANION_HEADERS_machine machine.hpp)
+set(ATTN_PUBLIC_picture picture.hpp)
+set(ATTN_PUBLIC_train adam.hpp embedding.hpp experiments.hpp train.hpp)
+set(ATTN_PUBLIC_machine machine.hpp)
 
 # Which rooms a room may include besides its own. External libraries count as
 # rooms too (hwy: Highway, json: nlohmann, stb); the C++ and system headers,

@@ -378,11 +378,7 @@ Tensor<T> attention(TensorView<const T> q, TensorView<const KV> k, TensorView<co
   template class AttentionPlan<T, KV>;                                                          \
   template Tensor<T> attention(TensorView<const T>, TensorView<const KV>, TensorView<const KV>, \
                                const AttentionOptions&, const AttentionMasks&);
-ATTN_INSTANTIATE(float, float)
-ATTN_INSTANTIATE(float, bfloat16)
-ATTN_INSTANTIATE(float, float16)
-ATTN_INSTANTIATE(float, block_q8_0)
-ATTN_INSTANTIATE(double, double)
+ATTN_FOR_EACH_ATTENTION_TYPE(ATTN_INSTANTIATE)
 #undef ATTN_INSTANTIATE
 
 }  // namespace attn

@@ -190,11 +190,7 @@ AttentionGradients<T> attention_backward(TensorView<const T> q, TensorView<const
                                                     TensorView<const KV>, TensorView<const T>,     \
                                                     const AttentionOptions&, const AttentionMasks&, \
                                                     const SavedForward<T>&);
-ATTN_INSTANTIATE(float, float)
-ATTN_INSTANTIATE(float, bfloat16)
-ATTN_INSTANTIATE(float, float16)
-ATTN_INSTANTIATE(float, block_q8_0)
-ATTN_INSTANTIATE(double, double)
+ATTN_FOR_EACH_ATTENTION_TYPE(ATTN_INSTANTIATE)
 #undef ATTN_INSTANTIATE
 
 }  // namespace attn

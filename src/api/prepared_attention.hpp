@@ -80,3 +80,12 @@ core::GradientOperands<T> gradient_operands(const core::AttentionProblem<T>& p, 
                                       TensorView<T> dk, TensorView<T> dv, TensorView<T> dsinks);
 
 }  // namespace attn::detail
+
+// X(T, KV) for each pair of element types attention takes (AttentionTypes):
+// the one list the API's files instantiate their templates for.
+#define ATTN_FOR_EACH_ATTENTION_TYPE(X) \
+  X(float, float)                       \
+  X(float, bfloat16)                    \
+  X(float, float16)                     \
+  X(float, block_q8_0)                  \
+  X(double, double)

@@ -7,6 +7,7 @@
 
 #include <string>
 
+#include "api/prepared_attention.hpp"
 #include "attn/attention.hpp"
 
 namespace attn {
@@ -110,11 +111,7 @@ VarlenResult<T> attention_varlen(TensorView<const T> q, TensorView<const KV> k, 
   template VarlenResult<T> attention_varlen(TensorView<const T>, TensorView<const KV>,                  \
                                             TensorView<const KV>, TensorView<const int64_t>,            \
                                             TensorView<const int64_t>, const AttentionOptions&, bool);
-ATTN_VARLEN_INSTANTIATE(float, float)
-ATTN_VARLEN_INSTANTIATE(float, bfloat16)
-ATTN_VARLEN_INSTANTIATE(float, float16)
-ATTN_VARLEN_INSTANTIATE(float, block_q8_0)
-ATTN_VARLEN_INSTANTIATE(double, double)
+ATTN_FOR_EACH_ATTENTION_TYPE(ATTN_VARLEN_INSTANTIATE)
 #undef ATTN_VARLEN_INSTANTIATE
 
 }  // namespace attn
