@@ -31,5 +31,6 @@ void register_errors();
 
 void bind_mha(py::module_& m);
 void bind_onnx(py::module_& m);
+void bind_serving(py::module_& m);
 
 }  // namespace attn::python

@@ -365,4 +365,28 @@ of each head turn: pairs (i, i + r/2), or (2i, 2i+1) with interleaved=1; the
 rest pass through. float16 is computed in float32 and rounded back.
 )";
 
+inline constexpr const char* kMergeState = R"(merge_state(v_a, s_a, v_b, s_b) -> (v, s)
+
+Two partial attention results over disjoint sets of keys combined into the
+result over their union, by their log-sum-exps (FlashInfer's merge_state):
+s = log(e^s_a + e^s_b), v = e^(s_a - s) v_a + e^(s_b - s) v_b.
+v_a, v_b (n, H, D); s_a, s_b (n, H), natural log (attention's lse; FlashInfer's
+is base 2: multiply it by ln 2 first). A state with s = -inf (no key) changes
+nothing; +inf takes all the weight, two +inf give NaN. float64 when every
+input is, else float32; weights computed in double.
+)";
+
+inline constexpr const char* kMergeStateInPlace = R"(merge_state_in_place(v, s, v_other, s_other)
+
+merge_state into v (n, H, D) and s (n, H) themselves: writable arrays of one
+dtype, float32 or float64 (v_other and s_other are converted to it).
+)";
+
+inline constexpr const char* kMergeStates = R"(merge_states(vs, ss) -> (v, s)
+
+num_states partial results per row and head merged in order (FlashInfer's
+merge_states): vs (n, num_states, H, D), ss (n, num_states, H). Returns v
+(n, H, D) and s (n, H); no state at all gives zeros and -inf.
+)";
+
 }  // namespace attn::python::docs

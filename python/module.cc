@@ -413,4 +413,5 @@ PYBIND11_MODULE(_core, m) {
   bind_quantized(m);
   bind_mha(m);
   bind_onnx(m);
+  bind_serving(m);
 }

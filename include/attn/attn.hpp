@@ -1,11 +1,12 @@
 // attn: multi-head attention and positional encodings in C++. This umbrella
-// covers the core (tensors, masks, attention, linear, softmax, errors,
+// covers the core (tensors, masks, attention, merge_state, linear, softmax, errors,
 // threads, random tensors) and the layer (multi_head, positional encodings,
 // MultiHeadAttention, KVCache). Files (attn/io.hpp, attn/file.hpp) and ONNX's
 // operators (attn/onnx.hpp) have their own headers.
 #pragma once
 
 #include "attn/attention.hpp"
+#include "attn/cascade.hpp"
 #include "attn/error.hpp"
 #include "attn/kv_cache.hpp"
 #include "attn/linear.hpp"

@@ -7,8 +7,10 @@
 // and of its log-sum-exp, log Σ e^x (the log of the denominator): NaN, −∞,
 // +∞ and max + log Σ e^(x − max) in the same four cases. An attention sink
 // is one more entry of the denominator that gets no weight of its own.
-// The reference (reference.cc) and attn::softmax's plain rows (softmax.cc)
-// call it; the SIMD kernels' copy of the rules (SoftmaxStep and the
+// Two softmax results over disjoint keys merge by their log-sum-exps
+// (merge_lse) under the same rules. The reference (reference.cc),
+// attn::softmax's plain rows (softmax.cc) and merge_state (cascade.cc) call
+// them; the SIMD kernels' copy of the rules (SoftmaxStep and the
 // kernels' merges, kernels/attention-inl.h) is tested against it on every
 // target (tests/test_kernels.cc, Kernels.SoftmaxRulesOnEveryTarget).
 #pragma once
@@ -45,6 +47,25 @@ T softmax_by_definition(T* x, int64_t n, T sink = -std::numeric_limits<T>::infin
   if (max != -inf && max != inf) sum += std::exp(sink - max);
   for (int64_t j = 0; j < n; ++j) x[j] = sum > 0 ? x[j] / sum : 0;
   return max == -inf || max == inf ? max : max + std::log(sum);
+}
+
+// The merge of two softmax results over disjoint sets of keys, by their
+// log-sum-exps a and b: the merged log-sum-exp and the weights of each
+// side's normalised output. A side with −∞ (no key) or below the other's
+// +∞ gets weight 0 exactly, and its output is not read (take_a / take_b:
+// it may be anything, NaN included); two +∞, or a NaN, give NaN.
+template <class T>
+struct LseMerge {
+  T lse, weight_a, weight_b;
+  bool take_a, take_b;
+};
+template <class T>
+LseMerge<T> merge_lse(T a, T b) {
+  const T inf = std::numeric_limits<T>::infinity();
+  if (b == -inf || (a == inf && b < inf)) return {a, 1, 0, true, false};
+  if (a == -inf || (b == inf && a < inf)) return {b, 0, 1, false, true};
+  const T lse = std::max(a, b) + std::log1p(std::exp(-std::abs(a - b)));  // NaN for two +∞ or a NaN
+  return {lse, std::exp(a - lse), std::exp(b - lse), true, true};
 }
 
 }  // namespace attn::core

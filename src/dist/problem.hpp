@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "attn/attention.hpp"
+#include "attn/cascade.hpp"
 #include "attn/dist.hpp"
 #include "attn/error.hpp"
 #include "collective.hpp"
@@ -98,11 +99,9 @@ std::vector<Field> describe(TensorView<const T> q, TensorView<const KV> k, Tenso
 }
 
 // One rank's rows' running result, the normalised output and log-sum-exp
-// in double, merged from the blocks' results in the order they are given:
-// with L = log(e^a + e^b), out = e^(a - L) out_a + e^(b - L) out_b, which is
-// exact: the split-KV decode's merge of partial softmax results, here on
-// normalised outputs and log-sum-exps in double (the decode's is internal
-// to the kernels, on float32 running maxima and sums).
+// in double, merged from the blocks' results in the order they are given
+// (attn::merge_state_in_place, exact: with L = log(e^a + e^b),
+// out = e^(a - L) out_a + e^(b - L) out_b).
 class PartialResult {
  public:
   // out's shape (..., Hq, n, dv); heads: Hq (1 without a heads axis).
@@ -123,44 +122,30 @@ class PartialResult {
              const std::vector<double>& lse_shift = {}) {
     const int64_t length = lse_b.dim(-1);
     const int64_t groups = length ? lse_b.numel() / length : 0;
+    Tensor<double> o(Shape{groups, length, dv_}), s(Shape{groups, length});
+    std::copy(out_b.data(), out_b.data() + o.numel(), o.data());
     for (int64_t g = 0; g < groups; ++g)
-      for (int64_t i = 0; i < length; ++i) {
-        const double b =
+      for (int64_t i = 0; i < length; ++i)
+        s[g * length + i] =
             lse_b[g * length + i] + (lse_shift.empty() ? 0.0 : lse_shift[static_cast<size_t>(g % heads_)]);
-        double& a = lse_[g * rows_ + row_begin + i];
-        // No allowed key in the block; or logits that reach +∞ so far (the
-        // softmax's limit: those keys take all the weight). +∞ in two
-        // blocks, which would need their counts of such keys, gives NaN.
-        if (b == -kInf || (a == kInf && b < kInf)) continue;
-        double* o = out_.data() + (g * rows_ + row_begin + i) * dv_;
-        const T* ob = out_b.data() + (g * length + i) * dv_;
-        if (a == -kInf || (b == kInf && a < kInf)) {
-          for (int64_t e = 0; e < dv_; ++e) o[e] = ob[e];
-          a = b;
-          continue;
-        }
-        const double l = std::max(a, b) + std::log1p(std::exp(-std::abs(a - b)));
-        const double wa = std::exp(a - l), wb = std::exp(b - l);
-        for (int64_t e = 0; e < dv_; ++e) o[e] = wa * o[e] + wb * ob[e];
-        a = l;
-      }
+    merge_state_in_place<double>(value_rows(out_.data(), groups, rows_, dv_, row_begin, length),
+                                 lse_rows(lse_.data(), groups, rows_, row_begin, length),
+                                 value_rows(o.data(), groups, length, dv_, 0, length),
+                                 lse_rows(s.data(), groups, length, 0, length));
   }
 
   // Each head's sink enters every row's denominator once (attention()'s
   // sinks: a key of value zero with logit sinks[h]).
   void add_sinks(const std::vector<double>& sinks) {
-    if (sinks.empty()) return;
-    for (int64_t g = 0; g * rows_ < lse_.numel(); ++g)
-      for (int64_t i = 0; i < rows_; ++i) {
-        const double s = sinks[static_cast<size_t>(g % heads_)];
-        double& a = lse_[g * rows_ + i];
-        if (a == kInf) continue;  // +∞ logits keep all the weight
-        const double l = a == -kInf ? s : std::max(a, s) + std::log1p(std::exp(-std::abs(a - s)));
-        const double w = std::exp(a - l);
-        double* o = out_.data() + (g * rows_ + i) * dv_;
-        for (int64_t e = 0; e < dv_; ++e) o[e] *= w;
-        a = l;
-      }
+    if (sinks.empty() || rows_ == 0) return;
+    const int64_t groups = lse_.numel() / rows_;
+    Tensor<double> s(Shape{groups, rows_});
+    for (int64_t g = 0; g < groups; ++g) std::fill_n(s.data() + g * rows_, rows_, sinks[static_cast<size_t>(g % heads_)]);
+    const double zero = 0.0;
+    merge_state_in_place<double>(value_rows(out_.data(), groups, rows_, dv_, 0, rows_),
+                                 lse_rows(lse_.data(), groups, rows_, 0, rows_),
+                                 TensorView<const double>(&zero, {rows_, groups, dv_}, {0, 0, 0}),
+                                 lse_rows(s.data(), groups, rows_, 0, rows_));
   }
 
   template <class T>
@@ -171,6 +156,16 @@ class PartialResult {
 
  private:
   static constexpr double kInf = std::numeric_limits<double>::infinity();
+  // Rows [begin, begin + length) of contiguous (groups, rows, dv) values
+  // and (groups, rows) log-sum-exps as merge_state takes them: (length,
+  // groups, dv) and (length, groups).
+  static TensorView<double> value_rows(double* data, int64_t groups, int64_t rows, int64_t dv, int64_t begin,
+                                       int64_t length) {
+    return TensorView<double>(data + begin * dv, {length, groups, dv}, {dv, rows * dv, 1});
+  }
+  static TensorView<double> lse_rows(double* data, int64_t groups, int64_t rows, int64_t begin, int64_t length) {
+    return TensorView<double>(data + begin, {length, groups}, {1, rows});
+  }
   Tensor<double> out_;
   Tensor<double> lse_;
   int64_t rows_, dv_, heads_;
