@@ -4,6 +4,8 @@
 
 #include <cmath>
 #include <limits>
+#include <cstring>
+#include <numeric>
 #include <random>
 
 #include "attn/attn.hpp"
@@ -114,6 +116,294 @@ TEST(MergeState, ShapesThatDifferAreNamed) {
                    "s_a must have shape (2, 3)");
   EXPECT_THROW_MSG(merge_states<float>(v.view(), s.view()), ValueError,
                    "vs must be (n, num_states, heads, head_dim), got shape (2, 3, 4)");
+}
+
+}  // namespace
+}  // namespace attn
+
+namespace attn {
+namespace {
+
+// A batch of requests over a shuffled pool of pages, and its float64 answer
+// computed per request by attention() on the request's pages gathered.
+struct PagedBatch {
+  std::vector<int64_t> qo_len, kv_len;
+  int64_t page_size = 16, hq = 4, hkv = 2, d = 16, d_v = 16;
+  PageLayout layout = PageLayout::NHD;
+  Tensor<float> q, k_pool, v_pool;  // pools (num_pages, ...) by layout
+  Tensor<int32_t> qo_indptr, kv_indptr, kv_indices, last_page_len;
+};
+
+PagedBatch make_batch(std::vector<int64_t> qo_len, std::vector<int64_t> kv_len, int64_t page_size, int64_t hq,
+                      int64_t hkv, int64_t d, int64_t d_v, PageLayout layout, uint32_t seed) {
+  PagedBatch b;
+  b.qo_len = std::move(qo_len);
+  b.kv_len = std::move(kv_len);
+  b.page_size = page_size, b.hq = hq, b.hkv = hkv, b.d = d, b.d_v = d_v, b.layout = layout;
+  std::mt19937 rng(seed);
+  const auto n = static_cast<int64_t>(b.qo_len.size());
+  int64_t nnz = 0, pages = 0;
+  for (int64_t r = 0; r < n; ++r) {
+    nnz += b.qo_len[r];
+    pages += (b.kv_len[r] + page_size - 1) / page_size;
+  }
+  const int64_t num_pages = pages + 3;  // a few pages no request uses
+  std::vector<int32_t> order(static_cast<size_t>(num_pages));
+  std::iota(order.begin(), order.end(), 0);
+  std::shuffle(order.begin(), order.end(), rng);  // pages in no particular order
+  b.qo_indptr = Tensor<int32_t>({n + 1});
+  b.kv_indptr = Tensor<int32_t>({n + 1});
+  b.kv_indices = Tensor<int32_t>({pages});
+  b.last_page_len = Tensor<int32_t>({n});
+  int64_t page = 0;
+  for (int64_t r = 0; r < n; ++r) {
+    const int64_t p = (b.kv_len[r] + page_size - 1) / page_size;
+    b.qo_indptr[r + 1] = static_cast<int32_t>(b.qo_indptr[r] + b.qo_len[r]);
+    b.kv_indptr[r + 1] = static_cast<int32_t>(b.kv_indptr[r] + p);
+    for (int64_t i = 0; i < p; ++i, ++page) b.kv_indices[page] = order[static_cast<size_t>(page)];
+    b.last_page_len[r] = static_cast<int32_t>(p == 0 ? 0 : b.kv_len[r] - (p - 1) * page_size);
+  }
+  const auto pool = [&](int64_t dim) {
+    return layout == PageLayout::NHD ? Shape{num_pages, page_size, hkv, dim} : Shape{num_pages, hkv, page_size, dim};
+  };
+  b.q = test::cast<float>(random_tensor({nnz, hq, d}, rng));
+  b.k_pool = test::cast<float>(random_tensor(pool(d), rng, -2, 2));
+  b.v_pool = test::cast<float>(random_tensor(pool(d_v), rng));
+  return b;
+}
+
+// Key (or value) j of request r, head h, from a float pool.
+const float* pool_row(const PagedBatch& b, const Tensor<float>& pool, int64_t r, int64_t h, int64_t j) {
+  const int64_t page = b.kv_indices[b.kv_indptr[r] + j / b.page_size], slot = j % b.page_size;
+  return b.layout == PageLayout::NHD ? &pool.at({page, slot, h, 0}) : &pool.at({page, h, slot, 0});
+}
+
+// Request r's (Hq, qo_len, d_v) output and (Hq, qo_len) lse in float64,
+// from pools k_pool and v_pool (the batch's, or their stored values).
+test::Forward<double> reference_request(const PagedBatch& b, const Tensor<float>& k_pool, const Tensor<float>& v_pool,
+                                        int64_t r, const AttentionOptions& options, const bool* mask) {
+  const int64_t n_q = b.qo_len[r], n_k = b.kv_len[r];
+  Tensor<double> q({b.hq, n_q, b.d}), k({b.hkv, n_k, b.d}), v({b.hkv, n_k, b.d_v});
+  for (int64_t h = 0; h < b.hq; ++h)
+    for (int64_t i = 0; i < n_q; ++i)
+      for (int64_t c = 0; c < b.d; ++c) q.at({h, i, c}) = b.q.at({b.qo_indptr[r] + i, h, c});
+  for (int64_t h = 0; h < b.hkv; ++h)
+    for (int64_t j = 0; j < n_k; ++j) {
+      for (int64_t c = 0; c < b.d; ++c) k.at({h, j, c}) = pool_row(b, k_pool, r, h, j)[c];
+      for (int64_t c = 0; c < b.d_v; ++c) v.at({h, j, c}) = pool_row(b, v_pool, r, h, j)[c];
+    }
+  AttentionMasks masks;
+  if (mask) masks.first = AttentionMask{TensorView<const bool>(mask, {n_q, n_k})};
+  return test::forward(q.view(), k.view(), v.view(), test::Returns{.lse = true}, options, masks);
+}
+
+AttentionOptions as_attention_options(const BatchAttentionOptions& o) {
+  AttentionOptions a;
+  a.causal = o.causal ? Causal::BottomRight : Causal::None;
+  a.window = o.window, a.softcap = o.softcap, a.scale = o.scale;
+  a.alibi_slopes = o.alibi_slopes, a.sinks = o.sinks;
+  return a;
+}
+
+template <class KV>
+BatchAttentionResult run_batch(const PagedBatch& b, TensorView<const KV> k_pool, TensorView<const KV> v_pool,
+                               const BatchAttentionOptions& options) {
+  return batch_attention<KV>(b.q.view(), b.qo_indptr.view(), k_pool, v_pool, b.kv_indptr.view(), b.kv_indices.view(),
+                             b.last_page_len.view(), options, b.layout, true);
+}
+
+// Every request's rows of out and lse against the float64 answer.
+void expect_matches_reference(const PagedBatch& b, const BatchAttentionResult& got, const Tensor<float>& k_pool,
+                              const Tensor<float>& v_pool, const BatchAttentionOptions& options, double tol,
+                              const std::string& what) {
+  for (int64_t r = 0; r < static_cast<int64_t>(b.qo_len.size()); ++r) {
+    const bool* mask = nullptr;
+    int64_t offset = 0;
+    for (int64_t s = 0; s < r; ++s) offset += b.qo_len[s] * b.kv_len[s];
+    if (!options.custom_mask.empty_view()) mask = options.custom_mask.data() + offset;
+    const auto want = reference_request(b, k_pool, v_pool, r, as_attention_options(options), mask);
+    double err = 0, lse_err = 0;
+    for (int64_t h = 0; h < b.hq; ++h)
+      for (int64_t i = 0; i < b.qo_len[r]; ++i) {
+        const int64_t row = b.qo_indptr[r] + i;
+        for (int64_t c = 0; c < b.d_v; ++c)
+          err = std::max(err, std::abs(got.out.at({row, h, c}) - want.out.at({h, i, c})));
+        const double l = got.lse.at({row, h}), wl = want.lse.at({h, i});
+        if (std::isinf(wl)) EXPECT_EQ(l, wl) << what << " request " << r;
+        else lse_err = std::max(lse_err, std::abs(l - wl));
+      }
+    EXPECT_LT(err, tol) << what << " request " << r << " (qo_len " << b.qo_len[r] << ", kv_len " << b.kv_len[r] << ")";
+    EXPECT_LT(lse_err, tol) << what << " request " << r;
+  }
+}
+
+// Decode (1 query), verification (8), prefill (20 and 37) and empty requests.
+const std::vector<int64_t> kQoLens = {1, 8, 20, 1, 0, 3, 37, 1};
+const std::vector<int64_t> kKvLens = {1, 1100, 45, 0, 9, 17, 37, 600};
+
+TEST(BatchAttention, MatchesFloat64PerRequestOnGatheredPages) {
+  struct Case {
+    int64_t page_size, hq, hkv, d, d_v;
+    PageLayout layout;
+  };
+  const Case cases[] = {{16, 6, 2, 16, 16, PageLayout::NHD}, {1, 8, 1, 13, 7, PageLayout::NHD},
+                        {8, 3, 3, 32, 24, PageLayout::HND}, {16, 8, 1, 64, 64, PageLayout::HND}};
+  for (const Case& c : cases) {
+    const PagedBatch b = make_batch(kQoLens, kKvLens, c.page_size, c.hq, c.hkv, c.d, c.d_v, c.layout, 1);
+    const std::string what = "page_size " + std::to_string(c.page_size) + " hq " + std::to_string(c.hq) + ":" +
+                             std::to_string(c.hkv) + " d " + std::to_string(c.d) + "/" + std::to_string(c.d_v) +
+                             " " + page_layout_name(c.layout);
+    const BatchAttentionResult got = run_batch<float>(b, b.k_pool.view(), b.v_pool.view(), {});
+    expect_matches_reference(b, got, b.k_pool, b.v_pool, {}, 2e-5, what);
+  }
+}
+
+TEST(BatchAttention, EveryOptionPerRequest) {
+  const PagedBatch b = make_batch(kQoLens, kKvLens, 16, 6, 2, 16, 16, PageLayout::NHD, 2);
+  std::vector<BatchAttentionOptions> all(6);
+  all[0].causal = true;
+  all[1].window = {30, 2};
+  all[2].causal = true, all[2].window = {5, -1}, all[2].softcap = 2.0;
+  all[3].alibi_slopes = alibi_slopes(6), all[3].causal = true;
+  all[4].sinks = {0.5, -1, 3, 0, 1, -2}, all[4].causal = true;
+  all[5].scale = 0.3, all[5].alibi_slopes = alibi_slopes(6), all[5].window = {7, 7};
+  for (size_t i = 0; i < all.size(); ++i) {
+    const BatchAttentionResult got = run_batch<float>(b, b.k_pool.view(), b.v_pool.view(), all[i]);
+    expect_matches_reference(b, got, b.k_pool, b.v_pool, all[i], 2e-5, "options " + std::to_string(i));
+  }
+}
+
+TEST(BatchAttention, CustomMasksDenseAndPackedAndTheCausalTriangle) {
+  const PagedBatch b = make_batch(kQoLens, kKvLens, 8, 4, 2, 16, 16, PageLayout::NHD, 3);
+  std::mt19937 rng(4);
+  std::vector<char> dense, triangle;  // (char: std::vector<bool> has no data())
+  std::vector<uint8_t> packed;
+  std::vector<int32_t> mask_indptr = {0};
+  for (size_t r = 0; r < kQoLens.size(); ++r) {
+    const int64_t n_q = kQoLens[r], n_k = kKvLens[r];
+    std::vector<uint8_t> bits(static_cast<size_t>((n_q * n_k + 7) / 8), 0);
+    for (int64_t i = 0; i < n_q; ++i)
+      for (int64_t j = 0; j < n_k; ++j) {
+        const bool allow = rng() % 3 != 0;
+        dense.push_back(allow);
+        triangle.push_back(j <= i + n_k - n_q);
+        if (allow) bits[static_cast<size_t>((i * n_k + j) / 8)] |= uint8_t(1u << ((i * n_k + j) % 8));
+      }
+    packed.insert(packed.end(), bits.begin(), bits.end());
+    mask_indptr.push_back(static_cast<int32_t>(packed.size()));
+  }
+  const auto n = static_cast<int64_t>(dense.size());
+  BatchAttentionOptions with_dense;
+  with_dense.custom_mask = TensorView<const bool>(reinterpret_cast<const bool*>(dense.data()), {n});
+  const auto got = run_batch<float>(b, b.k_pool.view(), b.v_pool.view(), with_dense);
+  expect_matches_reference(b, got, b.k_pool, b.v_pool, with_dense, 2e-5, "custom_mask");
+
+  BatchAttentionOptions with_packed;
+  with_packed.packed_custom_mask = TensorView<const uint8_t>(packed.data(), {static_cast<int64_t>(packed.size())});
+  with_packed.mask_indptr = TensorView<const int32_t>(mask_indptr.data(), {static_cast<int64_t>(mask_indptr.size())});
+  const auto from_bits = run_batch<float>(b, b.k_pool.view(), b.v_pool.view(), with_packed);
+  EXPECT_EQ(std::memcmp(got.out.data(), from_bits.out.data(), sizeof(float) * got.out.numel()), 0);
+
+  BatchAttentionOptions as_triangle, causal;
+  as_triangle.custom_mask = TensorView<const bool>(reinterpret_cast<const bool*>(triangle.data()), {n});
+  causal.causal = true;
+  const auto a = run_batch<float>(b, b.k_pool.view(), b.v_pool.view(), as_triangle);
+  const auto c = run_batch<float>(b, b.k_pool.view(), b.v_pool.view(), causal);
+  EXPECT_LT(test::max_abs_diff(a.out, c.out), 1e-6);
+}
+
+TEST(BatchAttention, StorageTypesReadTheirStoredValues) {
+  const PagedBatch b = make_batch(kQoLens, kKvLens, 16, 4, 2, 64, 32, PageLayout::NHD, 5);
+  const auto check = [&](auto k_stored, auto v_stored, const char* what) {
+    const auto got = run_batch(b, k_stored.view(), v_stored.view(), {});
+    // The float64 answer on the values the pool holds: accuracy as float32's.
+    expect_matches_reference(b, got, dequantize(k_stored.view()), dequantize(v_stored.view()), {}, 2e-5, what);
+  };
+  check(to_bfloat16(b.k_pool.view()), to_bfloat16(b.v_pool.view()), "bf16");
+  check(to_float16(b.k_pool.view()), to_float16(b.v_pool.view()), "f16");
+  check(quantize_q8_0(b.k_pool.view()), quantize_q8_0(b.v_pool.view()), "q8_0");
+}
+
+TEST(BatchAttention, BitwiseOneCallSeparateCallsAndAnyThreadCount) {
+  const PagedBatch b = make_batch(kQoLens, kKvLens, 16, 8, 2, 32, 32, PageLayout::NHD, 6);
+  BatchAttentionOptions o;
+  o.causal = true;
+  const int threads = num_threads();
+  const auto whole = run_batch<float>(b, b.k_pool.view(), b.v_pool.view(), o);
+  for (int t : {1, 2, 3, 8}) {
+    set_num_threads(t);
+    const auto again = run_batch<float>(b, b.k_pool.view(), b.v_pool.view(), o);
+    EXPECT_EQ(std::memcmp(whole.out.data(), again.out.data(), sizeof(float) * whole.out.numel()), 0) << t << " threads";
+    EXPECT_EQ(std::memcmp(whole.lse.data(), again.lse.data(), sizeof(float) * whole.lse.numel()), 0) << t << " threads";
+  }
+  set_num_threads(threads);
+  // Each request alone: the same bits as in the batch.
+  for (int64_t r = 0; r < static_cast<int64_t>(kQoLens.size()); ++r) {
+    const Tensor<int32_t> qo({2}, {0, static_cast<int32_t>(kQoLens[r])});
+    const Tensor<int32_t> kv({2}, {0, b.kv_indptr[r + 1] - b.kv_indptr[r]}), last({1}, {b.last_page_len[r]});
+    const TensorView<const int32_t> indices(b.kv_indices.data() + b.kv_indptr[r], {kv[1]});
+    const TensorView<const float> q(b.q.data() + b.qo_indptr[r] * 8 * 32, {kQoLens[r], 8, 32});
+    const auto alone = batch_attention<float>(q, qo.view(), b.k_pool.view(), b.v_pool.view(), kv.view(), indices,
+                                              last.view(), o, PageLayout::NHD, true);
+    EXPECT_EQ(std::memcmp(alone.out.data(), whole.out.data() + b.qo_indptr[r] * 8 * 32,
+                          sizeof(float) * alone.out.numel()), 0) << "request " << r;
+  }
+}
+
+TEST(BatchAttention, NonContiguousViews) {
+  const PagedBatch b = make_batch(kQoLens, kKvLens, 16, 4, 2, 16, 16, PageLayout::NHD, 7);
+  const auto want = run_batch<float>(b, b.k_pool.view(), b.v_pool.view(), {});
+  // q and the pools with every other element: the same values at stride 2.
+  const auto spread = [](const Tensor<float>& t) {
+    Shape s = t.shape();
+    s.back() *= 2;
+    Tensor<float> wide(s);
+    for (int64_t i = 0; i < t.numel(); ++i) wide[2 * i] = t[i];
+    return wide;
+  };
+  const Tensor<float> q2 = spread(b.q), k2 = spread(b.k_pool), v2 = spread(b.v_pool);
+  const auto strided = [](const Tensor<float>& wide, const Shape& shape) {
+    Strides st = contiguous_strides(shape);
+    for (auto& x : st) x *= 2;
+    return TensorView<const float>(wide.data(), shape, st);
+  };
+  Tensor<float> out_wide({want.out.numel() * 2});
+  const Shape out_shape = want.out.shape();
+  Strides out_strides = contiguous_strides(out_shape);
+  for (auto& x : out_strides) x *= 2;
+  const BatchAttentionPlan plan(b.qo_indptr.view(), b.kv_indptr.view(), b.kv_indices.view(), b.last_page_len.view(),
+                                4, 2, 16, 16);
+  plan.run<float>(strided(q2, b.q.shape()), strided(k2, b.k_pool.shape()), strided(v2, b.v_pool.shape()),
+                  TensorView<float>(out_wide.data(), out_shape, out_strides));
+  for (int64_t i = 0; i < want.out.numel(); ++i) ASSERT_EQ(out_wide[2 * i], want.out[i]) << i;
+}
+
+TEST(BatchAttention, BadMetadataIsNamed) {
+  const PagedBatch b = make_batch({1, 2}, {5, 20}, 16, 2, 1, 8, 8, PageLayout::NHD, 8);
+  const auto run = [&](std::vector<int32_t> qo, std::vector<int32_t> kv, std::vector<int32_t> idx,
+                       std::vector<int32_t> last) {
+    const auto v = [](std::vector<int32_t>& x) { return TensorView<const int32_t>(x.data(), {static_cast<int64_t>(x.size())}); };
+    batch_attention<float>(b.q.view(), v(qo), b.k_pool.view(), b.v_pool.view(), v(kv), v(idx), v(last));
+  };
+  const std::vector<int32_t> idx = {b.kv_indices[0], b.kv_indices[1], b.kv_indices[2]};
+  EXPECT_NO_THROW(run({0, 1, 3}, {0, 1, 3}, idx, {5, 4}));
+  EXPECT_THROW_MSG(run({0, 1, 3}, {0, 1, 3}, {idx[0], idx[1], 99}, {5, 4}), ValueError,
+                   "kv_indices must be below num_pages = 6, got page 99");
+  EXPECT_THROW_MSG(run({0, 1, 3}, {0, 1, 3}, {idx[0], -1, idx[2]}, {5, 4}), ValueError,
+                   "kv_indices must be page numbers >= 0, got -1 at 1");
+  EXPECT_THROW_MSG(run({0, 1, 3}, {0, 2, 1}, idx, {5, 4}), ValueError, "kv_indptr must not decrease");
+  EXPECT_THROW_MSG(run({0, 1, 3}, {0, 1, 2}, idx, {5, 4}), ValueError, "kv_indptr must end at kv_indices' length 3");
+  EXPECT_THROW_MSG(run({0, 1, 3}, {0, 1, 3}, idx, {0, 4}), ValueError, "kv_last_page_len[0] must be in [1, page_size = 16]");
+  EXPECT_THROW_MSG(run({0, 1, 3}, {0, 1, 3}, idx, {5, 17}), ValueError, "kv_last_page_len[1] must be in [1, page_size = 16]");
+  EXPECT_THROW_MSG(run({0, 1, 3}, {0, 1, 3}, idx, {5}), ValueError, "kv_last_page_len must have one entry per request (2)");
+  EXPECT_THROW_MSG(run({1, 1, 3}, {0, 1, 3}, idx, {5, 4}), ValueError, "qo_indptr[0] must be 0, got 1");
+  EXPECT_THROW_MSG(run({0, 2, 1}, {0, 1, 3}, idx, {5, 4}), ValueError, "qo_indptr must not decrease");
+  EXPECT_THROW_MSG(run({0, 1, 3, 3}, {0, 1, 3}, idx, {5, 4}), ValueError,
+                   "kv_indptr must have 4 entries (batch + 1, as qo_indptr), got 3");
+  EXPECT_THROW_MSG(run({0, 1, 4}, {0, 1, 3}, idx, {5, 4}), ValueError,
+                   "q must be (nnz_q, num_qo_heads, head_dim) (4, 2, 8), got (3, 2, 8)");
+  EXPECT_THROW_MSG(run({0, 1, 3}, {0, 0, 3}, idx, {5, 4}), ValueError,
+                   "kv_last_page_len[0] must be 0 for a request with no page, got 5");
 }
 
 }  // namespace

@@ -6,6 +6,7 @@
 #pragma once
 
 #include "attn/attention.hpp"
+#include "attn/batch_attention.hpp"
 #include "attn/cascade.hpp"
 #include "attn/error.hpp"
 #include "attn/kv_cache.hpp"

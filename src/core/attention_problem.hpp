@@ -2,6 +2,7 @@
 // col) operands, the one form both the reference and the fast kernel consume.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <type_traits>
@@ -13,15 +14,26 @@
 namespace attn::core {
 
 // One operand seen as (batch, head, row, col). Leading batch axes of any
-// stride are flattened through a per-batch offset table.
+// stride are flattened through a per-batch offset table. Keys and values may
+// be paged (batch attention over a paged cache): row i is then row
+// i % page_size of page pages[i / page_size], pages page_stride apart, and
+// only rows within one page are row_stride apart (decode_forward reads
+// pages; the other kernels take rows a uniform stride apart).
 template <class T>
 struct Operand {
   T* data = nullptr;
   std::vector<int64_t> batch_offset;  // element offset of flattened batch index b
   int64_t head_stride = 0, row_stride = 0, col_stride = 0;
+  const int32_t* pages = nullptr;  // the page table; nullptr: not paged
+  int64_t page_size = 0, page_stride = 0;
 
   T* row(int64_t b, int64_t h, int64_t i) const {
-    return data + batch_offset[b] + h * head_stride + i * row_stride;
+    T* base = data + batch_offset[b] + h * head_stride;
+    return pages ? base + pages[i / page_size] * page_stride + i % page_size * row_stride : base + i * row_stride;
+  }
+  // How many rows from row i on lie in the same page (all up to n unpaged).
+  int64_t rows_in_page(int64_t i, int64_t n) const {
+    return pages ? std::min(n, (i / page_size + 1) * page_size) - i : n - i;
   }
   explicit operator bool() const { return data != nullptr; }
 };

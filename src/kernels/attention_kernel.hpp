@@ -2,6 +2,8 @@
 // and dispatched at run time to the best one this CPU supports.
 #pragma once
 
+#include <vector>
+
 #include "attention_problem.hpp"
 
 namespace attn::kernels {
@@ -24,6 +26,15 @@ bool flash_backward(const core::AttentionProblem<float>& p, const core::Gradient
 // processed in parallel, partial softmax results merged exactly. No weights
 // or logits (the log-sum-exp, yes).
 void decode_forward(const core::AttentionProblem<float>& p);
+
+// decode_forward for many problems at once (batch attention's requests,
+// each with its own n_q, n_k and options; one K/V storage type): their
+// chunks are one set of work items. Any n_k, 0 included. The only kernel
+// that reads paged K and V (core::Operand).
+void decode_forward_batch(const std::vector<const core::AttentionProblem<float>*>& problems);
+// Whether a request of n_q queries suits decode_forward_batch (n_q <=
+// kDecodeMaxQueries: config.hpp).
+bool decode_suits(int64_t n_q);
 
 // Whether decode_forward is the better kernel for p (n_q <= kDecodeMaxQueries,
 // n_k beyond one chunk, no weights or logits asked for; config.hpp).

@@ -16,6 +16,7 @@
 #include <algorithm>
 #include <limits>
 #include <type_traits>
+#include <vector>
 
 #include "kernels/attention_kernel.hpp"
 #include "kernels/config.hpp"
@@ -114,29 +115,38 @@ void DecodeChunk(DF d, const core::AttentionProblem<float>& p, int64_t b, int64_
   const float** q = tls_decode_queries.get(static_cast<size_t>(R));
   for (int64_t r = 0; r < R; ++r) q[r] = p.q.row(b, row_head(r), r % p.n_q);
   const float scale = ScoreScale(p);
-  const KV* v_rows = ValueRow<KV>(p, b, hkv, j0);
   const int64_t v_stride = ValueStride<KV>(p), v_bytes = RowBytes<KV>(p.d_v);
   const int64_t k_stride = KeyStride<KV>(p), k_bytes = RowBytes<KV>(p.d);
-  for (int64_t j = 0; j < jn; ++j) {
-    const KV* k = KeyRow<KV>(p, b, hkv, j0 + j);
-    // Fetch row j of V while K streams in: both arrays come from memory
-    // concurrently, and P·V below reads V from cache. And K's row
-    // kDecodePrefetchRows ahead: the hardware's prefetcher alone leaves K's
-    // reads waiting (config.hpp).
-    const char* vj = reinterpret_cast<const char*>(v_rows + j * v_stride);
-    for (int64_t off = 0; off < v_bytes; off += 64) hwy::Prefetch(vj + off);
-    if (v_bytes > 0) hwy::Prefetch(vj + v_bytes - 1);  // the last line, if not line-aligned
-    if (j + kDecodePrefetchRows < jn) {
-      const char* ka = reinterpret_cast<const char*>(k + kDecodePrefetchRows * k_stride);
-      for (int64_t off = 0; off < k_bytes; off += 64) hwy::Prefetch(ka + off);
-      if (k_bytes > 0) hwy::Prefetch(ka + k_bytes - 1);
+  // The chunk's keys run by run: a run's rows are k_stride (v_stride) apart,
+  // one run unless K and V are paged, then one per page.
+  for (int64_t run = 0; run < jn;) {
+    const int64_t count = RowsInPage(p, j0 + run, j0 + jn);
+    const KV* k_run = KeyRow<KV>(p, b, hkv, j0 + run);
+    const KV* v_run = ValueRow<KV>(p, b, hkv, j0 + run);
+    for (int64_t j = 0; j < count; ++j) {
+      const KV* k = k_run + j * k_stride;
+      // Fetch row j of V while K streams in: both arrays come from memory
+      // concurrently, and P·V below reads V from cache. And K's row
+      // kDecodePrefetchRows ahead: the hardware's prefetcher alone leaves
+      // K's reads waiting (config.hpp).
+      const char* vj = reinterpret_cast<const char*>(v_run + j * v_stride);
+      for (int64_t off = 0; off < v_bytes; off += 64) hwy::Prefetch(vj + off);
+      if (v_bytes > 0) hwy::Prefetch(vj + v_bytes - 1);  // the last line, if not line-aligned
+      if (run + j + kDecodePrefetchRows < jn) {
+        const KV* ahead = j + kDecodePrefetchRows < count ? k + kDecodePrefetchRows * k_stride
+                                                          : KeyRow<KV>(p, b, hkv, j0 + run + j + kDecodePrefetchRows);
+        const char* ka = reinterpret_cast<const char*>(ahead);
+        for (int64_t off = 0; off < k_bytes; off += 64) hwy::Prefetch(ka + off);
+        if (k_bytes > 0) hwy::Prefetch(ka + k_bytes - 1);
+      }
+      for (int64_t r0 = 0; r0 < R; r0 += kRows) {
+        float* sj = s + r0 * kDecodeChunk + run + j;
+        WithCount<kRows>(std::min<int64_t>(kRows, R - r0), [&](auto mr) HWY_ATTR {
+          DotRows<decltype(mr)::value>(d, q + r0, k, p.d, scale, sj, kDecodeChunk);
+        });
+      }
     }
-    for (int64_t r0 = 0; r0 < R; r0 += kRows) {
-      float* sj = s + r0 * kDecodeChunk + j;
-      WithCount<kRows>(std::min<int64_t>(kRows, R - r0), [&](auto mr) HWY_ATTR {
-        DotRows<decltype(mr)::value>(d, q + r0, k, p.d, scale, sj, kDecodeChunk);
-      });
-    }
+    run += count;
   }
   if (p.softcap > 0) Softcap(d, p.softcap, s, R * kDecodeChunk);
   const bool masked = !inside || p.mask.present() || !p.alibi.empty();
@@ -149,56 +159,104 @@ void DecodeChunk(DF d, const core::AttentionProblem<float>& p, int64_t b, int64_
     SoftmaxStep(d, sr, kDecodeChunk, m[r], l_lanes);
     l[r] = hn::GetLane(hn::SumOfLanes(d, hn::Load(d, l_lanes)));
   }
-  AccumulateValues(d, R, s, kDecodeChunk, jn, v_rows, v_stride, p.d_v, o, dvp);
+  for (int64_t run = 0; run < jn;) {
+    const int64_t count = RowsInPage(p, j0 + run, j0 + jn);
+    AccumulateValues(d, R, s + run, kDecodeChunk, count, ValueRow<KV>(p, b, hkv, j0 + run), v_stride, p.d_v, o, dvp);
+    run += count;
+  }
 }
 
 thread_local Scratch<float> tls_partials, tls_merged;
 
-template <class KV>
-void DecodeForwardT(const core::AttentionProblem<float>& p) {
-  const DF d;
+// The problems' work items, (problem, batch entry, kv head, chunk) in that
+// order, and where each problem's first item and first partial result lie.
+struct DecodeItems {
+  std::vector<int64_t> first_item, first_part, chunks, part_size;
+};
+DecodeItems ItemsOf(DF d, const core::AttentionProblem<float>* const* problems, int64_t count) {
+  const int64_t N = static_cast<int64_t>(hn::Lanes(d));
+  DecodeItems items;
+  items.first_item.assign(1, 0);
+  items.first_part.assign(1, 0);
+  for (int64_t i = 0; i < count; ++i) {
+    const core::AttentionProblem<float>& p = *problems[i];
+    const int64_t chunks = (p.n_k + kDecodeChunk - 1) / kDecodeChunk, heads = p.batch * p.heads_kv;
+    const int64_t part_size = (p.group() * p.n_q * (WholeVectors(p.d_v) + 2) + N - 1) / N * N;  // each O aligned
+    items.chunks.push_back(chunks);
+    items.part_size.push_back(part_size);
+    items.first_item.push_back(items.first_item.back() + heads * chunks);
+    items.first_part.push_back(items.first_part.back() + heads * chunks * part_size);
+  }
+  return items;
+}
+
+// Merges the chunks' partial results of batch entry and kv head bh of p, in
+// chunk order, and writes its rows (and their log-sum-exps).
+void MergeChunks(DF d, const core::AttentionProblem<float>& p, int64_t bh, int64_t chunks, int64_t part_size,
+                 const float* first) {
   const int64_t N = static_cast<int64_t>(hn::Lanes(d));
   const int64_t dvp = WholeVectors(p.d_v);
   const int64_t R = p.group() * p.n_q;
-  const int64_t chunks = (p.n_k + kDecodeChunk - 1) / kDecodeChunk;
-  const int64_t heads = p.batch * p.heads_kv;
-  const int64_t part_size = (R * (dvp + 2) + N - 1) / N * N;  // keeps each O aligned
-  float* parts = tls_partials.get(static_cast<size_t>(std::max<int64_t>(heads * chunks * part_size, 1)));
-  parallel_for(heads * chunks, [&](int64_t item) {
-    const int64_t bh = item / chunks;
-    DecodeChunk<KV>(d, p, bh / p.heads_kv, bh % p.heads_kv, item % chunks, dvp,
-                    parts + item * part_size);
-  });
-  parallel_for(heads, [&](int64_t bh) {
-    const int64_t b = bh / p.heads_kv, hkv = bh % p.heads_kv;
-    float* o = tls_merged.get(static_cast<size_t>(std::max<int64_t>(dvp, 1)));  // one merged row
-    const float* first = parts + bh * chunks * part_size;
-    for (int64_t r = 0; r < R; ++r) {
-      const int64_t h = hkv * p.group() + r / p.n_q;
-      const float sink = SinkLogit(p, h, r % p.n_q);  // a key of value zero; -inf without sinks
-      float mx = sink;
-      for (int64_t c = 0; c < chunks; ++c) mx = std::max(mx, first[c * part_size + R * dvp + r]);
-      std::fill(o, o + dvp, 0.0f);
-      float l = p.sinks.empty() ? 0.0f : ExpDifference(sink, mx);
-      for (int64_t c = 0; c < chunks; ++c) {
-        const float* part = first + c * part_size;
-        const float m_c = part[R * dvp + r], l_c = part[R * dvp + R + r];
-        if (l_c == 0) continue;
-        const float w = ExpDifference(m_c, mx);
-        l += w * l_c;
-        const VF vw = hn::Set(d, w);
-        for (int64_t col = 0; col < dvp; col += N)
-          hn::Store(hn::MulAdd(vw, hn::Load(d, part + r * dvp + col), hn::Load(d, o + col)), d, o + col);
-      }
-      // No allowed key: zeros (o is). l NaN: the row is NaN.
-      const bool by_reference = WriteRow(d, p, b, h, r % p.n_q, o, l == 0 ? 0.0f : 1.0f / l, p.out.row(b, h, r % p.n_q));
-      if (p.lse && !by_reference) *p.lse.row(b, h, r % p.n_q) = RowLse(p, h, r % p.n_q, mx, l);
+  const int64_t b = bh / p.heads_kv, hkv = bh % p.heads_kv;
+  float* o = tls_merged.get(static_cast<size_t>(std::max<int64_t>(dvp, 1)));  // one merged row
+  for (int64_t r = 0; r < R; ++r) {
+    const int64_t h = hkv * p.group() + r / p.n_q;
+    const float sink = SinkLogit(p, h, r % p.n_q);  // a key of value zero; -inf without sinks
+    float mx = sink;
+    for (int64_t c = 0; c < chunks; ++c) mx = std::max(mx, first[c * part_size + R * dvp + r]);
+    std::fill(o, o + dvp, 0.0f);
+    float l = p.sinks.empty() ? 0.0f : ExpDifference(sink, mx);
+    for (int64_t c = 0; c < chunks; ++c) {
+      const float* part = first + c * part_size;
+      const float m_c = part[R * dvp + r], l_c = part[R * dvp + R + r];
+      if (l_c == 0) continue;
+      const float w = ExpDifference(m_c, mx);
+      l += w * l_c;
+      const VF vw = hn::Set(d, w);
+      for (int64_t col = 0; col < dvp; col += N)
+        hn::Store(hn::MulAdd(vw, hn::Load(d, part + r * dvp + col), hn::Load(d, o + col)), d, o + col);
     }
+    // No allowed key: zeros (o is). l NaN: the row is NaN.
+    const bool by_reference = WriteRow(d, p, b, h, r % p.n_q, o, l == 0 ? 0.0f : 1.0f / l, p.out.row(b, h, r % p.n_q));
+    if (p.lse && !by_reference) *p.lse.row(b, h, r % p.n_q) = RowLse(p, h, r % p.n_q, mx, l);
+  }
+}
+
+// Every problem's chunks as one set of work items, then every (problem,
+// batch entry, kv head)'s merge: a batch of requests of any lengths keeps
+// every thread busy, and each result depends on its own chunks alone, never
+// on the thread count.
+template <class KV>
+void DecodeForwardT(const core::AttentionProblem<float>* const* problems, int64_t count) {
+  const DF d;
+  const DecodeItems items = ItemsOf(d, problems, count);
+  const int64_t total = items.first_item.back();
+  float* parts = tls_partials.get(static_cast<size_t>(std::max<int64_t>(items.first_part.back(), 1)));
+  // The problem an item (or a problem's merge) belongs to.
+  const auto problem_of = [&](const std::vector<int64_t>& firsts, int64_t x) {
+    return static_cast<int64_t>(std::upper_bound(firsts.begin(), firsts.end(), x) - firsts.begin()) - 1;
+  };
+  parallel_for(total, [&](int64_t item) {
+    const int64_t i = problem_of(items.first_item, item);
+    const core::AttentionProblem<float>& p = *problems[i];
+    const int64_t local = item - items.first_item[static_cast<size_t>(i)];
+    const int64_t chunks = items.chunks[static_cast<size_t>(i)], bh = local / chunks;
+    DecodeChunk<KV>(d, p, bh / p.heads_kv, bh % p.heads_kv, local % chunks, WholeVectors(p.d_v),
+                    parts + items.first_part[static_cast<size_t>(i)] + local * items.part_size[static_cast<size_t>(i)]);
+  });
+  std::vector<int64_t> first_head(1, 0);
+  for (int64_t i = 0; i < count; ++i) first_head.push_back(first_head.back() + problems[i]->batch * problems[i]->heads_kv);
+  parallel_for(first_head.back(), [&](int64_t head) {
+    const int64_t i = problem_of(first_head, head);
+    const auto u = static_cast<size_t>(i);
+    const int64_t bh = head - first_head[u];
+    MergeChunks(d, *problems[i], bh, items.chunks[u], items.part_size[u],
+                parts + items.first_part[u] + bh * items.chunks[u] * items.part_size[u]);
   });
 }
 
-void DecodeForward(const core::AttentionProblem<float>& p) {
-  WithKVType(p, [&](auto kv) HWY_ATTR { DecodeForwardT<decltype(kv)>(p); });
+void DecodeForward(const core::AttentionProblem<float>* const* problems, int64_t count) {
+  if (count > 0) WithKVType(*problems[0], [&](auto kv) HWY_ATTR { DecodeForwardT<decltype(kv)>(problems, count); });
 }
 
 }  // namespace HWY_NAMESPACE
@@ -208,7 +266,14 @@ HWY_AFTER_NAMESPACE();
 #if HWY_ONCE
 namespace attn::kernels {
 HWY_EXPORT(DecodeForward);
-void decode_forward(const core::AttentionProblem<float>& p) { HWY_DYNAMIC_DISPATCH(DecodeForward)(p); }
+void decode_forward(const core::AttentionProblem<float>& p) {
+  const core::AttentionProblem<float>* one = &p;
+  HWY_DYNAMIC_DISPATCH(DecodeForward)(&one, 1);
+}
+void decode_forward_batch(const std::vector<const core::AttentionProblem<float>*>& problems) {
+  HWY_DYNAMIC_DISPATCH(DecodeForward)(problems.data(), static_cast<int64_t>(problems.size()));
+}
+bool decode_suits(int64_t n_q) { return n_q <= kDecodeMaxQueries; }
 bool use_decode(const core::AttentionProblem<float>& p) {
   return !p.weights && !p.logits && p.n_q <= kDecodeMaxQueries && p.n_k > kDecodeChunk;
 }
