@@ -245,7 +245,9 @@ void BatchAttentionPlan::run(TensorView<const float> q, TensorView<const KV> k_p
       AttentionMasks masks;
       if (mask) masks.first = AttentionMask{TensorView<const bool>(mask, {n_q, n_k}), MaskConvention::TrueAllows};
       const AttentionPlan<float, KV> plan(rows_of(q, begin, n_q), k.view(), v.view(), options_, masks);
-      plan.run(rows_of(out, begin, n_q), {.lse = lse_r});
+      AttentionExtras<float> extras;
+      extras.lse = lse_r;
+      plan.run(rows_of(out, begin, n_q), extras);
       continue;
     }
     core::AttentionProblem<float> p;

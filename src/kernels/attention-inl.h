@@ -205,12 +205,6 @@ int64_t ValueStride(const core::AttentionProblem<float>& p) {
   else return p.v_stored.row_stride / static_cast<int64_t>(sizeof(KV));
 }
 
-// How many keys from key j on (below n) lie in one page of K and V: all of
-// them unless K and V are paged (K's pages are V's).
-inline int64_t RowsInPage(const core::AttentionProblem<float>& p, int64_t j, int64_t n) {
-  return p.kv == core::KVStorage::Native ? p.k.rows_in_page(j, n) : p.k_stored.rows_in_page(j, n);
-}
-
 // Bytes of n values of a row.
 template <class KV>
 constexpr int64_t RowBytes(int64_t n) {

@@ -86,6 +86,12 @@ HWY_INLINE void DotRows(DF d, const float* const* q, const KV* k, int64_t D, flo
 #endif
 }
 
+// How many keys from key j on (below n) lie in one page of K and V: all of
+// them unless K and V are paged (K's pages are V's).
+inline int64_t RowsInPage(const core::AttentionProblem<float>& p, int64_t j, int64_t n) {
+  return p.kv == core::KVStorage::Native ? p.k.rows_in_page(j, n) : p.k_stored.rows_in_page(j, n);
+}
+
 thread_local Scratch<float> tls_decode_scores;
 thread_local Scratch<const float*> tls_decode_queries;
 
