@@ -111,6 +111,8 @@ void register_errors() {
       set_error(PyExc_TypeError, e.what());
     } catch (const attn::ValueError& e) {
       set_error(PyExc_ValueError, e.what());
+    } catch (const attn::KeyError& e) {
+      set_error(PyExc_KeyError, e.what());
     } catch (const attn::IOError& e) {
       if (!e.error_number()) return set_error(PyExc_OSError, e.what());
       // OSError(errno, reason, filename) is the subclass the errno names

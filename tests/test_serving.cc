@@ -7,6 +7,8 @@
 #include <cstring>
 #include <numeric>
 #include <random>
+#include <thread>
+#include <tuple>
 
 #include "attn/attn.hpp"
 #include "helpers.hpp"
@@ -404,6 +406,186 @@ TEST(BatchAttention, BadMetadataIsNamed) {
                    "q must be (nnz_q, num_qo_heads, head_dim) (4, 2, 8), got (3, 2, 8)");
   EXPECT_THROW_MSG(run({0, 1, 3}, {0, 0, 3}, idx, {5, 4}), ValueError,
                    "kv_last_page_len[0] must be 0 for a request with no page, got 5");
+}
+
+}  // namespace
+}  // namespace attn
+
+namespace attn {
+namespace {
+
+// Tokens (n, heads, d) whose every value names the token: value = base + t.
+Tensor<float> tokens(int64_t n, int64_t heads, int64_t d, float base) {
+  Tensor<float> t({n, heads, d});
+  for (int64_t i = 0; i < t.numel(); ++i) t[i] = base + static_cast<float>(i / (heads * d));
+  return t;
+}
+
+void append_one(PagedKVCache& c, int64_t seq, int64_t n, float base) {
+  const Tensor<float> k = tokens(n, c.kv_heads(), c.head_dim(), base), v = tokens(n, c.kv_heads(), c.value_head_dim(), -base);
+  const Tensor<int64_t> indptr({2}, {0, n});
+  c.append({seq}, k.view(), v.view(), indptr.view());
+}
+
+// Key token j of seq as stored (its first value).
+float key_of(const PagedKVCache& c, int64_t seq, int64_t j) {
+  const auto pages = c.pages_of(seq);
+  return c.k_pages().at({pages[static_cast<size_t>(j / c.page_size())], j % c.page_size(), 0, 0});
+}
+
+TEST(PagedKVCache, ForkSharesPagesAndCopiesThePartialLastOnWrite) {
+  PagedKVCache c(8, 4, 2, 3);
+  const int64_t a = c.add_sequence();
+  append_one(c, a, 6, 100);  // pages: one full, one with 2 of 4
+  EXPECT_EQ(c.pages_in_use(), 2);
+  const int64_t b = c.fork(a);
+  EXPECT_EQ(c.pages_in_use(), 2) << "a fork adds no page until it appends";
+  EXPECT_EQ(c.length(b), 6);
+  EXPECT_EQ(c.positions(b), (std::vector<int64_t>{0, 1, 2, 3, 4, 5}));
+  append_one(c, b, 1, 200);
+  EXPECT_EQ(c.pages_in_use(), 3) << "its first append copies the shared partial page, one page";
+  EXPECT_EQ(c.pages_of(a)[0], c.pages_of(b)[0]);
+  EXPECT_NE(c.pages_of(a)[1], c.pages_of(b)[1]);
+  for (int64_t j = 0; j < 6; ++j) EXPECT_EQ(key_of(c, b, j), 100 + j);
+  EXPECT_EQ(key_of(c, b, 6), 200);
+  append_one(c, a, 1, 300);  // a's partial page is its own again: written in place
+  EXPECT_EQ(c.pages_in_use(), 3);
+  EXPECT_EQ(key_of(c, a, 6), 300);
+  EXPECT_EQ(key_of(c, b, 6), 200);
+  c.truncate(a, 3);
+  EXPECT_EQ(c.positions(a), (std::vector<int64_t>{0, 1, 2}));
+  EXPECT_EQ(c.pages_in_use(), 2) << "a's second page went back to the pool";
+  append_one(c, a, 1, 400);  // into the first page, shared with b: copied
+  EXPECT_EQ(key_of(c, b, 3), 103);
+  EXPECT_EQ(key_of(c, a, 3), 400);
+  c.remove(b);
+  EXPECT_EQ(c.pages_in_use(), 1);
+  EXPECT_EQ(c.nbytes(), 1 * 4 * 2 * (3 + 3) * 4);
+  EXPECT_THROW_MSG(c.length(b), KeyError, "no sequence 1");
+}
+
+TEST(PagedKVCache, RefusedCallsLeaveTheCacheAsItWas) {
+  PagedKVCache c(3, 4, 1, 32, {}, KVDtype::Q8_0);
+  const int64_t a = c.add_sequence(), b = c.add_sequence();
+  append_one(c, a, 5, 1);
+  const auto before = [&] { return std::make_tuple(c.pages_of(a), c.pages_of(b), c.length(a), c.length(b), c.k_bytes(), c.free_pages()); };
+  const auto state = before();
+  const Tensor<float> k = tokens(8, 1, 32, 0), v = tokens(8, 1, 32, 0);
+  const Tensor<int64_t> indptr({3}, {0, 4, 8});
+  EXPECT_THROW_MSG(c.append({a, b}, k.view(), v.view(), indptr.view()), RuntimeError, "needs 2 pages, 1 free (of 3)");
+  EXPECT_EQ(before(), state);
+  Tensor<float> bad = tokens(2, 1, 32, 0);
+  bad[40] = std::numeric_limits<float>::infinity();
+  const Tensor<int64_t> two({2}, {0, 2});
+  EXPECT_THROW_MSG(c.append({b}, bad.view(), tokens(2, 1, 32, 0).view(), two.view()), ValueError, "q8_0");
+  EXPECT_EQ(before(), state);
+  EXPECT_THROW_MSG(c.append({a, a}, k.view(), v.view(), indptr.view()), ValueError, "seq_ids must be distinct");
+  EXPECT_THROW_MSG(c.append({a, 7}, k.view(), v.view(), indptr.view()), KeyError, "no sequence 7");
+  const Tensor<int64_t> short_indptr({3}, {0, 4, 7});
+  EXPECT_THROW_MSG(c.append({a, b}, k.view(), v.view(), short_indptr.view()), ValueError, "append_indptr must end at k's length 8");
+  EXPECT_THROW_MSG(c.truncate(a, 6), ValueError, "length must be in [0, 5]");
+  EXPECT_EQ(before(), state);
+  EXPECT_THROW_MSG(c.k_pages(), TypeError, "this cache stores q8_0");
+}
+
+TEST(PagedKVCache, AWriterOverlappingAnyCallIsARuntimeError) {
+  PagedKVCache c(4, 4, 1, 4);
+  const int64_t a = c.add_sequence();
+  const Tensor<float> q({1, 1, 4});
+  const Tensor<int32_t> qo({2}, {0, 1});
+  const PageTable t = c.page_table({a});
+  const BatchAttentionPlan plan(qo.view(), t.kv_indptr.view(), t.kv_indices.view(), t.kv_last_page_len.view(), 1, 1, 4, 4);
+  // A reader inside (a plan's run holds the cache as a reader): the writer is refused.
+  std::atomic<bool> inside{false}, done{false};
+  std::thread reader([&] {
+    while (!done) {
+      Tensor<float> out({1, 1, 4});
+      c.run(plan, q.view(), out.view());
+      inside = true;
+    }
+  });
+  while (!inside) std::this_thread::yield();
+  int refused = 0;
+  for (int i = 0; i < 2000 && refused == 0; ++i) {
+    try {
+      append_one(c, a, 0, 0);
+    } catch (const RuntimeError& e) {
+      EXPECT_NE(std::string(e.what()).find("PagedKVCache is in use by another thread"), std::string::npos);
+      ++refused;
+    }
+  }
+  done = true;
+  reader.join();
+  EXPECT_GT(refused, 0) << "2000 appends beside a reader that never stops: none overlapped";
+  // Readers alone: any number at once.
+  std::vector<std::thread> readers;
+  std::atomic<int> failures{0};
+  for (int r = 0; r < 4; ++r)
+    readers.emplace_back([&] {
+      for (int i = 0; i < 200; ++i) {
+        try {
+          (void)c.length(a), (void)c.page_table({a});
+        } catch (const Error&) {
+          ++failures;
+        }
+      }
+    });
+  for (auto& r : readers) r.join();
+  EXPECT_EQ(failures.load(), 0);
+}
+
+TEST(PagedKVCache, BatchAttentionOverTheCacheIsTheRawFormOverItsPages) {
+  std::mt19937 rng(9);
+  PagedKVCache c(64, 16, 2, 32, 16, KVDtype::BF16, PageLayout::HND);
+  std::vector<int64_t> ids;
+  const std::vector<int64_t> lengths = {40, 1, 0, 33};
+  for (int64_t n : lengths) {
+    ids.push_back(c.add_sequence());
+    const Tensor<float> k = test::cast<float>(random_tensor({n, 2, 32}, rng)), v = test::cast<float>(random_tensor({n, 2, 16}, rng));
+    const Tensor<int64_t> indptr({2}, {0, n});
+    c.append({ids.back()}, k.view(), v.view(), indptr.view());
+  }
+  const int64_t child = c.fork(ids[0]);
+  ids.push_back(child);
+  const Tensor<float> q = test::cast<float>(random_tensor({1 + 1 + 0 + 9 + 2, 4, 32}, rng));
+  const Tensor<int32_t> qo({6}, {0, 1, 2, 2, 11, 13});
+  BatchAttentionOptions o;
+  o.causal = true;
+  const auto got = batch_attention(q.view(), qo.view(), c, ids, o, true);
+  // The raw form over the same pages: the pools as bf16, the cache's table.
+  const PageTable t = c.page_table(ids);
+  Tensor<bfloat16> k_pool, v_pool;
+  {
+    const auto kb = c.k_bytes(), vb = c.v_bytes();
+    k_pool = Tensor<bfloat16>({64, 2, 16, 32});
+    v_pool = Tensor<bfloat16>({64, 2, 16, 16});
+    std::memcpy(static_cast<void*>(k_pool.data()), kb.data(), kb.size());
+    std::memcpy(static_cast<void*>(v_pool.data()), vb.data(), vb.size());
+  }
+  const auto raw = batch_attention<bfloat16>(q.view(), qo.view(), k_pool.view(), v_pool.view(), t.kv_indptr.view(),
+                                             t.kv_indices.view(), t.kv_last_page_len.view(), o, PageLayout::HND, true);
+  EXPECT_EQ(std::memcmp(got.out.data(), raw.out.data(), sizeof(float) * raw.out.numel()), 0);
+  EXPECT_EQ(t.kv_last_page_len[2], 0);  // the empty sequence
+  EXPECT_EQ(t.kv_indptr[3] - t.kv_indptr[2], 0);
+  EXPECT_EQ(t.kv_last_page_len[0], 8);  // 40 = 16 + 16 + 8
+}
+
+TEST(PagedKVCache, ACopySharesNothing) {
+  PagedKVCache c(4, 2, 1, 2);
+  const int64_t a = c.add_sequence();
+  append_one(c, a, 3, 10);
+  PagedKVCache copy = c;
+  append_one(copy, a, 1, 20);
+  copy.remove(a);
+  EXPECT_EQ(c.length(a), 3);
+  EXPECT_EQ(key_of(c, a, 2), 12);
+  EXPECT_EQ(c.pages_in_use(), 2);
+  // restore: what a pickle holds.
+  PagedKVCache back(4, 2, 1, 2);
+  back.restore(c.k_bytes(), c.v_bytes(), c.sequences_state());
+  EXPECT_EQ(back.pages_of(a), c.pages_of(a));
+  EXPECT_EQ(back.free_pages(), 2);
+  EXPECT_EQ(back.add_sequence(), a + 1);
 }
 
 }  // namespace

@@ -1,7 +1,7 @@
 // attn: multi-head attention and positional encodings in C++. This umbrella
 // covers the core (tensors, masks, attention, merge_state, linear, softmax, errors,
 // threads, random tensors) and the layer (multi_head, positional encodings,
-// MultiHeadAttention, KVCache). Files (attn/io.hpp, attn/file.hpp) and ONNX's
+// MultiHeadAttention, KVCache, PagedKVCache). Files (attn/io.hpp, attn/file.hpp) and ONNX's
 // operators (attn/onnx.hpp) have their own headers.
 #pragma once
 
@@ -14,6 +14,7 @@
 #include "attn/mask.hpp"
 #include "attn/multi_head.hpp"
 #include "attn/multi_head_attention.hpp"
+#include "attn/paged_kv_cache.hpp"
 #include "attn/positional.hpp"
 #include "attn/random.hpp"
 #include "attn/rope_scaling.hpp"

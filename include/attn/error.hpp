@@ -25,6 +25,13 @@ class TypeError : public Error {
   using Error::Error;
 };
 
+// A name or id that is not there, e.g. a PagedKVCache sequence id never
+// added or already removed (Python: KeyError; C: ATTN_ERROR_INVALID_ARGUMENT).
+class KeyError : public Error {
+ public:
+  using Error::Error;
+};
+
 // A result would not fit in this machine's memory, known before allocating
 // (Python: MemoryError; C: ATTN_ERROR_OUT_OF_MEMORY). The message says what
 // to ask for instead.

@@ -5,22 +5,13 @@
 #include <string>
 #include <vector>
 
+#include "stored_rows.hpp"
+
 namespace attn {
 namespace {
 
-// Storage elements per row of `cols` values.
-template <class S>
-int64_t row_elements(int64_t cols) {
-  return std::is_same_v<S, block_q8_0> ? cols / kQ8_0Block : cols;
-}
-
-// One row of cols values (contiguous) in the storage type.
-template <class S>
-void store_row(const float* x, S* out, int64_t cols) {
-  if constexpr (std::is_same_v<S, block_q8_0>) quantize_row_q8_0(x, out, cols);
-  else if constexpr (std::is_same_v<S, bfloat16>) for (int64_t c = 0; c < cols; ++c) out[c].bits = float_to_bf16(x[c]);
-  else for (int64_t c = 0; c < cols; ++c) out[c].bits = float_to_fp16(x[c]);
-}
+using detail::row_elements;
+using detail::store_row;
 
 // Rows t of src (batch, heads, n, cols) to rows at + t of dst (batch, heads,
 // capacity, row_elements(cols)).

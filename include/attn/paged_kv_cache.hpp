@@ -1,0 +1,174 @@
+// A paged key/value cache for serving many sequences at once (vLLM's
+// PagedAttention, FlashInfer's paged KV cache): one pool of num_pages pages
+// of page_size tokens, for keys and for values, each token holding
+// kv_heads × head_dim (value_head_dim for values). A sequence holds a list
+// of pages; its last page may be partly filled. Sequences share pages by
+// reference count (fork: a shared prefix, beam search, parallel sampling),
+// and a shared partial last page is copied when either sequence next
+// appends. Keys are stored as given (rotated, as in KVCache: the layer
+// rotates them before appending).
+//
+// Threading: any number of concurrent readers (length, positions,
+// page_table, pages, batch attention over the cache) or one writer
+// (add_sequence, append, fork, truncate, remove). A call that overlaps a
+// writer, or a writer that overlaps any call, raises RuntimeError ("in use
+// by another thread"), never a race.
+//
+// Every refused call (ValueError, KeyError for an unknown id, RuntimeError
+// for too few free pages) leaves the cache exactly as it was.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <variant>
+#include <vector>
+
+#include "attn/batch_attention.hpp"
+#include "attn/quantize.hpp"
+#include "attn/tensor.hpp"
+
+namespace attn {
+
+// FlashInfer's page-table metadata of some sequences (int32).
+struct PageTable {
+  Tensor<int32_t> kv_indptr;         // (n + 1,)
+  Tensor<int32_t> kv_indices;        // (kv_indptr[n],)
+  Tensor<int32_t> kv_last_page_len;  // (n,): in [1, page_size]; 0 for an empty sequence
+};
+
+namespace detail {
+
+// Any number of readers or one writer; an overlap with a writer throws.
+class ReadersOrWriter {
+ public:
+  ReadersOrWriter() = default;
+  ReadersOrWriter(const ReadersOrWriter&) {}
+  ReadersOrWriter& operator=(const ReadersOrWriter&) { return *this; }
+
+  class Hold {
+   public:
+    Hold(const ReadersOrWriter& rw, bool writer) : rw_(&rw), writer_(writer) {}
+    Hold(const Hold&) = delete;
+    Hold& operator=(const Hold&) = delete;
+    ~Hold() { rw_->state_.fetch_add(writer_ ? 1 : -1, std::memory_order_release); }
+
+   private:
+    const ReadersOrWriter* rw_;
+    bool writer_;
+  };
+  // RuntimeError naming `who` on an overlap.
+  [[nodiscard]] Hold read(const char* who) const;
+  [[nodiscard]] Hold write(const char* who) const;
+
+ private:
+  mutable std::atomic<int64_t> state_{0};  // readers inside; -1: a writer
+};
+
+}  // namespace detail
+
+class PagedKVCache {
+ public:
+  // ValueError for a size below 1 (num_pages, page_size, kv_heads) or below
+  // 0 (the head dims), or a q8_0 head dim that is not a multiple of 32.
+  PagedKVCache(int64_t num_pages, int64_t page_size, int64_t kv_heads, int64_t head_dim,
+               std::optional<int64_t> value_head_dim = {}, KVDtype dtype = KVDtype::F32,
+               PageLayout layout = PageLayout::NHD);
+
+  int64_t num_pages() const { return num_pages_; }
+  int64_t page_size() const { return page_size_; }
+  int64_t kv_heads() const { return kv_heads_; }
+  int64_t head_dim() const { return head_dim_; }
+  int64_t value_head_dim() const { return value_head_dim_; }
+  KVDtype dtype() const { return dtype_; }
+  PageLayout layout() const { return layout_; }
+
+  // A new, empty sequence's id.
+  int64_t add_sequence();
+  // Frees the pages no other sequence uses.
+  void remove(int64_t seq);
+  // Appends to each seq_ids[i] the tokens append_indptr[i] .. append_indptr[i
+  // + 1] of k (nnz, kv_heads, head_dim) and v (nnz, kv_heads,
+  // value_head_dim), any strides; distinct ids. RuntimeError naming the
+  // pages needed and free when the pool is short.
+  void append(const std::vector<int64_t>& seq_ids, TensorView<const float> k, TensorView<const float> v,
+              TensorView<const int64_t> append_indptr);
+  // A new sequence holding seq's tokens, sharing its pages.
+  int64_t fork(int64_t seq);
+  // Keeps the first `length` tokens (0 <= length <= length(seq)).
+  void truncate(int64_t seq, int64_t length);
+
+  int64_t length(int64_t seq) const;
+  // The positions of seq's tokens: 0 .. length - 1 (a fork continues its
+  // parent's; after truncate(seq, n), 0 .. n - 1).
+  std::vector<int64_t> positions(int64_t seq) const;
+  // The live sequences' ids, ascending.
+  std::vector<int64_t> sequences() const;
+  // Distinct pages the live sequences reference, and pages free.
+  int64_t pages_in_use() const;
+  int64_t free_pages() const;
+  // pages_in_use() × page_size × the bytes of one token's keys and values.
+  int64_t nbytes() const;
+  // The pages of seq, in order.
+  std::vector<int32_t> pages_of(int64_t seq) const;
+
+  // FlashInfer's metadata for these sequences, in this order.
+  PageTable page_table(const std::vector<int64_t>& seq_ids) const;
+  // The float32 pools, (num_pages, page_size, kv_heads, D) for NHD or
+  // (num_pages, kv_heads, page_size, D) for HND; TypeError naming the dtype
+  // for other storage. Valid while the cache lives; a writer changes them.
+  TensorView<const float> k_pages() const;
+  TensorView<const float> v_pages() const;
+
+  // plan.run over the pools (as a reader): plan built from page_table()'s
+  // metadata of the sequences the step attends.
+  void run(const BatchAttentionPlan& plan, TensorView<const float> q, TensorView<float> out,
+           TensorView<float> lse = {}) const;
+
+  // The pools as bytes (pickling); restore_pages puts back pools of the same
+  // size and the sequences (each id's pages and length) with the next id.
+  // restore_pages: ValueError naming what does not fit, the cache then as
+  // before.
+  struct Sequences {
+    std::vector<int64_t> ids, lengths;
+    std::vector<std::vector<int32_t>> pages;
+    int64_t next_id = 0;
+  };
+  std::vector<uint8_t> k_bytes() const;
+  std::vector<uint8_t> v_bytes() const;
+  Sequences sequences_state() const;
+  void restore(const std::vector<uint8_t>& k_bytes, const std::vector<uint8_t>& v_bytes, const Sequences& state);
+
+ private:
+  using Pool = std::variant<Tensor<float>, Tensor<bfloat16>, Tensor<float16>, Tensor<block_q8_0>>;
+  struct Sequence {
+    std::vector<int32_t> pages;
+    int64_t length = 0;
+  };
+  const Sequence& find(int64_t seq, const char* who) const;
+  int32_t take_page();
+  void release(int32_t page);
+  // Copies every slot of page `from` to page `to`, keys and values.
+  void copy_page(int32_t from, int32_t to);
+  int64_t bytes_per_token() const;
+
+  int64_t num_pages_, page_size_, kv_heads_, head_dim_, value_head_dim_;
+  KVDtype dtype_;
+  PageLayout layout_;
+  Pool k_, v_;
+  std::map<int64_t, Sequence> sequences_;
+  std::vector<int32_t> refs_;       // per page: the sequences holding it
+  std::vector<int32_t> free_list_;  // free pages, the next to take last
+  int64_t next_id_ = 0;
+  detail::ReadersOrWriter access_;
+};
+
+// batch_attention over a paged cache: request r is sequence seq_ids[r],
+// whose queries are rows qo_indptr[r] .. qo_indptr[r + 1] of q (nnz_q,
+// num_qo_heads, head_dim).
+BatchAttentionResult batch_attention(TensorView<const float> q, TensorView<const int32_t> qo_indptr,
+                                     const PagedKVCache& cache, const std::vector<int64_t>& seq_ids,
+                                     const BatchAttentionOptions& options = {}, bool return_lse = false);
+
+}  // namespace attn

@@ -1,0 +1,29 @@
+// Internal to the layer room: rows of float32 keys and values in a cache's
+// storage type (float32, bfloat16, fp16 or q8_0 blocks), for KVCache and
+// PagedKVCache alike.
+#pragma once
+
+#include <cstdint>
+#include <type_traits>
+
+#include "attn/half.hpp"
+#include "attn/quantize.hpp"
+
+namespace attn::detail {
+
+// Storage elements per row of `cols` values.
+template <class S>
+int64_t row_elements(int64_t cols) {
+  return std::is_same_v<S, block_q8_0> ? cols / kQ8_0Block : cols;
+}
+
+// One row of cols values (contiguous) in the storage type (not float:
+// copied as it is). q8_0 throws ValueError for a value it cannot hold.
+template <class S>
+void store_row(const float* x, S* out, int64_t cols) {
+  if constexpr (std::is_same_v<S, block_q8_0>) quantize_row_q8_0(x, out, cols);
+  else if constexpr (std::is_same_v<S, bfloat16>) for (int64_t c = 0; c < cols; ++c) out[c].bits = float_to_bf16(x[c]);
+  else for (int64_t c = 0; c < cols; ++c) out[c].bits = float_to_fp16(x[c]);
+}
+
+}  // namespace attn::detail
