@@ -125,10 +125,15 @@ void DecodeChunk(DF d, const core::AttentionProblem<float>& p, int64_t b, int64_
   const int64_t k_stride = KeyStride<KV>(p), k_bytes = RowBytes<KV>(p.d);
   // The chunk's keys run by run: a run's rows are k_stride (v_stride) apart,
   // one run unless K and V are paged, then one per page.
+  // K's rows ahead lie in this run or the next (pages shorter than the
+  // distance ahead go without).
+  int64_t count = RowsInPage(p, j0, j0 + jn);
   for (int64_t run = 0; run < jn;) {
-    const int64_t count = RowsInPage(p, j0 + run, j0 + jn);
     const KV* k_run = KeyRow<KV>(p, b, hkv, j0 + run);
     const KV* v_run = ValueRow<KV>(p, b, hkv, j0 + run);
+    const int64_t next = run + count;
+    const int64_t next_count = next < jn ? RowsInPage(p, j0 + next, j0 + jn) : 0;
+    const KV* next_k = next < jn ? KeyRow<KV>(p, b, hkv, j0 + next) : nullptr;
     for (int64_t j = 0; j < count; ++j) {
       const KV* k = k_run + j * k_stride;
       // Fetch row j of V while K streams in: both arrays come from memory
@@ -138,9 +143,9 @@ void DecodeChunk(DF d, const core::AttentionProblem<float>& p, int64_t b, int64_
       const char* vj = reinterpret_cast<const char*>(v_run + j * v_stride);
       for (int64_t off = 0; off < v_bytes; off += 64) hwy::Prefetch(vj + off);
       if (v_bytes > 0) hwy::Prefetch(vj + v_bytes - 1);  // the last line, if not line-aligned
-      if (run + j + kDecodePrefetchRows < jn) {
-        const KV* ahead = j + kDecodePrefetchRows < count ? k + kDecodePrefetchRows * k_stride
-                                                          : KeyRow<KV>(p, b, hkv, j0 + run + j + kDecodePrefetchRows);
+      const int64_t a = j + kDecodePrefetchRows;
+      if (a < count || a - count < next_count) {
+        const KV* ahead = a < count ? k + kDecodePrefetchRows * k_stride : next_k + (a - count) * k_stride;
         const char* ka = reinterpret_cast<const char*>(ahead);
         for (int64_t off = 0; off < k_bytes; off += 64) hwy::Prefetch(ka + off);
         if (k_bytes > 0) hwy::Prefetch(ka + k_bytes - 1);
@@ -152,7 +157,8 @@ void DecodeChunk(DF d, const core::AttentionProblem<float>& p, int64_t b, int64_
         });
       }
     }
-    run += count;
+    run = next;
+    count = next_count;
   }
   if (p.softcap > 0) Softcap(d, p.softcap, s, R * kDecodeChunk);
   const bool masked = !inside || p.mask.present() || !p.alibi.empty();
