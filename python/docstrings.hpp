@@ -389,4 +389,60 @@ merge_states): vs (n, num_states, H, D), ss (n, num_states, H). Returns v
 (n, H, D) and s (n, H); no state at all gives zeros and -inf.
 )";
 
+inline constexpr const char* kPagedKVCache = R"(PagedKVCache(num_pages, page_size, kv_heads, head_dim, *, value_head_dim=None,
+             dtype="f32", layout="NHD")
+
+One pool of num_pages pages of page_size tokens for many sequences (vLLM's
+PagedAttention, FlashInfer's paged KV cache). dtype: f32, bf16, f16 or q8_0
+(or float32, bfloat16, float16); layout NHD: pages (num_pages, page_size,
+kv_heads, D), or HND: (num_pages, kv_heads, page_size, D).
+
+add_sequence() -> id; append(seq_ids, k, v, append_indptr) writes the tokens
+append_indptr[i]:append_indptr[i + 1] of k (nnz, kv_heads, head_dim) and v
+(nnz, kv_heads, value_head_dim) to seq_ids[i]; fork(seq) -> id shares seq's
+pages (a shared partial last page is copied when either appends);
+truncate(seq, length); remove(seq). length(seq), positions(seq) (0 ..
+length - 1), pages_in_use(), free_pages(), nbytes (pages in use x page_size
+x bytes per token), page_table(seq_ids) -> (kv_indptr, kv_indices,
+kv_last_page_len) int32, pages() -> read-only views of the float32 pools.
+An unknown id is a KeyError; too few free pages a RuntimeError naming the
+pages needed and free. A refused call changes nothing. Any number of
+threads may read at once; a writer (add_sequence, append, fork, truncate,
+remove) overlapping any call raises RuntimeError. copy.deepcopy and pickle
+give a cache that shares nothing.
+)";
+
+inline constexpr const char* kBatchAttention = R"(batch_attention(q, qo_indptr, kv, seq_ids=None, *, kv_indptr=None, kv_indices=None,
+                kv_last_page_len=None, layout="NHD", causal=False, window=None,
+                softcap=None, scale=None, alibi_slopes=None, sinks=None,
+                custom_mask=None, packed_custom_mask=None, mask_indptr=None,
+                return_lse=False)
+
+Attention for a batch of requests of different lengths over paged keys and
+values. q (nnz_q, Hq, head_dim); request r's queries are rows
+qo_indptr[r]:qo_indptr[r + 1], its last qo_len positions (causal is
+bottom-right; window (left, right) and ALiBi measure from i + kv_len -
+qo_len). kv: a PagedKVCache with seq_ids (request r is seq_ids[r]), or a
+pair (k_pages, v_pages) of pools (float32, float16, or attn.QuantizedTensor)
+with FlashInfer's int32 kv_indptr, kv_indices and kv_last_page_len.
+custom_mask: bool, True = may attend, the requests' (qo_len, kv_len) blocks
+flattened and concatenated; or packed_custom_mask, np.packbits(block.ravel(),
+bitorder="little") per request padded to whole bytes, with mask_indptr in
+bytes. Returns out (nnz_q, Hq, value_head_dim), and with return_lse the
+log-sum-exp (nnz_q, Hq) in natural log (FlashInfer's is base 2: lse / ln 2).
+A row with no allowed key gives zeros and lse -inf (the sink with sinks).
+)";
+
+inline constexpr const char* kBatchAttentionPlan = R"(BatchAttentionPlan(qo_indptr, kv_indptr, kv_indices, kv_last_page_len, num_qo_heads,
+                   num_kv_heads, head_dim, page_size, *, value_head_dim=None,
+                   layout="NHD", causal=False, window=None, softcap=None, scale=None,
+                   alibi_slopes=None, sinks=None, custom_mask=None,
+                   packed_custom_mask=None, mask_indptr=None)
+
+batch_attention's metadata validated once (FlashInfer's plan/run): every
+layer of a step calls plan.run(q, kv, return_lse=False), kv a PagedKVCache
+whose page_table gave the metadata or a pair (k_pages, v_pages). run is
+bitwise batch_attention's.
+)";
+
 }  // namespace attn::python::docs

@@ -28,7 +28,8 @@ enum class KVDtype { F32, BF16, F16, Q8_0 };
 
 // "f32", "bf16", "f16", "q8_0" (llama.cpp's --cache-type-k names).
 const char* kv_dtype_name(KVDtype dtype);
-// The inverse; an unknown name is a ValueError listing the accepted ones.
+// The inverse, and NumPy's names float32, bfloat16 and float16; an unknown
+// name is a ValueError listing the accepted ones.
 KVDtype parse_kv_dtype(const std::string& name);
 // Bytes that n values take in the dtype (n a multiple of 32 for q8_0).
 int64_t kv_dtype_bytes(KVDtype dtype, int64_t n);

@@ -23,12 +23,14 @@ from .functional import (alibi_slopes, attention, attention_backward, attention_
                          multi_head, positional_encoding, rope, rope_backward, rope_frequencies,
                          scaled_dot_product_attention, softmax)
 from .layer import MultiHeadAttention  # noqa: F401
-from .serving import merge_state, merge_state_in_place, merge_states  # noqa: F401
+from .serving import (BatchAttentionPlan, PagedKVCache, batch_attention, merge_state,  # noqa: F401
+                      merge_state_in_place, merge_states)
 from . import onnx  # noqa: F401
 
 __all__ = ["attention", "attention_backward", "attention_varlen", "scaled_dot_product_attention",
            "softmax",
            "multi_head", "positional_encoding", "rope", "rope_backward", "rope_frequencies",
            "alibi_slopes", "MultiHeadAttention", "onnx", "merge_state", "merge_state_in_place", "merge_states",
+           "PagedKVCache", "BatchAttentionPlan", "batch_attention",
            "KVCache", "QuantizedTensor", "quantize", "num_threads", "set_num_threads", "max_num_threads",
            "precision_unit", "__version__"]

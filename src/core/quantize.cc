@@ -20,7 +20,11 @@ const char* kv_dtype_name(KVDtype dtype) {
 KVDtype parse_kv_dtype(const std::string& name) {
   for (KVDtype t : {KVDtype::F32, KVDtype::BF16, KVDtype::F16, KVDtype::Q8_0})
     if (name == kv_dtype_name(t)) return t;
-  throw ValueError("unknown K/V dtype '" + name + "': expected f32, bf16, f16 or q8_0");
+  // NumPy's and PyTorch's names of the same types.
+  if (name == "float32") return KVDtype::F32;
+  if (name == "bfloat16") return KVDtype::BF16;
+  if (name == "float16") return KVDtype::F16;
+  throw ValueError("unknown K/V dtype '" + name + "': expected f32, bf16, f16 or q8_0 (or float32, bfloat16, float16)");
 }
 
 int64_t kv_dtype_bytes(KVDtype dtype, int64_t n) {

@@ -77,3 +77,307 @@ def test_merge_state_refuses_bad_input():
         ro = v.copy()
         ro.flags.writeable = False
         attn.merge_state_in_place(ro, s, v, s)
+
+
+# ---------------------------------------------------------------------------
+# PagedKVCache against a plain model of what each sequence holds.
+
+def gathered(cache, seq):
+    """seq's keys and values read back from the float32 pools through its page table."""
+    indptr, indices, last = cache.page_table([seq])
+    k_pages, v_pages = cache.pages()
+    n = cache.length(seq)
+    if cache.layout == "HND":
+        k_pages, v_pages = k_pages.transpose(0, 2, 1, 3), v_pages.transpose(0, 2, 1, 3)
+    k = k_pages[indices].reshape(-1, *k_pages.shape[2:])[:n]
+    v = v_pages[indices].reshape(-1, *v_pages.shape[2:])[:n]
+    return k, v
+
+
+def snapshot(cache, model):
+    return {s: (cache.length(s), *(x.copy() for x in gathered(cache, s))) for s in model}, cache.free_pages()
+
+
+@pytest.mark.parametrize("layout", ["NHD", "HND"])
+def test_cache_against_a_model_of_its_sequences(layout):
+    rng = np.random.default_rng(3)
+    page_size, heads, d, dv = 4, 2, 3, 5
+    cache = attn.PagedKVCache(24, page_size, heads, d, value_head_dim=dv, layout=layout)
+    model = {}  # id -> (keys, values) as lists of (heads, ·) rows
+    counter = 0
+
+    def check():
+        for s, (ks, vs) in model.items():
+            assert cache.length(s) == len(ks)
+            assert list(cache.positions(s)) == list(range(len(ks)))
+            k, v = gathered(cache, s)
+            np.testing.assert_array_equal(k, np.array(ks).reshape(-1, heads, d))
+            np.testing.assert_array_equal(v, np.array(vs).reshape(-1, heads, dv))
+        indptr, indices, last = cache.page_table(list(model))
+        assert cache.pages_in_use() == len(set(indices.tolist())) == 24 - cache.free_pages()
+        bytes_per_token = heads * (d + dv) * 4
+        assert cache.nbytes == cache.pages_in_use() * page_size * bytes_per_token
+        assert cache.nbytes <= sum(len(ks) + page_size - 1 for ks, _ in model.values()) * bytes_per_token
+        for s, n_last in zip(model, last):
+            n = len(model[s][0])
+            assert n_last == (0 if n == 0 else (n - 1) % page_size + 1)
+
+    for step in range(300):
+        op = rng.choice(["add", "append", "append", "fork", "truncate", "remove", "refused"])
+        ids = list(model)
+        if op == "add" or not ids:
+            model[cache.add_sequence()] = ([], [])
+        elif op == "append":
+            chosen = list(rng.choice(ids, size=min(len(ids), rng.integers(1, 4)), replace=False))
+            counts = rng.integers(0, 6, size=len(chosen))
+            k = rng.standard_normal((counts.sum(), heads, d)).astype(np.float32)
+            v = rng.standard_normal((counts.sum(), heads, dv)).astype(np.float32)
+            indptr = np.concatenate([[0], np.cumsum(counts)])
+            before = snapshot(cache, model)
+            try:
+                cache.append(chosen, k, v, indptr)
+            except RuntimeError as e:  # the pool is full: nothing appended
+                assert "pages" in str(e) and "free" in str(e)
+                after = snapshot(cache, model)
+                assert after[1] == before[1] and all(
+                    np.array_equal(a, b) for s in model for a, b in zip(before[0][s][1:], after[0][s][1:]))
+            else:
+                for s, a, b in zip(chosen, indptr, indptr[1:]):
+                    model[s][0].extend(k[a:b])
+                    model[s][1].extend(v[a:b])
+        elif op == "fork":
+            parent = rng.choice(ids)
+            child = cache.fork(parent)
+            model[child] = (list(model[parent][0]), list(model[parent][1]))
+        elif op == "truncate":
+            s = rng.choice(ids)
+            n = int(rng.integers(0, len(model[s][0]) + 1))
+            cache.truncate(s, n)
+            del model[s][0][n:], model[s][1][n:]
+        elif op == "remove":
+            s = rng.choice(ids)
+            cache.remove(s)
+            del model[s]
+        else:  # refused calls change nothing
+            before = snapshot(cache, model)
+            unknown = max(ids) + 1000
+            with pytest.raises(KeyError):
+                cache.length(unknown)
+            with pytest.raises(KeyError):
+                cache.append([ids[0], unknown], np.zeros((2, heads, d), np.float32),
+                             np.zeros((2, heads, dv), np.float32), [0, 1, 2])
+            with pytest.raises(ValueError, match="length must be in"):
+                cache.truncate(ids[0], len(model[ids[0]][0]) + 1)
+            with pytest.raises(ValueError, match="append_indptr"):
+                cache.append([ids[0]], np.zeros((2, heads, d), np.float32), np.zeros((2, heads, dv), np.float32), [0, 1])
+            after = snapshot(cache, model)
+            assert after[1] == before[1]
+            for s in model:
+                assert before[0][s][0] == after[0][s][0]
+                for a, b in zip(before[0][s][1:], after[0][s][1:]):
+                    np.testing.assert_array_equal(a, b)
+        counter += 1
+        check()
+    assert counter == 300
+
+
+def test_cache_ids_dtypes_copies_and_pickles():
+    import copy
+    import pickle
+    for alias, name in (("float32", "f32"), ("bfloat16", "bf16"), ("float16", "f16"), ("q8_0", "q8_0")):
+        assert attn.PagedKVCache(2, 4, 1, 32, dtype=alias).dtype == name
+    cache = attn.PagedKVCache(8, 4, 1, 2)
+    a = cache.add_sequence()
+    cache.append([np.int32(a)], np.ones((5, 1, 2)), np.ones((5, 1, 2)), np.array([0, 5], np.uint8))
+    b = cache.fork(np.int64(a))
+    assert cache.pages_in_use() == 2  # a fork adds no page until it appends
+    cache.append([b], np.zeros((1, 1, 2)), np.zeros((1, 1, 2)), [0, 1])
+    assert cache.pages_in_use() == 3  # its first append adds one: the partial page, copied
+    for clone in (copy.deepcopy(cache), pickle.loads(pickle.dumps(cache))):
+        clone.append([a], np.full((3, 1, 2), 7.0), np.full((3, 1, 2), 7.0), [0, 3])
+        clone.remove(b)
+        assert cache.length(a) == 5 and cache.length(b) == 6 and cache.pages_in_use() == 3
+        np.testing.assert_array_equal(gathered(cache, a)[0], np.ones((5, 1, 2)))
+    cache.remove(a)
+    with pytest.raises(KeyError, match=f"no sequence {a}"):
+        cache.fork(a)
+    with pytest.raises(TypeError, match="this cache stores bf16"):
+        attn.PagedKVCache(2, 4, 1, 2, dtype="bf16").pages()
+    with pytest.raises(ValueError, match="unknown K/V dtype 'int4'"):
+        attn.PagedKVCache(2, 4, 1, 2, dtype="int4")
+    with pytest.raises(ValueError, match="page_size must be >= 1"):
+        attn.PagedKVCache(2, 0, 1, 2)
+    k_pages, _ = cache.pages()
+    assert not k_pages.flags.writeable
+
+
+def test_cache_readers_at_once_and_a_writer_alone():
+    import threading
+    cache = attn.PagedKVCache(4096, 16, 8, 128)
+    s = cache.add_sequence()
+    x = np.ones((30000, 8, 128), np.float32)
+    cache.append([s], x[:16000], x[:16000], [0, 16000])
+    q = np.ones((1, 32, 128), np.float32)
+    errors, reads = [], []
+
+    def read():
+        for _ in range(20):
+            reads.append(attn.batch_attention(q, [0, 1], cache, [s]).shape)
+
+    readers = [threading.Thread(target=read) for _ in range(3)]
+    for t in readers:
+        t.start()
+    refused = 0
+    while any(t.is_alive() for t in readers):
+        try:
+            cache.append([s], x[:1], x[:1], [0, 1])
+            cache.truncate(s, 16000)
+        except RuntimeError as e:
+            assert "PagedKVCache is in use by another thread" in str(e)
+            refused += 1
+    for t in readers:
+        t.join()
+    assert len(reads) == 60 and not errors
+    assert refused > 0, "a writer beside three readers never overlapped one"
+
+
+# ---------------------------------------------------------------------------
+# batch_attention against float64 NumPy per request.
+
+def reference_request(q, k, v, causal=False, window=None, softcap=None, scale=None, alibi=None, sinks=None,
+                      mask=None):
+    """float64: q (n_q, Hq, d), k (n_k, Hkv, d), v (n_k, Hkv, dv); bottom-right positions."""
+    q, k, v = (np.asarray(x, np.float64) for x in (q, k, v))
+    n_q, hq, d = q.shape
+    n_k, hkv = k.shape[:2]
+    group = hq // hkv
+    k, v = np.repeat(k, group, axis=1), np.repeat(v, group, axis=1)
+    s = np.einsum("ihd,jhd->hij", q, k) * (1 / np.sqrt(d) if scale is None else scale)
+    if softcap:
+        s = softcap * np.tanh(s / softcap)
+    p = np.arange(n_q)[:, None] + n_k - n_q
+    j = np.arange(n_k)[None, :]
+    allowed = np.ones((n_q, n_k), bool)
+    if causal:
+        allowed &= j <= p
+    if window is not None:
+        left, right = window
+        if left >= 0:
+            allowed &= j >= p - left
+        if right >= 0:
+            allowed &= j <= p + right
+    if mask is not None:
+        allowed &= mask
+    if alibi is not None:
+        s = s - np.asarray(alibi)[:, None, None] * (p - j)[None]
+    s = np.where(allowed[None], s, -np.inf)
+    sink = np.full(hq, -np.inf) if sinks is None else np.asarray(sinks, np.float64)
+    top = np.maximum(s.max(-1) if n_k else np.full((hq, n_q), -np.inf), sink[:, None])
+    safe = np.where(np.isfinite(top), top, 0)
+    e = np.exp(s - safe[..., None])
+    denom = e.sum(-1) + np.exp(sink[:, None] - safe)
+    w = np.where(denom[..., None] > 0, e / np.where(denom > 0, denom, 1)[..., None], 0)
+    out = np.einsum("hij,jhd->ihd", w, v)
+    lse = np.where(denom > 0, safe + np.log(np.where(denom > 0, denom, 1)), -np.inf).T
+    return out, lse
+
+
+def paged_batch(rng, qo_lens, kv_lens, page_size, hq, hkv, d, dv, layout="NHD"):
+    cache = attn.PagedKVCache(sum(-(-n // page_size) for n in kv_lens) + 2, page_size, hkv, d, value_head_dim=dv,
+                              layout=layout)
+    ids = [cache.add_sequence() for _ in kv_lens]
+    ks = [rng.standard_normal((n, hkv, d)).astype(np.float32) for n in kv_lens]
+    vs = [rng.standard_normal((n, hkv, dv)).astype(np.float32) for n in kv_lens]
+    for s, k, v in zip(reversed(ids), reversed(ks), reversed(vs)):  # pages out of order
+        cache.append([s], k, v, [0, len(k)])
+    q = rng.standard_normal((sum(qo_lens), hq, d)).astype(np.float32)
+    qo_indptr = np.concatenate([[0], np.cumsum(qo_lens)]).astype(np.int32)
+    return cache, ids, ks, vs, q, qo_indptr
+
+
+OPTIONS = [dict(), dict(causal=True), dict(causal=True, window=(6, -1), softcap=3.0), dict(window=(20, 3)),
+           dict(causal=True, alibi_slopes=attn.alibi_slopes(6)), dict(causal=True, sinks=[0.5, -1, 2, 0, 1, -2]),
+           dict(scale=0.2)]
+
+
+@pytest.mark.parametrize("layout", ["NHD", "HND"])
+@pytest.mark.parametrize("options", OPTIONS, ids=range(len(OPTIONS)))
+def test_batch_attention_per_request_against_float64(layout, options):
+    rng = np.random.default_rng(5)
+    qo, kv = [1, 8, 12, 1, 0, 3], [1, 700, 40, 0, 5, 3]
+    cache, ids, ks, vs, q, qo_indptr = paged_batch(rng, qo, kv, 8, 6, 2, 16, 8, layout)
+    out, lse = attn.batch_attention(q, qo_indptr, cache, ids, return_lse=True, **options)
+    assert out.shape == (sum(qo), 6, 8) and lse.shape == (sum(qo), 6) and lse.dtype == np.float32
+    ref = {k: v for k, v in options.items() if k != "alibi_slopes" and k != "sinks"}
+    for r, (a, b) in enumerate(zip(qo_indptr, qo_indptr[1:])):
+        want, want_lse = reference_request(q[a:b], ks[r], vs[r], alibi=options.get("alibi_slopes"),
+                                           sinks=options.get("sinks"), **ref)
+        np.testing.assert_allclose(out[a:b], want, atol=2e-5, err_msg=f"request {r}")
+        np.testing.assert_allclose(lse[a:b], want_lse, atol=2e-5, err_msg=f"request {r}")
+    # The raw form over the same pages, and the plan: bitwise the same.
+    kv_indptr, kv_indices, last = cache.page_table(ids)
+    raw = attn.batch_attention(q, qo_indptr, cache.pages(), kv_indptr=kv_indptr, kv_indices=kv_indices,
+                               kv_last_page_len=last, layout=layout, **options)
+    np.testing.assert_array_equal(raw, out)
+    plan = attn.BatchAttentionPlan(qo_indptr, kv_indptr, kv_indices, last, 6, 2, 16, 8, value_head_dim=8,
+                                   layout=layout, **options)
+    np.testing.assert_array_equal(plan.run(q, cache), out)
+    np.testing.assert_array_equal(plan.run(q, cache.pages()), out)
+
+
+def test_batch_attention_empty_rows_masks_and_torch():
+    rng = np.random.default_rng(6)
+    qo, kv = [4, 3, 2], [2, 0, 9]
+    cache, ids, ks, vs, q, qo_indptr = paged_batch(rng, qo, kv, 4, 4, 1, 8, 8)
+    out, lse = attn.batch_attention(q, qo_indptr, cache, ids, causal=True, return_lse=True)
+    # causal with kv_len < qo_len: rows i < qo_len - kv_len see no key; kv_len 0: every row.
+    assert not out[0:2].any() and np.all(lse[0:2] == -np.inf) and np.all(lse[4:7] == -np.inf)
+    assert np.all(np.isfinite(lse[2:4]))
+    with_sinks = attn.batch_attention(q, qo_indptr, cache, ids, causal=True, sinks=[1, 2, 3, 4], return_lse=True)
+    # (the sink's logit through the kernels' base-2 units and back: float32's rounding)
+    np.testing.assert_allclose(with_sinks[1][4:7], np.tile([1, 2, 3, 4], (3, 1)), rtol=1e-6)
+    assert not with_sinks[0][4:7].any()
+    # A tree mask, dense and packed: bitwise the same; the causal triangle as a mask is causal.
+    blocks = [rng.random((a, b)) < 0.6 for a, b in zip(qo, kv)]
+    dense = np.concatenate([b.ravel() for b in blocks])
+    packed = [np.packbits(b.ravel(), bitorder="little") for b in blocks]
+    mask_indptr = np.concatenate([[0], np.cumsum([len(p) for p in packed])])
+    a = attn.batch_attention(q, qo_indptr, cache, ids, custom_mask=dense)
+    b = attn.batch_attention(q, qo_indptr, cache, ids, packed_custom_mask=np.concatenate(packed),
+                             mask_indptr=mask_indptr)
+    np.testing.assert_array_equal(a, b)
+    for r, (lo, hi) in enumerate(zip(qo_indptr, qo_indptr[1:])):
+        np.testing.assert_allclose(a[lo:hi], reference_request(q[lo:hi], ks[r], vs[r], mask=blocks[r])[0], atol=2e-5)
+    tri = np.concatenate([(np.arange(b)[None] <= np.arange(a)[:, None] + b - a).ravel() for a, b in zip(qo, kv)])
+    np.testing.assert_allclose(attn.batch_attention(q, qo_indptr, cache, ids, custom_mask=tri), out, atol=1e-6)
+    torch = pytest.importorskip("torch")
+    t = attn.batch_attention(torch.from_numpy(q), torch.from_numpy(qo_indptr), cache, ids, causal=True)
+    assert isinstance(t, torch.Tensor)
+    np.testing.assert_array_equal(t.numpy(), out)
+
+
+def test_batch_attention_quantized_pages_and_bad_metadata():
+    rng = np.random.default_rng(7)
+    cache, ids, ks, vs, q, qo_indptr = paged_batch(rng, [1, 2], [5, 40], 16, 2, 1, 32, 32)
+    k_pages, v_pages = cache.pages()
+    kv_indptr, kv_indices, last = cache.page_table(ids)
+    meta = dict(kv_indptr=kv_indptr, kv_indices=kv_indices, kv_last_page_len=last)
+    f16 = attn.batch_attention(q, qo_indptr, (k_pages.astype(np.float16), v_pages.astype(np.float16)), **meta)
+    f32 = attn.batch_attention(q, qo_indptr, (k_pages.astype(np.float16).astype(np.float32),
+                                              v_pages.astype(np.float16).astype(np.float32)), **meta)
+    np.testing.assert_allclose(f16, f32, atol=1e-6)
+    q8 = attn.batch_attention(q, qo_indptr, (attn.quantize(k_pages, "q8_0"), attn.quantize(v_pages, "q8_0")), **meta)
+    np.testing.assert_allclose(q8, attn.batch_attention(q, qo_indptr, (k_pages, v_pages), **meta), atol=0.05)
+    far = kv_indices.copy()
+    far[-1] = 99
+    bad = [(dict(kv_indices=far), "kv_indices must be below num_pages = 6, got page 99"),
+           (dict(kv_indptr=np.array([0, 3, 1], np.int32)), "kv_indptr must not decrease"),
+           (dict(kv_last_page_len=np.array([0, 8], np.int32)), r"kv_last_page_len\[0\] must be in \[1, page_size = 16\]"),
+           (dict(kv_last_page_len=np.array([5, 17], np.int32)), r"kv_last_page_len\[1\]")]
+    for change, message in bad:
+        with pytest.raises(ValueError, match=message):
+            attn.batch_attention(q, qo_indptr, (k_pages, v_pages), **{**meta, **change})
+    with pytest.raises(ValueError, match="qo_indptr must not decrease"):
+        attn.batch_attention(q, [0, 2, 1], cache, ids)
+    with pytest.raises(KeyError):
+        attn.batch_attention(q, qo_indptr, cache, [ids[0], 12345])
