@@ -250,6 +250,27 @@ py::tuple py_forward(PyMha& self, const py::object& query, const py::object& key
                           average_attn_weights, c);
 }
 
+// The layer over a PagedKVCache: x (total, E) packed, float32.
+py::array py_serve(PyMha& self, const py::object& x_obj, PagedKVCache& cache, const py::object& seq_ids,
+                   const py::object& cu_seqlens_obj, const py::object& causal, const py::object& window,
+                   const py::object& softcap, const py::object& scale) {
+  std::vector<int64_t> ids;
+  for (const py::handle& id : py::iter(seq_ids)) ids.push_back(int_arg(id, "seq_ids"));
+  auto x = as<float>(as_numeric_array(x_obj, "query"));
+  auto cu = int64_array(cu_seqlens_obj, "cu_seqlens");
+  if (!py::isinstance<py::bool_>(causal))
+    throw TypeError("causal must be True or False over a PagedKVCache (bottom-right per sequence), got " + repr_of(causal));
+  const AttentionOptions options = attention_options(causal, scale, softcap, window);
+  const auto xv = view_of<const float>(x);
+  const auto cv = view_of<const int64_t>(cu);
+  Tensor<float> out;
+  {
+    py::gil_scoped_release nogil;
+    out = self.f32->forward(xv, cache, ids, cv, options);
+  }
+  return to_numpy(std::move(out));
+}
+
 template <class T>
 py::dict named_arrays(std::map<std::string, Tensor<T>>&& tensors) {
   py::dict d;
@@ -375,6 +396,9 @@ void bind_mha(py::module_& m) {
            arg("softcap") = py::none(), arg("scale") = py::none(), arg("need_weights") = false,
            arg("average_attn_weights") = true, arg("cache") = py::none(),
            "forward(query, key=None, value=None, *, ...) -> (out, weights): see attn.MultiHeadAttention.")
+      .def("serve", &py_serve, arg("x"), arg("cache"), arg("seq_ids"), arg("cu_seqlens"), py::kw_only(),
+           arg("causal") = false, arg("window") = py::none(), arg("softcap") = py::none(), arg("scale") = py::none(),
+           "serve(x, cache, seq_ids, cu_seqlens, *, causal=False, ...) -> out: see attn.MultiHeadAttention.forward.")
       .def("backward", &py_backward, arg("dout"), arg("query"), arg("key") = py::none(),
            arg("value") = py::none(), py::kw_only(), arg("key_padding_mask") = py::none(),
            arg("attn_mask") = py::none(), arg("causal") = false, arg("window") = py::none(),

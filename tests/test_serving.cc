@@ -590,3 +590,83 @@ TEST(PagedKVCache, ACopySharesNothing) {
 
 }  // namespace
 }  // namespace attn
+
+namespace attn {
+namespace {
+
+// Four sequences served through the layer over one paged cache, prompt in
+// chunks then decoding, against each sequence through its own KVCache.
+TEST(PagedKVCache, TheLayerServesRaggedBatchesAsEachSequenceAlone) {
+  struct Case {
+    bool rope, alibi, sinks;
+    int64_t kv_heads;
+  };
+  for (const Case& cs : {Case{true, false, false, 2}, Case{false, true, true, 4}, Case{true, false, true, 1}}) {
+    MultiHeadAttentionConfig cfg;
+    cfg.embed_dim = 32, cfg.num_heads = 4, cfg.num_kv_heads = cs.kv_heads;
+    cfg.rope = cs.rope, cfg.alibi = cs.alibi, cfg.sinks = cs.sinks;
+    MultiHeadAttention<float> layer(cfg, 3);
+    if (cs.sinks) layer.parameters().back()->at({1}) = 1.5f;
+    std::mt19937 rng(11);
+    const std::vector<int64_t> prompt = {5, 19, 1, 12};
+    std::vector<Tensor<float>> streams;
+    for (int64_t n : prompt) streams.push_back(test::cast<float>(random_tensor({n + 3, 32}, rng)));
+    PagedKVCache paged(64, 4, cs.kv_heads, 8);
+    std::vector<int64_t> ids;
+    std::vector<KVCache<float>> alone(prompt.size());
+    for (size_t i = 0; i < prompt.size(); ++i) ids.push_back(paged.add_sequence());
+    MhaForwardOptions<float> causal;
+    causal.attention.causal = Causal::BottomRight;
+    // Steps: the prompts (all at once), then three decode steps.
+    std::vector<int64_t> done(prompt.size(), 0);
+    for (int step = 0; step < 4; ++step) {
+      std::vector<int64_t> cu = {0};
+      std::vector<float> packed;
+      for (size_t i = 0; i < prompt.size(); ++i) {
+        const int64_t n = step == 0 ? prompt[i] : 1;
+        packed.insert(packed.end(), streams[i].data() + done[i] * 32, streams[i].data() + (done[i] + n) * 32);
+        cu.push_back(cu.back() + n);
+      }
+      Tensor<int64_t> cu_seqlens({static_cast<int64_t>(cu.size())});
+      std::copy(cu.begin(), cu.end(), cu_seqlens.data());
+      const TensorView<const float> x(packed.data(), {cu.back(), 32});
+      const Tensor<float> got = layer.forward(x, paged, ids, cu_seqlens.view(), causal.attention);
+      for (size_t i = 0; i < prompt.size(); ++i) {
+        const int64_t n = cu[i + 1] - cu[i];
+        causal.cache = &alone[i];
+        const TensorView<const float> chunk(streams[i].data() + done[i] * 32, {n, 32});
+        const auto want = layer.forward(chunk, {}, {}, causal);
+        for (int64_t t = 0; t < n; ++t)
+          for (int64_t e = 0; e < 32; ++e)
+            ASSERT_NEAR(got.at({cu[i] + t, e}), want.out.at({t, e}), 2e-5)
+                << "rope " << cs.rope << " alibi " << cs.alibi << " step " << step << " sequence " << i;
+        done[i] += n;
+      }
+    }
+    for (size_t i = 0; i < prompt.size(); ++i) EXPECT_EQ(paged.length(ids[i]), prompt[i] + 3);
+  }
+}
+
+TEST(PagedKVCache, TheLayerRefusesWhatItCannotServe) {
+  MultiHeadAttentionConfig cfg;
+  cfg.embed_dim = 16, cfg.num_heads = 2;
+  const MultiHeadAttention<float> layer(cfg);
+  PagedKVCache cache(2, 4, 2, 8);
+  const int64_t a = cache.add_sequence();
+  const Tensor<float> x({9, 16});
+  const Tensor<int64_t> cu({2}, {0, 9});
+  EXPECT_THROW_MSG(layer.forward(x.view(), cache, {a}, cu.view()), RuntimeError, "needs 3 pages, 2 free");
+  EXPECT_EQ(cache.length(a), 0);
+  AttentionOptions top_left;
+  top_left.causal = Causal::TopLeft;
+  const Tensor<int64_t> cu4({2}, {0, 4});
+  const Tensor<float> x4({4, 16});
+  EXPECT_THROW_MSG(layer.forward(x4.view(), cache, {a}, cu4.view(), top_left), ValueError, "causal is bottom-right");
+  EXPECT_THROW_MSG(layer.forward(x4.view(), cache, {a + 1}, cu4.view()), KeyError, "no sequence 1");
+  const Tensor<float> wide({4, 8});
+  EXPECT_THROW_MSG(layer.forward(wide.view(), cache, {a}, cu4.view()), ValueError, "(total, embed_dim) = (total, 16)");
+  EXPECT_EQ(cache.length(a), 0);
+}
+
+}  // namespace
+}  // namespace attn

@@ -17,6 +17,7 @@
 #include "attn/attention.hpp"
 #include "attn/half.hpp"
 #include "attn/kv_cache.hpp"
+#include "attn/paged_kv_cache.hpp"
 #include "attn/mask.hpp"
 #include "attn/rope_scaling.hpp"
 #include "attn/tensor.hpp"
@@ -149,6 +150,18 @@ class MultiHeadAttention {
   MhaOutput<T> forward(TensorView<const T> query, TensorView<const T> key = {},
                        TensorView<const T> value = {},
                        const MhaForwardOptions<T>& options = {}) const;
+
+  // Serving many sequences at once (docs/serving.md): x (total, E) packs the
+  // new tokens of len(seq_ids) sequences of `cache`, sequence i's rows
+  // cu_seqlens[i] .. cu_seqlens[i + 1]. Each chunk is projected, rotated
+  // (RoPE) at its sequence's positions from its length in the cache on,
+  // appended to that sequence, and attends all it holds (batch_attention:
+  // causal bottom-right; windows and ALiBi from each token's position; the
+  // layer's sinks). Returns (total, E). For self-attention layers (no kdim,
+  // vdim, add_bias_kv or add_zero_attn) in float32; attention.causal is
+  // None or BottomRight. A call that fails its checks appends nothing.
+  Tensor<T> forward(TensorView<const T> x, PagedKVCache& cache, const std::vector<int64_t>& seq_ids,
+                    TensorView<const int64_t> cu_seqlens, const AttentionOptions& attention = {}) const;
 
   // The backward of forward(query, key, value, options) for dout = dL/dout
   // (the output's shape): the gradients of the inputs and of every

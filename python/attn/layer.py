@@ -142,10 +142,11 @@ own: `backward()` returns theirs).
 
     def forward(self, query, key=None, value=None, key_padding_mask=None, need_weights=True,
                 attn_mask=None, average_attn_weights=True, is_causal=False, *, causal=False,
-                window=None, softcap=None, scale=None, cache=None):
+                window=None, softcap=None, scale=None, cache=None, seq_ids=None, cu_seqlens=None):
         """forward(query, key=None, value=None, key_padding_mask=None, need_weights=True,
         attn_mask=None, average_attn_weights=True, is_causal=False, *, causal=False,
-        window=None, softcap=None, scale=None, cache=None) -> (out, weights)
+        window=None, softcap=None, scale=None, cache=None, seq_ids=None,
+        cu_seqlens=None) -> (out, weights)
 
 torch.nn.MultiheadAttention.forward's arguments, in its order and with its
 defaults, then attn's keyword-only extras.
@@ -172,11 +173,22 @@ cache: from new_cache(); this call's keys and values are appended and the
 queries attend to everything cached. Feeding a sequence chunk by chunk with
 causal=True equals one causal forward over the whole sequence.
 
+Serving many sequences: cache an attn.PagedKVCache, seq_ids its sequences,
+query packed (total, embed_dim) with sequence i's new tokens at rows
+cu_seqlens[i]:cu_seqlens[i + 1]. Each is rotated at its sequence's positions,
+appended to it, and attends all it holds (causal=True: bottom-right per
+sequence); need_weights must be False, and weights is None.
+
 Returns (out, weights): out like query; weights (batch, n_q, n_k) averaged over
 heads, or (batch, num_heads, n_q, n_k) with average_attn_weights=False, when
 need_weights=True, else None. n_k counts the keys add_bias_kv and
 add_zero_attn append.
 """
+        if seq_ids is not None:
+            return self._serve(query, key, value, key_padding_mask, need_weights, attn_mask, is_causal,
+                               causal, window, softcap, scale, cache, seq_ids, cu_seqlens)
+        if cu_seqlens is not None:
+            raise ValueError("forward: cu_seqlens goes with seq_ids and a PagedKVCache")
         if is_causal:
             if causal is not False:
                 raise ValueError("forward: give is_causal=True or causal=..., not both")
@@ -209,6 +221,25 @@ add_zero_attn append.
         return run.apply()
 
     __call__ = forward
+
+    def _serve(self, x, key, value, key_padding_mask, need_weights, attn_mask, is_causal, causal, window,
+               softcap, scale, cache, seq_ids, cu_seqlens):
+        if not isinstance(cache, _core.PagedKVCache):
+            raise TypeError(f"forward: seq_ids go with cache=attn.PagedKVCache(...), got cache={cache!r}")
+        if need_weights:
+            raise ValueError("forward: with seq_ids, need_weights must be False (batch attention returns no weights)")
+        if cu_seqlens is None:
+            raise ValueError("forward: with seq_ids, cu_seqlens gives each sequence's rows of the packed input")
+        for given, name in ((key, "key"), (value, "value"), (key_padding_mask, "key_padding_mask"),
+                            (attn_mask, "attn_mask")):
+            if given is not None:
+                raise ValueError(f"forward: with seq_ids the layer attends itself over the cache: pass no {name}")
+        if is_causal:
+            causal = True
+        refuse_grad(x, "query", "autograd over a PagedKVCache is not supported (serving is inference)")
+        out = self._layer.serve(to_array(x, "query"), cache, seq_ids, to_array(cu_seqlens, "cu_seqlens"),
+                                causal=causal, window=window, softcap=softcap, scale=scale)
+        return (to_tensor(out, result_dtype(x)) if any_tensor(x) else out), None
 
     def backward(self, dout, query, key=None, value=None, *, key_padding_mask=None,
                  attn_mask=None, causal=False, window=None, softcap=None, scale=None):

@@ -381,3 +381,50 @@ def test_batch_attention_quantized_pages_and_bad_metadata():
         attn.batch_attention(q, [0, 2, 1], cache, ids)
     with pytest.raises(KeyError):
         attn.batch_attention(q, qo_indptr, cache, [ids[0], 12345])
+
+
+# ---------------------------------------------------------------------------
+# The layer serving N requests through one paged cache.
+
+@pytest.mark.parametrize("config", [dict(rope=True), dict(alibi=True, num_kv_heads=2), dict(sinks=True, rope=True)])
+def test_layer_serves_requests_as_each_alone(config):
+    rng = np.random.default_rng(8)
+    m = attn.MultiHeadAttention(32, 4, seed=1, **config)
+    kv_heads = config.get("num_kv_heads", 4)
+    cache = attn.PagedKVCache(128, 8, kv_heads, 8, dtype="f32")
+    prompts = [rng.standard_normal((n, 32)).astype(np.float32) for n in (7, 1, 20, 12)]
+    ids = [cache.add_sequence() for _ in prompts]
+    alone = [m.new_cache() for _ in prompts]
+    # Chunked prefill: two chunks of every prompt, then decode steps with
+    # requests finishing and a new one arriving.
+    feeds = [[p[: len(p) // 2], p[len(p) // 2:]] for p in prompts]
+    for step in range(5):
+        active = [i for i in range(len(ids)) if not (step >= 3 and i == 1)]  # request 1 finishes after step 2
+        chunks = [feeds[i][step] if step < 2 else rng.standard_normal((1, 32)).astype(np.float32) for i in active]
+        cu = np.concatenate([[0], np.cumsum([len(c) for c in chunks])])
+        out, weights = m(np.concatenate(chunks), cache=cache, seq_ids=[ids[i] for i in active], cu_seqlens=cu,
+                         causal=True, need_weights=False)
+        assert weights is None
+        for i, c, a, b in zip(active, chunks, cu, cu[1:]):
+            want, _ = m(c, cache=alone[i], causal=True, need_weights=False)
+            np.testing.assert_allclose(out[a:b], want, atol=2e-5, err_msg=f"step {step} request {i}")
+        if step == 2:
+            cache.remove(ids[1])
+    assert cache.length(ids[0]) == 7 + 3 and cache.pages_in_use() == sum(-(-cache.length(s) // 8) for s in
+                                                                          (ids[0], ids[2], ids[3]))
+
+
+def test_layer_serving_refuses():
+    m = attn.MultiHeadAttention(16, 2)
+    cache = attn.PagedKVCache(4, 4, 2, 8)
+    s = cache.add_sequence()
+    x = np.zeros((3, 16), np.float32)
+    with pytest.raises(ValueError, match="need_weights must be False"):
+        m(x, cache=cache, seq_ids=[s], cu_seqlens=[0, 3])
+    with pytest.raises(ValueError, match="cu_seqlens gives"):
+        m(x, cache=cache, seq_ids=[s], need_weights=False)
+    with pytest.raises(TypeError, match="seq_ids go with cache=attn.PagedKVCache"):
+        m(x, cache=m.new_cache(), seq_ids=[s], cu_seqlens=[0, 3], need_weights=False)
+    with pytest.raises(RuntimeError, match="needs 5 pages, 4 free"):
+        m(np.zeros((17, 16), np.float32), cache=cache, seq_ids=[s], cu_seqlens=[0, 17], need_weights=False)
+    assert cache.length(s) == 0
