@@ -21,54 +21,6 @@
 namespace attn::cli {
 namespace {
 
-struct Turns {
-  std::vector<double> kernel_ms;  // median ms of one call of each kernel
-  double ceiling;                 // median of the ceiling's measurements
-};
-
-// Runs the kernels and a ceiling measurement in turns, so that a slow spell of
-// this shared machine hits them alike. A turn repeats a fast kernel for about
-// 20 ms (so that a small kernel runs hot, as in a loop, not right after the
-// ceiling's work); at least 3 turns and about a second in all, after a
-// warm-up call of each and a second call of each kernel to size its turn.
-Turns run_in_turns(const std::vector<std::function<void()>>& kernels,
-                   const std::function<double()>& ceiling) {
-  using Clock = std::chrono::steady_clock;
-  const auto ms_since = [](Clock::time_point t0) {
-    return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
-  };
-  ceiling();
-  std::vector<int> reps;
-  for (const auto& kernel : kernels) {
-    kernel();
-    const auto t0 = Clock::now();
-    kernel();
-    reps.push_back(static_cast<int>(std::clamp(20.0 / std::max(ms_since(t0), 1e-3), 1.0, 1000.0)));
-  }
-  std::vector<std::vector<double>> ms(kernels.size());
-  std::vector<double> ceilings;
-  const auto start = Clock::now();
-  while (ceilings.size() < 3 || (ceilings.size() < 50 && ms_since(start) < 1000)) {
-    // Each turn starts with the next kernel: the first of a turn wakes the
-    // pool's threads from the ceiling's pause (decode: 10% of a call), and
-    // no kernel should always be the one that pays for it.
-    for (size_t t = 0; t < kernels.size(); ++t) {
-      const size_t i = (t + ceilings.size()) % kernels.size();
-      const auto t0 = Clock::now();
-      for (int r = 0; r < reps[i]; ++r) kernels[i]();
-      ms[i].push_back(ms_since(t0) / reps[i]);
-    }
-    // The pool's threads poll for work for a while after a call
-    // (thread_pool.cc): let them go to sleep first, so that the ceiling's
-    // own threads find the cores free.
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    ceilings.push_back(ceiling());
-  }
-  Turns t{{}, median(ceilings)};
-  for (const auto& m : ms) t.kernel_ms.push_back(median(m));
-  return t;
-}
-
 // attention() with keys and values stored as `kv_dtype` (f32, bf16, f16 or
 // q8_0), converted from the same float32 K and V.
 struct Attend {
@@ -529,6 +481,15 @@ int run_sweep(const BenchArgs& base, int threads) {
 }  // namespace
 
 int run_bench(const BenchArgs& a) {
+  if (a.kind == "decode" && a.page_size > 0) {
+    ServeBenchArgs paged;
+    paged.kind = "decode";
+    paged.heads = a.heads, paged.kv_heads = a.kv_heads > 0 ? a.kv_heads : a.heads, paged.head_dim = a.head_dim;
+    paged.page_size = a.page_size, paged.batch = a.batch, paged.kv_len = a.kv_len, paged.queries = a.queries;
+    paged.tree = a.tree, paged.kv_dtype = a.kv_dtype, paged.threads = a.threads, paged.json = a.json;
+    return run_serve_bench(paged);
+  }
+  if (a.tree) throw ValueError("bench decode: --tree goes with --page-size");
   if (a.threads > 0) set_num_threads(a.threads);
   const int threads = num_threads();
   if (a.sweep) return run_sweep(a, threads);

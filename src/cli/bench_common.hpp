@@ -1,10 +1,14 @@
-// What the bench commands share: seeded inputs, medians, rounding for JSON.
+// What the bench commands share: seeded inputs, medians, rounding for JSON,
+// and timing kernels in turns with a ceiling.
 #pragma once
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
+#include <functional>
 #include <random>
+#include <thread>
 #include <vector>
 
 #include "attn/tensor.hpp"
@@ -28,6 +32,54 @@ inline double median(std::vector<double> x) {
 inline double rounded(double x, int digits) {
   const double f = std::pow(10.0, digits);
   return std::round(x * f) / f;
+}
+
+struct Turns {
+  std::vector<double> kernel_ms;  // median ms of one call of each kernel
+  double ceiling;                 // median of the ceiling's measurements
+};
+
+// Runs the kernels and a ceiling measurement in turns, so that a slow spell of
+// this shared machine hits them alike. A turn repeats a fast kernel for about
+// 20 ms (so that a small kernel runs hot, as in a loop, not right after the
+// ceiling's work); at least 3 turns and about a second in all, after a
+// warm-up call of each and a second call of each kernel to size its turn.
+inline Turns run_in_turns(const std::vector<std::function<void()>>& kernels,
+                   const std::function<double()>& ceiling) {
+  using Clock = std::chrono::steady_clock;
+  const auto ms_since = [](Clock::time_point t0) {
+    return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+  };
+  ceiling();
+  std::vector<int> reps;
+  for (const auto& kernel : kernels) {
+    kernel();
+    const auto t0 = Clock::now();
+    kernel();
+    reps.push_back(static_cast<int>(std::clamp(20.0 / std::max(ms_since(t0), 1e-3), 1.0, 1000.0)));
+  }
+  std::vector<std::vector<double>> ms(kernels.size());
+  std::vector<double> ceilings;
+  const auto start = Clock::now();
+  while (ceilings.size() < 3 || (ceilings.size() < 50 && ms_since(start) < 1000)) {
+    // Each turn starts with the next kernel: the first of a turn wakes the
+    // pool's threads from the ceiling's pause (decode: 10% of a call), and
+    // no kernel should always be the one that pays for it.
+    for (size_t t = 0; t < kernels.size(); ++t) {
+      const size_t i = (t + ceilings.size()) % kernels.size();
+      const auto t0 = Clock::now();
+      for (int r = 0; r < reps[i]; ++r) kernels[i]();
+      ms[i].push_back(ms_since(t0) / reps[i]);
+    }
+    // The pool's threads poll for work for a while after a call
+    // (thread_pool.cc): let them go to sleep first, so that the ceiling's
+    // own threads find the cores free.
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    ceilings.push_back(ceiling());
+  }
+  Turns t{{}, median(ceilings)};
+  for (const auto& m : ms) t.kernel_ms.push_back(median(m));
+  return t;
 }
 
 }  // namespace attn::cli

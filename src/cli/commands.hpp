@@ -54,8 +54,27 @@ struct BenchArgs {
   std::string kv_dtype = "f32";
   std::string precision = "f32";  // attention: the prefill's products (f32, bf16 or int8)
   std::vector<int64_t> lengths;  // varlen: the packed sequences' lengths
+  int64_t page_size = 0;         // decode: over pages of this size (0: a contiguous cache)
+  bool tree = false;             // decode over pages: the queries are a draft tree
 };
 int run_bench(const BenchArgs& args);
+
+// attn bench batch-decode, mixed and serve, and decode over pages
+// (bench_serve.cc): batch attention over a paged cache.
+struct ServeBenchArgs {
+  std::string kind;  // "decode", "batch-decode", "mixed" or "serve"
+  int64_t heads = 32, kv_heads = 8, head_dim = 128, page_size = 16;
+  int64_t batch = 1, kv_len = 32768, queries = 1;  // decode
+  bool tree = false;                               // decode: a draft tree mask over the queries
+  int64_t requests = 32, min_len = 512, max_len = 32768;  // batch-decode; serve's prompts
+  int64_t min_output = 16, max_output = 256, token_budget = 512;  // serve
+  double arrival_every = 2.0;  // serve: mean steps between arrivals
+  uint64_t seed = 1;
+  std::string kv_dtype = "f32", out;  // serve --out: pages held per request over the steps (.png/.svg)
+  int threads = 0;
+  bool json = false;
+};
+int run_serve_bench(const ServeBenchArgs& args);
 
 // attn bench ring, under mpirun (built where Open MPI is found).
 struct RingBenchArgs {

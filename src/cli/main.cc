@@ -283,6 +283,58 @@ void add_bench_flags(CLI::App* sub, attn::cli::BenchArgs& args) {
   sub->add_flag("--json", args.json, "print one JSON object");
 }
 
+// attn bench batch-decode, mixed and serve (bench_serve.cc).
+void add_serve_benches(CLI::App* bench, Command& chosen) {
+  const auto shape = [](CLI::App* sub, attn::cli::ServeBenchArgs& a) {
+    sub->add_option("--heads", a.heads, "query heads")->check(integer_in<int64_t>(1, kMaxBenchAxis))->capture_default_str();
+    sub->add_option("--kv-heads", a.kv_heads, "key/value heads")
+        ->check(integer_in<int64_t>(1, kMaxBenchAxis))->capture_default_str();
+    sub->add_option("--head-dim", a.head_dim, "head dimension")
+        ->check(integer_in<int64_t>(1, kMaxBenchAxis))->capture_default_str();
+    sub->add_option("--page-size", a.page_size, "tokens per page")
+        ->check(integer_in<int64_t>(1, 1 << 20))->capture_default_str();
+    sub->add_option("--kv-dtype", a.kv_dtype, "key/value storage")
+        ->check(CLI::IsMember({"f32", "bf16", "f16", "q8_0"}))->capture_default_str();
+    sub->add_option("--threads", a.threads, "threads (default: all cores)")
+        ->check(integer_in<int>(1, attn::max_num_threads()));
+    sub->add_flag("--json", a.json, "print one JSON object");
+  };
+  const auto lengths = [](CLI::App* sub, attn::cli::ServeBenchArgs& a, const char* what) {
+    sub->add_option("--requests", a.requests, "requests")->check(integer_in<int64_t>(1, 1 << 16))->capture_default_str();
+    sub->add_option("--min-len", a.min_len, what)->check(integer_in<int64_t>(1, kMaxPositions))->capture_default_str();
+    sub->add_option("--max-len", a.max_len, what)->check(integer_in<int64_t>(1, kMaxPositions))->capture_default_str();
+  };
+  auto* batch = bench->add_subcommand("batch-decode",
+                                      "decode requests of log-spaced lengths in one call over pages, against "
+                                      "separate calls and a single long decode");
+  auto b = on_chosen(batch, chosen, attn::cli::run_serve_bench);
+  b->kind = "batch-decode";
+  lengths(batch, *b, "the requests' cached tokens, log-spaced from --min-len to --max-len");
+  shape(batch, *b);
+  auto* mixed = bench->add_subcommand("mixed",
+                                      "a 2048-token prefill, 31 decodes and 8 drafts verified in one call, "
+                                      "against its prefill and decode parts");
+  auto m = on_chosen(mixed, chosen, attn::cli::run_serve_bench);
+  m->kind = "mixed";
+  shape(mixed, *m);
+  auto* serve = bench->add_subcommand("serve", "continuous batching over a PagedKVCache, simulated from a seed");
+  auto s = on_chosen(serve, chosen, attn::cli::run_serve_bench);
+  s->kind = "serve";
+  s->min_len = 32, s->max_len = 2048;
+  lengths(serve, *s, "prompt lengths, log-uniform from --min-len to --max-len");
+  shape(serve, *s);
+  serve->add_option("--min-output", s->min_output, "output lengths, uniform from --min-output to --max-output")
+      ->check(integer_in<int64_t>(1, kMaxPositions))->capture_default_str();
+  serve->add_option("--max-output", s->max_output, "output lengths, uniform from --min-output to --max-output")
+      ->check(integer_in<int64_t>(1, kMaxPositions))->capture_default_str();
+  serve->add_option("--token-budget", s->token_budget, "tokens per step (decodes first, then prompt chunks)")
+      ->check(integer_in<int64_t>(1, kMaxPositions))->capture_default_str();
+  serve->add_option("--arrival-every", s->arrival_every, "mean steps between arrivals")
+      ->check(CLI::Range(0.01, 1e6))->capture_default_str();
+  serve->add_option("--seed", s->seed, "the simulation's seed")->capture_default_str();
+  serve->add_option("--out", s->out, "pages held per request over the steps: .png or .svg");
+}
+
 void add_bench(CLI::App& app, Command& chosen) {
   auto* bench = app.add_subcommand("bench", "time the kernels against this machine's ceilings");
   bench->require_subcommand(1);
@@ -327,6 +379,12 @@ void add_bench(CLI::App& app, Command& chosen) {
   decode->add_option("--queries", d->queries, "queries per head (1-8)")
       ->check(integer_in<int64_t>(1, 8));
   add_bench_flags(decode, *d);
+  decode->add_option("--page-size", d->page_size,
+                     "over pages of this many tokens (batch_attention), timed against the contiguous cache")
+      ->check(integer_in<int64_t>(1, 1 << 20));
+  decode->add_flag("--tree", d->tree, "with --page-size: the queries are a draft tree (a tree mask), "
+                                      "timed against one query");
+  add_serve_benches(bench, chosen);
   auto* varlen = bench->add_subcommand(
       "varlen", "a packed batch of variable-length sequences, against one call per sequence and padding");
   auto v = on_chosen(varlen, chosen, attn::cli::run_bench);
