@@ -151,6 +151,71 @@ int attn_cache_bytes(const attn_cache* cache, int64_t* bytes);
 void attn_cache_free(attn_cache* cache);
 void attn_mha_free(attn_mha* layer);
 
+/* Serving many sequences (attn::PagedKVCache, attn::BatchAttentionPlan;
+   docs/serving.md): one pool of pages for many sequences, and attention for
+   a batch of requests over pages with FlashInfer's int32 metadata. An
+   unknown sequence id is ATTN_ERROR_INVALID_ARGUMENT; too few free pages
+   ATTN_ERROR_RUNTIME, naming the pages needed and free. A refused call
+   changes nothing. */
+typedef struct attn_paged_cache attn_paged_cache;
+typedef struct attn_batch_plan attn_batch_plan;
+
+/* num_pages pages of page_size tokens, each kv_heads x head_dim for keys and
+   kv_heads x value_head_dim (0: head_dim) for values, stored as dtype (F32,
+   BF16, F16 or Q8_0); layout 0: NHD pages (page_size, kv_heads, D), 1: HND
+   (kv_heads, page_size, D). */
+int attn_paged_cache_new(int64_t num_pages, int64_t page_size, int64_t kv_heads, int64_t head_dim,
+                         int64_t value_head_dim, attn_dtype dtype, int32_t layout, attn_paged_cache** cache);
+int attn_paged_cache_add_sequence(attn_paged_cache* cache, int64_t* seq);
+int attn_paged_cache_remove(attn_paged_cache* cache, int64_t seq);
+/* A new sequence sharing seq's pages (the partial last one copied on write). */
+int attn_paged_cache_fork(attn_paged_cache* cache, int64_t seq, int64_t* child);
+int attn_paged_cache_truncate(attn_paged_cache* cache, int64_t seq, int64_t length);
+/* Appends to seq_ids[i] the tokens append_indptr[i] .. append_indptr[i + 1]
+   of k (nnz, kv_heads, head_dim) and v (nnz, kv_heads, value_head_dim), F32;
+   append_indptr has num_seqs + 1 entries. */
+int attn_paged_cache_append(attn_paged_cache* cache, const int64_t* seq_ids, int64_t num_seqs,
+                            const attn_tensor* k, const attn_tensor* v, const int64_t* append_indptr);
+int attn_paged_cache_length(const attn_paged_cache* cache, int64_t seq, int64_t* length);
+int attn_paged_cache_pages_in_use(const attn_paged_cache* cache, int64_t* pages);
+/* FlashInfer's page table of num_seqs sequences: kv_indptr (num_seqs + 1),
+   kv_last_page_len (num_seqs), and kv_indices (capacity entries; *count
+   gets how many it needs, ATTN_ERROR_INVALID_ARGUMENT when over capacity,
+   nothing then written). */
+int attn_paged_cache_page_table(const attn_paged_cache* cache, const int64_t* seq_ids, int64_t num_seqs,
+                                int32_t* kv_indptr, int32_t* kv_indices, int64_t capacity,
+                                int32_t* kv_last_page_len, int64_t* count);
+void attn_paged_cache_free(attn_paged_cache* cache);
+
+/* A batch's metadata validated once (attn::BatchAttentionPlan): batch
+   requests, request r's queries rows qo_indptr[r] .. qo_indptr[r + 1] of q,
+   its keys the pages kv_indices[kv_indptr[r] .. kv_indptr[r + 1]] with
+   kv_last_page_len[r] tokens in the last (the arrays batch + 1, batch + 1,
+   kv_indptr[batch] and batch entries long). options: causal 0 (none) or 1
+   (bottom-right per request), window, softcap, scale, alibi_slopes, sinks;
+   NULL for the defaults. custom_mask: NULL, or BOOL 1-D, every request's
+   (qo_len, kv_len) block concatenated (1 = may attend). layout as above;
+   value_head_dim 0: head_dim. */
+int attn_batch_plan_new(const int32_t* qo_indptr, const int32_t* kv_indptr, const int32_t* kv_indices,
+                        const int32_t* kv_last_page_len, int64_t batch, int64_t num_qo_heads,
+                        int64_t num_kv_heads, int64_t head_dim, int64_t value_head_dim, int64_t page_size,
+                        int32_t layout, const attn_options* options, const attn_tensor* custom_mask,
+                        attn_batch_plan** plan);
+/* q (nnz_q, num_qo_heads, head_dim) F32 over pools k_pages and v_pages
+   (num_pages, ...) by layout, F32, BF16, F16 or Q8_0, into out (nnz_q,
+   num_qo_heads, value_head_dim) F32 and lse (nnz_q, num_qo_heads) F32, the
+   natural log (NULL: not wanted). */
+int attn_batch_plan_run(const attn_batch_plan* plan, const attn_tensor* q, const attn_tensor* k_pages,
+                        const attn_tensor* v_pages, attn_tensor* out, attn_tensor* lse);
+/* The same over a cache's pools (the plan made from its page table). */
+int attn_batch_plan_run_cache(const attn_batch_plan* plan, const attn_tensor* q, const attn_paged_cache* cache,
+                              attn_tensor* out, attn_tensor* lse);
+void attn_batch_plan_free(attn_batch_plan* plan);
+/* One call over a cache: request r is sequence seq_ids[r]. */
+int attn_batch_attention(const attn_tensor* q, const int32_t* qo_indptr, int64_t batch,
+                         const attn_paged_cache* cache, const int64_t* seq_ids, const attn_options* options,
+                         const attn_tensor* custom_mask, attn_tensor* out, attn_tensor* lse);
+
 /* The number of threads of the kernels: 1 <= n <= the library's maximum. */
 int attn_set_num_threads(int32_t n);
 

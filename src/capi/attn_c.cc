@@ -5,6 +5,8 @@
 // exception becomes a status with its text kept for attn_last_error().
 #include "attn/attn.h"
 
+#include "capi/c_views.hpp"
+
 #include <algorithm>
 #include <array>
 #include <cstddef>
@@ -29,17 +31,9 @@ struct attn_cache {
   attn::KVCache<float> cache;
 };
 
-namespace {
-
-using attn::Shape;
-using attn::Strides;
-using attn::TensorView;
-using attn::ValueError;
+namespace attn::detail::capi {
 
 thread_local std::string last_error;
-
-// Ranks beyond this are refused before the shape is read (no real tensor has them).
-constexpr int32_t kMaxRank = 16;
 
 // Keeps the message for attn_last_error (none, if even that cannot be allocated).
 int failed(int status, const char* message) noexcept {
@@ -51,38 +45,9 @@ int failed(int status, const char* message) noexcept {
   return status;
 }
 
-// Runs fn, turning what it throws into a status (none escapes into C).
-template <class F>
-int guarded(F&& fn) noexcept {
-  try {
-    last_error.clear();
-    fn();
-    return ATTN_OK;
-  } catch (const attn::IOError& e) {
-    return failed(ATTN_ERROR_IO, e.what());
-  } catch (const ValueError& e) {
-    return failed(ATTN_ERROR_INVALID_ARGUMENT, e.what());
-  } catch (const attn::TypeError& e) {
-    return failed(ATTN_ERROR_UNSUPPORTED, e.what());
-  } catch (const std::bad_alloc&) {
-    return failed(ATTN_ERROR_OUT_OF_MEMORY, "out of memory");
-  } catch (const attn::MemoryError& e) {
-    return failed(ATTN_ERROR_OUT_OF_MEMORY, e.what());
-  } catch (const std::exception& e) {
-    return failed(ATTN_ERROR_RUNTIME, e.what());
-  } catch (...) {
-    return failed(ATTN_ERROR_RUNTIME, "unknown error");
-  }
-}
-
 // "attn_attention: q: <what>"
 [[noreturn]] void fail(const char* function, const char* name, const std::string& what) {
   throw ValueError(std::string(function) + ": " + name + ": " + what);
-}
-
-template <class P>
-void require(const P* pointer, const char* function, const char* name) {
-  if (!pointer) throw ValueError(std::string(function) + ": " + name + " is NULL");
 }
 
 size_t element_size(attn_dtype dtype) {
@@ -108,13 +73,6 @@ const char* dtype_name(attn_dtype dtype) {
   }
   return "?";
 }
-
-// A descriptor checked for what C can get wrong: its shape and strides.
-struct Layout {
-  attn_dtype dtype;
-  Shape shape;
-  Strides strides;
-};
 
 Layout layout_of(const attn_tensor* t, const char* function, const char* name) {
   require(t, function, name);
@@ -162,16 +120,7 @@ Layout layout_of(const attn_tensor* t, const char* function, const char* name) {
   return l;
 }
 
-// Where a view without elements and without data points: the kernels step
-// row pointers over an empty view too, which from NULL is undefined. Nothing
-// is ever read or written through it.
 alignas(64) unsigned char no_elements[64];
-
-template <class T>
-TensorView<T> view_of(const attn_tensor* t, const Layout& l) {
-  void* data = t->data ? t->data : static_cast<void*>(no_elements);
-  return {static_cast<T*>(data), l.shape, l.strides};
-}
 
 [[noreturn]] void unsupported(const char* function, const std::string& what) {
   throw attn::TypeError(std::string(function) + ": " + what);
@@ -261,6 +210,12 @@ attn::Mask mask_of(const attn_tensor* mask, const char* function) {
                                        " is not BOOL, F32 or F64");
   }
 }
+
+}  // namespace attn::detail::capi
+
+namespace {
+
+using namespace attn::detail::capi;
 
 // The extras of attn_attention_extras, each an optional tensor of q's dtype.
 struct CExtras {

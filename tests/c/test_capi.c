@@ -931,6 +931,107 @@ static void test_precision(void) {
                "options: precision 3 is not 0 (f32), 1 (bf16) or 2 (int8)");
 }
 
+/* The paged cache and batch attention: two sequences (one a fork, cut back)
+   over pages of 2 tokens, against the naive loop per request and head; the
+   same pages given as caller-owned pools through a plan, bit for bit. */
+static void test_paged(void) {
+  attn_paged_cache* cache = NULL;
+  int64_t a = -1, b = -1, len = 0, pages = 0, count = 0, t, h, c, r;
+  static float k[NK * HKV * D], v[NK * HKV * DV];
+  static float q[(NQ + 1) * HQ * D], out[(NQ + 1) * HQ * DV], raw[(NQ + 1) * HQ * DV], lse[(NQ + 1) * HQ];
+  const int64_t k_shape3[] = {NK, HKV, D}, v_shape3[] = {NK, HKV, DV}, q_shape3[] = {NQ + 1, HQ, D},
+                out_shape3[] = {NQ + 1, HQ, DV}, lse_shape[] = {NQ + 1, HQ};
+  const int64_t indptr[] = {0, NK};
+  int32_t qo_indptr[] = {0, NQ, NQ + 1}, kv_indptr[3], kv_indices[8], last[2];
+  attn_tensor tk, tv, tq, tout, traw, tlse;
+  attn_options options;
+  attn_batch_plan* plan = NULL;
+  random_gqa(11);
+  for (t = 0; t < NK; ++t)
+    for (h = 0; h < HKV; ++h) {
+      for (c = 0; c < D; ++c) k[(t * HKV + h) * D + c] = gqa.k[(h * NK + t) * D + c];
+      for (c = 0; c < DV; ++c) v[(t * HKV + h) * DV + c] = gqa.v[(h * NK + t) * DV + c];
+    }
+  for (h = 0; h < HQ; ++h)
+    for (t = 0; t < NQ; ++t)
+      for (c = 0; c < D; ++c) q[(t * HQ + h) * D + c] = q[(NQ * HQ + h) * D + c] = gqa.q[(h * NQ + t) * D + c];
+  tk = tensor(k, ATTN_F32, 3, k_shape3);
+  tv = tensor(v, ATTN_F32, 3, v_shape3);
+  tq = tensor(q, ATTN_F32, 3, q_shape3);
+  tout = tensor(out, ATTN_F32, 3, out_shape3);
+  traw = tensor(raw, ATTN_F32, 3, out_shape3);
+  tlse = tensor(lse, ATTN_F32, 2, lse_shape);
+  CHECK(attn_paged_cache_new(8, 2, HKV, D, DV, ATTN_F32, 0, &cache) == ATTN_OK);
+  CHECK(attn_paged_cache_add_sequence(cache, &a) == ATTN_OK);
+  CHECK(attn_paged_cache_append(cache, &a, 1, &tk, &tv, indptr) == ATTN_OK);
+  CHECK(attn_paged_cache_fork(cache, a, &b) == ATTN_OK);
+  CHECK(attn_paged_cache_truncate(cache, b, 3) == ATTN_OK);
+  CHECK(attn_paged_cache_length(cache, b, &len) == ATTN_OK && len == 3);
+  CHECK(attn_paged_cache_pages_in_use(cache, &pages) == ATTN_OK && pages == 3); /* b shares a's first two */
+  attn_options_init(&options);
+  options.causal = 1;
+  {
+    const int64_t seqs[] = {a, b};
+    double want[NQ * DV];
+    CHECK(attn_batch_attention(&tq, qo_indptr, 2, cache, seqs, &options, NULL, &tout, &tlse) == ATTN_OK);
+    for (h = 0; h < HQ; ++h) {
+      float got[NQ * DV];
+      /* request 0: NQ queries over a's NK keys; request 1: the last of them over b's 3 */
+      reference_head(gqa.qd + h * NQ * D, gqa.kd + (h / 2) * NK * D, gqa.vd + (h / 2) * NK * DV, NQ, NK, D, DV,
+                     NULL, 1, -1, -1, 0.5, 0, 0, want);
+      for (t = 0; t < NQ; ++t)
+        for (c = 0; c < DV; ++c) got[t * DV + c] = out[(t * HQ + h) * DV + c];
+      expect_close_f(got, want, NQ * DV, 1e-5, __LINE__);
+      reference_head(gqa.qd + (h * NQ + NQ - 1) * D, gqa.kd + (h / 2) * NK * D, gqa.vd + (h / 2) * NK * DV, 1, 3, D, DV,
+                     NULL, 1, -1, -1, 0.5, 0, 0, want);
+      for (c = 0; c < DV; ++c) got[c] = out[(NQ * HQ + h) * DV + c];
+      expect_close_f(got, want, DV, 1e-5, __LINE__);
+    }
+    /* The raw form: the pages copied into caller-owned pools, by the cache's table. */
+    CHECK(attn_paged_cache_page_table(cache, seqs, 2, kv_indptr, kv_indices, 8, last, &count) == ATTN_OK);
+    CHECK(count == 5 && kv_indptr[2] == 5 && last[0] == 1 && last[1] == 1);
+    {
+      static float k_pool[8 * 2 * HKV * D], v_pool[8 * 2 * HKV * DV];
+      const int64_t kp_shape[] = {8, 2, HKV, D}, vp_shape[] = {8, 2, HKV, DV};
+      attn_tensor tkp = tensor(k_pool, ATTN_F32, 4, kp_shape), tvp = tensor(v_pool, ATTN_F32, 4, vp_shape);
+      for (r = 0; r < 2; ++r)
+        for (t = 0; t < (r == 0 ? NK : 3); ++t) {
+          const int32_t page = kv_indices[kv_indptr[r] + t / 2];
+          for (h = 0; h < HKV; ++h) {
+            memcpy(&k_pool[((page * 2 + t % 2) * HKV + h) * D], &k[(t * HKV + h) * D], D * sizeof(float));
+            memcpy(&v_pool[((page * 2 + t % 2) * HKV + h) * DV], &v[(t * HKV + h) * DV], DV * sizeof(float));
+          }
+        }
+      CHECK(attn_batch_plan_new(qo_indptr, kv_indptr, kv_indices, last, 2, HQ, HKV, D, DV, 2, 0, &options, NULL,
+                                &plan) == ATTN_OK);
+      CHECK(attn_batch_plan_run(plan, &tq, &tkp, &tvp, &traw, NULL) == ATTN_OK);
+      CHECK(memcmp(raw, out, sizeof raw) == 0);
+      memset(raw, 0, sizeof raw);
+      CHECK(attn_batch_plan_run_cache(plan, &tq, cache, &traw, NULL) == ATTN_OK);
+      CHECK(memcmp(raw, out, sizeof raw) == 0);
+      last[0] = 3;
+      attn_batch_plan_free(plan);
+      plan = NULL;
+      EXPECT_ERROR(attn_batch_plan_new(qo_indptr, kv_indptr, kv_indices, last, 2, HQ, HKV, D, DV, 2, 0, &options,
+                                       NULL, &plan),
+                   ATTN_ERROR_INVALID_ARGUMENT, "kv_last_page_len[0] must be in [1, page_size = 2]");
+      CHECK(plan == NULL);
+    }
+  }
+  EXPECT_ERROR(attn_paged_cache_length(cache, 99, &len), ATTN_ERROR_INVALID_ARGUMENT, "no sequence 99");
+  {
+    static float big_k[20 * HKV * D], big_v[20 * HKV * DV];
+    const int64_t bk[] = {20, HKV, D}, bv[] = {20, HKV, DV}, big_indptr[] = {0, 20};
+    attn_tensor tbk = tensor(big_k, ATTN_F32, 3, bk), tbv = tensor(big_v, ATTN_F32, 3, bv);
+    EXPECT_ERROR(attn_paged_cache_append(cache, &a, 1, &tbk, &tbv, big_indptr), ATTN_ERROR_RUNTIME,
+                 "needs 10 pages, 5 free");
+    CHECK(attn_paged_cache_length(cache, a, &len) == ATTN_OK && len == NK);
+  }
+  EXPECT_ERROR(attn_paged_cache_new(8, 2, HKV, D, 0, ATTN_BOOL, 0, &cache), ATTN_ERROR_UNSUPPORTED,
+               "is not a cache's");
+  attn_paged_cache_free(cache);
+}
+
 int main(void) {
   test_attention();
   test_attention_errors();
@@ -944,6 +1045,7 @@ int main(void) {
   test_shared_cache();
   test_fork();
   test_misc();
+  test_paged();
   if (failures) fprintf(stderr, "%d failures\n", failures);
   else printf("test_capi: all checks passed (attn %s)\n", attn_version());
   return failures ? 1 : 0;
