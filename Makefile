@@ -105,7 +105,7 @@ fuzz-build: test-deps
 	    -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="$(ASAN_OPT_FLAGS)" -DCMAKE_C_FLAGS_RELWITHDEBINFO="$(ASAN_OPT_FLAGS)" \
 	    -DATTN_SANITIZE=address,undefined -DATTN_FUZZ=ON -DATTN_HWY_DISABLED_TARGETS="$(SANITIZER_HWY_DISABLED)" >/dev/null
 	cmake --build $(ASAN_BUILD) -j $(JOBS) --target attn_tests attn_dist_tests fuzz_npy fuzz_safetensors fuzz_attention \
-	    fuzz_rope fuzz_capi
+	    fuzz_rope fuzz_capi fuzz_pages
 
 # Each fuzzer FUZZ_SECONDS (default 60): make fuzz FUZZ_SECONDS=600
 fuzz: fuzz-build

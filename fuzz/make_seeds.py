@@ -53,8 +53,8 @@ safetensors(d + "empty_tensor.safetensors", {"e": ("F32", [0, 4], b"")})
 safetensors(d + "no_tensors.safetensors", {})
 safetensors(d + "i64_refused.safetensors", {"i": ("I64", [1], bytes(8))})
 
-# attention and rope read their choices from the bytes: random seeds of a few lengths.
+# attention, rope and pages read their choices from the bytes: random seeds of a few lengths.
 rng = random.Random(8)
-for target in ["attention", "rope"]:
+for target in ["attention", "rope", "pages"]:
     for i, n in enumerate([1, 8, 16, 32, 48, 64, 96, 128]):
         open(f"fuzz/corpus/{target}/seed_{i}", "wb").write(bytes(rng.randrange(256) for _ in range(n)))

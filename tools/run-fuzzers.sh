@@ -28,7 +28,7 @@ fuzz() {
 
 failed=0
 running=0
-for target in npy safetensors attention rope capi; do
+for target in npy safetensors attention rope capi pages; do
   if ((running == jobs)); then
     wait -n || failed=1
     running=$((running - 1))
