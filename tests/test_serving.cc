@@ -500,7 +500,10 @@ TEST(PagedKVCache, AWriterOverlappingAnyCallIsARuntimeError) {
   std::thread reader([&] {
     while (!done) {
       Tensor<float> out({1, 1, 4});
-      c.run(plan, q.view(), out.view());
+      try {
+        c.run(plan, q.view(), out.view());
+      } catch (const RuntimeError&) {  // it met the writer: refused, as the contract says
+      }
       inside = true;
     }
   });

@@ -213,32 +213,41 @@ def test_cache_ids_dtypes_copies_and_pickles():
 
 def test_cache_readers_at_once_and_a_writer_alone():
     import threading
+    import time
     cache = attn.PagedKVCache(4096, 16, 8, 128)
     s = cache.add_sequence()
-    x = np.ones((30000, 8, 128), np.float32)
+    x = np.ones((16001, 8, 128), np.float32)
     cache.append([s], x[:16000], x[:16000], [0, 16000])
     q = np.ones((1, 32, 128), np.float32)
-    errors, reads = [], []
+    stop, reads, errors = threading.Event(), [], []
 
-    def read():
-        for _ in range(20):
-            reads.append(attn.batch_attention(q, [0, 1], cache, [s]).shape)
+    def read():  # readers overlap each other freely; one that meets the writer is refused
+        while not stop.is_set():
+            try:
+                reads.append(attn.batch_attention(q, [0, 1], cache, [s]).shape)
+            except RuntimeError as e:
+                if "PagedKVCache is in use by another thread" not in str(e):
+                    errors.append(e)
+            except Exception as e:  # noqa: BLE001 (reported below)
+                errors.append(e)
 
     readers = [threading.Thread(target=read) for _ in range(3)]
     for t in readers:
         t.start()
-    refused = 0
-    while any(t.is_alive() for t in readers):
+    refused, deadline = 0, time.monotonic() + 20
+    while refused == 0 and time.monotonic() < deadline:
         try:
             cache.append([s], x[:1], x[:1], [0, 1])
             cache.truncate(s, 16000)
         except RuntimeError as e:
             assert "PagedKVCache is in use by another thread" in str(e)
             refused += 1
+    stop.set()
     for t in readers:
         t.join()
-    assert len(reads) == 60 and not errors
-    assert refused > 0, "a writer beside three readers never overlapped one"
+    assert not errors, errors
+    assert refused > 0, "a writer beside three readers never overlapped one in 20 s"
+    assert len(reads) >= 3 and cache.length(s) in (16000, 16001)
 
 
 # ---------------------------------------------------------------------------
