@@ -7,7 +7,7 @@ Runs `BUILD/bin/attn bench ... --json` for each shape below and bench/compare.py
 peers (the article's NumPy code, PyTorch), and prints the tables. With --write it
 replaces, in ROOT (default: this checkout), the text between `<!-- bench-report:NAME -->`
 and `<!-- /bench-report:NAME -->`: the summary in README.md and docs/performance.md, the
-prefill by head dim and the peers in docs/performance.md. Nothing is written unless every
+prefill by head dim, the peers and serving in docs/performance.md. Nothing is written unless every
 measurement succeeded and every marker is in place; each file is replaced whole (a
 temporary file renamed over it). `make bench-report` runs it as `make bench` runs
 compare.py: PyTorch on its AVX-512 kernels, OpenBLAS detecting the CPU itself.
@@ -40,6 +40,12 @@ class Shapes:
         self.grid_n = (64, 256) if quick else (512, 2048, 8192)
         self.grid_d = (16, 64) if quick else (16, 32, 64, 128, 256)
         self.peer_n, self.repeats = (256, 1) if quick else (4096, 3)
+        # Serving: 32 query and 8 KV heads of 128 (quick: 4 and 2 of 64).
+        self.serve_shape = (["--heads", "4", "--kv-heads", "2", "--head-dim", "64"] if quick
+                            else ["--heads", "32", "--kv-heads", "8", "--head-dim", "128"])
+        self.requests, self.min_len, self.max_len = (4, 64, 1024) if quick else (32, 512, 32768)
+        self.verify_len, self.prefill_len = (512, 128) if quick else (8192, 2048)
+        self.serve_requests = 4 if quick else 32
 
 
 def bench(build, *args):
@@ -93,6 +99,37 @@ def summary_rows(build, s):
     return rows
 
 
+def serving_rows(build, s):
+    """(what, shape, figure, target) for the serving table (issue 48's targets)."""
+    heads = "{} query and {} KV heads of {}".format(*s.serve_shape[1::2])
+    rows = []
+    for dtype in ("f32", "bf16"):
+        r = bench(build, "decode", "--kv-len", str(s.max_len), *s.serve_shape, "--page-size", "16",
+                  "--kv-dtype", dtype)
+        rows.append((f"decode over pages of 16, {dtype}", f"{s.max_len} keys, {heads}",
+                     f"ratio_to_contiguous {r['ratio_to_contiguous']:.2f} ({r['ratio_to_peak']:.2f} of the read "
+                     "bandwidth)", "≥ 0.95"))
+    r = bench(build, "decode", "--kv-len", str(s.verify_len), *s.serve_shape, "--page-size", "16", "--queries", "8",
+              "--tree")
+    rows.append(("8 draft queries, tree mask", f"{s.verify_len} keys, {heads}",
+                 f"ratio_to_one_query {r['ratio_to_one_query']:.2f}", "≤ 2.5"))
+    r = bench(build, "batch-decode", "--requests", str(s.requests), "--min-len", str(s.min_len), "--max-len",
+              str(s.max_len), *s.serve_shape)
+    rows.append((f"{s.requests} decodes in one call", f"{s.min_len}..{s.max_len} keys (log-spaced), {heads}",
+                 f"ratio_to_single {r['ratio_to_single']:.2f}; speedup_vs_separate {r['speedup_vs_separate']:.2f}",
+                 "≥ 0.95; ≥ 1.1"))
+    r = bench(build, "mixed", "--prefill-len", str(s.prefill_len), "--max-len", str(s.max_len), *s.serve_shape)
+    rows.append(("mixed batch", f"a {s.prefill_len}-token prefill, 31 decodes, 8 drafts; {heads}",
+                 f"ratio_to_parts {r['ratio_to_parts']:.2f}", "≤ 1.05"))
+    for dtype in ("f32", "bf16", "f16", "q8_0"):
+        r = bench(build, "serve", "--requests", str(s.serve_requests), *s.serve_shape, "--kv-dtype", dtype)
+        rows.append((f"serve, {dtype}", f"{s.serve_requests} requests, seed 1, {heads}",
+                     f"{r['tokens_per_s']:.0f} tokens/s, step p50 {r['p50_ms']:.2f} ms, p99 {r['p99_ms']:.2f} ms; "
+                     f"KV {r['kv_bytes'] / 2**20:.1f} MiB against {r['kv_bytes_contiguous'] / 2**20:.1f} "
+                     "contiguous", ""))
+    return rows
+
+
 def peer_rows(s):
     """(what, against, seconds of attn, seconds of the peer) from bench/compare.py."""
     sys.path.insert(0, HERE)
@@ -122,7 +159,7 @@ def machine():
     return f"{cpu}, {os.cpu_count()} threads"
 
 
-def tables(summary, peers, by_head_dim, s, where):
+def tables(summary, peers, by_head_dim, serving, s, where):
     """The Markdown of each block, by name."""
     measured = f"Measured by `make bench-report` on {where}, {datetime.date.today().isoformat()}."
     lines = ["| Path | Shape | attn |", "|---|---|---|"]
@@ -139,6 +176,9 @@ def tables(summary, peers, by_head_dim, s, where):
     peer_lines += [f"| {what} | {peer} | {a * 1e3:.1f} | {p * 1e3:.1f} | {p / a:.1f}× |"
                    for what, peer, a, p in peers]
     out["peers"] = measured + "\n\n" + "\n".join(peer_lines)
+    serving_lines = ["| Path | Shape | attn | target |", "|---|---|---|---|"]
+    serving_lines += [f"| {what} | {shape} | {figure} | {target} |" for what, shape, figure, target in serving]
+    out["serving"] = measured + "\n\n" + "\n".join(serving_lines)
     return out
 
 
@@ -151,7 +191,8 @@ def replaced(text, name, block, path):
     return pattern.sub(lambda _: f"{begin}\n{block}\n{end}", text)
 
 
-TARGETS = {"README.md": ["summary"], os.path.join("docs", "performance.md"): ["summary", "head-dims", "peers"]}
+TARGETS = {"README.md": ["summary"],
+           os.path.join("docs", "performance.md"): ["summary", "head-dims", "peers", "serving"]}
 
 
 def write(root, blocks):
@@ -185,7 +226,8 @@ def main(argv=None):
     args = p.parse_args(argv)
     os.environ.setdefault("ATTN_PYTHONPATH", os.path.join(os.path.abspath(args.build), "python"))
     s = Shapes(args.quick)
-    blocks = tables(summary_rows(args.build, s), peer_rows(s), grid(args.build, s), s, machine())
+    blocks = tables(summary_rows(args.build, s), peer_rows(s), grid(args.build, s), serving_rows(args.build, s), s,
+                    machine())
     for name, block in blocks.items():
         print(f"## {name}\n\n{block}\n")
     if args.write:

@@ -261,14 +261,15 @@ int batch_decode(const ServeBenchArgs& a, int threads) {
 }
 
 int mixed(const ServeBenchArgs& a, int threads) {
-  // A 2048-token prefill, 31 decodes log-spaced over 100..32768, and 8 draft
-  // tokens verified at 8192: the first request alone, the others as the
-  // decode part.
-  std::vector<int64_t> lens{2048};
-  for (int64_t n : log_spaced(31, 100, 32768)) lens.push_back(n);
-  lens.push_back(8192);
+  // A prefill (2048 tokens), decodes log-spaced over --min-len..--max-len
+  // (31 over 100..32768), and 8 draft tokens verified at 8192 (or
+  // --max-len, if less): the first request alone, the others as the decode
+  // part.
+  std::vector<int64_t> lens{a.prefill_len};
+  for (int64_t n : log_spaced(a.requests, a.min_len, a.max_len)) lens.push_back(n);
+  lens.push_back(std::min<int64_t>(8192, a.max_len));
   std::vector<int64_t> qo(lens.size(), 1);
-  qo.front() = 2048, qo.back() = 8;
+  qo.front() = a.prefill_len, qo.back() = std::min<int64_t>(8, lens.back());
   const Pool pool(lens, a.page_size, a.kv_heads, a.head_dim, a.kv_dtype, false);
   BatchAttentionOptions causal;
   causal.causal = true;
@@ -290,16 +291,18 @@ int mixed(const ServeBenchArgs& a, int threads) {
                                                    [&] { run(decode, q_decode, out_decode); }};
   const Turns t = run_in_turns(kernels, [] { return 0.0; });
   const double parts = t.kernel_ms[1] + t.kernel_ms[2];
-  const json j{{"kind", "mixed"}, {"heads", a.heads}, {"kv_heads", a.kv_heads}, {"head_dim", a.head_dim},
+  const json j{{"kind", "mixed"}, {"prefill_len", a.prefill_len}, {"requests", a.requests}, {"min_len", a.min_len},
+               {"max_len", a.max_len}, {"heads", a.heads}, {"kv_heads", a.kv_heads}, {"head_dim", a.head_dim},
                {"kv_dtype", a.kv_dtype}, {"page_size", a.page_size}, {"threads", threads},
                {"median_ms", rounded(t.kernel_ms[0], 4)}, {"prefill_median_ms", rounded(t.kernel_ms[1], 4)},
                {"decode_median_ms", rounded(t.kernel_ms[2], 4)}, {"ratio_to_parts", rounded(t.kernel_ms[0] / parts, 4)}};
   char buf[500];
   std::snprintf(buf, sizeof buf,
-                "mixed: a 2048-token prefill, 31 decodes (100..32768 keys), 8 drafts at 8192; heads=%lld "
+                "mixed: a %lld-token prefill, %lld decodes (%lld..%lld keys), %lld drafts at %lld; heads=%lld "
                 "kv_heads=%lld head_dim=%lld kv_dtype=%s threads=%d\n  one call %.3f ms; the prefill alone %.3f ms "
                 "+ the decode part alone %.3f ms (ratio_to_parts %.3f)\n",
-                (long long)a.heads, (long long)a.kv_heads, (long long)a.head_dim, a.kv_dtype.c_str(), threads,
+                (long long)a.prefill_len, (long long)a.requests, (long long)a.min_len, (long long)a.max_len,
+                (long long)qo.back(), (long long)lens.back(), (long long)a.heads, (long long)a.kv_heads, (long long)a.head_dim, a.kv_dtype.c_str(), threads,
                 t.kernel_ms[0], t.kernel_ms[1], t.kernel_ms[2], t.kernel_ms[0] / parts);
   print(a, j, buf);
   return 0;

@@ -66,7 +66,8 @@ struct ServeBenchArgs {
   int64_t heads = 32, kv_heads = 8, head_dim = 128, page_size = 16;
   int64_t batch = 1, kv_len = 32768, queries = 1;  // decode
   bool tree = false;                               // decode: a draft tree mask over the queries
-  int64_t requests = 32, min_len = 512, max_len = 32768;  // batch-decode; serve's prompts
+  int64_t requests = 32, min_len = 512, max_len = 32768;  // batch-decode, mixed's decodes; serve's prompts
+  int64_t prefill_len = 2048;                             // mixed
   int64_t min_output = 16, max_output = 256, token_budget = 512;  // serve
   double arrival_every = 2.0;  // serve: mean steps between arrivals
   uint64_t seed = 1;

@@ -312,10 +312,14 @@ void add_serve_benches(CLI::App* bench, Command& chosen) {
   lengths(batch, *b, "the requests' cached tokens, log-spaced from --min-len to --max-len");
   shape(batch, *b);
   auto* mixed = bench->add_subcommand("mixed",
-                                      "a 2048-token prefill, 31 decodes and 8 drafts verified in one call, "
-                                      "against its prefill and decode parts");
+                                      "a prefill, decodes of log-spaced lengths and 8 drafts verified in one "
+                                      "call, against its prefill and decode parts");
   auto m = on_chosen(mixed, chosen, attn::cli::run_serve_bench);
   m->kind = "mixed";
+  m->requests = 31, m->min_len = 100;
+  lengths(mixed, *m, "the decodes' cached tokens, log-spaced from --min-len to --max-len");
+  mixed->add_option("--prefill-len", m->prefill_len, "the prefill's tokens")
+      ->check(integer_in<int64_t>(1, kMaxPositions))->capture_default_str();
   shape(mixed, *m);
   auto* serve = bench->add_subcommand("serve", "continuous batching over a PagedKVCache, simulated from a seed");
   auto s = on_chosen(serve, chosen, attn::cli::run_serve_bench);

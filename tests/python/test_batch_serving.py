@@ -437,3 +437,26 @@ def test_layer_serving_refuses():
     with pytest.raises(RuntimeError, match="needs 5 pages, 4 free"):
         m(np.zeros((17, 16), np.float32), cache=cache, seq_ids=[s], cu_seqlens=[0, 17], need_weights=False)
     assert cache.length(s) == 0
+
+
+def test_cascade_equals_dense():
+    """A shared prefix attended once by every request's queries, each suffix apart, merged."""
+    rng = np.random.default_rng(9)
+    cache = attn.PagedKVCache(64, 4, 2, 16)
+    prefix = cache.add_sequence()
+    p = rng.standard_normal((21, 2, 16)).astype(np.float32)
+    cache.append([prefix], p, p, [0, 21])
+    suffixes, wholes, qo = [], [], [3, 1, 5]
+    for n in (6, 2, 9):
+        s, w = cache.add_sequence(), cache.add_sequence()
+        t = rng.standard_normal((n, 2, 16)).astype(np.float32)
+        cache.append([s, w], np.concatenate([t, p, t]), np.concatenate([t, p, t]), [0, n, 2 * n + 21])
+        suffixes.append(s), wholes.append(w)
+    q = rng.standard_normal((sum(qo), 6, 16)).astype(np.float32)
+    qo_indptr = np.concatenate([[0], np.cumsum(qo)])
+    shared, s_shared = attn.batch_attention(q, [0, sum(qo)], cache, [prefix], return_lse=True)
+    own, s_own = attn.batch_attention(q, qo_indptr, cache, suffixes, causal=True, return_lse=True)
+    out, lse = attn.merge_state(shared, s_shared, own, s_own)
+    dense, dense_lse = attn.batch_attention(q, qo_indptr, cache, wholes, causal=True, return_lse=True)
+    np.testing.assert_allclose(out, dense, atol=2e-6)
+    np.testing.assert_allclose(lse, dense_lse, atol=2e-6)

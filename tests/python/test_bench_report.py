@@ -26,24 +26,24 @@ def fake_checkout(folder, readme_extra=""):
         + readme_extra, encoding="utf-8")
     (folder / "docs" / "performance.md").write_text(
         "".join(f"<!-- bench-report:{n} -->\nold {n}\n<!-- /bench-report:{n} -->\ntext {n}\n"
-                for n in ("summary", "head-dims", "peers")), encoding="utf-8")
+                for n in ("summary", "head-dims", "peers", "serving")), encoding="utf-8")
 
 
 def test_blocks_replace_only_what_lies_between_their_markers(tmp_path):
     fake_checkout(tmp_path)
-    report.write(str(tmp_path), {"summary": "S", "head-dims": "H", "peers": "P"})
+    report.write(str(tmp_path), {"summary": "S", "head-dims": "H", "peers": "P", "serving": "V"})
     assert (tmp_path / "README.md").read_text(encoding="utf-8") == (
         "# x\nbefore\n<!-- bench-report:summary -->\nS\n<!-- /bench-report:summary -->\nafter\n")
     perf = (tmp_path / "docs" / "performance.md").read_text(encoding="utf-8")
     assert perf == "".join(f"<!-- bench-report:{n} -->\n{b}\n<!-- /bench-report:{n} -->\ntext {n}\n"
-                           for n, b in (("summary", "S"), ("head-dims", "H"), ("peers", "P")))
+                           for n, b in (("summary", "S"), ("head-dims", "H"), ("peers", "P"), ("serving", "V")))
 
 
 def test_a_missing_or_doubled_marker_writes_no_file(tmp_path):
     fake_checkout(tmp_path, readme_extra="<!-- bench-report:summary -->\n<!-- /bench-report:summary -->\n")
     before = {p: p.read_text(encoding="utf-8") for p in (tmp_path / "README.md", tmp_path / "docs" / "performance.md")}
     with pytest.raises(ValueError, match=r"README\.md: needs exactly one <!-- bench-report:summary -->"):
-        report.write(str(tmp_path), {"summary": "S", "head-dims": "H", "peers": "P"})
+        report.write(str(tmp_path), {"summary": "S", "head-dims": "H", "peers": "P", "serving": "V"})
     assert {p: p.read_text(encoding="utf-8") for p in before} == before
     assert sorted(os.listdir(tmp_path)) == ["README.md", "docs"]  # no temporary file left
 
@@ -73,6 +73,12 @@ def test_the_command_measures_and_writes_every_table(tmp_path):
     perf = (tmp_path / "docs" / "performance.md").read_text(encoding="utf-8")
     head_dims = perf.split("<!-- bench-report:head-dims -->")[1].split("<!-- /bench-report:head-dims -->")[0]
     assert "| head dim | n = 64 | n = 256 |" in head_dims and re.search(r"\| 16 \| \d\.\d\d \| \d\.\d\d \|", head_dims)
+    serving = perf.split("<!-- bench-report:serving -->")[1].split("<!-- /bench-report:serving -->")[0]
+    rows = [line for line in serving.splitlines() if line.startswith("| ") and "---" not in line][1:]
+    assert len(rows) == 9, rows
+    for row in rows:  # every figure is a positive number
+        figures = [float(x) for x in re.findall(r"(?:ratio_to_\w+|speedup_vs_separate|p50|p99) (\d+\.\d+)", row)]
+        assert figures and all(f > 0 for f in figures), row
     # Outside the blocks, nothing changed.
     with open(os.path.join(REPO, "README.md"), encoding="utf-8") as f:
         original = f.read()
