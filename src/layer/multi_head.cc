@@ -67,7 +67,9 @@ MultiHeadResult<T> multi_head_with_weights(TensorView<const T> x, int64_t heads,
   const auto s = split_heads(x, heads);
   const AttentionPlan<T> plan(s, s, s, options);
   MultiHeadResult<T> r{Tensor<T>(x.shape()), Tensor<T>(plan.weights_shape())};
-  plan.run(split_heads(r.out.view(), heads), {.weights = r.weights.view()});
+  AttentionExtras<T> extras;
+  extras.weights = r.weights.view();
+  plan.run(split_heads(r.out.view(), heads), extras);
   return r;
 }
 

@@ -332,19 +332,22 @@ BatchAttentionResult batch_attention(TensorView<const float> q, TensorView<const
   return r;
 }
 
+namespace {
+std::vector<uint8_t> bytes_of(const std::variant<Tensor<float>, Tensor<bfloat16>, Tensor<float16>, Tensor<block_q8_0>>& pool) {
+  return std::visit([](const auto& t) {
+    const auto* b = reinterpret_cast<const uint8_t*>(t.data());
+    return std::vector<uint8_t>(b, b + t.numel() * sizeof(*t.data()));
+  }, pool);
+}
+}  // namespace
+
 std::vector<uint8_t> PagedKVCache::k_bytes() const {
   const auto held = access_.read("k_bytes");
-  return std::visit([](const auto& pool) {
-    const auto* b = reinterpret_cast<const uint8_t*>(pool.data());
-    return std::vector<uint8_t>(b, b + pool.numel() * sizeof(*pool.data()));
-  }, k_);
+  return bytes_of(k_);
 }
 std::vector<uint8_t> PagedKVCache::v_bytes() const {
   const auto held = access_.read("v_bytes");
-  return std::visit([](const auto& pool) {
-    const auto* b = reinterpret_cast<const uint8_t*>(pool.data());
-    return std::vector<uint8_t>(b, b + pool.numel() * sizeof(*pool.data()));
-  }, v_);
+  return bytes_of(v_);
 }
 
 PagedKVCache::Sequences PagedKVCache::sequences_state() const {

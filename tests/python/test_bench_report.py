@@ -57,6 +57,15 @@ def test_the_checkout_has_each_block_once():
             assert text.count(f"<!-- /bench-report:{name} -->") == 1, (relative, name)
 
 
+def check_rows(block, count, figure):
+    """A table of `count` rows below its header, each with a positive figure (regex group 1)."""
+    rows = [line for line in block.splitlines() if line.startswith("| ") and "---" not in line][1:]
+    assert len(rows) == count, rows
+    for row in rows:
+        figures = [float(x) for x in re.findall(figure, row)]
+        assert figures and all(f > 0 for f in figures), row
+
+
 def test_the_command_measures_and_writes_every_table(tmp_path):
     pytest.importorskip("torch")
     for relative in report.TARGETS:
@@ -65,20 +74,12 @@ def test_the_command_measures_and_writes_every_table(tmp_path):
     assert report.main(["--quick", "--write", "--build", BUILD, "--root", str(tmp_path)]) == 0
     readme = (tmp_path / "README.md").read_text(encoding="utf-8")
     summary = readme.split("<!-- bench-report:summary -->")[1].split("<!-- /bench-report:summary -->")[0]
-    rows = [line for line in summary.splitlines() if line.startswith("| ") and "---" not in line][1:]
-    assert len(rows) == 14, rows
-    for row in rows:  # every figure is a positive number
-        figures = [float(x) for x in re.findall(r"(\d+\.\d+)(?:×| of the)", row)]
-        assert figures and all(f > 0 for f in figures), row
+    check_rows(summary, 14, r"(\d+\.\d+)(?:×| of the)")
     perf = (tmp_path / "docs" / "performance.md").read_text(encoding="utf-8")
     head_dims = perf.split("<!-- bench-report:head-dims -->")[1].split("<!-- /bench-report:head-dims -->")[0]
     assert "| head dim | n = 64 | n = 256 |" in head_dims and re.search(r"\| 16 \| \d\.\d\d \| \d\.\d\d \|", head_dims)
     serving = perf.split("<!-- bench-report:serving -->")[1].split("<!-- /bench-report:serving -->")[0]
-    rows = [line for line in serving.splitlines() if line.startswith("| ") and "---" not in line][1:]
-    assert len(rows) == 9, rows
-    for row in rows:  # every figure is a positive number
-        figures = [float(x) for x in re.findall(r"(?:ratio_to_\w+|speedup_vs_separate|p50|p99) (\d+\.\d+)", row)]
-        assert figures and all(f > 0 for f in figures), row
+    check_rows(serving, 9, r"(?:ratio_to_\w+|speedup_vs_separate|p50|p99) (\d+\.\d+)")
     # Outside the blocks, nothing changed.
     with open(os.path.join(REPO, "README.md"), encoding="utf-8") as f:
         original = f.read()
