@@ -34,8 +34,8 @@ FUZZ_SECONDS ?= 60
 # make test fuzzes each target this long (the issue asks for at least 20 s).
 TEST_FUZZ_SECONDS ?= 20
 # Reports need files and lines, not variables: line tables only, quicker to
-# build than full debug info for every Highway target.
-ASAN_OPT_FLAGS := -O2 -gline-tables-only -DNDEBUG
+# build than full debug info for every Highway target (both sanitizer builds).
+SANITIZER_OPT_FLAGS := -O2 -gline-tables-only -DNDEBUG
 # The Highway targets make test compiles, each once where another build does
 # not: the Release build compiles and tests every x86 target (AVX3, AVX2,
 # SSE4, SSSE3, SCALAR: the kernel tests force each in turn). The sanitizer
@@ -102,7 +102,7 @@ asan: fuzz-build
 
 fuzz-build: test-deps
 	cmake -S . -B $(ASAN_BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_COMPILER=clang++-14 -DCMAKE_C_COMPILER=clang-14 \
-	    -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="$(ASAN_OPT_FLAGS)" -DCMAKE_C_FLAGS_RELWITHDEBINFO="$(ASAN_OPT_FLAGS)" \
+	    -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="$(SANITIZER_OPT_FLAGS)" -DCMAKE_C_FLAGS_RELWITHDEBINFO="$(SANITIZER_OPT_FLAGS)" \
 	    -DATTN_SANITIZE=address,undefined -DATTN_FUZZ=ON -DATTN_HWY_DISABLED_TARGETS="$(SANITIZER_HWY_DISABLED)" >/dev/null
 	cmake --build $(ASAN_BUILD) -j $(JOBS) --target attn_tests attn_dist_tests fuzz_npy fuzz_safetensors fuzz_attention \
 	    fuzz_rope fuzz_capi fuzz_pages
@@ -119,6 +119,7 @@ fuzz: fuzz-build
 # process across fork; ASan runs them.)
 tsan: test-deps
 	cmake -S . -B $(TSAN_BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_COMPILER=clang++-14 -DCMAKE_C_COMPILER=clang-14 \
+	    -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="$(SANITIZER_OPT_FLAGS)" -DCMAKE_C_FLAGS_RELWITHDEBINFO="$(SANITIZER_OPT_FLAGS)" \
 	    -DATTN_SANITIZE=thread -DATTN_HWY_DISABLED_TARGETS="$(SANITIZER_HWY_DISABLED)" >/dev/null
 	cmake --build $(TSAN_BUILD) -j $(JOBS) --target attn_kernel_tests
 	TSAN_OPTIONS=halt_on_error=1 $(TSAN_BUILD)/bin/attn_kernel_tests --gtest_filter='Concurrency.*:Determinism.*:Kernels.BitwiseIdenticalForAnyThreadCount'

@@ -192,7 +192,7 @@ py::object run_plan(const BatchAttentionPlan& plan, const py::object& q_obj, boo
     run(qv, ov, lv);
   }
   if (return_lse) return py::make_tuple(out, lse);
-  return std::move(out);
+  return out;
 }
 
 std::pair<py::object, py::object> pages_pair(const py::object& kv) {
