@@ -249,8 +249,11 @@ TEST(BatchAttention, MatchesFloat64PerRequestOnGatheredPages) {
     int64_t page_size, hq, hkv, d, d_v;
     PageLayout layout;
   };
+  // (The last: 8 queries of 2 heads × 8 overflow L1 as one item's rows, so
+  // the decode kernel goes head by head over each page.)
   const Case cases[] = {{16, 6, 2, 16, 16, PageLayout::NHD}, {1, 8, 1, 13, 7, PageLayout::NHD},
-                        {8, 3, 3, 32, 24, PageLayout::HND}, {16, 8, 1, 64, 64, PageLayout::HND}};
+                        {8, 3, 3, 32, 24, PageLayout::HND}, {16, 8, 1, 64, 64, PageLayout::HND},
+                        {16, 16, 2, 128, 64, PageLayout::NHD}};
   for (const Case& c : cases) {
     const PagedBatch b = make_batch(kQoLens, kKvLens, c.page_size, c.hq, c.hkv, c.d, c.d_v, c.layout, 1);
     const std::string what = "page_size " + std::to_string(c.page_size) + " hq " + std::to_string(c.hq) + ":" +

@@ -93,6 +93,10 @@ inline int64_t RowsInPage(const core::AttentionProblem<float>& p, int64_t j, int
   return p.kv == core::KVStorage::Native ? p.k.rows_in_page(j, n) : p.k_stored.rows_in_page(j, n);
 }
 
+// The query rows a decode item keeps in L1 key by key (about two thirds of a
+// 48 KiB L1, leaving room for the scores and a K row).
+constexpr int64_t kDecodeL1QueryBytes = 32 * 1024;
+
 thread_local Scratch<float> tls_decode_scores;
 thread_local Scratch<const float*> tls_decode_queries;
 
@@ -149,6 +153,7 @@ void DecodeChunk(DF d, const core::AttentionProblem<float>& p, int64_t b, int64_
   const int64_t v_head = nh == 1 ? 0 : ValueRow<KV>(p, b, h0 + 1, j0) - ValueRow<KV>(p, b, h0, j0);
   const int64_t k_span = (nh - 1) * k_head * static_cast<int64_t>(sizeof(KV)) + k_bytes;
   const int64_t v_span = (nh - 1) * v_head * static_cast<int64_t>(sizeof(KV)) + v_bytes;
+  const bool heads_outer = nh > 1 && rows * p.d * static_cast<int64_t>(sizeof(float)) > kDecodeL1QueryBytes;
   // The chunk's keys run by run: a run's rows are k_stride (v_stride) apart,
   // one run unless K and V are paged, then one per page. K's rows ahead lie
   // in this run or the next (pages shorter than the distance ahead go
@@ -160,30 +165,40 @@ void DecodeChunk(DF d, const core::AttentionProblem<float>& p, int64_t b, int64_
     const int64_t next = run + count;
     const int64_t next_count = next < jn ? RowsInPage(p, j0 + next, j0 + jn) : 0;
     const KV* next_k = next < jn ? KeyRow<KV>(p, b, h0, j0 + next) : nullptr;
-    for (int64_t j = 0; j < count; ++j) {
-      const KV* k = k_run + j * k_stride;
-      // Fetch row j of V while K streams in: both arrays come from memory
-      // concurrently, and P·V below reads V from cache. And K's row
-      // kDecodePrefetchRows ahead: the hardware's prefetcher alone leaves
-      // K's reads waiting (config.hpp).
-      const char* vj = reinterpret_cast<const char*>(v_run + j * v_stride);
-      for (int64_t off = 0; off < v_span; off += 64) hwy::Prefetch(vj + off);
-      if (v_span > 0) hwy::Prefetch(vj + v_span - 1);  // the last line, if not line-aligned
-      const int64_t a = j + kDecodePrefetchRows;
-      if (a < count || a - count < next_count) {
-        const KV* ahead = a < count ? k + kDecodePrefetchRows * k_stride : next_k + (a - count) * k_stride;
-        const char* ka = reinterpret_cast<const char*>(ahead);
-        for (int64_t off = 0; off < k_span; off += 64) hwy::Prefetch(ka + off);
-        if (k_span > 0) hwy::Prefetch(ka + k_span - 1);
-      }
-      for (int64_t hh = 0; hh < nh; ++hh)
-        for (int64_t r0 = 0; r0 < R; r0 += kRows) {
-          float* sj = s + (hh * R + r0) * C + run + j;
-          WithCount<kRows>(std::min<int64_t>(kRows, R - r0), [&](auto mr) HWY_ATTR {
-            DotRows<decltype(mr)::value>(d, q + hh * R + r0, k + hh * k_head, p.d, scale, sj, C);
-          });
+    // Key by key for every head; or, when the item's query rows overflow L1,
+    // head by head over the run's keys, so that a head's rows stay in L1 (8
+    // draft queries of a group of 4 at 8 heads × 128: 128 KiB of rows; the
+    // 8-query tree at 8192 keys took 10 ms key by key, 6.8 ms head by head,
+    // against 2.2 ms for one query, AMD EPYC, 2 threads). The first pass
+    // fetches ahead for all heads. Either order computes the same scores.
+    const int64_t passes = heads_outer ? nh : 1;
+    for (int64_t pass = 0; pass < passes; ++pass)
+      for (int64_t j = 0; j < count; ++j) {
+        const KV* k = k_run + j * k_stride;
+        if (pass == 0) {
+          // Fetch row j of V while K streams in: both arrays come from
+          // memory concurrently, and P·V below reads V from cache. And K's
+          // row kDecodePrefetchRows ahead: the hardware's prefetcher alone
+          // leaves K's reads waiting (config.hpp).
+          const char* vj = reinterpret_cast<const char*>(v_run + j * v_stride);
+          for (int64_t off = 0; off < v_span; off += 64) hwy::Prefetch(vj + off);
+          if (v_span > 0) hwy::Prefetch(vj + v_span - 1);  // the last line, if not line-aligned
+          const int64_t a = j + kDecodePrefetchRows;
+          if (a < count || a - count < next_count) {
+            const KV* ahead = a < count ? k + kDecodePrefetchRows * k_stride : next_k + (a - count) * k_stride;
+            const char* ka = reinterpret_cast<const char*>(ahead);
+            for (int64_t off = 0; off < k_span; off += 64) hwy::Prefetch(ka + off);
+            if (k_span > 0) hwy::Prefetch(ka + k_span - 1);
+          }
         }
-    }
+        for (int64_t hh = heads_outer ? pass : 0; hh < (heads_outer ? pass + 1 : nh); ++hh)
+          for (int64_t r0 = 0; r0 < R; r0 += kRows) {
+            float* sj = s + (hh * R + r0) * C + run + j;
+            WithCount<kRows>(std::min<int64_t>(kRows, R - r0), [&](auto mr) HWY_ATTR {
+              DotRows<decltype(mr)::value>(d, q + hh * R + r0, k + hh * k_head, p.d, scale, sj, C);
+            });
+          }
+      }
     run = next;
     count = next_count;
   }
