@@ -93,10 +93,6 @@ inline int64_t RowsInPage(const core::AttentionProblem<float>& p, int64_t j, int
   return p.kv == core::KVStorage::Native ? p.k.rows_in_page(j, n) : p.k_stored.rows_in_page(j, n);
 }
 
-// The query rows a decode item keeps in L1 key by key (about two thirds of a
-// 48 KiB L1, leaving room for the scores and a K row).
-constexpr int64_t kDecodeL1QueryBytes = 32 * 1024;
-
 thread_local Scratch<float> tls_decode_scores;
 thread_local Scratch<const float*> tls_decode_queries;
 
@@ -104,8 +100,7 @@ thread_local Scratch<const float*> tls_decode_queries;
 // heads and `keys` keys each. One head per item, kDecodeChunk keys, unless
 // the heads of a token lie side by side in paged memory (NHD pages): then
 // an item takes every head of fewer keys, and so reads whole pages in
-// order, where one head's rows lie a page row apart (0.55x the contiguous
-// cache's speed at 8 heads x 128, pages of 16 to 256 tokens).
+// order, where one head's rows lie a page row apart (docs/performance.md).
 struct Split {
   int64_t heads, keys;
 };
@@ -165,12 +160,10 @@ void DecodeChunk(DF d, const core::AttentionProblem<float>& p, int64_t b, int64_
     const int64_t next = run + count;
     const int64_t next_count = next < jn ? RowsInPage(p, j0 + next, j0 + jn) : 0;
     const KV* next_k = next < jn ? KeyRow<KV>(p, b, h0, j0 + next) : nullptr;
-    // Key by key for every head; or, when the item's query rows overflow L1,
-    // head by head over the run's keys, so that a head's rows stay in L1 (8
-    // draft queries of a group of 4 at 8 heads × 128: 128 KiB of rows; the
-    // 8-query tree at 8192 keys took 10 ms key by key, 6.8 ms head by head,
-    // against 2.2 ms for one query, AMD EPYC, 2 threads). The first pass
-    // fetches ahead for all heads. Either order computes the same scores.
+    // Key by key for every head; or, when the item's query rows overflow L1
+    // (kDecodeL1QueryBytes), head by head over the run's keys, so that a
+    // head's rows stay in L1. The first pass fetches ahead for all heads.
+    // Either order computes the same scores.
     const int64_t passes = heads_outer ? nh : 1;
     for (int64_t pass = 0; pass < passes; ++pass)
       for (int64_t j = 0; j < count; ++j) {
