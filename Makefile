@@ -166,11 +166,14 @@ ARM_KERNEL_TESTS := Kernels.*:EdgeCases.*:KVStorage.*:Q8_0.*:Precision.*
 # ARM_HWY_DISABLED: the Highway targets to leave out (none: every Arm target);
 # ARM_TESTS: the test program (attn_kernel_tests: the kernels' and threads'
 # tests alone).
+# The packages take the targets built here, no more: without
+# CMAKE_SKIP_INSTALL_ALL_DEPENDENCY, cpack first builds every other target
+# (the whole test suite), on one core.
 ARM_TESTS ?= attn_tests
 arm-build:
 	@tools/install-deps.sh $(ARM_DEBS)
 	cmake -S . -B $(ARM_BUILD) -DCMAKE_TOOLCHAIN_FILE=cmake/aarch64-linux-gnu.cmake -DCMAKE_BUILD_TYPE=Release \
-	    -DATTN_HWY_DISABLED_TARGETS="$(ARM_HWY_DISABLED)" >/dev/null
+	    -DATTN_HWY_DISABLED_TARGETS="$(ARM_HWY_DISABLED)" -DCMAKE_SKIP_INSTALL_ALL_DEPENDENCY=ON >/dev/null
 	cmake --build $(ARM_BUILD) -j $(JOBS) --target $(ARM_TESTS) attn_cli attn_shared attn_static
 
 # The whole C++ suite on every CPU of ARM_CPUS, and the arm64 packages
