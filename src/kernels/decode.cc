@@ -87,22 +87,18 @@ HWY_INLINE void DotRows(DF d, const float* const* q, const KV* k, int64_t D, flo
 #endif
 }
 
-// How many keys from key j on (below n) lie in one page of K and V: all of
-// them unless K and V are paged (K's pages are V's).
-inline int64_t RowsInPage(const core::AttentionProblem<float>& p, int64_t j, int64_t n) {
-  return p.kv == core::KVStorage::Native ? p.k.rows_in_page(j, n) : p.k_stored.rows_in_page(j, n);
-}
-
-thread_local Scratch<float> tls_decode_scores;
+thread_local Scratch<float> tls_decode_scores, tls_decode_sums;
 thread_local Scratch<const float*> tls_decode_queries;
 
 // How a problem's keys are split into work items: `heads` consecutive kv
-// heads and `keys` keys each. One head per item, kDecodeChunk keys, unless
-// the heads of a token lie side by side in paged memory (NHD pages): then
-// an item takes every head of fewer keys, and so reads whole pages in
-// order, where one head's rows lie a page row apart (docs/performance.md).
+// heads and kDecodeChunk keys each, taken `block` keys at a time with an
+// online softmax across blocks. One head per item, in one block, unless the
+// heads of a token lie side by side in paged memory (NHD pages): then an
+// item takes every head, and so reads whole pages in order, where one
+// head's rows lie a page row apart; its blocks are smaller, so that every
+// head's scores of a block stay in L1 (docs/performance.md).
 struct Split {
-  int64_t heads, keys;
+  int64_t heads, block;
 };
 Split SplitOf(const core::AttentionProblem<float>& p) {
   const auto& k = p.kv == core::KVStorage::Native ? p.k.pages : p.k_stored.pages;
@@ -112,107 +108,163 @@ Split SplitOf(const core::AttentionProblem<float>& p) {
   return {p.heads_kv, std::max<int64_t>(64, kDecodeChunk / p.heads_kv / 64 * 64)};
 }
 
+// Fetches every cache line of `bytes` bytes from x. Always inlined: out of
+// line, GCC 12 finds it free of side effects and drops its calls.
+HWY_INLINE void PrefetchSpan(const void* x, int64_t bytes) {
+  const auto first = reinterpret_cast<uintptr_t>(x), end = first + static_cast<uintptr_t>(bytes);
+  for (uintptr_t line = first & ~uintptr_t{63}; line < end; line += 64) hwy::Prefetch(reinterpret_cast<const char*>(line));
+}
+
+// One item's view of its keys, j0 .. j0 + jn: its rows' queries, the
+// scale, K's and V's row strides, and the distance between heads' rows of
+// a token (nh > 1: side by side, one span of k_span / v_span bytes).
+template <class KV>
+struct ChunkKeys {
+  const core::AttentionProblem<float>& p;
+  int64_t b, h0, nh, R, j0, jn;
+  const float* const* q;
+  float scale;
+  int64_t k_stride, v_stride, k_head, v_head, k_span, v_span;
+  bool heads_outer;
+
+  ChunkKeys(const core::AttentionProblem<float>& p_, int64_t b_, int64_t h0_, int64_t nh_, int64_t j0_, int64_t jn_,
+            const float* const* q_)
+      : p(p_), b(b_), h0(h0_), nh(nh_), R(p_.group() * p_.n_q), j0(j0_), jn(jn_), q(q_), scale(ScoreScale(p_)),
+        k_stride(KeyStride<KV>(p_)), v_stride(ValueStride<KV>(p_)),
+        k_head(nh_ == 1 ? 0 : KeyRow<KV>(p_, b_, h0_ + 1, j0_) - KeyRow<KV>(p_, b_, h0_, j0_)),
+        v_head(nh_ == 1 ? 0 : ValueRow<KV>(p_, b_, h0_ + 1, j0_) - ValueRow<KV>(p_, b_, h0_, j0_)),
+        k_span((nh_ - 1) * k_head * static_cast<int64_t>(sizeof(KV)) + RowBytes<KV>(p_.d)),
+        v_span((nh_ - 1) * v_head * static_cast<int64_t>(sizeof(KV)) + RowBytes<KV>(p_.d_v)),
+        // Key by key for every head; or, when the item's query rows overflow
+        // L1 (kDecodeL1QueryBytes), head by head over each page run, so that
+        // a head's rows stay in L1. Either order computes the same scores.
+        heads_outer(nh_ > 1 && nh_ * R * p_.d * static_cast<int64_t>(sizeof(float)) > kDecodeL1QueryBytes) {}
+
+  // Keys from key j on (below jn) in one page of K and V: all of them
+  // unless K and V are paged (K's pages are V's).
+  int64_t run_from(int64_t j) const {
+    return p.kv == core::KVStorage::Native ? p.k.rows_in_page(j0 + j, j0 + jn) : p.k_stored.rows_in_page(j0 + j, j0 + jn);
+  }
+
+  // s[(hh·R + r)·s_stride + j - from] = the scores of keys from .. to (run by
+  // run: a run's rows are k_stride apart, one run unless K and V are paged,
+  // then one per page). Fetches V's rows as K's are read, and K's rows
+  // kDecodePrefetchRows ahead, in this run or the next, past `to` too (pages
+  // shorter than the distance ahead go without).
+  HWY_INLINE void Scores(DF d, int64_t from, int64_t to, float* s, int64_t s_stride) const {
+    // Locals, not members: a member could be one of the floats the scores'
+    // stores reach, so the compiler would load it again after each.
+    const float scale = this->scale;
+    const float* const* q = this->q;
+    const int64_t k_head = this->k_head, k_stride = this->k_stride, v_stride = this->v_stride, R = this->R, nh = this->nh;
+    const int64_t k_span = this->k_span, v_span = this->v_span, D = p.d;
+    const bool heads_outer = this->heads_outer;
+    for (int64_t run = from; run < to;) {
+      const int64_t count = std::min(run_from(run), to - run), next = run + count;
+      const int64_t next_count = next < jn ? run_from(next) : 0;
+      const KV* k_run = KeyRow<KV>(p, b, h0, j0 + run);
+      const KV* v_run = ValueRow<KV>(p, b, h0, j0 + run);
+      const KV* next_k = next < jn ? KeyRow<KV>(p, b, h0, j0 + next) : nullptr;
+      const int64_t passes = heads_outer ? nh : 1;
+      for (int64_t pass = 0; pass < passes; ++pass)
+        for (int64_t j = 0; j < count; ++j) {
+          const KV* k = k_run + j * k_stride;
+          if (pass == 0) {
+            // Fetch row j of V while K streams in: both arrays come from
+            // memory concurrently, and P·V reads V from cache. And K's row
+            // kDecodePrefetchRows ahead: the hardware's prefetcher alone
+            // leaves K's reads waiting (config.hpp).
+            PrefetchSpan(v_run + j * v_stride, v_span);
+            const int64_t a = j + kDecodePrefetchRows;
+            if (a < count || a - count < next_count)
+              PrefetchSpan(a < count ? k + kDecodePrefetchRows * k_stride : next_k + (a - count) * k_stride, k_span);
+          }
+          for (int64_t hh = heads_outer ? pass : 0; hh < (heads_outer ? pass + 1 : nh); ++hh)
+            for (int64_t r0 = 0; r0 < R; r0 += kRows) {
+              float* sj = s + (hh * R + r0) * s_stride + run - from + j;
+              WithCount<kRows>(std::min<int64_t>(kRows, R - r0), [&](auto mr) HWY_ATTR {
+                DotRows<decltype(mr)::value>(d, q + hh * R + r0, k + hh * k_head, D, scale, sj, s_stride);
+              });
+            }
+        }
+      run = next;
+    }
+  }
+
+  // O += P · V over keys from .. to, run by run, head by head. With heads
+  // side by side (nh > 1), one head's rows lie a token apart, beyond the
+  // hardware prefetcher's reach, and a block's V rows (fetched with K's)
+  // outgrow L1: the next head's rows of the run are fetched again while this
+  // head's are summed.
+  HWY_INLINE void Values(DF d, int64_t from, int64_t to, const float* s, int64_t s_stride, float* o, int64_t dvp) const {
+    for (int64_t run = from; run < to;) {
+      const int64_t n = std::min(run_from(run), to - run);
+      for (int64_t hh = 0; hh < nh; ++hh) {
+        if (hh + 1 < nh) {
+          const KV* next_head = ValueRow<KV>(p, b, h0 + hh + 1, j0 + run);
+          for (int64_t j = 0; j < n; ++j) PrefetchSpan(next_head + j * v_stride, RowBytes<KV>(p.d_v));
+        }
+        AccumulateValues(d, R, s + hh * R * s_stride + run - from, s_stride, n, ValueRow<KV>(p, b, h0 + hh, j0 + run),
+                         v_stride, p.d_v, o + hh * R * dvp, dvp);
+      }
+      run += n;
+    }
+  }
+
+};
+
 // Partial result of one item, kv heads h0 .. h0 + split.heads, keys of
 // chunk `chunk`, for its rows (R = group · n_q per head, head by head):
 // O[rows][dvp] (aligned), then m[rows], l[rows].
 template <class KV>
 void DecodeChunk(DF d, const core::AttentionProblem<float>& p, int64_t b, int64_t h0, const Split& split,
                  int64_t chunk, int64_t dvp, float* part) {
-  const int64_t R = p.group() * p.n_q, nh = split.heads, rows = nh * R, C = split.keys;
+  const int64_t R = p.group() * p.n_q, nh = split.heads, rows = nh * R, B = split.block;
   float* o = part;
   float* m = part + rows * dvp;
   float* l = m + rows;
   const int64_t N = static_cast<int64_t>(hn::Lanes(d));
-  alignas(HWY_MAX_BYTES) float l_lanes[HWY_MAX_BYTES / sizeof(float)];
   const float ninf = -std::numeric_limits<float>::infinity();
   std::fill(m, m + rows, ninf);
   std::fill(l, l + rows, 0.0f);
   std::fill(o, o + rows * dvp, 0.0f);
-  const int64_t j0 = chunk * C, jn = std::min(C, p.n_k - j0);
-  // The chunk's place in the rows' causal/window ranges (monotone in the row).
+  const int64_t j0 = chunk * kDecodeChunk, jn = std::min(kDecodeChunk, p.n_k - j0);
+  // The rows' causal/window ranges are monotone in the row: the first row's
+  // and the last's bound them all.
   const KeyRange first = allowed_keys(0, p.n_q, p.n_k, p.causal, p.window);
   const KeyRange last = allowed_keys(p.n_q - 1, p.n_q, p.n_k, p.causal, p.window);
   if (j0 >= last.end || j0 + jn <= first.begin) return;
-  const bool inside = j0 >= last.begin && j0 + jn <= first.end;
 
-  float* s = tls_decode_scores.get(static_cast<size_t>(rows * C));
+  float* s = tls_decode_scores.get(static_cast<size_t>(rows * B));
+  float* l_lanes = tls_decode_sums.get(static_cast<size_t>(rows * N));  // per row, one vector (SoftmaxStep)
+  std::fill(l_lanes, l_lanes + rows * N, 0.0f);
   // Row r of the item: head h0 + r / R's query head r % R / n_q, query r % n_q.
   const auto row_head = [&](int64_t r) { return (h0 + r / R) * p.group() + r % R / p.n_q; };
   const float** q = tls_decode_queries.get(static_cast<size_t>(rows));
   for (int64_t r = 0; r < rows; ++r) q[r] = p.q.row(b, row_head(r), r % p.n_q);
-  const float scale = ScoreScale(p);
-  const int64_t v_stride = ValueStride<KV>(p), v_bytes = RowBytes<KV>(p.d_v);
-  const int64_t k_stride = KeyStride<KV>(p), k_bytes = RowBytes<KV>(p.d);
-  // A token's rows of the item's heads (nh > 1: side by side, one span).
-  const int64_t k_head = nh == 1 ? 0 : KeyRow<KV>(p, b, h0 + 1, j0) - KeyRow<KV>(p, b, h0, j0);
-  const int64_t v_head = nh == 1 ? 0 : ValueRow<KV>(p, b, h0 + 1, j0) - ValueRow<KV>(p, b, h0, j0);
-  const int64_t k_span = (nh - 1) * k_head * static_cast<int64_t>(sizeof(KV)) + k_bytes;
-  const int64_t v_span = (nh - 1) * v_head * static_cast<int64_t>(sizeof(KV)) + v_bytes;
-  const bool heads_outer = nh > 1 && rows * p.d * static_cast<int64_t>(sizeof(float)) > kDecodeL1QueryBytes;
-  // The chunk's keys run by run: a run's rows are k_stride (v_stride) apart,
-  // one run unless K and V are paged, then one per page. K's rows ahead lie
-  // in this run or the next (pages shorter than the distance ahead go
-  // without).
-  int64_t count = RowsInPage(p, j0, j0 + jn);
-  for (int64_t run = 0; run < jn;) {
-    const KV* k_run = KeyRow<KV>(p, b, h0, j0 + run);
-    const KV* v_run = ValueRow<KV>(p, b, h0, j0 + run);
-    const int64_t next = run + count;
-    const int64_t next_count = next < jn ? RowsInPage(p, j0 + next, j0 + jn) : 0;
-    const KV* next_k = next < jn ? KeyRow<KV>(p, b, h0, j0 + next) : nullptr;
-    // Key by key for every head; or, when the item's query rows overflow L1
-    // (kDecodeL1QueryBytes), head by head over the run's keys, so that a
-    // head's rows stay in L1. The first pass fetches ahead for all heads.
-    // Either order computes the same scores.
-    const int64_t passes = heads_outer ? nh : 1;
-    for (int64_t pass = 0; pass < passes; ++pass)
-      for (int64_t j = 0; j < count; ++j) {
-        const KV* k = k_run + j * k_stride;
-        if (pass == 0) {
-          // Fetch row j of V while K streams in: both arrays come from
-          // memory concurrently, and P·V below reads V from cache. And K's
-          // row kDecodePrefetchRows ahead: the hardware's prefetcher alone
-          // leaves K's reads waiting (config.hpp).
-          const char* vj = reinterpret_cast<const char*>(v_run + j * v_stride);
-          for (int64_t off = 0; off < v_span; off += 64) hwy::Prefetch(vj + off);
-          if (v_span > 0) hwy::Prefetch(vj + v_span - 1);  // the last line, if not line-aligned
-          const int64_t a = j + kDecodePrefetchRows;
-          if (a < count || a - count < next_count) {
-            const KV* ahead = a < count ? k + kDecodePrefetchRows * k_stride : next_k + (a - count) * k_stride;
-            const char* ka = reinterpret_cast<const char*>(ahead);
-            for (int64_t off = 0; off < k_span; off += 64) hwy::Prefetch(ka + off);
-            if (k_span > 0) hwy::Prefetch(ka + k_span - 1);
-          }
-        }
-        for (int64_t hh = heads_outer ? pass : 0; hh < (heads_outer ? pass + 1 : nh); ++hh)
-          for (int64_t r0 = 0; r0 < R; r0 += kRows) {
-            float* sj = s + (hh * R + r0) * C + run + j;
-            WithCount<kRows>(std::min<int64_t>(kRows, R - r0), [&](auto mr) HWY_ATTR {
-              DotRows<decltype(mr)::value>(d, q + hh * R + r0, k + hh * k_head, p.d, scale, sj, C);
-            });
-          }
+  const ChunkKeys<KV> keys(p, b, h0, nh, j0, jn, q);
+  const int64_t first_block = std::max<int64_t>(0, first.begin - j0) / B * B;
+  for (int64_t from = first_block; from < jn; from += B) {
+    const int64_t to = std::min(jn, from + B), count = to - from;
+    if (j0 + from >= last.end || j0 + to <= first.begin) continue;
+    const bool inside = j0 + from >= last.begin && j0 + to <= first.end;
+    keys.Scores(d, from, to, s, B);
+    if (p.softcap > 0) Softcap(d, p.softcap, s, rows * B);
+    const bool masked = !inside || p.mask.present() || !p.alibi.empty();
+    for (int64_t r = 0; r < rows; ++r) {
+      float* sr = s + r * B;
+      std::fill(sr + count, sr + B, ninf);
+      if (masked) MaskRow(d, p, b, row_head(r), r % p.n_q, j0 + from, count, !inside, sr);
+      const float alpha = SoftmaxStep(d, sr, B, m[r], l_lanes + r * N);
+      if (alpha != 1.0f && from > first_block) {  // (O is zero before the first block)
+        const VF a = hn::Set(d, alpha);
+        float* orow = o + r * dvp;
+        for (int64_t c = 0; c < dvp; c += N) hn::Store(hn::Mul(hn::Load(d, orow + c), a), d, orow + c);
       }
-    run = next;
-    count = next_count;
+    }
+    keys.Values(d, from, to, s, B, o, dvp);
   }
-  if (p.softcap > 0) Softcap(d, p.softcap, s, rows * C);
-  const bool masked = !inside || p.mask.present() || !p.alibi.empty();
-  for (int64_t r = 0; r < rows; ++r) {
-    float* sr = s + r * C;
-    std::fill(sr + jn, sr + C, ninf);
-    if (masked)
-      MaskRow(d, p, b, row_head(r), r % p.n_q, j0, jn, !inside, sr);
-    std::fill(l_lanes, l_lanes + N, 0.0f);
-    SoftmaxStep(d, sr, C, m[r], l_lanes);
-    l[r] = hn::GetLane(hn::SumOfLanes(d, hn::Load(d, l_lanes)));
-  }
-  for (int64_t run = 0; run < jn;) {
-    const int64_t n = RowsInPage(p, j0 + run, j0 + jn);
-    for (int64_t hh = 0; hh < nh; ++hh)
-      AccumulateValues(d, R, s + hh * R * C + run, C, n, ValueRow<KV>(p, b, h0 + hh, j0 + run), v_stride, p.d_v,
-                       o + hh * R * dvp, dvp);
-    run += n;
-  }
+  for (int64_t r = 0; r < rows; ++r) l[r] = hn::GetLane(hn::SumOfLanes(d, hn::Load(d, l_lanes + r * N)));
 }
 
 thread_local Scratch<float> tls_partials, tls_merged;
@@ -232,7 +284,7 @@ DecodeItems ItemsOf(DF d, const core::AttentionProblem<float>* const* problems, 
   for (int64_t i = 0; i < count; ++i) {
     const core::AttentionProblem<float>& p = *problems[i];
     const Split split = SplitOf(p);
-    const int64_t chunks = (p.n_k + split.keys - 1) / split.keys, groups = p.batch * p.heads_kv / split.heads;
+    const int64_t chunks = (p.n_k + kDecodeChunk - 1) / kDecodeChunk, groups = p.batch * p.heads_kv / split.heads;
     const int64_t rows = split.heads * p.group() * p.n_q;
     const int64_t part_size = (rows * (WholeVectors(p.d_v) + 2) + N - 1) / N * N;  // each O aligned
     items.split.push_back(split);
