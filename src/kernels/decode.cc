@@ -210,7 +210,6 @@ struct ChunkKeys {
       run += n;
     }
   }
-
 };
 
 // Partial result of one item, kv heads h0 .. h0 + split.heads, keys of
@@ -243,8 +242,7 @@ void DecodeChunk(DF d, const core::AttentionProblem<float>& p, int64_t b, int64_
   const float** q = tls_decode_queries.get(static_cast<size_t>(rows));
   for (int64_t r = 0; r < rows; ++r) q[r] = p.q.row(b, row_head(r), r % p.n_q);
   const ChunkKeys<KV> keys(p, b, h0, nh, j0, jn, q);
-  const int64_t first_block = std::max<int64_t>(0, first.begin - j0) / B * B;
-  for (int64_t from = first_block; from < jn; from += B) {
+  for (int64_t from = 0; from < jn; from += B) {
     const int64_t to = std::min(jn, from + B), count = to - from;
     if (j0 + from >= last.end || j0 + to <= first.begin) continue;
     const bool inside = j0 + from >= last.begin && j0 + to <= first.end;
@@ -256,7 +254,7 @@ void DecodeChunk(DF d, const core::AttentionProblem<float>& p, int64_t b, int64_
       std::fill(sr + count, sr + B, ninf);
       if (masked) MaskRow(d, p, b, row_head(r), r % p.n_q, j0 + from, count, !inside, sr);
       const float alpha = SoftmaxStep(d, sr, B, m[r], l_lanes + r * N);
-      if (alpha != 1.0f && from > first_block) {  // (O is zero before the first block)
+      if (alpha != 1.0f) {
         const VF a = hn::Set(d, alpha);
         float* orow = o + r * dvp;
         for (int64_t c = 0; c < dvp; c += N) hn::Store(hn::Mul(hn::Load(d, orow + c), a), d, orow + c);
