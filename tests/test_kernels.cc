@@ -140,6 +140,10 @@ std::vector<KernelCase> decode_cases() {
       // sinks, merged once with the chunks' partial results
       {1, 6, 2, 2, 1500, 64, 64, Causal::BottomRight, {}, 0, 0, 8.0, 3.0},
       {1, 3, 3, 3, 1100, 32, 32, Causal::offset(-2), {300, 0}, 0, 1, 0, 1.0},
+      // 32 rows per kv head and more (group × queries): scores by tiles
+      // (kDecodePanelRows), with every option
+      {1, 16, 2, 4, 1300, 65, 33, Causal::BottomRight, {}, 20.0, 2, 8.0, 2.0},
+      {2, 8, 1, 8, 1030, 13, 7, Causal::offset(-3), {500, 2}, 0, 1},
   };
 }
 
@@ -149,18 +153,20 @@ constexpr int64_t kHeadDims[] = {1, 3, 16, 17, 31, 32, 33, 48, 63, 65, 80, 96, 1
                                  160, 192, 256, 320};
 
 // Prefill (straddling query blocks and key tiles, causal) and decode (a
-// chunk and a half) at head dim d, value dim d_v.
+// chunk and a half; key by key, and by tiles with 32 rows per kv head) at
+// head dim d, value dim d_v.
 void check_head_dim(int64_t d, int64_t d_v, uint32_t seed) {
   check({1, 2, 1, 70, 130, d, d_v, Causal::BottomRight, {}, 0, 0}, false, seed);
   check({1, 2, 2, 2, 770, d, d_v, Causal::None, {}, 0, 1}, false, seed + 1);
+  check({1, 8, 1, 4, 600, d, d_v, Causal::BottomRight, {}, 0, 0}, false, seed + 2);
 }
 
 TEST(Kernels, EveryHeadDimOnEveryTarget) {
   test::on_every_simd_target([] {
     uint32_t seed = 700;
     for (int64_t d : kHeadDims) {
-      check_head_dim(d, d, seed += 2);
-      check_head_dim(d, d % 7 + 5, seed += 2);
+      check_head_dim(d, d, seed += 3);
+      check_head_dim(d, d % 7 + 5, seed += 3);
     }
   });
 }

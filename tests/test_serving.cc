@@ -249,11 +249,13 @@ TEST(BatchAttention, MatchesFloat64PerRequestOnGatheredPages) {
     int64_t page_size, hq, hkv, d, d_v;
     PageLayout layout;
   };
-  // (The last: 8 queries of 2 heads × 8 overflow L1 as one item's rows, so
-  // the decode kernel goes head by head over each page.)
-  const Case cases[] = {{16, 6, 2, 16, 16, PageLayout::NHD}, {1, 8, 1, 13, 7, PageLayout::NHD},
-                        {8, 3, 3, 32, 24, PageLayout::HND}, {16, 8, 1, 64, 64, PageLayout::HND},
-                        {16, 16, 2, 128, 64, PageLayout::NHD}};
+  // (With 8 queries, a group of 8 gives 64 rows per kv head: the decode
+  // kernel's scores by tiles (kDecodePanelRows), over pages of 1 and 16 in
+  // either layout. The last: 8 queries of 4 heads × 3 overflow L1 as one
+  // item's rows, so the decode kernel goes head by head over each page.)
+  const Case cases[] = {{16, 6, 2, 16, 16, PageLayout::NHD},  {1, 8, 1, 13, 7, PageLayout::NHD},
+                        {8, 3, 3, 32, 24, PageLayout::HND},   {16, 8, 1, 64, 64, PageLayout::HND},
+                        {16, 16, 2, 128, 64, PageLayout::NHD}, {16, 12, 4, 128, 64, PageLayout::NHD}};
   for (const Case& c : cases) {
     const PagedBatch b = make_batch(kQoLens, kKvLens, c.page_size, c.hq, c.hkv, c.d, c.d_v, c.layout, 1);
     const std::string what = "page_size " + std::to_string(c.page_size) + " hq " + std::to_string(c.hq) + ":" +
@@ -319,15 +321,20 @@ TEST(BatchAttention, CustomMasksDenseAndPackedAndTheCausalTriangle) {
 }
 
 TEST(BatchAttention, StorageTypesReadTheirStoredValues) {
-  const PagedBatch b = make_batch(kQoLens, kKvLens, 16, 4, 2, 64, 32, PageLayout::NHD, 5);
-  const auto check = [&](auto k_stored, auto v_stored, const char* what) {
-    const auto got = run_batch(b, k_stored.view(), v_stored.view(), {});
-    // The float64 answer on the values the pool holds: accuracy as float32's.
-    expect_matches_reference(b, got, dequantize(k_stored.view()), dequantize(v_stored.view()), {}, 2e-5, what);
-  };
-  check(to_bfloat16(b.k_pool.view()), to_bfloat16(b.v_pool.view()), "bf16");
-  check(to_float16(b.k_pool.view()), to_float16(b.v_pool.view()), "f16");
-  check(quantize_q8_0(b.k_pool.view()), quantize_q8_0(b.v_pool.view()), "q8_0");
+  // Groups of 2 and 4: 16 and 32 rows per kv head with 8 queries, scores key
+  // by key and by tiles (kDecodePanelRows), each widening the stored values.
+  for (const int64_t hq : {4, 8}) {
+    const PagedBatch b = make_batch(kQoLens, kKvLens, 16, hq, 2, 64, 32, PageLayout::NHD, 5);
+    const auto check = [&](auto k_stored, auto v_stored, const std::string& what) {
+      const auto got = run_batch(b, k_stored.view(), v_stored.view(), {});
+      // The float64 answer on the values the pool holds: accuracy as float32's.
+      expect_matches_reference(b, got, dequantize(k_stored.view()), dequantize(v_stored.view()), {}, 2e-5, what);
+    };
+    const std::string heads = " hq " + std::to_string(hq);
+    check(to_bfloat16(b.k_pool.view()), to_bfloat16(b.v_pool.view()), "bf16" + heads);
+    check(to_float16(b.k_pool.view()), to_float16(b.v_pool.view()), "f16" + heads);
+    check(quantize_q8_0(b.k_pool.view()), quantize_q8_0(b.v_pool.view()), "q8_0" + heads);
+  }
 }
 
 TEST(BatchAttention, BitwiseOneCallSeparateCallsAndAnyThreadCount) {

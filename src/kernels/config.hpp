@@ -119,12 +119,25 @@ constexpr int64_t kDecodeMaxQueries = ATTN_DECODE_MAX_QUERIES;
 // bf16 within noise of each other at 0 and 16.
 constexpr int64_t kDecodePrefetchRows = ATTN_DECODE_PREFETCH_ROWS;
 
-// Decode over NHD pages: the query rows an item keeps in L1 while it goes key
-// by key over all its heads (about two thirds of a 48 KiB L1, room left for
-// the scores and a K row); beyond it, head by head over each page. 8 draft
-// queries of a group of 4 at 8 heads x 128 are 128 KiB of rows: a tree of 8
-// at 8192 keys took 10.0 ms key by key, 6.7-7.0 ms head by head, against
-// about 2 ms for one query (AMD EPYC, 2 threads).
+// Decode: the query rows per kv head (GQA group × queries) from which an
+// item computes its scores by tiles (K transposed into a panel, the
+// prefill's micro-kernel) rather than key by key with a horizontal sum per
+// row and key. Fewer rows leave the tiles' compute bursts apart from the
+// memory reads, which key by key overlap. 32 query and 8 KV heads of 128,
+// 8192 keys, AMD EPYC (Zen 5), 2 threads, medians of 5 alternating runs, key
+// by key against tiles, ms: 32 rows (8 draft queries, pages of 16, tree
+// mask) float32 5.48 against 4.88, bf16 4.14 against 3.58, q8_0 5.08 against
+// 3.49; contiguous float32, 24 rows 3.02 against 3.51, 16 rows 2.09 against
+// 2.86.
+constexpr int64_t kDecodePanelRows = 32;
+
+// Decode over NHD pages, key by key: the query rows an item keeps in L1
+// while it goes key by key over all its heads (about two thirds of a 48 KiB
+// L1, room left for the scores and a K row); beyond it, head by head over
+// each page. 4 draft queries of a group of 4 at 8 heads x 128 are 64 KiB of
+// rows. (8 drafts, 128 KiB, at 8192 keys took 10.0 ms key by key, 6.7-7.0
+// ms head by head, against about 2 ms for one query, AMD EPYC, 2 threads;
+// they take tiles now: kDecodePanelRows.)
 constexpr int64_t kDecodeL1QueryBytes = 32 * 1024;
 
 // bf16 and int8 precision take the CPU's bf16 unit when its throughput is at

@@ -12,6 +12,7 @@
 #include <hwy/cache_control.h>
 
 #include "kernels/attention-inl.h"
+#include "kernels/flash-inl.h"
 
 #include <algorithm>
 #include <cstdlib>
@@ -89,6 +90,7 @@ HWY_INLINE void DotRows(DF d, const float* const* q, const KV* k, int64_t D, flo
 
 thread_local Scratch<float> tls_decode_scores, tls_decode_sums;
 thread_local Scratch<const float*> tls_decode_queries;
+thread_local Scratch<float> tls_decode_panel;
 
 // How a problem's keys are split into work items: `heads` consecutive kv
 // heads and kDecodeChunk keys each, taken `block` keys at a time with an
@@ -146,48 +148,81 @@ struct ChunkKeys {
     return p.kv == core::KVStorage::Native ? p.k.rows_in_page(j0 + j, j0 + jn) : p.k_stored.rows_in_page(j0 + j, j0 + jn);
   }
 
+  // The keys from key j on (below `to`) in one page: their count, their
+  // first K and V rows (of head h0), and the next run's count and first K
+  // row, if any.
+  struct Run {
+    int64_t count, next_count;
+    const KV *k, *v, *next_k;
+  };
+  Run RunAt(int64_t j, int64_t to) const {
+    const int64_t count = std::min(run_from(j), to - j), next = j + count;
+    return {count, next < jn ? run_from(next) : 0, KeyRow<KV>(p, b, h0, j0 + j), ValueRow<KV>(p, b, h0, j0 + j),
+            next < jn ? KeyRow<KV>(p, b, h0, j0 + next) : nullptr};
+  }
+
+  // Fetches row j of the run's V (every head's) while its K streams in:
+  // both arrays come from memory concurrently, and P·V reads V from cache.
+  // And K's row kDecodePrefetchRows ahead, in this run or the next (past
+  // `to` too; pages shorter than the distance ahead go without): the
+  // hardware's prefetcher alone leaves K's reads waiting (config.hpp).
+  HWY_INLINE void FetchAhead(const Run& run, int64_t j) const {
+    PrefetchSpan(run.v + j * v_stride, v_span);
+    const int64_t a = j + kDecodePrefetchRows;
+    if (a < run.count || a - run.count < run.next_count)
+      PrefetchSpan(a < run.count ? run.k + a * k_stride : run.next_k + (a - run.count) * k_stride, k_span);
+  }
+
   // s[(hh·R + r)·s_stride + j - from] = the scores of keys from .. to (run by
   // run: a run's rows are k_stride apart, one run unless K and V are paged,
-  // then one per page). Fetches V's rows as K's are read, and K's rows
-  // kDecodePrefetchRows ahead, in this run or the next, past `to` too (pages
-  // shorter than the distance ahead go without).
+  // then one per page), by DotRows.
   HWY_INLINE void Scores(DF d, int64_t from, int64_t to, float* s, int64_t s_stride) const {
     // Locals, not members: a member could be one of the floats the scores'
     // stores reach, so the compiler would load it again after each.
     const float scale = this->scale;
     const float* const* q = this->q;
-    const int64_t k_head = this->k_head, k_stride = this->k_stride, v_stride = this->v_stride, R = this->R, nh = this->nh;
-    const int64_t k_span = this->k_span, v_span = this->v_span, D = p.d;
+    const int64_t k_head = this->k_head, k_stride = this->k_stride, R = this->R, nh = this->nh, D = p.d;
     const bool heads_outer = this->heads_outer;
-    for (int64_t run = from; run < to;) {
-      const int64_t count = std::min(run_from(run), to - run), next = run + count;
-      const int64_t next_count = next < jn ? run_from(next) : 0;
-      const KV* k_run = KeyRow<KV>(p, b, h0, j0 + run);
-      const KV* v_run = ValueRow<KV>(p, b, h0, j0 + run);
-      const KV* next_k = next < jn ? KeyRow<KV>(p, b, h0, j0 + next) : nullptr;
+    for (int64_t at = from; at < to;) {
+      const Run run = RunAt(at, to);
       const int64_t passes = heads_outer ? nh : 1;
       for (int64_t pass = 0; pass < passes; ++pass)
-        for (int64_t j = 0; j < count; ++j) {
-          const KV* k = k_run + j * k_stride;
-          if (pass == 0) {
-            // Fetch row j of V while K streams in: both arrays come from
-            // memory concurrently, and P·V reads V from cache. And K's row
-            // kDecodePrefetchRows ahead: the hardware's prefetcher alone
-            // leaves K's reads waiting (config.hpp).
-            PrefetchSpan(v_run + j * v_stride, v_span);
-            const int64_t a = j + kDecodePrefetchRows;
-            if (a < count || a - count < next_count)
-              PrefetchSpan(a < count ? k + kDecodePrefetchRows * k_stride : next_k + (a - count) * k_stride, k_span);
-          }
+        for (int64_t j = 0; j < run.count; ++j) {
+          const KV* k = run.k + j * k_stride;
+          if (pass == 0) FetchAhead(run, j);
           for (int64_t hh = heads_outer ? pass : 0; hh < (heads_outer ? pass + 1 : nh); ++hh)
             for (int64_t r0 = 0; r0 < R; r0 += kRows) {
-              float* sj = s + (hh * R + r0) * s_stride + run - from + j;
+              float* sj = s + (hh * R + r0) * s_stride + at - from + j;
               WithCount<kRows>(std::min<int64_t>(kRows, R - r0), [&](auto mr) HWY_ATTR {
                 DotRows<decltype(mr)::value>(d, q + hh * R + r0, k + hh * k_head, D, scale, sj, s_stride);
               });
             }
         }
-      run = next;
+      at += run.count;
+    }
+  }
+
+  // The same scores, head by head, tile by tile of kBlockK keys: the tile's
+  // K rows transposed into a panel (page run by page run), then the
+  // prefill's micro-kernel (MatmulPanel) over the head's rows. Where an
+  // item has many rows (kDecodePanelRows), this does a key's FMAs without
+  // a horizontal sum per row and key, and widens each K value once.
+  HWY_INLINE void PanelScores(DF d, int64_t from, int64_t to, float* s, int64_t s_stride, float* panel) const {
+    for (int64_t t = from; t < to; t += kBlockK) {
+      const int64_t tn = std::min(kBlockK, to - t);
+      for (int64_t hh = 0; hh < nh; ++hh) {
+        for (int64_t at = t; at < t + tn;) {
+          const Run run = RunAt(at, t + tn);
+          if (hh == 0)
+            for (int64_t j = 0; j < run.count; ++j) FetchAhead(run, j);
+          TransposeRows(run.k + hh * k_head, k_stride, run.count, p.d, panel + (at - t));
+          at += run.count;
+        }
+        PadPanel(tn, p.d, panel);
+        for (int64_t r0 = 0; r0 < R; r0 += kRows)
+          MatmulPanel(d, q + hh * R + r0, static_cast<int>(std::min<int64_t>(kRows, R - r0)), p.d, panel, scale,
+                      s + (hh * R + r0) * s_stride + t - from, s_stride, Plain(), tn);
+      }
     }
   }
 
@@ -242,11 +277,13 @@ void DecodeChunk(DF d, const core::AttentionProblem<float>& p, int64_t b, int64_
   const float** q = tls_decode_queries.get(static_cast<size_t>(rows));
   for (int64_t r = 0; r < rows; ++r) q[r] = p.q.row(b, row_head(r), r % p.n_q);
   const ChunkKeys<KV> keys(p, b, h0, nh, j0, jn, q);
+  float* panel = R >= kDecodePanelRows ? tls_decode_panel.get(static_cast<size_t>(kBlockK * p.d)) : nullptr;
   for (int64_t from = 0; from < jn; from += B) {
     const int64_t to = std::min(jn, from + B), count = to - from;
     if (j0 + from >= last.end || j0 + to <= first.begin) continue;
     const bool inside = j0 + from >= last.begin && j0 + to <= first.end;
-    keys.Scores(d, from, to, s, B);
+    if (panel) keys.PanelScores(d, from, to, s, B, panel);
+    else keys.Scores(d, from, to, s, B);
     if (p.softcap > 0) Softcap(d, p.softcap, s, rows * B);
     const bool masked = !inside || p.mask.present() || !p.alibi.empty();
     for (int64_t r = 0; r < rows; ++r) {

@@ -52,13 +52,6 @@ struct RowBlock {
   }
 };
 
-// Rows j0 .. j0 + count - 1 (count <= kBlockK) of K or V, `width` columns
-// each, `stride` KVs apart from row0, transposed into a panel: dst[c *
-// kBlockK + j] = row j's column c; rows past count are zero as far as
-// MatmulPanel reads them. Four rows at a time: their rows, interleaved, are
-// each column's four values side by side, one 16-byte copy per column
-// rather than four scattered element stores. 16-bit
-// and q8_0 rows are widened on the way.
 // Element c of a row as float32, rounded to bf16 when asked.
 template <class KV>
 float Value(const KV* row, int64_t c, bool bf16) {
@@ -66,8 +59,14 @@ float Value(const KV* row, int64_t c, bool bf16) {
   return bf16 ? attn::round_to_bf16(x) : x;
 }
 
+// Rows j0 .. j0 + count - 1 (count <= kBlockK) of K or V, `width` columns
+// each, `stride` KVs apart from row0, transposed into a panel: dst[c *
+// kBlockK + j] = row j's column c. Four rows at a time: their rows,
+// interleaved, are each column's four values side by side, one 16-byte copy
+// per column rather than four scattered element stores. 16-bit and q8_0
+// rows are widened on the way.
 template <class KV>
-void PackRows(const KV* row0, int64_t stride, int64_t count, int64_t width, float* dst, bool bf16 = false) {
+void TransposeRows(const KV* row0, int64_t stride, int64_t count, int64_t width, float* dst, bool bf16 = false) {
   const DF d;
   const int64_t N = static_cast<int64_t>(hn::Lanes(d));
   const int64_t whole = width / N * N;
@@ -89,10 +88,22 @@ void PackRows(const KV* row0, int64_t stride, int64_t count, int64_t width, floa
     const KV* k = row0 + j * stride;
     for (int64_t c = 0; c < width; ++c) dst[c * kBlockK + j] = Value(k, c, bf16);
   }
-  // Zeros up to what MatmulPanel reads of a tile of `count` keys: whole
-  // vectors, or on sizeless vectors a whole block.
+}
+
+// Zeros in a panel of `width` columns (TransposeRows) past its first
+// `count` rows, as far as MatmulPanel reads a tile of `count` keys: whole
+// vectors, or on sizeless vectors a whole block.
+inline void PadPanel(int64_t count, int64_t width, float* dst) {
+  const int64_t N = static_cast<int64_t>(hn::Lanes(DF()));
   const int64_t read = HWY_HAVE_SCALABLE ? kBlockK : std::min(kBlockK, (count + N - 1) / N * N);
   for (int64_t c = 0; c < width; ++c) std::fill(dst + c * kBlockK + count, dst + c * kBlockK + read, 0.0f);
+}
+
+// The panel of `count` rows (TransposeRows), zeros past them (PadPanel).
+template <class KV>
+void PackRows(const KV* row0, int64_t stride, int64_t count, int64_t width, float* dst, bool bf16 = false) {
+  TransposeRows(row0, stride, count, width, dst, bf16);
+  PadPanel(count, width, dst);
 }
 
 // K tile kt of (b, hkv) as a panel (PackRows), rounded to bf16 with that
