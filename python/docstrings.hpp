@@ -329,11 +329,11 @@ or tools/export_torch_mha.py.)";
 inline constexpr const char* kOnnxAttention = R"(attention(Q, K, V, attn_mask=None, past_key=None, past_value=None,
           nonpad_kv_seqlen=None, *, is_causal=0, kv_num_heads=0, q_num_heads=0,
           qk_matmul_output_mode=0, scale=None, softcap=0.0, softmax_precision=None,
-          qk_matmul_output=True)
+          left_window_size=-1, right_window_size=-1, opset=25, qk_matmul_output=True)
     -> (Y, present_key, present_value, qk_matmul_output)
 
-ONNX's Attention operator (opsets 23 and 24), with its inputs, attributes,
-layouts and defaults, computed by attn.attention.
+ONNX's Attention operator (opsets 23, 24 and 25: opset picks the version),
+with its inputs, attributes, layouts and defaults, computed by attn.attention.
 
 Q (B, Hq, S, D), K (B, Hkv, L, D), V (B, Hkv, L, Dv); or all 3-D (B, S, H*D)
 with q_num_heads and kv_num_heads (Y is then 3-D too). float16 inputs are
@@ -343,7 +343,10 @@ attn_mask: boolean (True = takes part) or float (added), broadcastable to
 past_key, past_value (B, Hkv, P, D|Dv): present_* = past_* then K, V.
 nonpad_kv_seqlen (B,): keys j >= nonpad_kv_seqlen[b] take no part.
 is_causal=1: query i sees keys j <= i + offset, offset = P with a past,
-nonpad_kv_seqlen[b] - S with nonpad_kv_seqlen and no past, else 0 (top-left).
+nonpad_kv_seqlen[b] - S with nonpad_kv_seqlen (never with a past), else 0
+(top-left). left_window_size, right_window_size (opset 25): query i sees keys
+p - left .. p + right, p = offset + i (-1: that side open), with or without
+is_causal. From opset 25, q_num_heads and kv_num_heads are for 3-D inputs only.
 qk_matmul_output (B, Hq, S, P + L): 0 the scaled logits, 1 after softcap, 2
 after the mask (-inf where excluded), 3 the softmax weights; softcap comes
 before the mask. qk_matmul_output=False: not computed (None in its place), as

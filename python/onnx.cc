@@ -101,7 +101,9 @@ py::tuple py_onnx_attention(const py::object& q, const py::object& k, const py::
                             const py::object& is_causal, const py::object& kv_num_heads,
                             const py::object& q_num_heads, const py::object& qk_matmul_output_mode,
                             const py::object& scale, double softcap,
-                            const py::object& softmax_precision, bool qk_matmul_output) {
+                            const py::object& softmax_precision, const py::object& left_window_size,
+                            const py::object& right_window_size, const py::object& opset,
+                            bool qk_matmul_output) {
   onnx::AttentionAttributes a;
   a.is_causal = int_arg(is_causal, "is_causal");
   a.kv_num_heads = int_arg(kv_num_heads, "kv_num_heads");
@@ -110,6 +112,9 @@ py::tuple py_onnx_attention(const py::object& q, const py::object& k, const py::
   if (!scale.is_none()) a.scale = scale.cast<double>();
   a.softcap = softcap;
   a.softmax_precision = softmax_precision.is_none() ? 0 : int_arg(softmax_precision, "softmax_precision");
+  a.left_window_size = int_arg(left_window_size, "left_window_size");
+  a.right_window_size = int_arg(right_window_size, "right_window_size");
+  a.opset = int_arg(opset, "opset");
   return by_dtype(q, "onnx.attention", "Q", [&](auto t) {
     return attention_t<decltype(t)>(q, k, v, attn_mask, past_key, past_value, nonpad_kv_seqlen, a,
                                     qk_matmul_output);
@@ -149,6 +154,7 @@ void bind_onnx(py::module_& m) {
         arg("nonpad_kv_seqlen") = py::none(), py::kw_only(), arg("is_causal") = 0,
         arg("kv_num_heads") = 0, arg("q_num_heads") = 0, arg("qk_matmul_output_mode") = 0,
         arg("scale") = py::none(), arg("softcap") = 0.0, arg("softmax_precision") = py::none(),
+        arg("left_window_size") = -1, arg("right_window_size") = -1, arg("opset") = 25,
         arg("qk_matmul_output") = true, docs::kOnnxAttention);
   m.def("onnx_rotary_embedding", &py_onnx_rotary_embedding, arg("X"), arg("cos_cache"),
         arg("sin_cache"), arg("position_ids") = py::none(), py::kw_only(), arg("interleaved") = 0,

@@ -36,9 +36,10 @@ Tensor<T> merge_heads(const Tensor<T>& x) {
   return out;
 }
 
-// The cache, a float mask shorter than the keys, nonpad_kv_seqlen and ONNX's
-// causal rule, each turned into the dense (B, 1, S, P + L) additive mask it
-// stands for; the double reference with that mask is the expected answer.
+// The cache, a float mask shorter than the keys, nonpad_kv_seqlen, ONNX's
+// causal rule and opset 25's window, each turned into the dense (B, 1, S,
+// P + L) additive mask it stands for; the double reference with that mask is
+// the expected answer. (A past and nonpad_kv_seqlen together are refused.)
 TEST(Onnx, AttentionIsTheReferenceWithOnnxsMask) {
   std::mt19937 rng(1);
   const int64_t B = 2, Hq = 4, Hkv = 2, S = 3, P = 5, L = 3, D = 8, Dv = 6, T = P + L;
@@ -48,55 +49,69 @@ TEST(Onnx, AttentionIsTheReferenceWithOnnxsMask) {
   Tensor<double> mask = random_tensor({S, 6}, rng, -2, 1);  // 6 < T: padded with -inf
   mask[4] = -kInf;
   const Tensor<int64_t> nonpad({B}, {7, 4});
+  const std::pair<int64_t, int64_t> windows[] = {{-1, -1}, {2, 1}, {1, -1}, {-1, 0}, {0, 3}};
   for (int64_t causal : {0, 1})
     for (bool with_past : {true, false})
-      for (bool with_nonpad : {true, false}) {
-        SCOPED_TRACE("causal " + std::to_string(causal) + " past " + std::to_string(with_past) +
-                     " nonpad " + std::to_string(with_nonpad));
-        // Without a past, K holds all T keys (an external cache).
-        const Tensor<double> k_all = with_past ? k : random_tensor({B, Hkv, T, D}, rng),
-                             v_all = with_past ? v : random_tensor({B, Hkv, T, Dv}, rng);
-        Tensor<double> keys({B, Hkv, T, D}), values({B, Hkv, T, Dv});
-        for (int64_t b = 0; b < B; ++b)
-          for (int64_t h = 0; h < Hkv; ++h)
-            for (int64_t j = 0; j < T; ++j) {
-              for (int64_t c = 0; c < D; ++c)
-                keys.at({b, h, j, c}) = with_past ? (j < P ? pk.at({b, h, j, c}) : k.at({b, h, j - P, c}))
-                                                  : k_all.at({b, h, j, c});
-              for (int64_t c = 0; c < Dv; ++c)
-                values.at({b, h, j, c}) = with_past ? (j < P ? pv.at({b, h, j, c}) : v.at({b, h, j - P, c}))
-                                                    : v_all.at({b, h, j, c});
-            }
-        Tensor<double> dense({B, 1, S, T});
-        for (int64_t b = 0; b < B; ++b)
-          for (int64_t i = 0; i < S; ++i)
-            for (int64_t j = 0; j < T; ++j) {
-              const int64_t offset = with_past ? P : with_nonpad ? nonpad[b] - S : 0;
-              bool allowed = j < 6;
-              if (with_nonpad) allowed = allowed && j < nonpad[b];
-              if (causal) allowed = allowed && j <= i + offset;
-              dense.at({b, 0, i, j}) = allowed ? mask.at({i, j}) : -kInf;
-            }
-        onnx::AttentionAttributes a;
-        a.is_causal = causal;
-        a.qk_matmul_output_mode = 2;
-        const auto got = onnx::attention<double>(
-            q.view(), (with_past ? k : k_all).view(), (with_past ? v : v_all).view(),
-            TensorView<const double>(mask.view()), with_past ? pk.view() : TensorView<const double>(),
-            with_past ? pv.view() : TensorView<const double>(),
-            with_nonpad ? nonpad.view() : TensorView<const int64_t>(), a, true);
-        test::Returns returns;
-        returns.logits = Logits::Masked;
-        const auto want = test::forward(q.view(), keys.view(), values.view(), returns, {},
-                                                TensorView<const double>(dense.view()));
-        EXPECT_LT(max_abs_diff(got.Y, want.out), 1e-14);
-        EXPECT_EQ(max_abs_diff(got.present_key, keys), 0.0);
-        EXPECT_EQ(max_abs_diff(got.present_value, values), 0.0);
-        for (int64_t e = 0; e < want.logits.numel(); ++e) {
-          if (std::isinf(want.logits[e])) EXPECT_EQ(got.qk_matmul_output[e], want.logits[e]);
-          else EXPECT_NEAR(got.qk_matmul_output[e], want.logits[e], 1e-14);
+      for (bool with_nonpad : {true, false})
+        for (const auto& [left, right] : windows) {
+          SCOPED_TRACE("causal " + std::to_string(causal) + " past " + std::to_string(with_past) +
+                       " nonpad " + std::to_string(with_nonpad) + " window " + std::to_string(left) + ", " +
+                       std::to_string(right));
+          // Without a past, K holds all T keys (an external cache).
+          const Tensor<double> k_all = with_past ? k : random_tensor({B, Hkv, T, D}, rng),
+                               v_all = with_past ? v : random_tensor({B, Hkv, T, Dv}, rng);
+          Tensor<double> keys({B, Hkv, T, D}), values({B, Hkv, T, Dv});
+          for (int64_t b = 0; b < B; ++b)
+            for (int64_t h = 0; h < Hkv; ++h)
+              for (int64_t j = 0; j < T; ++j) {
+                for (int64_t c = 0; c < D; ++c)
+                  keys.at({b, h, j, c}) = with_past ? (j < P ? pk.at({b, h, j, c}) : k.at({b, h, j - P, c}))
+                                                    : k_all.at({b, h, j, c});
+                for (int64_t c = 0; c < Dv; ++c)
+                  values.at({b, h, j, c}) = with_past ? (j < P ? pv.at({b, h, j, c}) : v.at({b, h, j - P, c}))
+                                                      : v_all.at({b, h, j, c});
+              }
+          Tensor<double> dense({B, 1, S, T});
+          for (int64_t b = 0; b < B; ++b)
+            for (int64_t i = 0; i < S; ++i)
+              for (int64_t j = 0; j < T; ++j) {
+                const int64_t offset = with_past ? P : with_nonpad ? nonpad[b] - S : 0;
+                bool allowed = j < 6;
+                if (with_nonpad) allowed = allowed && j < nonpad[b];
+                if (causal) allowed = allowed && j <= i + offset;
+                if (left >= 0) allowed = allowed && j >= i + offset - left;
+                if (right >= 0) allowed = allowed && j <= i + offset + right;
+                dense.at({b, 0, i, j}) = allowed ? mask.at({i, j}) : -kInf;
+              }
+          onnx::AttentionAttributes a;
+          a.is_causal = causal;
+          a.qk_matmul_output_mode = 2;
+          a.left_window_size = left;
+          a.right_window_size = right;
+          const auto call = [&] {
+            return onnx::attention<double>(
+                q.view(), (with_past ? k : k_all).view(), (with_past ? v : v_all).view(),
+                TensorView<const double>(mask.view()), with_past ? pk.view() : TensorView<const double>(),
+                with_past ? pv.view() : TensorView<const double>(),
+                with_nonpad ? nonpad.view() : TensorView<const int64_t>(), a, true);
+          };
+          if (with_past && with_nonpad) {
+            EXPECT_THROW(call(), ValueError);
+            continue;
+          }
+          const auto got = call();
+          test::Returns returns;
+          returns.logits = Logits::Masked;
+          const auto want = test::forward(q.view(), keys.view(), values.view(), returns, {},
+                                                  TensorView<const double>(dense.view()));
+          EXPECT_LT(max_abs_diff(got.Y, want.out), 1e-14);
+          EXPECT_EQ(max_abs_diff(got.present_key, keys), 0.0);
+          EXPECT_EQ(max_abs_diff(got.present_value, values), 0.0);
+          for (int64_t e = 0; e < want.logits.numel(); ++e) {
+            if (std::isinf(want.logits[e])) EXPECT_EQ(got.qk_matmul_output[e], want.logits[e]);
+            else EXPECT_NEAR(got.qk_matmul_output[e], want.logits[e], 1e-14);
+          }
         }
-      }
 }
 
 // 3-D inputs are 4-D ones with the heads merged into the last axis, and so

@@ -1,4 +1,4 @@
-// ONNX's Attention (opsets 23 and 24) and RotaryEmbedding (opset 23)
+// ONNX's Attention (opsets 23, 24 and 25) and RotaryEmbedding (opset 23)
 // operators, exactly: their inputs, attributes, layouts, defaults and edge
 // cases, as a thin adapter over attn::attention and attn::apply_rope (no
 // second kernel). docs/semantics.md "ONNX operators" lists where attn's
@@ -37,6 +37,14 @@ struct AttentionAttributes {
   // given), 1 FLOAT, 10 FLOAT16, 16 BFLOAT16 (all computed in float32 or, for
   // double inputs, float64) or 11 DOUBLE (float64: the reference).
   int64_t softmax_precision = 0;
+  // Opset 25's sliding window: query i, at key position p = offset + i
+  // (offset as for is_causal, below), sees keys p − left_window_size ..
+  // p + right_window_size; −1 leaves that side open. Either way of causal.
+  int64_t left_window_size = -1;
+  int64_t right_window_size = -1;
+  // The operator's version: 23, 24 (adds nonpad_kv_seqlen) or 25 (adds the
+  // window, and refuses q_num_heads and kv_num_heads with 4-D inputs).
+  int64_t opset = 25;
 };
 
 // attn_mask: none, boolean (true = takes part) or additive (Q's type).
@@ -58,8 +66,9 @@ struct AttentionOutputs {
 //   past_key, past_value  (B, Hkv, P, D) and (B, Hkv, P, Dv), both or neither
 //   nonpad_kv_seqlen      (B,): keys j >= nonpad_kv_seqlen[b] take no part
 // Causal (is_causal = 1): query i sees keys j <= i + offset, offset = P with
-// a past, nonpad_kv_seqlen[b] − S with nonpad_kv_seqlen and no past, and 0
-// (top-left) otherwise. qk_matmul_output is computed when asked for.
+// a past, nonpad_kv_seqlen[b] − S with nonpad_kv_seqlen (which a past may
+// not come with), and 0 (top-left) otherwise. qk_matmul_output is computed
+// when asked for.
 template <OnnxType T>
 AttentionOutputs<T> attention(TensorView<const T> Q, TensorView<const T> K, TensorView<const T> V,
                               const AttentionMask<T>& attn_mask = {},

@@ -126,9 +126,33 @@ Mask mask_at(const PaddedMask<C>& m, int64_t b) {
   return pick(TensorView<const C>(m.additive.view()));
 }
 
+// ONNX's causal rule and window, query i at key position p = offset + i, as
+// attention's options. Causal: j <= p, Causal::offset(offset), whose
+// position the window measures from. Without causal, attention measures a
+// window from its causal offset or else from the bottom right, so the
+// window's right side becomes the causal bound: j <= p + right is
+// Causal::offset(offset + right), and j >= p − left, measured from there,
+// a left side of left + right. A side wider than the keys and queries
+// together (n_k + n_q) bounds nothing: taken at that width, no sum
+// overflows.
+void window_to_attn(int64_t offset, int64_t n_q, int64_t n_k, const AttentionAttributes& a,
+                    AttentionOptions& options) {
+  const int64_t open = n_k + n_q;
+  const auto side = [&](int64_t w) { return w < 0 || w > open ? open : w; };
+  const bool windowed = a.left_window_size >= 0 || a.right_window_size >= 0;
+  if (a.is_causal) {
+    options.causal = Causal::offset(offset);
+    options.window = {a.left_window_size < 0 ? -1 : side(a.left_window_size),
+                      a.right_window_size < 0 ? -1 : side(a.right_window_size)};
+  } else if (windowed) {
+    const int64_t right = side(a.right_window_size);
+    options.causal = Causal::offset(offset + right);
+    options.window = {a.left_window_size < 0 ? -1 : side(a.left_window_size) + right, -1};
+  }
+}
+
 struct Sizes {
   int64_t batch, q_heads, kv_heads, queries, past, keys, d, d_v;
-  bool has_past;  // past_key given (maybe with no row)
 };
 
 template <class C, class T>
@@ -146,8 +170,8 @@ void run_attention(const Sizes& z, TensorView<const T> q, const Tensor<T>& prese
   if (!qk.empty_view()) qk_b = Tensor<C>({z.q_heads, z.queries, z.keys});
   for (int64_t b = 0; b < z.batch; ++b) {
     const int64_t limit = nonpad.empty_view() ? z.keys : nonpad.at({b});
-    if (a.is_causal)
-      options.causal = Causal::offset(z.has_past || nonpad.empty_view() ? z.past : limit - z.queries);
+    const int64_t offset = nonpad.empty_view() ? z.past : limit - z.queries;  // query 0's key position
+    window_to_attn(offset, z.queries, z.keys, a, options);
     for (int64_t j = 0; j < z.keys; ++j) valid[j] = j < limit;
     // The keys past nonpad_kv_seqlen: a second mask, beside attn_mask.
     const attn::AttentionMask padding =
@@ -181,6 +205,16 @@ AttentionOutputs<T> attention(TensorView<const T> Q, TensorView<const T> K, Tens
     fail(op, "Q, K and V must all be 4-D (batch, heads, sequence, head_size) or all 3-D (batch, "
              "sequence, heads * head_size), got " + shapes);
   if (a.is_causal != 0 && a.is_causal != 1) fail(op, "is_causal must be 0 or 1, got " + std::to_string(a.is_causal));
+  if (a.opset < 23 || a.opset > 25)
+    fail(op, "opset must be 23, 24 or 25 (Attention's versions), got " + std::to_string(a.opset));
+  if (a.left_window_size < -1 || a.right_window_size < -1)
+    fail(op, "left_window_size and right_window_size must be -1 (open) or >= 0, got " +
+                 std::to_string(a.left_window_size) + " and " + std::to_string(a.right_window_size));
+  if (a.opset < 25 && (a.left_window_size != -1 || a.right_window_size != -1))
+    fail(op, "left_window_size and right_window_size are attributes from opset 25 on, got opset " +
+                 std::to_string(a.opset));
+  if (a.opset < 24 && !nonpad_kv_seqlen.empty_view())
+    fail(op, "nonpad_kv_seqlen is an input from opset 24 on, got opset " + std::to_string(a.opset));
   if (a.qk_matmul_output_mode < 0 || a.qk_matmul_output_mode > 3)
     fail(op, "qk_matmul_output_mode must be 0, 1, 2 or 3, got " + std::to_string(a.qk_matmul_output_mode));
   const int64_t precision = a.softmax_precision;
@@ -194,18 +228,24 @@ AttentionOutputs<T> attention(TensorView<const T> Q, TensorView<const T> K, Tens
     Q = heads_first(Q, a.q_num_heads, op, "Q", "q_num_heads");
     K = heads_first(K, a.kv_num_heads, op, "K", "kv_num_heads");
     V = heads_first(V, a.kv_num_heads, op, "V", "kv_num_heads");
+  } else if (a.opset >= 25 && (a.q_num_heads != 0 || a.kv_num_heads != 0)) {
+    fail(op, "q_num_heads and kv_num_heads are for 3-D inputs only from opset 25 on, got " +
+                 std::to_string(a.q_num_heads) + " and " + std::to_string(a.kv_num_heads) + " with " + shapes);
   } else {
     if (a.q_num_heads != 0 && a.q_num_heads != Q.dim(1))
       fail(op, "q_num_heads (" + std::to_string(a.q_num_heads) + ") differs from Q's heads, " + shapes);
     if (a.kv_num_heads != 0 && (a.kv_num_heads != K.dim(1) || a.kv_num_heads != V.dim(1)))
       fail(op, "kv_num_heads (" + std::to_string(a.kv_num_heads) + ") differs from K's or V's heads, " + shapes);
   }
-  Sizes z{Q.dim(0), Q.dim(1), K.dim(1), Q.dim(2), 0, 0, K.dim(3), V.dim(3), !past_key.empty_view()};
+  Sizes z{Q.dim(0), Q.dim(1), K.dim(1), Q.dim(2), 0, 0, K.dim(3), V.dim(3)};
   if (K.dim(0) != z.batch || V.dim(0) != z.batch || V.dim(1) != z.kv_heads || V.dim(2) != K.dim(2) ||
       Q.dim(3) != z.d)
     fail(op, "the shapes do not fit (batch, heads, sequence, head_size): " + shapes);
   if (past_key.empty_view() != past_value.empty_view())
     fail(op, "past_key and past_value go together: give both or neither");
+  if (!past_key.empty_view() && !nonpad_kv_seqlen.empty_view())
+    fail(op, "nonpad_kv_seqlen (an external cache) cannot come with past_key and past_value (the "
+             "operator's own cache)");
   if (!past_key.empty_view()) {
     const Shape want_k{z.batch, z.kv_heads, past_key.rank() == 4 ? past_key.dim(2) : -1, z.d};
     const Shape want_v{z.batch, z.kv_heads, want_k[2], z.d_v};

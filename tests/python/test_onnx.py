@@ -24,7 +24,7 @@ def split_heads(x, heads):
 
 def onnx_attention(Q, K, V, attn_mask=None, past_key=None, past_value=None, nonpad_kv_seqlen=None, *,
                    is_causal=0, kv_num_heads=0, q_num_heads=0, qk_matmul_output_mode=0, scale=None,
-                   softcap=0.0):
+                   softcap=0.0, left_window_size=-1, right_window_size=-1, opset=25):
     q, k, v = (np.asarray(x, np.float64) for x in (Q, K, V))
     three_d = q.ndim == 3
     if three_d:
@@ -51,15 +51,21 @@ def onnx_attention(Q, K, V, attn_mask=None, past_key=None, past_value=None, nonp
     j = np.arange(n_k)
     if nonpad_kv_seqlen is not None:
         allowed &= (j < np.asarray(nonpad_kv_seqlen)[:, None])[:, None, None, :]
+    # Query i's key position p = offset + i (opset 25's text): the past's
+    # length, an external cache's nonpad_kv_seqlen[b] - S, or 0.
+    if past_key is not None:
+        offset = np.full(batch, np.asarray(past_key).shape[2])
+    elif nonpad_kv_seqlen is not None:
+        offset = np.asarray(nonpad_kv_seqlen) - n_q
+    else:
+        offset = np.zeros(batch, int)
+    p = (np.arange(n_q)[None, :] + offset[:, None])[:, None, :, None]  # (batch, 1, n_q, 1)
     if is_causal:
-        if past_key is not None:
-            offset = np.full(batch, np.asarray(past_key).shape[2])
-        elif nonpad_kv_seqlen is not None:
-            offset = np.asarray(nonpad_kv_seqlen) - n_q
-        else:
-            offset = np.zeros(batch, int)
-        i = np.arange(n_q)
-        allowed &= (j[None, None, :] <= i[None, :, None] + offset[:, None, None])[:, None]
+        allowed &= j <= p
+    if left_window_size >= 0:
+        allowed &= p - left_window_size <= j
+    if right_window_size >= 0:
+        allowed &= j <= p + right_window_size
     masked = np.where(allowed, capped + bias, -np.inf)
     top = masked.max(axis=-1, keepdims=True)
     e = np.where(np.isneginf(masked), 0.0, np.exp(masked - np.where(np.isfinite(top), top, 0.0)))
@@ -156,6 +162,24 @@ CASES = {
                              masked_row=0, attrs=dict(qk_matmul_output_mode=3)),
     "fully_masked_row_causal": dict(shape=dict(b=1, hq=2, hkv=2, n_q=2, n_k=2), mask=(2, 2), bool_mask=True,
                                     masked_row=1, attrs=dict(is_causal=1)),
+    # opset 25's sliding windows, from p = offset + i, with and without causal
+    "4d_window": dict(attrs=dict(left_window_size=2, right_window_size=1, qk_matmul_output_mode=3)),
+    "4d_window_left_only": dict(attrs=dict(left_window_size=1, qk_matmul_output_mode=2)),
+    "4d_window_right_only": dict(attrs=dict(right_window_size=0, qk_matmul_output_mode=2)),
+    "4d_causal_window": dict(attrs=dict(is_causal=1, left_window_size=2, qk_matmul_output_mode=2)),
+    "4d_causal_window_right": dict(attrs=dict(is_causal=1, left_window_size=1, right_window_size=3)),
+    "4d_window_wider_than_the_keys": dict(attrs=dict(left_window_size=2**62, right_window_size=2**62)),
+    "4d_window_with_past": dict(mask=(4, 18), past=12, attrs=dict(left_window_size=3, right_window_size=2,
+                                                                  qk_matmul_output_mode=2)),
+    "4d_gqa_causal_window_with_past": dict(shape=dict(hq=9, hkv=3), mask=(2, 1, 4, 18), bool_mask=True, past=12,
+                                           attrs=dict(is_causal=1, left_window_size=5)),
+    "4d_window_nonpad": dict(shape=dict(n_k=8), nonpad=[5, 8], attrs=dict(left_window_size=1, right_window_size=1,
+                                                                          qk_matmul_output_mode=2)),
+    "4d_causal_window_nonpad_negative_offset": dict(shape=dict(b=1, hq=2, hkv=2, n_q=4, n_k=4), nonpad=[2],
+                                                    attrs=dict(is_causal=1, left_window_size=1,
+                                                               qk_matmul_output_mode=3)),
+    "4d_window_softcap": dict(mask=(4, 6), attrs=dict(softcap=2.0, left_window_size=0, right_window_size=2)),
+    "3d_window": dict(three_d=True, shape=dict(hq=9, hkv=3), attrs=dict(left_window_size=2, right_window_size=0)),
 }
 
 
@@ -199,6 +223,19 @@ def test_attention_matches_the_operator(name):
     np.testing.assert_array_equal(got[2], want[2])
     close(got[3], want[3])
     assert not np.isnan(got[0]).any() and not np.isnan(got[3]).any()
+
+
+def test_window_is_the_specifications_picture():
+    """Opset 25's own example, S = 4 queries, 6 keys, left 2, right 1, no
+    cache: q0 sees k0-k1, q1 k0-k2, q2 k0-k3, q3 k1-k4."""
+    rng = np.random.default_rng(11)
+    Q, K, V = qkv(rng, b=1, hq=1, hkv=1, n_q=4, n_k=6)
+    weights = attn.onnx.attention(Q, K, V, left_window_size=2, right_window_size=1, qk_matmul_output_mode=3)[3]
+    seen = [set(np.flatnonzero(row)) for row in weights[0, 0]]
+    assert seen == [{0, 1}, {0, 1, 2}, {0, 1, 2, 3}, {1, 2, 3, 4}]
+    # Opsets 23 and 24 are what they were: the same call without the window.
+    same = attn.onnx.attention(Q, K, V, opset=23)[0]
+    np.testing.assert_array_equal(same, attn.onnx.attention(Q, K, V)[0])
 
 
 def test_attention_float16_is_float32_rounded_back():
@@ -265,7 +302,15 @@ def test_attention_torch_tensors_give_tensors():
     (dict(is_causal=2), ValueError, "is_causal must be 0 or 1"),
     (dict(qk_matmul_output_mode=4), ValueError, "qk_matmul_output_mode"),
     (dict(softmax_precision=3), ValueError, "softmax_precision"),
-    (dict(q_num_heads=5), ValueError, "q_num_heads (5) differs"),
+    (dict(q_num_heads=5, opset=24), ValueError, "q_num_heads (5) differs"),
+    (dict(q_num_heads=3), ValueError, "for 3-D inputs only from opset 25 on"),
+    (dict(left_window_size=-2), ValueError, "must be -1 (open) or >= 0, got -2 and -1"),
+    (dict(right_window_size=-3), ValueError, "must be -1 (open) or >= 0, got -1 and -3"),
+    (dict(left_window_size=2, opset=24), ValueError, "attributes from opset 25 on, got opset 24"),
+    (dict(nonpad_kv_seqlen=np.array([1, 2]), opset=23), ValueError, "an input from opset 24 on"),
+    (dict(opset=26), ValueError, "opset must be 23, 24 or 25"),
+    (dict(past_key=np.zeros((2, 3, 2, 8), np.float32), past_value=np.zeros((2, 3, 2, 8), np.float32),
+          nonpad_kv_seqlen=np.array([1, 2])), ValueError, "cannot come with past_key"),
     (dict(softcap=-1.0), ValueError, "softcap"),
     (dict(Q=np.zeros((2, 3, 4, 8), np.int32)), TypeError, "Q must be float16, float32 or float64"),
 ])
