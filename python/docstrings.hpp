@@ -16,6 +16,22 @@ A slice whose entries are all -inf (every choice masked) gives zeros, not NaN.
 Returns an array of a's shape (float64 for float64 input, else float32).
 )";
 
+inline constexpr const char* kSparseAttention = R"(sparse_attention(q, k, v, indices, *, scale=None, softcap=None, sinks=None,
+                 return_lse=False) -> out, or (out, lse)
+
+Top-k sparse attention (DeepSeek-V3.2's DSA): query row i attends only the
+keys its row of indices names. q (..., Hq, n_q, D), k (..., Hkv, n_k, D),
+v (..., Hkv, n_k, Dv), indices integers (..., Hkv or 1, n_q, topk): key
+positions per KV head (or one row for all heads), -1 anywhere meaning none.
+Equal to attention with the boolean mask the indices describe; the keys are
+gathered as they are read, so time and memory grow with topk, not n_k.
+scale, softcap and sinks as attention's; GQA as attention's. lse
+(..., Hq, n_q), natural log; a row with no key gives zeros and lse -inf (the
+sink's logit with sinks). ValueError naming indices for a value below -1 or
+at or beyond n_k, or a key named twice in one row. float64 inputs are
+computed in float64, the others in float32.
+)";
+
 inline constexpr const char* kAttention = R"(attention(q, k, v, mask=None, *, causal=False, scale=None, softcap=None,
           window=None, alibi_slopes=None, sinks=None, return_weights=False,
           return_logits=None, return_lse=False, precision='f32')

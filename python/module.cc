@@ -130,6 +130,43 @@ py::object py_attention(const py::object& q_obj, const py::object& k_obj,
   return attention_t<float>(q, k, v, mask, opt, returns);
 }
 
+// indices as int32 (any integer dtype; values beyond int32 are refused here,
+// the others by sparse_attention).
+py::array_t<int32_t> int32_indices(const py::object& obj) {
+  const py::array_t<int64_t, py::array::c_style> wide = int64_array(obj, "indices");
+  for (ssize_t e = 0; e < wide.size(); ++e)
+    if (wide.data()[e] < INT32_MIN || wide.data()[e] > INT32_MAX)
+      throw ValueError("sparse_attention: indices holds " + std::to_string(wide.data()[e]) +
+                       ", beyond int32 (key positions are int32)");
+  return py::array_t<int32_t>::ensure(wide);
+}
+
+py::object py_sparse_attention(const py::object& q_obj, const py::object& k_obj, const py::object& v_obj,
+                               const py::object& indices_obj, const py::object& scale, const py::object& softcap,
+                               const py::object& sinks, bool return_lse) {
+  const AttentionOptions common = attention_options(py::none(), scale, softcap, py::none());
+  SparseAttentionOptions opt;
+  opt.scale = common.scale, opt.softcap = common.softcap;
+  opt.sinks = per_head_from(sinks, "sinks", "logit");
+  auto idx = int32_indices(indices_obj);
+  const auto q = as_numeric_array(q_obj, "q"), k = as_numeric_array(k_obj, "k"), v = as_numeric_array(v_obj, "v");
+  const auto run = [&](auto zero) -> py::object {
+    using T = decltype(zero);
+    auto qa = as<T>(q), ka = as<T>(k), va = as<T>(v);
+    const auto qv = view_of<const T>(qa), kv = view_of<const T>(ka), vv = view_of<const T>(va);
+    const auto iv = view_of<const int32_t>(idx);
+    SparseAttentionResult<T> r;
+    {
+      py::gil_scoped_release nogil;
+      r = sparse_attention<T>(qv, kv, vv, iv, opt);
+    }
+    py::array out = to_numpy(std::move(r.out));
+    if (!return_lse) return out;
+    return py::make_tuple(out, to_numpy(std::move(r.lse)));
+  };
+  return is_float64(q) || is_float64(k) || is_float64(v) ? run(0.0) : run(0.0f);
+}
+
 template <class T, class KV>
 py::tuple attention_backward_t(const py::array& q_in, TensorView<const KV> k, TensorView<const KV> v,
                                const py::array& dout_in, const py::object& mask_obj, const AttentionOptions& opt,
@@ -366,6 +403,9 @@ PYBIND11_MODULE(_core, m) {
         arg("softcap") = py::none(), arg("window") = py::none(), arg("alibi_slopes") = py::none(),
         arg("sinks") = py::none(), arg("return_weights") = false, arg("return_logits") = py::none(),
         arg("return_lse") = false, arg("precision") = "f32", docs::kAttention);
+  m.def("sparse_attention", &py_sparse_attention, arg("q"), arg("k"), arg("v"), arg("indices"), py::kw_only(),
+        arg("scale") = py::none(), arg("softcap") = py::none(), arg("sinks") = py::none(),
+        arg("return_lse") = false, docs::kSparseAttention);
   m.def("attention_backward", &py_attention_backward, arg("q"), arg("k"), arg("v"),
         arg("dout"), arg("mask") = py::none(), py::kw_only(), arg("causal") = false,
         arg("scale") = py::none(), arg("softcap") = py::none(), arg("window") = py::none(),

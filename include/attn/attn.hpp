@@ -19,6 +19,7 @@
 #include "attn/random.hpp"
 #include "attn/rope_scaling.hpp"
 #include "attn/softmax.hpp"
+#include "attn/sparse_attention.hpp"
 #include "attn/tensor.hpp"
 #include "attn/threads.hpp"
 #include "attn/varlen.hpp"

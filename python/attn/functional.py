@@ -7,7 +7,8 @@ from . import _core
 from ._interop import (Differentiable, any_tensor, is_quantized, is_tensor, refuse_grad, result_dtype,
                        scaling_json, sum_to_shape, to_array, to_tensor, wants_grad, _torch)
 
-__all__ = ["softmax", "attention", "attention_backward", "attention_varlen", "scaled_dot_product_attention",
+__all__ = ["softmax", "attention", "attention_backward", "attention_varlen", "sparse_attention",
+           "scaled_dot_product_attention",
            "multi_head", "positional_encoding", "rope", "rope_backward", "rope_frequencies",
            "alibi_slopes"]
 
@@ -101,6 +102,21 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, causal=False, scale
 
 
 attention_varlen.__doc__ = _core.attention_varlen.__doc__
+
+
+def sparse_attention(q, k, v, indices, *, scale=None, softcap=None, sinks=None, return_lse=False):
+    inputs = (q, k, v, sinks)
+    for x, name in zip(inputs, ("q", "k", "v", "sinks")):
+        refuse_grad(x, name, "sparse_attention has no backward")
+    r = _core.sparse_attention(to_array(q, "q"), to_array(k, "k"), to_array(v, "v"), to_array(indices, "indices"),
+                               scale=scale, softcap=softcap, sinks=to_array(sinks, "sinks"), return_lse=return_lse)
+    if not any_tensor(q, k, v):
+        return r
+    dtype = result_dtype(q, k, v)
+    return tuple(to_tensor(a, dtype) for a in r) if return_lse else to_tensor(r, dtype)
+
+
+sparse_attention.__doc__ = _core.sparse_attention.__doc__
 
 
 def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0,

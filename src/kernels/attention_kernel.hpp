@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "attention_problem.hpp"
+#include "sparse_problem.hpp"
 
 namespace attn::kernels {
 
@@ -26,6 +27,10 @@ bool flash_backward(const core::AttentionProblem<float>& p, const core::Gradient
 // processed in parallel, partial softmax results merged exactly. No weights
 // or logits (the log-sum-exp, yes).
 void decode_forward(const core::AttentionProblem<float>& p);
+
+// Top-k sparse attention: each row over the keys its indices name (checked
+// by the API), gathered in place; out and lse written.
+void sparse_forward(const core::SparseProblem<float>& p);
 
 // decode_forward for many problems at once (batch attention's requests,
 // each with its own n_q, n_k and options; one K/V storage type): their

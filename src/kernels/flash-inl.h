@@ -65,29 +65,33 @@ float Value(const KV* row, int64_t c, bool bf16) {
 // interleaved, are each column's four values side by side, one 16-byte copy
 // per column rather than four scattered element stores. 16-bit and q8_0
 // rows are widened on the way.
-template <class KV>
-void TransposeRows(const KV* row0, int64_t stride, int64_t count, int64_t width, float* dst, bool bf16 = false) {
+// The same rows wherever they lie: row j at row_at(j) (gathered keys).
+template <class KV, class RowAt>
+void TransposeRowsAt(const RowAt& row_at, int64_t count, int64_t width, float* dst, bool bf16 = false) {
   const DF d;
   const int64_t N = static_cast<int64_t>(hn::Lanes(d));
   const int64_t whole = width / N * N;
   alignas(HWY_MAX_BYTES) float four[4 * HWY_MAX_BYTES / sizeof(float)];
   int64_t j = 0;
   for (; j + 4 <= count; j += 4) {
-    const KV* k0 = row0 + j * stride;
+    const KV* k[4] = {row_at(j), row_at(j + 1), row_at(j + 2), row_at(j + 3)};
     for (int64_t c = 0; c < whole; c += N) {
-      VF r0 = LoadKV(d, k0, c), r1 = LoadKV(d, k0 + stride, c), r2 = LoadKV(d, k0 + 2 * stride, c),
-         r3 = LoadKV(d, k0 + 3 * stride, c);
+      VF r0 = LoadKV(d, k[0], c), r1 = LoadKV(d, k[1], c), r2 = LoadKV(d, k[2], c), r3 = LoadKV(d, k[3], c);
       if (bf16) r0 = RoundToBF16(d, r0), r1 = RoundToBF16(d, r1), r2 = RoundToBF16(d, r2), r3 = RoundToBF16(d, r3);
       hn::StoreInterleaved4(r0, r1, r2, r3, d, four);
       for (int64_t e = 0; e < N; ++e) std::memcpy(dst + (c + e) * kBlockK + j, four + 4 * e, 4 * sizeof(float));
     }
     for (int64_t c = whole; c < width; ++c)
-      for (int64_t r = 0; r < 4; ++r) dst[c * kBlockK + j + r] = Value(k0 + r * stride, c, bf16);
+      for (int64_t r = 0; r < 4; ++r) dst[c * kBlockK + j + r] = Value(k[r], c, bf16);
   }
   for (; j < count; ++j) {
-    const KV* k = row0 + j * stride;
+    const KV* k = row_at(j);
     for (int64_t c = 0; c < width; ++c) dst[c * kBlockK + j] = Value(k, c, bf16);
   }
+}
+template <class KV>
+void TransposeRows(const KV* row0, int64_t stride, int64_t count, int64_t width, float* dst, bool bf16 = false) {
+  TransposeRowsAt<KV>([&](int64_t j) HWY_ATTR { return row0 + j * stride; }, count, width, dst, bf16);
 }
 
 // Zeros in a panel of `width` columns (TransposeRows) past its first

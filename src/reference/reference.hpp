@@ -7,6 +7,7 @@
 #include <cstdint>
 
 #include "attention_problem.hpp"
+#include "sparse_problem.hpp"
 
 namespace attn::reference {
 
@@ -25,5 +26,8 @@ void reference_attention_row(const core::AttentionProblem<float>& p, int64_t b, 
 // dout · out for Σ_j P_j (dout · v_j).
 void reference_attention_backward(const core::AttentionProblem<double>& p,
                                   const core::GradientOperands<double>& g);
+
+// Top-k sparse attention: each row over the keys its indices name.
+void reference_sparse_attention(const core::SparseProblem<double>& p);
 
 }  // namespace attn::reference

@@ -1,0 +1,125 @@
+// Top-k sparse attention: one work item per (batch entry, kv head, query
+// row). It keeps the row's picked keys (the indices other than −1), and
+// runs the prefill's tiles over them for every query head of the GQA group:
+// 64 keys at a time gathered and transposed into a panel (Q·Kᵀ by
+// MatmulPanel), the group's rows softmaxed in one step (SoftmaxStep, its
+// edge cases included), and P·V over the picked values gathered side by
+// side. O(topk · d) per row; nothing of size n_k.
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "kernels/sparse.cc"
+#include <hwy/foreach_target.h>  // IWYU pragma: keep
+#include <hwy/highway.h>
+
+#include "kernels/attention-inl.h"
+#include "kernels/flash-inl.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "kernels/attention_kernel.hpp"
+#include "kernels/scratch.hpp"
+#include "sparse_problem.hpp"
+#include "thread_pool.hpp"
+
+HWY_BEFORE_NAMESPACE();
+namespace attn::kernels {
+namespace HWY_NAMESPACE {
+
+thread_local Scratch<float> tls_sparse_scores, tls_sparse_sums, tls_sparse_panel, tls_sparse_values, tls_sparse_out;
+thread_local Scratch<const float*> tls_sparse_queries;
+thread_local Scratch<int32_t> tls_sparse_keys;
+
+void SparseForward(const core::SparseProblem<float>& p) {
+  const DF d;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(d));
+  const int64_t G = p.group(), TP = (p.topk + N - 1) / N * N;  // a row's scores, whole vectors
+  const float ninf = -std::numeric_limits<float>::infinity();
+  // Scores in base-2 units (the softmax's): log2(e) folded into the scale,
+  // or into softcap's bound (Softcap takes natural units).
+  const float scale = static_cast<float>(p.softcap > 0 ? p.scale : p.scale * 1.4426950408889634);
+  const int64_t items = p.batch * p.heads_kv * p.n_q;
+  parallel_for(items, [&](int64_t item) {
+    const int64_t i = item % p.n_q, hkv = item / p.n_q % p.heads_kv, b = item / p.n_q / p.heads_kv;
+    // The picked keys, in the indices' order.
+    const int32_t* idx = p.indices_row(b, hkv, i);
+    int32_t* keys = tls_sparse_keys.get(static_cast<size_t>(std::max<int64_t>(p.topk, 1)));
+    int64_t n = 0;
+    for (int64_t t = 0; t < p.topk; ++t)
+      if (idx[t * p.indices.col_stride] >= 0) keys[n++] = idx[t * p.indices.col_stride];
+    float* s = tls_sparse_scores.get(static_cast<size_t>(std::max<int64_t>(G * TP, 1)));
+    float* l = tls_sparse_sums.get(static_cast<size_t>(N));
+    float* panel = tls_sparse_panel.get(static_cast<size_t>(kBlockK * std::max<int64_t>(p.d, 1)));
+    const float** q = tls_sparse_queries.get(static_cast<size_t>(G));
+    for (int64_t r = 0; r < G; ++r) q[r] = p.q.row(b, hkv * G + r, i);
+    const float* k0 = p.k.row(b, hkv, 0);
+    for (int64_t t0 = 0; t0 < n; t0 += kBlockK) {
+      const int64_t tn = std::min(kBlockK, n - t0);
+      TransposeRowsAt<float>([&](int64_t j) HWY_ATTR { return k0 + keys[t0 + j] * p.k.row_stride; }, tn, p.d,
+                             panel);
+      PadPanel(tn, p.d, panel);
+      for (int64_t r0 = 0; r0 < G; r0 += kRows)
+        MatmulPanel(d, q + r0, static_cast<int>(std::min<int64_t>(kRows, G - r0)), p.d, panel, scale,
+                    s + r0 * TP + t0, TP, Plain(), tn);
+    }
+    // The group's output rows, aligned (P·V's stores), dvp apart.
+    const int64_t dvp = (p.d_v + N - 1) / N * N;
+    float* o = tls_sparse_out.get(static_cast<size_t>(std::max<int64_t>(G * dvp, 1)));
+    std::fill(o, o + G * dvp, 0.0f);
+    std::vector<float> m(static_cast<size_t>(G), ninf), sum(static_cast<size_t>(G));
+    for (int64_t r = 0; r < G; ++r) {
+      float* sr = s + r * TP;
+      if (p.softcap > 0) Softcap(d, p.softcap, sr, TP);
+      std::fill(sr + n, sr + TP, ninf);
+      std::fill(l, l + N, 0.0f);
+      SoftmaxStep(d, sr, TP, m[static_cast<size_t>(r)], l);  // sr := 2^(s − m); l: their sums per lane
+      double total = 0;
+      for (int64_t e = 0; e < N; ++e) total += l[e];
+      sum[static_cast<size_t>(r)] = static_cast<float>(total);
+    }
+    // O += P · V, the picked values gathered kBlockK at a time.
+    float* vt = tls_sparse_values.get(static_cast<size_t>(kBlockK * std::max<int64_t>(dvp, 1)));
+    const float* v0 = p.v.row(b, hkv, 0);
+    for (int64_t t0 = 0; t0 < n; t0 += kBlockK) {
+      const int64_t tn = std::min(kBlockK, n - t0);
+      for (int64_t j = 0; j < tn; ++j) {
+        std::copy_n(v0 + keys[t0 + j] * p.v.row_stride, p.d_v, vt + j * dvp);
+        std::fill(vt + j * dvp + p.d_v, vt + (j + 1) * dvp, 0.0f);
+      }
+      AccumulateValues(d, G, s + t0, TP, tn, vt, dvp, dvp, o, dvp);
+    }
+    for (int64_t r = 0; r < G; ++r) {
+      const int64_t h = hkv * G + r;
+      const float mr = m[static_cast<size_t>(r)];
+      float* out = p.out.row(b, h, i);
+      float* lse = p.lse.row(b, h, i);
+      // The sink, a key of value zero, in base 2 (finite): the denominator
+      // relative to the larger of m and the sink.
+      const double sink = p.sinks.empty() ? -INFINITY : p.sinks[h] * 1.4426950408889634;
+      if (mr == ninf && p.sinks.empty()) {  // no key: zeros
+        std::fill(out, out + p.d_v, 0.0f);
+        *lse = ninf;
+        continue;
+      }
+      const double keys_sum = sum[static_cast<size_t>(r)];
+      const bool keys_top = mr >= sink;  // (m = +∞ too)
+      const double top = keys_top ? mr : sink, relative = keys_top ? keys_sum : keys_sum * std::exp2(mr - sink);
+      const double total = relative + (p.sinks.empty() ? 0.0 : std::exp2(sink - top));
+      const float norm = static_cast<float>((keys_top ? 1.0 : std::exp2(mr - sink)) / total);
+      for (int64_t c = 0; c < p.d_v; ++c) out[c] = o[r * dvp + c] * norm;
+      *lse = static_cast<float>((top + std::log2(total)) * 0.6931471805599453);
+    }
+  }, static_cast<double>(p.topk) * static_cast<double>((p.d + p.d_v) * G));
+}
+
+}  // namespace HWY_NAMESPACE
+}  // namespace attn::kernels
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+namespace attn::kernels {
+HWY_EXPORT(SparseForward);
+void sparse_forward(const core::SparseProblem<float>& p) { HWY_DYNAMIC_DISPATCH(SparseForward)(p); }
+}  // namespace attn::kernels
+#endif

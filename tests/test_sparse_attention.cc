@@ -1,0 +1,163 @@
+// sparse_attention against attention() in float64 with the boolean mask its
+// indices describe (the dense reference, which shares no code with the
+// sparse kernel or the sparse reference), on every SIMD target, and its
+// refusals.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <numeric>
+#include <random>
+#include <string>
+
+#include "attn/sparse_attention.hpp"
+#include "helpers.hpp"
+
+namespace attn {
+namespace {
+
+using test::cast;
+using test::max_abs_diff;
+using test::random_tensor;
+
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
+struct SparseCase {
+  Shape lead;
+  int64_t hq, hkv, n_q, n_k, d, d_v, topk;
+  bool per_head;  // indices per KV head, or one row for all heads
+  double softcap = 0, sink = 0;  // sink != 0: sinks (h % 3 - 1) · sink + 0.5
+  std::optional<double> scale;
+};
+
+// Distinct keys per row (−1 in about one slot of five, anywhere), rows of
+// (lead..., Hkv or 1, n_q, topk).
+Tensor<int32_t> random_indices(const SparseCase& c, std::mt19937& rng) {
+  Shape shape = c.lead;
+  for (int64_t x : {c.per_head ? c.hkv : 1, c.n_q, c.topk}) shape.push_back(x);
+  Tensor<int32_t> idx(shape);
+  std::vector<int32_t> keys(static_cast<size_t>(c.n_k));
+  std::iota(keys.begin(), keys.end(), 0);
+  for (int64_t row = 0; row < idx.numel() / c.topk; ++row) {
+    std::shuffle(keys.begin(), keys.end(), rng);
+    for (int64_t t = 0; t < c.topk; ++t) idx[row * c.topk + t] = rng() % 5 == 0 ? -1 : keys[static_cast<size_t>(t)];
+  }
+  return idx;
+}
+
+// The boolean mask (lead..., Hq, n_q, n_k) the indices describe.
+Tensor<bool> dense_mask(const SparseCase& c, const Tensor<int32_t>& idx) {
+  Shape shape = c.lead;
+  for (int64_t x : {c.hq, c.n_q, c.n_k}) shape.push_back(x);
+  Tensor<bool> mask(shape);
+  const int64_t batch = numel_of(c.lead), heads = c.per_head ? c.hkv : 1;
+  for (int64_t b = 0; b < batch; ++b)
+    for (int64_t h = 0; h < c.hq; ++h)
+      for (int64_t i = 0; i < c.n_q; ++i)
+        for (int64_t t = 0; t < c.topk; ++t) {
+          const int64_t row = (b * heads + (c.per_head ? h / (c.hq / c.hkv) : 0)) * c.n_q + i;
+          const int32_t j = idx[row * c.topk + t];
+          if (j >= 0) mask[((b * c.hq + h) * c.n_q + i) * c.n_k + j] = true;
+        }
+  return mask;
+}
+
+Shape with(const Shape& lead, std::initializer_list<int64_t> tail) {
+  Shape s = lead;
+  s.insert(s.end(), tail);
+  return s;
+}
+
+TEST(SparseAttention, IsAttentionWithTheMaskItsIndicesDescribe) {
+  const SparseCase cases[] = {
+      {{}, 4, 4, 5, 40, 16, 16, 8, true},
+      {{2}, 6, 2, 7, 100, 24, 20, 13, true, 0, 1.5},              // GQA 3:1, sinks
+      {{2, 3}, 8, 1, 3, 70, 33, 17, 70, false, 4.0, 0, 0.3},      // every key, rank 5, softcap, scale
+      {{1}, 4, 2, 9, 300, 64, 64, 31, false, 0, 2.0},             // one row of indices for all heads
+      {{1}, 2, 2, 2, 5, 3, 1, 1, true},                           // one key per row, d < lanes
+  };
+  uint32_t seed = 1;
+  for (const SparseCase& c : cases) {
+    SCOPED_TRACE("case with hq " + std::to_string(c.hq) + ", n_k " + std::to_string(c.n_k));
+    std::mt19937 rng(seed++);
+    const auto q = random_tensor(with(c.lead, {c.hq, c.n_q, c.d}), rng);
+    const auto k = random_tensor(with(c.lead, {c.hkv, c.n_k, c.d}), rng);
+    const auto v = random_tensor(with(c.lead, {c.hkv, c.n_k, c.d_v}), rng);
+    const Tensor<int32_t> idx = random_indices(c, rng);
+    SparseAttentionOptions so;
+    so.scale = c.scale, so.softcap = c.softcap;
+    AttentionOptions ao;
+    ao.scale = c.scale, ao.softcap = c.softcap;
+    if (c.sink != 0)
+      for (int64_t h = 0; h < c.hq; ++h) so.sinks.push_back(double(h % 3 - 1) * c.sink + 0.5);
+    ao.sinks = so.sinks;
+    const Tensor<bool> mask = dense_mask(c, idx);
+    Tensor<double> want_lse(with(c.lead, {c.hq, c.n_q}));
+    AttentionExtras<double> extras;
+    extras.lse = want_lse.view();
+    Tensor<double> want(with(c.lead, {c.hq, c.n_q, c.d_v}));
+    AttentionPlan<double, double>(q.view(), k.view(), v.view(), ao, AttentionMasks(TensorView<const bool>(mask.view())))
+        .run(want.view(), extras);
+    const auto f64 = sparse_attention<double>(q.view(), k.view(), v.view(), idx.view(), so);
+    EXPECT_LT(max_abs_diff(f64.out, want), 1e-13);
+    for (int64_t e = 0; e < want_lse.numel(); ++e)
+      if (std::isinf(want_lse[e])) EXPECT_EQ(f64.lse[e], want_lse[e]);
+      else EXPECT_NEAR(f64.lse[e], want_lse[e], 1e-13);
+    test::on_every_simd_target([&] {
+      const auto f32 = sparse_attention<float>(cast<float>(q).view(), cast<float>(k).view(),
+                                               cast<float>(v).view(), idx.view(), so);
+      // float32 inputs, sums of topk products: the bound of attention's kernels.
+      EXPECT_LT(max_abs_diff(f32.out, want), 2e-6);
+      for (int64_t e = 0; e < want_lse.numel(); ++e)
+        if (std::isinf(want_lse[e])) EXPECT_EQ(double(f32.lse[e]), want_lse[e]);
+        else EXPECT_NEAR(f32.lse[e], want_lse[e], 2e-6);
+    });
+  }
+}
+
+// A row with no key: zeros, lse −∞, or the sink's logit with sinks.
+TEST(SparseAttention, ARowWithNoKeyGivesZeros) {
+  std::mt19937 rng(9);
+  const auto q = cast<float>(random_tensor({2, 3, 4}, rng)), k = cast<float>(random_tensor({2, 6, 4}, rng)),
+             v = cast<float>(random_tensor({2, 6, 5}, rng));
+  Tensor<int32_t> idx({2, 3, 2});
+  std::fill(idx.data(), idx.data() + idx.numel(), -1);
+  idx[2] = 4;  // head 0, row 1 sees key 4 alone: its value
+  SparseAttentionOptions o;
+  const auto r = sparse_attention<float>(q.view(), k.view(), v.view(), idx.view(), o);
+  for (int64_t c = 0; c < 5; ++c) {
+    EXPECT_EQ(r.out.at({0, 0, c}), 0.0f);
+    EXPECT_NEAR(r.out.at({0, 1, c}), v.at({0, 4, c}), 1e-6);
+  }
+  EXPECT_EQ(double(r.lse.at({0, 0})), -kInf);
+  o.sinks = {0.25, -3.0};
+  const auto s = sparse_attention<float>(q.view(), k.view(), v.view(), idx.view(), o);
+  EXPECT_EQ(s.out.at({1, 2, 0}), 0.0f);
+  EXPECT_FLOAT_EQ(s.lse.at({1, 2}), -3.0f);
+}
+
+TEST(SparseAttention, BadIndicesAndShapesAreRefusedByName) {
+  const Tensor<float> q({1, 2, 4}), k({1, 5, 4}), v({1, 5, 4});
+  const auto refused = [&](std::initializer_list<int32_t> row, const std::string& message) {
+    Tensor<int32_t> idx({1, 2, 3});
+    std::fill(idx.data(), idx.data() + idx.numel(), -1);
+    std::copy(row.begin(), row.end(), idx.data() + 3);
+    try {
+      sparse_attention<float>(q.view(), k.view(), v.view(), idx.view());
+      ADD_FAILURE() << "accepted: " << message;
+    } catch (const ValueError& e) {
+      EXPECT_NE(std::string(e.what()).find(message), std::string::npos) << e.what();
+    }
+  };
+  refused({0, -2, 1}, "indices at (batch entry 0, head 0, row 1, slot 1) is -2: must be -1 (no key) or a key in 0..4");
+  refused({5, -1, 1}, "is 5: must be -1");
+  refused({3, -1, 3}, "row 1, slot 2) names key 3 a second time");
+  EXPECT_THROW(sparse_attention<float>(q.view(), k.view(), v.view(), Tensor<int32_t>({1, 3, 3}).view()), ValueError);
+  EXPECT_THROW(sparse_attention<float>(q.view(), Tensor<float>({2, 5, 4}).view(), v.view(),
+                                       Tensor<int32_t>({1, 2, 3}).view()),
+               ValueError);  // Hkv 2 does not divide Hq 1
+}
+
+}  // namespace
+}  // namespace attn
