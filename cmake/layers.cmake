@@ -16,7 +16,7 @@ set(ATTN_ROOMS ${ATTN_LIBRARY_ROOMS} ${ATTN_COMPANION_ROOMS} dist cli python)
 # folder; the public headers (include/attn/, one flat folder for users; the
 # companion's in companion/include/companion/) are assigned one by one.
 set(ATTN_PUBLIC_core attention.hpp batch_attention.hpp cascade.hpp error.hpp half.hpp linear.hpp mask.hpp quantize.hpp random.hpp
-                     softmax.hpp sparse_attention.hpp tensor.hpp threads.hpp varlen.hpp version.h)
+                     latent_attention.hpp softmax.hpp sparse_attention.hpp tensor.hpp threads.hpp varlen.hpp version.h)
 set(ATTN_PUBLIC_layer attn.hpp kv_cache.hpp paged_kv_cache.hpp multi_head.hpp multi_head_attention.hpp
                       positional.hpp rope_scaling.hpp)
 set(ATTN_PUBLIC_onnx onnx.hpp)

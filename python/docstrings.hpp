@@ -16,6 +16,23 @@ A slice whose entries are all -inf (every choice masked) gives zeros, not NaN.
 Returns an array of a's shape (float64 for float64 input, else float32).
 )";
 
+inline constexpr const char* kLatentAttention = R"(latent_attention(q_nope, q_pe, ckv, kpe, *, scale, causal=False,
+                 return_lse=False) -> out, or (out, lse)
+
+Multi-head latent attention (MLA: DeepSeek-V2/V3, Kimi K2) in its absorbed
+form: MQA over a latent cache, keys [ckv | kpe] and values ckv, one KV head
+for every query head. q_nope (n_q, H, r): the query's no-RoPE part with W_UK
+folded in; q_pe (n_q, H, p): its rotated RoPE part; ckv (n_k, r): the
+normalised latents; kpe (n_k, p): the rotated RoPE keys. Returns out
+(n_q, H, r), the latent output before W_UV, and with return_lse the lse
+(n_q, H). scale is the model's softmax scale (DeepSeek: 1/sqrt(qk_nope_head_dim
++ qk_rope_head_dim), YaRN's mscale applied), so it is required. causal:
+bottom-right (the queries are the last n_q keys). When ckv and kpe are the
+two parts of one (n_k, r + p) array (cache[:, :r], cache[:, r:]), its rows
+are read in place; otherwise the keys are copied side by side first. float64
+inputs are computed in float64; float16 ckv and kpe are read as float16.
+)";
+
 inline constexpr const char* kSparseAttention = R"(sparse_attention(q, k, v, indices, *, scale=None, softcap=None, sinks=None,
                  return_lse=False) -> out, or (out, lse)
 

@@ -168,6 +168,39 @@ py::object py_sparse_attention(const py::object& q_obj, const py::object& k_obj,
 }
 
 template <class T, class KV>
+py::object latent_attention_t(const py::array& q_nope, const py::array& q_pe, TensorView<const KV> ckv,
+                              TensorView<const KV> kpe, double scale, bool causal, bool return_lse) {
+  auto qn = as<T>(q_nope), qp = as<T>(q_pe);
+  const auto qnv = view_of<const T>(qn), qpv = view_of<const T>(qp);
+  LatentAttentionResult<T> r;
+  {
+    py::gil_scoped_release nogil;
+    r = latent_attention<T, KV>(qnv, qpv, ckv, kpe, scale, causal);
+  }
+  py::array out = to_numpy(std::move(r.out));
+  if (!return_lse) return out;
+  return py::make_tuple(out, to_numpy(std::move(r.lse)));
+}
+
+// ckv and kpe are viewed in place: two slices of one cache array keep its
+// rows (keys and values read once, not copied).
+py::object py_latent_attention(const py::object& q_nope_obj, const py::object& q_pe_obj, const py::object& ckv_obj,
+                               const py::object& kpe_obj, double scale, bool causal, bool return_lse) {
+  const auto qn = as_numeric_array(q_nope_obj, "q_nope"), qp = as_numeric_array(q_pe_obj, "q_pe"),
+             c = as_numeric_array(ckv_obj, "ckv"), kp = as_numeric_array(kpe_obj, "kpe");
+  if (is_float64(qn) || is_float64(qp) || is_float64(c) || is_float64(kp)) {
+    auto ca = as<double>(c), ka = as<double>(kp);
+    return latent_attention_t<double, double>(qn, qp, view_of<const double>(ca), view_of<const double>(ka), scale,
+                                              causal, return_lse);
+  }
+  if (is_float16(c) && is_float16(kp))
+    return latent_attention_t<float, float16>(qn, qp, half_view(c), half_view(kp), scale, causal, return_lse);
+  auto ca = as<float>(c), ka = as<float>(kp);
+  return latent_attention_t<float, float>(qn, qp, view_of<const float>(ca), view_of<const float>(ka), scale, causal,
+                                          return_lse);
+}
+
+template <class T, class KV>
 py::tuple attention_backward_t(const py::array& q_in, TensorView<const KV> k, TensorView<const KV> v,
                                const py::array& dout_in, const py::object& mask_obj, const AttentionOptions& opt,
                                const py::object& out_obj, const py::object& lse_obj) {
@@ -403,6 +436,8 @@ PYBIND11_MODULE(_core, m) {
         arg("softcap") = py::none(), arg("window") = py::none(), arg("alibi_slopes") = py::none(),
         arg("sinks") = py::none(), arg("return_weights") = false, arg("return_logits") = py::none(),
         arg("return_lse") = false, arg("precision") = "f32", docs::kAttention);
+  m.def("latent_attention", &py_latent_attention, arg("q_nope"), arg("q_pe"), arg("ckv"), arg("kpe"), py::kw_only(),
+        arg("scale"), arg("causal") = false, arg("return_lse") = false, docs::kLatentAttention);
   m.def("sparse_attention", &py_sparse_attention, arg("q"), arg("k"), arg("v"), arg("indices"), py::kw_only(),
         arg("scale") = py::none(), arg("softcap") = py::none(), arg("sinks") = py::none(),
         arg("return_lse") = false, docs::kSparseAttention);

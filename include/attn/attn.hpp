@@ -10,6 +10,7 @@
 #include "attn/cascade.hpp"
 #include "attn/error.hpp"
 #include "attn/kv_cache.hpp"
+#include "attn/latent_attention.hpp"
 #include "attn/linear.hpp"
 #include "attn/mask.hpp"
 #include "attn/multi_head.hpp"

@@ -21,13 +21,13 @@ from ._core import (KVCache, QuantizedTensor, __version__, max_num_threads,  # n
                     num_threads, precision_unit, quantize, set_num_threads)
 from .functional import (alibi_slopes, attention, attention_backward, attention_varlen,  # noqa: F401
                          multi_head, positional_encoding, rope, rope_backward, rope_frequencies,
-                         scaled_dot_product_attention, softmax, sparse_attention)
+                         latent_attention, scaled_dot_product_attention, softmax, sparse_attention)
 from .layer import MultiHeadAttention  # noqa: F401
 from .serving import (BatchAttentionPlan, PagedKVCache, batch_attention, merge_state,  # noqa: F401
                       merge_state_in_place, merge_states)
 from . import onnx  # noqa: F401
 
-__all__ = ["attention", "attention_backward", "attention_varlen", "sparse_attention",
+__all__ = ["attention", "attention_backward", "attention_varlen", "sparse_attention", "latent_attention",
            "scaled_dot_product_attention", "softmax",
            "multi_head", "positional_encoding", "rope", "rope_backward", "rope_frequencies",
            "alibi_slopes", "MultiHeadAttention", "onnx", "merge_state", "merge_state_in_place", "merge_states",

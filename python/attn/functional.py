@@ -7,7 +7,7 @@ from . import _core
 from ._interop import (Differentiable, any_tensor, is_quantized, is_tensor, refuse_grad, result_dtype,
                        scaling_json, sum_to_shape, to_array, to_tensor, wants_grad, _torch)
 
-__all__ = ["softmax", "attention", "attention_backward", "attention_varlen", "sparse_attention",
+__all__ = ["softmax", "attention", "attention_backward", "attention_varlen", "sparse_attention", "latent_attention",
            "scaled_dot_product_attention",
            "multi_head", "positional_encoding", "rope", "rope_backward", "rope_frequencies",
            "alibi_slopes"]
@@ -102,6 +102,22 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, causal=False, scale
 
 
 attention_varlen.__doc__ = _core.attention_varlen.__doc__
+
+
+def latent_attention(q_nope, q_pe, ckv, kpe, *, scale, causal=False, return_lse=False):
+    inputs = (q_nope, q_pe, ckv, kpe)
+    names = ("q_nope", "q_pe", "ckv", "kpe")
+    for x, name in zip(inputs, names):
+        refuse_grad(x, name, "latent_attention has no backward")
+    r = _core.latent_attention(*(to_array(x, n) for x, n in zip(inputs, names)), scale=scale, causal=causal,
+                               return_lse=return_lse)
+    if not any_tensor(*inputs):
+        return r
+    dtype = result_dtype(q_nope, q_pe)
+    return tuple(to_tensor(a, dtype) for a in r) if return_lse else to_tensor(r, dtype)
+
+
+latent_attention.__doc__ = _core.latent_attention.__doc__
 
 
 def sparse_attention(q, k, v, indices, *, scale=None, softcap=None, sinks=None, return_lse=False):

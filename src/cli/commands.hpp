@@ -41,7 +41,7 @@ struct AttendArgs {
 int run_attend(const AttendArgs& args);
 
 struct BenchArgs {
-  std::string kind;  // "attention", "backward", "decode" or "varlen"
+  std::string kind;  // "attention", "backward", "decode", "mla" or "varlen"
   int64_t n = 4096, heads = 8, kv_heads = 0, head_dim = 64, batch = 1;
   int64_t kv_len = 32768, queries = 1;  // keys (attention sets 0: as many as queries)
   AttentionOptions attention;  // --causal

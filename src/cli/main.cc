@@ -388,6 +388,21 @@ void add_bench(CLI::App& app, Command& chosen) {
       ->check(integer_in<int64_t>(1, 1 << 20));
   decode->add_flag("--tree", d->tree, "with --page-size: the queries are a draft tree (a tree mask), "
                                       "timed against one query");
+  auto* mla = bench->add_subcommand("mla", "a decode step of multi-head latent attention (DeepSeek-V3's shape)");
+  auto ml = on_chosen(mla, chosen, attn::cli::run_bench);
+  ml->kind = "mla";
+  ml->heads = 128;
+  mla->add_option("--kv-len", ml->kv_len, "cached tokens")->check(integer_in<int64_t>(1, kMaxPositions))
+      ->capture_default_str();
+  mla->add_option("--heads", ml->heads, "query heads")->check(integer_in<int64_t>(1, kMaxBenchAxis))
+      ->capture_default_str();
+  mla->add_option("--queries", ml->queries, "queries per head (1-8)")->check(integer_in<int64_t>(1, 8));
+  mla->add_option("--kv-dtype", ml->kv_dtype, "the latent cache's storage")
+      ->check(CLI::IsMember({"f32", "bf16", "f16"}))
+      ->capture_default_str();
+  mla->add_option("--threads", ml->threads, "threads (default: all cores)")
+      ->check(integer_in<int>(1, attn::max_num_threads()));
+  mla->add_flag("--json", ml->json, "print one JSON object");
   add_serve_benches(bench, chosen);
   auto* varlen = bench->add_subcommand(
       "varlen", "a packed batch of variable-length sequences, against one call per sequence and padding");

@@ -750,3 +750,10 @@ def test_bench_reports_consistent_numbers():
     assert 1e-4 < r["error_vs_f64"] < 2e-2 and r["speedup_vs_f32"] > 0
     bad = run("bench", "decode", "--kv-len", L, "--heads", heads, "--head-dim", 20, "--kv-dtype", "q8_0")
     assert bad.returncode != 0 and "multiple of 32" in bad.stderr
+    # MLA's absorbed decode: 2·H·kv_len·(576 + 512) FLOPs against the FMA peak, on the unit named
+    r = json.loads(ok("bench", "mla", "--kv-len", 700, "--heads", 4, "--kv-dtype", "bf16", "--threads", 1,
+                      "--json").stdout)
+    assert (r["kind"], r["kv_len"], r["heads"], r["kv_dtype"], r["unit"]) == ("mla", 700, 4, "bf16", "highway")
+    assert r["gflops"] == pytest.approx(2 * 4 * 700 * (576 + 512) / r["median_ms"] * 1e-6,
+                                        rel=rate_tol(r["median_ms"], r["gflops"]))
+    assert r["ratio_to_peak"] == pytest.approx(r["gflops"] / r["peak_gflops"], rel=2e-3, abs=1e-4)
