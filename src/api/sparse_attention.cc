@@ -88,17 +88,9 @@ SparseAttentionResult<T> sparse_attention(TensorView<const T> q, TensorView<cons
   p.indices_per_head = indices.dim(-3) == p.heads_kv;
   check_indices(p.indices, p.batch, indices.dim(-3), p.n_q, p.topk, p.n_k);
   p.out = core::operand(result.out.view(), lead, p.batch);
-  const TensorView<T> lse = result.lse.view();
-  p.lse = core::operand(TensorView<T>(lse.data(), [&] {
-                          Shape s = lse.shape();
-                          s.push_back(1);
-                          return s;
-                        }(), [&] {
-                          Strides s = lse.strides();
-                          s.push_back(1);
-                          return s;
-                        }()),
-                        lead, p.batch);
+  Shape lse_rows = lse_shape;  // lse as rows of one column
+  lse_rows.push_back(1);
+  p.lse = core::operand(TensorView<T>(result.lse.data(), lse_rows, contiguous_strides(lse_rows)), lead, p.batch);
   if constexpr (std::is_same_v<T, float>) kernels::sparse_forward(p);
   else reference::reference_sparse_attention(p);
   return result;

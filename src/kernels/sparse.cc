@@ -16,7 +16,6 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
-#include <vector>
 
 #include "kernels/attention_kernel.hpp"
 #include "kernels/scratch.hpp"
@@ -27,7 +26,8 @@ HWY_BEFORE_NAMESPACE();
 namespace attn::kernels {
 namespace HWY_NAMESPACE {
 
-thread_local Scratch<float> tls_sparse_scores, tls_sparse_sums, tls_sparse_panel, tls_sparse_values, tls_sparse_out;
+thread_local Scratch<float> tls_sparse_scores, tls_sparse_sums, tls_sparse_panel, tls_sparse_values, tls_sparse_out,
+    tls_sparse_rows;
 thread_local Scratch<const float*> tls_sparse_queries;
 thread_local Scratch<int32_t> tls_sparse_keys;
 
@@ -67,16 +67,18 @@ void SparseForward(const core::SparseProblem<float>& p) {
     const int64_t dvp = (p.d_v + N - 1) / N * N;
     float* o = tls_sparse_out.get(static_cast<size_t>(std::max<int64_t>(G * dvp, 1)));
     std::fill(o, o + G * dvp, 0.0f);
-    std::vector<float> m(static_cast<size_t>(G), ninf), sum(static_cast<size_t>(G));
+    float* m = tls_sparse_rows.get(static_cast<size_t>(2 * G));  // per row: its max, then its sum
+    float* sum = m + G;
+    std::fill(m, m + G, ninf);
     for (int64_t r = 0; r < G; ++r) {
       float* sr = s + r * TP;
       if (p.softcap > 0) Softcap(d, p.softcap, sr, TP);
       std::fill(sr + n, sr + TP, ninf);
       std::fill(l, l + N, 0.0f);
-      SoftmaxStep(d, sr, TP, m[static_cast<size_t>(r)], l);  // sr := 2^(s − m); l: their sums per lane
+      SoftmaxStep(d, sr, TP, m[r], l);  // sr := 2^(s − m); l: their sums per lane
       double total = 0;
       for (int64_t e = 0; e < N; ++e) total += l[e];
-      sum[static_cast<size_t>(r)] = static_cast<float>(total);
+      sum[r] = static_cast<float>(total);
     }
     // O += P · V, the picked values gathered kBlockK at a time.
     float* vt = tls_sparse_values.get(static_cast<size_t>(kBlockK * std::max<int64_t>(dvp, 1)));
@@ -91,7 +93,7 @@ void SparseForward(const core::SparseProblem<float>& p) {
     }
     for (int64_t r = 0; r < G; ++r) {
       const int64_t h = hkv * G + r;
-      const float mr = m[static_cast<size_t>(r)];
+      const float mr = m[r];
       float* out = p.out.row(b, h, i);
       float* lse = p.lse.row(b, h, i);
       // The sink, a key of value zero, in base 2 (finite): the denominator
@@ -102,7 +104,7 @@ void SparseForward(const core::SparseProblem<float>& p) {
         *lse = ninf;
         continue;
       }
-      const double keys_sum = sum[static_cast<size_t>(r)];
+      const double keys_sum = sum[r];
       const bool keys_top = mr >= sink;  // (m = +∞ too)
       const double top = keys_top ? mr : sink, relative = keys_top ? keys_sum : keys_sum * std::exp2(mr - sink);
       const double total = relative + (p.sinks.empty() ? 0.0 : std::exp2(sink - top));
