@@ -112,7 +112,7 @@ void SparseForward(const core::SparseProblem<float>& p) {
       for (int64_t c = 0; c < p.d_v; ++c) out[c] = o[r * dvp + c] * norm;
       *lse = static_cast<float>((top + std::log2(total)) * 0.6931471805599453);
     }
-  }, static_cast<double>(p.topk) * static_cast<double>((p.d + p.d_v) * G));
+  }, 2.0 * static_cast<double>(items) * static_cast<double>(p.topk) * static_cast<double>((p.d + p.d_v) * G));
 }
 
 }  // namespace HWY_NAMESPACE
