@@ -161,7 +161,7 @@ ARM_CPUS      := cortex-a72/NEON max,sve=off/NEON/neon_bf16/neon_dotprod a64fx/S
 # hosts: three of these tests took 390 s on one SVE CPU on a Xeon, where a
 # Zen 5 ran all of them in under 2 minutes; make test-arm runs SVE.)
 ARM_TEST_CPUS := cortex-a72/NEON max,sve=off/NEON/neon_bf16/neon_dotprod
-ARM_KERNEL_TESTS := Kernels.*:EdgeCases.*:KVStorage.*:Q8_0.*:Precision.*
+ARM_KERNEL_TESTS := Kernels.*:EdgeCases.*:KVStorage.*:Q8_0.*:Precision.*:SparseAttention.*:LatentAttention.*
 
 # ARM_HWY_DISABLED: the Highway targets to leave out (none: every Arm target);
 # ARM_TESTS: the test program (attn_kernel_tests: the kernels' and threads'
