@@ -28,14 +28,16 @@ void check_indices(const core::Operand<const int32_t>& idx, int64_t batch, int64
         const int32_t* r = idx.row(b, h, i);
         for (int64_t t = 0; t < topk; ++t) {
           const int32_t j = r[t * idx.col_stride];
-          const std::string where = "indices at (batch entry " + std::to_string(b) + ", head " + std::to_string(h) +
-                                    ", row " + std::to_string(i) + ", slot " + std::to_string(t) + ")";
+          const auto where = [&] {
+            return "indices at (batch entry " + std::to_string(b) + ", head " + std::to_string(h) + ", row " +
+                   std::to_string(i) + ", slot " + std::to_string(t) + ")";
+          };
           if (j < -1 || j >= n_k)
-            fail(where + " is " + std::to_string(j) + ": must be -1 (no key) or a key in 0.." +
+            fail(where() + " is " + std::to_string(j) + ": must be -1 (no key) or a key in 0.." +
                  std::to_string(n_k - 1));
           if (j < 0) continue;
           if (seen[static_cast<size_t>(j)] == row)
-            fail(where + " names key " + std::to_string(j) + " a second time in its row");
+            fail(where() + " names key " + std::to_string(j) + " a second time in its row");
           seen[static_cast<size_t>(j)] = row;
         }
       }
