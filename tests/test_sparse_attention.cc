@@ -135,6 +135,12 @@ TEST(SparseAttention, ARowWithNoKeyGivesZeros) {
   const auto s = sparse_attention<float>(q.view(), k.view(), v.view(), idx.view(), o);
   EXPECT_EQ(s.out.at({1, 2, 0}), 0.0f);
   EXPECT_FLOAT_EQ(s.lse.at({1, 2}), -3.0f);
+  // No keys at all: every slot empty.
+  const Tensor<float> none({2, 0, 4}), none_v({2, 0, 5});
+  std::fill(idx.data(), idx.data() + idx.numel(), -1);
+  const auto e = sparse_attention<float>(q.view(), none.view(), none_v.view(), idx.view(), o);
+  EXPECT_EQ(e.out.at({0, 1, 4}), 0.0f);
+  EXPECT_FLOAT_EQ(e.lse.at({0, 1}), 0.25f);
 }
 
 TEST(SparseAttention, BadIndicesAndShapesAreRefusedByName) {

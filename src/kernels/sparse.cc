@@ -53,7 +53,7 @@ void SparseForward(const core::SparseProblem<float>& p) {
     float* panel = tls_sparse_panel.get(static_cast<size_t>(kBlockK * std::max<int64_t>(p.d, 1)));
     const float** q = tls_sparse_queries.get(static_cast<size_t>(G));
     for (int64_t r = 0; r < G; ++r) q[r] = p.q.row(b, hkv * G + r, i);
-    const float* k0 = p.k.row(b, hkv, 0);
+    const float* k0 = n > 0 ? p.k.row(b, hkv, 0) : nullptr;  // (no keys: maybe no K either)
     for (int64_t t0 = 0; t0 < n; t0 += kBlockK) {
       const int64_t tn = std::min(kBlockK, n - t0);
       TransposeRowsAt<float>([&](int64_t j) HWY_ATTR { return k0 + keys[t0 + j] * p.k.row_stride; }, tn, p.d,
@@ -82,7 +82,7 @@ void SparseForward(const core::SparseProblem<float>& p) {
     }
     // O += P · V, the picked values gathered kBlockK at a time.
     float* vt = tls_sparse_values.get(static_cast<size_t>(kBlockK * std::max<int64_t>(dvp, 1)));
-    const float* v0 = p.v.row(b, hkv, 0);
+    const float* v0 = n > 0 ? p.v.row(b, hkv, 0) : nullptr;
     for (int64_t t0 = 0; t0 < n; t0 += kBlockK) {
       const int64_t tn = std::min(kBlockK, n - t0);
       for (int64_t j = 0; j < tn; ++j) {
