@@ -2,7 +2,6 @@
 // head, keys [c | k_pe] and values c, on views of the latent rows.
 #include "attn/latent_attention.hpp"
 
-#include <algorithm>
 #include <cmath>
 #include <string>
 
@@ -34,33 +33,23 @@ LatentAttentionResult<T> latent_attention(TensorView<const T> q_nope, TensorView
     k = TensorView<const KV>(ckv.data(), {1, n_k, r + p}, {0, ckv.stride(0), 1});
   } else {
     keys = Tensor<KV>({1, n_k, r + p});
-    for (int64_t j = 0; j < n_k; ++j) {
-      for (int64_t c = 0; c < r; ++c) keys.at({0, j, c}) = ckv.at({j, c});
-      for (int64_t c = 0; c < p; ++c) keys.at({0, j, r + c}) = kpe.at({j, c});
-    }
+    copy(ckv, TensorView<KV>(keys.data(), {n_k, r}, {r + p, 1}));
+    copy(kpe, TensorView<KV>(keys.data() + r, {n_k, p}, {r + p, 1}));
     k = keys.view();
   }
   // The values: c, the first r columns of the keys' rows.
   const TensorView<const KV> v(k.data(), {1, n_k, r}, {0, k.stride(1), 1});
   Tensor<T> q({heads, n_q, r + p});  // (head, row, [q_nope | q_pe])
-  for (int64_t h = 0; h < heads; ++h)
-    for (int64_t i = 0; i < n_q; ++i) {
-      for (int64_t c = 0; c < r; ++c) q.at({h, i, c}) = q_nope.at({i, h, c});
-      for (int64_t c = 0; c < p; ++c) q.at({h, i, r + c}) = q_pe.at({i, h, c});
-    }
+  copy(q_nope.transpose(0, 1), TensorView<T>(q.data(), {heads, n_q, r}, {n_q * (r + p), r + p, 1}));
+  copy(q_pe.transpose(0, 1), TensorView<T>(q.data() + r, {heads, n_q, p}, {n_q * (r + p), r + p, 1}));
   AttentionOptions options;
   options.scale = scale;
   options.causal = causal ? Causal::BottomRight : Causal::None;
-  Tensor<T> out({heads, n_q, r}), lse({heads, n_q});
-  AttentionExtras<T> extras;
-  extras.lse = lse.view();
-  AttentionPlan<T, KV>(q.view(), k, v, options).run(out.view(), extras);
+  // Written in place as (head, row) views of the (row, head) results.
   LatentAttentionResult<T> result{Tensor<T>({n_q, heads, r}), Tensor<T>({n_q, heads})};
-  for (int64_t i = 0; i < n_q; ++i)
-    for (int64_t h = 0; h < heads; ++h) {
-      std::copy_n(&out.at({h, i, 0}), r, &result.out.at({i, h, 0}));
-      result.lse.at({i, h}) = lse.at({h, i});
-    }
+  AttentionExtras<T> extras;
+  extras.lse = result.lse.view().transpose(0, 1);
+  AttentionPlan<T, KV>(q.view(), k, v, options).run(result.out.view().transpose(0, 1), extras);
   return result;
 }
 

@@ -19,6 +19,7 @@
 
 #include "kernels/attention_kernel.hpp"
 #include "kernels/scratch.hpp"
+#include "softmax_rules.hpp"
 #include "sparse_problem.hpp"
 #include "thread_pool.hpp"
 
@@ -91,26 +92,16 @@ void SparseForward(const core::SparseProblem<float>& p) {
       }
       AccumulateValues(d, G, s + t0, TP, tn, vt, dvp, dvp, o, dvp);
     }
+    // Each row: its keys' softmax (running max m, sum) merged with the
+    // sink's, a key of value zero (core::merge_lse's rules).
     for (int64_t r = 0; r < G; ++r) {
       const int64_t h = hkv * G + r;
-      const float mr = m[r];
+      const double keys_lse = sum[r] == 0 ? -INFINITY : (double(m[r]) + std::log2(double(sum[r]))) * 0.6931471805599453;
+      const auto merged = core::merge_lse<double>(keys_lse, p.sinks.empty() ? -INFINITY : p.sinks[h]);
+      const float norm = merged.take_a && sum[r] != 0 ? static_cast<float>(merged.weight_a / sum[r]) : 0.0f;
       float* out = p.out.row(b, h, i);
-      float* lse = p.lse.row(b, h, i);
-      // The sink, a key of value zero, in base 2 (finite): the denominator
-      // relative to the larger of m and the sink.
-      const double sink = p.sinks.empty() ? -INFINITY : p.sinks[h] * 1.4426950408889634;
-      if (mr == ninf && p.sinks.empty()) {  // no key: zeros
-        std::fill(out, out + p.d_v, 0.0f);
-        *lse = ninf;
-        continue;
-      }
-      const double keys_sum = sum[r];
-      const bool keys_top = mr >= sink;  // (m = +∞ too)
-      const double top = keys_top ? mr : sink, relative = keys_top ? keys_sum : keys_sum * std::exp2(mr - sink);
-      const double total = relative + (p.sinks.empty() ? 0.0 : std::exp2(sink - top));
-      const float norm = static_cast<float>((keys_top ? 1.0 : std::exp2(mr - sink)) / total);
       for (int64_t c = 0; c < p.d_v; ++c) out[c] = o[r * dvp + c] * norm;
-      *lse = static_cast<float>((top + std::log2(total)) * 0.6931471805599453);
+      *p.lse.row(b, h, i) = static_cast<float>(merged.lse);
     }
   }, 2.0 * static_cast<double>(items) * static_cast<double>(p.topk) * static_cast<double>((p.d + p.d_v) * G));
 }

@@ -209,8 +209,7 @@ void reference_attention_backward(const core::AttentionProblem<double>& p,
 }
 
 void reference_sparse_attention(const core::SparseProblem<double>& p) {
-  const double inf = std::numeric_limits<double>::infinity();
-  std::vector<double> s(static_cast<size_t>(p.topk));
+  std::vector<double> w(static_cast<size_t>(p.topk));
   for (int64_t b = 0; b < p.batch; ++b)
     for (int64_t h = 0; h < p.heads_q; ++h)
       for (int64_t i = 0; i < p.n_q; ++i) {
@@ -218,35 +217,26 @@ void reference_sparse_attention(const core::SparseProblem<double>& p) {
         const int32_t* idx = p.indices_row(b, hkv, i);
         const double* q = p.q.row(b, h, i);
         // logits: scale q·k, then softcap; −∞ for an empty slot
-        double m = p.sinks.empty() ? -inf : p.sinks[h];
         for (int64_t t = 0; t < p.topk; ++t) {
           const int32_t j = idx[t * p.indices.col_stride];
-          s[t] = -inf;
+          w[t] = -std::numeric_limits<double>::infinity();
           if (j < 0) continue;
           const double* k = p.k.row(b, hkv, j);
           double dot = 0;
           for (int64_t c = 0; c < p.d; ++c) dot += q[c] * k[c];
-          s[t] = p.scale * dot;
-          if (p.softcap > 0) s[t] = p.softcap * std::tanh(s[t] / p.softcap);
-          m = std::max(m, s[t]);
+          w[t] = p.scale * dot;
+          if (p.softcap > 0) w[t] = p.softcap * std::tanh(w[t] / p.softcap);
         }
+        *p.lse.row(b, h, i) = core::softmax_by_definition(
+            w.data(), p.topk, p.sinks.empty() ? -std::numeric_limits<double>::infinity() : p.sinks[h]);
         double* out = p.out.row(b, h, i);
         std::fill(out, out + p.d_v, 0.0);
-        double* lse = p.lse.row(b, h, i);
-        if (m == -inf) {  // no key, no sink
-          *lse = -inf;
-          continue;
-        }
-        double l = p.sinks.empty() ? 0 : std::exp(p.sinks[h] - m);  // the sink: a key of value zero
         for (int64_t t = 0; t < p.topk; ++t) {
-          if (s[t] == -inf) continue;
-          const double w = std::exp(s[t] - m);
-          l += w;
-          const double* v = p.v.row(b, hkv, idx[t * p.indices.col_stride]);
-          for (int64_t c = 0; c < p.d_v; ++c) out[c] += w * v[c];
+          const int32_t j = idx[t * p.indices.col_stride];
+          if (j < 0 || w[t] == 0) continue;  // an empty slot (its weight 0, or NaN in a NaN row)
+          const double* v = p.v.row(b, hkv, j);
+          for (int64_t c = 0; c < p.d_v; ++c) out[c] += w[t] * v[c];
         }
-        for (int64_t c = 0; c < p.d_v; ++c) out[c] /= l;
-        *lse = m + std::log(l);
       }
 }
 
