@@ -364,7 +364,8 @@ void bind_mha(py::module_& m) {
                        bool bias, bool add_bias_kv, bool add_zero_attn, const py::object& kdim,
                        const py::object& vdim, bool batch_first, const py::object& num_kv_heads,
                        bool rope, double rope_base, bool rope_interleaved,
-                       const py::object& rope_scaling, bool alibi, bool sinks, uint64_t seed) {
+                       const py::object& rope_scaling, bool alibi, bool sinks, const std::string& gate,
+                       uint64_t seed) {
              MultiHeadAttentionConfig c;
              c.embed_dim = int_arg(embed_dim, "embed_dim");
              c.num_heads = int_arg(num_heads, "num_heads");
@@ -382,6 +383,7 @@ void bind_mha(py::module_& m) {
              if (!rope_scaling.is_none()) c.rope_scaling = parse_rope_scaling(rope_scaling.cast<std::string>());
              c.alibi = alibi;
              c.sinks = sinks;
+             c.gate = parse_gate(gate);
              return PyMha{std::make_unique<MultiHeadAttention<float>>(c, seed), nullptr};
            }),
            arg("embed_dim"), arg("num_heads"), py::kw_only(), arg("dropout") = 0.0,
@@ -389,7 +391,7 @@ void bind_mha(py::module_& m) {
            arg("kdim") = py::none(), arg("vdim") = py::none(), arg("batch_first") = true,
            arg("num_kv_heads") = py::none(), arg("rope") = false, arg("rope_base") = 10000.0,
            arg("rope_interleaved") = false, arg("rope_scaling") = py::none(), arg("alibi") = false,
-           arg("sinks") = false, arg("seed") = 0)
+           arg("sinks") = false, arg("gate") = "none", arg("seed") = 0)
       .def("forward", &py_forward, arg("query"), arg("key") = py::none(),
            arg("value") = py::none(), py::kw_only(), arg("key_padding_mask") = py::none(),
            arg("attn_mask") = py::none(), arg("causal") = false, arg("window") = py::none(),
@@ -456,6 +458,7 @@ void bind_mha(py::module_& m) {
       })
       .def_property_readonly("alibi", [](const PyMha& s) { return s.f32->config().alibi; })
       .def_property_readonly("sinks", [](const PyMha& s) { return s.f32->config().sinks; })
+      .def_property_readonly("gate", [](const PyMha& s) { return gate_name(s.f32->config().gate); })
       .def(py::pickle(&layer_state, &layer_from_state));
 }
 

@@ -399,7 +399,17 @@ INSTANTIATE_TEST_SUITE_P(
         MhaCase{"zero_attn_unbatched", variant(mha_config(8, 2), [](auto& c) { c.add_zero_attn = true; }), false},
         // learnable sinks (the last parameter), with GQA, RoPE and masks
         MhaCase{"sinks_gqa_rope_masks", variant(mha_config(8, 4), [](auto& c) {
-                  c.sinks = true; c.num_kv_heads = 2; c.rope = true; }), true, true, Causal::BottomRight, true}),
+                  c.sinks = true; c.num_kv_heads = 2; c.rope = true; }), true, true, Causal::BottomRight, true},
+        // output gates (their parameters last), each kind with the layouts
+        // and the parameters they sit beside
+        MhaCase{"gate_headwise", variant(mha_config(8, 4), [](auto& c) { c.gate = Gate::Headwise; })},
+        MhaCase{"gate_elementwise_sequence_first_cross", variant(mha_config(8, 2), [](auto& c) {
+                  c.gate = Gate::Elementwise; c.batch_first = false; c.kdim = 5; }), true, true, Causal::BottomRight},
+        MhaCase{"gate_headwise_unbatched_no_bias", variant(mha_config(8, 2), [](auto& c) {
+                  c.gate = Gate::Headwise; c.bias = false; }), false},
+        MhaCase{"gate_elementwise_sinks_bias_kv", variant(mha_config(8, 4), [](auto& c) {
+                  c.gate = Gate::Elementwise; c.sinks = true; c.add_bias_kv = true; c.num_kv_heads = 2; }),
+                true, true, Causal::None, true}),
     [](const auto& info) { return std::string(info.param.name); });
 
 // float32 takes the fused kernel with the forward's log-sum-exp in both

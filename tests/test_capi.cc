@@ -120,45 +120,50 @@ TEST(Capi, RopeAndSinusoidalAreTheCppResult) {
   expect_bitwise_equal(c_table, table);
 }
 
+// Each output gate too: the file's metadata and gate_proj tensors reach the C layer.
 TEST(Capi, MhaForwardWithAndWithoutCacheIsTheCppResult) {
-  MultiHeadAttentionConfig config;
-  config.embed_dim = 8;
-  config.num_heads = 4;
-  config.num_kv_heads = 2;
-  config.rope = true;
-  const MultiHeadAttention<float> layer(config, 9);
-  const test::TempDir dir;
-  const auto path = dir.file("layer.safetensors");
-  layer.save(path);
-  attn_mha* c_layer = nullptr;
-  ASSERT_EQ(attn_mha_load(path.c_str(), &c_layer), ATTN_OK) << attn_last_error();
+  for (Gate gate : {Gate::None, Gate::Headwise, Gate::Elementwise}) {
+    SCOPED_TRACE("gate " + gate_name(gate));
+    MultiHeadAttentionConfig config;
+    config.embed_dim = 8;
+    config.num_heads = 4;
+    config.num_kv_heads = 2;
+    config.rope = true;
+    config.gate = gate;
+    const MultiHeadAttention<float> layer(config, 9);
+    const test::TempDir dir;
+    const auto path = dir.file("layer.safetensors");
+    layer.save(path);
+    attn_mha* c_layer = nullptr;
+    ASSERT_EQ(attn_mha_load(path.c_str(), &c_layer), ATTN_OK) << attn_last_error();
 
-  std::mt19937 rng(6);
-  const auto x = cast<float>(random_tensor({2, 5, 8}, rng));
-  MhaForwardOptions<float> options;
-  options.attention.causal = Causal::BottomRight;
-  const Tensor<float> want = layer.forward(x.view(), {}, {}, options).out;
-  attn_options c_options;
-  attn_options_init(&c_options);
-  c_options.causal = 1;
-  Tensor<float> got(x.shape());
-  const attn_tensor cx = descriptor(x, ATTN_F32);
-  attn_tensor cout = descriptor(got, ATTN_F32);
-  ASSERT_EQ(attn_mha_forward(c_layer, &cx, nullptr, &c_options, &cout), ATTN_OK) << attn_last_error();
-  expect_bitwise_equal(got, want);
+    std::mt19937 rng(6);
+    const auto x = cast<float>(random_tensor({2, 5, 8}, rng));
+    MhaForwardOptions<float> options;
+    options.attention.causal = Causal::BottomRight;
+    const Tensor<float> want = layer.forward(x.view(), {}, {}, options).out;
+    attn_options c_options;
+    attn_options_init(&c_options);
+    c_options.causal = 1;
+    Tensor<float> got(x.shape());
+    const attn_tensor cx = descriptor(x, ATTN_F32);
+    attn_tensor cout = descriptor(got, ATTN_F32);
+    ASSERT_EQ(attn_mha_forward(c_layer, &cx, nullptr, &c_options, &cout), ATTN_OK) << attn_last_error();
+    expect_bitwise_equal(got, want);
 
-  // Two calls on one cache, as the C++ layer does them with its own.
-  KVCache<float> cache = layer.new_cache();
-  options.cache = &cache;
-  attn_cache* c_cache = nullptr;
-  ASSERT_EQ(attn_cache_new(c_layer, &c_cache), ATTN_OK) << attn_last_error();
-  for (int round = 0; round < 2; ++round) {
-    const Tensor<float> step = layer.forward(x.view(), {}, {}, options).out;
-    ASSERT_EQ(attn_mha_forward(c_layer, &cx, c_cache, &c_options, &cout), ATTN_OK) << attn_last_error();
-    expect_bitwise_equal(got, step);
+    // Two calls on one cache, as the C++ layer does them with its own.
+    KVCache<float> cache = layer.new_cache();
+    options.cache = &cache;
+    attn_cache* c_cache = nullptr;
+    ASSERT_EQ(attn_cache_new(c_layer, &c_cache), ATTN_OK) << attn_last_error();
+    for (int round = 0; round < 2; ++round) {
+      const Tensor<float> step = layer.forward(x.view(), {}, {}, options).out;
+      ASSERT_EQ(attn_mha_forward(c_layer, &cx, c_cache, &c_options, &cout), ATTN_OK) << attn_last_error();
+      expect_bitwise_equal(got, step);
+    }
+    attn_cache_free(c_cache);
+    attn_mha_free(c_layer);
   }
-  attn_cache_free(c_cache);
-  attn_mha_free(c_layer);
 }
 
 // options.precision: 1 bf16, 2 int8, as C++'s Precision; others refused.

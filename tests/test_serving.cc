@@ -621,13 +621,15 @@ TEST(PagedKVCache, TheLayerServesRaggedBatchesAsEachSequenceAlone) {
   struct Case {
     bool rope, alibi, sinks;
     int64_t kv_heads;
+    Gate gate = Gate::None;
   };
-  for (const Case& cs : {Case{true, false, false, 2}, Case{false, true, true, 4}, Case{true, false, true, 1}}) {
+  for (const Case& cs : {Case{true, false, false, 2}, Case{false, true, true, 4}, Case{true, false, true, 1},
+                         Case{true, false, false, 2, Gate::Headwise}, Case{false, false, true, 4, Gate::Elementwise}}) {
     MultiHeadAttentionConfig cfg;
     cfg.embed_dim = 32, cfg.num_heads = 4, cfg.num_kv_heads = cs.kv_heads;
-    cfg.rope = cs.rope, cfg.alibi = cs.alibi, cfg.sinks = cs.sinks;
+    cfg.rope = cs.rope, cfg.alibi = cs.alibi, cfg.sinks = cs.sinks, cfg.gate = cs.gate;
     MultiHeadAttention<float> layer(cfg, 3);
-    if (cs.sinks) layer.parameters().back()->at({1}) = 1.5f;
+    if (cs.sinks) layer.parameters()[8]->at({1}) = 1.5f;  // the sinks, after the weights and biases
     std::mt19937 rng(11);
     const std::vector<int64_t> prompt = {5, 19, 1, 12};
     std::vector<Tensor<float>> streams;
@@ -660,7 +662,8 @@ TEST(PagedKVCache, TheLayerServesRaggedBatchesAsEachSequenceAlone) {
         for (int64_t t = 0; t < n; ++t)
           for (int64_t e = 0; e < 32; ++e)
             ASSERT_NEAR(got.at({cu[i] + t, e}), want.out.at({t, e}), 2e-5)
-                << "rope " << cs.rope << " alibi " << cs.alibi << " step " << step << " sequence " << i;
+                << "rope " << cs.rope << " alibi " << cs.alibi << " gate " << gate_name(cs.gate) << " step " << step
+                << " sequence " << i;
         done[i] += n;
       }
     }

@@ -3,7 +3,7 @@
 // concatenated and multiplied by Wo. A drop-in for PyTorch's
 // nn.MultiheadAttention: the same options, parameter names and shapes, the
 // same mask conventions, plus GQA/MQA, RoPE (with Hugging Face's scalings),
-// ALiBi and a KV cache.
+// ALiBi, attention sinks, output gates and a KV cache.
 #pragma once
 
 #include <cstdint>
@@ -24,6 +24,14 @@
 
 namespace attn {
 
+// An output gate (Gated Attention, Qiu et al. 2025; Qwen3-Next): each head's
+// output is multiplied by sigmoid(x W_g^T + b_g), x the query input, before
+// the output projection. Headwise: one gate per head (W_g (num_heads, E)),
+// broadcast over the head's slice; elementwise: one per element (W_g (E, E)).
+enum class Gate { None, Headwise, Elementwise };
+std::string gate_name(Gate gate);                  // "none", "headwise", "elementwise"
+Gate parse_gate(const std::string& name);          // ValueError naming the three
+
 struct MultiHeadAttentionConfig {
   int64_t embed_dim = 0;
   int64_t num_heads = 1;
@@ -43,6 +51,10 @@ struct MultiHeadAttentionConfig {
   // Attention sinks (gpt-oss): a learnable logit per query head, the
   // parameter `sinks` (num_heads,), initialised to 0 (attention's sinks).
   bool sinks = false;
+  // The output gate, the parameters gate_proj.weight (num_heads or E, E)
+  // and, with bias, gate_proj.bias; initialised as nn.Linear's weight, with
+  // a zero bias as the layer's other biases.
+  Gate gate = Gate::None;
   // nn.MultiheadAttention's options of the same names. add_bias_kv appends a
   // learned key bias_k and value bias_v to every sequence's keys and values,
   // add_zero_attn then a key and a value of zeros; both keys take part in
@@ -60,6 +72,10 @@ struct MultiHeadAttentionConfig {
   int64_t value_dim() const { return vdim.value_or(embed_dim); }
   // Keys appended to every sequence by add_bias_kv and add_zero_attn.
   int64_t extra_keys() const { return int64_t(add_bias_kv) + int64_t(add_zero_attn); }
+  // The gate's width: num_heads (headwise), embed_dim (elementwise) or 0.
+  int64_t gate_width() const {
+    return gate == Gate::Headwise ? num_heads : gate == Gate::Elementwise ? embed_dim : 0;
+  }
   // PyTorch packs q, k, v weights into in_proj_weight only in this case.
   bool packed() const {
     return !num_kv_heads && key_dim() == embed_dim && value_dim() == embed_dim;
@@ -177,8 +193,9 @@ class MultiHeadAttention {
   MhaGradients<T> backward(TensorView<const T> dout, const MhaSaved<T>& saved) const;
 
   // The learnable tensors: Wq, Wk, Wv, Wo, then (with bias) bq, bk, bv, bo,
-  // then (with add_bias_kv) bias_k, bias_v, then (with sinks) sinks;
-  // matrices (out, in) as nn.Linear. For optimizers and gradient checks; the
+  // then (with add_bias_kv) bias_k, bias_v, then (with sinks) sinks, then
+  // (with a gate) the gate's weight and (with bias) its bias; matrices
+  // (out, in) as nn.Linear. For optimizers and gradient checks; the
   // pointers stay valid until the next load_state_dict or assignment.
   std::vector<Tensor<T>*> parameters();
   std::vector<const Tensor<T>*> parameters() const;
@@ -195,7 +212,8 @@ class MultiHeadAttention {
 
   // PyTorch's names: in_proj_weight (3E, E) / q_proj_weight, k_proj_weight,
   // v_proj_weight; in_proj_bias; out_proj.weight; out_proj.bias; bias_k,
-  // bias_v (1, 1, dkv); and attn's sinks (num_heads,).
+  // bias_v (1, 1, dkv); and attn's sinks (num_heads,), gate_proj.weight
+  // and gate_proj.bias.
   std::map<std::string, Tensor<T>> state_dict() const;
   // backward()'s parameter gradients under the same names and shapes.
   std::map<std::string, Tensor<T>> gradient_dict(const MhaGradients<T>& gradients) const;
@@ -213,6 +231,7 @@ class MultiHeadAttention {
     Tensor<T> bq, bk, bv, bo;  // empty when !bias
     Tensor<T> bias_k, bias_v;  // (1, 1, dkv); empty when !add_bias_kv
     Tensor<T> sinks;           // (num_heads,); empty when !sinks
+    Tensor<T> wg, bg;          // (gate_width, E), (gate_width,); empty without a gate (or bias)
     std::vector<const Tensor<T>*> list(const MultiHeadAttentionConfig& c) const;  // parameters()' order
   };
   // A parameter set (or its gradients) under PyTorch's names.

@@ -57,11 +57,11 @@ class MultiHeadAttention:
                    add_zero_attn=False, kdim=None, vdim=None, batch_first=True,
                    device=None, dtype=None, *, num_kv_heads=None, rope=False,
                    rope_base=10000.0, rope_interleaved=False, rope_scaling=None,
-                   alibi=False, sinks=False, seed=0)
+                   alibi=False, sinks=False, gate="none", seed=0)
 
 The learnable multi-head attention layer: q = query Wqᵀ + bq, k = key Wkᵀ + bk,
 v = value Wvᵀ + bv, split into heads, attention per head, heads concatenated,
-out = concat Woᵀ + bo. torch.nn.MultiheadAttention's constructor, call and
+out = concat Woᵀ + bo (with a gate: out = (concat * sigmoid(query Wgᵀ + bg)) Woᵀ + bo). torch.nn.MultiheadAttention's constructor, call and
 state dict, so code and weights written for it run unchanged; the differences
 are listed in docs/semantics.md ("Differences from PyTorch").
 
@@ -82,7 +82,10 @@ and cached keys keep the rotation they were stored with), alibi (ALiBi:
 attention with attn.alibi_slopes(num_heads); not with add_bias_kv or
 add_zero_attn), sinks (attention sinks, gpt-oss's: a learnable logit per
 head in every row's softmax denominator, the parameter `sinks` (num_heads,),
-initialised to 0), and seed: weights are initialised as PyTorch does
+initialised to 0), gate ("none", "headwise" or "elementwise": the output
+gate of Gated Attention and Qwen3-Next, the parameters gate_proj.weight
+(num_heads, E) or (E, E) and, with bias, gate_proj.bias; a headwise gate is
+broadcast over its head's slice), and seed: weights are initialised as PyTorch does
 (Xavier-uniform, zero biases, bias_k and bias_v Xavier-normal), reproducibly
 from it.
 
@@ -95,14 +98,15 @@ own: `backward()` returns theirs).
     def __init__(self, embed_dim, num_heads, dropout=0.0, bias=True, add_bias_kv=False,
                  add_zero_attn=False, kdim=None, vdim=None, batch_first=True, device=None,
                  dtype=None, *, num_kv_heads=None, rope=False, rope_base=10000.0,
-                 rope_interleaved=False, rope_scaling=None, alibi=False, sinks=False, seed=0):
+                 rope_interleaved=False, rope_scaling=None, alibi=False, sinks=False, gate="none",
+                 seed=0):
         _checked_device_and_dtype(device, dtype)
         self._layer = _core.MultiHeadAttention(
             embed_dim, num_heads, dropout=dropout, bias=bias, add_bias_kv=add_bias_kv,
             add_zero_attn=add_zero_attn, kdim=kdim, vdim=vdim, batch_first=batch_first,
             num_kv_heads=num_kv_heads, rope=rope, rope_base=rope_base,
             rope_interleaved=rope_interleaved, rope_scaling=scaling_json(rope_scaling),
-            alibi=alibi, sinks=sinks, seed=seed)
+            alibi=alibi, sinks=sinks, gate=gate, seed=seed)
 
     @classmethod
     def _of(cls, layer):
@@ -295,13 +299,13 @@ add_zero_attn append.
 
     def __repr__(self):
         names = ("embed_dim", "num_heads", "num_kv_heads", "kdim", "vdim", "bias", "add_bias_kv",
-                 "add_zero_attn", "batch_first", "dropout", "rope", "alibi", "sinks")
+                 "add_zero_attn", "batch_first", "dropout", "rope", "alibi", "sinks", "gate")
         return "attn.MultiHeadAttention(" + ", ".join(f"{n}={getattr(self, n)!r}" for n in names) + ")"
 
 
 for _name in ("embed_dim", "num_heads", "num_kv_heads", "head_dim", "kdim", "vdim", "bias",
               "add_bias_kv", "add_zero_attn", "batch_first", "dropout", "rope", "rope_base",
-              "rope_interleaved", "alibi", "sinks"):
+              "rope_interleaved", "alibi", "sinks", "gate"):
     setattr(MultiHeadAttention, _name,
             property(lambda self, n=_name: getattr(self._layer, n)))
 MultiHeadAttention.rope_scaling = property(

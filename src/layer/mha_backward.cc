@@ -48,29 +48,38 @@ MhaGradients<T> MultiHeadAttention<T>::gradients(const Parameters& params, const
   Tensor<T>&dwq = g.parameters[0], &dwk = g.parameters[1], &dwv = g.parameters[2],
   &dwo = g.parameters[3];
   const auto bias_grad = [&](int i) { return c.bias ? g.parameters[4 + i].view() : TensorView<T>(); };
+  // The gradient in the slot of parameter p (parameters()' order).
+  const auto list = w->list(c);
+  const auto grad_of = [&](const Tensor<T>& p) -> Tensor<T>& {
+    return g.parameters[static_cast<size_t>(std::find(list.begin(), list.end(), &p) - list.begin())];
+  };
+  const bool gated = c.gate != Gate::None;
   // A contiguous tensor of `rows` rows of `width` (the tokens of every batch
   // entry) as the matrix linear() takes.
   const auto matrix = [](auto& t, int64_t rows, int64_t width) {
     return TensorView<std::remove_pointer_t<decltype(t.data())>>(t.data(), {rows, width});
   };
 
-  // forward: out = ctx Woᵀ + bo (rows in ctx's layout)
+  // forward: out = (ctx * gate) Woᵀ + bo (rows in ctx's layout)
   Tensor<T> dctx(out_shape);
-  linear_backward(matrix(a.ctx, B * n_q, E), w->wo.view(), matrix(dy, B * n_q, E), matrix(dctx, B * n_q, E),
-                  dwo.view(), bias_grad(3));
+  const Tensor<T> gated_ctx = gated ? apply_gate(a.ctx, a.gate, seq_first(a)) : Tensor<T>();
+  linear_backward(matrix(gated ? gated_ctx : a.ctx, B * n_q, E), w->wo.view(), matrix(dy, B * n_q, E),
+                  matrix(dctx, B * n_q, E), dwo.view(), bias_grad(3));
+  // forward: gate = sigmoid(q_in Wgᵀ + bg)
+  const Tensor<T> d_gate_logits = gated ? gate_backward(dctx, a.ctx, a.gate, seq_first(a)) : Tensor<T>();
   // forward: ctx = attention(q, k, v) per head
   Tensor<T> dq({B, n_q, E}), dk({B, n_k, kv}), dv({B, n_k, kv});
   auto dqh = heads_view(dq, H), dkh = heads_view(dk, Hkv);
   attention_backward(TensorView<const T>(heads_view(a.q, H)), a.K, a.V, TensorView<const T>(ctx_heads(dctx, a)),
                      dqh, dkh, heads_view(dv, Hkv), a.attention, a.masks(),
-                     c.sinks ? g.parameters.back().view() : TensorView<T>(),
+                     c.sinks ? grad_of(w->sinks).view() : TensorView<T>(),
                      SavedForward<T>{TensorView<const T>(ctx_heads(a.ctx, a)), a.lse.view()});
   // forward: bias_k, bias_v (add_bias_kv) and zeros (add_zero_attn) appended
   // after the n_in keys the inputs gave
   if (const int64_t n_in = a.k_in.dim(1); n_in != n_k) {
     if (c.add_bias_kv) {
-      T* dbk = g.parameters[c.bias ? 8 : 4].data();
-      T* dbv = g.parameters[c.bias ? 9 : 5].data();
+      T* dbk = grad_of(w->bias_k).data();
+      T* dbv = grad_of(w->bias_v).data();
       for (int64_t b = 0; b < B; ++b)
         for (int64_t j = 0; j < kv; ++j) {
           dbk[j] += dk[(b * n_k + n_in) * kv + j];
@@ -90,7 +99,7 @@ MhaGradients<T> MultiHeadAttention<T>::gradients(const Parameters& params, const
     rope_backward(TensorView<const T>(dqh), dqh, a.rope);
     rope_backward(TensorView<const T>(dkh), dkh, a.rope);
   }
-  // forward: q = q_in Wqᵀ + bq;  k = k_in Wkᵀ + bk;  v = v_in Wvᵀ + bv
+  // forward: q = q_in Wqᵀ + bq (and the gate's logits q_in Wgᵀ + bg);  k = k_in Wkᵀ + bk;  v = v_in Wvᵀ + bv
   const auto input_grad = [&](TensorView<const T> x, const Tensor<T>& w, const Tensor<T>& dproj,
                               Tensor<T>& dw, TensorView<T> db) {
     const Tensor<T> xc = contiguous(x);
@@ -101,12 +110,15 @@ MhaGradients<T> MultiHeadAttention<T>::gradients(const Parameters& params, const
     return dx;
   };
   Tensor<T> dq_in = input_grad(a.q_in, w->wq, dq, dwq, bias_grad(0));
-  Tensor<T> dk_in = input_grad(a.k_in, w->wk, dk, dwk, bias_grad(1));
-  Tensor<T> dv_in = input_grad(a.v_in, w->wv, dv, dwv, bias_grad(2));
-  // forward: value defaults to key and key to query, so their gradients add up there
   const auto add = [](Tensor<T>& to, const Tensor<T>& from) {
     for (int64_t i = 0; i < to.numel(); ++i) to[i] += from[i];
   };
+  if (gated)
+    add(dq_in, input_grad(a.q_in, w->wg, d_gate_logits, grad_of(w->wg),
+                          c.bias ? grad_of(w->bg).view() : TensorView<T>()));
+  Tensor<T> dk_in = input_grad(a.k_in, w->wk, dk, dwk, bias_grad(1));
+  Tensor<T> dv_in = input_grad(a.v_in, w->wv, dv, dwv, bias_grad(2));
+  // forward: value defaults to key and key to query, so their gradients add up there
   if (a.value_is_key) add(dk_in, dv_in), dv_in = Tensor<T>();
   if (a.key_is_query) add(dq_in, dk_in), dk_in = Tensor<T>();
   // back to the inputs' layout

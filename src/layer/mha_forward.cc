@@ -170,6 +170,7 @@ typename MultiHeadAttention<T>::Activations MultiHeadAttention<T>::forward_activ
     a.k = with_extra_keys(a.k, w.bias_k, c.add_zero_attn);
     a.v = with_extra_keys(a.v, w.bias_v, c.add_zero_attn);
   }
+  if (c.gate != Gate::None) a.gate = gate_values(a.q_in, w.wg, w.bg);
   auto qh = heads_view(a.q, H), kh = heads_view(a.k, Hkv), vh = heads_view(a.v, Hkv);
 
   if (c.rope) {
@@ -274,7 +275,9 @@ MhaOutput<T> MultiHeadAttention<T>::forward(TensorView<const T> query, TensorVie
   const int64_t B = a.q_in.dim(0), n_q = a.q_in.dim(1), n_k = a.n_k, H = config_.num_heads;
   Tensor<T>& weights = a.weights;
   MhaOutput<T> result;
-  result.out = project(TensorView<const T>(a.ctx.view()), w->wo, w->bo);  // ctx's layout
+  const bool gated = config_.gate != Gate::None;
+  result.out = project(TensorView<const T>(gated ? apply_gate(a.ctx, a.gate, seq_first(a)).view() : a.ctx.view()),
+                       w->wo, w->bo);  // ctx's layout
   if (!a.is_batched) result.out = std::move(result.out).reshape({n_q, config_.embed_dim});
   if (opt.need_weights) {
     if (opt.average_attn_weights) {

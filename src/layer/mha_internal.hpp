@@ -5,6 +5,7 @@
 #pragma once
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -44,6 +45,47 @@ Tensor<T> project(TensorView<const T> x, const Tensor<T>& w, const Tensor<T>& b)
            : TensorView<const T>((xc = contiguous(x)).data(), {B * n, in});
   linear(rows, w.view(), b.rank() ? b.view() : TensorView<const T>(), TensorView<T>(y.data(), {B * n, out}));
   return y;
+}
+
+// The output gate sigmoid(x W_gᵀ + b_g) (B, n, gate width) of the query input x.
+template <class T>
+Tensor<T> gate_values(TensorView<const T> x, const Tensor<T>& wg, const Tensor<T>& bg) {
+  Tensor<T> g = project(x, wg, bg);
+  for (int64_t i = 0; i < g.numel(); ++i) g[i] = T(1) / (T(1) + std::exp(-g[i]));
+  return g;
+}
+
+// The heads' outputs ctx (B, n, E), or (n, B, E) when seq_first, times the
+// gate (B, n, G): element e of a token's row by its gate e / (E / G).
+template <class T>
+Tensor<T> apply_gate(const Tensor<T>& ctx, const Tensor<T>& gate, bool seq_first) {
+  const int64_t B = gate.dim(0), n = gate.dim(1), G = gate.dim(2), E = ctx.dim(2), step = E / G;
+  Tensor<T> y(ctx.shape());
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t row = (seq_first ? i * B + b : b * n + i) * E;
+      const T* g = gate.data() + (b * n + i) * G;
+      for (int64_t e = 0; e < E; ++e) y[row + e] = ctx[row + e] * g[e / step];
+    }
+  return y;
+}
+
+// apply_gate's backward: d_gated (ctx's layout) becomes dL/d ctx in place;
+// returns dL/d the gate's logits (B, n, G), through sigmoid' = g (1 - g).
+template <class T>
+Tensor<T> gate_backward(Tensor<T>& d_gated, const Tensor<T>& ctx, const Tensor<T>& gate, bool seq_first) {
+  const int64_t B = gate.dim(0), n = gate.dim(1), G = gate.dim(2), E = ctx.dim(2), step = E / G;
+  Tensor<T> d_logits(gate.shape());
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t row = (seq_first ? i * B + b : b * n + i) * E, at = (b * n + i) * G;
+      for (int64_t e = 0; e < E; ++e) {
+        d_logits[at + e / step] += d_gated[row + e] * ctx[row + e];
+        d_gated[row + e] *= gate[at + e / step];
+      }
+      for (int64_t k = 0; k < G; ++k) d_logits[at + k] *= gate[at + k] * (T(1) - gate[at + k]);
+    }
+  return d_logits;
 }
 
 // (B, n, H*dh) seen as (B, H, n, dh) without copying.
@@ -140,6 +182,7 @@ struct MultiHeadAttention<T>::Activations {
   AttentionOptions attention;
   RopeOptions rope;
   Tensor<T> ctx;                         // the heads' outputs concatenated, in query's layout
+  Tensor<T> gate;                        // (batch, n_q, gate width) with a gate: sigmoid's values
   Tensor<T> weights;                     // (batch, heads, n_q, n_k) when need_weights
   Tensor<T> lse;                         // (batch, heads, n_q) without a cache: the backward's
 

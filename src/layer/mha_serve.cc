@@ -1,6 +1,6 @@
 // The MultiHeadAttention layer over a paged cache: a ragged batch of many
 // sequences' new tokens, projected once, rotated per sequence, appended and
-// attended in one batch_attention call.
+// attended in one batch_attention call, then gated and projected out.
 #include <string>
 #include <vector>
 
@@ -89,9 +89,11 @@ Tensor<T> MultiHeadAttention<T>::forward(TensorView<const T> x, PagedKVCache& ca
     }
     const TensorView<const T> k_rows(k.data(), {total, Hkv, dh}), v_rows(v.data(), {total, Hkv, dh});
     cache.append(seq_ids, k_rows, v_rows, cu_seqlens);
-    const BatchAttentionResult r = batch_attention(TensorView<const T>(q.data(), {total, H, dh}),
+    BatchAttentionResult r = batch_attention(TensorView<const T>(q.data(), {total, H, dh}),
                                                    TensorView<const int32_t>(qo_indptr.data(), {n + 1}), cache, seq_ids, o);
-    Tensor<T> out = project(TensorView<const T>(r.out.data(), {1, total, H * dh}), w->wo, w->bo);
+    Tensor<T> ctx = std::move(r.out).reshape({1, total, H * dh});
+    if (c.gate != Gate::None) ctx = apply_gate(ctx, gate_values(rows, w->wg, w->bg), false);
+    Tensor<T> out = project(TensorView<const T>(ctx.view()), w->wo, w->bo);
     return std::move(out).reshape({total, c.embed_dim});
   }
 }

@@ -59,6 +59,8 @@ std::map<std::string, Tensor<T>> MultiHeadAttention<T>::named(const Parameters& 
     s["bias_v"] = w->bias_v;
   }
   if (config_.sinks) s["sinks"] = w->sinks;
+  if (config_.gate != Gate::None) s["gate_proj.weight"] = w->wg;
+  if (config_.gate != Gate::None && config_.bias) s["gate_proj.bias"] = w->bg;
   return s;
 }
 
@@ -73,7 +75,9 @@ void MultiHeadAttention<T>::load_state_dict(const std::map<std::string, Tensor<T
       fail("load_state_dict: unexpected key '" + name + "' (expected " + names + ")" +
            (bias_kv ? "; it comes from nn.MultiheadAttention(add_bias_kv=True): build the layer "
                       "with add_bias_kv=True"
-                    : name == "sinks" ? "; build the layer with sinks=True" : ""));
+                    : name == "sinks" ? "; build the layer with sinks=True"
+                    : name.rfind("gate_proj.", 0) == 0 ? "; build the layer with gate='headwise' or 'elementwise'"
+                                                       : ""));
     }
   for (const auto& [name, e] : expected) {
     const auto it = state.find(name);
@@ -112,6 +116,8 @@ void MultiHeadAttention<T>::load_state_dict(const std::map<std::string, Tensor<T
     w->bias_v = state.at("bias_v");
   }
   if (config_.sinks) w->sinks = state.at("sinks");
+  if (config_.gate != Gate::None) w->wg = state.at("gate_proj.weight");
+  if (config_.gate != Gate::None && config_.bias) w->bg = state.at("gate_proj.bias");
   std::lock_guard lock(mutex_);
   params_ = std::move(w);
 }
@@ -128,6 +134,7 @@ std::map<std::string, std::string> to_metadata(const MultiHeadAttentionConfig& c
       {"rope_interleaved", c.rope_interleaved ? "true" : "false"},
       {"alibi", c.alibi ? "true" : "false"},
       {"sinks", c.sinks ? "true" : "false"},
+      {"gate", gate_name(c.gate)},
       {"add_bias_kv", c.add_bias_kv ? "true" : "false"},
       {"add_zero_attn", c.add_zero_attn ? "true" : "false"},
       {"batch_first", c.batch_first ? "true" : "false"},
@@ -187,6 +194,13 @@ MultiHeadAttentionConfig from_metadata(const std::string& path,
   c.rope_interleaved = get_bool("rope_interleaved", false);
   c.alibi = get_bool("alibi", false);
   c.sinks = get_bool("sinks", false);
+  if (const auto it = m.find("gate"); it != m.end()) {
+    try {
+      c.gate = parse_gate(it->second);
+    } catch (const ValueError& e) {
+      bad(std::string("metadata 'gate': ") + e.what());
+    }
+  }
   if (const auto it = m.find("rope_scaling"); it != m.end()) {
     try {
       c.rope_scaling = parse_rope_scaling(it->second);

@@ -29,6 +29,16 @@ Tensor<T> xavier(int64_t rows, int64_t cols, std::mt19937_64& rng) {
 
 }  // namespace
 
+std::string gate_name(Gate gate) {
+  return gate == Gate::Headwise ? "headwise" : gate == Gate::Elementwise ? "elementwise" : "none";
+}
+
+Gate parse_gate(const std::string& name) {
+  for (Gate g : {Gate::None, Gate::Headwise, Gate::Elementwise})
+    if (name == gate_name(g)) return g;
+  fail("gate must be 'none', 'headwise' or 'elementwise', got '" + name + "'");
+}
+
 std::map<std::string, Shape> MultiHeadAttentionConfig::state_dict_shapes() const {
   const int64_t E = embed_dim, kv = kv_heads() * head_dim();
   std::map<std::string, Shape> s;
@@ -46,6 +56,10 @@ std::map<std::string, Shape> MultiHeadAttentionConfig::state_dict_shapes() const
   s["out_proj.weight"] = {E, E};
   if (add_bias_kv) s["bias_k"] = s["bias_v"] = {1, 1, kv};
   if (sinks) s["sinks"] = {num_heads};
+  if (gate != Gate::None) {
+    s["gate_proj.weight"] = {gate_width(), E};
+    if (bias) s["gate_proj.bias"] = {gate_width()};
+  }
   return s;
 }
 
@@ -124,6 +138,10 @@ MultiHeadAttention<T>::MultiHeadAttention(const MultiHeadAttentionConfig& config
     w.bias_v = normal<T>({1, 1, kv}, std::sqrt(1.0 / double(kv)), rng);
   }
   if (config_.sinks) w.sinks = Tensor<T>({config_.num_heads});  // zeros
+  if (config_.gate != Gate::None) {
+    w.wg = uniform<T>({config_.gate_width(), E}, 1.0 / std::sqrt(double(E)), rng);
+    if (config_.bias) w.bg = Tensor<T>({config_.gate_width()});
+  }
 }
 
 template <class T>
@@ -172,6 +190,8 @@ std::vector<const Tensor<T>*> MultiHeadAttention<T>::Parameters::list(
   if (c.bias) l.insert(l.end(), {&bq, &bk, &bv, &bo});
   if (c.add_bias_kv) l.insert(l.end(), {&bias_k, &bias_v});
   if (c.sinks) l.push_back(&sinks);
+  if (c.gate != Gate::None) l.push_back(&wg);
+  if (c.gate != Gate::None && c.bias) l.push_back(&bg);
   return l;
 }
 
