@@ -17,8 +17,8 @@ set(ATTN_ROOMS ${ATTN_LIBRARY_ROOMS} ${ATTN_COMPANION_ROOMS} dist cli python)
 # companion's in companion/include/companion/) are assigned one by one.
 set(ATTN_PUBLIC_core attention.hpp batch_attention.hpp cascade.hpp error.hpp half.hpp linear.hpp mask.hpp quantize.hpp random.hpp
                      latent_attention.hpp softmax.hpp sparse_attention.hpp tensor.hpp threads.hpp varlen.hpp version.h)
-set(ATTN_PUBLIC_layer attn.hpp kv_cache.hpp paged_kv_cache.hpp multi_head.hpp multi_head_attention.hpp
-                      positional.hpp rope_scaling.hpp)
+set(ATTN_PUBLIC_layer attn.hpp kv_cache.hpp latent_cache.hpp paged_kv_cache.hpp multi_head.hpp multi_head_attention.hpp
+                      multi_head_latent_attention.hpp positional.hpp rope_scaling.hpp)
 set(ATTN_PUBLIC_onnx onnx.hpp)
 set(ATTN_PUBLIC_io io.hpp file.hpp)
 set(ATTN_PUBLIC_capi attn.h)

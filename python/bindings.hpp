@@ -30,6 +30,7 @@ Precision precision_arg(const py::object& o);
 void register_errors();
 
 void bind_mha(py::module_& m);
+void bind_mla(py::module_& m);
 void bind_onnx(py::module_& m);
 void bind_serving(py::module_& m);
 

@@ -487,6 +487,7 @@ PYBIND11_MODULE(_core, m) {
         "on what precision_unit('bf16') names.");
   bind_quantized(m);
   bind_mha(m);
+  bind_mla(m);
   bind_onnx(m);
   bind_serving(m);
 }

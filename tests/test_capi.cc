@@ -11,6 +11,7 @@
 #include <utility>
 
 #include "attn/attn.h"
+#include "attn/io.hpp"
 #include "helpers.hpp"
 
 namespace attn {
@@ -164,6 +165,57 @@ TEST(Capi, MhaForwardWithAndWithoutCacheIsTheCppResult) {
     attn_cache_free(c_cache);
     attn_mha_free(c_layer);
   }
+}
+
+// The latent attention layer from a Hugging Face config and a checkpoint's
+// tensors under a prefix: the C++ layer's results, bit for bit, with a cache
+// in every storage type.
+TEST(Capi, MlaLoadAndForwardAreTheCppLayer) {
+  const std::string config_json =
+      R"({"hidden_size": 32, "num_attention_heads": 4, "q_lora_rank": 16, "kv_lora_rank": 32,
+          "qk_nope_head_dim": 8, "qk_rope_head_dim": 4, "v_head_dim": 6, "max_position_embeddings": 640,
+          "rope_scaling": {"type": "yarn", "original_max_position_embeddings": 64, "mscale": 1.0,
+                           "mscale_all_dim": 1.0}, "vocab_size": 100})";
+  const MultiHeadLatentAttention layer(mla_config_from_json(config_json), 4);
+  const test::TempDir dir;
+  const auto path = dir.file("mla.safetensors");
+  const auto state = layer.state_dict();
+  std::map<std::string, TensorView<const float>> views;
+  for (const auto& [name, t] : state) views.emplace("model.layers.1.self_attn." + name, t.view());
+  write_safetensors(path, views);
+  attn_mla* c_layer = nullptr;
+  ASSERT_EQ(attn_mla_load(config_json.c_str(), path.c_str(), "model.layers.1.self_attn.", &c_layer), ATTN_OK)
+      << attn_last_error();
+  std::mt19937 rng(7);
+  const auto x = cast<float>(random_tensor({2, 5, 32}, rng));
+  Tensor<float> got(x.shape());
+  const attn_tensor cx = descriptor(x, ATTN_F32);
+  attn_tensor cout = descriptor(got, ATTN_F32);
+  ASSERT_EQ(attn_mla_forward(c_layer, &cx, nullptr, &cout), ATTN_OK) << attn_last_error();
+  expect_bitwise_equal(got, layer.forward(x.view()));
+  for (const auto& [dtype, stored] : {std::pair{ATTN_F32, KVDtype::F32}, {ATTN_BF16, KVDtype::BF16},
+                                       {ATTN_F16, KVDtype::F16}, {ATTN_Q8_0, KVDtype::Q8_0}}) {
+    LatentCache cache = layer.new_cache(stored);
+    attn_latent_cache* c_cache = nullptr;
+    ASSERT_EQ(attn_latent_cache_new(c_layer, dtype, &c_cache), ATTN_OK) << attn_last_error();
+    for (int round = 0; round < 2; ++round) {  // a prompt, then a chunk after it
+      const Tensor<float> want = layer.forward(x.view(), &cache);
+      ASSERT_EQ(attn_mla_forward(c_layer, &cx, c_cache, &cout), ATTN_OK) << attn_last_error();
+      expect_bitwise_equal(got, want);
+    }
+    int64_t bytes = 0;
+    ASSERT_EQ(attn_latent_cache_bytes(c_cache, &bytes), ATTN_OK);
+    EXPECT_EQ(bytes, cache.nbytes());
+    attn_latent_cache_free(c_cache);
+  }
+  attn_mla_free(c_layer);
+  EXPECT_EQ(attn_mla_load(config_json.c_str(), path.c_str(), nullptr, &c_layer), ATTN_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(attn_last_error()).find("unexpected key 'model.layers.1.self_attn.kv_a_layernorm.weight'"),
+            std::string::npos)
+      << attn_last_error();
+  EXPECT_EQ(c_layer, nullptr);
+  attn_mla_free(nullptr);
+  attn_latent_cache_free(nullptr);
 }
 
 // options.precision: 1 bf16, 2 int8, as C++'s Precision; others refused.

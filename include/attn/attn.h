@@ -151,6 +151,28 @@ int attn_cache_bytes(const attn_cache* cache, int64_t* bytes);
 void attn_cache_free(attn_cache* cache);
 void attn_mha_free(attn_mha* layer);
 
+/* attn::MultiHeadLatentAttention (DeepSeek-V2/V3's multi-head latent
+   attention), and its latent cache. */
+typedef struct attn_mla attn_mla;
+typedef struct attn_latent_cache attn_latent_cache;
+
+/* The layer of a Hugging Face config (config.json's text: DeepseekV3Config's
+   names, others ignored) with its tensors under Hugging Face's keys from a
+   safetensors file, below prefix (NULL or "": none; a checkpoint's
+   "model.layers.0.self_attn."). */
+int attn_mla_load(const char* config_json, const char* safetensors_path, const char* prefix, attn_mla** layer);
+/* Causal forward of x (batch, n, hidden_size) or (n, hidden_size), F32, into
+   out (x's shape). cache: NULL, or one from attn_latent_cache_new that this
+   call appends to and attends over (the absorbed form after a prompt). */
+int attn_mla_forward(attn_mla* layer, const attn_tensor* x, attn_latent_cache* cache, attn_tensor* out);
+/* An empty latent cache for layer storing dtype: F32, BF16, F16, or Q8_0
+   (the latent in q8_0 blocks, k_pe in bfloat16). */
+int attn_latent_cache_new(const attn_mla* layer, attn_dtype dtype, attn_latent_cache** cache);
+/* The bytes the cached tokens take. */
+int attn_latent_cache_bytes(const attn_latent_cache* cache, int64_t* bytes);
+void attn_latent_cache_free(attn_latent_cache* cache);
+void attn_mla_free(attn_mla* layer);
+
 /* Serving many sequences (attn::PagedKVCache, attn::BatchAttentionPlan;
    docs/serving.md): one pool of pages for many sequences, and attention for
    a batch of requests over pages with FlashInfer's int32 metadata. An

@@ -22,6 +22,7 @@ from ._core import (KVCache, QuantizedTensor, __version__, max_num_threads,  # n
 from .functional import (alibi_slopes, attention, attention_backward, attention_varlen,  # noqa: F401
                          multi_head, positional_encoding, rope, rope_backward, rope_frequencies,
                          latent_attention, scaled_dot_product_attention, softmax, sparse_attention)
+from .latent import LatentCache, MultiHeadLatentAttention  # noqa: F401
 from .layer import MultiHeadAttention  # noqa: F401
 from .serving import (BatchAttentionPlan, PagedKVCache, batch_attention, merge_state,  # noqa: F401
                       merge_state_in_place, merge_states)
@@ -30,7 +31,7 @@ from . import onnx  # noqa: F401
 __all__ = ["attention", "attention_backward", "attention_varlen", "sparse_attention", "latent_attention",
            "scaled_dot_product_attention", "softmax",
            "multi_head", "positional_encoding", "rope", "rope_backward", "rope_frequencies",
-           "alibi_slopes", "MultiHeadAttention", "onnx", "merge_state", "merge_state_in_place", "merge_states",
+           "alibi_slopes", "MultiHeadAttention", "MultiHeadLatentAttention", "LatentCache", "onnx", "merge_state", "merge_state_in_place", "merge_states",
            "PagedKVCache", "BatchAttentionPlan", "batch_attention",
            "KVCache", "QuantizedTensor", "quantize", "num_threads", "set_num_threads", "max_num_threads",
            "precision_unit", "__version__"]

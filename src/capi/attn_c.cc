@@ -20,6 +20,7 @@
 #include "attn/attention.hpp"
 #include "attn/file.hpp"
 #include "attn/multi_head_attention.hpp"
+#include "attn/multi_head_latent_attention.hpp"
 #include "attn/positional.hpp"
 #include "attn/rope_scaling.hpp"
 #include "attn/threads.hpp"
@@ -29,6 +30,12 @@ struct attn_mha {
 };
 struct attn_cache {
   attn::KVCache<float> cache;
+};
+struct attn_mla {
+  attn::MultiHeadLatentAttention layer;
+};
+struct attn_latent_cache {
+  attn::LatentCache cache;
 };
 
 namespace attn::detail::capi {
@@ -245,22 +252,25 @@ void attention_as(const attn_tensor* q, const Layout& lq, const attn_tensor* k, 
       .run(view_of<T>(out, lo), extras);
 }
 
+// A cache's storage type: F32, BF16, F16 or Q8_0.
+attn::KVDtype cache_dtype(attn_dtype dtype, const char* fn) {
+  int d;  // read as the int it is (see layout_of)
+  std::memcpy(&d, &dtype, sizeof d);
+  switch (d) {
+    case ATTN_F32: return attn::KVDtype::F32;
+    case ATTN_BF16: return attn::KVDtype::BF16;
+    case ATTN_F16: return attn::KVDtype::F16;
+    case ATTN_Q8_0: return attn::KVDtype::Q8_0;
+    default: unsupported(fn, "dtype " + std::to_string(d) + " is not a cache's: F32, BF16, F16 or Q8_0");
+  }
+}
+
 int new_cache(const attn_mha* layer, attn_dtype dtype, attn_cache** cache, const char* fn) {
   return guarded([&] {
     require(layer, fn, "layer");
     require(cache, fn, "cache");
     *cache = nullptr;
-    int d;  // read as the int it is (see layout_of)
-    std::memcpy(&d, &dtype, sizeof d);
-    attn::KVDtype stored;
-    switch (d) {
-      case ATTN_F32: stored = attn::KVDtype::F32; break;
-      case ATTN_BF16: stored = attn::KVDtype::BF16; break;
-      case ATTN_F16: stored = attn::KVDtype::F16; break;
-      case ATTN_Q8_0: stored = attn::KVDtype::Q8_0; break;
-      default:
-        unsupported(fn, "dtype " + std::to_string(d) + " is not a cache's: F32, BF16, F16 or Q8_0");
-    }
+    const attn::KVDtype stored = cache_dtype(dtype, fn);
     const int64_t head_dim = layer->layer.config().head_dim();
     if (stored == attn::KVDtype::Q8_0 && head_dim % attn::kQ8_0Block != 0)
       fail(fn, "dtype", "Q8_0 stores blocks of 32 values, so the layer's head_dim (" +
@@ -436,6 +446,59 @@ int attn_cache_bytes(const attn_cache* cache, int64_t* bytes) {
 void attn_cache_free(attn_cache* cache) { delete cache; }
 
 void attn_mha_free(attn_mha* layer) { delete layer; }
+
+int attn_mla_load(const char* config_json, const char* safetensors_path, const char* prefix, attn_mla** layer) {
+  return guarded([&] {
+    const char* fn = "attn_mla_load";
+    require(config_json, fn, "config_json");
+    require(safetensors_path, fn, "safetensors_path");
+    require(layer, fn, "layer");
+    *layer = nullptr;
+    attn::MultiHeadLatentAttention m(attn::mla_config_from_json(config_json));
+    m.load_safetensors(safetensors_path, prefix ? prefix : "");
+    *layer = new attn_mla{std::move(m)};
+  });
+}
+
+int attn_mla_forward(attn_mla* layer, const attn_tensor* x, attn_latent_cache* cache, attn_tensor* out) {
+  return guarded([&] {
+    const char* fn = "attn_mla_forward";
+    require(layer, fn, "layer");
+    const Layout lx = layout_of(x, fn, "x"), lo = layout_of(out, fn, "out");
+    if (lx.dtype != ATTN_F32 || lo.dtype != ATTN_F32)
+      unsupported(fn, std::string("dtypes x ") + dtype_name(lx.dtype) + ", out " + dtype_name(lo.dtype) +
+                          " are not supported: the layer is F32");
+    const TensorView<float> o = view_of<float>(out, lo);
+    const TensorView<const float> input = view_of<const float>(x, lx);
+    // Checked before the forward, so that a refused call leaves the cache as it was.
+    if (o.shape() != input.shape())
+      fail(fn, "out", "shape " + attn::shape_str(o.shape()) + " is not x's shape " + attn::shape_str(input.shape()));
+    attn::check_outputs(fn, {{"out", attn::MemorySpan::of(o)}}, {{"x", attn::MemorySpan::of(input)}});
+    attn::copy<float>(layer->layer.forward(input, cache ? &cache->cache : nullptr).view(), o);
+  });
+}
+
+int attn_latent_cache_new(const attn_mla* layer, attn_dtype dtype, attn_latent_cache** cache) {
+  return guarded([&] {
+    const char* fn = "attn_latent_cache_new";
+    require(layer, fn, "layer");
+    require(cache, fn, "cache");
+    *cache = nullptr;
+    *cache = new attn_latent_cache{layer->layer.new_cache(cache_dtype(dtype, fn))};
+  });
+}
+
+int attn_latent_cache_bytes(const attn_latent_cache* cache, int64_t* bytes) {
+  return guarded([&] {
+    require(cache, "attn_latent_cache_bytes", "cache");
+    require(bytes, "attn_latent_cache_bytes", "bytes");
+    *bytes = cache->cache.nbytes();
+  });
+}
+
+void attn_latent_cache_free(attn_latent_cache* cache) { delete cache; }
+
+void attn_mla_free(attn_mla* layer) { delete layer; }
 
 int attn_set_num_threads(int32_t n) {
   return guarded([&] { attn::set_num_threads(n); });
