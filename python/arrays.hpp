@@ -6,6 +6,7 @@
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 
+#include <map>
 #include <string>
 
 #include "attn/error.hpp"
@@ -177,5 +178,17 @@ struct MaskArg {
       f = as<float>(m), mask = view_of<const float>(f);
   }
 };
+
+// A state dict {name: array} as float32 tensors (copies), for load_state_dict;
+// a value that is not numeric is a TypeError naming state_dict['name'].
+inline std::map<std::string, Tensor<float>> float_tensors(const py::dict& d) {
+  std::map<std::string, Tensor<float>> s;
+  for (const auto& [key, value] : d) {
+    const std::string name = py::str(key);
+    auto a = as<float>(as_numeric_array(value, ("state_dict['" + name + "']").c_str()));
+    s.emplace(name, contiguous(view_of<const float>(a)));
+  }
+  return s;
+}
 
 }  // namespace attn::python

@@ -318,15 +318,7 @@ py::tuple py_backward(PyMha& self, const py::object& dout, const py::object& que
   return backward_t<float>(self, d, q, key, value, kpm, am, options);
 }
 
-void py_load_state_dict(PyMha& self, const py::dict& d) {
-  std::map<std::string, Tensor<float>> s;
-  for (const auto& [key, value] : d) {
-    const std::string name = py::str(key);
-    auto a = as<float>(as_numeric_array(value, ("state_dict['" + name + "']").c_str()));
-    s.emplace(name, contiguous(view_of<const float>(a)));
-  }
-  self.load_state_dict(s);
-}
+void py_load_state_dict(PyMha& self, const py::dict& d) { self.load_state_dict(float_tensors(d)); }
 
 // A layer's state: its configuration (as safetensors metadata, the form
 // save() writes) and its parameters.

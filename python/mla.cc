@@ -94,13 +94,7 @@ void bind_mla(py::module_& m) {
         return d;
       })
       .def("load_state_dict", [](MultiHeadLatentAttention& self, const py::dict& d) {
-        std::map<std::string, Tensor<float>> s;
-        for (const auto& [key, value] : d) {
-          const std::string name = py::str(key);
-          auto a = as<float>(as_numeric_array(value, ("state_dict['" + name + "']").c_str()));
-          s.emplace(name, contiguous(view_of<const float>(a)));
-        }
-        self.load_state_dict(s);
+        self.load_state_dict(float_tensors(d));
       }, arg("state_dict"))
       .def("load_safetensors", [](MultiHeadLatentAttention& self, const py::object& path, const std::string& prefix) {
         self.load_safetensors(path_arg(path, "path"), prefix);

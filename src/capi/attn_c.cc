@@ -218,6 +218,18 @@ attn::Mask mask_of(const attn_tensor* mask, const char* function) {
   }
 }
 
+attn::KVDtype cache_dtype(attn_dtype dtype, const char* fn) {
+  int d;  // read as the int it is (see layout_of)
+  std::memcpy(&d, &dtype, sizeof d);
+  switch (d) {
+    case ATTN_F32: return attn::KVDtype::F32;
+    case ATTN_BF16: return attn::KVDtype::BF16;
+    case ATTN_F16: return attn::KVDtype::F16;
+    case ATTN_Q8_0: return attn::KVDtype::Q8_0;
+    default: unsupported(fn, "dtype " + std::to_string(d) + " is not a cache's: F32, BF16, F16 or Q8_0");
+  }
+}
+
 }  // namespace attn::detail::capi
 
 namespace {
@@ -250,19 +262,6 @@ void attention_as(const attn_tensor* q, const Layout& lq, const attn_tensor* k, 
   attn::AttentionPlan<T, KV>(view_of<const T>(q, lq), view_of<const KV>(k, lk), view_of<const KV>(v, lv), options,
                              mask)
       .run(view_of<T>(out, lo), extras);
-}
-
-// A cache's storage type: F32, BF16, F16 or Q8_0.
-attn::KVDtype cache_dtype(attn_dtype dtype, const char* fn) {
-  int d;  // read as the int it is (see layout_of)
-  std::memcpy(&d, &dtype, sizeof d);
-  switch (d) {
-    case ATTN_F32: return attn::KVDtype::F32;
-    case ATTN_BF16: return attn::KVDtype::BF16;
-    case ATTN_F16: return attn::KVDtype::F16;
-    case ATTN_Q8_0: return attn::KVDtype::Q8_0;
-    default: unsupported(fn, "dtype " + std::to_string(d) + " is not a cache's: F32, BF16, F16 or Q8_0");
-  }
 }
 
 int new_cache(const attn_mha* layer, attn_dtype dtype, attn_cache** cache, const char* fn) {

@@ -22,18 +22,6 @@ namespace {
 
 using namespace attn::detail::capi;
 
-attn::KVDtype stored_dtype(attn_dtype dtype, const char* fn) {
-  int d;  // read as the int it is (see layout_of)
-  std::memcpy(&d, &dtype, sizeof d);
-  switch (d) {
-    case ATTN_F32: return attn::KVDtype::F32;
-    case ATTN_BF16: return attn::KVDtype::BF16;
-    case ATTN_F16: return attn::KVDtype::F16;
-    case ATTN_Q8_0: return attn::KVDtype::Q8_0;
-    default: unsupported(fn, "dtype " + std::to_string(d) + " is not a cache's: F32, BF16, F16 or Q8_0");
-  }
-}
-
 attn::PageLayout layout_arg(int32_t layout, const char* fn) {
   if (layout != 0 && layout != 1) fail(fn, "layout", std::to_string(layout) + " is not 0 (NHD) or 1 (HND)");
   return layout == 0 ? attn::PageLayout::NHD : attn::PageLayout::HND;
@@ -89,7 +77,7 @@ int attn_paged_cache_new(int64_t num_pages, int64_t page_size, int64_t kv_heads,
     *cache = nullptr;
     *cache = new attn_paged_cache{attn::PagedKVCache(num_pages, page_size, kv_heads, head_dim,
                                                      value_head_dim == 0 ? std::optional<int64_t>() : value_head_dim,
-                                                     stored_dtype(dtype, fn), layout_arg(layout, fn))};
+                                                     cache_dtype(dtype, fn), layout_arg(layout, fn))};
   });
 }
 
