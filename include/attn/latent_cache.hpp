@@ -61,6 +61,10 @@ class LatentCache {
     }, rows_);
   }
 
+  // Holds the cache for this thread until the result goes out of scope (the
+  // layer's forward does); RuntimeError if another thread does.
+  [[nodiscard]] detail::CacheUser::Hold use(const char* who) const { return user_.hold(who); }
+
   void clear() {
     const auto held = user_.hold("clear");
     length_ = 0;

@@ -67,6 +67,7 @@ std::string rope_scaling_json(const RopeScaling& scaling);
 struct RopeFrequencies {
   std::vector<double> inv_freq;
   double attention_factor = 1.0;
+  double factor = 1.0;  // the scaling factor, given or derived (yarn, longrope: the context ratio)
 };
 
 // The frequencies of pairs k = 0 .. rotary_dim/2 - 1 for `base` and

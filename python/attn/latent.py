@@ -8,13 +8,11 @@ from ._interop import is_tensor, scaling_json, to_array, to_tensor
 LatentCache = _core.LatentCache
 
 
-def _plain(value):
-    """A config value as JSON can carry it (torch and NumPy scalars become numbers)."""
-    if is_tensor(value):
-        value = value.detach().cpu().numpy()
-    if isinstance(value, dict):
-        return {k: _plain(v) for k, v in value.items()}
-    return value.tolist() if hasattr(value, "tolist") else value
+def _json_value(v):
+    """NumPy and torch scalars and arrays in a config, as JSON numbers and lists."""
+    if hasattr(v, "tolist"):
+        return v.tolist()
+    raise TypeError(f"from_config: {v!r} is not a value a config.json can hold")
 
 
 class MultiHeadLatentAttention:
@@ -61,7 +59,7 @@ output), "expanded" per head as Hugging Face does; "auto" expands a prompt
         if not isinstance(config, dict):
             raise TypeError(f"from_config: expected a config dict, got {type(config).__name__}")
         self = cls.__new__(cls)
-        self._layer = _core.MultiHeadLatentAttention.from_config_json(json.dumps(_plain(config)))
+        self._layer = _core.MultiHeadLatentAttention.from_config_json(json.dumps(config, default=_json_value))
         return self
 
     def forward(self, x, positions=None, cache=None, form="auto"):

@@ -75,9 +75,9 @@ void LatentCache::append(TensorView<const float> c, TensorView<const float> kpe)
   if (q8)
     for (int64_t t = 0; t < B * n; ++t) detail::store_row(rows.data() + t * r, blocks.data() + t * nb, r);
 
-  if (length_ == 0) {  // a new (or cleared) cache takes this call's batch
+  if (length_ == 0 && B != batch_) {  // a new (or cleared) cache takes this call's batch
     batch_ = B;
-    rows_ = std::visit([](const auto& t) -> decltype(rows_) { return std::decay_t<decltype(t)>(); }, rows_);
+    std::visit([](auto& t) { t = {}; }, rows_);
     c_q8_ = {}, kpe_bf16_ = {};
   }
   const int64_t capacity = q8 ? (c_q8_.rank() ? c_q8_.dim(1) : 0)

@@ -18,9 +18,7 @@ double MultiHeadLatentAttentionConfig::softmax_scale() const {
   double scale = 1.0 / std::sqrt(double(qk_head_dim()));
   const RopeScaling& s = rope_scaling;
   if (s.rope_type == RopeType::Yarn && s.mscale_all_dim.value_or(0) != 0) {
-    // YaRN's factor as rope_frequencies derives it: given, or the context ratio
-    const double factor = s.factor ? *s.factor
-                                   : double(*s.max_position_embeddings) / double(*s.original_max_position_embeddings);
+    const double factor = rope_frequencies(qk_rope_head_dim, rope_theta, s).factor;  // given, or the ratio
     const double mscale = factor <= 1 ? 1.0 : 0.1 * *s.mscale_all_dim * std::log(factor) + 1.0;
     scale *= mscale * mscale;
   }

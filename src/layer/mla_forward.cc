@@ -42,6 +42,8 @@ Tensor<float> MultiHeadLatentAttention::forward(TensorView<const float> x, Laten
   const int64_t B = batched ? x.dim(0) : 1, n = x.dim(-2), E = c.hidden_size;
   const int64_t H = c.num_attention_heads, r = c.kv_lora_rank, p = c.qk_rope_head_dim, nope = c.qk_nope_head_dim;
   const int64_t dqk = c.qk_head_dim(), dv = c.v_head_dim, row = r + p;
+  std::optional<detail::CacheUser::Hold> held;  // until the call's latents are appended and attended
+  if (cache) held.emplace(cache->use("forward"));
   const int64_t past = cache ? cache->length() : 0;
   if (cache && past > 0 && cache->batch() != B)
     fail("the cache holds batch " + std::to_string(cache->batch()) + ", x has " + std::to_string(B));

@@ -305,6 +305,7 @@ RopeFrequencies rope_frequencies(int64_t rotary_dim, double base, const RopeScal
   const double r = double(rotary_dim);
   RopeFrequencies f;
   f.attention_factor = v.attention_factor;
+  f.factor = v.factor;
   f.inv_freq.resize(static_cast<size_t>(half));
   // base^(-2k/r) for this call's base: the default frequencies.
   const auto plain = [&](double b) {
