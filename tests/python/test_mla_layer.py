@@ -159,6 +159,10 @@ def test_every_storage_type_within_its_bound(dtype, bound, per_token, form):
     assert rel_err(got, want) < bound
     assert cache.bytes_per_token == per_token
     assert cache.nbytes == 2 * 10 * per_token
+    cache.clear()  # reused for another batch: as new
+    again = m(x[1:, :6].astype(np.float32), cache=cache, form=form)
+    np.testing.assert_array_equal(again, got[1:, :6])
+    assert cache.nbytes == 6 * per_token
 
 
 def test_deepseek_v3s_bytes_per_token():
