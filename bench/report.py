@@ -46,6 +46,9 @@ class Shapes:
         self.requests, self.min_len, self.max_len = (4, 64, 1024) if quick else (32, 512, 32768)
         self.verify_len, self.prefill_len = (512, 128) if quick else (8192, 2048)
         self.serve_requests = 4 if quick else 32
+        # DeepSeek's attention: MLA's absorbed decode, and DSA's top-k picks (rows each).
+        self.mla_len, self.mla_heads = (1024, 8) if quick else (32768, 128)
+        self.sparse_len, self.topk, self.sparse_rows = (2048, 256, 2) if quick else (65536, 2048, 16)
 
 
 def bench(build, *args):
@@ -96,6 +99,15 @@ def summary_rows(build, s):
     rows.append(("packed variable lengths, causal", "lengths " + ", ".join(s.lengths) + ", 8 heads × 64",
                  f"{r['speedup_vs_padded']:.2f}× padding's speed; {r['time_vs_per_sequence']:.2f}× "
                  "the time of one call per sequence"))
+    r = bench(build, "mla", "--kv-len", str(s.mla_len), "--heads", str(s.mla_heads), "--kv-dtype", "bf16")
+    rows.append(("MLA absorbed decode, bf16 latent cache", f"{s.mla_len} tokens × (512 + 64), {s.mla_heads} heads",
+                 f"{r['ratio_to_peak']:.2f} of the FMA peak"))
+    r = bench(build, "sparse", "--kv-len", str(s.sparse_len), "--topk", str(s.topk), "--heads", str(s.mla_heads),
+              "--queries", str(s.sparse_rows))
+    rows.append(("top-k sparse (DSA) over latent rows",
+                 f"top {s.topk} of {s.sparse_len} keys, {s.mla_heads} heads, {s.sparse_rows} rows",
+                 f"{r['ratio_to_peak']:.2f} of the FMA peak; {r['time_vs_topk_keys']:.2f}× the time over "
+                 f"{s.topk} keys; {r['speedup_vs_dense']:.0f}× dense attention's speed"))
     return rows
 
 

@@ -1,12 +1,14 @@
 // Internal to the Python module: pieces shared by its source files.
 #pragma once
 
+#include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 
 #include <vector>
 
 #include "attn/attention.hpp"
 #include "attn/mask.hpp"
+#include "attn/sparse_attention.hpp"
 
 namespace attn::python {
 
@@ -25,6 +27,11 @@ AttentionOptions attention_options(const py::object& causal, const py::object& s
 std::vector<double> per_head_from(const py::object& o, const char* name, const char* what);
 // precision=: 'f32', 'bf16' or 'int8' (TypeError for what is not a str).
 Precision precision_arg(const py::object& o);
+
+// sparse_attention's indices as int32 (any integer dtype; values beyond
+// int32 refused, naming indices), and its keyword options.
+py::array_t<int32_t> int32_indices(const py::object& obj);
+SparseAttentionOptions sparse_options(const py::object& scale, const py::object& softcap, const py::object& sinks);
 
 // attn's errors as Python's: TypeError, ValueError, OSError, RuntimeError.
 void register_errors();

@@ -47,6 +47,14 @@ scale, softcap and sinks as attention's; GQA as attention's. lse
 sink's logit with sinks). ValueError naming indices for a value below -1 or
 at or beyond n_k, or a key named twice in one row. float64 inputs are
 computed in float64, the others in float32.
+
+sparse_attention(q, qo_indptr, cache, seq_ids, indices, *, scale=None,
+                 softcap=None, sinks=None, return_lse=False)
+
+The same over a PagedKVCache (any storage dtype, read in place): request r
+is sequence seq_ids[r], its queries rows qo_indptr[r]:qo_indptr[r + 1] of q
+(nnz_q, Hq, D); indices (nnz_q, Hkv or 1, topk) are positions in that
+sequence. out (nnz_q, Hq, Dv), lse (nnz_q, Hq); float32.
 )";
 
 inline constexpr const char* kAttention = R"(attention(q, k, v, mask=None, *, causal=False, scale=None, softcap=None,

@@ -22,6 +22,23 @@
 
 namespace attn::python {
 
+py::array_t<int32_t> int32_indices(const py::object& obj) {
+  const py::array_t<int64_t, py::array::c_style> wide = int64_array(obj, "indices");
+  for (ssize_t e = 0; e < wide.size(); ++e)
+    if (wide.data()[e] < INT32_MIN || wide.data()[e] > INT32_MAX)
+      throw ValueError("sparse_attention: indices holds " + std::to_string(wide.data()[e]) +
+                       ", beyond int32 (key positions are int32)");
+  return py::array_t<int32_t>::ensure(wide);
+}
+
+SparseAttentionOptions sparse_options(const py::object& scale, const py::object& softcap, const py::object& sinks) {
+  const AttentionOptions common = attention_options(py::none(), scale, softcap, py::none());
+  SparseAttentionOptions opt;
+  opt.scale = common.scale, opt.softcap = common.softcap;
+  opt.sinks = per_head_from(sinks, "sinks", "logit");
+  return opt;
+}
+
 namespace {
 
 // ---------------------------------------------------------------------------
@@ -130,24 +147,10 @@ py::object py_attention(const py::object& q_obj, const py::object& k_obj,
   return attention_t<float>(q, k, v, mask, opt, returns);
 }
 
-// indices as int32 (any integer dtype; values beyond int32 are refused here,
-// the others by sparse_attention).
-py::array_t<int32_t> int32_indices(const py::object& obj) {
-  const py::array_t<int64_t, py::array::c_style> wide = int64_array(obj, "indices");
-  for (ssize_t e = 0; e < wide.size(); ++e)
-    if (wide.data()[e] < INT32_MIN || wide.data()[e] > INT32_MAX)
-      throw ValueError("sparse_attention: indices holds " + std::to_string(wide.data()[e]) +
-                       ", beyond int32 (key positions are int32)");
-  return py::array_t<int32_t>::ensure(wide);
-}
-
 py::object py_sparse_attention(const py::object& q_obj, const py::object& k_obj, const py::object& v_obj,
                                const py::object& indices_obj, const py::object& scale, const py::object& softcap,
                                const py::object& sinks, bool return_lse) {
-  const AttentionOptions common = attention_options(py::none(), scale, softcap, py::none());
-  SparseAttentionOptions opt;
-  opt.scale = common.scale, opt.softcap = common.softcap;
-  opt.sinks = per_head_from(sinks, "sinks", "logit");
+  const SparseAttentionOptions opt = sparse_options(scale, softcap, sinks);
   auto idx = int32_indices(indices_obj);
   const auto q = as_numeric_array(q_obj, "q"), k = as_numeric_array(k_obj, "k"), v = as_numeric_array(v_obj, "v");
   const auto run = [&](auto zero) -> py::object {

@@ -203,6 +203,28 @@ std::pair<py::object, py::object> pages_pair(const py::object& kv) {
   return {pair[0], pair[1]};
 }
 
+// sparse_attention(q, qo_indptr, cache, seq_ids, indices): the paged form.
+py::object py_sparse_attention_paged(const py::object& q_obj, const py::object& qo_indptr_obj,
+                                     const PagedKVCache& cache, const py::object& seq_ids,
+                                     const py::object& indices_obj, const py::object& scale,
+                                     const py::object& softcap, const py::object& sinks, bool return_lse) {
+  const SparseAttentionOptions opt = sparse_options(scale, softcap, sinks);
+  const std::vector<int32_t> qo_indptr = int32_values(qo_indptr_obj, "qo_indptr");
+  const std::vector<int64_t> ids = ids_arg(seq_ids, "seq_ids");
+  auto q = as<float>(as_numeric_array(q_obj, "q"));
+  auto idx = int32_indices(indices_obj);
+  const auto qv = view_of<const float>(q);
+  const auto iv = view_of<const int32_t>(idx);
+  SparseAttentionResult<float> r;
+  {
+    py::gil_scoped_release nogil;
+    r = sparse_attention(qv, view1(qo_indptr), cache, ids, iv, opt);
+  }
+  py::array out = to_numpy(std::move(r.out));
+  if (!return_lse) return out;
+  return py::make_tuple(out, to_numpy(std::move(r.lse)));
+}
+
 py::object py_batch_attention(const py::object& q, const py::object& qo_indptr_obj, const py::object& kv,
                               const py::object& seq_ids, const py::object& kv_indptr, const py::object& kv_indices,
                               const py::object& kv_last_page_len, const std::string& layout, const py::object& causal,
@@ -372,6 +394,10 @@ void bind_serving(py::module_& m) {
         arg("alibi_slopes") = py::none(), arg("sinks") = py::none(), arg("custom_mask") = py::none(),
         arg("packed_custom_mask") = py::none(), arg("mask_indptr") = py::none(), arg("return_lse") = false,
         docs::kBatchAttention);
+
+  m.def("sparse_attention_paged", &py_sparse_attention_paged, arg("q"), arg("qo_indptr"), arg("cache"),
+        arg("seq_ids"), arg("indices"), py::kw_only(), arg("scale") = py::none(), arg("softcap") = py::none(),
+        arg("sinks") = py::none(), arg("return_lse") = false);
 
   py::class_<PyBatchPlan>(m, "BatchAttentionPlan", docs::kBatchAttentionPlan)
       .def(py::init([](const py::object& qo_indptr, const py::object& kv_indptr, const py::object& kv_indices,

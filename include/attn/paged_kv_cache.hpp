@@ -27,6 +27,7 @@
 
 #include "attn/batch_attention.hpp"
 #include "attn/quantize.hpp"
+#include "attn/sparse_attention.hpp"
 #include "attn/tensor.hpp"
 
 namespace attn {
@@ -126,6 +127,18 @@ class PagedKVCache {
   void run(const BatchAttentionPlan& plan, TensorView<const float> q, TensorView<float> out,
            TensorView<float> lse = {}) const;
 
+  // f(k_pages, v_pages): the pools as views of their storage type (float,
+  // bfloat16, float16 or block_q8_0, whose last axis counts blocks), for
+  // the kernels over pages; as a reader, the views valid while f runs.
+  template <class F>
+  decltype(auto) read_pools(const char* who, F&& f) const {
+    const auto held = access_.read(who);
+    return std::visit([&](const auto& k_pool) -> decltype(auto) {
+      using S = std::remove_cvref_t<decltype(*k_pool.data())>;
+      return f(k_pool.view(), std::get<Tensor<S>>(v_).view());
+    }, k_);
+  }
+
   // The pools as bytes (pickling); restore_pages puts back pools of the same
   // size and the sequences (each id's pages and length) with the next id.
   // restore_pages: ValueError naming what does not fit, the cache then as
@@ -170,5 +183,15 @@ class PagedKVCache {
 BatchAttentionResult batch_attention(TensorView<const float> q, TensorView<const int32_t> qo_indptr,
                                      const PagedKVCache& cache, const std::vector<int64_t>& seq_ids,
                                      const BatchAttentionOptions& options = {}, bool return_lse = false);
+
+// sparse_attention over a paged cache (DeepSeek Sparse Attention at
+// serving): request r is sequence seq_ids[r], whose queries are rows
+// qo_indptr[r] .. qo_indptr[r + 1] of q (nnz_q, num_qo_heads, head_dim) and
+// whose indices (nnz_q, kv_heads or 1, topk) name positions in that
+// sequence; the pools' form (sparse_attention.hpp) over its pages.
+SparseAttentionResult<float> sparse_attention(TensorView<const float> q, TensorView<const int32_t> qo_indptr,
+                                              const PagedKVCache& cache, const std::vector<int64_t>& seq_ids,
+                                              TensorView<const int32_t> indices,
+                                              const SparseAttentionOptions& options = {});
 
 }  // namespace attn

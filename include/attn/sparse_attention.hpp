@@ -8,6 +8,7 @@
 #include <optional>
 #include <vector>
 
+#include "attn/batch_attention.hpp"
 #include "attn/tensor.hpp"
 
 namespace attn {
@@ -43,5 +44,23 @@ template <Real T>
 SparseAttentionResult<T> sparse_attention(TensorView<const T> q, TensorView<const T> k, TensorView<const T> v,
                                           TensorView<const int32_t> indices,
                                           const SparseAttentionOptions& options = {});
+
+// The same over paged keys and values (batch_attention's pools and
+// FlashInfer's metadata, whose rules it checks as batch_attention does):
+// request r's queries are rows qo_indptr[r] .. qo_indptr[r + 1] of q
+// (nnz_q, Hq, D), its keys the kv_len tokens of its pages; indices int32
+// (nnz_q, Hkv or 1, topk) name positions in the request's own sequence
+// (0 .. kv_len − 1), −1 none. The pools are float32, bfloat16, float16 or
+// q8_0 blocks, read in place. out (nnz_q, Hq, Dv), lse (nnz_q, Hq).
+// attn::PagedKVCache has the form over a cache (paged_kv_cache.hpp).
+template <class KV>
+  requires AttentionTypes<float, KV>
+SparseAttentionResult<float> sparse_attention(TensorView<const float> q, TensorView<const int32_t> qo_indptr,
+                                              TensorView<const KV> k_pages, TensorView<const KV> v_pages,
+                                              TensorView<const int32_t> kv_indptr, TensorView<const int32_t> kv_indices,
+                                              TensorView<const int32_t> kv_last_page_len,
+                                              TensorView<const int32_t> indices,
+                                              const SparseAttentionOptions& options = {},
+                                              PageLayout layout = PageLayout::NHD);
 
 }  // namespace attn

@@ -120,12 +120,33 @@ def latent_attention(q_nope, q_pe, ckv, kpe, *, scale, causal=False, return_lse=
 latent_attention.__doc__ = _core.latent_attention.__doc__
 
 
-def sparse_attention(q, k, v, indices, *, scale=None, softcap=None, sinks=None, return_lse=False):
-    inputs = (q, k, v, sinks)
-    for x, name in zip(inputs, ("q", "k", "v", "sinks")):
+def sparse_attention(q, *args, scale=None, softcap=None, sinks=None, return_lse=False, **named):
+    paged = "cache" in named or (len(args) > 1 and isinstance(args[1], _core.PagedKVCache))
+    names = ("qo_indptr", "cache", "seq_ids", "indices") if paged else ("k", "v", "indices")
+    if len(args) > len(names):
+        raise TypeError(f"sparse_attention takes (q, k, v, indices) or (q, qo_indptr, cache, seq_ids, indices), "
+                        f"got {1 + len(args)} positional arguments")
+    given = dict(zip(names, args))
+    for key in named:
+        if key not in names or key in given:
+            raise TypeError(f"sparse_attention({', '.join(('q',) + names)}) got an unexpected or repeated "
+                            f"argument {key!r}")
+    given.update(named)
+    missing = [name for name in names if name not in given]
+    if missing:
+        raise TypeError(f"sparse_attention({', '.join(('q',) + names)}) is missing {', '.join(missing)}")
+    for x, name in ((q, "q"), (given.get("k"), "k"), (given.get("v"), "v"), (sinks, "sinks")):
         refuse_grad(x, name, "sparse_attention has no backward")
-    r = _core.sparse_attention(to_array(q, "q"), to_array(k, "k"), to_array(v, "v"), to_array(indices, "indices"),
-                               scale=scale, softcap=softcap, sinks=to_array(sinks, "sinks"), return_lse=return_lse)
+    options = dict(scale=scale, softcap=softcap, sinks=to_array(sinks, "sinks"), return_lse=return_lse)
+    if paged:
+        r = _core.sparse_attention_paged(to_array(q, "q"), to_array(given["qo_indptr"], "qo_indptr"), given["cache"],
+                                         given["seq_ids"], to_array(given["indices"], "indices"), **options)
+        if not is_tensor(q):
+            return r
+        return tuple(to_tensor(a) for a in r) if return_lse else to_tensor(r)
+    k, v = given["k"], given["v"]
+    r = _core.sparse_attention(to_array(q, "q"), to_array(k, "k"), to_array(v, "v"),
+                               to_array(given["indices"], "indices"), **options)
     if not any_tensor(q, k, v):
         return r
     dtype = result_dtype(q, k, v)

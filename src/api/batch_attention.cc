@@ -10,6 +10,7 @@
 #include <string>
 #include <type_traits>
 
+#include "api/paged_requests.hpp"
 #include "api/prepared_attention.hpp"
 #include "attention_problem.hpp"
 #include "kernels/attention_kernel.hpp"
@@ -18,66 +19,6 @@ namespace attn {
 namespace {
 
 [[noreturn]] void fail(const std::string& msg) { throw ValueError("batch_attention: " + msg); }
-
-std::vector<int32_t> int32s(TensorView<const int32_t> t, const char* name) {
-  if (t.rank() != 1) fail(std::string(name) + " must be 1-D, got shape " + shape_str(t.shape()));
-  std::vector<int32_t> out(static_cast<size_t>(t.dim(0)));
-  for (int64_t i = 0; i < t.dim(0); ++i) out[static_cast<size_t>(i)] = t.at({i});
-  return out;
-}
-
-// indptr from 0, non-decreasing, of `entries` entries.
-void check_indptr(const std::vector<int32_t>& indptr, const char* name, size_t entries, const char* entries_of) {
-  if (indptr.size() != entries)
-    fail(std::string(name) + " must have " + std::to_string(entries) + " entries (" + entries_of + "), got " +
-         std::to_string(indptr.size()));
-  if (indptr.empty() || indptr[0] != 0)
-    fail(std::string(name) + "[0] must be 0, got " + (indptr.empty() ? "no entry" : std::to_string(indptr[0])));
-  for (size_t i = 1; i < indptr.size(); ++i)
-    if (indptr[i] < indptr[i - 1])
-      fail(std::string(name) + " must not decrease, got " + std::to_string(indptr[i - 1]) + " then " +
-           std::to_string(indptr[i]) + " at " + std::to_string(i));
-}
-
-// A pool's view of request pages as the problem's K or V operand (a page
-// (page_size, heads, D) for NHD, (heads, page_size, D) for HND).
-template <class KV>
-core::Operand<const KV> paged_operand(const TensorView<const KV>& pool, PageLayout layout, const int32_t* pages,
-                                      int64_t page_size) {
-  core::Operand<const KV> o;
-  o.data = pool.data();
-  o.batch_offset = {0};
-  o.head_stride = pool.stride(layout == PageLayout::NHD ? 2 : 1);
-  o.row_stride = pool.stride(layout == PageLayout::NHD ? 1 : 2);
-  o.col_stride = pool.stride(3);
-  o.pages = pages;
-  o.page_size = page_size;
-  o.page_stride = pool.stride(0);
-  return o;
-}
-
-// The same as bytes (stored K and V: core::AttentionProblem::k_stored).
-template <class KV>
-core::Operand<const std::byte> as_bytes(const core::Operand<const KV>& o) {
-  constexpr auto size = static_cast<int64_t>(sizeof(KV));
-  core::Operand<const std::byte> b;
-  b.data = reinterpret_cast<const std::byte*>(o.data);
-  b.batch_offset = {0};
-  b.head_stride = o.head_stride * size;
-  b.row_stride = o.row_stride * size;
-  b.col_stride = o.col_stride * size;
-  b.pages = o.pages;
-  b.page_size = o.page_size;
-  b.page_stride = o.page_stride * size;
-  return b;
-}
-
-// Rows [begin, begin + n) of a packed (total, heads, width) view as (heads, n, width).
-template <class T>
-TensorView<T> rows_of(TensorView<T> x, int64_t begin, int64_t n) {
-  return TensorView<T>(x.data() + begin * x.stride(0), {x.dim(1), n, x.dim(2)},
-                       {x.stride(1), x.stride(0), x.stride(2)});
-}
 
 // A request's keys or values gathered from its pages: (heads, kv_len, row).
 template <class KV>
@@ -107,46 +48,20 @@ BatchAttentionPlan::BatchAttentionPlan(TensorView<const int32_t> qo_indptr, Tens
                                        int64_t num_kv_heads, int64_t head_dim, int64_t page_size,
                                        const BatchAttentionOptions& options, std::optional<int64_t> value_head_dim,
                                        PageLayout layout)
-    : qo_indptr_(int32s(qo_indptr, "qo_indptr")),
-      kv_indptr_(int32s(kv_indptr, "kv_indptr")),
-      kv_indices_(int32s(kv_indices, "kv_indices")),
-      heads_q_(num_qo_heads),
-      heads_kv_(num_kv_heads),
-      d_(head_dim),
-      d_v_(value_head_dim.value_or(head_dim)),
-      page_size_(page_size),
-      layout_(layout) {
-  if (page_size < 1) fail("page_size must be >= 1, got " + std::to_string(page_size));
+    : heads_q_(num_qo_heads), heads_kv_(num_kv_heads), d_(head_dim), d_v_(value_head_dim.value_or(head_dim)),
+      page_size_(page_size), layout_(layout) {
+  detail::PagedRequests requests("batch_attention", qo_indptr, kv_indptr, kv_indices, kv_last_page_len, page_size);
+  qo_indptr_ = std::move(requests.qo_indptr);
+  kv_indptr_ = std::move(requests.kv_indptr);
+  kv_indices_ = std::move(requests.kv_indices);
+  kv_len_ = std::move(requests.kv_len);
+  max_page_ = requests.max_page;
+  const size_t batch = kv_len_.size();
   if (num_kv_heads < 1 || num_qo_heads < 1 || num_qo_heads % num_kv_heads != 0)
     fail("num_qo_heads must be a positive multiple of num_kv_heads, got " + std::to_string(num_qo_heads) +
          " and " + std::to_string(num_kv_heads));
   if (head_dim < 0 || d_v_ < 0)
     fail("head dims must be >= 0, got " + std::to_string(head_dim) + " and " + std::to_string(d_v_));
-  if (qo_indptr_.empty()) fail("qo_indptr must have batch + 1 >= 1 entries, got none");
-  check_indptr(qo_indptr_, "qo_indptr", qo_indptr_.size(), "batch + 1");
-  const size_t batch = qo_indptr_.size() - 1;
-  check_indptr(kv_indptr_, "kv_indptr", batch + 1, "batch + 1, as qo_indptr");
-  if (static_cast<size_t>(kv_indptr_.back()) != kv_indices_.size())
-    fail("kv_indptr must end at kv_indices' length " + std::to_string(kv_indices_.size()) + ", got " +
-         std::to_string(kv_indptr_.back()));
-  for (size_t i = 0; i < kv_indices_.size(); ++i) {
-    if (kv_indices_[i] < 0)
-      fail("kv_indices must be page numbers >= 0, got " + std::to_string(kv_indices_[i]) + " at " + std::to_string(i));
-    max_page_ = std::max(max_page_, kv_indices_[i]);
-  }
-  const std::vector<int32_t> last = int32s(kv_last_page_len, "kv_last_page_len");
-  if (last.size() != batch)
-    fail("kv_last_page_len must have one entry per request (" + std::to_string(batch) + "), got " +
-         std::to_string(last.size()));
-  for (size_t r = 0; r < batch; ++r) {
-    const int64_t pages = kv_indptr_[r + 1] - kv_indptr_[r];
-    const bool ok = pages == 0 ? last[r] == 0 : last[r] >= 1 && last[r] <= page_size;
-    if (!ok)
-      fail("kv_last_page_len[" + std::to_string(r) + "] must be " +
-           (pages == 0 ? std::string("0 for a request with no page") : "in [1, page_size = " + std::to_string(page_size) + "]") +
-           ", got " + std::to_string(last[r]));
-    kv_len_.push_back(pages == 0 ? 0 : (pages - 1) * page_size + last[r]);
-  }
 
   options_.causal = options.causal ? Causal::BottomRight : Causal::None;
   options_.window = options.window;
@@ -175,8 +90,8 @@ BatchAttentionPlan::BatchAttentionPlan(TensorView<const int32_t> qo_indptr, Tens
     for (int64_t i = 0; i < total; ++i) mask_[i] = m.at({i});
     return;
   }
-  const std::vector<int32_t> bytes_at = int32s(options.mask_indptr, "mask_indptr");
-  check_indptr(bytes_at, "mask_indptr", batch + 1, "batch + 1, as qo_indptr");
+  const std::vector<int32_t> bytes_at = detail::int32s("batch_attention", options.mask_indptr, "mask_indptr");
+  detail::check_indptr("batch_attention", bytes_at, "mask_indptr", batch + 1, "batch + 1, as qo_indptr");
   const auto& bits = options.packed_custom_mask;
   if (bits.rank() != 1 || bits.dim(0) != bytes_at.back())
     fail("packed_custom_mask must have mask_indptr[-1] = " + std::to_string(bytes_at.back()) +
@@ -197,8 +112,7 @@ void BatchAttentionPlan::run(TensorView<const float> q, TensorView<const KV> k_p
                              TensorView<float> out, TensorView<float> lse) const {
   constexpr int64_t kBlock = std::is_same_v<KV, block_q8_0> ? kQ8_0Block : 1;
   const auto pool_shape = [&](int64_t d) {
-    const int64_t pages = k_pages.rank() == 4 ? k_pages.dim(0) : 0;
-    return layout_ == PageLayout::NHD ? Shape{pages, page_size_, heads_kv_, d} : Shape{pages, heads_kv_, page_size_, d};
+    return detail::pool_shape(layout_, k_pages.rank() == 4 ? k_pages.dim(0) : 0, page_size_, heads_kv_, d);
   };
   const auto check = [&](const char* name, const Shape& got, const Shape& want, const char* what) {
     if (got != want)
@@ -232,8 +146,8 @@ void BatchAttentionPlan::run(TensorView<const float> q, TensorView<const KV> k_p
     const int64_t n_q = qo_len(r), n_k = kv_len(r), begin = qo_indptr_[r];
     if (n_q == 0) continue;
     const int32_t* pages = kv_indices_.data() + kv_indptr_[r];
-    const core::Operand<const KV> k_op = paged_operand(k_pages, layout_, pages, page_size_);
-    const core::Operand<const KV> v_op = paged_operand(v_pages, layout_, pages, page_size_);
+    const core::Operand<const KV> k_op = detail::paged_operand(k_pages, layout_, pages, page_size_);
+    const core::Operand<const KV> v_op = detail::paged_operand(v_pages, layout_, pages, page_size_);
     const TensorView<float> lse_r =
         lse.empty_view() ? TensorView<float>()
                          : TensorView<float>(lse.data() + begin * lse.stride(0), {heads_q_, n_q},
@@ -244,10 +158,10 @@ void BatchAttentionPlan::run(TensorView<const float> q, TensorView<const KV> k_p
       const Tensor<KV> k = gather(k_op, heads_kv_, n_k, d_ / kBlock), v = gather(v_op, heads_kv_, n_k, d_v_ / kBlock);
       AttentionMasks masks;
       if (mask) masks.first = AttentionMask{TensorView<const bool>(mask, {n_q, n_k}), MaskConvention::TrueAllows};
-      const AttentionPlan<float, KV> plan(rows_of(q, begin, n_q), k.view(), v.view(), options_, masks);
+      const AttentionPlan<float, KV> plan(detail::rows_of(q, begin, n_q), k.view(), v.view(), options_, masks);
       AttentionExtras<float> extras;
       extras.lse = lse_r;
-      plan.run(rows_of(out, begin, n_q), extras);
+      plan.run(detail::rows_of(out, begin, n_q), extras);
       continue;
     }
     core::AttentionProblem<float> p;
@@ -257,18 +171,16 @@ void BatchAttentionPlan::run(TensorView<const float> q, TensorView<const KV> k_p
     p.n_k = n_k;
     p.d = d_;
     p.d_v = d_v_;
-    p.q = core::operand(rows_of(q, begin, n_q), {}, 1);
+    p.q = core::operand(detail::rows_of(q, begin, n_q), {}, 1);
     if constexpr (std::is_same_v<KV, float>) {
       p.k = k_op;
       p.v = v_op;
     } else {
-      p.kv = std::is_same_v<KV, bfloat16> ? core::KVStorage::BF16
-             : std::is_same_v<KV, float16> ? core::KVStorage::F16
-                                           : core::KVStorage::Q8_0;
-      p.k_stored = as_bytes(k_op);
-      p.v_stored = as_bytes(v_op);
+      p.kv = detail::storage_of<KV>();
+      p.k_stored = detail::as_bytes(k_op);
+      p.v_stored = detail::as_bytes(v_op);
     }
-    p.out = core::operand(rows_of(out, begin, n_q), {}, 1);
+    p.out = core::operand(detail::rows_of(out, begin, n_q), {}, 1);
     if (!lse_r.empty_view())  // seen as rows of one column
       p.lse = core::operand(TensorView<float>(lse_r.data(), {heads_q_, n_q, 1}, {lse.stride(1), lse.stride(0), 1}), {}, 1);
     if (mask) {

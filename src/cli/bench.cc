@@ -168,12 +168,6 @@ double allowed_pairs(int64_t n_q, int64_t n_k, Causal causal) {
 // One measured shape: its JSON object, the text `attn bench` prints for it
 // alone, its median time, its rate (GFLOP/s on the pairs computed, or GB/s)
 // and that rate's ratio to the ceiling.
-struct Measurement {
-  nlohmann::ordered_json json;
-  std::string text;
-  double ms, rate, ratio;
-};
-
 // The first lines `attn bench attention|backward` print: the shape, the
 // median time and rate (`count` names how FLOPs are counted), and for causal
 // the rate on the pairs computed.
@@ -406,46 +400,9 @@ Measurement bench_backward(const BenchArgs& a, int threads) {
   return m;
 }
 
-// mla: one decode step of absorbed multi-head latent attention over a latent
-// cache of DeepSeek-V3's shape (rows [c (512) | k_pe (64)], read in place),
-// against the FMA peak: the decode kernel computes in float32 whatever the
-// cache's storage. FLOPs = 2 · H · n_k · (576 + 512) per query.
-Measurement bench_mla(const BenchArgs& a, int threads) {
-  constexpr int64_t r = 512, p = 64;
-  const Tensor<float> cache = random_tensor({a.kv_len, r + p}, 2);
-  const Tensor<float> q_nope = random_tensor({a.queries, a.heads, r}, 1), q_pe = random_tensor({a.queries, a.heads, p}, 3);
-  const double scale = 1.0 / std::sqrt(192.0);
-  const auto run_on = [&](auto stored) {
-    using KV = std::remove_const_t<std::remove_reference_t<decltype(*stored.data())>>;
-    const TensorView<const KV> rows = stored.view();
-    const TensorView<const KV> ckv(rows.data(), {a.kv_len, r}, {r + p, 1}), kpe(rows.data() + r, {a.kv_len, p}, {r + p, 1});
-    return run_in_turns({[&] { latent_attention<float, KV>(q_nope.view(), q_pe.view(), ckv, kpe, scale, true); }},
-                        [&] { return measure_fma_peak_gflops(threads); });
-  };
-  const Turns t = a.kv_dtype == "bf16"  ? run_on(to_bfloat16(cache.view()))
-                  : a.kv_dtype == "f16" ? run_on(to_float16(cache.view()))
-                                        : run_on(Tensor<float>(cache));
-  const double ms = t.kernel_ms[0], peak = t.ceiling;
-  const double gflops = 2.0 * double(a.heads) * double(a.queries) * double(a.kv_len) * double(r + p + r) / ms * 1e-6;
-  const std::string unit = precision_unit(Precision::Float32);
-  Measurement m{{{"kind", "mla"}, {"kv_len", a.kv_len}, {"heads", a.heads}, {"queries", a.queries},
-                 {"kv_lora_rank", r}, {"qk_rope_head_dim", p}, {"kv_dtype", a.kv_dtype}, {"threads", threads},
-                 {"unit", unit}, {"median_ms", rounded(ms, 4)}, {"gflops", rounded(gflops, 2)},
-                 {"peak_gflops", rounded(peak, 2)}, {"ratio_to_peak", rounded(gflops / peak, 4)}},
-                "", ms, gflops, gflops / peak};
-  char buf[400];
-  std::snprintf(buf, sizeof buf,
-                "mla (absorbed) kv_len=%lld heads=%lld queries=%lld latent %lld + rope %lld kv_dtype=%s threads=%d\n"
-                "  median %.3f ms, %.1f GFLOP/s (2·H·kv_len·(576 + 512)) on %s, FMA peak %.1f GFLOP/s -> %.1f%% "
-                "of peak\n",
-                (long long)a.kv_len, (long long)a.heads, (long long)a.queries, (long long)r, (long long)p,
-                a.kv_dtype.c_str(), threads, ms, gflops, unit.c_str(), peak, 100 * gflops / peak);
-  m.text = buf;
-  return m;
-}
-
 Measurement measure(const BenchArgs& a, int threads) {
   if (a.kind == "mla") return bench_mla(a, threads);
+  if (a.kind == "sparse") return bench_sparse(a, threads);
   if (a.kind == "varlen") return bench_varlen(a, threads);
   if (a.kind == "backward") return bench_backward(a, threads);
   return a.kind == "attention" ? bench_attention(a, threads) : bench_decode(a, threads);

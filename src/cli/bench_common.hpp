@@ -11,9 +11,20 @@
 #include <thread>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "attn/tensor.hpp"
+#include "cli/commands.hpp"
 
 namespace attn::cli {
+
+// One bench's result: the JSON object and the text it prints, its median
+// time, its rate and its ratio to the ceiling.
+struct Measurement {
+  nlohmann::ordered_json json;
+  std::string text;
+  double ms, rate, ratio;
+};
 
 // Uniform in [-1, 1), the same for a seed.
 inline Tensor<float> random_tensor(const Shape& shape, uint32_t seed) {
@@ -81,5 +92,10 @@ inline Turns run_in_turns(const std::vector<std::function<void()>>& kernels,
   for (const auto& m : ms) t.kernel_ms.push_back(median(m));
   return t;
 }
+
+// The attention of 2026's models (bench_models.cc): MLA's absorbed decode
+// and top-k sparse attention.
+Measurement bench_mla(const BenchArgs& a, int threads);
+Measurement bench_sparse(const BenchArgs& a, int threads);
 
 }  // namespace attn::cli

@@ -41,7 +41,7 @@ struct AttendArgs {
 int run_attend(const AttendArgs& args);
 
 struct BenchArgs {
-  std::string kind;  // "attention", "backward", "decode", "mla" or "varlen"
+  std::string kind;  // "attention", "backward", "decode", "mla", "sparse" or "varlen"
   int64_t n = 4096, heads = 8, kv_heads = 0, head_dim = 64, batch = 1;
   int64_t kv_len = 32768, queries = 1;  // keys (attention sets 0: as many as queries)
   AttentionOptions attention;  // --causal
@@ -56,6 +56,7 @@ struct BenchArgs {
   std::vector<int64_t> lengths;  // varlen: the packed sequences' lengths
   int64_t page_size = 0;         // decode: over pages of this size (0: a contiguous cache)
   bool tree = false;             // decode over pages: the queries are a draft tree
+  int64_t topk = 2048;           // sparse: keys each query row picks
 };
 int run_bench(const BenchArgs& args);
 

@@ -403,6 +403,21 @@ void add_bench(CLI::App& app, Command& chosen) {
   mla->add_option("--threads", ml->threads, "threads (default: all cores)")
       ->check(integer_in<int>(1, attn::max_num_threads()));
   mla->add_flag("--json", ml->json, "print one JSON object");
+  auto* sparse = bench->add_subcommand("sparse", "top-k sparse attention at decode (DeepSeek-V3.2's DSA shape)");
+  auto sp = on_chosen(sparse, chosen, attn::cli::run_bench);
+  sp->kind = "sparse";
+  sp->heads = 128, sp->kv_len = 65536, sp->queries = 16;
+  sparse->add_option("--kv-len", sp->kv_len, "cached tokens")->check(integer_in<int64_t>(1, kMaxPositions))
+      ->capture_default_str();
+  sparse->add_option("--topk", sp->topk, "keys each query row picks (at most kv_len)")
+      ->check(integer_in<int64_t>(1, kMaxPositions))->capture_default_str();
+  sparse->add_option("--heads", sp->heads, "query heads")->check(integer_in<int64_t>(1, kMaxBenchAxis))
+      ->capture_default_str();
+  sparse->add_option("--queries", sp->queries, "query rows (a batch's tokens), each with its own picks")
+      ->check(integer_in<int64_t>(1, 4096))->capture_default_str();
+  sparse->add_option("--threads", sp->threads, "threads (default: all cores)")
+      ->check(integer_in<int>(1, attn::max_num_threads()));
+  sparse->add_flag("--json", sp->json, "print one JSON object");
   add_serve_benches(bench, chosen);
   auto* varlen = bench->add_subcommand(
       "varlen", "a packed batch of variable-length sequences, against one call per sequence and padding");

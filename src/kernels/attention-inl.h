@@ -183,24 +183,24 @@ HWY_INLINE VF LoadKVUpTo(DF d, const KV* row, int64_t c, int64_t width) {
 }
 
 // Row j of K or V of (b, h) in its storage type KV, and how many KVs apart
-// rows are.
-template <class KV>
-const KV* KeyRow(const core::AttentionProblem<float>& p, int64_t b, int64_t h, int64_t j) {
+// rows are (p an AttentionProblem<float> or a SparseProblem<float>).
+template <class KV, class Problem>
+const KV* KeyRow(const Problem& p, int64_t b, int64_t h, int64_t j) {
   if constexpr (std::is_same_v<KV, float>) return p.k.row(b, h, j);
   else return reinterpret_cast<const KV*>(p.k_stored.row(b, h, j));
 }
-template <class KV>
-const KV* ValueRow(const core::AttentionProblem<float>& p, int64_t b, int64_t h, int64_t j) {
+template <class KV, class Problem>
+const KV* ValueRow(const Problem& p, int64_t b, int64_t h, int64_t j) {
   if constexpr (std::is_same_v<KV, float>) return p.v.row(b, h, j);
   else return reinterpret_cast<const KV*>(p.v_stored.row(b, h, j));
 }
-template <class KV>
-int64_t KeyStride(const core::AttentionProblem<float>& p) {
+template <class KV, class Problem>
+int64_t KeyStride(const Problem& p) {
   if constexpr (std::is_same_v<KV, float>) return p.k.row_stride;
   else return p.k_stored.row_stride / static_cast<int64_t>(sizeof(KV));
 }
-template <class KV>
-int64_t ValueStride(const core::AttentionProblem<float>& p) {
+template <class KV, class Problem>
+int64_t ValueStride(const Problem& p) {
   if constexpr (std::is_same_v<KV, float>) return p.v.row_stride;
   else return p.v_stored.row_stride / static_cast<int64_t>(sizeof(KV));
 }
@@ -213,9 +213,9 @@ constexpr int64_t RowBytes(int64_t n) {
 }
 
 // Calls f with a value of the storage type of p's K and V (hwy's 16-bit
-// types, whose loads Highway knows).
-template <class F>
-HWY_INLINE void WithKVType(const core::AttentionProblem<float>& p, F&& f) {
+// types, whose loads Highway knows): p an AttentionProblem or a SparseProblem.
+template <class Problem, class F>
+HWY_INLINE void WithKVType(const Problem& p, F&& f) {
   switch (p.kv) {
     case core::KVStorage::BF16: return f(hwy::bfloat16_t());
     case core::KVStorage::F16: return f(hwy::float16_t());

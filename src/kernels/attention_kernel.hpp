@@ -29,8 +29,9 @@ bool flash_backward(const core::AttentionProblem<float>& p, const core::Gradient
 void decode_forward(const core::AttentionProblem<float>& p);
 
 // Top-k sparse attention: each row over the keys its indices name (checked
-// by the API), gathered in place; out and lse written.
-void sparse_forward(const core::SparseProblem<float>& p);
+// by the API), gathered in place; out and lse written. Many problems (a
+// paged cache's requests; one K/V storage type) share one set of work items.
+void sparse_forward(const std::vector<const core::SparseProblem<float>*>& problems);
 
 // decode_forward for many problems at once (batch attention's requests,
 // each with its own n_q, n_k and options; one K/V storage type): their

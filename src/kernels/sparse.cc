@@ -1,7 +1,9 @@
-// Top-k sparse attention: one work item per (batch entry, kv head, query
-// row). It keeps the row's picked keys (the indices other than −1), and
-// runs the prefill's tiles over them for every query head of the GQA group:
-// 64 keys at a time gathered and transposed into a panel (Q·Kᵀ by
+// Top-k sparse attention: one work item per (problem, batch entry, kv
+// head, query row); a paged cache's requests are problems of their own,
+// their items one set for all threads. It keeps the row's picked keys (the
+// indices other than −1), and runs the prefill's tiles over them for every
+// query head of the GQA group: 64 keys at a time gathered (from any page,
+// widened from the storage type) and transposed into a panel (Q·Kᵀ by
 // MatmulPanel), the group's rows softmaxed in one step (SoftmaxStep, its
 // edge cases included), and P·V over the picked values gathered side by
 // side. O(topk · d) per row; nothing of size n_k.
@@ -16,6 +18,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <vector>
 
 #include "kernels/attention_kernel.hpp"
 #include "kernels/scratch.hpp"
@@ -32,78 +35,94 @@ thread_local Scratch<float> tls_sparse_scores, tls_sparse_sums, tls_sparse_panel
 thread_local Scratch<const float*> tls_sparse_queries;
 thread_local Scratch<int32_t> tls_sparse_keys;
 
-void SparseForward(const core::SparseProblem<float>& p) {
-  const DF d;
+// Query row i of batch entry b and kv head hkv, for the group's query heads.
+template <class KV>
+void SparseRow(DF d, const core::SparseProblem<float>& p, int64_t b, int64_t hkv, int64_t i) {
   const int64_t N = static_cast<int64_t>(hn::Lanes(d));
   const int64_t G = p.group(), TP = (p.topk + N - 1) / N * N;  // a row's scores, whole vectors
   const float ninf = -std::numeric_limits<float>::infinity();
   // Scores in base-2 units (the softmax's): log2(e) folded into the scale,
   // or into softcap's bound (Softcap takes natural units).
   const float scale = static_cast<float>(p.softcap > 0 ? p.scale : p.scale * 1.4426950408889634);
-  const int64_t items = p.batch * p.heads_kv * p.n_q;
-  parallel_for(items, [&](int64_t item) {
-    const int64_t i = item % p.n_q, hkv = item / p.n_q % p.heads_kv, b = item / p.n_q / p.heads_kv;
-    // The picked keys, in the indices' order.
-    const int32_t* idx = p.indices_row(b, hkv, i);
-    int32_t* keys = tls_sparse_keys.get(static_cast<size_t>(std::max<int64_t>(p.topk, 1)));
-    int64_t n = 0;
-    for (int64_t t = 0; t < p.topk; ++t)
-      if (idx[t * p.indices.col_stride] >= 0) keys[n++] = idx[t * p.indices.col_stride];
-    float* s = tls_sparse_scores.get(static_cast<size_t>(std::max<int64_t>(G * TP, 1)));
-    float* l = tls_sparse_sums.get(static_cast<size_t>(N));
-    float* panel = tls_sparse_panel.get(static_cast<size_t>(kBlockK * std::max<int64_t>(p.d, 1)));
-    const float** q = tls_sparse_queries.get(static_cast<size_t>(G));
-    for (int64_t r = 0; r < G; ++r) q[r] = p.q.row(b, hkv * G + r, i);
-    const float* k0 = n > 0 ? p.k.row(b, hkv, 0) : nullptr;  // (no keys: maybe no K either)
-    for (int64_t t0 = 0; t0 < n; t0 += kBlockK) {
-      const int64_t tn = std::min(kBlockK, n - t0);
-      TransposeRowsAt<float>([&](int64_t j) HWY_ATTR { return k0 + keys[t0 + j] * p.k.row_stride; }, tn, p.d,
-                             panel);
-      PadPanel(tn, p.d, panel);
-      for (int64_t r0 = 0; r0 < G; r0 += kRows)
-        MatmulPanel(d, q + r0, static_cast<int>(std::min<int64_t>(kRows, G - r0)), p.d, panel, scale,
-                    s + r0 * TP + t0, TP, Plain(), tn);
+  // The picked keys, in the indices' order.
+  const int32_t* idx = p.indices_row(b, hkv, i);
+  int32_t* keys = tls_sparse_keys.get(static_cast<size_t>(std::max<int64_t>(p.topk, 1)));
+  int64_t n = 0;
+  for (int64_t t = 0; t < p.topk; ++t)
+    if (idx[t * p.indices.col_stride] >= 0) keys[n++] = idx[t * p.indices.col_stride];
+  float* s = tls_sparse_scores.get(static_cast<size_t>(std::max<int64_t>(G * TP, 1)));
+  float* l = tls_sparse_sums.get(static_cast<size_t>(N));
+  float* panel = tls_sparse_panel.get(static_cast<size_t>(kBlockK * std::max<int64_t>(p.d, 1)));
+  const float** q = tls_sparse_queries.get(static_cast<size_t>(G));
+  for (int64_t r = 0; r < G; ++r) q[r] = p.q.row(b, hkv * G + r, i);
+  for (int64_t t0 = 0; t0 < n; t0 += kBlockK) {
+    const int64_t tn = std::min(kBlockK, n - t0);
+    TransposeRowsAt<KV>([&](int64_t j) HWY_ATTR { return KeyRow<KV>(p, b, hkv, keys[t0 + j]); }, tn, p.d, panel);
+    PadPanel(tn, p.d, panel);
+    for (int64_t r0 = 0; r0 < G; r0 += kRows)
+      MatmulPanel(d, q + r0, static_cast<int>(std::min<int64_t>(kRows, G - r0)), p.d, panel, scale,
+                  s + r0 * TP + t0, TP, Plain(), tn);
+  }
+  // The group's output rows, aligned (P·V's stores), dvp apart.
+  const int64_t dvp = (p.d_v + N - 1) / N * N;
+  float* o = tls_sparse_out.get(static_cast<size_t>(std::max<int64_t>(G * dvp, 1)));
+  std::fill(o, o + G * dvp, 0.0f);
+  float* m = tls_sparse_rows.get(static_cast<size_t>(2 * G));  // per row: its max, then its sum
+  float* sum = m + G;
+  std::fill(m, m + G, ninf);
+  for (int64_t r = 0; r < G; ++r) {
+    float* sr = s + r * TP;
+    if (p.softcap > 0) Softcap(d, p.softcap, sr, TP);
+    std::fill(sr + n, sr + TP, ninf);
+    std::fill(l, l + N, 0.0f);
+    SoftmaxStep(d, sr, TP, m[r], l);  // sr := 2^(s − m); l: their sums per lane
+    double total = 0;
+    for (int64_t e = 0; e < N; ++e) total += l[e];
+    sum[r] = static_cast<float>(total);
+  }
+  // O += P · V, the picked values gathered kBlockK at a time.
+  float* vt = tls_sparse_values.get(static_cast<size_t>(kBlockK * std::max<int64_t>(dvp, 1)));
+  for (int64_t t0 = 0; t0 < n; t0 += kBlockK) {
+    const int64_t tn = std::min(kBlockK, n - t0);
+    for (int64_t j = 0; j < tn; ++j) {
+      const KV* row = ValueRow<KV>(p, b, hkv, keys[t0 + j]);
+      for (int64_t c = 0; c < dvp; c += N) hn::Store(LoadKVUpTo(d, row, c, p.d_v), d, vt + j * dvp + c);
     }
-    // The group's output rows, aligned (P·V's stores), dvp apart.
-    const int64_t dvp = (p.d_v + N - 1) / N * N;
-    float* o = tls_sparse_out.get(static_cast<size_t>(std::max<int64_t>(G * dvp, 1)));
-    std::fill(o, o + G * dvp, 0.0f);
-    float* m = tls_sparse_rows.get(static_cast<size_t>(2 * G));  // per row: its max, then its sum
-    float* sum = m + G;
-    std::fill(m, m + G, ninf);
-    for (int64_t r = 0; r < G; ++r) {
-      float* sr = s + r * TP;
-      if (p.softcap > 0) Softcap(d, p.softcap, sr, TP);
-      std::fill(sr + n, sr + TP, ninf);
-      std::fill(l, l + N, 0.0f);
-      SoftmaxStep(d, sr, TP, m[r], l);  // sr := 2^(s − m); l: their sums per lane
-      double total = 0;
-      for (int64_t e = 0; e < N; ++e) total += l[e];
-      sum[r] = static_cast<float>(total);
-    }
-    // O += P · V, the picked values gathered kBlockK at a time.
-    float* vt = tls_sparse_values.get(static_cast<size_t>(kBlockK * std::max<int64_t>(dvp, 1)));
-    const float* v0 = n > 0 ? p.v.row(b, hkv, 0) : nullptr;
-    for (int64_t t0 = 0; t0 < n; t0 += kBlockK) {
-      const int64_t tn = std::min(kBlockK, n - t0);
-      for (int64_t j = 0; j < tn; ++j) {
-        std::copy_n(v0 + keys[t0 + j] * p.v.row_stride, p.d_v, vt + j * dvp);
-        std::fill(vt + j * dvp + p.d_v, vt + (j + 1) * dvp, 0.0f);
-      }
-      AccumulateValues(d, G, s + t0, TP, tn, vt, dvp, dvp, o, dvp);
-    }
-    // Each row: its keys' softmax (running max m, sum) merged with the
-    // sink's, a key of value zero (core::merge_lse's rules).
-    for (int64_t r = 0; r < G; ++r) {
-      const int64_t h = hkv * G + r;
-      const double keys_lse = sum[r] == 0 ? -INFINITY : (double(m[r]) + std::log2(double(sum[r]))) * 0.6931471805599453;
-      const auto merged = core::merge_lse<double>(keys_lse, p.sinks.empty() ? -INFINITY : p.sinks[h]);
-      const float norm = merged.take_a && sum[r] != 0 ? static_cast<float>(merged.weight_a / sum[r]) : 0.0f;
-      float* out = p.out.row(b, h, i);
-      for (int64_t c = 0; c < p.d_v; ++c) out[c] = o[r * dvp + c] * norm;
-      *p.lse.row(b, h, i) = static_cast<float>(merged.lse);
-    }
-  }, 2.0 * static_cast<double>(items) * static_cast<double>(p.topk) * static_cast<double>((p.d + p.d_v) * G));
+    AccumulateValues(d, G, s + t0, TP, tn, vt, dvp, dvp, o, dvp);
+  }
+  // Each row: its keys' softmax (running max m, sum) merged with the
+  // sink's, a key of value zero (core::merge_lse's rules).
+  for (int64_t r = 0; r < G; ++r) {
+    const int64_t h = hkv * G + r;
+    const double keys_lse = sum[r] == 0 ? -INFINITY : (double(m[r]) + std::log2(double(sum[r]))) * 0.6931471805599453;
+    const auto merged = core::merge_lse<double>(keys_lse, p.sinks.empty() ? -INFINITY : p.sinks[h]);
+    const float norm = merged.take_a && sum[r] != 0 ? static_cast<float>(merged.weight_a / sum[r]) : 0.0f;
+    float* out = p.out.row(b, h, i);
+    for (int64_t c = 0; c < p.d_v; ++c) out[c] = o[r * dvp + c] * norm;
+    *p.lse.row(b, h, i) = static_cast<float>(merged.lse);
+  }
+}
+
+void SparseForward(const core::SparseProblem<float>* const* problems, int64_t count) {
+  std::vector<int64_t> first_item(1, 0);  // problem u's items: first_item[u] ..
+  double flops = 0;
+  for (int64_t u = 0; u < count; ++u) {
+    const core::SparseProblem<float>& p = *problems[u];
+    const int64_t items = p.batch * p.heads_kv * p.n_q;
+    first_item.push_back(first_item.back() + items);
+    flops += 2.0 * static_cast<double>(items) * static_cast<double>(p.topk) * static_cast<double>((p.d + p.d_v) * p.group());
+  }
+  if (count == 0) return;
+  WithKVType(*problems[0], [&](auto kv) HWY_ATTR {
+    using KV = decltype(kv);
+    parallel_for(first_item.back(), [&](int64_t item) {
+      const auto u = static_cast<size_t>(std::upper_bound(first_item.begin(), first_item.end(), item) - first_item.begin()) - 1;
+      const core::SparseProblem<float>& p = *problems[u];
+      const int64_t local = item - first_item[u];
+      const int64_t i = local % p.n_q, hkv = local / p.n_q % p.heads_kv, b = local / p.n_q / p.heads_kv;
+      SparseRow<KV>(DF(), p, b, hkv, i);
+    }, flops);
+  });
 }
 
 }  // namespace HWY_NAMESPACE
@@ -113,6 +132,8 @@ HWY_AFTER_NAMESPACE();
 #if HWY_ONCE
 namespace attn::kernels {
 HWY_EXPORT(SparseForward);
-void sparse_forward(const core::SparseProblem<float>& p) { HWY_DYNAMIC_DISPATCH(SparseForward)(p); }
+void sparse_forward(const std::vector<const core::SparseProblem<float>*>& problems) {
+  HWY_DYNAMIC_DISPATCH(SparseForward)(problems.data(), static_cast<int64_t>(problems.size()));
+}
 }  // namespace attn::kernels
 #endif

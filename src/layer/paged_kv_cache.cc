@@ -309,13 +309,7 @@ TensorView<const float> PagedKVCache::v_pages() const {
 
 void PagedKVCache::run(const BatchAttentionPlan& plan, TensorView<const float> q, TensorView<float> out,
                        TensorView<float> lse) const {
-  const auto held = access_.read("run");
-  std::visit(
-      [&](const auto& k_pool) {
-        using S = std::remove_cvref_t<decltype(*k_pool.data())>;
-        plan.run<S>(q, k_pool.view(), std::get<Tensor<S>>(v_).view(), out, lse);
-      },
-      k_);
+  read_pools("run", [&](auto k, auto v) { plan.run(q, k, v, out, lse); });
 }
 
 BatchAttentionResult batch_attention(TensorView<const float> q, TensorView<const int32_t> qo_indptr,
@@ -330,6 +324,17 @@ BatchAttentionResult batch_attention(TensorView<const float> q, TensorView<const
   BatchAttentionResult r{Tensor<float>(plan.output_shape()), return_lse ? Tensor<float>(plan.lse_shape()) : Tensor<float>()};
   cache.run(plan, q, r.out.view(), return_lse ? r.lse.view() : TensorView<float>());
   return r;
+}
+
+SparseAttentionResult<float> sparse_attention(TensorView<const float> q, TensorView<const int32_t> qo_indptr,
+                                              const PagedKVCache& cache, const std::vector<int64_t>& seq_ids,
+                                              TensorView<const int32_t> indices,
+                                              const SparseAttentionOptions& options) {
+  return cache.read_pools("sparse_attention", [&](auto k, auto v) {
+    const PageTable t = cache.page_table(seq_ids);  // (a reader still: no writer between the table and the pools)
+    return sparse_attention(q, qo_indptr, k, v, t.kv_indptr.view(), t.kv_indices.view(), t.kv_last_page_len.view(),
+                            indices, options, cache.layout());
+  });
 }
 
 namespace {

@@ -104,3 +104,84 @@ def test_bad_shapes_and_dtypes_are_refused():
         attn.sparse_attention(q, k, v, idx.astype(np.int64) + 2**31)
     with pytest.raises(ValueError, match="sinks"):
         attn.sparse_attention(q, k, v, idx, sinks=np.zeros(5))
+
+
+# ---------------------------------------------------------------------------
+# Over a PagedKVCache: each request against the definition over its own
+# sequence's keys and values, as the cache stores them.
+
+def stored(x, dtype):
+    """x as a cache of that dtype holds it (rows of the last axis), in float64."""
+    return np.asarray(x, np.float64) if dtype == "f32" else attn.quantize(x, dtype).dequantize().astype(np.float64)
+
+
+@pytest.mark.parametrize("layout", ["NHD", "HND"])
+@pytest.mark.parametrize("dtype", ["f32", "bf16", "f16", "q8_0"])
+def test_sparse_attention_over_a_paged_cache_is_each_request_alone(dtype, layout):
+    rng = np.random.default_rng(11)
+    hq, hkv, d, dv, topk = 4, 2, 32, 64, 7
+    cache = attn.PagedKVCache(40, 4, hkv, d, value_head_dim=dv, dtype=dtype, layout=layout)
+    lengths = [9, 0, 30, 5]  # tokens per sequence: pages partly filled, one empty
+    seqs, kv = [], {}
+    for n in lengths:
+        s = cache.add_sequence()
+        k, v = rng.standard_normal((n, hkv, d)).astype(np.float32), rng.standard_normal((n, hkv, dv)).astype(np.float32)
+        cache.append([s], k, v, [0, n])
+        seqs.append(s)
+        kv[s] = (k, v)
+    fork = cache.fork(seqs[2])  # shares the pages of sequence 2
+    kv[fork] = kv[seqs[2]]
+    order = [seqs[2], seqs[0], seqs[1], fork, seqs[3]]
+    qo_lens = [3, 1, 2, 0, 2]
+    qo_indptr = np.concatenate([[0], np.cumsum(qo_lens)]).astype(np.int32)
+    q = rng.standard_normal((qo_indptr[-1], hq, d)).astype(np.float32)
+    indices = np.full((qo_indptr[-1], hkv, topk), -1, np.int32)
+    for r, s in enumerate(order):
+        n = len(kv[s][0])
+        for row in range(qo_indptr[r], qo_indptr[r + 1]):
+            for h in range(hkv):
+                picks = rng.permutation(n)[:rng.integers(0, min(n, topk) + 1)]
+                indices[row, h, rng.permutation(topk)[:len(picks)]] = picks
+    sinks = np.linspace(-1, 1, hq)
+    out, lse = attn.sparse_attention(q, qo_indptr, cache, order, indices, softcap=4.0, sinks=sinks, return_lse=True)
+    assert out.shape == (qo_indptr[-1], hq, dv) and lse.shape == (qo_indptr[-1], hq) and out.dtype == np.float32
+    for r, s in enumerate(order):
+        rows = slice(qo_indptr[r], qo_indptr[r + 1])
+        if qo_lens[r] == 0:
+            continue
+        k, v = (stored(x, dtype).transpose(1, 0, 2) for x in kv[s])  # (hkv, n, ·)
+        if len(kv[s][0]) == 0:
+            k, v = np.zeros((hkv, 0, d)), np.zeros((hkv, 0, dv))
+        want, want_lse = picked(q[rows].transpose(1, 0, 2), k, v, indices[rows].transpose(1, 0, 2), softcap=4.0,
+                                sinks=sinks)
+        np.testing.assert_allclose(out[rows], want.transpose(1, 0, 2), rtol=0, atol=2e-6)
+        np.testing.assert_allclose(lse[rows], want_lse.T, rtol=0, atol=2e-6)
+
+
+def test_sparse_attention_over_a_paged_cache_refuses_by_name():
+    rng = np.random.default_rng(12)
+    cache = attn.PagedKVCache(8, 4, 1, 16)
+    s = cache.add_sequence()
+    cache.append([s], rng.standard_normal((6, 1, 16)), rng.standard_normal((6, 1, 16)), [0, 6])
+    q = rng.standard_normal((2, 2, 16)).astype(np.float32)
+    indices = np.array([[[0, 5]], [[1, -1]]], np.int32)
+    out = attn.sparse_attention(q, [0, 2], cache, [s], indices)
+    assert out.shape == (2, 2, 16)
+    far = indices.copy()
+    far[1, 0, 1] = 6  # the sequence holds positions 0..5
+    with pytest.raises(ValueError, match=r"indices at \(row 1 \(request 0, of 6 keys\), head 0, slot 1\) is 6"):
+        attn.sparse_attention(q, [0, 2], cache, [s], far)
+    twice = indices.copy()
+    twice[0, 0, 1] = 0
+    with pytest.raises(ValueError, match="names key 0 a second time"):
+        attn.sparse_attention(q, [0, 2], cache, [s], twice)
+    with pytest.raises(ValueError, match="qo_indptr"):
+        attn.sparse_attention(q, [0, 1], cache, [s], indices)
+    with pytest.raises(ValueError, match=r"indices \(nnz_q, Hkv or 1, topk\), got .* indices \(2, 1, 1, 2\)"):
+        attn.sparse_attention(q, [0, 2], cache, [s], indices[:, :, None])
+    with pytest.raises(ValueError, match=r"indices must be \(nnz_q, Hkv or 1, topk\) = \(2, 1 or 1, topk\)"):
+        attn.sparse_attention(q, [0, 2], cache, [s], indices[:1])
+    with pytest.raises(KeyError):
+        attn.sparse_attention(q, [0, 2], cache, [s + 1], indices)
+    with pytest.raises(TypeError, match="missing indices"):
+        attn.sparse_attention(q, [0, 2], cache, [s])
