@@ -33,6 +33,18 @@ are read in place; otherwise the keys are copied side by side first. float64
 inputs are computed in float64; float16 ckv and kpe are read as float16.
 )";
 
+inline constexpr const char* kPagedLatent = R"(PagedKVCache.latent(num_pages, page_size, kv_lora_rank, rope_dim, *, dtype='f32')
+
+MLA's latent cache in pages (vLLM's MLA cache; DeepSeek-V3: 512 + 64, one
+KV head of 576): each token's row [c | k_pe] is its key, and the row's first
+kv_lora_rank columns its value, read in place. append(seq_ids, rows, None,
+append_indptr) with rows (nnz, 1, kv_lora_rank + rope_dim). dtype 'f32',
+'bf16', 'f16' store whole rows; 'q8_0' stores c as q8_0 blocks and k_pe in
+bfloat16, read through a float32 copy (latent_rows(seq)), so batch_attention,
+sparse_attention and pages() refuse it. MultiHeadLatentAttention serves over
+it: m(x, cache=..., seq_ids=..., cu_seqlens=...).
+)";
+
 inline constexpr const char* kSparseAttention = R"(sparse_attention(q, k, v, indices, *, scale=None, softcap=None, sinks=None,
                  return_lse=False) -> out, or (out, lse)
 

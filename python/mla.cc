@@ -6,6 +6,7 @@
 
 #include <map>
 #include <string>
+#include <vector>
 
 #include "args.hpp"
 #include "arrays.hpp"
@@ -23,9 +24,35 @@ LatentForm form_arg(const std::string& form) {
   throw ValueError("MultiHeadLatentAttention: form must be 'auto', 'absorbed' or 'expanded', got '" + form + "'");
 }
 
+// forward over a PagedKVCache.latent: many sequences' packed tokens.
+py::array mla_serve(const MultiHeadLatentAttention& m, py::array_t<float>& x, PagedKVCache& cache,
+                    const py::object& seq_ids, const py::object& cu_seqlens_obj) {
+  if (seq_ids.is_none() || cu_seqlens_obj.is_none())
+    throw TypeError("MultiHeadLatentAttention over a PagedKVCache needs seq_ids and cu_seqlens");
+  std::vector<int64_t> ids;
+  for (const py::handle& id : py::iter(seq_ids)) ids.push_back(int_arg(id, "seq_ids"));
+  auto cu = int64_array(cu_seqlens_obj, "cu_seqlens");
+  Tensor<float> out;
+  {
+    py::gil_scoped_release nogil;
+    out = m.forward(view_of<const float>(x), cache, ids, view_of<const int64_t>(cu));
+  }
+  return to_numpy(std::move(out));
+}
+
 py::array mla_forward(const MultiHeadLatentAttention& m, const py::object& x_obj, const py::object& positions_obj,
-                      LatentCache* cache, const std::string& form) {
+                      const py::object& cache_obj, const std::string& form, const py::object& seq_ids,
+                      const py::object& cu_seqlens) {
   auto x = as<float>(as_numeric_array(x_obj, "x"));
+  if (py::isinstance<PagedKVCache>(cache_obj)) {
+    if (!positions_obj.is_none() || form != "auto")
+      throw TypeError("MultiHeadLatentAttention over a PagedKVCache places each token at its sequence's next "
+                      "position, in the absorbed form: pass no positions or form");
+    return mla_serve(m, x, cache_obj.cast<PagedKVCache&>(), seq_ids, cu_seqlens);
+  }
+  if (!seq_ids.is_none() || !cu_seqlens.is_none())
+    throw TypeError("seq_ids and cu_seqlens go with a PagedKVCache (new_paged_cache)");
+  LatentCache* cache = cache_obj.is_none() ? nullptr : cache_obj.cast<LatentCache*>();
   py::array_t<int64_t> positions;
   if (!positions_obj.is_none()) positions = int64_array(positions_obj, "positions");
   const LatentForm f = form_arg(form);
@@ -83,8 +110,13 @@ void bind_mla(py::module_& m) {
            arg("rms_norm_eps") = 1e-6, arg("seed") = 0)
       .def_static("from_config_json", [](const std::string& text) { return MultiHeadLatentAttention(mla_config_from_json(text)); },
                   arg("config_json"))
-      .def("forward", &mla_forward, arg("x"), arg("positions") = py::none(), arg("cache") = nullptr,
-           arg("form") = "auto")
+      .def("forward", &mla_forward, arg("x"), arg("positions") = py::none(), arg("cache") = py::none(),
+           arg("form") = "auto", arg("seq_ids") = py::none(), arg("cu_seqlens") = py::none())
+      .def("new_paged_cache", [](const MultiHeadLatentAttention& self, const py::object& num_pages,
+                                 const py::object& page_size, const std::string& dtype) {
+             return self.new_paged_cache(int_arg(num_pages, "num_pages"), int_arg(page_size, "page_size"),
+                                         parse_kv_dtype(dtype));
+           }, arg("num_pages"), arg("page_size"), arg("dtype") = "f32")
       .def("new_cache", [](const MultiHeadLatentAttention& self, const std::string& dtype) {
              return self.new_cache(parse_kv_dtype(dtype));
            }, arg("dtype") = "f32")

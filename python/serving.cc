@@ -299,13 +299,21 @@ py::tuple cache_state(const PagedKVCache& c) {
                         kv_dtype_name(c.dtype()), page_layout_name(c.layout()),
                         py::bytes(reinterpret_cast<const char*>(c.k_bytes().data()), c.k_bytes().size()),
                         py::bytes(reinterpret_cast<const char*>(c.v_bytes().data()), c.v_bytes().size()), st.ids,
-                        st.lengths, st.pages, st.next_id);
+                        st.lengths, st.pages, st.next_id, c.latent_rank());
 }
 
+// (A state of 13 items, from before latent caches, is a cache of keys and values apart.)
 PagedKVCache cache_from_state(const py::tuple& t) {
-  if (t.size() != 13) throw ValueError("PagedKVCache: a pickled state has 13 items, got " + std::to_string(t.size()));
-  PagedKVCache c(t[0].cast<int64_t>(), t[1].cast<int64_t>(), t[2].cast<int64_t>(), t[3].cast<int64_t>(),
-                 t[4].cast<int64_t>(), parse_kv_dtype(t[5].cast<std::string>()), parse_page_layout(t[6].cast<std::string>()));
+  if (t.size() != 13 && t.size() != 14)
+    throw ValueError("PagedKVCache: a pickled state has 14 items, got " + std::to_string(t.size()));
+  const int64_t latent_rank = t.size() == 14 ? t[13].cast<int64_t>() : 0;
+  const KVDtype dtype = parse_kv_dtype(t[5].cast<std::string>());
+  PagedKVCache c = latent_rank > 0
+                       ? PagedKVCache::latent(t[0].cast<int64_t>(), t[1].cast<int64_t>(), latent_rank,
+                                              t[3].cast<int64_t>() - latent_rank, dtype)
+                       : PagedKVCache(t[0].cast<int64_t>(), t[1].cast<int64_t>(), t[2].cast<int64_t>(),
+                                      t[3].cast<int64_t>(), t[4].cast<int64_t>(), dtype,
+                                      parse_page_layout(t[6].cast<std::string>()));
   const auto bytes = [](const py::handle& b) {
     const std::string s = b.cast<std::string>();
     return std::vector<uint8_t>(s.begin(), s.end());
@@ -339,6 +347,17 @@ void bind_serving(py::module_& m) {
            }),
            arg("num_pages"), arg("page_size"), arg("kv_heads"), arg("head_dim"), py::kw_only(),
            arg("value_head_dim") = py::none(), arg("dtype") = "f32", arg("layout") = "NHD")
+      .def_static("latent", [](const py::object& num_pages, const py::object& page_size,
+                               const py::object& kv_lora_rank, const py::object& rope_dim, const std::string& dtype) {
+             return PagedKVCache::latent(int_arg(num_pages, "num_pages"), int_arg(page_size, "page_size"),
+                                         int_arg(kv_lora_rank, "kv_lora_rank"), int_arg(rope_dim, "rope_dim"),
+                                         parse_kv_dtype(dtype));
+           }, arg("num_pages"), arg("page_size"), arg("kv_lora_rank"), arg("rope_dim"), py::kw_only(),
+           arg("dtype") = "f32", docs::kPagedLatent)
+      .def_property_readonly("latent_rank", &PagedKVCache::latent_rank)
+      .def("latent_rows", [](const PagedKVCache& c, const py::object& seq) {
+             return to_numpy(c.latent_rows(int_arg(seq, "seq")));
+           }, arg("seq"))
       .def("add_sequence", &PagedKVCache::add_sequence)
       .def("remove", [](PagedKVCache& c, const py::object& seq) { c.remove(int_arg(seq, "seq")); }, arg("seq"))
       .def("fork", [](PagedKVCache& c, const py::object& seq) { return c.fork(int_arg(seq, "seq")); }, arg("seq"))
@@ -348,10 +367,12 @@ void bind_serving(py::module_& m) {
       .def("append", [](PagedKVCache& c, const py::object& seq_ids, const py::object& k_obj, const py::object& v_obj,
                         const py::object& indptr_obj) {
              const std::vector<int64_t> ids = ids_arg(seq_ids, "seq_ids");
-             auto k = as<float>(as_numeric_array(k_obj, "k")), v = as<float>(as_numeric_array(v_obj, "v"));
+             auto k = as<float>(as_numeric_array(k_obj, "k"));
+             py::array_t<float> v;  // none for a latent cache
+             if (!v_obj.is_none()) v = as<float>(as_numeric_array(v_obj, "v"));
              auto indptr = int64_array(indptr_obj, "append_indptr");
              const auto kv = view_of<const float>(k);
-             const auto vv = view_of<const float>(v);
+             const auto vv = v_obj.is_none() ? TensorView<const float>() : view_of<const float>(v);
              const auto iv = view_of<const int64_t>(indptr);
              py::gil_scoped_release nogil;
              c.append(ids, kv, vv, iv);

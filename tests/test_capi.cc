@@ -208,6 +208,27 @@ TEST(Capi, MlaLoadAndForwardAreTheCppLayer) {
     EXPECT_EQ(bytes, cache.nbytes());
     attn_latent_cache_free(c_cache);
   }
+  // Serving over a paged latent cache: two sequences' tokens packed, then a decode step of both.
+  for (const auto& [dtype, stored] : {std::pair{ATTN_BF16, KVDtype::BF16}, {ATTN_Q8_0, KVDtype::Q8_0}}) {
+    PagedKVCache cache = layer.new_paged_cache(16, 4, stored);
+    attn_paged_cache* c_cache = nullptr;
+    ASSERT_EQ(attn_mla_paged_cache_new(c_layer, 16, 4, dtype, &c_cache), ATTN_OK) << attn_last_error();
+    const std::vector<int64_t> ids{cache.add_sequence(), cache.add_sequence()};
+    int64_t c_seq = -1;  // the same ids, 0 and 1
+    for (int i = 0; i < 2; ++i) ASSERT_EQ(attn_paged_cache_add_sequence(c_cache, &c_seq), ATTN_OK);
+    ASSERT_EQ(c_seq, ids[1]);
+    for (const std::vector<int64_t>& cu : {std::vector<int64_t>{0, 3, 5}, std::vector<int64_t>{0, 1, 2}}) {
+      const auto packed = cast<float>(random_tensor({cu.back(), 32}, rng));
+      const Tensor<float> want = layer.forward(packed.view(), cache, ids, TensorView<const int64_t>(cu.data(), {3}));
+      Tensor<float> served(packed.shape());
+      const attn_tensor cp = descriptor(packed, ATTN_F32);
+      attn_tensor cs = descriptor(served, ATTN_F32);
+      ASSERT_EQ(attn_mla_forward_paged(c_layer, &cp, c_cache, ids.data(), 2, cu.data(), &cs), ATTN_OK)
+          << attn_last_error();
+      expect_bitwise_equal(served, want);
+    }
+    attn_paged_cache_free(c_cache);
+  }
   attn_mla_free(c_layer);
   EXPECT_EQ(attn_mla_load(config_json.c_str(), path.c_str(), nullptr, &c_layer), ATTN_ERROR_INVALID_ARGUMENT);
   EXPECT_NE(std::string(attn_last_error()).find("unexpected key 'model.layers.1.self_attn.kv_a_layernorm.weight'"),

@@ -1,7 +1,8 @@
 // sparse_attention against attention() in float64 with the boolean mask its
 // indices describe (the dense reference, which shares no code with the
 // sparse kernel or the sparse reference), on every SIMD target, and its
-// refusals.
+// refusals; over a paged cache, against the contiguous form over each
+// sequence's rows as stored.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -11,6 +12,8 @@
 #include <random>
 #include <string>
 
+#include "attn/paged_kv_cache.hpp"
+#include "attn/quantize.hpp"
 #include "attn/sparse_attention.hpp"
 #include "helpers.hpp"
 
@@ -163,6 +166,66 @@ TEST(SparseAttention, BadIndicesAndShapesAreRefusedByName) {
   EXPECT_THROW(sparse_attention<float>(q.view(), Tensor<float>({2, 5, 4}).view(), v.view(),
                                        Tensor<int32_t>({1, 2, 3}).view()),
                ValueError);  // Hkv 2 does not divide Hq 1
+}
+
+// Over a PagedKVCache of every storage type and both layouts, with pages
+// shared by a fork: each request is the contiguous call over its
+// sequence's keys and values rounded as the cache stores them, bit for bit
+// (the same kernel, reading its rows from pages).
+TEST(SparseAttention, OverAPagedCacheIsEachSequenceAlone) {
+  std::mt19937 rng(21);
+  const int64_t hq = 4, hkv = 2, d = 32, dv = 64, topk = 6;
+  for (const KVDtype dtype : {KVDtype::F32, KVDtype::BF16, KVDtype::F16, KVDtype::Q8_0})
+    for (const PageLayout layout : {PageLayout::NHD, PageLayout::HND}) {
+      PagedKVCache cache(32, 4, hkv, d, dv, dtype, layout);
+      const std::vector<int64_t> lengths{10, 0, 7};
+      std::vector<int64_t> ids;
+      std::vector<Tensor<float>> ks, vs;  // (hkv, n, ·): as stored
+      const auto stored = [&](const Tensor<float>& x) {  // rows of x rounded as the cache stores them
+        if (dtype == KVDtype::BF16) return dequantize(to_bfloat16(x.view()).view());
+        if (dtype == KVDtype::F16) return dequantize(to_float16(x.view()).view());
+        if (dtype == KVDtype::Q8_0) return dequantize(quantize_q8_0(x.view()).view());
+        return Tensor<float>(x);
+      };
+      for (int64_t n : lengths) {
+        ids.push_back(cache.add_sequence());
+        const auto k = cast<float>(random_tensor({n, hkv, d}, rng)), v = cast<float>(random_tensor({n, hkv, dv}, rng));
+        const std::vector<int64_t> at{0, n};
+        cache.append({ids.back()}, k.view(), v.view(), TensorView<const int64_t>(at.data(), {2}));
+        ks.push_back(contiguous(TensorView<const float>(stored(k).view()).transpose(0, 1)));
+        vs.push_back(contiguous(TensorView<const float>(stored(v).view()).transpose(0, 1)));
+      }
+      ids.push_back(cache.fork(ids[0]));
+      ks.push_back(ks[0]), vs.push_back(vs[0]);
+      const std::vector<int32_t> qo{0, 2, 3, 6, 7};  // rows per request: 2, 1, 3, 1
+      const auto q = cast<float>(random_tensor({7, hq, d}, rng));
+      Tensor<int32_t> idx({7, hkv, topk});
+      for (int64_t r = 0; r < 4; ++r) {
+        const int64_t n = ks[static_cast<size_t>(r)].dim(1);
+        std::vector<int32_t> keys(static_cast<size_t>(n));
+        std::iota(keys.begin(), keys.end(), 0);
+        for (int64_t row = qo[r] * hkv; row < qo[r + 1] * hkv; ++row) {
+          std::shuffle(keys.begin(), keys.end(), rng);
+          for (int64_t t = 0; t < topk; ++t) idx[row * topk + t] = t < n && rng() % 4 ? keys[static_cast<size_t>(t)] : -1;
+        }
+      }
+      SparseAttentionOptions o;
+      o.softcap = 5, o.sinks = {0.5, -1, 0, 2};
+      const auto got = sparse_attention(q.view(), TensorView<const int32_t>(qo.data(), {5}), cache, ids, idx.view(), o);
+      for (int64_t r = 0; r < 4; ++r) {
+        const int64_t rows = qo[r + 1] - qo[r];
+        const auto part = [&](const auto& t, int64_t width) {  // request r's rows as (heads, rows, width)
+          return contiguous(TensorView<const std::remove_cvref_t<decltype(*t.data())>>(
+              t.data() + qo[r] * t.dim(1) * width, {t.dim(1), rows, width}, {width, t.dim(1) * width, 1}));
+        };
+        const auto want = sparse_attention<float>(part(q, d).view(), ks[static_cast<size_t>(r)].view(),
+                                                  vs[static_cast<size_t>(r)].view(), part(idx, topk).view(), o);
+        const auto out_r = part(got.out, dv);
+        const Tensor<float> lse_r = contiguous(TensorView<const float>(got.lse.data() + qo[r] * hq, {hq, rows}, {1, hq}));
+        EXPECT_EQ(max_abs_diff(out_r, want.out), 0.0) << kv_dtype_name(dtype) << " request " << r;
+        for (int64_t e = 0; e < lse_r.numel(); ++e) EXPECT_EQ(lse_r[e], want.lse[e]) << kv_dtype_name(dtype);
+      }
+    }
 }
 
 }  // namespace

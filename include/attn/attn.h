@@ -194,8 +194,9 @@ int attn_paged_cache_remove(attn_paged_cache* cache, int64_t seq);
 int attn_paged_cache_fork(attn_paged_cache* cache, int64_t seq, int64_t* child);
 int attn_paged_cache_truncate(attn_paged_cache* cache, int64_t seq, int64_t length);
 /* Appends to seq_ids[i] the tokens append_indptr[i] .. append_indptr[i + 1]
-   of k (nnz, kv_heads, head_dim) and v (nnz, kv_heads, value_head_dim), F32;
-   append_indptr has num_seqs + 1 entries. */
+   of k (nnz, kv_heads, head_dim) and v (nnz, kv_heads, value_head_dim), F32
+   (a latent cache: its rows as k, v NULL); append_indptr has num_seqs + 1
+   entries. */
 int attn_paged_cache_append(attn_paged_cache* cache, const int64_t* seq_ids, int64_t num_seqs,
                             const attn_tensor* k, const attn_tensor* v, const int64_t* append_indptr);
 int attn_paged_cache_length(const attn_paged_cache* cache, int64_t seq, int64_t* length);
@@ -208,6 +209,20 @@ int attn_paged_cache_page_table(const attn_paged_cache* cache, const int64_t* se
                                 int32_t* kv_indptr, int32_t* kv_indices, int64_t capacity,
                                 int32_t* kv_last_page_len, int64_t* count);
 void attn_paged_cache_free(attn_paged_cache* cache);
+
+/* MLA over pages: an empty latent paged cache of layer's rows (kv_lora_rank
+   + qk_rope_head_dim, one KV head; the values are the rows' first
+   kv_lora_rank columns, read in place), storing dtype (Q8_0: c in q8_0
+   blocks, k_pe in bfloat16). attn_paged_cache_append takes its rows as k,
+   (nnz, 1, kv_lora_rank + qk_rope_head_dim), and NULL for v. */
+int attn_mla_paged_cache_new(const attn_mla* layer, int64_t num_pages, int64_t page_size, attn_dtype dtype,
+                             attn_paged_cache** cache);
+/* Serving: x (total, hidden_size) F32 packs num_seqs sequences' new tokens,
+   sequence seq_ids[i]'s rows cu_seqlens[i] .. cu_seqlens[i + 1]
+   (num_seqs + 1 entries); each at its sequence's next positions, appended,
+   and attended causally in the absorbed form, into out (total, hidden_size) F32. */
+int attn_mla_forward_paged(attn_mla* layer, const attn_tensor* x, attn_paged_cache* cache, const int64_t* seq_ids,
+                           int64_t num_seqs, const int64_t* cu_seqlens, attn_tensor* out);
 
 /* A batch's metadata validated once (attn::BatchAttentionPlan): batch
    requests, request r's queries rows qo_indptr[r] .. qo_indptr[r + 1] of q,

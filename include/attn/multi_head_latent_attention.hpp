@@ -19,9 +19,11 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "attn/kv_cache.hpp"
 #include "attn/latent_cache.hpp"
+#include "attn/paged_kv_cache.hpp"
 #include "attn/rope_scaling.hpp"
 #include "attn/tensor.hpp"
 
@@ -90,7 +92,21 @@ class MultiHeadLatentAttention {
   Tensor<float> forward(TensorView<const float> x, LatentCache* cache = nullptr,
                         TensorView<const int64_t> positions = {}, LatentForm form = LatentForm::Auto) const;
 
+  // Serving many sequences over one paged latent cache (new_paged_cache):
+  // x (total, hidden_size) packs their new tokens, sequence seq_ids[i]'s
+  // rows cu_seqlens[i] .. cu_seqlens[i + 1] (int64). Each sequence's tokens
+  // sit at its next positions (length + 0..n-1), are appended, and attend
+  // it causally in the absorbed form: one batch_attention over the pages
+  // for every sequence, prompts and decodes alike (a q8_0 cache: each
+  // sequence through a float32 copy of its rows). Returns (total,
+  // hidden_size). ValueError for a cache of other rows, KeyError for an
+  // unknown id: nothing appended.
+  Tensor<float> forward(TensorView<const float> x, PagedKVCache& cache, const std::vector<int64_t>& seq_ids,
+                        TensorView<const int64_t> cu_seqlens) const;
+
   LatentCache new_cache(KVDtype dtype = KVDtype::F32) const;
+  // An empty PagedKVCache::latent of this layer's rows.
+  PagedKVCache new_paged_cache(int64_t num_pages, int64_t page_size, KVDtype dtype = KVDtype::F32) const;
 
   std::map<std::string, Tensor<float>> state_dict() const;
   // Every expected key with its shape and no other; ValueError naming it.

@@ -77,6 +77,25 @@ class PagedKVCache {
                std::optional<int64_t> value_head_dim = {}, KVDtype dtype = KVDtype::F32,
                PageLayout layout = PageLayout::NHD);
 
+  // MLA's latent cache in pages (vLLM's MLA cache: head dim 576 and one KV
+  // head in DeepSeek-V3): each token's row [c | k_pe] of kv_lora_rank +
+  // rope_dim values is its key, and the row's first kv_lora_rank columns
+  // its value, read in place: there is no value pool, and append takes no v
+  // (an empty view). F32, BF16 and F16 store whole rows; Q8_0 stores c as
+  // q8_0 blocks and k_pe in bfloat16 (LatentCache's layout, FlashMLA's
+  // idea), rows of two types that attention reads through latent_rows' float32
+  // copy: read_pools, run, the pools and batch_attention refuse them
+  // (TypeError). ValueError for a kv_lora_rank below 1, a rope_dim below 0,
+  // or q8_0 with a kv_lora_rank that is not a multiple of 32.
+  static PagedKVCache latent(int64_t num_pages, int64_t page_size, int64_t kv_lora_rank, int64_t rope_dim,
+                             KVDtype dtype = KVDtype::F32);
+  // A latent cache's kv_lora_rank; 0 for a cache of keys and values apart.
+  int64_t latent_rank() const { return latent_rank_; }
+  // A latent cache's rows of seq as float32, (length, head_dim): as stored
+  // (rounded or quantised), widened. ValueError for a cache of keys and
+  // values apart.
+  Tensor<float> latent_rows(int64_t seq) const;
+
   int64_t num_pages() const { return num_pages_; }
   int64_t page_size() const { return page_size_; }
   int64_t kv_heads() const { return kv_heads_; }
@@ -130,12 +149,17 @@ class PagedKVCache {
   // f(k_pages, v_pages): the pools as views of their storage type (float,
   // bfloat16, float16 or block_q8_0, whose last axis counts blocks), for
   // the kernels over pages; as a reader, the views valid while f runs.
+  // A latent cache's value pool is the first kv_lora_rank columns of its
+  // key pool (q8_0's two-type rows: TypeError).
   template <class F>
   decltype(auto) read_pools(const char* who, F&& f) const {
     const auto held = access_.read(who);
     return std::visit([&](const auto& k_pool) -> decltype(auto) {
       using S = std::remove_cvref_t<decltype(*k_pool.data())>;
-      return f(k_pool.view(), std::get<Tensor<S>>(v_).view());
+      const TensorView<const S> k = k_pool.view();
+      if (latent_rank_ == 0) return f(k, std::get<Tensor<S>>(v_).view());
+      refuse_two_type_rows(who);
+      return f(k, TensorView<const S>(k.data(), {k.dim(0), k.dim(1), k.dim(2), latent_rank_}, k.strides()));
     }, k_);
   }
 
@@ -165,11 +189,16 @@ class PagedKVCache {
   // Copies every slot of page `from` to page `to`, keys and values.
   void copy_page(int32_t from, int32_t to);
   int64_t bytes_per_token() const;
+  // TypeError naming `who` for a q8_0 latent cache (whose rows are two types).
+  void refuse_two_type_rows(const char* who) const;
 
   int64_t num_pages_, page_size_, kv_heads_, head_dim_, value_head_dim_;
   KVDtype dtype_;
   PageLayout layout_;
+  // Keys and values; a latent cache's rows in k_ and v_ empty, or for q8_0
+  // its c blocks in k_ and its bfloat16 k_pe in v_.
   Pool k_, v_;
+  int64_t latent_rank_ = 0;
   std::map<int64_t, Sequence> sequences_;
   std::vector<int32_t> refs_;       // per page: the sequences holding it
   std::vector<int32_t> free_list_;  // free pages, the next to take last

@@ -34,7 +34,14 @@ m(x, positions=None, cache=None, form="auto"): x (batch, n, hidden_size) or
 length + 0..n-1). A cache from new_cache(dtype) keeps the latent rows; form
 "absorbed" attends them as MQA (W_UK folded into the query, W_UV into the
 output), "expanded" per head as Hugging Face does; "auto" expands a prompt
-(an empty cache) and absorbs the decode. See docs/semantics.md.
+(an empty cache) and absorbs the decode.
+
+m(x, cache=paged, seq_ids=ids, cu_seqlens=cu): serving over a paged latent
+cache from new_paged_cache(num_pages, page_size, dtype): x (total,
+hidden_size) packs many sequences' new tokens (sequence ids[i]'s rows
+cu[i]:cu[i + 1]), each at its sequence's next positions, appended, and
+attended in the absorbed form by one batch_attention over the pages. See
+docs/semantics.md.
 """
 
     def __init__(self, hidden_size, num_attention_heads, *, q_lora_rank, kv_lora_rank, qk_nope_head_dim,
@@ -62,8 +69,9 @@ output), "expanded" per head as Hugging Face does; "auto" expands a prompt
         self._layer = _core.MultiHeadLatentAttention.from_config_json(json.dumps(config, default=_json_value))
         return self
 
-    def forward(self, x, positions=None, cache=None, form="auto"):
-        out = self._layer.forward(to_array(x, "x"), positions=positions, cache=cache, form=form)
+    def forward(self, x, positions=None, cache=None, form="auto", *, seq_ids=None, cu_seqlens=None):
+        out = self._layer.forward(to_array(x, "x"), positions=positions, cache=cache, form=form, seq_ids=seq_ids,
+                                  cu_seqlens=cu_seqlens)
         return to_tensor(out) if is_tensor(x) else out
 
     __call__ = forward
@@ -73,6 +81,12 @@ output), "expanded" per head as Hugging Face does; "auto" expands a prompt
         'f16' or 'q8_0' rows (q8_0: the latent in q8_0 blocks, k_pe in bfloat16).
         cache.nbytes counts the tokens held; cache.bytes_per_token one token."""
         return self._layer.new_cache(dtype)
+
+    def new_paged_cache(self, num_pages, page_size, dtype="f32"):
+        """new_paged_cache(num_pages, page_size, dtype="f32"): an empty
+        PagedKVCache.latent of this layer's rows (kv_lora_rank + qk_rope_head_dim,
+        one KV head) for serving many sequences: see PagedKVCache.latent."""
+        return self._layer.new_paged_cache(num_pages, page_size, dtype)
 
     def state_dict(self):
         return self._layer.state_dict()

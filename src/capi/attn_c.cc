@@ -31,9 +31,6 @@ struct attn_mha {
 struct attn_cache {
   attn::KVCache<float> cache;
 };
-struct attn_mla {
-  attn::MultiHeadLatentAttention layer;
-};
 struct attn_latent_cache {
   attn::LatentCache cache;
 };

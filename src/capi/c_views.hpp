@@ -13,7 +13,13 @@
 #include "attn/quantize.hpp"
 #include "attn/error.hpp"
 #include "attn/file.hpp"
+#include "attn/multi_head_latent_attention.hpp"
 #include "attn/tensor.hpp"
+
+// The handles both files of the C API reach (attn_c.cc, serving_c.cc).
+struct attn_mla {
+  attn::MultiHeadLatentAttention layer;
+};
 
 namespace attn::detail::capi {
 

@@ -120,7 +120,8 @@ int attn_paged_cache_append(attn_paged_cache* cache, const int64_t* seq_ids, int
     if (num_seqs > 0) require(seq_ids, fn, "seq_ids");
     require(append_indptr, fn, "append_indptr");
     const std::vector<int64_t> ids(seq_ids, seq_ids + num_seqs);
-    cache->cache.append(ids, f32_in(k, fn, "k"), f32_in(v, fn, "v"), TensorView<const int64_t>(append_indptr, {num_seqs + 1}));
+    cache->cache.append(ids, f32_in(k, fn, "k"), v ? f32_in(v, fn, "v") : TensorView<const float>(),
+                        TensorView<const int64_t>(append_indptr, {num_seqs + 1}));
   });
 }
 
@@ -241,3 +242,37 @@ int attn_batch_attention(const attn_tensor* q, const int32_t* qo_indptr, int64_t
 }
 
 }  // extern "C"
+
+int attn_mla_paged_cache_new(const attn_mla* layer, int64_t num_pages, int64_t page_size, attn_dtype dtype,
+                             attn_paged_cache** cache) {
+  constexpr const char* fn = "attn_mla_paged_cache_new";
+  return guarded([&] {
+    require(layer, fn, "layer");
+    require(cache, fn, "cache");
+    *cache = nullptr;
+    *cache = new attn_paged_cache{layer->layer.new_paged_cache(num_pages, page_size, cache_dtype(dtype, fn))};
+  });
+}
+
+int attn_mla_forward_paged(attn_mla* layer, const attn_tensor* x, attn_paged_cache* cache, const int64_t* seq_ids,
+                           int64_t num_seqs, const int64_t* cu_seqlens, attn_tensor* out) {
+  constexpr const char* fn = "attn_mla_forward_paged";
+  return guarded([&] {
+    require(layer, fn, "layer");
+    require(cache, fn, "cache");
+    require(cu_seqlens, fn, "cu_seqlens");
+    if (num_seqs < 0) fail(fn, "num_seqs", std::to_string(num_seqs) + " is negative");
+    if (num_seqs > 0) require(seq_ids, fn, "seq_ids");
+    const TensorView<const float> input = f32_in(x, fn, "x");
+    const Layout lo = layout_of(out, fn, "out");
+    if (lo.dtype != ATTN_F32) unsupported(fn, std::string("out dtype ") + dtype_name(lo.dtype) + " is not supported: F32");
+    const TensorView<float> o = view_of<float>(out, lo);
+    // Checked before the forward, so that a refused call leaves the cache as it was.
+    if (o.shape() != input.shape())
+      fail(fn, "out", "shape " + attn::shape_str(o.shape()) + " is not x's shape " + attn::shape_str(input.shape()));
+    attn::check_outputs(fn, {{"out", attn::MemorySpan::of(o)}}, {{"x", attn::MemorySpan::of(input)}});
+    const std::vector<int64_t> ids(seq_ids, seq_ids + num_seqs);
+    attn::copy<float>(
+        layer->layer.forward(input, cache->cache, ids, TensorView<const int64_t>(cu_seqlens, {num_seqs + 1})).view(), o);
+  });
+}

@@ -169,6 +169,10 @@ LatentCache MultiHeadLatentAttention::new_cache(KVDtype dtype) const {
   return LatentCache(dtype, config_.kv_lora_rank, config_.qk_rope_head_dim);
 }
 
+PagedKVCache MultiHeadLatentAttention::new_paged_cache(int64_t num_pages, int64_t page_size, KVDtype dtype) const {
+  return PagedKVCache::latent(num_pages, page_size, config_.kv_lora_rank, config_.qk_rope_head_dim, dtype);
+}
+
 std::map<std::string, Tensor<float>> MultiHeadLatentAttention::state_dict() const { return snapshot()->named; }
 
 void MultiHeadLatentAttention::load_state_dict(const std::map<std::string, Tensor<float>>& state) {

@@ -31,6 +31,67 @@ void rms_norm(float* rows, int64_t n, int64_t stride, const Tensor<float>& weigh
 
 }  // namespace
 
+void MultiHeadLatentAttention::Parameters::project(const MultiHeadLatentAttentionConfig& c, TensorView<const float> x,
+                                                   Tensor<float>& q, Tensor<float>& kv) const {
+  const int64_t N = x.dim(0), row = c.kv_lora_rank + c.qk_rope_head_dim;
+  q = Tensor<float>({N, c.num_attention_heads * c.qk_head_dim()}), kv = Tensor<float>({N, row});
+  if (c.q_lora_rank) {
+    Tensor<float> qa({N, *c.q_lora_rank});
+    linear(x, (*this)["q_a_proj.weight"].view(), bias_of("q_a_proj.bias"), qa.view());
+    rms_norm(qa.data(), N, *c.q_lora_rank, (*this)["q_a_layernorm.weight"], c.rms_norm_eps);
+    linear(TensorView<const float>(qa.view()), (*this)["q_b_proj.weight"].view(), {}, q.view());
+  } else {
+    linear(x, (*this)["q_proj.weight"].view(), {}, q.view());
+  }
+  linear(x, (*this)["kv_a_proj_with_mqa.weight"].view(), bias_of("kv_a_proj_with_mqa.bias"), kv.view());
+  rms_norm(kv.data(), N, row, (*this)["kv_a_layernorm.weight"], c.rms_norm_eps);
+}
+
+Tensor<float> MultiHeadLatentAttention::Parameters::absorb(const MultiHeadLatentAttentionConfig& c, const float* q,
+                                                           int64_t n) const {
+  const int64_t H = c.num_attention_heads, r = c.kv_lora_rank, nope = c.qk_nope_head_dim, dqk = c.qk_head_dim();
+  Tensor<float> q_lat({n, H, r});
+  for (int64_t h = 0; h < H; ++h)
+    linear(TensorView<const float>(q + h * dqk, {n, nope}, {H * dqk, 1}),
+           TensorView<const float>(w_uk_t.data() + h * r * nope, {r, nope}), {},
+           TensorView<float>(q_lat.data() + h * r, {n, r}, {H * r, 1}));
+  return q_lat;
+}
+
+void MultiHeadLatentAttention::Parameters::expand_values(const MultiHeadLatentAttentionConfig& c, const float* latent,
+                                                         int64_t n, float* ctx) const {
+  const int64_t H = c.num_attention_heads, r = c.kv_lora_rank, nope = c.qk_nope_head_dim, dv = c.v_head_dim;
+  const Tensor<float>& kv_b = (*this)["kv_b_proj.weight"];  // per head: W_UK (nope, r) then W_UV (dv, r)
+  for (int64_t h = 0; h < H; ++h)
+    linear(TensorView<const float>(latent + h * r, {n, r}, {H * r, 1}),
+           TensorView<const float>(kv_b.data() + (h * (nope + dv) + nope) * r, {dv, r}), {},
+           TensorView<float>(ctx + h * dv, {n, dv}, {H * dv, 1}));
+}
+
+namespace detail::mla {
+
+void rotate(const MultiHeadLatentAttentionConfig& c, Tensor<float>& q, Tensor<float>& kv, int64_t B, int64_t n,
+            int64_t offset, TensorView<const int64_t> positions) {
+  const int64_t H = c.num_attention_heads, r = c.kv_lora_rank, p = c.qk_rope_head_dim, dqk = c.qk_head_dim();
+  const int64_t row = r + p;
+  if (p == 0) return;
+  RopeOptions rope;
+  rope.base = c.rope_theta;
+  rope.interleaved = c.rope_interleave;
+  rope.rotary_dim = p;
+  rope.scaling = c.rope_scaling;
+  rope.offset = offset;
+  const TensorView<float> q_pe(q.data() + c.qk_nope_head_dim, {B, H, n, p}, {n * H * dqk, dqk, H * dqk, 1});
+  const TensorView<float> k_pe(kv.data() + r, {B, 1, n, p}, {n * row, 0, row, 1});
+  TensorView<const int64_t> pos = positions;
+  if (positions.rank() == 2)  // (batch, n) against (batch, heads, n)
+    pos = TensorView<const int64_t>(positions.data(), {B, 1, n}, {positions.stride(0), 0, positions.stride(1)});
+  apply_rope(TensorView<const float>(q_pe), q_pe, rope, pos);
+  apply_rope(TensorView<const float>(k_pe), k_pe, rope, pos);
+}
+
+}  // namespace detail::mla
+
 Tensor<float> MultiHeadLatentAttention::forward(TensorView<const float> x, LatentCache* cache,
                                                 TensorView<const int64_t> positions, LatentForm form) const {
   const auto& c = config_;
@@ -56,41 +117,10 @@ Tensor<float> MultiHeadLatentAttention::forward(TensorView<const float> x, Laten
          std::to_string(n) + "), got " + shape_str(positions.shape()));
   const auto w = snapshot();
   const Parameters& P = *w;
-  const auto bias_of = [&](const std::string& name) {
-    return P.has(name) ? P[name].view() : TensorView<const float>();
-  };
-
-  // The projections, token by token (rows b * n + t).
   const Tensor<float> xc = contiguous(x);
-  const TensorView<const float> X(xc.data(), {B * n, E});
-  Tensor<float> q({B * n, H * dqk}), kv({B * n, row});
-  if (c.q_lora_rank) {
-    Tensor<float> qa({B * n, *c.q_lora_rank});
-    linear(X, P["q_a_proj.weight"].view(), bias_of("q_a_proj.bias"), qa.view());
-    rms_norm(qa.data(), B * n, *c.q_lora_rank, P["q_a_layernorm.weight"], c.rms_norm_eps);
-    linear(TensorView<const float>(qa.view()), P["q_b_proj.weight"].view(), {}, q.view());
-  } else {
-    linear(X, P["q_proj.weight"].view(), {}, q.view());
-  }
-  linear(X, P["kv_a_proj_with_mqa.weight"].view(), bias_of("kv_a_proj_with_mqa.bias"), kv.view());
-  rms_norm(kv.data(), B * n, row, P["kv_a_layernorm.weight"], c.rms_norm_eps);
-
-  // RoPE on q_pe (every head) and k_pe (one for all), at cache length + t or the positions given.
-  if (p > 0) {
-    RopeOptions rope;
-    rope.base = c.rope_theta;
-    rope.interleaved = c.rope_interleave;
-    rope.rotary_dim = p;
-    rope.scaling = c.rope_scaling;
-    rope.offset = past;
-    const TensorView<float> q_pe(q.data() + nope, {B, H, n, p}, {n * H * dqk, dqk, H * dqk, 1});
-    const TensorView<float> k_pe(kv.data() + r, {B, 1, n, p}, {n * row, 0, row, 1});
-    TensorView<const int64_t> pos = positions;
-    if (positions.rank() == 2)  // (batch, n) against (batch, heads, n)
-      pos = TensorView<const int64_t>(positions.data(), {B, 1, n}, {positions.stride(0), 0, positions.stride(1)});
-    apply_rope(TensorView<const float>(q_pe), q_pe, rope, pos);
-    apply_rope(TensorView<const float>(k_pe), k_pe, rope, pos);
-  }
+  Tensor<float> q, kv;
+  P.project(c, TensorView<const float>(xc.data(), {B * n, E}), q, kv);
+  detail::mla::rotate(c, q, kv, B, n, past, positions);
   if (cache)
     cache->append(TensorView<const float>(kv.data(), {B, n, r}, {n * row, row, 1}),
                   TensorView<const float>(kv.data() + r, {B, n, p}, {n * row, row, 1}));
@@ -106,18 +136,12 @@ Tensor<float> MultiHeadLatentAttention::forward(TensorView<const float> x, Laten
     float* ctx_b = ctx.data() + b * n * H * dv;
     const float* q_b = q.data() + b * n * H * dqk;
     if (absorbed) {
-      Tensor<float> q_lat({n, H, r});  // q_nope · W_UK per head
-      for (int64_t h = 0; h < H; ++h)
-        linear(TensorView<const float>(q_b + h * dqk, {n, nope}, {H * dqk, 1}), TensorView<const float>(P.w_uk_t.data() + h * r * nope, {r, nope}), {},
-               TensorView<float>(q_lat.data() + h * r, {n, r}, {H * r, 1}));
+      const Tensor<float> q_lat = P.absorb(c, q_b, n);
       const auto res = latent_attention<float, S>(
           q_lat.view(), TensorView<const float>(q_b + nope, {n, H, p}, {H * dqk, dqk, 1}),
           TensorView<const S>(rows.data(), {n_k, r}, {rs, 1}), TensorView<const S>(rows.data() + r, {n_k, p}, {rs, 1}),
           scale, /*causal=*/true);
-      for (int64_t h = 0; h < H; ++h)  // · W_UVᵀ
-        linear(TensorView<const float>(res.out.data() + h * r, {n, r}, {H * r, 1}),
-               TensorView<const float>(kv_b.data() + (h * (nope + dv) + nope) * r, {dv, r}), {},
-               TensorView<float>(ctx_b + h * dv, {n, dv}, {H * dv, 1}));
+      P.expand_values(c, res.out.data(), n, ctx_b);
       return;
     }
     Tensor<float> latents;
@@ -145,7 +169,7 @@ Tensor<float> MultiHeadLatentAttention::forward(TensorView<const float> x, Laten
     else attend(b, TensorView<const float>(kv.data() + b * n * row, {n, row}));
   }
   Tensor<float> out({B * n, E});
-  linear(TensorView<const float>(ctx.view()), P["o_proj.weight"].view(), bias_of("o_proj.bias"), out.view());
+  linear(TensorView<const float>(ctx.view()), P["o_proj.weight"].view(), P.bias_of("o_proj.bias"), out.view());
   return std::move(out).reshape(batched ? Shape{B, n, E} : Shape{n, E});
 }
 

@@ -6,11 +6,17 @@
 #include <string>
 
 #include "attn/error.hpp"
+#include "attn/tensor.hpp"
 #include "attn/multi_head_latent_attention.hpp"
 
 namespace attn::detail::mla {
 
 [[noreturn]] inline void fail(const std::string& msg) { throw ValueError("MultiHeadLatentAttention: " + msg); }
+
+// RoPE on the query rows' q_pe parts (every head) and the latent rows'
+// k_pe, (B, n) tokens: at offset + t, or at positions (n,) or (B, n).
+void rotate(const MultiHeadLatentAttentionConfig& c, Tensor<float>& q, Tensor<float>& kv, int64_t B, int64_t n,
+            int64_t offset, TensorView<const int64_t> positions);
 
 }  // namespace attn::detail::mla
 
@@ -34,6 +40,19 @@ struct MultiHeadLatentAttention::Parameters {
   }
   const Tensor<float>& operator[](const std::string& name) const { return named.at(name); }
   bool has(const std::string& name) const { return named.count(name) > 0; }
+  TensorView<const float> bias_of(const std::string& name) const {
+    return has(name) ? named.at(name).view() : TensorView<const float>();
+  }
+
+  // What both forwards (mla_forward.cc, mla_serve.cc) compute, on token rows:
+  // the query rows (N, H · qk_head_dim) and the normalised latent rows
+  // (N, r + p) of x (N, hidden_size), RoPE not yet applied;
+  void project(const MultiHeadLatentAttentionConfig& c, TensorView<const float> x, Tensor<float>& q,
+               Tensor<float>& kv) const;
+  // q_nope · W_UK per head for n query rows (as project lays them out): (n, H, r);
+  Tensor<float> absorb(const MultiHeadLatentAttentionConfig& c, const float* q, int64_t n) const;
+  // latent outputs (n, H, r) · W_UVᵀ per head into context rows (n, H · v_head_dim).
+  void expand_values(const MultiHeadLatentAttentionConfig& c, const float* latent, int64_t n, float* ctx) const;
 };
 
 }  // namespace attn

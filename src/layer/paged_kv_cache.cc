@@ -109,6 +109,50 @@ PagedKVCache::PagedKVCache(int64_t num_pages, int64_t page_size, int64_t kv_head
   for (int64_t p = num_pages - 1; p >= 0; --p) free_list_.push_back(static_cast<int32_t>(p));
 }
 
+PagedKVCache PagedKVCache::latent(int64_t num_pages, int64_t page_size, int64_t kv_lora_rank, int64_t rope_dim,
+                                  KVDtype dtype) {
+  if (kv_lora_rank < 1 || rope_dim < 0)
+    fail("latent", "kv_lora_rank must be >= 1 and rope_dim >= 0, got " + std::to_string(kv_lora_rank) + " and " +
+                       std::to_string(rope_dim));
+  if (dtype == KVDtype::Q8_0 && kv_lora_rank % kQ8_0Block != 0)
+    fail("latent", "a q8_0 latent cache stores c in blocks of 32: kv_lora_rank must be a multiple of 32, got " +
+                       std::to_string(kv_lora_rank));
+  const bool two_types = dtype == KVDtype::Q8_0;
+  PagedKVCache c(num_pages, page_size, 1, two_types ? kv_lora_rank : kv_lora_rank + rope_dim, 0, dtype);
+  if (two_types) c.v_ = pool_of<bfloat16>(PageLayout::NHD, num_pages, page_size, 1, rope_dim);
+  c.head_dim_ = kv_lora_rank + rope_dim;
+  c.value_head_dim_ = kv_lora_rank;
+  c.latent_rank_ = kv_lora_rank;
+  return c;
+}
+
+void PagedKVCache::refuse_two_type_rows(const char* who) const {
+  if (latent_rank_ > 0 && dtype_ == KVDtype::Q8_0)
+    throw TypeError(std::string("PagedKVCache.") + who +
+                    ": a q8_0 latent cache's rows are two types (c in q8_0 blocks, k_pe in bfloat16), not one pool "
+                    "of rows: read them with latent_rows");
+}
+
+Tensor<float> PagedKVCache::latent_rows(int64_t seq) const {
+  const auto held = access_.read("latent_rows");
+  if (latent_rank_ == 0) fail("latent_rows", "this cache holds keys and values apart, not latent rows");
+  const Sequence& s = find(seq, "latent_rows");
+  Tensor<float> rows({s.length, head_dim_});
+  // Columns c0 .. of each row from a pool whose rows hold `cols` values.
+  const auto widen = [&](const auto& pool, int64_t c0, int64_t cols) {
+    using S = std::remove_cvref_t<decltype(*pool.data())>;
+    for (int64_t t = 0; t < s.length; ++t) {
+      const S* src = &pool.at({s.pages[static_cast<size_t>(t / page_size_)], t % page_size_, 0, 0});
+      float* dst = rows.data() + t * head_dim_ + c0;
+      detail::widen_row(src, dst, cols);
+    }
+  };
+  const int64_t k_cols = dtype_ == KVDtype::Q8_0 ? latent_rank_ : head_dim_;
+  std::visit([&](const auto& pool) { widen(pool, 0, k_cols); }, k_);
+  if (dtype_ == KVDtype::Q8_0) widen(std::get<Tensor<bfloat16>>(v_), k_cols, head_dim_ - k_cols);
+  return rows;
+}
+
 const PagedKVCache::Sequence& PagedKVCache::find(int64_t seq, const char* who) const {
   const auto it = sequences_.find(seq);
   if (it == sequences_.end())
@@ -138,7 +182,10 @@ void PagedKVCache::copy_page(int32_t from, int32_t to) {
 }
 
 int64_t PagedKVCache::bytes_per_token() const {
-  return kv_heads_ * (kv_dtype_bytes(dtype_, head_dim_) + kv_dtype_bytes(dtype_, value_head_dim_));
+  const auto bytes = [](const Pool& p) {
+    return std::visit([](const auto& t) { return t.numel() * static_cast<int64_t>(sizeof(*t.data())); }, p);
+  };
+  return (bytes(k_) + bytes(v_)) / (num_pages_ * page_size_);
 }
 
 int64_t PagedKVCache::add_sequence() {
@@ -184,11 +231,19 @@ void PagedKVCache::append(const std::vector<int64_t>& seq_ids, TensorView<const 
     find(id, who);
     if (!seen.insert(id).second) fail(who, "seq_ids must be distinct, got " + std::to_string(id) + " twice");
   }
-  if (k.rank() != 3 || v.rank() != 3 || k.dim(0) != v.dim(0) || k.dim(1) != kv_heads_ || v.dim(1) != kv_heads_ ||
-      k.dim(2) != head_dim_ || v.dim(2) != value_head_dim_)
+  if (latent_rank_ > 0) {
+    if (k.rank() != 3 || k.dim(1) != 1 || k.dim(2) != head_dim_ || !v.empty_view())
+      fail(who, "a latent cache takes rows k (nnz, 1, kv_lora_rank + rope_dim) = (nnz, 1, " +
+                    std::to_string(head_dim_) + ") and no v (its values are the rows' first " +
+                    std::to_string(latent_rank_) + " columns), got k " + shape_str(k.shape()) +
+                    (v.empty_view() ? std::string() : ", v " + shape_str(v.shape())));
+  } else if (k.rank() != 3 || v.rank() != 3 || k.dim(0) != v.dim(0) || k.dim(1) != kv_heads_ ||
+             v.dim(1) != kv_heads_ || k.dim(2) != head_dim_ || v.dim(2) != value_head_dim_) {
     fail(who, "k and v must be (nnz, kv_heads, head_dim) = (nnz, " + std::to_string(kv_heads_) + ", " +
                   std::to_string(head_dim_) + ") and (nnz, " + std::to_string(kv_heads_) + ", " +
-                  std::to_string(value_head_dim_) + "), got k " + shape_str(k.shape()) + ", v " + shape_str(v.shape()));
+                  std::to_string(value_head_dim_) + "), got k " + shape_str(k.shape()) +
+                  (v.empty_view() ? ", no v" : ", v " + shape_str(v.shape())));
+  }
   const auto n = static_cast<int64_t>(seq_ids.size());
   if (append_indptr.rank() != 1 || append_indptr.dim(0) != n + 1)
     fail(who, "append_indptr must be (len(seq_ids) + 1,) = (" + std::to_string(n + 1) + ",), got " +
@@ -216,12 +271,20 @@ void PagedKVCache::append(const std::vector<int64_t>& seq_ids, TensorView<const 
                        std::to_string(free_list_.size()) + " free (of " + std::to_string(num_pages_) +
                        "); nothing was appended");
 
+  // What each pool takes: keys and values, or a latent cache's rows (split
+  // into c and k_pe where those are two types).
+  const int64_t k_cols = latent_rank_ > 0 && dtype_ == KVDtype::Q8_0 ? latent_rank_ : head_dim_;
+  const TensorView<const float> k_part(k.data(), {k.dim(0), kv_heads_, k_cols}, k.strides());
+  const TensorView<const float> v_part =
+      latent_rank_ == 0 ? v : TensorView<const float>(k.data() + k_cols * k.stride(2),
+                                                      {k.dim(0), 1, head_dim_ - k_cols}, k.strides());
   std::visit(
-      [&](auto& k_pool) {
-        using S = std::remove_cvref_t<decltype(*k_pool.data())>;
-        auto& v_pool = std::get<Tensor<S>>(v_);
-        const Tensor<S> k_rows = staged<S>(k), v_rows = staged<S>(v);  // (may refuse a value)
-        const int64_t k_row = detail::row_elements<S>(head_dim_), v_row = detail::row_elements<S>(value_head_dim_);
+      [&](auto& k_pool, auto& v_pool) {
+        using SK = std::remove_cvref_t<decltype(*k_pool.data())>;
+        using SV = std::remove_cvref_t<decltype(*v_pool.data())>;
+        const Tensor<SK> k_rows = staged<SK>(k_part);  // (may refuse a value)
+        const Tensor<SV> v_rows = staged<SV>(v_part);
+        const int64_t k_row = k_pool.dim(3), v_row = v_pool.dim(3);
         for (int64_t i = 0; i < n; ++i) {
           Sequence& s = sequences_.at(seq_ids[static_cast<size_t>(i)]);
           if (at(i + 1) == at(i)) continue;
@@ -241,7 +304,7 @@ void PagedKVCache::append(const std::vector<int64_t>& seq_ids, TensorView<const 
           }
         }
       },
-      k_);
+      k_, v_);
 }
 
 int64_t PagedKVCache::length(int64_t seq) const {
@@ -303,7 +366,8 @@ TensorView<const float> PagedKVCache::k_pages() const {
                   kv_dtype_name(dtype_));
 }
 TensorView<const float> PagedKVCache::v_pages() const {
-  k_pages();  // (the same refusal)
+  const TensorView<const float> k = k_pages();  // (the same refusal)
+  if (latent_rank_ > 0) return TensorView<const float>(k.data(), {k.dim(0), k.dim(1), k.dim(2), latent_rank_}, k.strides());
   return std::get<Tensor<float>>(v_).view();
 }
 

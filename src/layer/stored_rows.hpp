@@ -26,4 +26,13 @@ void store_row(const float* x, S* out, int64_t cols) {
   else for (int64_t c = 0; c < cols; ++c) out[c].bits = float_to_fp16(x[c]);
 }
 
+// The inverse: one stored row of cols values widened to float32.
+template <class S>
+void widen_row(const S* x, float* out, int64_t cols) {
+  if constexpr (std::is_same_v<S, float>) for (int64_t c = 0; c < cols; ++c) out[c] = x[c];
+  else if constexpr (std::is_same_v<S, block_q8_0>) dequantize_row_q8_0(x, out, cols);
+  else if constexpr (std::is_same_v<S, bfloat16>) for (int64_t c = 0; c < cols; ++c) out[c] = bf16_to_float(x[c].bits);
+  else for (int64_t c = 0; c < cols; ++c) out[c] = fp16_to_float(x[c].bits);
+}
+
 }  // namespace attn::detail

@@ -4,6 +4,7 @@ here in float64 NumPy: nothing of attn inside the reference."""
 import json
 import math
 import os
+import pickle
 import tempfile
 
 import numpy as np
@@ -234,3 +235,88 @@ def test_state_dict_keys_safetensors_and_bad_input():
         attn.MultiHeadLatentAttention(64, 4, q_lora_rank=None, kv_lora_rank=64, qk_nope_head_dim=16,
                                       qk_rope_head_dim=7, v_head_dim=12)
     json.dumps(m.rope_scaling)
+
+
+# ---------------------------------------------------------------------------
+# Serving over a paged latent cache: many sequences' tokens in one call per
+# step, each sequence against the formula over its own tokens.
+
+def serve(m, cache, steps, xs):
+    """Runs the steps (each {sequence: its new token count}) as packed calls;
+    each sequence's outputs concatenated."""
+    outs, done = {s: [] for s in xs}, {s: 0 for s in xs}
+    for step in steps:
+        ids = list(step)
+        x = np.concatenate([xs[s][done[s]:done[s] + step[s]] for s in ids]).astype(np.float32)
+        cu = np.concatenate([[0], np.cumsum([step[s] for s in ids])])
+        y = m(x, cache=cache, seq_ids=ids, cu_seqlens=cu)
+        for i, s in enumerate(ids):
+            outs[s].append(y[cu[i]:cu[i + 1]])
+            done[s] += step[s]
+    return {s: np.concatenate(o) for s, o in outs.items()}
+
+
+@pytest.mark.parametrize("dtype,bound", [("f32", 2e-6), ("bf16", 1e-2), ("f16", 1.5e-3), ("q8_0", 2e-2)])
+@pytest.mark.parametrize("name", ["q_lora", "yarn_bias"])
+def test_serving_over_a_paged_latent_cache_is_each_sequence_alone(name, dtype, bound):
+    rng = np.random.default_rng(5)
+    m, sd, cfg = layer(rng, **CONFIGS[name])
+    cache = m.new_paged_cache(64, 4, dtype)
+    assert (cache.latent_rank, cache.head_dim, cache.value_head_dim, cache.kv_heads) == (64, 72, 64, 1)
+    a, b, c = (cache.add_sequence() for _ in range(3))
+    xs = {a: rng.standard_normal((9, 64)), b: rng.standard_normal((7, 64)), c: rng.standard_normal((5, 64))}
+    # Prompts, then decodes mixed with a later prompt and a chunk: one call per step.
+    steps = [{a: 5, b: 3}, {a: 1, c: 4, b: 1}, {b: 3, a: 1}, {a: 1, c: 1}, {a: 1}]
+    got = serve(m, cache, steps, xs)
+    for s, x in xs.items():
+        assert cache.length(s) == len(x)
+        assert rel_err(got[s], reference(sd, cfg, x[None], np.arange(float(len(x))))[0]) < bound, s
+    # A fork shares the prefix's pages and goes its own way.
+    d = cache.fork(a)
+    more = {a: rng.standard_normal((2, 64)), d: rng.standard_normal((2, 64))}
+    later = serve(m, cache, [{a: 1, d: 1}, {d: 1, a: 1}], more)
+    for s in (a, d):
+        whole = np.concatenate([xs[a], more[s]])
+        want = reference(sd, cfg, whole[None], np.arange(float(len(whole))))[0]
+        assert rel_err(later[s], want[len(xs[a]):]) < bound, s
+    # The rows as stored, read back, are the model's normalised, rotated latents.
+    rows = cache.latent_rows(c)
+    assert rows.shape == (5, 72) and rows.dtype == np.float32
+
+
+def test_a_paged_latent_cache_reads_values_in_place_and_counts_its_bytes():
+    m = attn.MultiHeadLatentAttention(128, 2, q_lora_rank=None, kv_lora_rank=512, qk_nope_head_dim=128,
+                                      qk_rope_head_dim=64, v_head_dim=128)
+    for dtype, per_token in (("f32", 2304), ("bf16", 1152), ("f16", 1152), ("q8_0", 672)):
+        cache = m.new_paged_cache(8, 16, dtype)
+        s = cache.add_sequence()
+        m(np.zeros((20, 128), np.float32), cache=cache, seq_ids=[s], cu_seqlens=[0, 20])
+        assert cache.pages_in_use() == 2 and cache.nbytes == 2 * 16 * per_token, dtype
+        restored = pickle.loads(pickle.dumps(cache))
+        assert restored.latent_rank == 512 and restored.dtype == dtype
+        np.testing.assert_array_equal(restored.latent_rows(s), cache.latent_rows(s))
+    k, v = m.new_paged_cache(4, 2).pages()
+    assert v.shape == (4, 2, 1, 512) and k.shape == (4, 2, 1, 576) and np.shares_memory(k, v)
+    q8 = m.new_paged_cache(4, 2, "q8_0")
+    with pytest.raises(TypeError, match="two types"):
+        attn.batch_attention(np.zeros((1, 2, 576), np.float32), [0, 1], q8, [q8.add_sequence()])
+
+
+def test_serving_refuses_a_cache_of_other_rows_and_unknown_ids():
+    rng = np.random.default_rng(6)
+    m, sd, cfg = layer(rng)
+    x = rng.standard_normal((3, 64)).astype(np.float32)
+    plain = attn.PagedKVCache(8, 4, 1, 72)
+    with pytest.raises(ValueError, match="needs a PagedKVCache.latent of this layer's rows, 64 \\+ 8, got a cache of"):
+        m(x, cache=plain, seq_ids=[plain.add_sequence()], cu_seqlens=[0, 3])
+    cache = m.new_paged_cache(8, 4)
+    s = cache.add_sequence()
+    with pytest.raises(KeyError):
+        m(x, cache=cache, seq_ids=[s, s + 7], cu_seqlens=[0, 1, 3])
+    with pytest.raises(ValueError, match="cu_seqlens must rise from 0 to x's length 3"):
+        m(x, cache=cache, seq_ids=[s], cu_seqlens=[0, 2])
+    assert cache.length(s) == 0 and cache.pages_in_use() == 0  # nothing appended
+    with pytest.raises(TypeError, match="needs seq_ids and cu_seqlens"):
+        m(x, cache=cache)
+    with pytest.raises(ValueError, match="takes rows k \\(nnz, 1, kv_lora_rank \\+ rope_dim\\)"):
+        cache.append([s], np.zeros((1, 1, 72)), np.zeros((1, 1, 64)), [0, 1])
