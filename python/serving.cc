@@ -241,11 +241,17 @@ py::object py_batch_attention(const py::object& q, const py::object& qo_indptr_o
     for (const auto* given : {&kv_indptr, &kv_indices, &kv_last_page_len})
       if (!given->is_none()) throw TypeError("batch_attention over a PagedKVCache takes its page table from the cache: pass no kv_indptr, kv_indices or kv_last_page_len");
     const auto& cache = kv.cast<const PagedKVCache&>();
-    const PageTable t = cache.page_table(ids_arg(seq_ids, "seq_ids"));
-    const BatchAttentionPlan plan(view1(qo_indptr), t.kv_indptr.view(), t.kv_indices.view(), t.kv_last_page_len.view(),
-                                  qa.shape(1), cache.kv_heads(), cache.head_dim(), cache.page_size(), opt.options,
-                                  cache.value_head_dim(), cache.layout());
-    return run_plan(plan, q, return_lse, [&](auto qv, auto ov, auto lv) { cache.run(plan, qv, ov, lv); });
+    const std::vector<int64_t> ids = ids_arg(seq_ids, "seq_ids");
+    auto q32 = as<float>(qa);
+    const auto qv = view_of<const float>(q32);
+    BatchAttentionResult r;
+    {
+      py::gil_scoped_release nogil;
+      r = batch_attention(qv, view1(qo_indptr), cache, ids, opt.options, return_lse);
+    }
+    py::array out = to_numpy(std::move(r.out));
+    if (!return_lse) return out;
+    return py::make_tuple(out, to_numpy(std::move(r.lse)));
   }
   if (!seq_ids.is_none()) throw TypeError("seq_ids goes with a PagedKVCache; pages (k_pages, v_pages) take kv_indptr, kv_indices and kv_last_page_len");
   for (const auto& [given, name] : {std::pair{&kv_indptr, "kv_indptr"}, {&kv_indices, "kv_indices"}, {&kv_last_page_len, "kv_last_page_len"}})

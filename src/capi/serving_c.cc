@@ -232,16 +232,18 @@ int attn_batch_attention(const attn_tensor* q, const int32_t* qo_indptr, int64_t
     const TensorView<const float> qv = f32_in(q, fn, "q");
     if (qv.rank() != 3) fail(fn, "q", "must be (nnz_q, num_qo_heads, head_dim), got " + attn::shape_str(qv.shape()));
     const attn::PagedKVCache& c = cache->cache;
-    const attn::PageTable t = c.page_table(std::vector<int64_t>(seq_ids, seq_ids + batch));
-    const attn::BatchAttentionPlan plan(ints(qo_indptr, batch + 1, fn, "qo_indptr"), t.kv_indptr.view(),
-                                        t.kv_indices.view(), t.kv_last_page_len.view(), qv.dim(1), c.kv_heads(),
-                                        c.head_dim(), c.page_size(), batch_options(options, custom_mask, fn),
-                                        c.value_head_dim(), c.layout());
-    c.run(plan, qv, f32_out(out, fn, "out"), f32_out(lse, fn, "lse"));
+    const auto q_indptr = ints(qo_indptr, batch + 1, fn, "qo_indptr");
+    const attn::BatchAttentionOptions o = batch_options(options, custom_mask, fn);
+    // The page table and the pools under one read: no writer between them.
+    c.read_pools(fn, [&](auto k, auto v) {
+      const attn::PageTable t = c.page_table(std::vector<int64_t>(seq_ids, seq_ids + batch));
+      const attn::BatchAttentionPlan plan(q_indptr, t.kv_indptr.view(), t.kv_indices.view(),
+                                          t.kv_last_page_len.view(), qv.dim(1), c.kv_heads(), c.head_dim(),
+                                          c.page_size(), o, c.value_head_dim(), c.layout());
+      plan.run(qv, k, v, f32_out(out, fn, "out"), f32_out(lse, fn, "lse"));
+    });
   });
 }
-
-}  // extern "C"
 
 int attn_mla_paged_cache_new(const attn_mla* layer, int64_t num_pages, int64_t page_size, attn_dtype dtype,
                              attn_paged_cache** cache) {
@@ -276,3 +278,5 @@ int attn_mla_forward_paged(attn_mla* layer, const attn_tensor* x, attn_paged_cac
         layer->layer.forward(input, cache->cache, ids, TensorView<const int64_t>(cu_seqlens, {num_seqs + 1})).view(), o);
   });
 }
+
+}  // extern "C"

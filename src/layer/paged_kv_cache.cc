@@ -381,21 +381,26 @@ BatchAttentionResult batch_attention(TensorView<const float> q, TensorView<const
                                      const BatchAttentionOptions& options, bool return_lse) {
   if (q.rank() != 3)
     throw ValueError("batch_attention: q must be (nnz_q, num_qo_heads, head_dim), got shape " + shape_str(q.shape()));
-  const PageTable t = cache.page_table(seq_ids);
-  const BatchAttentionPlan plan(qo_indptr, t.kv_indptr.view(), t.kv_indices.view(), t.kv_last_page_len.view(),
-                                q.dim(1), cache.kv_heads(), cache.head_dim(), cache.page_size(), options,
-                                cache.value_head_dim(), cache.layout());
-  BatchAttentionResult r{Tensor<float>(plan.output_shape()), return_lse ? Tensor<float>(plan.lse_shape()) : Tensor<float>()};
-  cache.run(plan, q, r.out.view(), return_lse ? r.lse.view() : TensorView<float>());
-  return r;
+  // The page table and the pools under one read: no writer between them.
+  return cache.read_pools("batch_attention", [&](auto k, auto v) {
+    const PageTable t = cache.page_table(seq_ids);
+    const BatchAttentionPlan plan(qo_indptr, t.kv_indptr.view(), t.kv_indices.view(), t.kv_last_page_len.view(),
+                                  q.dim(1), cache.kv_heads(), cache.head_dim(), cache.page_size(), options,
+                                  cache.value_head_dim(), cache.layout());
+    BatchAttentionResult r{Tensor<float>(plan.output_shape()),
+                           return_lse ? Tensor<float>(plan.lse_shape()) : Tensor<float>()};
+    plan.run(q, k, v, r.out.view(), return_lse ? r.lse.view() : TensorView<float>());
+    return r;
+  });
 }
 
 SparseAttentionResult<float> sparse_attention(TensorView<const float> q, TensorView<const int32_t> qo_indptr,
                                               const PagedKVCache& cache, const std::vector<int64_t>& seq_ids,
                                               TensorView<const int32_t> indices,
                                               const SparseAttentionOptions& options) {
+  // The page table and the pools under one read: no writer between them.
   return cache.read_pools("sparse_attention", [&](auto k, auto v) {
-    const PageTable t = cache.page_table(seq_ids);  // (a reader still: no writer between the table and the pools)
+    const PageTable t = cache.page_table(seq_ids);
     return sparse_attention(q, qo_indptr, k, v, t.kv_indptr.view(), t.kv_indices.view(), t.kv_last_page_len.view(),
                             indices, options, cache.layout());
   });
