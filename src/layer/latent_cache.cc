@@ -113,9 +113,8 @@ Tensor<float> LatentCache::dequantized(int64_t b) const {
   if (length_ == 0) return rows;
   const int64_t cap = c_q8_.dim(1), nb = r / kQ8_0Block;
   for (int64_t t = 0; t < length_; ++t) {
-    dequantize_row_q8_0(c_q8_.data() + (b * cap + t) * nb, rows.data() + t * row, r);
-    const bfloat16* k = kpe_bf16_.data() + (b * cap + t) * p;
-    for (int64_t i = 0; i < p; ++i) rows[t * row + r + i] = bf16_to_float(k[i].bits);
+    detail::widen_row(c_q8_.data() + (b * cap + t) * nb, rows.data() + t * row, r);
+    detail::widen_row(kpe_bf16_.data() + (b * cap + t) * p, rows.data() + t * row + r, p);
   }
   return rows;
 }

@@ -7,6 +7,7 @@
 #include "attn/batch_attention.hpp"
 #include "attn/paged_kv_cache.hpp"
 #include "layer/mha_internal.hpp"
+#include "layer/packed_sequences.hpp"
 
 namespace attn {
 using namespace detail::mha;
@@ -30,19 +31,7 @@ Tensor<T> MultiHeadAttention<T>::forward(TensorView<const T> x, PagedKVCache& ca
            " (values " + std::to_string(cache.value_head_dim()) + "), this layer " + std::to_string(Hkv) +
            " heads of " + std::to_string(dh));
     const auto n = static_cast<int64_t>(seq_ids.size());
-    if (cu_seqlens.rank() != 1 || cu_seqlens.dim(0) != n + 1)
-      fail("cu_seqlens must be (len(seq_ids) + 1,) = (" + std::to_string(n + 1) + ",), got " +
-           shape_str(cu_seqlens.shape()));
-    std::vector<int32_t> qo_indptr;
-    for (int64_t i = 0; i <= n; ++i) {
-      const int64_t at = cu_seqlens.at({i});
-      if ((i == 0 && at != 0) || (i > 0 && at < qo_indptr.back()) || at > total)
-        fail("cu_seqlens must rise from 0 to x's length " + std::to_string(total) + ", got " + std::to_string(at) +
-             " at " + std::to_string(i));
-      qo_indptr.push_back(static_cast<int32_t>(at));
-    }
-    if (qo_indptr.back() != total)
-      fail("cu_seqlens must end at x's length " + std::to_string(total) + ", got " + std::to_string(qo_indptr.back()));
+    const std::vector<int32_t> qo_indptr = detail::qo_indptr_of("MultiHeadAttention", cu_seqlens, n, total);
     if (attention.causal != Causal::None && attention.causal != Causal::BottomRight)
       fail("over a PagedKVCache each sequence's tokens are its last: causal is bottom-right (True) or none, got " +
            causal_name(attention.causal));

@@ -11,6 +11,7 @@
 #include "attn/linear.hpp"
 #include "attn/paged_kv_cache.hpp"
 #include "layer/mla_internal.hpp"
+#include "layer/packed_sequences.hpp"
 
 namespace attn {
 using detail::mla::fail;
@@ -30,17 +31,7 @@ Tensor<float> MultiHeadLatentAttention::forward(TensorView<const float> x, Paged
                                    : ", got " + std::to_string(cache.latent_rank()) + " + " +
                                          std::to_string(cache.head_dim() - cache.latent_rank())));
   const int64_t total = x.dim(0), n = static_cast<int64_t>(seq_ids.size());
-  if (cu_seqlens.rank() != 1 || cu_seqlens.dim(0) != n + 1)
-    fail("cu_seqlens must be (len(seq_ids) + 1,) = (" + std::to_string(n + 1) + ",), got " +
-         shape_str(cu_seqlens.shape()));
-  std::vector<int32_t> qo_indptr;
-  for (int64_t i = 0; i <= n; ++i) {
-    const int64_t at = cu_seqlens.at({i});
-    if ((i == 0 && at != 0) || (i > 0 && at < qo_indptr.back()) || at > total || (i == n && at != total))
-      fail("cu_seqlens must rise from 0 to x's length " + std::to_string(total) + ", got " + std::to_string(at) +
-           " at " + std::to_string(i));
-    qo_indptr.push_back(static_cast<int32_t>(at));
-  }
+  const std::vector<int32_t> qo_indptr = detail::qo_indptr_of("MultiHeadLatentAttention", cu_seqlens, n, total);
   // Each token at its sequence's next position (KeyError for an unknown id, before anything changes).
   Tensor<int64_t> positions({total});
   for (int64_t i = 0; i < n; ++i) {
