@@ -108,6 +108,23 @@ double measure_bf16_peak_gflops(int threads) { return unit_gflops(threads, Preci
 
 double measure_int8_peak_gops(int threads) { return unit_gflops(threads, Precision::Int8); }
 
+// Vector operations of the online softmax per vector of scores that take an
+// FMA port (kernels/exp2-inl.h, attention-inl.h's AddExponentials): the
+// exponential's polynomial FMAs (6 in float32, 3 and the square of its
+// argument at bf16 precision's accuracy) and its scaling multiply, the
+// compare and select that flush underflow, and the running sum's add. (Its
+// max, shift and loads go elsewhere; on a CPU whose adds share the FMA
+// ports they would count too, which this leaves out.)
+constexpr int kSoftmaxFmaOps = 10, kSoftmaxFmaOpsBF16 = 8;
+
+double prefill_ceiling_gflops(int64_t head_dim, Precision precision, double fma_peak, double qk_peak, double pv_peak) {
+  const double d = static_cast<double>(head_dim);
+  const int softmax = precision == Precision::Float32 ? kSoftmaxFmaOps : kSoftmaxFmaOpsBF16;
+  // Seconds per pair, in units of 1e-9 s: each term's FLOPs over its unit's GFLOP/s.
+  const double time = 2 * d / qk_peak + 2 * d / pv_peak + 2.0 * softmax / fma_peak;
+  return 4 * d / time;
+}
+
 // 512 MiB, touched; one spare cache line so that reads can start aligned.
 ReadBandwidth::ReadBandwidth() : buffer_((size_t{128} << 20) + 16, 1.0f) {}
 

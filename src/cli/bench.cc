@@ -198,13 +198,15 @@ Measurement bench_attention(const BenchArgs& a, int threads) {
   const bool causal = opt.causal != Causal::None;
   // bf16, int8: the CPU's unit's peak in the same turns as the FMA's (not
   // the first call's: run_in_turns' warm-up, whose FMA peak it drops too).
+  // (int8 measures the bf16 unit too: its P·V runs there.)
   const bool bf16 = opt.precision == Precision::BF16, int8 = opt.precision == Precision::Int8;
-  std::vector<double> unit_peaks;
+  std::vector<double> bf16_peaks, int8_peaks;
   bool warm = false;
   const auto timing = attend.time(out, opt, a.baselines, [&] {
     if (bf16 || int8) {
-      const double peak = bf16 ? measure_bf16_peak_gflops(threads) : measure_int8_peak_gops(threads);
-      if (warm) unit_peaks.push_back(peak);
+      const double bf16_peak = measure_bf16_peak_gflops(threads);
+      const double int8_peak = int8 ? measure_int8_peak_gops(threads) : 0;
+      if (warm) bf16_peaks.push_back(bf16_peak), int8_peaks.push_back(int8_peak);
     }
     warm = true;
     return measure_fma_peak_gflops(threads);
@@ -214,22 +216,35 @@ Measurement bench_attention(const BenchArgs& a, int threads) {
   const double gflops = per_pair * double(a.n) * double(n_k) / ms * 1e-6;
   const double gflops_unmasked = per_pair * allowed_pairs(a.n, n_k, opt.causal) / ms * 1e-6;
   const double ratio = (causal ? gflops_unmasked : gflops) / peak;
+  // The path's ceiling from the peaks of the units its products run on
+  // (the FMAs where precision_unit says "highway").
+  const double bf16_peak = bf16 || int8 ? median(bf16_peaks) : 0, int8_peak = int8 ? median(int8_peaks) : 0;
+  const bool bf16_used = (bf16 || int8) && precision_unit(Precision::BF16) != "highway" && bf16_peak > 0;
+  const bool int8_used = int8 && precision_unit(Precision::Int8) != "highway" && int8_peak > 0;
+  const double pv_peak = bf16_used ? bf16_peak : peak;
+  const double ceiling =
+      prefill_ceiling_gflops(a.head_dim, opt.precision, peak, int8_used ? int8_peak : pv_peak, pv_peak);
+  const double ratio_to_ceiling = (causal ? gflops_unmasked : gflops) / ceiling;
   Measurement m{{{"kind", "attention"}, {"n", a.n}, {"kv_len", n_k}, {"heads", a.heads},
                  {"kv_heads", hkv}, {"head_dim", a.head_dim}, {"batch", a.batch}, {"causal", causal},
                  {"kv_dtype", a.kv_dtype}, {"alibi", a.alibi}, {"sinks", a.sinks}, {"threads", threads},
                  {"precision", a.precision}, {"unit", precision_unit(opt.precision)},
                  {"median_ms", rounded(ms, 4)}, {"gflops", rounded(gflops, 2)}, {"gflops_unmasked", rounded(gflops_unmasked, 2)},
-                 {"peak_gflops", rounded(peak, 2)}, {"ratio_to_peak", rounded(ratio, 4)}},
+                 {"peak_gflops", rounded(peak, 2)}, {"ratio_to_peak", rounded(ratio, 4)},
+                 {"ceiling", rounded(ceiling, 2)}, {"ratio_to_ceiling", rounded(ratio_to_ceiling, 4)}},
                 "", ms, causal ? gflops_unmasked : gflops, ratio};
-  // (0: the CPU has no unit; one it has is measured whether used or not)
-  const double unit_peak = bf16 || int8 ? median(unit_peaks) : 0;
-  if (bf16 || int8)
-    m.json[bf16 ? "bf16_peak_gflops" : "int8_peak_gops"] =
-        unit_peak > 0 ? nlohmann::ordered_json(rounded(unit_peak, 2)) : nullptr;
+  // (null: the CPU has no unit; one it has is measured whether used or not)
+  const auto peak_json = [](double x) { return x > 0 ? nlohmann::ordered_json(rounded(x, 2)) : nullptr; };
+  if (bf16 || int8) m.json["bf16_peak_gflops"] = peak_json(bf16_peak);
+  if (int8) m.json["int8_peak_gops"] = peak_json(int8_peak), m.json["pv_unit"] = precision_unit(Precision::BF16);
+  const double unit_peak = bf16 ? bf16_peak : int8_peak;
   m.json.update(timing.json);
   m.text = shape_text("attention", a, n_k, hkv, causal, threads, ms, gflops, "4·n·kv_len·d·H", gflops_unmasked);
   char buf[400];
-  std::snprintf(buf, sizeof buf, ", FMA peak %.1f GFLOP/s -> %.1f%% of peak\n", peak, 100 * ratio);
+  std::snprintf(buf, sizeof buf,
+                ", FMA peak %.1f GFLOP/s -> %.1f%% of peak\n  this path's ceiling %.1f GFLOP/s (computed: "
+                "docs/performance.md) -> %.1f%% of it\n",
+                peak, 100 * ratio, ceiling, 100 * ratio_to_ceiling);
   m.text += buf;
   if (opt.precision != Precision::Float32) {
     std::snprintf(buf, sizeof buf, "  precision %s on %s", a.precision.c_str(), precision_unit(opt.precision).c_str());
@@ -267,7 +282,8 @@ Measurement bench_decode(const BenchArgs& a, int threads) {
                  {"head_dim", a.head_dim}, {"batch", a.batch}, {"queries", a.queries},
                  {"kv_dtype", a.kv_dtype}, {"alibi", a.alibi}, {"threads", threads}, {"median_ms", rounded(ms, 4)},
                  {"gbps", rounded(gbps, 2)}, {"peak_gbps", rounded(peak, 2)},
-                 {"ratio_to_peak", rounded(gbps / peak, 4)}},
+                 {"ratio_to_peak", rounded(gbps / peak, 4)}, {"ceiling", rounded(peak, 2)},
+                 {"ratio_to_ceiling", rounded(gbps / peak, 4)}},
                 "", ms, gbps, gbps / peak};
   m.json.update(timing.json);
   char buf[400];

@@ -678,6 +678,14 @@ def test_bench_reports_consistent_numbers():
     def time_ratio(a_ms, b_ms):  # a / b as printed (4 decimals), from times printed to 4 decimals
         return pytest.approx(a_ms / b_ms, rel=5e-5 / a_ms + 5e-5 / b_ms + 1e-6, abs=5e-5)
 
+    def check_ceiling(r, d, qk, pv, softmax_ops):
+        """docs/performance.md's ceiling: 4d FLOPs per pair over Q·Kᵀ's and P·V's 2d on their
+        units and the softmax's operations on the FMA ports, 2 FLOPs' time each."""
+        ceiling = 4 * d / (2 * d / qk + 2 * d / pv + 2 * softmax_ops / r["peak_gflops"])
+        assert r["ceiling"] == pytest.approx(ceiling, rel=2e-3)
+        rate = r["gflops_unmasked"] if r["causal"] else r["gflops"]
+        assert r["ratio_to_ceiling"] == pytest.approx(rate / r["ceiling"], rel=2e-3, abs=1e-4)
+
     n, heads, d = 160, 2, 32
     r = json.loads(ok("bench", "attention", "--n", n, "--heads", heads, "--head-dim", d,
                       "--kv-dtype", "bf16", "--threads", 1, "--json").stdout)
@@ -685,6 +693,7 @@ def test_bench_reports_consistent_numbers():
     flop = 4 * n * n * d * heads
     assert r["gflops"] == pytest.approx(flop / r["median_ms"] * 1e-6, rel=rate_tol(r["median_ms"], r["gflops"]))
     assert r["ratio_to_peak"] == pytest.approx(r["gflops"] / r["peak_gflops"], rel=2e-3, abs=1e-4)
+    check_ceiling(r, d, r["peak_gflops"], r["peak_gflops"], 10)
     assert r["speedup_vs_f32"] == time_ratio(r["f32_median_ms"], r["median_ms"])
     assert 0.2 < r["speedup_vs_f32"] < 5  # the float32 time of the same kernel, not the ceiling's
     assert 1e-4 < r["error_vs_f64"] < 1e-2  # bf16's rounding, against the float64 reference
@@ -694,6 +703,7 @@ def test_bench_reports_consistent_numbers():
     assert r["gflops_unmasked"] == pytest.approx(4 * pairs * d * heads / r["median_ms"] * 1e-6,
                                                  rel=rate_tol(r["median_ms"], r["gflops_unmasked"]))
     assert r["ratio_to_peak"] == pytest.approx(r["gflops_unmasked"] / r["peak_gflops"], rel=2e-3, abs=1e-4)
+    check_ceiling(r, d, r["peak_gflops"], r["peak_gflops"], 10)
     assert r["time_vs_noncausal"] == time_ratio(r["median_ms"], r["noncausal_median_ms"])
     assert 0.1 < r["time_vs_noncausal"] < 2  # the non-causal kernel of the same turns
     assert "speedup_vs_f32" not in r
@@ -712,6 +722,8 @@ def test_bench_reports_consistent_numbers():
     assert r["bf16_peak_gflops"] is None or r["bf16_peak_gflops"] > 0
     assert r["unit"] == "highway" or r["bf16_peak_gflops"] is not None
     assert "int8_peak_gops" not in r
+    on_unit = r["bf16_peak_gflops"] if r["unit"] != "highway" else r["peak_gflops"]
+    check_ceiling(r, d, on_unit, on_unit, 8)
     # int8 precision: on x86's VNNI or Arm's SDOT where the CPU has it, its
     # error the quantization's.
     r = json.loads(ok("bench", "attention", "--n", n, "--heads", heads, "--head-dim", d, "--precision", "int8",
@@ -719,11 +731,12 @@ def test_bench_reports_consistent_numbers():
     assert r["precision"] == "int8" and r["unit"] in {"highway", "avx512_vnni", "neon_dotprod"}
     assert 1e-3 < r["error_vs_f64"] < 2e-2
     assert r["time_vs_f32_precision"] == time_ratio(r["median_ms"], r["f32_precision_median_ms"])
-    assert "bf16_peak_gflops" not in r
     # Its unit's own peak where the CPU has one (a byte product and its sum
-    # counting 2), used or not.
+    # counting 2), used or not; and the bf16 unit's, where its P·V runs.
     assert r["int8_peak_gops"] is None or r["int8_peak_gops"] > 0
     assert r["unit"] == "highway" or r["int8_peak_gops"] is not None
+    pv = r["bf16_peak_gflops"] if r["pv_unit"] != "highway" else r["peak_gflops"]
+    check_ceiling(r, d, r["int8_peak_gops"] if r["unit"] != "highway" else r["peak_gflops"], pv, 8)
     # A chunk of queries against a longer cache, aligned bottom-right: query i
     # sees keys 0 .. i + (kv_len - n).
     n_q, n_k = 64, 200
@@ -741,6 +754,7 @@ def test_bench_reports_consistent_numbers():
     assert r["gbps"] == pytest.approx(2 * heads * L * d * 4 / r["median_ms"] * 1e-6,
                                       rel=rate_tol(r["median_ms"], r["gbps"]))
     assert r["ratio_to_peak"] == pytest.approx(r["gbps"] / r["peak_gbps"], rel=2e-3, abs=1e-4)
+    assert r["ceiling"] == r["peak_gbps"] and r["ratio_to_ceiling"] == r["ratio_to_peak"]  # the read bandwidth
     # q8_0 K/V: the bytes counted are q8_0's (34 per 32 values), the error is
     # q8_0's rounding; a head dim that is not whole blocks is an error naming it.
     r = json.loads(ok("bench", "decode", "--kv-len", L, "--heads", heads, "--head-dim", d,

@@ -4,7 +4,10 @@
 // same machine (other processes share it, and its speed moves).
 #pragma once
 
+#include <cstdint>
 #include <vector>
+
+#include "attn/attention.hpp"
 
 namespace attn {
 
@@ -22,6 +25,16 @@ double measure_bf16_peak_gflops(int threads);
 // "avx512_vnni": a loop of VPDPBUSD, "neon_dotprod": of SDOT; a byte
 // product and its sum counting 2), in GOP/s, or 0 where the CPU has none.
 double measure_int8_peak_gops(int threads);
+
+// A prefill's ceiling, computed: the rate of its useful work (4·d FLOPs per
+// query-key pair, d the head dim) were it to do only this per pair: Q·Kᵀ's
+// and P·V's 2·d FLOPs each at the peaks of the units they run on (GFLOP/s;
+// all three the FMA peak for float32), and the online softmax's vector
+// operations on the FMA ports (kSoftmaxFmaOps), each taking an FMA's slot,
+// 2 FLOPs' time per score. Packing, pairing P and rescales are not counted:
+// the ratio of a measured rate to this ceiling can only be understated.
+// docs/performance.md shows the arithmetic.
+double prefill_ceiling_gflops(int64_t head_dim, Precision precision, double fma_peak, double qk_peak, double pv_peak);
 
 // Memory read bandwidth: `threads` threads streaming a buffer far larger than
 // the caches (512 MiB, allocated and touched once, on construction).
