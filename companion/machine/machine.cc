@@ -28,8 +28,8 @@ namespace hn = hwy::HWY_NAMESPACE;
 // sum in `sink`. One stream per thread leaves DRAM bandwidth unused on Zen 5
 // (measured 30 GB/s with 2 threads against 57 with 6 streams each; 8 streams
 // alias in the caches). Software prefetch on top adds nothing: each stream
-// fetching 256 B or 1 KiB ahead read 50.1-51.4 GB/s, against 50.7-51.1
-// without (2 threads, Zen 5).
+// fetching 256 B, 1 KiB or 4 KiB ahead read 49.9-50.7, 51.2-51.3 and
+// 50.9-51.0 GB/s, against 50.8-50.9 without (2 threads, Zen 5).
 size_t ReadSum(const float* p, size_t n, float* sink) {
   constexpr size_t kStreams = 6;
   const hn::ScalableTag<float> d;
