@@ -110,8 +110,9 @@ class PagedKVCache {
   void remove(int64_t seq);
   // Appends to each seq_ids[i] the tokens append_indptr[i] .. append_indptr[i
   // + 1] of k (nnz, kv_heads, head_dim) and v (nnz, kv_heads,
-  // value_head_dim), any strides; distinct ids. RuntimeError naming the
-  // pages needed and free when the pool is short.
+  // value_head_dim), any strides; distinct ids (a latent cache: its rows as
+  // k (nnz, 1, head_dim), v an empty view). RuntimeError naming the pages
+  // needed and free when the pool is short.
   void append(const std::vector<int64_t>& seq_ids, TensorView<const float> k, TensorView<const float> v,
               TensorView<const int64_t> append_indptr);
   // A new sequence holding seq's tokens, sharing its pages.
@@ -138,6 +139,7 @@ class PagedKVCache {
   // The float32 pools, (num_pages, page_size, kv_heads, D) for NHD or
   // (num_pages, kv_heads, page_size, D) for HND; TypeError naming the dtype
   // for other storage. Valid while the cache lives; a writer changes them.
+  // A latent cache's v_pages is the first kv_lora_rank columns of k_pages.
   TensorView<const float> k_pages() const;
   TensorView<const float> v_pages() const;
 
