@@ -15,6 +15,7 @@
 #include "attn/paged_kv_cache.hpp"
 #include "attn/quantize.hpp"
 #include "attn/sparse_attention.hpp"
+#include "attn/threads.hpp"
 #include "helpers.hpp"
 
 namespace attn {
@@ -226,6 +227,30 @@ TEST(SparseAttention, OverAPagedCacheIsEachSequenceAlone) {
         for (int64_t e = 0; e < lse_r.numel(); ++e) EXPECT_EQ(lse_r[e], want.lse[e]) << kv_dtype_name(dtype);
       }
     }
+}
+
+// A call of fewer rows than threads slices each row's GQA group into work
+// items (kernels/config.hpp's kSparseHeadsPerItem): one row of 130 heads
+// over one KV head, bitwise the same on 1 thread (whole groups) as on 2
+// (slices), and within float rounding of the float64 reference.
+TEST(SparseAttention, SlicedHeadsAreBitwiseTheWholeGroups) {
+  if (max_num_threads() < 2) GTEST_SKIP() << "needs 2 threads";
+  std::mt19937 rng(31);
+  const auto q = random_tensor({130, 1, 48}, rng), k = random_tensor({1, 300, 48}, rng),
+             v = random_tensor({1, 300, 40}, rng);
+  const SparseCase c{{}, 130, 1, 1, 300, 48, 40, 70, true};
+  const Tensor<int32_t> idx = random_indices(c, rng);
+  const auto qf = cast<float>(q), kf = cast<float>(k), vf = cast<float>(v);
+  const int before = num_threads();
+  set_num_threads(1);
+  const auto whole = sparse_attention<float>(qf.view(), kf.view(), vf.view(), idx.view());
+  set_num_threads(2);
+  const auto sliced = sparse_attention<float>(qf.view(), kf.view(), vf.view(), idx.view());
+  set_num_threads(before);
+  EXPECT_EQ(max_abs_diff(whole.out, sliced.out), 0.0);
+  EXPECT_EQ(max_abs_diff(whole.lse, sliced.lse), 0.0);
+  const auto want = sparse_attention<double>(q.view(), k.view(), v.view(), idx.view());
+  EXPECT_LT(max_abs_diff(cast<double>(sliced.out), want.out), 2e-6);
 }
 
 }  // namespace

@@ -37,6 +37,9 @@
 #ifndef ATTN_DECODE_CHUNK
 #define ATTN_DECODE_CHUNK 512
 #endif
+#ifndef ATTN_SPARSE_HEADS_PER_ITEM
+#define ATTN_SPARSE_HEADS_PER_ITEM 64
+#endif
 #ifndef ATTN_DECODE_PREFETCH_ROWS
 #define ATTN_DECODE_PREFETCH_ROWS 16
 #endif
@@ -119,6 +122,16 @@ constexpr int64_t kDecodeMaxQueries = ATTN_DECODE_MAX_QUERIES;
 // bf16 within noise of each other at 0 and 16.
 constexpr int64_t kDecodePrefetchRows = ATTN_DECODE_PREFETCH_ROWS;
 
+// Top-k sparse attention: where a call has fewer query rows than threads,
+// each row's GQA group is sliced into work items of this many query heads
+// (MLA's absorbed MQA has 128), each gathering the row's keys again. 128
+// heads, one row, topk 2048 of 65536 keys (attn bench sparse --queries 1),
+// AMD EPYC (Zen 5), 2 threads, ms: unsliced 2.83-2.85, slices of 16
+// 2.46-2.50, 32 1.86-1.89, 64 1.56-1.57. With 16 rows, slices of 64 took
+// 30.8-32.2 against 26.7-29.7 unsliced: rows alone then keep every thread
+// busy, so only calls of too few rows are sliced.
+constexpr int64_t kSparseHeadsPerItem = ATTN_SPARSE_HEADS_PER_ITEM;
+
 // Decode: the query rows per kv head (GQA group × queries) from which an
 // item computes its scores by tiles (K transposed into a panel, the
 // prefill's micro-kernel) rather than key by key with a horizontal sum per
@@ -161,7 +174,7 @@ inline constexpr double kBF16UnitMinSpeedup = 1.25;
 constexpr int kMinSums = 12;
 
 static_assert(kBlockQ > 0 && kBlockK > 0 && kBF16StepTiles > 0 && kBlockRows > 0 && kBackwardRows > 0 &&
-                  kDecodeChunk > 0 && kDecodeMaxQueries > 0 && kDecodePrefetchRows >= 0,
+                  kDecodeChunk > 0 && kDecodeMaxQueries > 0 && kDecodePrefetchRows >= 0 && kSparseHeadsPerItem > 0,
               "kernel configuration: sizes must be positive");
 // Row blocks tile an item exactly (and take whole micro-kernel row groups:
 // asserted in prefill.cc against matmul-inl.h's kRows).

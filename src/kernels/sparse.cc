@@ -21,9 +21,11 @@
 #include <vector>
 
 #include "kernels/attention_kernel.hpp"
+#include "kernels/config.hpp"
 #include "kernels/scratch.hpp"
 #include "softmax_rules.hpp"
 #include "sparse_problem.hpp"
+#include "attn/threads.hpp"
 #include "thread_pool.hpp"
 
 HWY_BEFORE_NAMESPACE();
@@ -35,11 +37,12 @@ thread_local Scratch<float> tls_sparse_scores, tls_sparse_sums, tls_sparse_panel
 thread_local Scratch<const float*> tls_sparse_queries;
 thread_local Scratch<int32_t> tls_sparse_keys;
 
-// Query row i of batch entry b and kv head hkv, for the group's query heads.
+// Query row i of batch entry b and kv head hkv, for G of the group's query
+// heads from g0 on.
 template <class KV>
-void SparseRow(DF d, const core::SparseProblem<float>& p, int64_t b, int64_t hkv, int64_t i) {
+void SparseRow(DF d, const core::SparseProblem<float>& p, int64_t b, int64_t hkv, int64_t i, int64_t g0, int64_t G) {
   const int64_t N = static_cast<int64_t>(hn::Lanes(d));
-  const int64_t G = p.group(), TP = (p.topk + N - 1) / N * N;  // a row's scores, whole vectors
+  const int64_t TP = (p.topk + N - 1) / N * N;  // a row's scores, whole vectors
   const float ninf = -std::numeric_limits<float>::infinity();
   // Scores in base-2 units (the softmax's): log2(e) folded into the scale,
   // or into softcap's bound (Softcap takes natural units).
@@ -54,7 +57,8 @@ void SparseRow(DF d, const core::SparseProblem<float>& p, int64_t b, int64_t hkv
   float* l = tls_sparse_sums.get(static_cast<size_t>(N));
   float* panel = tls_sparse_panel.get(static_cast<size_t>(kBlockK * std::max<int64_t>(p.d, 1)));
   const float** q = tls_sparse_queries.get(static_cast<size_t>(G));
-  for (int64_t r = 0; r < G; ++r) q[r] = p.q.row(b, hkv * G + r, i);
+  const int64_t h0 = hkv * p.group() + g0;  // the first query head
+  for (int64_t r = 0; r < G; ++r) q[r] = p.q.row(b, h0 + r, i);
   for (int64_t t0 = 0; t0 < n; t0 += kBlockK) {
     const int64_t tn = std::min(kBlockK, n - t0);
     TransposeRowsAt<KV>([&](int64_t j) HWY_ATTR { return KeyRow<KV>(p, b, hkv, keys[t0 + j]); }, tn, p.d, panel);
@@ -93,7 +97,7 @@ void SparseRow(DF d, const core::SparseProblem<float>& p, int64_t b, int64_t hkv
   // Each row: its keys' softmax (running max m, sum) merged with the
   // sink's, a key of value zero (core::merge_lse's rules).
   for (int64_t r = 0; r < G; ++r) {
-    const int64_t h = hkv * G + r;
+    const int64_t h = h0 + r;
     const double keys_lse = sum[r] == 0 ? -INFINITY : (double(m[r]) + std::log2(double(sum[r]))) * 0.6931471805599453;
     const auto merged = core::merge_lse<double>(keys_lse, p.sinks.empty() ? -INFINITY : p.sinks[h]);
     const float norm = merged.take_a && sum[r] != 0 ? static_cast<float>(merged.weight_a / sum[r]) : 0.0f;
@@ -103,14 +107,29 @@ void SparseRow(DF d, const core::SparseProblem<float>& p, int64_t b, int64_t hkv
   }
 }
 
+// Items: (problem, batch entry, kv head, query row), and where there are
+// fewer rows than threads (a decoding step of few sequences), slices of the
+// GQA group of kSparseHeadsPerItem query heads. A slice's rows are whole
+// blocks of the micro-kernels' rows, so a head's output is bitwise the same
+// sliced or not, at any thread count.
 void SparseForward(const core::SparseProblem<float>* const* problems, int64_t count) {
+  static_assert(kSparseHeadsPerItem % kRows == 0, "a slice of heads is whole blocks of rows");
+  int64_t rows = 0;
+  for (int64_t u = 0; u < count; ++u) rows += problems[u]->batch * problems[u]->heads_kv * problems[u]->n_q;
+  const bool sliced = rows < num_threads();
+  const auto slices = [&](const core::SparseProblem<float>& p) {
+    return sliced ? (p.group() + kSparseHeadsPerItem - 1) / kSparseHeadsPerItem : 1;
+  };
+  const auto heads_per_item = [&](const core::SparseProblem<float>& p) {
+    return sliced ? kSparseHeadsPerItem : p.group();
+  };
   std::vector<int64_t> first_item(1, 0);  // problem u's items: first_item[u] ..
   double flops = 0;
   for (int64_t u = 0; u < count; ++u) {
     const core::SparseProblem<float>& p = *problems[u];
-    const int64_t items = p.batch * p.heads_kv * p.n_q;
-    first_item.push_back(first_item.back() + items);
-    flops += 2.0 * static_cast<double>(items) * static_cast<double>(p.topk) * static_cast<double>((p.d + p.d_v) * p.group());
+    const int64_t n = p.batch * p.heads_kv * p.n_q;
+    first_item.push_back(first_item.back() + n * slices(p));
+    flops += 2.0 * static_cast<double>(n) * static_cast<double>(p.topk) * static_cast<double>((p.d + p.d_v) * p.group());
   }
   if (count == 0) return;
   WithKVType(*problems[0], [&](auto kv) HWY_ATTR {
@@ -118,9 +137,9 @@ void SparseForward(const core::SparseProblem<float>* const* problems, int64_t co
     parallel_for(first_item.back(), [&](int64_t item) {
       const auto u = static_cast<size_t>(std::upper_bound(first_item.begin(), first_item.end(), item) - first_item.begin()) - 1;
       const core::SparseProblem<float>& p = *problems[u];
-      const int64_t local = item - first_item[u];
-      const int64_t i = local % p.n_q, hkv = local / p.n_q % p.heads_kv, b = local / p.n_q / p.heads_kv;
-      SparseRow<KV>(DF(), p, b, hkv, i);
+      const int64_t local = item - first_item[u], n = slices(p), row = local / n, g0 = local % n * heads_per_item(p);
+      const int64_t i = row % p.n_q, hkv = row / p.n_q % p.heads_kv, b = row / p.n_q / p.heads_kv;
+      SparseRow<KV>(DF(), p, b, hkv, i, g0, std::min(heads_per_item(p), p.group() - g0));
     }, flops);
   });
 }
