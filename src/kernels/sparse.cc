@@ -37,10 +37,38 @@ thread_local Scratch<float> tls_sparse_scores, tls_sparse_sums, tls_sparse_panel
 thread_local Scratch<const float*> tls_sparse_queries;
 thread_local Scratch<int32_t> tls_sparse_keys;
 
+// The picked rows of a storage type KV, read for SparseRow (which is
+// compiled once, not once per type): tn keys' K rows transposed into the
+// panel (zeros past them), and their V rows widened side by side, dvp apart.
+struct PickedRows {
+  void (*pack_keys)(const core::SparseProblem<float>& p, int64_t b, int64_t hkv, const int32_t* keys, int64_t tn,
+                    float* panel);
+  void (*gather_values)(const core::SparseProblem<float>& p, int64_t b, int64_t hkv, const int32_t* keys,
+                        int64_t tn, int64_t dvp, float* vt);
+};
+
+template <class KV>
+void PackPickedKeys(const core::SparseProblem<float>& p, int64_t b, int64_t hkv, const int32_t* keys, int64_t tn,
+                    float* panel) {
+  TransposeRowsAt<KV>([&](int64_t j) HWY_ATTR { return KeyRow<KV>(p, b, hkv, keys[j]); }, tn, p.d, panel);
+  PadPanel(tn, p.d, panel);
+}
+
+template <class KV>
+void GatherPickedValues(const core::SparseProblem<float>& p, int64_t b, int64_t hkv, const int32_t* keys, int64_t tn,
+                        int64_t dvp, float* vt) {
+  const DF d;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(d));
+  for (int64_t j = 0; j < tn; ++j) {
+    const KV* row = ValueRow<KV>(p, b, hkv, keys[j]);
+    for (int64_t c = 0; c < dvp; c += N) hn::Store(LoadKVUpTo(d, row, c, p.d_v), d, vt + j * dvp + c);
+  }
+}
+
 // Query row i of batch entry b and kv head hkv, for G of the group's query
 // heads from g0 on.
-template <class KV>
-void SparseRow(DF d, const core::SparseProblem<float>& p, int64_t b, int64_t hkv, int64_t i, int64_t g0, int64_t G) {
+void SparseRow(DF d, const core::SparseProblem<float>& p, const PickedRows& picked, int64_t b, int64_t hkv, int64_t i,
+               int64_t g0, int64_t G) {
   const int64_t N = static_cast<int64_t>(hn::Lanes(d));
   const int64_t TP = (p.topk + N - 1) / N * N;  // a row's scores, whole vectors
   const float ninf = -std::numeric_limits<float>::infinity();
@@ -61,8 +89,7 @@ void SparseRow(DF d, const core::SparseProblem<float>& p, int64_t b, int64_t hkv
   for (int64_t r = 0; r < G; ++r) q[r] = p.q.row(b, h0 + r, i);
   for (int64_t t0 = 0; t0 < n; t0 += kBlockK) {
     const int64_t tn = std::min(kBlockK, n - t0);
-    TransposeRowsAt<KV>([&](int64_t j) HWY_ATTR { return KeyRow<KV>(p, b, hkv, keys[t0 + j]); }, tn, p.d, panel);
-    PadPanel(tn, p.d, panel);
+    picked.pack_keys(p, b, hkv, keys + t0, tn, panel);
     for (int64_t r0 = 0; r0 < G; r0 += kRows)
       MatmulPanel(d, q + r0, static_cast<int>(std::min<int64_t>(kRows, G - r0)), p.d, panel, scale,
                   s + r0 * TP + t0, TP, Plain(), tn);
@@ -88,10 +115,7 @@ void SparseRow(DF d, const core::SparseProblem<float>& p, int64_t b, int64_t hkv
   float* vt = tls_sparse_values.get(static_cast<size_t>(kBlockK * std::max<int64_t>(dvp, 1)));
   for (int64_t t0 = 0; t0 < n; t0 += kBlockK) {
     const int64_t tn = std::min(kBlockK, n - t0);
-    for (int64_t j = 0; j < tn; ++j) {
-      const KV* row = ValueRow<KV>(p, b, hkv, keys[t0 + j]);
-      for (int64_t c = 0; c < dvp; c += N) hn::Store(LoadKVUpTo(d, row, c, p.d_v), d, vt + j * dvp + c);
-    }
+    picked.gather_values(p, b, hkv, keys + t0, tn, dvp, vt);
     AccumulateValues(d, G, s + t0, TP, tn, vt, dvp, dvp, o, dvp);
   }
   // Each row: its keys' softmax (running max m, sum) merged with the
@@ -132,16 +156,17 @@ void SparseForward(const core::SparseProblem<float>* const* problems, int64_t co
     flops += 2.0 * static_cast<double>(n) * static_cast<double>(p.topk) * static_cast<double>((p.d + p.d_v) * p.group());
   }
   if (count == 0) return;
+  PickedRows picked{};
   WithKVType(*problems[0], [&](auto kv) HWY_ATTR {
-    using KV = decltype(kv);
-    parallel_for(first_item.back(), [&](int64_t item) {
-      const auto u = static_cast<size_t>(std::upper_bound(first_item.begin(), first_item.end(), item) - first_item.begin()) - 1;
-      const core::SparseProblem<float>& p = *problems[u];
-      const int64_t local = item - first_item[u], n = slices(p), row = local / n, g0 = local % n * heads_per_item(p);
-      const int64_t i = row % p.n_q, hkv = row / p.n_q % p.heads_kv, b = row / p.n_q / p.heads_kv;
-      SparseRow<KV>(DF(), p, b, hkv, i, g0, std::min(heads_per_item(p), p.group() - g0));
-    }, flops);
+    picked = {&PackPickedKeys<decltype(kv)>, &GatherPickedValues<decltype(kv)>};
   });
+  parallel_for(first_item.back(), [&](int64_t item) {
+    const auto u = static_cast<size_t>(std::upper_bound(first_item.begin(), first_item.end(), item) - first_item.begin()) - 1;
+    const core::SparseProblem<float>& p = *problems[u];
+    const int64_t local = item - first_item[u], n = slices(p), row = local / n, g0 = local % n * heads_per_item(p);
+    const int64_t i = row % p.n_q, hkv = row / p.n_q % p.heads_kv, b = row / p.n_q / p.heads_kv;
+    SparseRow(DF(), p, picked, b, hkv, i, g0, std::min(heads_per_item(p), p.group() - g0));
+  }, flops);
 }
 
 }  // namespace HWY_NAMESPACE
