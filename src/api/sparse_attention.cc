@@ -2,6 +2,7 @@
 // then the float32 kernel (kernels/sparse.cc) or the float64 reference.
 #include "attn/sparse_attention.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 #include <vector>
@@ -17,14 +18,13 @@ namespace {
 
 [[noreturn]] void fail(const std::string& msg) { throw ValueError("sparse_attention: " + msg); }
 
-// Each row's indices: −1, or a key below n_k named once. `seen[j]` holds
-// the last row that named key j, so a row costs O(topk), not O(n_k).
-// where(b, h, i, t) names a slot in errors.
+// Each row's indices: −1, or a key below n_k named once. `seen[j]` (at
+// least n_k entries) holds the last row that named key j, rows numbered on
+// from `row`, so a row costs O(topk), not O(n_k), and one `seen` serves
+// many calls. where(b, h, i, t) names a slot in errors.
 template <class Where>
 void check_indices(const core::Operand<const int32_t>& idx, int64_t batch, int64_t heads, int64_t n_q, int64_t topk,
-                   int64_t n_k, const Where& where) {
-  std::vector<int64_t> seen(static_cast<size_t>(n_k), -1);
-  int64_t row = 0;
+                   int64_t n_k, std::vector<int64_t>& seen, int64_t& row, const Where& where) {
   for (int64_t b = 0; b < batch; ++b)
     for (int64_t h = 0; h < heads; ++h)
       for (int64_t i = 0; i < n_q; ++i, ++row) {
@@ -93,7 +93,10 @@ SparseAttentionResult<T> sparse_attention(TensorView<const T> q, TensorView<cons
   p.q = core::operand(q, lead, p.batch), p.k = core::operand(k, lead, p.batch), p.v = core::operand(v, lead, p.batch);
   p.indices = core::operand(indices, lead, p.batch);
   p.indices_per_head = indices.dim(-3) == p.heads_kv;
-  check_indices(p.indices, p.batch, indices.dim(-3), p.n_q, p.topk, p.n_k, [](int64_t b, int64_t h, int64_t i, int64_t t) {
+  std::vector<int64_t> seen(static_cast<size_t>(p.n_k), -1);
+  int64_t row = 0;
+  check_indices(p.indices, p.batch, indices.dim(-3), p.n_q, p.topk, p.n_k, seen, row,
+                [](int64_t b, int64_t h, int64_t i, int64_t t) {
     return "(batch entry " + std::to_string(b) + ", head " + std::to_string(h) + ", row " + std::to_string(i) +
            ", slot " + std::to_string(t) + ")";
   });
@@ -152,13 +155,18 @@ SparseAttentionResult<float> sparse_attention(TensorView<const float> q, TensorV
   if (!core::unit_rows(v_pages)) v_pages = (v_copy = contiguous(v_pages)).view();
   std::vector<core::SparseProblem<float>> problems;
   problems.reserve(static_cast<size_t>(req.batch_size()));
+  // One `seen` for every request's check, of the longest sequence's keys.
+  int64_t longest = 0;
+  for (int64_t n : req.kv_len) longest = std::max(longest, n);
+  std::vector<int64_t> seen(static_cast<size_t>(longest), -1);
+  int64_t row = 0;
   for (int64_t r = 0; r < req.batch_size(); ++r) {
     const int64_t begin = req.qo_indptr[r], n_q = req.qo_len(r);
     core::SparseProblem<float> p = shape;
     p.n_q = n_q, p.n_k = req.kv_len[static_cast<size_t>(r)];
     p.q = core::operand(detail::rows_of(q, begin, n_q), {}, 1);
     p.indices = core::operand(detail::rows_of(indices, begin, n_q), {}, 1);
-    check_indices(p.indices, 1, indices.dim(1), n_q, p.topk, p.n_k, [&](int64_t, int64_t h, int64_t i, int64_t t) {
+    check_indices(p.indices, 1, indices.dim(1), n_q, p.topk, p.n_k, seen, row, [&](int64_t, int64_t h, int64_t i, int64_t t) {
       return "(row " + std::to_string(begin + i) + " (request " + std::to_string(r) + ", of " +
              std::to_string(p.n_k) + " keys), head " + std::to_string(h) + ", slot " + std::to_string(t) + ")";
     });
