@@ -111,7 +111,8 @@ bool Prepare(const core::AttentionProblem<float>& p, const core::GradientOperand
   return finite;
 }
 
-static thread_local Scratch<float> tls_dq, tls_dk, tls_dv, tls_kpack, tls_vpack, tls_p, tls_ds, tls_tanh;
+static thread_local Scratch<float> tls_dq, tls_dk, tls_dv, tls_kpack, tls_vpack, tls_p, tls_ds, tls_tanh, tls_k_tile,
+    tls_v_tile;
 
 // What one work item computes: for (b, hkv), query heads hkv·G + g for g in
 // [g_begin, g_end), rows [i_begin, i_end) (i_begin a multiple of
@@ -123,12 +124,32 @@ struct Span {
   bool keys, queries;
 };
 
+// K and V rows j0 .. j0 + count - 1 of (b, hkv) in float32, whole vectors
+// wide (zeros past d and d_v), at k (k_width apart) and v (v_width apart):
+// the one part of the gradient that depends on the storage type, so that
+// BackwardItem is compiled once. Widening is exact, so the gradient is
+// that of the stored values, whichever the type.
+using WidenTileFn = void (*)(const core::AttentionProblem<float>& p, int64_t b, int64_t hkv, int64_t j0,
+                             int64_t count, float* k, int64_t k_width, float* v, int64_t v_width);
+template <class KV>
+void WidenTile(const core::AttentionProblem<float>& p, int64_t b, int64_t hkv, int64_t j0, int64_t count, float* k,
+               int64_t k_width, float* v, int64_t v_width) {
+  const DF d;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(d));
+  for (int64_t j = 0; j < count; ++j) {
+    const KV* kr = KeyRow<KV>(p, b, hkv, j0 + j);
+    const KV* vr = ValueRow<KV>(p, b, hkv, j0 + j);
+    for (int64_t c = 0; c < p.d; c += N) hn::Store(LoadKVUpTo(d, kr, c, p.d), d, k + j * k_width + c);
+    for (int64_t c = 0; c < p.d_v; c += N) hn::Store(LoadKVUpTo(d, vr, c, p.d_v), d, v + j * v_width + c);
+  }
+}
+
 // One item: key tiles outer, then heads, then row blocks, as the top of the
 // file says. Every gradient element sums in the same order whatever the
 // span, so the one-pass and two-pass plans (BackwardTiles) agree bitwise.
-template <class KV>
+// float32 K and V are read in place; other types through `widen`.
 void BackwardItem(DF d, const core::AttentionProblem<float>& p, const core::GradientOperands<float>& g,
-                  const RowStats& stats, const Span& sp) {
+                  const RowStats& stats, WidenTileFn widen, const Span& sp) {
   const int64_t N = static_cast<int64_t>(hn::Lanes(d));
   const int64_t G = p.group(), dp = WholeVectors(p.d), dvp = WholeVectors(p.d_v);
   const int64_t rows = sp.i_end - sp.i_begin, heads = sp.g_end - sp.g_begin;
@@ -141,6 +162,8 @@ void BackwardItem(DF d, const core::AttentionProblem<float>& p, const core::Grad
   float* P = tls_p.get(R * kBlockK);
   float* dS = tls_ds.get(R * kBlockK);
   float* tanh = p.softcap > 0 ? tls_tanh.get(R * kBlockK) : nullptr;
+  float* k_tile = widen ? tls_k_tile.get(static_cast<size_t>(kBlockK * std::max<int64_t>(dp, 1))) : nullptr;
+  float* v_tile = widen ? tls_v_tile.get(static_cast<size_t>(kBlockK * std::max<int64_t>(dvp, 1))) : nullptr;
   if (dq) std::fill(dq, dq + heads * rows * dp, 0.0f);
   AlibiRows alibi;
   for (int64_t kt = sp.t_begin; kt < sp.t_end; ++kt) {
@@ -149,8 +172,12 @@ void BackwardItem(DF d, const core::AttentionProblem<float>& p, const core::Grad
       std::fill(dk, dk + jn * dp, 0.0f);
       std::fill(dv, dv + jn * dvp, 0.0f);
     }
-    PackK<KV>(p, sp.b, sp.hkv, kt, kpack);
-    PackRows(ValueRow<KV>(p, sp.b, sp.hkv, j0), ValueStride<KV>(p), jn, p.d_v, vpack);
+    if (widen) widen(p, sp.b, sp.hkv, j0, jn, k_tile, dp, v_tile, dvp);
+    const float* k_rows = widen ? k_tile : KeyRow<float>(p, sp.b, sp.hkv, j0);
+    const float* v_rows = widen ? v_tile : ValueRow<float>(p, sp.b, sp.hkv, j0);
+    const int64_t k_stride = widen ? dp : KeyStride<float>(p), v_stride = widen ? dvp : ValueStride<float>(p);
+    PackRows(k_rows, k_stride, jn, p.d, kpack);
+    PackRows(v_rows, v_stride, jn, p.d_v, vpack);
     for (int64_t gi = sp.g_begin; gi < sp.g_end; ++gi) {
       const int64_t h = sp.hkv * G + gi;
       for (int64_t i0 = sp.i_begin; i0 < sp.i_end; i0 += R) {
@@ -192,7 +219,7 @@ void BackwardItem(DF d, const core::AttentionProblem<float>& p, const core::Grad
           AccumulateValues<true>(d, jn, dS, kBlockK, rb.rows, p.q.row(sp.b, h, i0), p.q.row_stride, p.d, dk, dp);
         }
         if (sp.queries)
-          AccumulateValues(d, rb.rows, dS, kBlockK, jn, KeyRow<KV>(p, sp.b, sp.hkv, j0), KeyStride<KV>(p), p.d,
+          AccumulateValues(d, rb.rows, dS, kBlockK, jn, k_rows, k_stride, p.d,
                            dq + ((gi - sp.g_begin) * rows + (i0 - sp.i_begin)) * dp, dp);
       }
     }
@@ -225,6 +252,7 @@ bool BackwardTiles(const core::AttentionProblem<float>& p, const core::GradientO
   if (!delta || !lse2) throw ValueError("attention_backward: cannot allocate " + std::to_string(8 * rows) + " bytes");
   const RowStats stats{delta.get(), lse2.get()};
   if (!Prepare<KV>(p, g, stats)) return false;
+  const WidenTileFn widen = std::is_same_v<KV, float> ? nullptr : &WidenTile<KV>;
   // The sinks' gradient: dsink = -Σ_i e^(sink - lse_i) D_i, rows in order.
   if (g.dsinks)
     for (int64_t h = 0; h < p.heads_q; ++h) {
@@ -246,7 +274,7 @@ bool BackwardTiles(const core::AttentionProblem<float>& p, const core::GradientO
   const bool fits = double(G * p.n_q * WholeVectors(p.d)) * sizeof(float) <= double(kMaxBackwardScratch);
   if (fits && (work < kMinParallelWork || (pairs + T - 1) / T * 10 <= pairs * 14 / T)) {
     parallel_for(pairs, [&](int64_t item) {
-      BackwardItem<KV>(d, p, g, stats, {item / p.heads_kv, item % p.heads_kv, 0, G, 0, p.n_q, 0, n_tiles, true, true});
+      BackwardItem(d, p, g, stats, widen, {item / p.heads_kv, item % p.heads_kv, 0, G, 0, p.n_q, 0, n_tiles, true, true});
     }, work);
     return true;
   }
@@ -256,14 +284,14 @@ bool BackwardTiles(const core::AttentionProblem<float>& p, const core::GradientO
   const int64_t key_chunks = (n_tiles + kBackwardTilesPerItem - 1) / kBackwardTilesPerItem;
   parallel_for(pairs * key_chunks, [&](int64_t item) {
     const int64_t pair = item / key_chunks, t0 = item % key_chunks * kBackwardTilesPerItem;
-    BackwardItem<KV>(d, p, g, stats, {pair / p.heads_kv, pair % p.heads_kv, 0, G, 0, p.n_q, t0,
+    BackwardItem(d, p, g, stats, widen, {pair / p.heads_kv, pair % p.heads_kv, 0, G, 0, p.n_q, t0,
                                       std::min(n_tiles, t0 + kBackwardTilesPerItem), true, false});
   }, work);
   const int64_t row_chunks = (p.n_q + kBackwardRowsPerItem - 1) / kBackwardRowsPerItem;
   parallel_for(p.batch * p.heads_q * row_chunks, [&](int64_t item) {
     const int64_t bh = item / row_chunks, i0 = item % row_chunks * kBackwardRowsPerItem;
     const int64_t b = bh / p.heads_q, h = bh % p.heads_q;
-    BackwardItem<KV>(d, p, g, stats, {b, h / G, h % G, h % G + 1, i0, std::min(p.n_q, i0 + kBackwardRowsPerItem), 0,
+    BackwardItem(d, p, g, stats, widen, {b, h / G, h % G, h % G + 1, i0, std::min(p.n_q, i0 + kBackwardRowsPerItem), 0,
                                       n_tiles, false, true});
   }, work);
   return true;
