@@ -24,9 +24,10 @@ namespace {
 
 constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
 
-// Bytes per element (Q8_0: per block of 32 values; its strides count blocks).
+// Bytes per element (Q8_0, Q4_0: per block of 32 values; their strides count blocks).
 size_t element_size(int dtype) {
-  return dtype == ATTN_Q8_0 ? 34 : dtype == ATTN_F64 ? 8 : dtype == ATTN_F32 ? 4 : dtype == ATTN_BOOL ? 1 : 2;
+  return dtype == ATTN_Q8_0 ? 34 : dtype == ATTN_Q4_0 ? 18 : dtype == ATTN_F64 ? 8 : dtype == ATTN_F32 ? 4
+                                  : dtype == ATTN_BOOL ? 1 : 2;
 }
 
 // One fuzzed descriptor and the memory it points into.
@@ -49,7 +50,7 @@ void read_descriptor(attn::fuzz::Input& in, std::mt19937& rng, Descriptor& d, in
   const uint8_t choice = in.byte();
   const int kind = choice < 200 ? kReal : 1 + choice % (kKinds - 1);
   if (kind == kNull) d.null = true;
-  if (kind == kBadDtype) dtype = static_cast<int>(in.in(ATTN_Q8_0 + 1, 255)) * (in.flag() ? 1 : -1);
+  if (kind == kBadDtype) dtype = static_cast<int>(in.in(ATTN_Q4_0 + 1, 255)) * (in.flag() ? 1 : -1);
   const uint8_t change = in.byte();
   if (change < 16 && !shape.empty()) shape[in.in(0, static_cast<int64_t>(shape.size()) - 1)] = in.in(0, 5);
   if (change >= 16 && change < 20 && !shape.empty()) shape.erase(shape.begin());
@@ -142,14 +143,14 @@ void check(int status, const char* function) {
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   attn::fuzz::Input in(data, size);
   std::mt19937 rng(in.u32());
-  // Mostly the dtypes that run (F32 with F32/BF16/F16/Q8_0 keys, F64), sometimes any.
-  const int dtypes[] = {ATTN_F32, ATTN_F32, ATTN_F64, ATTN_BF16, ATTN_F16, ATTN_Q8_0, ATTN_BOOL};
+  // Mostly the dtypes that run (F32 with F32/BF16/F16/Q8_0/Q4_0 keys, F64), sometimes any.
+  const int dtypes[] = {ATTN_F32, ATTN_F32, ATTN_F64, ATTN_BF16, ATTN_F16, ATTN_Q8_0, ATTN_Q4_0, ATTN_BOOL};
   if (in.flag()) {
     const int q_dtype = in.pick(dtypes), kv_dtype = in.flag() ? q_dtype : in.pick(dtypes);
     // Shapes that fit together (batch, heads, n_q, n_k, d, d_v), each of them
     // then maybe changed by read_descriptor: no heads axis, or GQA. Q8_0's
-    // head dims are whole blocks of 32.
-    const int64_t block = kv_dtype == ATTN_Q8_0 ? 32 : 1;
+    // and Q4_0's head dims are whole blocks of 32.
+    const int64_t block = kv_dtype == ATTN_Q8_0 || kv_dtype == ATTN_Q4_0 ? 32 : 1;
     const int64_t batch = in.in(0, 2), n_q = in.in(0, 5), n_k = in.in(0, 6),
                   d = block * in.in(0, block > 1 ? 2 : 5), d_v = block * in.in(0, block > 1 ? 1 : 4),
                   kv_heads = in.in(1, 2), q_heads = kv_heads * in.in(1, 2);

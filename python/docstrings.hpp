@@ -150,7 +150,7 @@ precision
 Compact k and v
     float16 k and v (both) are read as float16, in place; k and v as
     attn.QuantizedTensor (from attn.quantize or QuantizedTensor.from_buffer,
-    one dtype for both: 'bf16', 'f16' or 'q8_0') are read in place too. The
+    one dtype for both: 'bf16', 'f16', 'q8_0' or 'q4_0') are read in place too. The
     kernels widen them to float32 tile by tile; q and the result are float32.
 
 A query row with no allowed key (including n_k = 0) outputs zeros and zero
@@ -163,23 +163,26 @@ x (any shape, converted to float32) stored as dtype: 'bf16' or 'f16' (round
 to nearest even), or 'q8_0', GGUF's 8-bit blocks: each 32 consecutive values
 of the last axis (whose length must be a multiple of 32) as an fp16 scale
 d = max|x| / 127 and 32 int8 codes round(x / d), 34 bytes in all (ggml's
-quantize_row_q8_0_ref). q8_0 holds finite values only: NaN, inf, or a block
-whose scale overflows fp16 (|x| > 65504 * 127) is a ValueError.
+quantize_row_q8_0_ref); or 'q4_0', GGUF's 4-bit blocks: per 32 values an fp16
+scale d = m / -8 (m the value of largest magnitude) and 32 4-bit codes
+min(15, trunc(x / d + 8.5)), value d * (code - 8), 18 bytes in all (ggml's
+quantize_row_q4_0_ref). q8_0 and q4_0 hold finite values only: NaN, inf, or a
+block whose scale overflows fp16 (|x| > 65504 * 127, or * 8) is a ValueError.
 )";
 
-inline constexpr const char* kQuantizedTensor = R"(QuantizedTensor: keys or values stored as bf16, f16 or q8_0 (see
+inline constexpr const char* kQuantizedTensor = R"(QuantizedTensor: keys or values stored as bf16, f16, q8_0 or q4_0 (see
 attn.quantize), read-only, for attn.attention(q, k, v). dtype is the name,
 shape the logical shape (values, not blocks), nbytes the bytes stored (q8_0:
-34 per 32 values); dequantize() returns the values as a float32 array, and
-memoryview(t) its bytes (read-only; q8_0 in GGUF's block layout).
+34 per 32 values, q4_0: 18); dequantize() returns the values as a float32 array,
+and memoryview(t) its bytes (read-only; q8_0 and q4_0 in GGUF's block layout).
 )";
 
 inline constexpr const char* kFromBuffer = R"(QuantizedTensor.from_buffer(buffer, dtype, shape) -> QuantizedTensor
 
-Wraps bytes another engine filled (a llama.cpp-style q8_0 or fp16 cache, a
+Wraps bytes another engine filled (a llama.cpp-style q8_0, q4_0 or fp16 cache, a
 NumPy array, bytes, a memoryview) without copying them: buffer must be
 C-contiguous, 2-byte aligned and hold exactly the bytes of dtype at shape
-(q8_0: shape[-1] a multiple of 32, blocks in GGUF's layout). The buffer is
+(q8_0, q4_0: shape[-1] a multiple of 32, blocks in GGUF's layout). The buffer is
 kept alive, and must not change while attention reads it.
 )";
 
@@ -348,7 +351,7 @@ inline constexpr const char* kNewCache = R"(new_cache(dtype='f32', *, sink_token
     -> KVCache: an empty key/value cache for forward(..., cache=c).
 
 dtype: how keys and values are stored: 'f32' (the input's own float type),
-'bf16', 'f16' or 'q8_0' (GGUF's 8-bit blocks; head_dim a multiple of 32), for
+'bf16', 'f16', 'q8_0' or 'q4_0' (GGUF's 8- and 4-bit blocks; head_dim a multiple of 32), for
 float32 input. Tokens are converted as they are appended, the chunk's own keys
 and values included, so feeding a sequence chunk by chunk equals one causal
 forward over the same stored keys and values, whatever the chunking.
@@ -449,7 +452,7 @@ inline constexpr const char* kPagedKVCache = R"(PagedKVCache(num_pages, page_siz
              dtype="f32", layout="NHD")
 
 One pool of num_pages pages of page_size tokens for many sequences (vLLM's
-PagedAttention, FlashInfer's paged KV cache). dtype: f32, bf16, f16 or q8_0
+PagedAttention, FlashInfer's paged KV cache). dtype: f32, bf16, f16, q8_0 or q4_0
 (or float32, bfloat16, float16); layout NHD: pages (num_pages, page_size,
 kv_heads, D), or HND: (num_pages, kv_heads, page_size, D).
 

@@ -21,7 +21,7 @@ namespace attn::python {
 namespace {
 
 // An 'f32' cache takes the dtype of the first input it sees; a compact one
-// (bf16, f16, q8_0) is a float32 cache from the start.
+// (bf16, f16, q8_0, q4_0) is a float32 cache from the start.
 struct PyKVCache {
   KVDtype dtype = KVDtype::F32;
   StreamingCache streaming;
@@ -133,6 +133,7 @@ PyKVCache cache_from_state(const py::tuple& state) {
     case KVDtype::BF16: restore(cache, bfloat16{}); break;
     case KVDtype::F16: restore(cache, float16{}); break;
     case KVDtype::Q8_0: restore(cache, block_q8_0{}); break;
+    case KVDtype::Q4_0: restore(cache, block_q4_0{}); break;
   }
   return c;
 }
@@ -400,11 +401,11 @@ void bind_mha(py::module_& m) {
       .def("new_cache", [](const PyMha& self, const py::object& dtype, const py::object& sink_tokens,
                            const py::object& window, const std::string& positions) {
              if (!py::isinstance<py::str>(dtype))
-               throw TypeError("new_cache: dtype must be 'f32', 'bf16', 'f16' or 'q8_0', got " +
+               throw TypeError("new_cache: dtype must be 'f32', 'bf16', 'f16', 'q8_0' or 'q4_0', got " +
                                std::string(py::repr(dtype)));
              const KVDtype d = parse_kv_dtype(dtype.cast<std::string>());
-             if (d == KVDtype::Q8_0 && self.f32->config().head_dim() % kQ8_0Block != 0)
-               throw ValueError("new_cache: q8_0 stores blocks of 32 values, so head_dim (" +
+             if (is_block_dtype(d) && self.f32->config().head_dim() % 32 != 0)
+               throw ValueError(std::string("new_cache: ") + kv_dtype_name(d) + " stores blocks of 32 values, so head_dim (" +
                                 std::to_string(self.f32->config().head_dim()) + ") must be a multiple of 32");
              StreamingCache s;
              if (window.is_none() != sink_tokens.is_none())

@@ -16,11 +16,11 @@ namespace {
 
 KVDtype compact_dtype(const py::object& dtype, const char* where) {
   if (!py::isinstance<py::str>(dtype))
-    throw TypeError(std::string(where) + ": dtype must be 'bf16', 'f16' or 'q8_0', got " +
+    throw TypeError(std::string(where) + ": dtype must be 'bf16', 'f16', 'q8_0' or 'q4_0', got " +
                     std::string(py::repr(dtype)));
   const auto name = dtype.cast<std::string>();
-  if (name != "bf16" && name != "f16" && name != "q8_0")
-    throw ValueError(std::string(where) + ": dtype must be 'bf16', 'f16' or 'q8_0', got '" + name + "'");
+  if (name != "bf16" && name != "f16" && name != "q8_0" && name != "q4_0")
+    throw ValueError(std::string(where) + ": dtype must be 'bf16', 'f16', 'q8_0' or 'q4_0', got '" + name + "'");
   return parse_kv_dtype(name);
 }
 
@@ -35,12 +35,13 @@ PyQuantizedTensor py_quantize(const py::object& x_obj, const py::object& dtype_o
   auto a = as<float>(as_numeric_array(x_obj, "x"));
   const auto x = view_of<const float>(a);
   const Shape shape = x.shape();
-  if (dtype == KVDtype::Q8_0 && (shape.empty() || shape.back() % kQ8_0Block != 0))
-    throw ValueError("quantize: q8_0 stores blocks of 32 values along the last axis, so its "
-                     "length must be a multiple of 32, got shape " + shape_str(shape));
+  if (is_block_dtype(dtype) && (shape.empty() || shape.back() % 32 != 0))
+    throw ValueError(std::string("quantize: ") + kv_dtype_name(dtype) + " stores blocks of 32 values along the last "
+                     "axis, so its length must be a multiple of 32, got shape " + shape_str(shape));
   py::gil_scoped_release nogil;
   if (dtype == KVDtype::BF16) return owning(dtype, shape, to_bfloat16(x));
   if (dtype == KVDtype::F16) return owning(dtype, shape, to_float16(x));
+  if (dtype == KVDtype::Q4_0) return owning(dtype, shape, quantize_q4_0(x));
   return owning(dtype, shape, quantize_q8_0(x));
 }
 
@@ -62,9 +63,9 @@ PyQuantizedTensor from_buffer(const py::buffer& buf, const py::object& dtype_obj
     if (dim < 0) throw ValueError("QuantizedTensor.from_buffer: negative dimension in shape " + std::string(py::repr(shape_obj)));
     shape.push_back(dim);
   }
-  if (dtype == KVDtype::Q8_0 && (shape.empty() || shape.back() % kQ8_0Block != 0))
-    throw ValueError("QuantizedTensor.from_buffer: q8_0's last axis must be a multiple of 32, "
-                     "got shape " + shape_str(shape));
+  if (is_block_dtype(dtype) && (shape.empty() || shape.back() % 32 != 0))
+    throw ValueError(std::string("QuantizedTensor.from_buffer: ") + kv_dtype_name(dtype) +
+                     "'s last axis must be a multiple of 32, got shape " + shape_str(shape));
   const int64_t want = kv_dtype_bytes(dtype, checked_numel(shape, 4, "QuantizedTensor.from_buffer"));
   auto held = std::make_shared<BufferExport>(BufferExport{buf.request()});
   const py::buffer_info& info = held->info;
@@ -117,7 +118,7 @@ PyQuantizedTensor quantized_from_state(const py::tuple& state) {
   const auto make = [&](auto element) {
     using S = decltype(element);
     Shape stored = shape;
-    if (std::is_same_v<S, block_q8_0>) stored.back() /= kQ8_0Block;
+    stored.back() /= kBlockValues<S>;
     Tensor<S> t(stored);
     if (bytes.size() != static_cast<size_t>(t.numel()) * sizeof(S))
       throw ValueError("QuantizedTensor: a pickled tensor's bytes do not fit its shape " + shape_str(shape));
@@ -126,6 +127,7 @@ PyQuantizedTensor quantized_from_state(const py::tuple& state) {
   };
   if (dtype == KVDtype::BF16) return make(bfloat16{});
   if (dtype == KVDtype::F16) return make(float16{});
+  if (dtype == KVDtype::Q4_0) return make(block_q4_0{});
   return make(block_q8_0{});
 }
 

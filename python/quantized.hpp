@@ -1,5 +1,5 @@
 // Internal to the Python module: attn.QuantizedTensor, keys or values stored
-// compactly (bf16, f16 or q8_0: attn/quantize.hpp), owned or over a buffer
+// compactly (bf16, f16, q8_0 or q4_0: attn/quantize.hpp), owned or over a buffer
 // another engine filled.
 #pragma once
 
@@ -20,18 +20,19 @@ namespace py = pybind11;
 
 struct PyQuantizedTensor {
   KVDtype dtype;
-  Shape shape;                   // the logical shape (a q8_0 row's values, not its blocks)
+  Shape shape;                   // the logical shape (a block row's values, not its blocks)
   const std::byte* data;         // C-contiguous storage
   std::shared_ptr<const void> owner;  // keeps data alive: a Tensor, or a buffer export
 
   int64_t nbytes() const { return kv_dtype_bytes(dtype, numel_of(shape)); }
 
-  // f(view) with the view of the storage type (q8_0: (..., n / 32) blocks).
+  // f(view) with the view of the storage type (q8_0, q4_0: (..., n / 32) blocks).
   template <class F>
   decltype(auto) visit(F&& f) const {
     switch (dtype) {
       case KVDtype::BF16: return f(view<bfloat16>());
       case KVDtype::F16: return f(view<float16>());
+      case KVDtype::Q4_0: return f(view<block_q4_0>());
       default: return f(view<block_q8_0>());
     }
   }
@@ -40,23 +41,23 @@ struct PyQuantizedTensor {
   template <class S>
   TensorView<const S> view() const {
     Shape s = shape;
-    if (std::is_same_v<S, block_q8_0>) s.back() /= kQ8_0Block;
+    s.back() /= kBlockValues<S>;
     return TensorView<const S>(reinterpret_cast<const S*>(data), s);
   }
 };
 
-// The shape of a view's values: a q8_0 view's last axis counts blocks of 32.
+// The shape of a view's values: a block type's last axis counts blocks of 32.
 template <class KV>
 Shape values_shape(const TensorView<const KV>& t) {
   Shape s = t.shape();
-  if (std::is_same_v<KV, block_q8_0> && !s.empty()) s.back() *= kQ8_0Block;
+  if (!s.empty()) s.back() *= kBlockValues<KV>;
   return s;
 }
 
 // k and v as the attention functions read them: when either is an
 // attn.QuantizedTensor (then both must be, stored alike, with float32 q:
 // TypeError naming `function` otherwise), f(k, v) with views of their
-// storage type (q8_0: (..., d / 32) blocks); nullopt when neither is.
+// storage type (q8_0, q4_0: (..., d / 32) blocks); nullopt when neither is.
 template <class F>
 std::optional<py::object> on_quantized_kv(const char* function, const py::object& q_obj, const py::object& k_obj,
                                           const py::object& v_obj, F&& f) {

@@ -167,7 +167,7 @@ struct BatchOptionsArg {
 
 // k_pages and v_pages as the plan reads them: float32 (other dtypes
 // converted), NumPy float16 in place, or attn.QuantizedTensor (bf16, f16,
-// q8_0); f(k, v) with views of their storage type.
+// q8_0, q4_0); f(k, v) with views of their storage type.
 template <class F>
 py::object with_pages(const py::object& k_obj, const py::object& v_obj, F&& f) {
   if (auto r = on_quantized_kv("batch_attention", py::none(), k_obj, v_obj, f)) return *r;

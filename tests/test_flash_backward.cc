@@ -33,7 +33,7 @@ using test::rel_error;
 // saved log-sum-exp carries the rounding of S - lse (about 1e-6 · |S|).
 constexpr double kTol = 1e-4;
 
-enum class Storage { F32, BF16, F16, Q8_0 };
+enum class Storage { F32, BF16, F16, Q8_0, Q4_0 };
 
 struct Inputs {
   Tensor<double> q, k, v, dout;  // k, v: the values the kernel sees, as doubles
@@ -41,6 +41,7 @@ struct Inputs {
   Tensor<bfloat16> k16b, v16b;
   Tensor<float16> k16h, v16h;
   Tensor<block_q8_0> k8, v8;
+  Tensor<block_q4_0> k4, v4;
   Tensor<bool> mb;
   Tensor<double> md;
   Tensor<float> mf;
@@ -82,6 +83,11 @@ Inputs make_inputs(const KernelCase& c, Storage storage, uint32_t seed) {
       in.k32 = dequantize(TensorView<const block_q8_0>(in.k8.view()));
       in.v32 = dequantize(TensorView<const block_q8_0>(in.v8.view()));
       break;
+    case Storage::Q4_0:
+      in.k4 = quantize_q4_0(in.k32.view()), in.v4 = quantize_q4_0(in.v32.view());
+      in.k32 = dequantize(TensorView<const block_q4_0>(in.k4.view()));
+      in.v32 = dequantize(TensorView<const block_q4_0>(in.v4.view()));
+      break;
   }
   in.k = cast<double>(in.k32), in.v = cast<double>(in.v32);
   in.mb = Tensor<bool>({c.n_q, c.n_k});
@@ -104,6 +110,7 @@ AttentionGradients<float> float_gradients(const Inputs& in, Storage storage, con
     case Storage::BF16: return run(in.k16b, in.v16b);
     case Storage::F16: return run(in.k16h, in.v16h);
     case Storage::Q8_0: return run(in.k8, in.v8);
+    case Storage::Q4_0: return run(in.k4, in.v4);
     case Storage::F32: break;
   }
   return run(in.k32, in.v32);
@@ -158,7 +165,7 @@ TEST(FlashBackward, MatchesReferenceOnEveryTarget) {
 
 TEST(FlashBackward, EveryKVStorageType) {
   uint32_t seed = 600;
-  for (Storage s : {Storage::BF16, Storage::F16, Storage::Q8_0}) {
+  for (Storage s : {Storage::BF16, Storage::F16, Storage::Q8_0, Storage::Q4_0}) {
     check({1, 4, 2, 70, 130, 64, 32, Causal::BottomRight, {}, 0, 1}, seed++, s);
     check({1, 2, 1, 40, 100, 32, 64, Causal::None, {}, 10.0, 0, 8.0, 2.0}, seed++, s);
   }

@@ -334,6 +334,7 @@ TEST(BatchAttention, StorageTypesReadTheirStoredValues) {
     check(to_bfloat16(b.k_pool.view()), to_bfloat16(b.v_pool.view()), "bf16" + heads);
     check(to_float16(b.k_pool.view()), to_float16(b.v_pool.view()), "f16" + heads);
     check(quantize_q8_0(b.k_pool.view()), quantize_q8_0(b.v_pool.view()), "q8_0" + heads);
+    check(quantize_q4_0(b.k_pool.view()), quantize_q4_0(b.v_pool.view()), "q4_0" + heads);
   }
 }
 

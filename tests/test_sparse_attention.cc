@@ -176,7 +176,7 @@ TEST(SparseAttention, BadIndicesAndShapesAreRefusedByName) {
 TEST(SparseAttention, OverAPagedCacheIsEachSequenceAlone) {
   std::mt19937 rng(21);
   const int64_t hq = 4, hkv = 2, d = 32, dv = 64, topk = 6;
-  for (const KVDtype dtype : {KVDtype::F32, KVDtype::BF16, KVDtype::F16, KVDtype::Q8_0})
+  for (const KVDtype dtype : {KVDtype::F32, KVDtype::BF16, KVDtype::F16, KVDtype::Q8_0, KVDtype::Q4_0})
     for (const PageLayout layout : {PageLayout::NHD, PageLayout::HND}) {
       PagedKVCache cache(32, 4, hkv, d, dv, dtype, layout);
       const std::vector<int64_t> lengths{10, 0, 7};
@@ -186,6 +186,7 @@ TEST(SparseAttention, OverAPagedCacheIsEachSequenceAlone) {
         if (dtype == KVDtype::BF16) return dequantize(to_bfloat16(x.view()).view());
         if (dtype == KVDtype::F16) return dequantize(to_float16(x.view()).view());
         if (dtype == KVDtype::Q8_0) return dequantize(quantize_q8_0(x.view()).view());
+        if (dtype == KVDtype::Q4_0) return dequantize(quantize_q4_0(x.view()).view());
         return Tensor<float>(x);
       };
       for (int64_t n : lengths) {

@@ -102,15 +102,16 @@ struct AttentionExtras {
 
 // T, the element type of q and of the results, is float (the SIMD kernels)
 // or double (the reference); KV, that of k and v, is T, or with T = float
-// also bfloat16, float16 or block_q8_0 (attn/quantize.hpp): keys and values
-// in half the memory and bandwidth, or 34 bytes per 32 values, read in place
-// and widened to float32 as the kernels go. A q8_0 view's last axis counts
-// blocks: k of logical shape (..., n_k, d) is a view (..., n_k, d / 32).
+// also bfloat16, float16, block_q8_0 or block_q4_0 (attn/quantize.hpp):
+// keys and values in half the memory and bandwidth, or 34 (q8_0) or 18
+// (q4_0) bytes per 32 values, read in place and widened to float32 as the
+// kernels go. A block type's view's last axis counts blocks: k of logical
+// shape (..., n_k, d) is a view (..., n_k, d / 32).
 template <class T, class KV>
 concept AttentionTypes =
     (std::same_as<T, float> &&
      (std::same_as<KV, float> || std::same_as<KV, bfloat16> || std::same_as<KV, float16> ||
-      std::same_as<KV, block_q8_0>)) ||
+      std::same_as<KV, block_q8_0> || std::same_as<KV, block_q4_0>)) ||
     (std::same_as<T, double> && std::same_as<KV, double>);
 
 // Checks options against a call of `query_heads` query heads on inputs of

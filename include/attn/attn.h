@@ -34,10 +34,13 @@ typedef enum {
   ATTN_BF16 = 2, /* bfloat16 bits in a uint16_t */
   ATTN_F16 = 3,  /* IEEE half bits in a uint16_t */
   ATTN_BOOL = 4, /* C99 _Bool (one byte holding 0 or 1) */
-  ATTN_Q8_0 = 5  /* GGUF's q8_0 blocks: per 32 values of the last axis, an fp16
+  ATTN_Q8_0 = 5, /* GGUF's q8_0 blocks: per 32 values of the last axis, an fp16
                     scale d then 32 int8 codes (34 bytes; value = d * code).
                     shape is the logical shape (its last axis a multiple of 32),
                     data the blocks, strides count blocks (NULL: C-contiguous) */
+  ATTN_Q4_0 = 6  /* GGUF's q4_0 blocks, as Q8_0's: an fp16 scale d then 16 bytes,
+                    byte j holding code j in its low 4 bits and code j + 16 in
+                    its high 4 (18 bytes; value = d * (code - 8)) */
 } attn_dtype;
 
 /* A strided view of caller memory; never owned by attn. Ranks 0..16. */
@@ -86,7 +89,7 @@ void attn_options_init(attn_options* options);
 
 /* softmax(q kᵀ · scale + mask) v into out (..., Hq, n_q, d_v), as
    attn::attention: q (..., Hq, n_q, d), k (..., Hkv, n_k, d), v (..., Hkv,
-   n_k, d_v). q and out F32 with k, v F32, BF16, F16 or Q8_0 (read in place,
+   n_k, d_v). q and out F32 with k, v F32, BF16, F16, Q8_0 or Q4_0 (read in place,
    widened as the kernels go); or all F64. mask: NULL
    for none; BOOL (1 = may attend) or F32/F64 (added to the logits),
    broadcasting to (..., Hq, n_q, n_k). options: NULL for the defaults. */
@@ -142,7 +145,7 @@ int attn_mha_forward(attn_mha* layer, const attn_tensor* x, attn_cache* cache,
 
 /* An empty KV cache for layer, storing float32 keys and values. */
 int attn_cache_new(const attn_mha* layer, attn_cache** cache);
-/* The same, storing them as dtype: F32, BF16, F16 or Q8_0 (the layer's
+/* The same, storing them as dtype: F32, BF16, F16, Q8_0 or Q4_0 (the layer's
    head_dim a multiple of 32), converted as tokens are appended. */
 int attn_cache_new_dtype(const attn_mha* layer, attn_dtype dtype, attn_cache** cache);
 /* The bytes the cached tokens' keys and values take. */
@@ -184,7 +187,7 @@ typedef struct attn_batch_plan attn_batch_plan;
 
 /* num_pages pages of page_size tokens, each kv_heads x head_dim for keys and
    kv_heads x value_head_dim (0: head_dim) for values, stored as dtype (F32,
-   BF16, F16 or Q8_0); layout 0: NHD pages (page_size, kv_heads, D), 1: HND
+   BF16, F16, Q8_0 or Q4_0); layout 0: NHD pages (page_size, kv_heads, D), 1: HND
    (kv_heads, page_size, D). */
 int attn_paged_cache_new(int64_t num_pages, int64_t page_size, int64_t kv_heads, int64_t head_dim,
                          int64_t value_head_dim, attn_dtype dtype, int32_t layout, attn_paged_cache** cache);
@@ -239,7 +242,7 @@ int attn_batch_plan_new(const int32_t* qo_indptr, const int32_t* kv_indptr, cons
                         int32_t layout, const attn_options* options, const attn_tensor* custom_mask,
                         attn_batch_plan** plan);
 /* q (nnz_q, num_qo_heads, head_dim) F32 over pools k_pages and v_pages
-   (num_pages, ...) by layout, F32, BF16, F16 or Q8_0, into out (nnz_q,
+   (num_pages, ...) by layout, F32, BF16, F16, Q8_0 or Q4_0, into out (nnz_q,
    num_qo_heads, value_head_dim) F32 and lse (nnz_q, num_qo_heads) F32, the
    natural log (NULL: not wanted). */
 int attn_batch_plan_run(const attn_batch_plan* plan, const attn_tensor* q, const attn_tensor* k_pages,

@@ -1,6 +1,6 @@
 // A key/value cache for incremental decoding: the keys and values of every
 // token seen so far, per batch entry and key/value head, stored as T or, for
-// a float32 cache, compactly (bf16, f16 or q8_0: attn/quantize.hpp).
+// a float32 cache, compactly (bf16, f16, q8_0 or q4_0: attn/quantize.hpp).
 #pragma once
 
 #include <atomic>
@@ -71,7 +71,7 @@ class CacheUser {
 }  // namespace detail
 
 // Storage is (batch, heads, capacity, head_dim) for keys and for values (a
-// q8_0 row: head_dim / 32 blocks, one row per token and head, so appending
+// q8_0 or q4_0 row: head_dim / 32 blocks, one row per token and head, so appending
 // never re-quantizes old tokens); the capacity doubles when full, so
 // appending is amortised O(chunk). The batch size, head count and head dim
 // are fixed by the first append.
@@ -85,8 +85,8 @@ template <class T>
 class KVCache {
  public:
   // dtype: how tokens are stored. F32 stores T itself (float64 for
-  // KVCache<double>, its only storage); BF16, F16 and Q8_0 need T = float,
-  // and Q8_0 a head_dim that is a multiple of 32.
+  // KVCache<double>, its only storage); BF16, F16, Q8_0 and Q4_0 need T =
+  // float, and Q8_0 and Q4_0 a head_dim that is a multiple of 32.
   explicit KVCache(KVDtype dtype = KVDtype::F32, const StreamingCache& streaming = {});
 
   KVDtype dtype() const { return dtype_; }
@@ -104,11 +104,11 @@ class KVCache {
 
   // Appends k, v of shape (batch, heads, n, head_dim) (any strides),
   // converting them to the storage type. On an error (a shape, or a value
-  // q8_0 cannot hold) nothing is appended.
+  // q8_0 or q4_0 cannot hold) nothing is appended.
   void append(TensorView<const T> k, TensorView<const T> v);
 
   // f(keys, values) with views (batch, heads, length, head_dim) of
-  // everything cached, of the storage type (a q8_0 view's last axis counts
+  // everything cached, of the storage type (a block type's last axis counts
   // blocks, as attention() takes it); valid until the next append.
   template <class F>
   decltype(auto) visit(F&& f) const {
@@ -127,7 +127,7 @@ class KVCache {
 
   // Puts back a cache's content as visit(), positions() and seen() give it
   // (pickling, copies): keys and values (batch, heads, length, row) of the
-  // storage type (S: T for an F32 cache; bfloat16, float16 or block_q8_0),
+  // storage type (S: T for an F32 cache; bfloat16, float16, block_q8_0 or block_q4_0),
   // the stream position of each token held (ascending, below seen). Replaces
   // what the cache held; ValueError (TypeError for another storage type)
   // naming what does not fit, the cache then unchanged.
@@ -151,7 +151,7 @@ class KVCache {
   [[nodiscard]] detail::CacheUser::Hold use(const char* who) const { return user_.hold(who); }
 
  private:
-  using Storage = std::variant<Tensor<T>, Tensor<bfloat16>, Tensor<float16>, Tensor<block_q8_0>>;
+  using Storage = std::variant<Tensor<T>, Tensor<bfloat16>, Tensor<float16>, Tensor<block_q8_0>, Tensor<block_q4_0>>;
   template <class S>
   TensorView<const S> view(const Tensor<S>& s) const {
     if (s.rank() != 4) return TensorView<const S>(s.data(), {0, 0, 0, 0});

@@ -25,7 +25,8 @@ namespace attn {
 // One thread at a time, as KVCache.
 class LatentCache {
  public:
-  // ValueError for q8_0 with a kv_lora_rank that is not a multiple of 32.
+  // ValueError for q8_0 with a kv_lora_rank that is not a multiple of 32,
+  // and for q4_0 (not offered for latents).
   LatentCache(KVDtype dtype, int64_t kv_lora_rank, int64_t rope_dim);
 
   KVDtype dtype() const { return dtype_; }

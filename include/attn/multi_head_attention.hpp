@@ -201,7 +201,7 @@ class MultiHeadAttention {
   std::vector<const Tensor<T>*> parameters() const;
 
   // An empty cache for forward(): tokens stored as T, or (float32 layers)
-  // bf16, f16 or q8_0 (head_dim a multiple of 32 for q8_0); with
+  // bf16, f16, q8_0 or q4_0 (head_dim a multiple of 32 for these two); with
   // `streaming`, StreamingLLM's (attn/kv_cache.hpp): forward then attends
   // causally (causal = BottomRight, no window, no masks, no ALiBi) by the
   // streaming rule, in stream positions, and evicts after each call. With

@@ -72,7 +72,8 @@ class ReadersOrWriter {
 class PagedKVCache {
  public:
   // ValueError for a size below 1 (num_pages, page_size, kv_heads) or below
-  // 0 (the head dims), or a q8_0 head dim that is not a multiple of 32.
+  // 0 (the head dims), or a q8_0 or q4_0 head dim that is not a multiple of
+  // 32.
   PagedKVCache(int64_t num_pages, int64_t page_size, int64_t kv_heads, int64_t head_dim,
                std::optional<int64_t> value_head_dim = {}, KVDtype dtype = KVDtype::F32,
                PageLayout layout = PageLayout::NHD);
@@ -86,7 +87,7 @@ class PagedKVCache {
   // idea), rows of two types that attention reads through latent_rows' float32
   // copy: read_pools, run, the pools and batch_attention refuse them
   // (TypeError). ValueError for a kv_lora_rank below 1, a rope_dim below 0,
-  // or q8_0 with a kv_lora_rank that is not a multiple of 32.
+  // q8_0 with a kv_lora_rank that is not a multiple of 32, or q4_0.
   static PagedKVCache latent(int64_t num_pages, int64_t page_size, int64_t kv_lora_rank, int64_t rope_dim,
                              KVDtype dtype = KVDtype::F32);
   // A latent cache's kv_lora_rank; 0 for a cache of keys and values apart.
@@ -149,7 +150,7 @@ class PagedKVCache {
            TensorView<float> lse = {}) const;
 
   // f(k_pages, v_pages): the pools as views of their storage type (float,
-  // bfloat16, float16 or block_q8_0, whose last axis counts blocks), for
+  // bfloat16, float16, block_q8_0 or block_q4_0, whose last axis counts blocks), for
   // the kernels over pages; as a reader, the views valid while f runs.
   // A latent cache's value pool is the first kv_lora_rank columns of its
   // key pool (q8_0's two-type rows: TypeError).
@@ -180,7 +181,7 @@ class PagedKVCache {
   void restore(const std::vector<uint8_t>& k_bytes, const std::vector<uint8_t>& v_bytes, const Sequences& state);
 
  private:
-  using Pool = std::variant<Tensor<float>, Tensor<bfloat16>, Tensor<float16>, Tensor<block_q8_0>>;
+  using Pool = std::variant<Tensor<float>, Tensor<bfloat16>, Tensor<float16>, Tensor<block_q8_0>, Tensor<block_q4_0>>;
   struct Sequence {
     std::vector<int32_t> pages;
     int64_t length = 0;

@@ -89,9 +89,7 @@ void point_at(core::AttentionProblem<T>& p, TensorView<const T> q, TensorView<co
       b.col_stride = o.col_stride * size;
       return b;
     };
-    p.kv = std::is_same_v<KV, bfloat16> ? core::KVStorage::BF16
-           : std::is_same_v<KV, float16> ? core::KVStorage::F16
-                                         : core::KVStorage::Q8_0;
+    p.kv = core::storage_of<KV>();
     p.k_stored = bytes(k);
     p.v_stored = bytes(v);
   }
@@ -267,6 +265,7 @@ template struct PreparedAttention<float, float>;
 template struct PreparedAttention<float, bfloat16>;
 template struct PreparedAttention<float, float16>;
 template struct PreparedAttention<float, block_q8_0>;
+template struct PreparedAttention<float, block_q4_0>;
 template struct PreparedAttention<double, double>;
 
 }  // namespace detail

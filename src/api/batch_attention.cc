@@ -110,7 +110,7 @@ template <class KV>
   requires AttentionTypes<float, KV>
 void BatchAttentionPlan::run(TensorView<const float> q, TensorView<const KV> k_pages, TensorView<const KV> v_pages,
                              TensorView<float> out, TensorView<float> lse) const {
-  constexpr int64_t kBlock = std::is_same_v<KV, block_q8_0> ? kQ8_0Block : 1;
+  constexpr int64_t kBlock = kBlockValues<KV>;
   const auto pool_shape = [&](int64_t d) {
     return detail::pool_shape(layout_, k_pages.rank() == 4 ? k_pages.dim(0) : 0, page_size_, heads_kv_, d);
   };
@@ -176,7 +176,7 @@ void BatchAttentionPlan::run(TensorView<const float> q, TensorView<const KV> k_p
       p.k = k_op;
       p.v = v_op;
     } else {
-      p.kv = detail::storage_of<KV>();
+      p.kv = core::storage_of<KV>();
       p.k_stored = detail::as_bytes(k_op);
       p.v_stored = detail::as_bytes(v_op);
     }

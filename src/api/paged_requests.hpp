@@ -36,7 +36,7 @@ struct PagedRequests {
   const int32_t* pages_of(int64_t r) const { return kv_indices.data() + kv_indptr[r]; }
 };
 
-// A pool's shape for `heads` heads of D columns (a q8_0 pool's last axis
+// A pool's shape for `heads` heads of D columns (a block type's last axis
 // counts blocks: compare core::logical_shape).
 Shape pool_shape(PageLayout layout, int64_t pages, int64_t page_size, int64_t heads, int64_t d);
 
@@ -78,14 +78,6 @@ template <class T>
 TensorView<T> rows_of(TensorView<T> x, int64_t begin, int64_t n) {
   return TensorView<T>(x.data() + begin * x.stride(0), {x.dim(1), n, x.dim(2)},
                        {x.stride(1), x.stride(0), x.stride(2)});
-}
-
-// The storage tag of KV (not float).
-template <class KV>
-constexpr core::KVStorage storage_of() {
-  return std::is_same_v<KV, bfloat16> ? core::KVStorage::BF16
-         : std::is_same_v<KV, float16> ? core::KVStorage::F16
-                                       : core::KVStorage::Q8_0;
 }
 
 }  // namespace attn::detail

@@ -88,4 +88,5 @@ core::GradientOperands<T> gradient_operands(const core::AttentionProblem<T>& p, 
   X(float, bfloat16)                    \
   X(float, float16)                     \
   X(float, block_q8_0)                  \
+  X(float, block_q4_0)                  \
   X(double, double)

@@ -176,7 +176,7 @@ SparseAttentionResult<float> sparse_attention(TensorView<const float> q, TensorV
     if constexpr (std::is_same_v<KV, float>) {
       p.k = k_op, p.v = v_op;
     } else {
-      p.kv = detail::storage_of<KV>();
+      p.kv = core::storage_of<KV>();
       p.k_stored = detail::as_bytes(k_op), p.v_stored = detail::as_bytes(v_op);
     }
     p.out = core::operand(detail::rows_of(result.out.view(), begin, n_q), {}, 1);
@@ -199,6 +199,7 @@ ATTN_SPARSE_PAGED_INSTANTIATE(float)
 ATTN_SPARSE_PAGED_INSTANTIATE(bfloat16)
 ATTN_SPARSE_PAGED_INSTANTIATE(float16)
 ATTN_SPARSE_PAGED_INSTANTIATE(block_q8_0)
+ATTN_SPARSE_PAGED_INSTANTIATE(block_q4_0)
 #undef ATTN_SPARSE_PAGED_INSTANTIATE
 
 template SparseAttentionResult<float> sparse_attention(TensorView<const float>, TensorView<const float>,

@@ -36,10 +36,10 @@ TensorView<T> sequence(TensorView<T> x, int64_t begin, int64_t end) {
                        {x.stride(1), x.stride(0), x.stride(2)});
 }
 
-// The values in a packed K or V row (a q8_0 view's last axis counts blocks).
+// The values in a packed K or V row (a block type's last axis counts blocks).
 template <class KV>
 int64_t row_values(const TensorView<const KV>& t) {
-  return std::is_same_v<KV, block_q8_0> ? t.dim(2) * kQ8_0Block : t.dim(2);
+  return t.dim(2) * kBlockValues<KV>;
 }
 
 }  // namespace

@@ -62,6 +62,7 @@ size_t element_size(attn_dtype dtype) {
     case ATTN_F16: return sizeof(uint16_t);
     case ATTN_BOOL: return sizeof(bool);
     case ATTN_Q8_0: return sizeof(attn::block_q8_0);  // per block of 32 values
+    case ATTN_Q4_0: return sizeof(attn::block_q4_0);
   }
   return 0;
 }
@@ -74,6 +75,7 @@ const char* dtype_name(attn_dtype dtype) {
     case ATTN_F16: return "F16";
     case ATTN_BOOL: return "BOOL";
     case ATTN_Q8_0: return "Q8_0";
+    case ATTN_Q4_0: return "Q4_0";
   }
   return "?";
 }
@@ -85,18 +87,18 @@ Layout layout_of(const attn_tensor* t, const char* function, const char* name) {
   static_assert(sizeof(attn_dtype) == sizeof(int));
   int dtype;
   std::memcpy(&dtype, &t->dtype, sizeof dtype);
-  if (dtype < ATTN_F32 || dtype > ATTN_Q8_0)
+  if (dtype < ATTN_F32 || dtype > ATTN_Q4_0)
     fail(function, name, "dtype " + std::to_string(dtype) + " is not an attn_dtype");
   if (t->rank < 0 || t->rank > kMaxRank)
     fail(function, name, "rank " + std::to_string(t->rank) + " is not in [0, " +
                              std::to_string(kMaxRank) + "]");
   if (t->rank > 0 && !t->shape) fail(function, name, "shape is NULL at rank " + std::to_string(t->rank));
   Layout l{static_cast<attn_dtype>(dtype), Shape(t->shape, t->shape + t->rank), {}};
-  if (l.dtype == ATTN_Q8_0) {  // the logical shape in, a shape of blocks out
-    if (l.shape.empty() || l.shape.back() % attn::kQ8_0Block != 0)
-      fail(function, name, "Q8_0 stores blocks of 32 values along the last axis, which must be a "
-                           "multiple of 32, got shape " + attn::shape_str(l.shape));
-    l.shape.back() /= attn::kQ8_0Block;
+  if (l.dtype == ATTN_Q8_0 || l.dtype == ATTN_Q4_0) {  // the logical shape in, a shape of blocks out
+    if (l.shape.empty() || l.shape.back() % 32 != 0)
+      fail(function, name, std::string(dtype_name(l.dtype)) + " stores blocks of 32 values along the last axis, "
+                           "which must be a multiple of 32, got shape " + attn::shape_str(l.shape));
+    l.shape.back() /= 32;
   }
   const std::string what = std::string(function) + ": " + name;
   const size_t bytes = element_size(l.dtype);
@@ -223,7 +225,8 @@ attn::KVDtype cache_dtype(attn_dtype dtype, const char* fn) {
     case ATTN_BF16: return attn::KVDtype::BF16;
     case ATTN_F16: return attn::KVDtype::F16;
     case ATTN_Q8_0: return attn::KVDtype::Q8_0;
-    default: unsupported(fn, "dtype " + std::to_string(d) + " is not a cache's: F32, BF16, F16 or Q8_0");
+    case ATTN_Q4_0: return attn::KVDtype::Q4_0;
+    default: unsupported(fn, "dtype " + std::to_string(d) + " is not a cache's: F32, BF16, F16, Q8_0 or Q4_0");
   }
 }
 
@@ -268,8 +271,8 @@ int new_cache(const attn_mha* layer, attn_dtype dtype, attn_cache** cache, const
     *cache = nullptr;
     const attn::KVDtype stored = cache_dtype(dtype, fn);
     const int64_t head_dim = layer->layer.config().head_dim();
-    if (stored == attn::KVDtype::Q8_0 && head_dim % attn::kQ8_0Block != 0)
-      fail(fn, "dtype", "Q8_0 stores blocks of 32 values, so the layer's head_dim (" +
+    if (attn::is_block_dtype(stored) && head_dim % 32 != 0)
+      fail(fn, "dtype", std::string(dtype_name(dtype)) + " stores blocks of 32 values, so the layer's head_dim (" +
                             std::to_string(head_dim) + ") must be a multiple of 32");
     *cache = new attn_cache{layer->layer.new_cache(stored)};
   });
@@ -286,15 +289,16 @@ int attention_with(const attn_tensor* q, const attn_tensor* k, const attn_tensor
     if (lk.dtype != lv.dtype || lo.dtype != lq.dtype ||
         !((lq.dtype == ATTN_F64 && lk.dtype == ATTN_F64) ||
           (lq.dtype == ATTN_F32 && (lk.dtype == ATTN_F32 || lk.dtype == ATTN_BF16 ||
-                                    lk.dtype == ATTN_F16 || lk.dtype == ATTN_Q8_0))))
+                                    lk.dtype == ATTN_F16 || lk.dtype == ATTN_Q8_0 || lk.dtype == ATTN_Q4_0))))
       unsupported(fn, std::string("dtypes q ") + dtype_name(lq.dtype) + ", k " + dtype_name(lk.dtype) +
                           ", v " + dtype_name(lv.dtype) + ", out " + dtype_name(lo.dtype) +
-                          " are not supported: q and out F32 with k and v F32, BF16, F16 or Q8_0, or all F64");
+                          " are not supported: q and out F32 with k and v F32, BF16, F16, Q8_0 or Q4_0, or all F64");
     switch (lk.dtype) {
       case ATTN_F64: return attention_as<double, double>(q, lq, k, lk, v, lv, m, o, out, lo, extras, fn);
       case ATTN_BF16: return attention_as<float, attn::bfloat16>(q, lq, k, lk, v, lv, m, o, out, lo, extras, fn);
       case ATTN_F16: return attention_as<float, attn::float16>(q, lq, k, lk, v, lv, m, o, out, lo, extras, fn);
       case ATTN_Q8_0: return attention_as<float, attn::block_q8_0>(q, lq, k, lk, v, lv, m, o, out, lo, extras, fn);
+      case ATTN_Q4_0: return attention_as<float, attn::block_q4_0>(q, lq, k, lk, v, lv, m, o, out, lo, extras, fn);
       default: return attention_as<float, float>(q, lq, k, lk, v, lv, m, o, out, lo, extras, fn);
     }
   });

@@ -66,7 +66,7 @@ int guarded(F&& fn) noexcept {
 // "attn_attention: q: <what>"
 [[noreturn]] void fail(const char* function, const char* name, const std::string& what);
 [[noreturn]] void unsupported(const char* function, const std::string& what);
-// A cache's storage type from its attn_dtype: F32, BF16, F16 or Q8_0 (others unsupported).
+// A cache's storage type from its attn_dtype: F32, BF16, F16, Q8_0 or Q4_0 (others unsupported).
 attn::KVDtype cache_dtype(attn_dtype dtype, const char* fn);
 
 template <class P>

@@ -202,7 +202,9 @@ int attn_batch_plan_run(const attn_batch_plan* plan, const attn_tensor* q, const
       case ATTN_BF16: return run(attn::bfloat16{});
       case ATTN_F16: return run(attn::float16{});
       case ATTN_Q8_0: return run(attn::block_q8_0{});
-      default: unsupported(fn, std::string("k_pages: dtype ") + dtype_name(lk.dtype) + " is not F32, BF16, F16 or Q8_0");
+      case ATTN_Q4_0: return run(attn::block_q4_0{});
+      default:
+        unsupported(fn, std::string("k_pages: dtype ") + dtype_name(lk.dtype) + " is not F32, BF16, F16, Q8_0 or Q4_0");
     }
   });
 }

@@ -22,36 +22,28 @@
 namespace attn::cli {
 namespace {
 
-// attention() with keys and values stored as `kv_dtype` (f32, bf16, f16 or
-// q8_0), converted from the same float32 K and V.
+// attention() with keys and values stored as `kv_dtype` (f32, bf16, f16,
+// q8_0 or q4_0), converted from the same float32 K and V.
 struct Attend {
   const Tensor<float>& q;
   Tensor<float> k, v;
   KVDtype dtype;
-  Tensor<bfloat16> kb, vb;
-  Tensor<float16> kh, vh;
-  Tensor<block_q8_0> kq, vq;
+  StoredKV stored;  // (points at k and v: Attend is neither copied nor moved)
 
   Attend(const Tensor<float>& q_, Tensor<float> k_, Tensor<float> v_, const std::string& kv_dtype)
-      : q(q_), k(std::move(k_)), v(std::move(v_)), dtype(parse_kv_dtype(kv_dtype)) {
-    if (dtype == KVDtype::BF16) kb = to_bfloat16(k.view()), vb = to_bfloat16(v.view());
-    if (dtype == KVDtype::F16) kh = to_float16(k.view()), vh = to_float16(v.view());
-    if (dtype == KVDtype::Q8_0) kq = quantize_q8_0(k.view()), vq = quantize_q8_0(v.view());
-  }
-  // Bytes of K and V in their storage.
-  double kv_bytes() const { return 2.0 * double(kv_dtype_bytes(dtype, k.numel())); }
-  // f(K, V) with K and V in their storage (as_f32: the float32 copies
-  // whatever the dtype).
+      : q(q_), k(std::move(k_)), v(std::move(v_)), dtype(parse_kv_dtype(kv_dtype)), stored(k, v, dtype) {}
+  Attend(const Attend&) = delete;
+  Attend& operator=(const Attend&) = delete;
+  double kv_bytes() const { return stored.bytes(); }
+  // f(K, V): views in their storage (as_f32: the float32 ones whatever the
+  // dtype).
   template <class F>
   void with_kv(const F& f, bool as_f32 = false) const {
-    if (as_f32 || dtype == KVDtype::F32) return f(k, v);
-    if (dtype == KVDtype::BF16) return f(kb, vb);
-    if (dtype == KVDtype::F16) return f(kh, vh);
-    f(kq, vq);
+    stored.with(f, as_f32);
   }
   void operator()(Tensor<float>& out, const AttentionOptions& opt, bool as_f32 = false,
                   const AttentionExtras<float>& extras = {}) const {
-    with_kv([&](const auto& ks, const auto& vs) { AttentionPlan(q.view(), ks.view(), vs.view(), opt).run(out.view(), extras); },
+    with_kv([&](const auto& ks, const auto& vs) { AttentionPlan(q.view(), ks, vs, opt).run(out.view(), extras); },
             as_f32);
   }
   // ||out - ref|| / ||ref|| (Frobenius) of this dtype's output against the
@@ -378,7 +370,7 @@ Measurement bench_backward(const BenchArgs& a, int threads) {
   Tensor<float> dq(qs), dk(ks), dv(ks), dsinks({a.heads}), fwd(qs);
   const auto backward = [&](const AttentionOptions& o, const Tensor<float>& o_out, const Tensor<float>& o_lse) {
     attend.with_kv([&](const auto& kx, const auto& vx) {
-      attention_backward(q.view(), kx.view(), vx.view(), dout.view(), dq.view(), dk.view(), dv.view(), o, {},
+      attention_backward(q.view(), kx, vx, dout.view(), dq.view(), dk.view(), dv.view(), o, {},
                          o.sinks.empty() ? TensorView<float>() : dsinks.view(),
                          SavedForward<float>{o_out.view(), o_lse.view()});
     });

@@ -13,10 +13,42 @@
 
 #include <nlohmann/json.hpp>
 
+#include "attn/quantize.hpp"
 #include "attn/tensor.hpp"
 #include "cli/commands.hpp"
 
 namespace attn::cli {
+
+// K and V converted once from float32 to a storage dtype (--kv-dtype).
+struct StoredKV {
+  KVDtype dtype = KVDtype::F32;
+  const Tensor<float>*k = nullptr, *v = nullptr;  // the float32 tensors (kept by the caller)
+  Tensor<bfloat16> kb, vb;
+  Tensor<float16> kh, vh;
+  Tensor<block_q8_0> k8, v8;
+  Tensor<block_q4_0> k4, v4;
+
+  StoredKV() = default;
+  StoredKV(const Tensor<float>& k_, const Tensor<float>& v_, KVDtype t) : dtype(t), k(&k_), v(&v_) {
+    if (t == KVDtype::BF16) kb = to_bfloat16(k_.view()), vb = to_bfloat16(v_.view());
+    if (t == KVDtype::F16) kh = to_float16(k_.view()), vh = to_float16(v_.view());
+    if (t == KVDtype::Q8_0) k8 = quantize_q8_0(k_.view()), v8 = quantize_q8_0(v_.view());
+    if (t == KVDtype::Q4_0) k4 = quantize_q4_0(k_.view()), v4 = quantize_q4_0(v_.view());
+  }
+  // f(k, v): views of the storage type (as_f32: the float32 tensors').
+  template <class F>
+  void with(const F& f, bool as_f32 = false) const {
+    switch (as_f32 ? KVDtype::F32 : dtype) {
+      case KVDtype::F32: return f(k->view(), v->view());
+      case KVDtype::BF16: return f(kb.view(), vb.view());
+      case KVDtype::F16: return f(kh.view(), vh.view());
+      case KVDtype::Q8_0: return f(k8.view(), v8.view());
+      case KVDtype::Q4_0: return f(k4.view(), v4.view());
+    }
+  }
+  // Bytes of K and V in their storage.
+  double bytes() const { return double(kv_dtype_bytes(dtype, k->numel()) + kv_dtype_bytes(dtype, v->numel())); }
+};
 
 // One bench's result: the JSON object and the text it prints, its median
 // time, its rate and its ratio to the ceiling.

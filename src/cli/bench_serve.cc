@@ -60,33 +60,12 @@ struct Pool {
       k_seq.push_back(std::move(ks));
       v_seq.push_back(std::move(vs));
     }
-    stored = Stored(k, v, dtype);
+    stored = StoredKV(k, v, dtype);
     for (size_t r = 0; r < k_seq.size(); ++r) seq_stored.emplace_back(k_seq[r], v_seq[r], dtype);
   }
 
-  // Tensors of the storage type (float32: the tensors themselves).
-  struct Stored {
-    Tensor<bfloat16> kb, vb;
-    Tensor<float16> kh, vh;
-    Tensor<block_q8_0> kq, vq;
-    const Tensor<float>*kf = nullptr, *vf = nullptr;
-    Stored() = default;
-    Stored(const Tensor<float>& k_, const Tensor<float>& v_, KVDtype t) {
-      if (t == KVDtype::F32) kf = &k_, vf = &v_;
-      if (t == KVDtype::BF16) kb = to_bfloat16(k_.view()), vb = to_bfloat16(v_.view());
-      if (t == KVDtype::F16) kh = to_float16(k_.view()), vh = to_float16(v_.view());
-      if (t == KVDtype::Q8_0) kq = quantize_q8_0(k_.view()), vq = quantize_q8_0(v_.view());
-    }
-    template <class F>
-    void with(KVDtype t, const F& f) const {
-      if (t == KVDtype::F32) return f(kf->view(), vf->view());
-      if (t == KVDtype::BF16) return f(kb.view(), vb.view());
-      if (t == KVDtype::F16) return f(kh.view(), vh.view());
-      f(kq.view(), vq.view());
-    }
-  };
-  Stored stored;
-  std::vector<Stored> seq_stored;
+  StoredKV stored;
+  std::vector<StoredKV> seq_stored;
 
   double bytes_per_token() const { return 2.0 * double(hkv) * double(kv_dtype_bytes(dtype, d)); }
   double kv_bytes(const std::vector<size_t>& requests) const {
@@ -111,12 +90,12 @@ struct Pool {
     return BatchAttentionPlan(view(qo), view(indptr), view(indices), view(last), heads, hkv, d, page_size, options);
   }
   void run(const BatchAttentionPlan& plan, const Tensor<float>& q, Tensor<float>& out) const {
-    stored.with(dtype, [&](auto k_pages, auto v_pages) { plan.run(q.view(), k_pages, v_pages, out.view()); });
+    stored.with([&](auto k_pages, auto v_pages) { plan.run(q.view(), k_pages, v_pages, out.view()); });
   }
   // attention() of q (1, heads, n_q, d) over request r's contiguous copy.
   void attend(size_t r, const Tensor<float>& q, Tensor<float>& out, const AttentionOptions& o,
               const AttentionMasks& masks = {}) const {
-    seq_stored[r].with(dtype, [&](auto k_seq, auto v_seq) {
+    seq_stored[r].with([&](auto k_seq, auto v_seq) {
       AttentionPlan(q.view(), k_seq, v_seq, o, masks).run(out.view());
     });
   }
@@ -284,7 +263,7 @@ int mixed(const ServeBenchArgs& a, int threads) {
   const TensorView<const float> q_decode(q.data() + qo.front() * a.heads * a.head_dim, {nnz - qo.front(), a.heads, a.head_dim});
   Tensor<float> out_prefill({qo.front(), a.heads, a.head_dim}), out_decode({nnz - qo.front(), a.heads, a.head_dim});
   const auto run = [&](const BatchAttentionPlan& p, TensorView<const float> qv, Tensor<float>& o) {
-    pool.stored.with(pool.dtype, [&](auto k, auto v) { p.run(qv, k, v, o.view()); });
+    pool.stored.with([&](auto k, auto v) { p.run(qv, k, v, o.view()); });
   };
   const std::vector<std::function<void()>> kernels{[&] { run(whole, q.view(), out); },
                                                    [&] { run(prefill, q_prefill, out_prefill); },

@@ -73,8 +73,20 @@ struct MaskOperand {
 };
 
 // How keys and values are stored (float32 problems only): as T, or as
-// bfloat16, fp16 or q8_0 blocks (attn/quantize.hpp).
-enum class KVStorage { Native, BF16, F16, Q8_0 };
+// bfloat16, fp16, q8_0 or q4_0 blocks (attn/quantize.hpp).
+enum class KVStorage { Native, BF16, F16, Q8_0, Q4_0 };
+
+// The storage tag of a stored type KV (not float).
+template <class KV>
+constexpr KVStorage storage_of() {
+  if constexpr (std::is_same_v<KV, bfloat16>) return KVStorage::BF16;
+  else if constexpr (std::is_same_v<KV, float16>) return KVStorage::F16;
+  else if constexpr (std::is_same_v<KV, block_q8_0>) return KVStorage::Q8_0;
+  else {
+    static_assert(std::is_same_v<KV, block_q4_0>, "a stored K/V type");
+    return KVStorage::Q4_0;
+  }
+}
 
 template <class T>
 struct AttentionProblem {
@@ -85,8 +97,8 @@ struct AttentionProblem {
   Shape out_shape, weights_shape, lse_shape;  // of the caller's out, weights (logits) and lse
   Operand<const T> q, k, v;            // k, v unset when kv != Native
   KVStorage kv = KVStorage::Native;
-  // When kv != Native: K and V as bytes, strides in bytes (a q8_0 column is
-  // a block of 32 values).
+  // When kv != Native: K and V as bytes, strides in bytes (a q8_0 or q4_0
+  // column is a block of 32 values).
   Operand<const std::byte> k_stored, v_stored;
   // Bound by run(); an extra's data is nullptr when it is not asked for.
   // lse is (batch, head, row) seen as rows of one column.
@@ -131,12 +143,11 @@ inline Operand<T> operand(const TensorView<T>& t, const Shape& batch, int64_t co
 }
 
 
-// The logical shape of a K or V view: a q8_0 view's last axis counts blocks.
+// The logical shape of a K or V view: a block type's last axis counts blocks.
 template <class KV>
 Shape logical_shape(const TensorView<const KV>& t) {
   Shape s = t.shape();
-  if constexpr (std::is_same_v<KV, block_q8_0>)
-    if (!s.empty()) s.back() *= kQ8_0Block;
+  if (!s.empty()) s.back() *= kBlockValues<KV>;
   return s;
 }
 

@@ -13,18 +13,19 @@ const char* kv_dtype_name(KVDtype dtype) {
     case KVDtype::BF16: return "bf16";
     case KVDtype::F16: return "f16";
     case KVDtype::Q8_0: return "q8_0";
+    case KVDtype::Q4_0: return "q4_0";
   }
   return "?";
 }
 
 KVDtype parse_kv_dtype(const std::string& name) {
-  for (KVDtype t : {KVDtype::F32, KVDtype::BF16, KVDtype::F16, KVDtype::Q8_0})
+  for (KVDtype t : {KVDtype::F32, KVDtype::BF16, KVDtype::F16, KVDtype::Q8_0, KVDtype::Q4_0})
     if (name == kv_dtype_name(t)) return t;
   // NumPy's and PyTorch's names of the same types.
   if (name == "float32") return KVDtype::F32;
   if (name == "bfloat16") return KVDtype::BF16;
   if (name == "float16") return KVDtype::F16;
-  throw ValueError("unknown K/V dtype '" + name + "': expected f32, bf16, f16 or q8_0 (or float32, bfloat16, float16)");
+  throw ValueError("unknown K/V dtype '" + name + "': expected f32, bf16, f16, q8_0 or q4_0 (or float32, bfloat16, float16)");
 }
 
 int64_t kv_dtype_bytes(KVDtype dtype, int64_t n) {
@@ -33,29 +34,71 @@ int64_t kv_dtype_bytes(KVDtype dtype, int64_t n) {
     case KVDtype::BF16:
     case KVDtype::F16: return 2 * n;
     case KVDtype::Q8_0: return n / kQ8_0Block * static_cast<int64_t>(sizeof(block_q8_0));
+    case KVDtype::Q4_0: return n / kQ4_0Block * static_cast<int64_t>(sizeof(block_q4_0));
   }
   return 0;
 }
 
+namespace {
+
+// The value of largest magnitude of block b (32 values at x), the first of
+// equal ones; ValueError for a value that is not finite.
+float block_extreme(const float* x, int64_t b, const char* dtype) {
+  float amax = 0.0f, m = 0.0f;
+  for (int64_t j = 0; j < 32; ++j) {
+    if (!std::isfinite(x[j]))
+      throw ValueError(std::string("quantize ") + dtype + ": value " + std::to_string(x[j]) + " at index " +
+                       std::to_string(b * 32 + j) + " of the row cannot be stored (" + dtype +
+                       " holds finite values only)");
+    if (std::fabs(x[j]) > amax) amax = std::fabs(x[j]), m = x[j];
+  }
+  return m;
+}
+
+// d's fp16 bits; ValueError when d overflows fp16 (max: the block's value of
+// largest magnitude, `limit` the largest it may be).
+uint16_t block_scale(float d, float max, int64_t b, const char* dtype, const char* limit) {
+  const uint16_t d16 = float_to_fp16(d);
+  if ((d16 & 0x7fffu) == 0x7c00u)
+    throw ValueError(std::string("quantize ") + dtype + ": |x| up to " + std::to_string(std::fabs(max)) +
+                     " in the block at index " + std::to_string(b * 32) + " of the row overflows its fp16 scale (|x| <= " +
+                     limit + ")");
+  return d16;
+}
+
+}  // namespace
+
 void quantize_row_q8_0(const float* x, block_q8_0* y, int64_t n) {
   for (int64_t b = 0; b < n / kQ8_0Block; ++b, x += kQ8_0Block) {
-    float amax = 0.0f;
-    for (int64_t j = 0; j < kQ8_0Block; ++j) {
-      if (!std::isfinite(x[j]))
-        throw ValueError("quantize q8_0: value " + std::to_string(x[j]) + " at index " +
-                         std::to_string(b * kQ8_0Block + j) +
-                         " of the row cannot be stored (q8_0 holds finite values only)");
-      amax = std::max(amax, std::fabs(x[j]));
-    }
-    const float d = amax / 127.0f;
-    const uint16_t d16 = float_to_fp16(d);
-    if ((d16 & 0x7fffu) == 0x7c00u)
-      throw ValueError("quantize q8_0: |x| up to " + std::to_string(amax) +
-                       " in the block at index " + std::to_string(b * kQ8_0Block) +
-                       " of the row overflows its fp16 scale (|x| <= 65504 · 127)");
+    const float m = block_extreme(x, b, "q8_0");
+    const float d = std::fabs(m) / 127.0f;
+    y[b].d.bits = block_scale(d, m, b, "q8_0", "65504 · 127");
     const float id = d != 0.0f ? 1.0f / d : 0.0f;
-    y[b].d.bits = d16;
     for (int64_t j = 0; j < kQ8_0Block; ++j) y[b].qs[j] = static_cast<int8_t>(std::round(x[j] * id));
+  }
+}
+
+void quantize_row_q4_0(const float* x, block_q4_0* y, int64_t n) {
+  constexpr int64_t half = kQ4_0Block / 2;
+  for (int64_t b = 0; b < n / kQ4_0Block; ++b, x += kQ4_0Block) {
+    const float m = block_extreme(x, b, "q4_0");
+    const float d = m / -8.0f;
+    y[b].d.bits = block_scale(d, m, b, "q4_0", "65504 · 8");
+    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    // x / d + 8.5 lies in [0.5, 16.5]: the cast truncates as ggml's does.
+    const auto code = [&](float v) { return static_cast<uint8_t>(std::min(15, static_cast<int>(v * id + 8.5f))); };
+    for (int64_t j = 0; j < half; ++j) y[b].qs[j] = static_cast<uint8_t>(code(x[j]) | code(x[j + half]) << 4);
+  }
+}
+
+void dequantize_row_q4_0(const block_q4_0* x, float* y, int64_t n) {
+  constexpr int64_t half = kQ4_0Block / 2;
+  for (int64_t b = 0; b < n / kQ4_0Block; ++b) {
+    const float d = fp16_to_float(x[b].d.bits);
+    for (int64_t j = 0; j < half; ++j) {
+      y[b * kQ4_0Block + j] = d * static_cast<float>((x[b].qs[j] & 0x0f) - 8);
+      y[b * kQ4_0Block + j + half] = d * static_cast<float>((x[b].qs[j] >> 4) - 8);
+    }
   }
 }
 
@@ -99,27 +142,36 @@ Tensor<float> from_half(TensorView<const Half> x, float (*from_bits)(uint16_t)) 
   return out;
 }
 
+template <class Block>
+Tensor<Block> to_blocks(TensorView<const float> x, const char* dtype, void (*row)(const float*, Block*, int64_t)) {
+  if (x.rank() == 0 || x.dim(-1) % kBlockValues<Block> != 0)
+    throw ValueError(std::string("quantize ") + dtype + ": the last axis must be a multiple of 32 (blocks of 32 "
+                     "values), got shape " + shape_str(x.shape()));
+  return by_rows<Block>(x, x.dim(-1) / kBlockValues<Block>, row);
+}
+
+template <class Block>
+Tensor<float> from_blocks(TensorView<const Block> x, const char* dtype, void (*row)(const Block*, float*, int64_t)) {
+  if (x.rank() == 0)
+    throw ValueError(std::string("dequantize ") + dtype + ": expected blocks along a last axis, got a scalar");
+  Shape shape = x.shape();
+  shape.back() *= kBlockValues<Block>;
+  Tensor<float> out(shape);
+  const Tensor<Block> c = contiguous(x);
+  row(c.data(), out.data(), out.numel());
+  return out;
+}
+
 }  // namespace
 
-Tensor<block_q8_0> quantize_q8_0(TensorView<const float> x) {
-  if (x.rank() == 0 || x.dim(-1) % kQ8_0Block != 0)
-    throw ValueError("quantize q8_0: the last axis must be a multiple of 32 (blocks of 32 "
-                     "values), got shape " + shape_str(x.shape()));
-  return by_rows<block_q8_0>(x, x.dim(-1) / kQ8_0Block, quantize_row_q8_0);
-}
+Tensor<block_q8_0> quantize_q8_0(TensorView<const float> x) { return to_blocks(x, "q8_0", quantize_row_q8_0); }
+Tensor<block_q4_0> quantize_q4_0(TensorView<const float> x) { return to_blocks(x, "q4_0", quantize_row_q4_0); }
 
 Tensor<bfloat16> to_bfloat16(TensorView<const float> x) { return to_half<bfloat16>(x, float_to_bf16); }
 Tensor<float16> to_float16(TensorView<const float> x) { return to_half<float16>(x, float_to_fp16); }
 
-Tensor<float> dequantize(TensorView<const block_q8_0> x) {
-  if (x.rank() == 0) throw ValueError("dequantize q8_0: expected blocks along a last axis, got a scalar");
-  Shape shape = x.shape();
-  shape.back() *= kQ8_0Block;
-  Tensor<float> out(shape);
-  const Tensor<block_q8_0> c = contiguous(x);
-  dequantize_row_q8_0(c.data(), out.data(), out.numel());
-  return out;
-}
+Tensor<float> dequantize(TensorView<const block_q8_0> x) { return from_blocks(x, "q8_0", dequantize_row_q8_0); }
+Tensor<float> dequantize(TensorView<const block_q4_0> x) { return from_blocks(x, "q4_0", dequantize_row_q4_0); }
 
 Tensor<float> dequantize(TensorView<const bfloat16> x) { return from_half(x, bf16_to_float); }
 Tensor<float> dequantize(TensorView<const float16> x) { return from_half(x, fp16_to_float); }

@@ -74,7 +74,8 @@ const char* element_name() {
   if constexpr (std::is_same_v<E, double>) return "float64";
   if constexpr (std::is_same_v<E, bfloat16>) return "bfloat16";
   if constexpr (std::is_same_v<E, float16>) return "float16";
-  return "q8_0";
+  if constexpr (std::is_same_v<E, block_q8_0>) return "q8_0";
+  return "q4_0";
 }
 
 // What every rank must have alike.
@@ -178,6 +179,7 @@ class PartialResult {
   F(float, bfloat16)                \
   F(float, float16)                 \
   F(float, block_q8_0)              \
+  F(float, block_q4_0)              \
   F(double, double)
 
 }  // namespace attn::dist

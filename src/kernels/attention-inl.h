@@ -1,5 +1,5 @@
 // The pieces both attention kernels use, prefill (prefill.cc) and decode
-// (decode.cc): base-2 scores, loads of float32/bfloat16/fp16 K and V rows,
+// (decode.cc): base-2 scores (K and V rows are read by kv_rows-inl.h),
 // masks, softcap and ALiBi on a row of scores, the online-softmax step, P·V into
 // the output rows, and the settling of rows that came out NaN.
 // Highway's per-target include: include after hwy/highway.h inside a file
@@ -16,6 +16,7 @@
 #include <hwy/contrib/math/math-inl.h>
 
 #include "kernels/exp2-inl.h"
+#include "kernels/kv_rows-inl.h"
 #include "kernels/matmul-inl.h"
 #include "kernels/partial-inl.h"
 
@@ -33,8 +34,6 @@ HWY_BEFORE_NAMESPACE();
 namespace attn::kernels {
 namespace HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
-using DF = hn::ScalableTag<float>;
-using VF = hn::Vec<DF>;
 
 // n rounded up to whole vectors: the width of padded rows.
 inline int64_t WholeVectors(int64_t n) {
@@ -58,76 +57,6 @@ inline float ScoreScale(const core::AttentionProblem<float>& p) {
   return p.softcap > 0 ? static_cast<float>(p.scale) : Base2(p.scale);
 }
 
-// fp16 lanes promoted to float32. Highway 1.0.3 emulates the conversion on
-// targets without F16C (SSSE3, SSE4, scalar) by rebiasing the exponent, which
-// turns inf and NaN (exponent 31) into finite numbers near 65536; those lanes
-// are rebuilt from their bits there. Targets with a native conversion need
-// nothing.
-template <class D16>
-HWY_INLINE VF PromoteF16(DF d, hn::Vec<D16> h) {
-  const VF f = hn::PromoteTo(d, h);
-#if (HWY_ARCH_X86 && HWY_TARGET >= HWY_SSE4) || HWY_TARGET == HWY_SCALAR || \
-    HWY_TARGET == HWY_EMU128 || defined(HWY_DISABLE_F16C)
-  const hn::RebindToUnsigned<DF> du;
-  const auto bits = hn::PromoteTo(du, hn::BitCast(hn::RebindToUnsigned<D16>(), h));
-  const auto exponent = hn::Set(du, 0x7C00);
-  const auto special = hn::Eq(hn::And(bits, exponent), exponent);
-  const auto sign = hn::ShiftLeft<16>(hn::And(bits, hn::Set(du, 0x8000)));
-  const auto mantissa = hn::ShiftLeft<13>(hn::And(bits, hn::Set(du, 0x3FF)));
-  const auto inf_or_nan = hn::Or(sign, hn::Or(hn::Set(du, 0x7F800000), mantissa));
-  return hn::IfThenElse(hn::RebindMask(d, special), hn::BitCast(d, inf_or_nan), f);
-#else
-  return f;
-#endif
-}
-
-// Keys and values may be stored as float32, bfloat16, fp16 or q8_0 blocks;
-// arithmetic is float32. A row is read by column: element c of a q8_0 row is
-// code c % 32 of block c / 32 times its scale.
-
-// Element c of a K or V row.
-template <class KV>
-HWY_INLINE float KVValue(const KV* row, int64_t c) {
-  if constexpr (std::is_same_v<KV, block_q8_0>) {
-    const block_q8_0& b = row[c / kQ8_0Block];
-    return fp16_to_float(b.d.bits) * b.qs[c % kQ8_0Block];
-  } else {
-    return ToFloat(row[c]);
-  }
-}
-
-// A q8_0 block's fp16 scale in every lane, converted by the vector unit
-// (the scalar conversion's branches cost more than the block's arithmetic).
-HWY_INLINE VF Q8Scale(DF d, const block_q8_0& b) {
-  const hn::Rebind<uint16_t, DF> du16;
-  const hn::Rebind<hwy::float16_t, DF> df16;
-  return PromoteF16<decltype(df16)>(d, hn::BitCast(df16, hn::Set(du16, b.d.bits)));
-}
-
-// Elements c .. c + N - 1 of a row, c a multiple of the lanes N.
-template <class KV>
-HWY_INLINE VF LoadKV(DF d, const KV* row, int64_t c) {
-  if constexpr (std::is_same_v<KV, float>) {
-    return hn::LoadU(d, row + c);
-  } else if constexpr (std::is_same_v<KV, hwy::float16_t>) {
-    return PromoteF16<hn::Rebind<KV, DF>>(d, hn::LoadU(hn::Rebind<KV, DF>(), row + c));
-  } else if constexpr (std::is_same_v<KV, block_q8_0>) {
-    const auto N = static_cast<int64_t>(hn::Lanes(d));
-    if (N <= kQ8_0Block) {  // N, a power of 2, divides 32: the lanes lie in one block
-      const block_q8_0& b = row[c / kQ8_0Block];
-      const hn::Rebind<int8_t, DF> d8;
-      const hn::Rebind<int32_t, DF> d32;
-      const VF codes = hn::ConvertTo(d, hn::PromoteTo(d32, hn::LoadU(d8, b.qs + c % kQ8_0Block)));
-      return hn::Mul(codes, Q8Scale(d, b));
-    }
-    alignas(HWY_MAX_BYTES) float buf[HWY_MAX_BYTES / sizeof(float)];
-    for (int64_t i = 0; i < N; ++i) buf[i] = KVValue(row, c + i);
-    return hn::Load(d, buf);
-  } else {
-    return hn::PromoteTo(d, hn::LoadU(hn::Rebind<KV, DF>(), row + c));
-  }
-}
-
 // v rounded to bfloat16 and back, bit for bit float_to_bf16's rule: nearest,
 // ties to even, overflow to infinity; a NaN keeps its top half, made quiet.
 // The values bf16 precision computes with.
@@ -139,89 +68,6 @@ HWY_INLINE VF RoundToBF16(DF d, VF v) {
   const auto rounded = hn::And(hn::Add(bits, hn::Add(hn::Set(du, 0x7fffu), even)), top);
   const auto nan = hn::Or(hn::And(bits, top), hn::Set(du, 0x00400000u));
   return hn::BitCast(d, hn::IfThenElse(hn::RebindMask(du, hn::IsNaN(v)), nan, rounded));
-}
-
-// Elements c .. c + 2N - 1 of a row as two vectors, c a multiple of 2N: for
-// q8_0 with 2N <= 32 one block, whose scale is converted once.
-template <class KV>
-HWY_INLINE void LoadKVPair(DF d, const KV* row, int64_t c, VF& first, VF& second) {
-  const auto N = static_cast<int64_t>(hn::Lanes(d));
-  if constexpr (std::is_same_v<KV, block_q8_0>) {
-    if (2 * N <= kQ8_0Block) {
-      const block_q8_0& b = row[c / kQ8_0Block];
-      const hn::Rebind<int8_t, DF> d8;
-      const hn::Rebind<int32_t, DF> d32;
-      const int8_t* codes = b.qs + c % kQ8_0Block;
-      const VF scale = Q8Scale(d, b);
-      first = hn::Mul(hn::ConvertTo(d, hn::PromoteTo(d32, hn::LoadU(d8, codes))), scale);
-      second = hn::Mul(hn::ConvertTo(d, hn::PromoteTo(d32, hn::LoadU(d8, codes + N))), scale);
-      return;
-    }
-  }
-  first = LoadKV(d, row, c);
-  second = LoadKV(d, row, c + N);
-}
-
-// Elements c .. c + m - 1 of a row, m < N; the other lanes 0.
-template <class KV>
-HWY_INLINE VF LoadKVPart(DF d, const KV* row, int64_t c, int64_t m) {
-  if constexpr (std::is_same_v<KV, block_q8_0>) {
-    alignas(HWY_MAX_BYTES) float buf[HWY_MAX_BYTES / sizeof(float)] = {};
-    for (int64_t i = 0; i < m; ++i) buf[i] = KVValue(row, c + i);
-    return hn::Load(d, buf);
-  } else {
-    return LoadPart(d, row + c, m, 0.0f);
-  }
-}
-
-// Vector c of a row `width` elements long: whole, or the part before width
-// and 0 past it.
-template <class KV>
-HWY_INLINE VF LoadKVUpTo(DF d, const KV* row, int64_t c, int64_t width) {
-  const auto N = static_cast<int64_t>(hn::Lanes(d));
-  return c + N <= width ? LoadKV(d, row, c) : LoadKVPart(d, row, c, width - c);
-}
-
-// Row j of K or V of (b, h) in its storage type KV, and how many KVs apart
-// rows are (p an AttentionProblem<float> or a SparseProblem<float>).
-template <class KV, class Problem>
-const KV* KeyRow(const Problem& p, int64_t b, int64_t h, int64_t j) {
-  if constexpr (std::is_same_v<KV, float>) return p.k.row(b, h, j);
-  else return reinterpret_cast<const KV*>(p.k_stored.row(b, h, j));
-}
-template <class KV, class Problem>
-const KV* ValueRow(const Problem& p, int64_t b, int64_t h, int64_t j) {
-  if constexpr (std::is_same_v<KV, float>) return p.v.row(b, h, j);
-  else return reinterpret_cast<const KV*>(p.v_stored.row(b, h, j));
-}
-template <class KV, class Problem>
-int64_t KeyStride(const Problem& p) {
-  if constexpr (std::is_same_v<KV, float>) return p.k.row_stride;
-  else return p.k_stored.row_stride / static_cast<int64_t>(sizeof(KV));
-}
-template <class KV, class Problem>
-int64_t ValueStride(const Problem& p) {
-  if constexpr (std::is_same_v<KV, float>) return p.v.row_stride;
-  else return p.v_stored.row_stride / static_cast<int64_t>(sizeof(KV));
-}
-
-// Bytes of n values of a row.
-template <class KV>
-constexpr int64_t RowBytes(int64_t n) {
-  if constexpr (std::is_same_v<KV, block_q8_0>) return n / kQ8_0Block * static_cast<int64_t>(sizeof(KV));
-  else return n * static_cast<int64_t>(sizeof(KV));
-}
-
-// Calls f with a value of the storage type of p's K and V (hwy's 16-bit
-// types, whose loads Highway knows): p an AttentionProblem or a SparseProblem.
-template <class Problem, class F>
-HWY_INLINE void WithKVType(const Problem& p, F&& f) {
-  switch (p.kv) {
-    case core::KVStorage::BF16: return f(hwy::bfloat16_t());
-    case core::KVStorage::F16: return f(hwy::float16_t());
-    case core::KVStorage::Q8_0: return f(block_q8_0());
-    case core::KVStorage::Native: return f(0.0f);
-  }
 }
 
 // Element (r, j) of a block of weights P: at p[r · p_stride + j], or, with

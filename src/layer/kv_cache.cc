@@ -72,6 +72,7 @@ KVCache<T>::KVCache(KVDtype dtype, const StreamingCache& streaming) : dtype_(dty
     case KVDtype::BF16: keys_ = values_ = Tensor<bfloat16>(); break;
     case KVDtype::F16: keys_ = values_ = Tensor<float16>(); break;
     case KVDtype::Q8_0: keys_ = values_ = Tensor<block_q8_0>(); break;
+    case KVDtype::Q4_0: keys_ = values_ = Tensor<block_q4_0>(); break;
   }
 }
 
@@ -133,8 +134,8 @@ void KVCache<T>::append(TensorView<const T> k, TensorView<const T> v) {
     throw ValueError("KVCache.append: k and v must be (batch, heads, n, head_dim) with equal "
                      "batch, heads and n, got k " + shape_str(k.shape()) + ", v " +
                      shape_str(v.shape()));
-  if (dtype_ == KVDtype::Q8_0 && (k.dim(3) % kQ8_0Block != 0 || v.dim(3) % kQ8_0Block != 0))
-    throw ValueError("KVCache.append: a q8_0 cache stores rows in blocks of 32, so head_dim "
+  if (is_block_dtype(dtype_) && (k.dim(3) % 32 != 0 || v.dim(3) % 32 != 0))
+    throw ValueError(std::string("KVCache.append: a ") + kv_dtype_name(dtype_) + " cache stores rows in blocks of 32, so head_dim "
                      "must be a multiple of 32, got k " + shape_str(k.shape()) + ", v " +
                      shape_str(v.shape()));
   const bool first = std::visit([](const auto& s) { return s.rank() != 4; }, keys_);
@@ -156,7 +157,7 @@ void KVCache<T>::append(TensorView<const T> k, TensorView<const T> v) {
                      ", v " + shape_str(v.shape()));
   const int64_t n = k.dim(2);
   if (length_ + n > capacity()) reserve(std::max<int64_t>({16, 2 * capacity(), length_ + n}));
-  // Written past length_ first: a failure (a value q8_0 cannot hold) leaves
+  // Written past length_ first: a failure (a value q8_0 or q4_0 cannot hold) leaves
   // the cached tokens as they were.
   std::visit([&](auto& s) { store_rows(k, s, length_); }, keys_);
   std::visit([&](auto& s) { store_rows(v, s, length_); }, values_);
@@ -190,7 +191,7 @@ void KVCache<T>::restore(TensorView<const S> keys, TensorView<const S> values, c
   Tensor<S> k = contiguous(keys), v = contiguous(values);  // (before anything changes)
   keys_ = std::move(k);
   values_ = std::move(v);
-  const int64_t per_row = std::is_same_v<S, block_q8_0> ? kQ8_0Block : 1;
+  const int64_t per_row = kBlockValues<S>;
   head_dim_k_ = keys.dim(3) * per_row, head_dim_v_ = values.dim(3) * per_row;
   length_ = length;
   seen_ = seen;
@@ -231,6 +232,7 @@ ATTN_KV_RESTORE(float, float)
 ATTN_KV_RESTORE(float, bfloat16)
 ATTN_KV_RESTORE(float, float16)
 ATTN_KV_RESTORE(float, block_q8_0)
+ATTN_KV_RESTORE(float, block_q4_0)
 ATTN_KV_RESTORE(double, double)
 #undef ATTN_KV_RESTORE
 

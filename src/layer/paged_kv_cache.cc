@@ -93,9 +93,10 @@ PagedKVCache::PagedKVCache(int64_t num_pages, int64_t page_size, int64_t kv_head
   at_least("head_dim", head_dim, 0);
   at_least("value_head_dim", value_head_dim_, 0);
   if (num_pages > INT32_MAX) fail("PagedKVCache", "num_pages must fit int32 page numbers, got " + std::to_string(num_pages));
-  if (dtype == KVDtype::Q8_0 && (head_dim % kQ8_0Block != 0 || value_head_dim_ % kQ8_0Block != 0))
-    fail("PagedKVCache", "a q8_0 cache stores rows in blocks of 32: head_dim and value_head_dim must be multiples of "
-                         "32, got " + std::to_string(head_dim) + " and " + std::to_string(value_head_dim_));
+  if (is_block_dtype(dtype) && (head_dim % 32 != 0 || value_head_dim_ % 32 != 0))
+    fail("PagedKVCache", std::string("a ") + kv_dtype_name(dtype) + " cache stores rows in blocks of 32: head_dim and "
+                         "value_head_dim must be multiples of 32, got " + std::to_string(head_dim) + " and " +
+                         std::to_string(value_head_dim_));
   const auto make = [&](auto zero, int64_t cols) -> Pool {
     return pool_of<decltype(zero)>(layout, num_pages, page_size, kv_heads, cols);
   };
@@ -104,6 +105,7 @@ PagedKVCache::PagedKVCache(int64_t num_pages, int64_t page_size, int64_t kv_head
     case KVDtype::BF16: k_ = make(bfloat16{}, head_dim_), v_ = make(bfloat16{}, value_head_dim_); break;
     case KVDtype::F16: k_ = make(float16{}, head_dim_), v_ = make(float16{}, value_head_dim_); break;
     case KVDtype::Q8_0: k_ = make(block_q8_0{}, head_dim_), v_ = make(block_q8_0{}, value_head_dim_); break;
+    case KVDtype::Q4_0: k_ = make(block_q4_0{}, head_dim_), v_ = make(block_q4_0{}, value_head_dim_); break;
   }
   refs_.assign(static_cast<size_t>(num_pages), 0);
   for (int64_t p = num_pages - 1; p >= 0; --p) free_list_.push_back(static_cast<int32_t>(p));
@@ -114,6 +116,9 @@ PagedKVCache PagedKVCache::latent(int64_t num_pages, int64_t page_size, int64_t 
   if (kv_lora_rank < 1 || rope_dim < 0)
     fail("latent", "kv_lora_rank must be >= 1 and rope_dim >= 0, got " + std::to_string(kv_lora_rank) + " and " +
                        std::to_string(rope_dim));
+  if (dtype == KVDtype::Q4_0)
+    fail("latent", "a latent cache stores f32, bf16, f16 or q8_0, not q4_0 (its 4-bit latents would feed every head's "
+                   "keys and values alike; not offered)");
   if (dtype == KVDtype::Q8_0 && kv_lora_rank % kQ8_0Block != 0)
     fail("latent", "a q8_0 latent cache stores c in blocks of 32: kv_lora_rank must be a multiple of 32, got " +
                        std::to_string(kv_lora_rank));
@@ -407,7 +412,8 @@ SparseAttentionResult<float> sparse_attention(TensorView<const float> q, TensorV
 }
 
 namespace {
-std::vector<uint8_t> bytes_of(const std::variant<Tensor<float>, Tensor<bfloat16>, Tensor<float16>, Tensor<block_q8_0>>& pool) {
+template <class Pool>
+std::vector<uint8_t> bytes_of(const Pool& pool) {
   return std::visit([](const auto& t) {
     const auto* b = reinterpret_cast<const uint8_t*>(t.data());
     return std::vector<uint8_t>(b, b + t.numel() * sizeof(*t.data()));

@@ -97,6 +97,7 @@ ATTN_STREAMING(float, float)
 ATTN_STREAMING(float, bfloat16)
 ATTN_STREAMING(float, float16)
 ATTN_STREAMING(float, block_q8_0)
+ATTN_STREAMING(float, block_q4_0)
 ATTN_STREAMING(double, double)
 #undef ATTN_STREAMING
 

@@ -47,6 +47,11 @@ double element(const core::AttentionProblem<T>& p, const core::Operand<const T>&
         const block_q8_0 block = at(block_q8_0{}, c / kQ8_0Block);
         return double(fp16_to_float(block.d.bits)) * block.qs[c % kQ8_0Block];
       }
+      case core::KVStorage::Q4_0: {  // low nibbles hold values 0 .. 15, high ones 16 .. 31
+        const block_q4_0 block = at(block_q4_0{}, c / kQ4_0Block);
+        const int64_t i = c % kQ4_0Block, byte = block.qs[i % 16];
+        return double(fp16_to_float(block.d.bits)) * double((i < 16 ? byte & 15 : byte >> 4) - 8);
+      }
       case core::KVStorage::Native: break;
     }
   }

@@ -464,6 +464,54 @@ static void test_q8_0(void) {
                "q Q8_0, k Q8_0");
 }
 
+/* GGUF's q4_0 block: 18 bytes, byte j holding code j (low 4 bits) and code
+   j + 16 (high 4 bits), each value d * (code - 8). Written here from codes
+   and power-of-two scales, against the naive attention of the values. */
+typedef struct {
+  uint16_t d; /* fp16 bits */
+  uint8_t qs[16];
+} q4_0_block;
+
+static void test_q4_0(void) {
+  enum { N = 5, DK = 64, DQ = 32 };
+  static q4_0_block kb[N * DK / 32], vb[N * DQ / 32];
+  static float q[3 * DK], out[3 * DQ];
+  static double qd[3 * DK], kd[N * DK], vd[N * DQ], want[3 * DQ];
+  const uint16_t scale_bits[] = {0x2400, 0x3400}; /* 2^-6, 2^-2 */
+  const double scales[] = {1.0 / 64, 1.0 / 4};
+  const int64_t q_shape[] = {3, DK}, k_shape[] = {N, DK}, v_shape[] = {N, DQ}, out_shape[] = {3, DQ},
+                bad_shape[] = {N, 48};
+  uint32_t state = 11;
+  int64_t i, b, j;
+  attn_tensor tq, tk, tv, tout;
+  CHECK(sizeof(q4_0_block) == 18);
+  for (i = 0; i < 3 * DK; ++i) q[i] = (float)(qd[i] = next_value(&state));
+  for (b = 0; b < N * DK / 32 + N * DQ / 32; ++b) {
+    q4_0_block* blk = b < N * DK / 32 ? &kb[b] : &vb[b - N * DK / 32];
+    double* values = b < N * DK / 32 ? kd + b * 32 : vd + (b - N * DK / 32) * 32;
+    int codes[32];
+    blk->d = scale_bits[b % 2];
+    for (j = 0; j < 32; ++j) {
+      codes[j] = (int)((next_value(&state) + 1) * 8) & 15; /* 0 .. 15 */
+      values[j] = scales[b % 2] * (codes[j] - 8);
+    }
+    for (j = 0; j < 16; ++j) blk->qs[j] = (uint8_t)(codes[j] | codes[j + 16] << 4);
+  }
+  reference_head(qd, kd, vd, 3, N, DK, DQ, NULL, 0, -1, -1, 1 / sqrt((double)DK), 0, 0, want);
+  tq = tensor(q, ATTN_F32, 2, q_shape);
+  tk = tensor(kb, ATTN_Q4_0, 2, k_shape);
+  tv = tensor(vb, ATTN_Q4_0, 2, v_shape);
+  tout = tensor(out, ATTN_F32, 2, out_shape);
+  CHECK(attn_attention(&tq, &tk, &tv, NULL, NULL, &tout) == ATTN_OK);
+  expect_close_f(out, want, 3 * DQ, 1e-5, __LINE__);
+  tk.shape = bad_shape;
+  EXPECT_ERROR(attn_attention(&tq, &tk, &tv, NULL, NULL, &tout), ATTN_ERROR_INVALID_ARGUMENT,
+               "attn_attention: k: Q4_0 stores blocks of 32 values along the last axis");
+  tk = tensor(kb, ATTN_Q4_0, 2, k_shape);
+  tv = tensor(vb, ATTN_Q8_0, 2, v_shape);
+  EXPECT_ERROR(attn_attention(&tq, &tk, &tv, NULL, NULL, &tout), ATTN_ERROR_UNSUPPORTED, "k Q4_0, v Q8_0");
+}
+
 static void test_sinusoidal(void) {
   enum { N = 7, W = 6 };
   double got[N * W], want[N * W];
@@ -705,7 +753,7 @@ static void test_mha(void) {
                "attn_cache_new: cache is NULL");
   {
     /* A bf16 cache: the same chunks within bf16's rounding; its bytes are
-       2 per value of K and V. The layer's head_dim is too small for q8_0. */
+       2 per value of K and V. The layer's head_dim is too small for q8_0 and q4_0. */
     attn_cache* compact = NULL;
     int64_t bytes = -1, f32_bytes = -1;
     CHECK(attn_cache_bytes(cache, &f32_bytes) == ATTN_OK);
@@ -717,6 +765,8 @@ static void test_mha(void) {
     attn_cache_free(compact);
     EXPECT_ERROR(attn_cache_new_dtype(layer, ATTN_Q8_0, &compact), ATTN_ERROR_INVALID_ARGUMENT,
                  "attn_cache_new_dtype: dtype: Q8_0 stores blocks of 32 values");
+    EXPECT_ERROR(attn_cache_new_dtype(layer, ATTN_Q4_0, &compact), ATTN_ERROR_INVALID_ARGUMENT,
+                 "attn_cache_new_dtype: dtype: Q4_0 stores blocks of 32 values");
     EXPECT_ERROR(attn_cache_new_dtype(layer, ATTN_F64, &compact), ATTN_ERROR_UNSUPPORTED,
                  "is not a cache's");
   }
@@ -1038,6 +1088,7 @@ int main(void) {
   test_extras_and_sinks();
   test_precision();
   test_q8_0();
+  test_q4_0();
   test_positional();
   test_sinusoidal();
   test_rope();

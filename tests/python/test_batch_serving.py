@@ -184,7 +184,7 @@ def test_cache_against_a_model_of_its_sequences(layout):
 def test_cache_ids_dtypes_copies_and_pickles():
     import copy
     import pickle
-    for alias, name in (("float32", "f32"), ("bfloat16", "bf16"), ("float16", "f16"), ("q8_0", "q8_0")):
+    for alias, name in (("float32", "f32"), ("bfloat16", "bf16"), ("float16", "f16"), ("q8_0", "q8_0"), ("q4_0", "q4_0")):
         assert attn.PagedKVCache(2, 4, 1, 32, dtype=alias).dtype == name
     cache = attn.PagedKVCache(8, 4, 1, 2)
     a = cache.add_sequence()
@@ -377,6 +377,10 @@ def test_batch_attention_quantized_pages_and_bad_metadata():
     np.testing.assert_allclose(f16, f32, atol=1e-6)
     q8 = attn.batch_attention(q, qo_indptr, (attn.quantize(k_pages, "q8_0"), attn.quantize(v_pages, "q8_0")), **meta)
     np.testing.assert_allclose(q8, attn.batch_attention(q, qo_indptr, (k_pages, v_pages), **meta), atol=0.05)
+    kq4, vq4 = attn.quantize(k_pages, "q4_0"), attn.quantize(v_pages, "q4_0")  # read as stored: float32 rounding
+    np.testing.assert_allclose(attn.batch_attention(q, qo_indptr, (kq4, vq4), **meta),
+                               attn.batch_attention(q, qo_indptr, (kq4.dequantize(), vq4.dequantize()), **meta),
+                               rtol=1e-5, atol=1e-6)
     far = kv_indices.copy()
     far[-1] = 99
     bad = [(dict(kv_indices=far), "kv_indices must be below num_pages = 6, got page 99"),

@@ -764,6 +764,12 @@ def test_bench_reports_consistent_numbers():
     assert 1e-4 < r["error_vs_f64"] < 2e-2 and r["speedup_vs_f32"] > 0
     bad = run("bench", "decode", "--kv-len", L, "--heads", heads, "--head-dim", 20, "--kv-dtype", "q8_0")
     assert bad.returncode != 0 and "multiple of 32" in bad.stderr
+    # q4_0: 18 bytes per 32 values; issue 50's bound on its error.
+    r = json.loads(ok("bench", "decode", "--kv-len", L, "--heads", heads, "--head-dim", d,
+                      "--kv-dtype", "q4_0", "--threads", 1, "--json").stdout)
+    assert r["gbps"] == pytest.approx(2 * heads * L * d // 32 * 18 / r["median_ms"] * 1e-6,
+                                      rel=rate_tol(r["median_ms"], r["gbps"]))
+    assert 1e-3 < r["error_vs_f64"] < 8e-2 and r["speedup_vs_f32"] > 0
     # MLA's absorbed decode: 2·H·kv_len·(576 + 512) FLOPs against the FMA peak, on the unit named
     r = json.loads(ok("bench", "mla", "--kv-len", 700, "--heads", 4, "--kv-dtype", "bf16", "--threads", 1,
                       "--json").stdout)

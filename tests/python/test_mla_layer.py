@@ -226,6 +226,9 @@ def test_state_dict_keys_safetensors_and_bad_input():
     with pytest.raises(ValueError, match="LatentCache: q8_0 stores blocks of 32 values, so kv_lora_rank must be a multiple of 32, got 48"):
         attn.MultiHeadLatentAttention(64, 4, q_lora_rank=None, kv_lora_rank=48, qk_nope_head_dim=16,
                                       qk_rope_head_dim=8, v_head_dim=12).new_cache("q8_0")
+    for make in (lambda: m.new_cache("q4_0"), lambda: m.new_paged_cache(4, 16, "q4_0")):
+        with pytest.raises(ValueError, match="a latent cache stores f32, bf16, f16 or q8_0, not q4_0"):
+            make()
     cache = m.new_cache()
     m(np.zeros((2, 3, 64), np.float32), cache=cache)
     with pytest.raises(ValueError, match="the cache holds batch 2, x has 1"):

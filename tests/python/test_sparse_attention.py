@@ -116,7 +116,7 @@ def stored(x, dtype):
 
 
 @pytest.mark.parametrize("layout", ["NHD", "HND"])
-@pytest.mark.parametrize("dtype", ["f32", "bf16", "f16", "q8_0"])
+@pytest.mark.parametrize("dtype", ["f32", "bf16", "f16", "q8_0", "q4_0"])
 def test_sparse_attention_over_a_paged_cache_is_each_request_alone(dtype, layout):
     rng = np.random.default_rng(11)
     hq, hkv, d, dv, topk = 4, 2, 32, 64, 7
