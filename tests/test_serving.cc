@@ -338,6 +338,51 @@ TEST(BatchAttention, StorageTypesReadTheirStoredValues) {
   }
 }
 
+// Decode scores block-stored keys four at a time, or one at a time where a
+// page holds fewer (decode.cc, DotKeys): the same bits either way. One
+// sequence's q8_0 or q4_0 K and V, contiguous (keys by fours, a chunk's last
+// ones alone) and in HND pages of 3 (all alone) and 16, whose items are the
+// contiguous call's (one kv head, 512-key chunks, the same softmax blocks):
+// the log-sum-exps, which only the scores reach, are bitwise equal. (P·V
+// sums page by page, so the outputs agree to rounding.)
+TEST(BatchAttention, DecodeScoresAKeyTheSameAloneAndAmongFour) {
+  std::mt19937 rng(17);
+  const int64_t hq = 8, hkv = 2, d = 64, n = 1100;
+  const auto q = test::cast<float>(random_tensor({1, hq, d}, rng));
+  const auto k = test::cast<float>(random_tensor({hkv, n, d}, rng)), v = test::cast<float>(random_tensor({hkv, n, d}, rng));
+  const auto check = [&](auto quantize) {
+    const auto kq = quantize(k.view()), vq = quantize(v.view());
+    using Block = std::remove_cvref_t<decltype(*kq.data())>;
+    const Tensor<float> q4 = contiguous(TensorView<const float>(q.view()).transpose(0, 1));  // (hq, 1, d)
+    Tensor<float> whole({hq, 1, d}), whole_lse({hq, 1});
+    AttentionExtras<float> extras;
+    extras.lse = whole_lse.view();
+    AttentionPlan(q4.view(), TensorView<const Block>(kq.view()), TensorView<const Block>(vq.view())).run(whole.view(), extras);
+    for (const int64_t page_size : {3, 16}) {
+      const int64_t pages = (n + page_size - 1) / page_size;
+      Tensor<float> kp({pages, hkv, page_size, d}), vp({pages, hkv, page_size, d});
+      for (int64_t h = 0; h < hkv; ++h)
+        for (int64_t j = 0; j < n; ++j)
+          for (int64_t c = 0; c < d; ++c)
+            kp.at({j / page_size, h, j % page_size, c}) = k.at({h, j, c}),
+            vp.at({j / page_size, h, j % page_size, c}) = v.at({h, j, c});
+      Tensor<int32_t> indptr({2}, {0, static_cast<int32_t>(pages)}), indices({pages}), last({1});
+      for (int64_t p = 0; p < pages; ++p) indices[p] = static_cast<int32_t>(p);
+      last[0] = static_cast<int32_t>(n - (pages - 1) * page_size);
+      const Tensor<int32_t> qo({2}, {0, 1});
+      const auto kpq = quantize(kp.view()), vpq = quantize(vp.view());
+      const auto got = batch_attention<Block>(q.view(), qo.view(), kpq.view(), vpq.view(), indptr.view(), indices.view(),
+                                              last.view(), {}, PageLayout::HND, true);
+      for (int64_t h = 0; h < hq; ++h) {
+        EXPECT_EQ(got.lse.at({0, h}), whole_lse.at({h, 0})) << "pages of " << page_size << ", head " << h;
+        for (int64_t c = 0; c < d; ++c) EXPECT_NEAR(got.out.at({0, h, c}), whole.at({h, 0, c}), 1e-6);
+      }
+    }
+  };
+  check([](TensorView<const float> x) { return quantize_q8_0(x); });
+  check([](TensorView<const float> x) { return quantize_q4_0(x); });
+}
+
 TEST(BatchAttention, BitwiseOneCallSeparateCallsAndAnyThreadCount) {
   const PagedBatch b = make_batch(kQoLens, kKvLens, 16, 8, 2, 32, 32, PageLayout::NHD, 6);
   BatchAttentionOptions o;
