@@ -199,6 +199,13 @@ HWY_INLINE void PrefetchSpan(const void* x, int64_t bytes) {
   for (uintptr_t line = first & ~uintptr_t{63}; line < end; line += 64) hwy::Prefetch(reinterpret_cast<const char*>(line));
 }
 
+// The prefill's micro-kernel over a tile's panel, compiled once for every
+// storage type (only the panel's packing depends on it).
+HWY_NOINLINE void PanelProducts(DF d, const float* const* q, int rows, int64_t D, const float* panel, float scale,
+                                float* s, int64_t s_stride, int64_t cols) {
+  MatmulPanel(d, q, rows, D, panel, scale, s, s_stride, Plain(), cols);
+}
+
 // One item's view of its keys, j0 .. j0 + jn: its rows' queries, the
 // scale, K's and V's row strides, and the distance between heads' rows of
 // a token (nh > 1: side by side, one span of k_span / v_span bytes).
@@ -314,8 +321,8 @@ struct ChunkKeys {
         }
         PadPanel(tn, p.d, panel);
         for (int64_t r0 = 0; r0 < R; r0 += kRows)
-          MatmulPanel(d, q + hh * R + r0, static_cast<int>(std::min<int64_t>(kRows, R - r0)), p.d, panel, scale,
-                      s + (hh * R + r0) * s_stride + t - from, s_stride, Plain(), tn);
+          PanelProducts(d, q + hh * R + r0, static_cast<int>(std::min<int64_t>(kRows, R - r0)), p.d, panel, scale,
+                        s + (hh * R + r0) * s_stride + t - from, s_stride, tn);
       }
     }
   }
@@ -340,6 +347,31 @@ struct ChunkKeys {
     }
   }
 };
+
+// The online softmax's step over one block of an item's scores s (`rows`
+// rows B apart, `count` keys from key `first`, -inf put past them): softcap,
+// masks (the causal/window range too unless `inside`), then each row's
+// running max m and sums l_lanes, its output o (dvp apart) rescaled. The
+// same for every storage type: compiled once.
+HWY_NOINLINE void BlockSoftmax(DF d, const core::AttentionProblem<float>& p, int64_t b, int64_t h0, int64_t first,
+                               int64_t count, bool check_range, int64_t B, int64_t rows, float* s, float* m,
+                               float* l_lanes, float* o, int64_t dvp) {
+  const int64_t N = static_cast<int64_t>(hn::Lanes(d)), R = p.group() * p.n_q;
+  if (p.softcap > 0) Softcap(d, p.softcap, s, rows * B);
+  const bool masked = check_range || p.mask.present() || !p.alibi.empty();
+  for (int64_t r = 0; r < rows; ++r) {
+    float* sr = s + r * B;
+    std::fill(sr + count, sr + B, -std::numeric_limits<float>::infinity());
+    // Row r: head h0 + r / R's query head r % R / n_q, query r % n_q.
+    if (masked) MaskRow(d, p, b, (h0 + r / R) * p.group() + r % R / p.n_q, r % p.n_q, first, count, check_range, sr);
+    const float alpha = SoftmaxStep(d, sr, B, m[r], l_lanes + r * N);
+    if (alpha != 1.0f) {
+      const VF a = hn::Set(d, alpha);
+      float* orow = o + r * dvp;
+      for (int64_t c = 0; c < dvp; c += N) hn::Store(hn::Mul(hn::Load(d, orow + c), a), d, orow + c);
+    }
+  }
+}
 
 // Partial result of one item, kv heads h0 .. h0 + split.heads, keys of
 // chunk `chunk`, for its rows (R = group · n_q per head, head by head):
@@ -378,19 +410,7 @@ void DecodeChunk(DF d, const core::AttentionProblem<float>& p, int64_t b, int64_
     const bool inside = j0 + from >= last.begin && j0 + to <= first.end;
     if (panel) keys.PanelScores(d, from, to, s, B, panel);
     else keys.Scores(d, from, to, s, B);
-    if (p.softcap > 0) Softcap(d, p.softcap, s, rows * B);
-    const bool masked = !inside || p.mask.present() || !p.alibi.empty();
-    for (int64_t r = 0; r < rows; ++r) {
-      float* sr = s + r * B;
-      std::fill(sr + count, sr + B, ninf);
-      if (masked) MaskRow(d, p, b, row_head(r), r % p.n_q, j0 + from, count, !inside, sr);
-      const float alpha = SoftmaxStep(d, sr, B, m[r], l_lanes + r * N);
-      if (alpha != 1.0f) {
-        const VF a = hn::Set(d, alpha);
-        float* orow = o + r * dvp;
-        for (int64_t c = 0; c < dvp; c += N) hn::Store(hn::Mul(hn::Load(d, orow + c), a), d, orow + c);
-      }
-    }
+    BlockSoftmax(d, p, b, h0, j0 + from, count, !inside, B, rows, s, m, l_lanes, o, dvp);
     keys.Values(d, from, to, s, B, o, dvp);
   }
   for (int64_t r = 0; r < rows; ++r) l[r] = hn::GetLane(hn::SumOfLanes(d, hn::Load(d, l_lanes + r * N)));
