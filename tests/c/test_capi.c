@@ -363,9 +363,26 @@ typedef struct {
   int8_t qs[32];
 } q8_0_block;
 
-/* K and V as q8_0 blocks written here from codes and power-of-two scales
-   (exact in fp16 and float), against the naive attention of the values they
-   hold; a logical last axis that is not whole blocks is refused. */
+/* K and V of a block dtype (kb, vb; their values kd, vd) read by attention
+   for nq float32 queries q (values qd) against the naive attention of the
+   values; a logical last axis that is not whole blocks is refused, named. */
+static void check_blocks(attn_dtype dtype, float* q, const double* qd, void* kb, const double* kd, void* vb,
+                         const double* vd, int64_t nq, int64_t n, int64_t dk, int64_t dv, float* out,
+                         double* want) {
+  const int64_t q_shape[] = {nq, dk}, k_shape[] = {n, dk}, v_shape[] = {n, dv}, out_shape[] = {nq, dv},
+                bad_shape[] = {n, dk - 16};
+  char message[128];
+  attn_tensor tq = tensor(q, ATTN_F32, 2, q_shape), tk = tensor(kb, dtype, 2, k_shape),
+              tv = tensor(vb, dtype, 2, v_shape), tout = tensor(out, ATTN_F32, 2, out_shape);
+  reference_head(qd, kd, vd, nq, n, dk, dv, NULL, 0, -1, -1, 1 / sqrt((double)dk), 0, 0, want);
+  CHECK(attn_attention(&tq, &tk, &tv, NULL, NULL, &tout) == ATTN_OK);
+  expect_close_f(out, want, nq * dv, 1e-5, __LINE__);
+  tk.shape = bad_shape;
+  snprintf(message, sizeof message, "attn_attention: k: %s stores blocks of 32 values along the last axis",
+           dtype == ATTN_Q8_0 ? "Q8_0" : "Q4_0");
+  EXPECT_ERROR(attn_attention(&tq, &tk, &tv, NULL, NULL, &tout), ATTN_ERROR_INVALID_ARGUMENT, message);
+}
+
 /* ALiBi through options.alibi_slopes (F64 or F32, one per query head) and
    attn_alibi_slopes; RoPE's frequencies with a rope_scaling dict. */
 static void test_positional(void) {
@@ -425,6 +442,8 @@ static void test_positional(void) {
                "attention_factor is NULL");
 }
 
+/* K and V as q8_0 blocks written here from codes and power-of-two scales
+   (exact in fp16 and float), read as check_blocks reads them. */
 static void test_q8_0(void) {
   enum { N = 6, DK = 64, DQ = 32 };
   static q8_0_block kb[N * DK / 32], vb[N * DQ / 32];
@@ -432,8 +451,7 @@ static void test_q8_0(void) {
   static double qd[2 * DK], kd[N * DK], vd[N * DQ], want[2 * DQ];
   const uint16_t scale_bits[] = {0x2000, 0x2800, 0x3000}; /* 2^-7, 2^-5, 2^-3 */
   const double scales[] = {1.0 / 128, 1.0 / 32, 1.0 / 8};
-  const int64_t q_shape[] = {2, DK}, k_shape[] = {N, DK}, v_shape[] = {N, DQ}, out_shape[] = {2, DQ},
-                bad_shape[] = {N, 20};
+  const int64_t q_shape[] = {2, DK}, k_shape[] = {N, DK}, v_shape[] = {N, DQ}, out_shape[] = {2, DQ};
   uint32_t state = 7;
   int64_t i, b, j;
   attn_tensor tq, tk, tv, tout;
@@ -448,25 +466,18 @@ static void test_q8_0(void) {
       values[j] = scales[b % 3] * blk->qs[j];
     }
   }
-  reference_head(qd, kd, vd, 2, N, DK, DQ, NULL, 0, -1, -1, 1 / sqrt((double)DK), 0, 0, want);
-  tq = tensor(q, ATTN_F32, 2, q_shape);
+  check_blocks(ATTN_Q8_0, q, qd, kb, kd, vb, vd, 2, N, DK, DQ, out, want);
+  tq = tensor(kb, ATTN_Q8_0, 2, q_shape);
   tk = tensor(kb, ATTN_Q8_0, 2, k_shape);
   tv = tensor(vb, ATTN_Q8_0, 2, v_shape);
   tout = tensor(out, ATTN_F32, 2, out_shape);
-  CHECK(attn_attention(&tq, &tk, &tv, NULL, NULL, &tout) == ATTN_OK);
-  expect_close_f(out, want, 2 * DQ, 1e-5, __LINE__);
-  tk.shape = bad_shape;
-  EXPECT_ERROR(attn_attention(&tq, &tk, &tv, NULL, NULL, &tout), ATTN_ERROR_INVALID_ARGUMENT,
-               "attn_attention: k: Q8_0 stores blocks of 32 values along the last axis");
-  tk = tensor(kb, ATTN_Q8_0, 2, k_shape);
-  tq = tensor(kb, ATTN_Q8_0, 2, k_shape);
   EXPECT_ERROR(attn_attention(&tq, &tk, &tv, NULL, NULL, &tout), ATTN_ERROR_UNSUPPORTED,
                "q Q8_0, k Q8_0");
 }
 
 /* GGUF's q4_0 block: 18 bytes, byte j holding code j (low 4 bits) and code
    j + 16 (high 4 bits), each value d * (code - 8). Written here from codes
-   and power-of-two scales, against the naive attention of the values. */
+   and power-of-two scales, read as check_blocks reads them. */
 typedef struct {
   uint16_t d; /* fp16 bits */
   uint8_t qs[16];
@@ -479,8 +490,7 @@ static void test_q4_0(void) {
   static double qd[3 * DK], kd[N * DK], vd[N * DQ], want[3 * DQ];
   const uint16_t scale_bits[] = {0x2400, 0x3400}; /* 2^-6, 2^-2 */
   const double scales[] = {1.0 / 64, 1.0 / 4};
-  const int64_t q_shape[] = {3, DK}, k_shape[] = {N, DK}, v_shape[] = {N, DQ}, out_shape[] = {3, DQ},
-                bad_shape[] = {N, 48};
+  const int64_t q_shape[] = {3, DK}, k_shape[] = {N, DK}, v_shape[] = {N, DQ}, out_shape[] = {3, DQ};
   uint32_t state = 11;
   int64_t i, b, j;
   attn_tensor tq, tk, tv, tout;
@@ -497,18 +507,11 @@ static void test_q4_0(void) {
     }
     for (j = 0; j < 16; ++j) blk->qs[j] = (uint8_t)(codes[j] | codes[j + 16] << 4);
   }
-  reference_head(qd, kd, vd, 3, N, DK, DQ, NULL, 0, -1, -1, 1 / sqrt((double)DK), 0, 0, want);
+  check_blocks(ATTN_Q4_0, q, qd, kb, kd, vb, vd, 3, N, DK, DQ, out, want);
   tq = tensor(q, ATTN_F32, 2, q_shape);
   tk = tensor(kb, ATTN_Q4_0, 2, k_shape);
-  tv = tensor(vb, ATTN_Q4_0, 2, v_shape);
-  tout = tensor(out, ATTN_F32, 2, out_shape);
-  CHECK(attn_attention(&tq, &tk, &tv, NULL, NULL, &tout) == ATTN_OK);
-  expect_close_f(out, want, 3 * DQ, 1e-5, __LINE__);
-  tk.shape = bad_shape;
-  EXPECT_ERROR(attn_attention(&tq, &tk, &tv, NULL, NULL, &tout), ATTN_ERROR_INVALID_ARGUMENT,
-               "attn_attention: k: Q4_0 stores blocks of 32 values along the last axis");
-  tk = tensor(kb, ATTN_Q4_0, 2, k_shape);
   tv = tensor(vb, ATTN_Q8_0, 2, v_shape);
+  tout = tensor(out, ATTN_F32, 2, out_shape);
   EXPECT_ERROR(attn_attention(&tq, &tk, &tv, NULL, NULL, &tout), ATTN_ERROR_UNSUPPORTED, "k Q4_0, v Q8_0");
 }
 
