@@ -52,7 +52,7 @@ SANITIZER_ENV := ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=prin
 MPI_SANITIZER_ENV := ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:fast_unwind_on_malloc=0 \
                      LSAN_OPTIONS=suppressions=$(CURDIR)/tests/dist/lsan.supp UBSAN_OPTIONS=print_stacktrace=1
 
-.PHONY: all build configure demo test test-add-subdirectory bench bench-report arm-build test-arm test-arm-kernels package-arm deps test-deps clean asan fuzz fuzz-build tsan package
+.PHONY: all build configure demo test test-add-subdirectory bench bench-ort bench-report arm-build test-arm test-arm-kernels package-arm deps test-deps clean asan fuzz fuzz-build tsan package
 
 all: build
 
@@ -133,6 +133,16 @@ bench: test-deps
 	env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE ATEN_CPU_CAPABILITY=avx512 \
 	    $(PYTHON) bench/compare.py
 
+# attn against ONNX Runtime's CPU provider (bench/ort_compare.mjs), in turns:
+# npm's onnxruntime-node, whose package holds the CPU library (its install
+# script, skipped, would fetch CUDA's from NuGet). Not part of make test.
+ORT_NODE_VERSION := 1.31.1
+bench-ort: build
+	@tools/install-deps.sh nodejs
+	@command -v npm >/dev/null || tools/install-deps.sh npm
+	npm install --prefix $(BUILD)/ort --no-audit --no-fund --ignore-scripts onnxruntime-node@$(ORT_NODE_VERSION) >/dev/null
+	node bench/ort_compare.mjs --attn $(BUILD)/bin/attn --ort $(BUILD)/ort/node_modules/onnxruntime-node
+
 # The figures of the README and docs/performance.md, measured again and
 # written between their markers (bench/report.py), peers as for `make bench`.
 bench-report: test-deps
@@ -161,7 +171,7 @@ ARM_CPUS      := cortex-a72/NEON max,sve=off/NEON/neon_bf16/neon_dotprod a64fx/S
 # hosts: three of these tests took 390 s on one SVE CPU on a Xeon, where a
 # Zen 5 ran all of them in under 2 minutes; make test-arm runs SVE.)
 ARM_TEST_CPUS := cortex-a72/NEON max,sve=off/NEON/neon_bf16/neon_dotprod
-ARM_KERNEL_TESTS := Kernels.*:EdgeCases.*:KVStorage.*:Q8_0.*:Precision.*:SparseAttention.*:LatentAttention.*
+ARM_KERNEL_TESTS := Kernels.*:EdgeCases.*:KVStorage.*:Q8_0.*:Q4_0.*:Precision.*:SparseAttention.*:LatentAttention.*
 
 # ARM_HWY_DISABLED: the Highway targets to leave out (none: every Arm target);
 # ARM_TESTS: the test program (attn_kernel_tests: the kernels' and threads'

@@ -89,20 +89,18 @@ HWY_INLINE void DotRows(DF d, const float* const* q, const KV* k, int64_t D, flo
 }
 
 // Keys stored in blocks (q8_0, q4_0), whose widening makes decode wait on
-// arithmetic rather than memory, are scored four at a time where vectors
-// are whole 128-bit blocks of a fixed size (not SVE's scalable ones, not the
-// scalar target): a row's four accumulators are summed together (Sums4),
-// about 4 operations per score where a sum of each alone takes about 9, in
-// a chain of latencies per key. 32768 keys, 32 query and 8 KV heads of 128,
+// arithmetic rather than memory, are scored four at a time on targets with
+// 32 vector registers for the 16 accumulators (AVX-512, NEON; not SVE's
+// sizeless vectors, which cannot form the arrays): a row's four
+// accumulators are summed together (Sums4), about 4 operations per score
+// where a sum of each alone takes about 9, in a chain of latencies per key. 32768 keys, 32 query and 8 KV heads of 128,
 // AMD EPYC (Zen 5), ms, key by key against four at a time: 2 threads q8_0
 // 2.88-3.01 against 2.43-2.66, q4_0 2.93-3.23 against 2.47-2.76; 1 thread
 // q8_0 5.52-5.85 against 4.54-4.83, q4_0 5.68-5.93 against 4.69-4.99.
 // float32 and bf16 wait on memory, and ran slower four at a time (1 thread,
 // float32 10.5-11.1 against 11.8-12.6 ms): they keep DotRows.
 #undef ATTN_DECODE_FOUR_KEYS
-#if HWY_HAVE_SCALABLE || HWY_TARGET == HWY_SCALAR
-#define ATTN_DECODE_FOUR_KEYS 0
-#else
+#if (HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3) || (HWY_ARCH_ARM && HWY_TARGET == HWY_NEON)
 #define ATTN_DECODE_FOUR_KEYS 1
 
 // A vector's lanes in 128-bit blocks added into one block (halving).
@@ -164,6 +162,8 @@ HWY_INLINE void DotKeys(DF d, const float* const* q, const KV* k, int64_t k_stri
     else s[r * s_stride] = hn::GetLane(sums) * scale;
   }
 }
+#else
+#define ATTN_DECODE_FOUR_KEYS 0
 #endif  // ATTN_DECODE_FOUR_KEYS
 
 thread_local Scratch<float> tls_decode_scores, tls_decode_sums;
