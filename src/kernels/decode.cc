@@ -93,12 +93,13 @@ HWY_INLINE void DotRows(DF d, const float* const* q, const KV* k, int64_t D, flo
 // 32 vector registers for the 16 accumulators (AVX-512, NEON; not SVE's
 // sizeless vectors, which cannot form the arrays): a row's four
 // accumulators are summed together (Sums4), about 4 operations per score
-// where a sum of each alone takes about 9, in a chain of latencies per key. 32768 keys, 32 query and 8 KV heads of 128,
-// AMD EPYC (Zen 5), ms, key by key against four at a time: 2 threads q8_0
-// 2.88-3.01 against 2.43-2.66, q4_0 2.93-3.23 against 2.47-2.76; 1 thread
-// q8_0 5.52-5.85 against 4.54-4.83, q4_0 5.68-5.93 against 4.69-4.99.
-// float32 and bf16 wait on memory, and ran slower four at a time (1 thread,
-// float32 10.5-11.1 against 11.8-12.6 ms): they keep DotRows.
+// where a sum of each alone takes about 9, in a chain of latencies per key.
+// 32768 keys, 32 query and 8 KV heads of 128, AMD EPYC (Zen 5), ms, key by
+// key against four at a time: 2 threads q8_0 2.88-3.01 against 2.43-2.66,
+// q4_0 2.93-3.23 against 2.47-2.76; 1 thread q8_0 5.52-5.85 against
+// 4.54-4.83, q4_0 5.68-5.93 against 4.69-4.99. float32 and bf16 wait on
+// memory, and ran slower four at a time (1 thread, float32 10.5-11.1 against
+// 11.8-12.6 ms): they keep DotRows.
 #undef ATTN_DECODE_FOUR_KEYS
 #if (HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3) || (HWY_ARCH_ARM && HWY_TARGET == HWY_NEON)
 #define ATTN_DECODE_FOUR_KEYS 1
@@ -264,7 +265,8 @@ struct ChunkKeys {
 
   // s[(hh·R + r)·s_stride + j - from] = the scores of keys from .. to (run by
   // run: a run's rows are k_stride apart, one run unless K and V are paged,
-  // then one per page), by DotRows.
+  // then one per page), by DotRows, or for block types by DotKeys, four keys
+  // of a run at a time, its last ones alone.
   HWY_INLINE void Scores(DF d, int64_t from, int64_t to, float* s, int64_t s_stride) const {
     // Locals, not members: a member could be one of the floats the scores'
     // stores reach, so the compiler would load it again after each.
