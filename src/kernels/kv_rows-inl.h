@@ -106,22 +106,17 @@ HWY_INLINE VF LoadKV(DF d, const KV* row, int64_t c) {
     return hn::LoadU(d, row + c);
   } else if constexpr (std::is_same_v<KV, hwy::float16_t>) {
     return PromoteF16<hn::Rebind<KV, DF>>(d, hn::LoadU(hn::Rebind<KV, DF>(), row + c));
-  } else if constexpr (std::is_same_v<KV, block_q8_0>) {
+  } else if constexpr (kIsBlockType<KV>) {
     const auto N = static_cast<int64_t>(hn::Lanes(d));
-    if (N <= kQ8_0Block) {  // N, a power of 2, divides 32: the lanes lie in one block
-      const block_q8_0& b = row[c / kQ8_0Block];
+    const KV& b = row[c / kBlockValues<KV>];
+    // N, a power of 2, divides 32: the lanes lie in one block (and, for
+    // q4_0, N <= 16, in one half of it, one nibble of consecutive bytes).
+    if constexpr (std::is_same_v<KV, block_q8_0>) {
       const hn::Rebind<int8_t, DF> d8;
       const hn::Rebind<int32_t, DF> d32;
-      const VF codes = hn::ConvertTo(d, hn::PromoteTo(d32, hn::LoadU(d8, b.qs + c % kQ8_0Block)));
-      return hn::Mul(codes, BlockScale(d, b));
-    }
-    alignas(HWY_MAX_BYTES) float buf[HWY_MAX_BYTES / sizeof(float)];
-    for (int64_t i = 0; i < N; ++i) buf[i] = KVValue(row, c + i);
-    return hn::Load(d, buf);
-  } else if constexpr (std::is_same_v<KV, block_q4_0>) {
-    const auto N = static_cast<int64_t>(hn::Lanes(d));
-    if (N <= kQ4_0Block / 2) {
-      const block_q4_0& b = row[c / kQ4_0Block];
+      if (N <= kQ8_0Block)
+        return hn::Mul(hn::ConvertTo(d, hn::PromoteTo(d32, hn::LoadU(d8, b.qs + c % kQ8_0Block))), BlockScale(d, b));
+    } else if (N <= kQ4_0Block / 2) {
       const VF scale = BlockScale(d, b);
       return Q4Values(d, b, c % kQ4_0Block, scale, hn::Mul(scale, hn::Set(d, -8.0f)));
     }
