@@ -95,6 +95,10 @@ def summary_rows(build, s):
     for dtype in ("bf16", "q8_0", "q4_0"):
         r = decode(build, s, "--kv-dtype", dtype)
         rows.append((f"decode, {dtype} K/V", decode_shape, f"{r['speedup_vs_f32']:.2f}× float32 K/V's speed"))
+    r = decode(build, s, "--kv-dtype", "q8_0", "--precision", "int8")
+    rows.append(("decode, q8_0 K/V, int8 precision", decode_shape,
+                 f"{r['speedup_vs_f32']:.2f}× float32 K/V's speed; {1 / r['time_vs_f32_precision']:.2f}× "
+                 f"float32 precision's (on {r['unit']})"))
     r = bench(build, "varlen", "--lengths", *s.lengths, "--causal")
     rows.append(("packed variable lengths, causal", "lengths " + ", ".join(s.lengths) + ", 8 heads × 64",
                  f"{r['speedup_vs_padded']:.2f}× padding's speed; {r['time_vs_per_sequence']:.2f}× "

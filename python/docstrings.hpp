@@ -144,8 +144,10 @@ precision
     the mean of its head's keys, to int8 with one scale per row for q·kᵀ
     (SageAttention's recipe; about 9e-3), then p·v as 'bf16'. float32
     inputs only; the decode path (n_q <= 8 against long keys) stays
-    float32; the backward is float32, so tensors that require grad are a
-    RuntimeError with either.
+    float32, but for 'int8' over q8_0 keys, whose q·k takes q rounded to
+    q8_0 and the keys' own codes (llama.cpp's vec_dot_q8_0_q8_0); the
+    backward is float32, so tensors that require grad are a RuntimeError
+    with either.
 
 Compact k and v
     float16 k and v (both) are read as float16, in place; k and v as

@@ -669,6 +669,65 @@ TEST(Precision, DecodeStaysFloat32) {
   EXPECT_LE(rel_error(attention(q.view(), k.view(), v.view(), bf16), exact), 1e-5);
 }
 
+// int8 precision over q8_0 keys, in decode: each query row rounded to q8_0
+// as quantize_q8_0 rounds it (llama.cpp's vec_dot_q8_0_q8_0), its products
+// with the keys' codes exact in int32 on the int8 unit (or in float32 on
+// the rounded values without one): float32's accuracy against the float64
+// attention of the rounded queries, where float32 precision is q8_0's
+// rounding away. Keys in every decode chunk (the last partial, its last
+// 64-key tile not a whole 16), one query (GQA 4) and two (causal), head
+// dims of one and of four blocks, heads apart and side by side (kv heads
+// read together), every target, the unit on and off.
+TEST(Precision, Int8DecodeOverQ8_0RoundsTheQueriesToQ8_0) {
+  std::mt19937 rng(2318);
+  AttentionOptions int8;
+  int8.precision = Precision::Int8;
+  for (const int64_t d : {32, 128})
+    for (const int64_t n_q : {1, 2})
+      for (const bool side_by_side : {false, true}) {
+        SCOPED_TRACE("head dim " + std::to_string(d) + ", " + std::to_string(n_q) + " queries" +
+                     (side_by_side ? ", kv heads side by side" : ""));
+        int8.causal = n_q == 2 ? Causal::BottomRight : Causal::None;
+        const auto q = normal({2, 8, n_q, d}, rng);
+        // (batch, key, kv head, d) read as (batch, kv head, key, d) when side by side
+        const Shape kv_shape = side_by_side ? Shape{2, 1300, 2, d} : Shape{2, 2, 1300, d};
+        const auto k = quantize_q8_0(normal(kv_shape, rng).view()), v = quantize_q8_0(normal(kv_shape, rng).view());
+        const auto kv = [&](const Tensor<block_q8_0>& x) {
+          return side_by_side ? TensorView<const block_q8_0>(x.view()).transpose(1, 2) : TensorView<const block_q8_0>(x.view());
+        };
+        const auto k64 = cast<double>(dequantize(kv(k))), v64 = cast<double>(dequantize(kv(v)));
+        AttentionOptions exact_options = int8;
+        exact_options.precision = Precision::Float32;
+        const auto rounded = cast<double>(dequantize(TensorView<const block_q8_0>(quantize_q8_0(q.view()).view())));
+        const auto exact = attention(rounded.view(), k64.view(), v64.view(), exact_options);
+        const auto unrounded = attention(cast<double>(q).view(), k64.view(), v64.view(), exact_options);
+        EXPECT_GT(rel_error(unrounded, exact), 1e-3);  // (what the test tells apart)
+        for (const bool on : {true, false}) {
+          if (on && expected_int8_unit() == "highway") continue;
+          SCOPED_TRACE(on ? "the CPU's unit" : "the Highway path");
+          const Int8UnitOn unit(on);
+          test::on_every_simd_target([&] {
+            EXPECT_LE(rel_error(attention(q.view(), kv(k), kv(v), int8), exact), 2e-6);
+          });
+        }
+      }
+}
+
+// A query q8_0 cannot hold (past 65504 · 127, whose scale's fp16
+// overflows) keeps the call's queries as they are: float32 precision's
+// result, bit for bit.
+TEST(Precision, Int8DecodeKeepsQueriesQ8_0CannotHold) {
+  std::mt19937 rng(2319);
+  auto q = normal({1, 4, 1, 64}, rng);
+  const auto k = quantize_q8_0(normal({1, 2, 1000, 64}, rng).view()), v = quantize_q8_0(normal({1, 2, 1000, 64}, rng).view());
+  q[70] = 1e7f;
+  AttentionOptions int8;
+  int8.precision = Precision::Int8;
+  const auto kept = attention(q.view(), TensorView<const block_q8_0>(k.view()), TensorView<const block_q8_0>(v.view()), int8);
+  const auto f32 = attention(q.view(), TensorView<const block_q8_0>(k.view()), TensorView<const block_q8_0>(v.view()));
+  ASSERT_EQ(std::memcmp(kept.data(), f32.data(), sizeof(float) * kept.numel()), 0);
+}
+
 // The kernels' rounding, bit for bit float_to_bf16's, on every target: ties
 // to even, overflow to infinity, signed zeros, subnormals, NaNs (quieted,
 // top half kept), and random values over the whole range.

@@ -31,11 +31,15 @@ namespace attn {
 // ties to even), their products summed in float32, the softmax itself in
 // float32: PyTorch's and FlashAttention's bf16 attention, whose products
 // the CPU's bf16 units compute (docs/semantics.md "Precision"). The
-// decode path (few queries, bound by memory, not arithmetic) stays float32.
+// decode path (few queries, bound by memory, not arithmetic) stays float32,
+// but for Int8 over q8_0 keys.
 // Int8 (SageAttention's recipe): Q·Kᵀ on each query row, and each key row
 // less the mean of its head's keys, quantized to int8 with one scale per
 // row (symmetric: scale = max |x| / 127), the mean added back (so the
 // scores, the log-sum-exp and sinks keep their meaning); P·V as BF16's.
+// In decode over q8_0 keys (llama.cpp's vec_dot_q8_0_q8_0): Q·K of each
+// query row rounded to q8_0 and the keys' own codes, summed exactly per
+// block on the int8 unit; P·V float32.
 enum class Precision { Float32, BF16, Int8 };
 // Parses "f32", "bf16" or "int8"; ValueError naming them otherwise.
 Precision parse_precision(const std::string& name);

@@ -255,7 +255,9 @@ void PreparedAttention<T, KV>::run(TensorView<T> out, const AttentionExtras<T>& 
       staged = Tensor<float>(out.shape());
       p.out = core::operand(staged.view(), p.batch_axes, p.batch);
     }
-    if (kernels::use_decode(p)) kernels::decode_forward(p);  // (float32 whatever the precision: docs/semantics.md "Precision")
+    // (Decode computes in float32 whatever the precision, but for int8 over
+    // q8_0 keys: docs/semantics.md "Precision".)
+    if (kernels::use_decode(p)) kernels::decode_forward(p);
     else kernels::flash_forward(p);
     if (staged.rank()) copy<float>(staged.view(), out);
   }

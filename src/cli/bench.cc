@@ -260,6 +260,9 @@ Measurement bench_attention(const BenchArgs& a, int threads) {
 
 // decode: a few queries against a long key/value cache
 Measurement bench_decode(const BenchArgs& a, int threads) {
+  if (a.precision != "f32" && a.kv_dtype != "q8_0")
+    throw ValueError("bench decode: --precision " + a.precision + " needs --kv-dtype q8_0 (decode computes other "
+                     "caches in float32), got --kv-dtype " + a.kv_dtype);
   const int64_t hkv = a.kv_heads > 0 ? a.kv_heads : a.heads;
   const Shape qs{a.batch, a.heads, a.queries, a.head_dim}, ks{a.batch, hkv, a.kv_len, a.head_dim};
   const auto q = random_tensor(qs, 1);
@@ -272,19 +275,23 @@ Measurement bench_decode(const BenchArgs& a, int threads) {
   const double gbps = bytes / ms * 1e-6;
   Measurement m{{{"kind", "decode"}, {"kv_len", a.kv_len}, {"heads", a.heads}, {"kv_heads", hkv},
                  {"head_dim", a.head_dim}, {"batch", a.batch}, {"queries", a.queries},
-                 {"kv_dtype", a.kv_dtype}, {"alibi", a.alibi}, {"threads", threads}, {"median_ms", rounded(ms, 4)},
+                 {"kv_dtype", a.kv_dtype}, {"precision", a.precision}, {"alibi", a.alibi}, {"threads", threads},
+                 {"median_ms", rounded(ms, 4)},
                  {"gbps", rounded(gbps, 2)}, {"peak_gbps", rounded(peak, 2)},
                  {"ratio_to_peak", rounded(gbps / peak, 4)}, {"ceiling", rounded(peak, 2)},
                  {"ratio_to_ceiling", rounded(gbps / peak, 4)}},
                 "", ms, gbps, gbps / peak};
+  if (a.precision != "f32") m.json["unit"] = precision_unit(parse_precision(a.precision));
   m.json.update(timing.json);
   char buf[400];
   std::snprintf(buf, sizeof buf,
                 "decode kv_len=%lld heads=%lld kv_heads=%lld head_dim=%lld batch=%lld queries=%lld "
-                "kv_dtype=%s%s threads=%d\n  median %.3f ms, %.1f GB/s of K/V read, read bandwidth %.1f GB/s "
+                "kv_dtype=%s%s%s threads=%d\n  median %.3f ms, %.1f GB/s of K/V read, read bandwidth %.1f GB/s "
                 "-> %.1f%% of peak\n",
                 (long long)a.kv_len, (long long)a.heads, (long long)hkv, (long long)a.head_dim,
-                (long long)a.batch, (long long)a.queries, a.kv_dtype.c_str(), a.alibi ? " alibi=yes" : "",
+                (long long)a.batch, (long long)a.queries, a.kv_dtype.c_str(),
+                a.precision == "f32" ? "" : (" precision=" + a.precision + " on " + m.json.value("unit", "")).c_str(),
+                a.alibi ? " alibi=yes" : "",
                 threads, ms, gbps, peak,
                 100 * gbps / peak);
   m.text = buf + timing.text;
@@ -487,6 +494,8 @@ int run_sweep(const BenchArgs& base, int threads) {
 
 int run_bench(const BenchArgs& a) {
   if (a.kind == "decode" && a.page_size > 0) {
+    if (a.precision != "f32")
+      throw ValueError("bench decode: --precision goes without --page-size (batch_attention computes in float32)");
     ServeBenchArgs paged;
     paged.kind = "decode";
     paged.heads = a.heads, paged.kv_heads = a.kv_heads > 0 ? a.kv_heads : a.heads, paged.head_dim = a.head_dim;

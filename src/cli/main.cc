@@ -388,6 +388,11 @@ void add_bench(CLI::App& app, Command& chosen) {
       ->check(integer_in<int64_t>(1, 1 << 20));
   decode->add_flag("--tree", d->tree, "with --page-size: the queries are a draft tree (a tree mask), "
                                       "timed against one query");
+  decode->add_option("--precision", d->precision,
+                     "int8: with --kv-dtype q8_0, the queries rounded to q8_0 and Q·K on the int8 unit "
+                     "(timed against f32 in the same turns)")
+      ->check(CLI::IsMember({"f32", "int8"}))
+      ->capture_default_str();
   auto* mla = bench->add_subcommand("mla", "a decode step of multi-head latent attention (DeepSeek-V3's shape)");
   auto ml = on_chosen(mla, chosen, attn::cli::run_bench);
   ml->kind = "mla";

@@ -12,16 +12,22 @@
 #include <hwy/cache_control.h>
 
 #include "kernels/attention-inl.h"
+#include "kernels/decode_dots-inl.h"
 #include "kernels/flash-inl.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <limits>
+#include <memory>
 #include <type_traits>
 #include <vector>
 
+#include "attn/half.hpp"
+#include "attn/quantize.hpp"
 #include "kernels/attention_kernel.hpp"
 #include "kernels/config.hpp"
+#include "kernels/int8_unit.hpp"
 #include "kernels/scratch.hpp"
 #include "thread_pool.hpp"
 
@@ -29,147 +35,65 @@ HWY_BEFORE_NAMESPACE();
 namespace attn::kernels {
 namespace HWY_NAMESPACE {
 
-// s[r · s_stride] = scale · q_r · k for r < MR.
-template <int MR, class KV>
-HWY_INLINE void DotRows(DF d, const float* const* q, const KV* k, int64_t D, float scale,
-                        float* s, int64_t s_stride) {
-  const size_t N = hn::Lanes(d);
-  const int64_t full = D / static_cast<int64_t>(N) * static_cast<int64_t>(N);
-#if HWY_HAVE_SCALABLE
-  // Two accumulators per row, r and MR + r (the even and odd vector steps),
-  // named (see Acc): the same loads and FMAs as the array form below.
-  static_assert(2 * MR <= 8, "the accumulators fit in eight names");
-  VF a0 = hn::Zero(d), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
-  const auto acc = [&](auto i) HWY_ATTR -> VF& { return Acc<i>(a0, a1, a2, a3, a4, a5, a6, a7); };
-  int64_t c = 0;
-  for (; c + 2 * static_cast<int64_t>(N) <= full; c += 2 * static_cast<int64_t>(N)) {
-    VF kv, kv2;
-    LoadKVPair(d, k, c, kv, kv2);
-    Unroll<MR>([&](auto r) HWY_ATTR {
-      acc(r) = hn::MulAdd(hn::LoadU(d, q[r] + c), kv, acc(r));
-      acc(std::integral_constant<int, MR + r>()) =
-          hn::MulAdd(hn::LoadU(d, q[r] + c + N), kv2, acc(std::integral_constant<int, MR + r>()));
-    });
-  }
-  for (; c < full; c += static_cast<int64_t>(N)) {
-    const VF kv = LoadKV(d, k, c);
-    Unroll<MR>([&](auto r) HWY_ATTR { acc(r) = hn::MulAdd(hn::LoadU(d, q[r] + c), kv, acc(r)); });
-  }
-  Unroll<MR>([&](auto r) HWY_ATTR {
-    VF sum = hn::Add(acc(r), acc(std::integral_constant<int, MR + r>()));
-    if (full < D)
-      sum = hn::MulAdd(LoadPart(d, q[r] + full, D - full, 0.0f), LoadKVPart(d, k, full, D - full), sum);
-    s[r * s_stride] = hn::GetLane(hn::SumOfLanes(d, sum)) * scale;
-  });
-#else
-  // Two accumulators per row halve the chain of FMAs a key's score waits on:
-  // more keys, and so more memory reads, in flight.
-  VF acc[MR], acc2[MR];
-  for (int r = 0; r < MR; ++r) acc[r] = acc2[r] = hn::Zero(d);
-  int64_t c = 0;
-  for (; c + 2 * static_cast<int64_t>(N) <= full; c += 2 * static_cast<int64_t>(N)) {
-    VF kv, kv2;
-    LoadKVPair(d, k, c, kv, kv2);
-    for (int r = 0; r < MR; ++r) {
-      acc[r] = hn::MulAdd(hn::LoadU(d, q[r] + c), kv, acc[r]);
-      acc2[r] = hn::MulAdd(hn::LoadU(d, q[r] + c + N), kv2, acc2[r]);
-    }
-  }
-  for (; c < full; c += static_cast<int64_t>(N)) {
-    const VF kv = LoadKV(d, k, c);
-    for (int r = 0; r < MR; ++r) acc[r] = hn::MulAdd(hn::LoadU(d, q[r] + c), kv, acc[r]);
-  }
-  for (int r = 0; r < MR; ++r) acc[r] = hn::Add(acc[r], acc2[r]);
-  if (full < D) {
-    const VF kv = LoadKVPart(d, k, full, D - full);
-    for (int r = 0; r < MR; ++r) acc[r] = hn::MulAdd(LoadPart(d, q[r] + full, D - full, 0.0f), kv, acc[r]);
-  }
-  for (int r = 0; r < MR; ++r) s[r * s_stride] = hn::GetLane(hn::SumOfLanes(d, acc[r])) * scale;
-#endif
-}
-
-// Keys stored in blocks (q8_0, q4_0), whose widening makes decode wait on
-// arithmetic rather than memory, are scored four at a time on targets with
-// 32 vector registers for the 16 accumulators (AVX-512, NEON; not SVE's
-// sizeless vectors, which cannot form the arrays): a row's four
-// accumulators are summed together (Sums4), about 4 operations per score
-// where a sum of each alone takes about 9, in a chain of latencies per key.
-// 32768 keys, 32 query and 8 KV heads of 128, AMD EPYC (Zen 5), ms, key by
-// key against four at a time: 2 threads q8_0 2.88-3.01 against 2.43-2.66,
-// q4_0 2.93-3.23 against 2.47-2.76; 1 thread q8_0 5.52-5.85 against
-// 4.54-4.83, q4_0 5.68-5.93 against 4.69-4.99. float32 and bf16 wait on
-// memory, and ran slower four at a time (1 thread, float32 10.5-11.1 against
-// 11.8-12.6 ms): they keep DotRows.
-#undef ATTN_DECODE_FOUR_KEYS
-#if (HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3) || (HWY_ARCH_ARM && HWY_TARGET == HWY_NEON)
-#define ATTN_DECODE_FOUR_KEYS 1
-
-// A vector's lanes in 128-bit blocks added into one block (halving).
-template <class D>
-HWY_INLINE hn::Vec<hn::Full128<float>> BlocksAdded(D d, hn::Vec<D> v) {
-  if constexpr (hn::MaxLanes(D()) * sizeof(float) > 16) {
-    const hn::Half<D> dh;
-    return BlocksAdded(dh, hn::Add(hn::LowerHalf(dh, v), hn::UpperHalf(dh, v)));
-  } else {
-    (void)d;
-    return v;
-  }
-}
-
-// Lane i of the result: the sum of a_i's lanes, added in one fixed tree
-// (lanes two apart within each 128-bit block, then neighbours, then the
-// blocks), so that a sum computed alone, as Sums4(a, 0, 0, 0), has the bits
-// it has among four.
-HWY_INLINE hn::Vec<hn::Full128<float>> Sums4(DF d, VF a0, VF a1, VF a2, VF a3) {
-  const hn::Repartition<uint64_t, DF> d64;
-  const VF a01 = hn::Add(hn::InterleaveLower(d, a0, a1), hn::InterleaveUpper(d, a0, a1));
-  const VF a23 = hn::Add(hn::InterleaveLower(d, a2, a3), hn::InterleaveUpper(d, a2, a3));
-  const auto w01 = hn::BitCast(d64, a01), w23 = hn::BitCast(d64, a23);
-  const VF sums = hn::Add(hn::BitCast(d, hn::InterleaveLower(d64, w01, w23)),
-                          hn::BitCast(d, hn::InterleaveUpper(d64, w01, w23)));
-  return BlocksAdded(d, sums);
-}
-
-// s[r · s_stride + t] = scale · q_r · k_t for r < MR and the KEYS (1 or 4)
-// keys k_t = k + t · k_stride, one accumulator per row and key, summed by
-// Sums4: the same bits whether a key is scored among four or alone.
-template <int MR, int KEYS, class KV>
-HWY_INLINE void DotKeys(DF d, const float* const* q, const KV* k, int64_t k_stride, int64_t D, float scale,
-                        float* s, int64_t s_stride) {
-  static_assert(KEYS == 1 || KEYS == 4, "one key or four");
-  const int64_t N = static_cast<int64_t>(hn::Lanes(d)), full = D / N * N;
-  VF acc[MR][KEYS];
-  for (int r = 0; r < MR; ++r)
-    for (int t = 0; t < KEYS; ++t) acc[r][t] = hn::Zero(d);
-  int64_t c = 0;
-  for (; c + 2 * N <= full; c += 2 * N)
-    for (int t = 0; t < KEYS; ++t) {
-      VF kv, kv2;
-      LoadKVPair(d, k + t * k_stride, c, kv, kv2);
-      for (int r = 0; r < MR; ++r)
-        acc[r][t] = hn::MulAdd(hn::LoadU(d, q[r] + c + N), kv2, hn::MulAdd(hn::LoadU(d, q[r] + c), kv, acc[r][t]));
-    }
-  for (; c < D; c += N)
-    for (int t = 0; t < KEYS; ++t) {
-      const VF kv = LoadKVUpTo(d, k + t * k_stride, c, D);
-      for (int r = 0; r < MR; ++r) acc[r][t] = hn::MulAdd(LoadPart(d, q[r] + c, std::min(N, D - c), 0.0f), kv, acc[r][t]);
-    }
-  const hn::Full128<float> d4;
-  for (int r = 0; r < MR; ++r) {
-    VF a[4] = {hn::Zero(d), hn::Zero(d), hn::Zero(d), hn::Zero(d)};
-    for (int t = 0; t < KEYS; ++t) a[t] = acc[r][t];
-    const auto sums = Sums4(d, a[0], a[1], a[2], a[3]);
-    if constexpr (KEYS == 4) hn::StoreU(hn::Mul(sums, hn::Set(d4, scale)), d4, s + r * s_stride);
-    else s[r * s_stride] = hn::GetLane(sums) * scale;
-  }
-}
-#else
-#define ATTN_DECODE_FOUR_KEYS 0
-#endif  // ATTN_DECODE_FOUR_KEYS
-
 thread_local Scratch<float> tls_decode_scores, tls_decode_sums;
 thread_local Scratch<const float*> tls_decode_queries;
 thread_local Scratch<float> tls_decode_panel;
+thread_local Scratch<int8_t> tls_decode_block_panel;
+
+// int8 precision over q8_0 keys (docs/semantics.md "Precision"): each query
+// row rounded to q8_0, as llama.cpp's vec_dot_q8_0_q8_0 rounds it, once per
+// call: for the int8 unit as its bytes (code + 128) and a float32 scale per
+// block, or, without one, as float32 values for the float path. Rows in
+// p.q's order, (batch, query head, query), so a kv head's rows lie together.
+// P·V stays float32: on VNNI's int16 products (each weight times its key's
+// block scale rounded to int16 per row, block and 64-key tile, 6.8e-5 of
+// error added), read in place with each weight as the words (w, 0) and
+// (0, w), it took 5.56 ms against 4.47 (32768 keys, 32 × 8 heads of 128, 1
+// thread, AMD EPYC Zen 5): the broadcasts and products it adds per row
+// outweigh the widening it spares.
+struct RoundedQueries {
+  const Int8Unit* unit;
+  std::vector<uint8_t> bytes;  // rows × d, with the unit
+  std::vector<float> scales;   // rows × d / 32, with the unit
+  std::vector<float> values;   // rows × d, without
+
+  RoundedQueries(const core::AttentionProblem<float>& p, const Int8Unit* unit_) : unit(unit_) {
+    const int64_t rows = p.batch * p.heads_q * p.n_q, blocks = p.d / kQ8_0Block;
+    std::vector<block_q8_0> row_blocks(static_cast<size_t>(blocks));
+    if (unit) {
+      bytes.resize(static_cast<size_t>(rows * p.d));
+      scales.resize(static_cast<size_t>(rows * blocks));
+    } else {
+      values.resize(static_cast<size_t>(rows * p.d));
+    }
+    for (int64_t row = 0; row < rows; ++row) {
+      quantize_row_q8_0(p.q.row(row / p.n_q / p.heads_q, row / p.n_q % p.heads_q, row % p.n_q), row_blocks.data(), p.d);
+      if (!unit) {
+        dequantize_row_q8_0(row_blocks.data(), values.data() + row * p.d, p.d);
+        continue;
+      }
+      for (int64_t b = 0; b < blocks; ++b) {
+        scales[static_cast<size_t>(row * blocks + b)] = fp16_to_float(row_blocks[static_cast<size_t>(b)].d.bits);
+        for (int64_t c = 0; c < kQ8_0Block; ++c)
+          bytes[static_cast<size_t>(row * p.d + b * kQ8_0Block + c)] =
+              static_cast<uint8_t>(row_blocks[static_cast<size_t>(b)].qs[c] + 128);
+      }
+    }
+  }
+  // Whether q8_0 holds all of p's queries: a value not finite, or past
+  // 65504 · 127 (its scale's fp16 overflows), keeps them as they are.
+  static bool Fit(const core::AttentionProblem<float>& p) {
+    for (int64_t b = 0; b < p.batch; ++b)
+      for (int64_t h = 0; h < p.heads_q; ++h)
+        for (int64_t i = 0; i < p.n_q; ++i) {
+          const float* row = p.q.row(b, h, i);
+          for (int64_t c = 0; c < p.d; ++c)
+            if (!(std::fabs(row[c]) <= 65504.0f * 127.0f)) return false;
+        }
+    return true;
+  }
+};
+
 
 // How a problem's keys are split into work items: `heads` consecutive kv
 // heads and kDecodeChunk keys each, taken `block` keys at a time with an
@@ -329,6 +253,42 @@ struct ChunkKeys {
     }
   }
 
+  // The same scores of q8_0 keys on the int8 unit, from the rounded
+  // queries (the item's rows: `rows` bytes and `scales` on): tile by tile
+  // of kBlockK keys, head by head, the tile's codes packed into a block
+  // panel (page run by page run, the columns past the keys zero), then the
+  // unit's products over the head's rows.
+  HWY_INLINE void UnitScores(int64_t from, int64_t to, float* s, int64_t s_stride, int8_t* panel,
+                             const Int8Unit& unit, const uint8_t* rows, const float* scales) const {
+    const int64_t D = p.d, blocks = D / kQ8_0Block;
+    for (int64_t t = from; t < to; t += kBlockK) {
+      const int64_t tn = std::min(kBlockK, to - t);
+      for (int64_t hh = 0; hh < nh; ++hh) {
+        for (int64_t at = t; at < t + tn;) {
+          const Run run = RunAt(at, t + tn);
+          // 16 keys at a time, their rows fetched ahead just before: the
+          // reads overlap the packing rather than queue at once (a tile's
+          // fetches at once took 6.1 ms against 4.7, the decode bench's
+          // shape, 1 thread, AMD EPYC Zen 5)
+          for (int64_t j = 0; j < run.count; j += 16) {
+            const int64_t n = std::min<int64_t>(16, run.count - j);
+            if (hh == 0)
+              for (int64_t i = j; i < j + n; ++i) FetchAhead(run, i);
+            unit.pack_q8_0(run.k + j * k_stride + hh * k_head, k_stride, n, blocks, panel, kBlockK, at - t + j);
+          }
+          at += run.count;
+        }
+        if (tn % 16) unit.pack_q8_0(nullptr, 0, 16 - tn % 16, blocks, panel, kBlockK, tn);
+        for (int64_t r0 = 0; r0 < R; r0 += kRows) {
+          const int64_t row = hh * R + r0;
+          unit.block_products(rows + row * D, D, static_cast<int>(std::min<int64_t>(kRows, R - r0)), blocks,
+                              scales + row * blocks, panel, kBlockK, scale, s + row * s_stride + t - from,
+                              s_stride, tn);
+        }
+      }
+    }
+  }
+
   // O += P · V over keys from .. to, run by run, head by head. With heads
   // side by side (nh > 1), one head's rows lie a token apart, beyond the
   // hardware prefetcher's reach, and a block's V rows (fetched with K's)
@@ -380,7 +340,7 @@ HWY_NOINLINE void BlockSoftmax(DF d, const core::AttentionProblem<float>& p, int
 // O[rows][dvp] (aligned), then m[rows], l[rows].
 template <class KV>
 void DecodeChunk(DF d, const core::AttentionProblem<float>& p, int64_t b, int64_t h0, const Split& split,
-                 int64_t chunk, int64_t dvp, float* part) {
+                 int64_t chunk, int64_t dvp, const RoundedQueries* rounded, float* part) {
   const int64_t R = p.group() * p.n_q, nh = split.heads, rows = nh * R, B = split.block;
   float* o = part;
   float* m = part + rows * dvp;
@@ -404,14 +364,28 @@ void DecodeChunk(DF d, const core::AttentionProblem<float>& p, int64_t b, int64_
   const auto row_head = [&](int64_t r) { return (h0 + r / R) * p.group() + r % R / p.n_q; };
   const float** q = tls_decode_queries.get(static_cast<size_t>(rows));
   for (int64_t r = 0; r < rows; ++r) q[r] = p.q.row(b, row_head(r), r % p.n_q);
+  // The item's first row in p.q's order (its heads' rows follow it).
+  const int64_t first_row = (b * p.heads_q + h0 * p.group()) * p.n_q;
+  int8_t* unit_panel = nullptr;
+  if (rounded && rounded->unit)
+    unit_panel = tls_decode_block_panel.get(static_cast<size_t>(Int8BlockPanelBytes(p.d / kQ8_0Block, kBlockK)));
+  else if (rounded)
+    for (int64_t r = 0; r < rows; ++r) q[r] = rounded->values.data() + (first_row + r) * p.d;
   const ChunkKeys<KV> keys(p, b, h0, nh, j0, jn, q);
   float* panel = R >= kDecodePanelRows ? tls_decode_panel.get(static_cast<size_t>(kBlockK * p.d)) : nullptr;
   for (int64_t from = 0; from < jn; from += B) {
     const int64_t to = std::min(jn, from + B), count = to - from;
     if (j0 + from >= last.end || j0 + to <= first.begin) continue;
     const bool inside = j0 + from >= last.begin && j0 + to <= first.end;
-    if (panel) keys.PanelScores(d, from, to, s, B, panel);
-    else keys.Scores(d, from, to, s, B);
+    if (unit_panel) {
+      if constexpr (std::is_same_v<KV, block_q8_0>)  // (unit_panel is null for other types)
+        keys.UnitScores(from, to, s, B, unit_panel, *rounded->unit, rounded->bytes.data() + first_row * p.d,
+                        rounded->scales.data() + first_row * (p.d / kQ8_0Block));
+    } else if (panel) {
+      keys.PanelScores(d, from, to, s, B, panel);
+    } else {
+      keys.Scores(d, from, to, s, B);
+    }
     BlockSoftmax(d, p, b, h0, j0 + from, count, !inside, B, rows, s, m, l_lanes, o, dvp);
     keys.Values(d, from, to, s, B, o, dvp);
   }
@@ -492,6 +466,11 @@ void DecodeForwardT(const core::AttentionProblem<float>* const* problems, int64_
   const DecodeItems items = ItemsOf(d, problems, count);
   const int64_t total = items.first_item.back();
   float* parts = tls_partials.get(static_cast<size_t>(std::max<int64_t>(items.first_part.back(), 1)));
+  std::vector<std::unique_ptr<RoundedQueries>> rounded(static_cast<size_t>(count));
+  if constexpr (std::is_same_v<KV, block_q8_0>)
+    for (int64_t i = 0; i < count; ++i)
+      if (problems[i]->precision == Precision::Int8 && RoundedQueries::Fit(*problems[i]))
+        rounded[static_cast<size_t>(i)] = std::make_unique<RoundedQueries>(*problems[i], int8_unit());
   // The problem an item (or a problem's merge) belongs to.
   const auto problem_of = [&](const std::vector<int64_t>& firsts, int64_t x) {
     return static_cast<int64_t>(std::upper_bound(firsts.begin(), firsts.end(), x) - firsts.begin()) - 1;
@@ -503,7 +482,8 @@ void DecodeForwardT(const core::AttentionProblem<float>* const* problems, int64_
     const int64_t local = item - items.first_item[u];
     const int64_t chunks = items.chunks[u], group = local / chunks, groups_per_entry = p.heads_kv / items.split[u].heads;
     DecodeChunk<KV>(d, p, group / groups_per_entry, group % groups_per_entry * items.split[u].heads, items.split[u],
-                    local % chunks, WholeVectors(p.d_v), parts + items.first_part[u] + local * items.part_size[u]);
+                    local % chunks, WholeVectors(p.d_v), rounded[u].get(),
+                    parts + items.first_part[u] + local * items.part_size[u]);
   });
   std::vector<int64_t> first_head(1, 0);
   for (int64_t i = 0; i < count; ++i) first_head.push_back(first_head.back() + problems[i]->batch * problems[i]->heads_kv);

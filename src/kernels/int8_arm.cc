@@ -68,6 +68,35 @@ struct NeonDotprod {
     vst1q_f32(s, vfmaq_f32(vdupq_n_f32(b), vcvtq_f32_s32(x), ts));
   }
   static void StoreSums(int32_t* out, Sums x) { vst1q_s32(out, x); }
+
+  using Floats = float32x4_t;
+  static Floats ZeroF() { return vdupq_n_f32(0.0f); }
+  static Floats LoadF(const float* p) { return vld1q_f32(p); }
+  static Floats MulAddSums(Sums x, Floats t, float a, Floats acc) {
+    return vfmaq_f32(acc, vcvtq_f32_s32(x), vmulq_n_f32(t, a));
+  }
+  static void StoreF(float* s, Floats x, float a) { vst1q_f32(s, vmulq_n_f32(x, a)); }
+  // The codes: 4 × 4 transposes of 32-bit quads, quads 0-3 of the rows,
+  // then 4-7; no offsets (see QueryQuad).
+  static Sums PackBlocks(const block_q8_0* blocks, int64_t row_bytes, int8_t* out, int64_t stride, float* scales) {
+    const auto* base = reinterpret_cast<const char*>(blocks);
+    const auto block = [&](int i) { return reinterpret_cast<const block_q8_0*>(base + i * row_bytes); };
+    for (int half = 0; half < 2; ++half) {
+      uint32x4_t r[4];
+      for (int i = 0; i < 4; ++i) r[i] = vreinterpretq_u32_s8(vld1q_s8(block(i)->qs + 16 * half));
+      const uint32x4x2_t t01 = vtrnq_u32(r[0], r[1]), t23 = vtrnq_u32(r[2], r[3]);
+      int8_t* o = out + 4 * half * stride;
+      vst1q_u32(reinterpret_cast<uint32_t*>(o), vcombine_u32(vget_low_u32(t01.val[0]), vget_low_u32(t23.val[0])));
+      vst1q_u32(reinterpret_cast<uint32_t*>(o + stride), vcombine_u32(vget_low_u32(t01.val[1]), vget_low_u32(t23.val[1])));
+      vst1q_u32(reinterpret_cast<uint32_t*>(o + 2 * stride),
+                vcombine_u32(vget_high_u32(t01.val[0]), vget_high_u32(t23.val[0])));
+      vst1q_u32(reinterpret_cast<uint32_t*>(o + 3 * stride),
+                vcombine_u32(vget_high_u32(t01.val[1]), vget_high_u32(t23.val[1])));
+    }
+    const uint16_t bits[4] = {block(0)->d.bits, block(1)->d.bits, block(2)->d.bits, block(3)->d.bits};
+    vst1q_f32(scales, vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(bits))));
+    return Set(0);
+  }
 };
 
 }  // namespace

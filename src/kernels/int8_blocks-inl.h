@@ -14,6 +14,16 @@
 //     // x · (a · t) + b per lane, x the sums as float32, t loaded from a pointer
 //     static void StoreScores(float* s, Sums x, float a, const float* t, float b);
 //     static void StoreSums(int32_t*, Sums);
+//     // q8_0 keys' block panels (int8_unit.hpp):
+//     using Floats;                          // kLanes float32
+//     static Floats ZeroF(), LoadF(const float*);
+//     static Floats MulAddSums(Sums x, Floats t, float a, Floats acc);  // x · (a · t) + acc
+//     static void StoreF(float* s, Floats x, float a);                 // a · x
+//     // kLanes q8_0 blocks, row_bytes apart from `blocks`: their codes'
+//     // quads c = 0 .. 7 as vectors at out + c · stride, their scales as
+//     // float32 at `scales`; returns the offsets LessOffsets takes out
+//     static Sums PackBlocks(const block_q8_0* blocks, int64_t row_bytes, int8_t* out, int64_t stride,
+//                            float* scales);
 //   };
 // and includes this file under the pragma that compiles it for the
 // instructions (after every other include: the standard headers' functions
@@ -81,6 +91,95 @@ void Products(const uint8_t* q, int64_t q_stride, int rows, int64_t quads, const
   }
 }
 
+// Block panels of q8_0 keys: each vector of kLanes keys' quads, each block
+// of 32 codes summed in int32, then taken to float32 (exact: |Σ q · k| <=
+// 32 · 127 · 127 < 2^24) with its two scales, the query's and the key's.
+constexpr int kBlockVecs = 2;  // 4 × 2 sums and as many float32 results in flight
+
+template <class Isa, int MR, int NV>
+void BlockProductBlock(const uint8_t* q, int64_t q_stride, int64_t blocks, const float* q_scales,
+                       const int8_t* panel, int64_t keys, float scale, float* s, int64_t s_stride) {
+  typename Isa::Floats out[MR][NV];
+  for (int r = 0; r < MR; ++r)
+    for (int v = 0; v < NV; ++v) out[r][v] = Isa::ZeroF();
+  const auto* t = reinterpret_cast<const float*>(panel + blocks * kQ8_0Block * keys);
+  const auto* offsets = reinterpret_cast<const int32_t*>(t + blocks * keys);
+  for (int64_t b = 0; b < blocks; ++b) {
+    typename Isa::Sums acc[MR][NV];
+    for (int r = 0; r < MR; ++r)
+      for (int v = 0; v < NV; ++v) acc[r][v] = Isa::Set(0);
+    for (int64_t c = 8 * b; c < 8 * b + 8; ++c) {
+      typename Isa::Codes k[NV];
+      for (int v = 0; v < NV; ++v) k[v] = Isa::Load(panel + (c * keys + v * Isa::kLanes) * 4);
+      for (int r = 0; r < MR; ++r) {
+        uint32_t quad;
+        std::memcpy(&quad, q + r * q_stride + 4 * c, 4);
+        const typename Isa::Codes qb = Isa::QueryQuad(quad);
+        for (int v = 0; v < NV; ++v) acc[r][v] = Isa::Dot(acc[r][v], qb, k[v]);
+      }
+    }
+    for (int v = 0; v < NV; ++v) {
+      const typename Isa::Floats tv = Isa::LoadF(t + b * keys + v * Isa::kLanes);
+      for (int r = 0; r < MR; ++r)
+        out[r][v] = Isa::MulAddSums(Isa::LessOffsets(acc[r][v], offsets + b * keys + v * Isa::kLanes), tv,
+                                    q_scales[r * blocks + b], out[r][v]);
+    }
+  }
+  for (int r = 0; r < MR; ++r)
+    for (int v = 0; v < NV; ++v) Isa::StoreF(s + r * s_stride + v * Isa::kLanes, out[r][v], scale);
+}
+
+template <class Isa, int... I>
+constexpr auto BlockProductTable(std::integer_sequence<int, I...>) {
+  return std::array{&BlockProductBlock<Isa, I / kBlockVecs + 1, I % kBlockVecs + 1>...};
+}
+
+// Int8Unit::block_products: as Products, in blocks of kBlockVecs vectors.
+template <class Isa>
+void BlockProducts(const uint8_t* q, int64_t q_stride, int rows, int64_t blocks, const float* q_scales,
+                   const int8_t* panel, int64_t keys, float scale, float* s, int64_t s_stride, int64_t cols) {
+  static constexpr auto table = BlockProductTable<Isa>(std::make_integer_sequence<int, kRows * kBlockVecs>());
+  const int64_t vecs = (cols + 15) / 16 * 16 / Isa::kLanes;
+  for (int64_t v0 = 0; v0 < vecs; v0 += kBlockVecs) {
+    const auto nv = std::min<int64_t>(kBlockVecs, vecs - v0);
+    const int64_t j = v0 * Isa::kLanes;
+    table[(rows - 1) * kBlockVecs + nv - 1](q, q_stride, blocks, q_scales, panel + j * 4, keys, scale, s + j,
+                                            s_stride);
+  }
+}
+
+// Int8Unit::pack_q8_0: each block of kLanes keys at a time, in place; a
+// last group of fewer keys (or none: zeros) from a copy, through buffers,
+// so that nothing past the group's rows is read, nor past its columns written.
+template <class Isa>
+void PackQ8_0(const block_q8_0* k, int64_t k_stride, int64_t n, int64_t blocks, int8_t* panel, int64_t keys,
+              int64_t col) {
+  constexpr int L = Isa::kLanes;
+  auto* t = reinterpret_cast<float*>(panel + blocks * kQ8_0Block * keys);
+  auto* offsets = reinterpret_cast<int32_t*>(t + blocks * keys);
+  for (int64_t j0 = 0; j0 < n; j0 += L) {
+    const int64_t m = std::min<int64_t>(L, n - j0);
+    const bool whole = k && m == L;
+    for (int64_t b = 0; b < blocks; ++b) {
+      const int64_t at = b * keys + col + j0;  // the group's first scale and offset
+      if (whole) {
+        Isa::StoreSums(offsets + at, Isa::PackBlocks(k + j0 * k_stride + b, k_stride * int64_t{sizeof(block_q8_0)},
+                                                     panel + (8 * b * keys + col + j0) * 4, keys * 4, t + at));
+        continue;
+      }
+      block_q8_0 part[L] = {};
+      for (int64_t i = 0; k && i < m; ++i) part[i] = k[(j0 + i) * k_stride + b];
+      alignas(64) int8_t codes[8 * L * 4];
+      alignas(64) int32_t sums[L];
+      alignas(64) float scales[L];
+      Isa::StoreSums(sums, Isa::PackBlocks(part, sizeof(block_q8_0), codes, L * 4, scales));
+      for (int c = 0; c < 8; ++c) std::memcpy(panel + ((8 * b + c) * keys + col + j0) * 4, codes + c * L * 4, m * 4);
+      std::memcpy(t + at, scales, m * sizeof(float));
+      std::memcpy(offsets + at, sums, m * sizeof(int32_t));
+    }
+  }
+}
+
 // Int8Unit::peak_loop: 12 independent sums (at least the pipes × the
 // instruction's latency of the CPUs known), starting from different values
 // so that no compiler merges them; every byte product is 1 · 1, so each
@@ -108,7 +207,8 @@ double PeakLoop(int64_t iterations, float* sink) {
 // The unit of an Isa (constant: initialised before any code runs).
 template <class Isa>
 const Int8Unit* UnitOf() {
-  static constexpr Int8Unit unit{Isa::kName, Isa::kLanes, &Products<Isa>, &PeakLoop<Isa>};
+  static constexpr Int8Unit unit{Isa::kName,    Isa::kLanes,         &Products<Isa>,
+                                 &PackQ8_0<Isa>, &BlockProducts<Isa>, &PeakLoop<Isa>};
   return &unit;
 }
 

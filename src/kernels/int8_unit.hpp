@@ -16,14 +16,27 @@
 //             128s back out; SDOT takes the codes back, signed, and needs
 //             no offsets), with a float32 scale s_r and center term
 //             q̃_r · μ per row
+//
+// q8_0 keys in decode (int8 precision, llama.cpp's vec_dot_q8_0_q8_0): the
+// query rows rounded to q8_0 too, as rows of code + 128 bytes (as above)
+// with one float32 scale per row and block of 32, and
+//   block panel [blocks · 8][keys][4] signed codes (k_j's block b, quad c
+//             at [8b + c][j], zero past the keys packed), then [blocks][keys]
+//             float32 scales (the blocks' d), then [blocks][keys] int32
+//             offsets 128 · Σ codes of the block (Int8BlockPanelBytes)
 #pragma once
 
 #include <cstdint>
+
+#include "attn/quantize.hpp"
 
 namespace attn::kernels {
 
 // Bytes of one K panel of `keys` keys with head dim d.
 inline int64_t Int8PanelBytes(int64_t d, int64_t keys) { return (d + 3) / 4 * keys * 4 + keys * 8; }
+
+// Bytes of one block panel of `keys` keys of `blocks` q8_0 blocks each.
+inline int64_t Int8BlockPanelBytes(int64_t blocks, int64_t keys) { return blocks * keys * (kQ8_0Block + 8); }
 
 // The largest |q| and |k| of a call the unit takes, and of its scale: within
 // them no difference k − mean, scale product or score it forms overflows
@@ -43,6 +56,17 @@ struct Int8Unit {
   void (*products)(const uint8_t* q, int64_t q_stride, int rows, int64_t quads, const float* q_scales,
                    const float* q_centers, const int8_t* panel, int64_t keys, float scale, float* s,
                    int64_t s_stride, int64_t cols);
+  // Block panel columns col .. col + n - 1 from the q8_0 rows k, k +
+  // k_stride, ... (k_stride in blocks), `blocks` blocks each; with k null,
+  // zeros (no key).
+  void (*pack_q8_0)(const block_q8_0* k, int64_t k_stride, int64_t n, int64_t blocks, int8_t* panel, int64_t keys,
+                    int64_t col);
+  // s[r · s_stride + j] = scale · Σ_b q_scales[r · blocks + b] · t_bj ·
+  // Σ_(c in block b) q_r[c] · k_j[c] for r < rows (<= 4), query row r's
+  // bytes at q + r · q_stride, over a block panel of `keys` keys (a
+  // multiple of 64), t its scales: columns up to cols rounded up to 16.
+  void (*block_products)(const uint8_t* q, int64_t q_stride, int rows, int64_t blocks, const float* q_scales,
+                         const int8_t* panel, int64_t keys, float scale, float* s, int64_t s_stride, int64_t cols);
   // `iterations` rounds of independent dot products on one core; returns the
   // operations done (a byte product and its sum counting 2, as an FMA does)
   // and keeps the result in *sink.

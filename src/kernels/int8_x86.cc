@@ -17,10 +17,13 @@ const Int8Unit* avx512_vnni_unit() { return nullptr; }  // (not an x86 build)
 
 #include <algorithm>
 #include <array>
+#include <cstddef>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <utility>
 
+#include "attn/half.hpp"
 #include "kernels/x86_cpu.hpp"
 
 // Everything from here to the pop is compiled for AVX-512 with VNNI, and
@@ -55,6 +58,61 @@ struct Avx512Vnni {
     _mm512_storeu_ps(s, _mm512_fmadd_ps(_mm512_maskz_cvtepi32_ps(__mmask16(0xffff), x), ts, _mm512_set1_ps(b)));
   }
   static void StoreSums(int32_t* out, Sums x) { _mm512_storeu_si512(out, x); }
+
+  using Floats = __m512;
+  static Floats ZeroF() { return _mm512_setzero_ps(); }
+  static Floats LoadF(const float* p) { return _mm512_loadu_ps(p); }
+  static Floats MulAddSums(Sums x, Floats t, float a, Floats acc) {
+    return _mm512_fmadd_ps(_mm512_maskz_cvtepi32_ps(__mmask16(0xffff), x), _mm512_mul_ps(t, _mm512_set1_ps(a)), acc);
+  }
+  static void StoreF(float* s, Floats x, float a) { _mm512_storeu_ps(s, _mm512_mul_ps(x, _mm512_set1_ps(a))); }
+  // The codes: a 16 × 8 transpose of 32-bit quads, rows i and i + 8 side by
+  // side in one vector, an 8 × 8 transpose in each half (two rounds of
+  // unpacking within 128-bit blocks, then 64-bit pairs picked across both
+  // vectors); the scales gathered (the 32 bits at each block's start, its
+  // fp16 d first). (Zero-masked forms throughout, as in StoreScores.)
+  static Sums PackBlocks(const block_q8_0* blocks, int64_t row_bytes, int8_t* out, int64_t stride, float* scales) {
+    const __mmask16 all16 = 0xffff;
+    const __mmask8 all8 = 0xff;
+    const auto* base = reinterpret_cast<const char*>(blocks);
+    const auto codes = [&](int i) { return base + i * row_bytes + offsetof(block_q8_0, qs); };
+    __m512i x[8], y[8];
+    for (int i = 0; i < 8; ++i)
+      x[i] = _mm512_maskz_inserti64x4(all8, _mm512_maskz_loadu_epi64(0x0f, codes(i)),
+                                      _mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes(i + 8))), 1);
+    for (int i = 0; i < 8; i += 2) {
+      y[i] = _mm512_maskz_unpacklo_epi32(all16, x[i], x[i + 1]);
+      y[i + 1] = _mm512_maskz_unpackhi_epi32(all16, x[i], x[i + 1]);
+    }
+    for (int i = 0; i < 8; i += 4) {
+      x[i] = _mm512_maskz_unpacklo_epi64(all8, y[i], y[i + 2]);
+      x[i + 1] = _mm512_maskz_unpackhi_epi64(all8, y[i], y[i + 2]);
+      x[i + 2] = _mm512_maskz_unpacklo_epi64(all8, y[i + 1], y[i + 3]);
+      x[i + 3] = _mm512_maskz_unpackhi_epi64(all8, y[i + 1], y[i + 3]);
+    }
+    // x[c] (c < 4) holds quad c of rows 0-3 and 8-11 in its blocks 0 and 2,
+    // quad c + 4 in blocks 1 and 3; x[c + 4] the same of rows 4-7, 12-15.
+    const __m512i low = _mm512_setr_epi64(0, 1, 8, 9, 4, 5, 12, 13), high = _mm512_setr_epi64(2, 3, 10, 11, 6, 7, 14, 15);
+    const __m512i u128 = _mm512_set1_epi8(-128);
+    __m512i offsets = _mm512_setzero_si512();
+    for (int c = 0; c < 4; ++c) {
+      const __m512i quad = _mm512_permutex2var_epi64(x[c], low, x[c + 4]);
+      const __m512i quad4 = _mm512_permutex2var_epi64(x[c], high, x[c + 4]);
+      _mm512_storeu_si512(out + c * stride, quad);
+      _mm512_storeu_si512(out + (c + 4) * stride, quad4);
+      offsets = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(offsets, u128, quad), u128, quad4);
+    }
+    if (std::abs(row_bytes) <= INT32_MAX / 16) {
+      const __m512i at = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                            _mm512_set1_epi32(static_cast<int>(row_bytes)));
+      const __m512i words = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), all16, at, base, 1);
+      _mm512_storeu_ps(scales, _mm512_maskz_cvtph_ps(all16, _mm512_maskz_cvtepi32_epi16(all16, words)));
+    } else {
+      for (int i = 0; i < 16; ++i) scales[i] = fp16_to_float(reinterpret_cast<const block_q8_0*>(base + i * row_bytes)->d.bits);
+    }
+    return offsets;
+  }
+
 };
 
 }  // namespace

@@ -770,6 +770,21 @@ def test_bench_reports_consistent_numbers():
     assert r["gbps"] == pytest.approx(2 * heads * L * d // 32 * 18 / r["median_ms"] * 1e-6,
                                       rel=rate_tol(r["median_ms"], r["gbps"]))
     assert 1e-3 < r["error_vs_f64"] < 8e-2 and r["speedup_vs_f32"] > 0
+    # int8 precision over q8_0: q rounded to q8_0 too, its error q8_0's and a
+    # little more, timed against float32 precision on the unit named; with
+    # other caches (computed in float32) or over pages, an error naming both.
+    f32 = r8 = None
+    for precision in ("f32", "int8"):
+        r = json.loads(ok("bench", "decode", "--kv-len", L, "--heads", heads, "--head-dim", d, "--kv-dtype", "q8_0",
+                          "--precision", precision, "--threads", 1, "--json").stdout)
+        assert r["precision"] == precision
+        f32, r8 = (r, r8) if precision == "f32" else (f32, r)
+    assert f32["error_vs_f64"] < r8["error_vs_f64"] < 1.5 * f32["error_vs_f64"]
+    assert r8["unit"] in ("highway", "avx512_vnni", "neon_dotprod") and r8["time_vs_f32_precision"] > 0
+    bad = run("bench", "decode", "--kv-len", L, "--precision", "int8")
+    assert bad.returncode != 0 and "needs --kv-dtype q8_0" in bad.stderr
+    bad = run("bench", "decode", "--kv-len", L, "--kv-dtype", "q8_0", "--precision", "int8", "--page-size", 16)
+    assert bad.returncode != 0 and "--page-size" in bad.stderr
     # MLA's absorbed decode: 2·H·kv_len·(576 + 512) FLOPs against the FMA peak, on the unit named
     r = json.loads(ok("bench", "mla", "--kv-len", 700, "--heads", 4, "--kv-dtype", "bf16", "--threads", 1,
                       "--json").stdout)

@@ -1,0 +1,166 @@
+// Decode's scores key by key: a few query rows against one key row (DotRows)
+// or four (DotKeys, block types, where 32 vector registers hold the
+// accumulators), each score a horizontal sum. Highway's per-target include:
+// include after hwy/highway.h inside a file compiled by foreach_target.h.
+#if defined(ATTN_KERNELS_DECODE_DOTS_INL_H_) == defined(HWY_TARGET_TOGGLE)
+#ifdef ATTN_KERNELS_DECODE_DOTS_INL_H_
+#undef ATTN_KERNELS_DECODE_DOTS_INL_H_
+#else
+#define ATTN_KERNELS_DECODE_DOTS_INL_H_
+#endif
+
+#include <hwy/highway.h>
+
+#include "kernels/attention-inl.h"
+
+#include <algorithm>
+#include <cstdint>
+#include <type_traits>
+
+HWY_BEFORE_NAMESPACE();
+namespace attn::kernels {
+namespace HWY_NAMESPACE {
+
+// s[r · s_stride] = scale · q_r · k for r < MR.
+template <int MR, class KV>
+HWY_INLINE void DotRows(DF d, const float* const* q, const KV* k, int64_t D, float scale,
+                        float* s, int64_t s_stride) {
+  const size_t N = hn::Lanes(d);
+  const int64_t full = D / static_cast<int64_t>(N) * static_cast<int64_t>(N);
+#if HWY_HAVE_SCALABLE
+  // Two accumulators per row, r and MR + r (the even and odd vector steps),
+  // named (see Acc): the same loads and FMAs as the array form below.
+  static_assert(2 * MR <= 8, "the accumulators fit in eight names");
+  VF a0 = hn::Zero(d), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
+  const auto acc = [&](auto i) HWY_ATTR -> VF& { return Acc<i>(a0, a1, a2, a3, a4, a5, a6, a7); };
+  int64_t c = 0;
+  for (; c + 2 * static_cast<int64_t>(N) <= full; c += 2 * static_cast<int64_t>(N)) {
+    VF kv, kv2;
+    LoadKVPair(d, k, c, kv, kv2);
+    Unroll<MR>([&](auto r) HWY_ATTR {
+      acc(r) = hn::MulAdd(hn::LoadU(d, q[r] + c), kv, acc(r));
+      acc(std::integral_constant<int, MR + r>()) =
+          hn::MulAdd(hn::LoadU(d, q[r] + c + N), kv2, acc(std::integral_constant<int, MR + r>()));
+    });
+  }
+  for (; c < full; c += static_cast<int64_t>(N)) {
+    const VF kv = LoadKV(d, k, c);
+    Unroll<MR>([&](auto r) HWY_ATTR { acc(r) = hn::MulAdd(hn::LoadU(d, q[r] + c), kv, acc(r)); });
+  }
+  Unroll<MR>([&](auto r) HWY_ATTR {
+    VF sum = hn::Add(acc(r), acc(std::integral_constant<int, MR + r>()));
+    if (full < D)
+      sum = hn::MulAdd(LoadPart(d, q[r] + full, D - full, 0.0f), LoadKVPart(d, k, full, D - full), sum);
+    s[r * s_stride] = hn::GetLane(hn::SumOfLanes(d, sum)) * scale;
+  });
+#else
+  // Two accumulators per row halve the chain of FMAs a key's score waits on:
+  // more keys, and so more memory reads, in flight.
+  VF acc[MR], acc2[MR];
+  for (int r = 0; r < MR; ++r) acc[r] = acc2[r] = hn::Zero(d);
+  int64_t c = 0;
+  for (; c + 2 * static_cast<int64_t>(N) <= full; c += 2 * static_cast<int64_t>(N)) {
+    VF kv, kv2;
+    LoadKVPair(d, k, c, kv, kv2);
+    for (int r = 0; r < MR; ++r) {
+      acc[r] = hn::MulAdd(hn::LoadU(d, q[r] + c), kv, acc[r]);
+      acc2[r] = hn::MulAdd(hn::LoadU(d, q[r] + c + N), kv2, acc2[r]);
+    }
+  }
+  for (; c < full; c += static_cast<int64_t>(N)) {
+    const VF kv = LoadKV(d, k, c);
+    for (int r = 0; r < MR; ++r) acc[r] = hn::MulAdd(hn::LoadU(d, q[r] + c), kv, acc[r]);
+  }
+  for (int r = 0; r < MR; ++r) acc[r] = hn::Add(acc[r], acc2[r]);
+  if (full < D) {
+    const VF kv = LoadKVPart(d, k, full, D - full);
+    for (int r = 0; r < MR; ++r) acc[r] = hn::MulAdd(LoadPart(d, q[r] + full, D - full, 0.0f), kv, acc[r]);
+  }
+  for (int r = 0; r < MR; ++r) s[r * s_stride] = hn::GetLane(hn::SumOfLanes(d, acc[r])) * scale;
+#endif
+}
+
+// Keys stored in blocks (q8_0, q4_0), whose widening makes decode wait on
+// arithmetic rather than memory, are scored four at a time on targets with
+// 32 vector registers for the 16 accumulators (AVX-512, NEON; not SVE's
+// sizeless vectors, which cannot form the arrays): a row's four
+// accumulators are summed together (Sums4), about 4 operations per score
+// where a sum of each alone takes about 9, in a chain of latencies per key.
+// 32768 keys, 32 query and 8 KV heads of 128, AMD EPYC (Zen 5), ms, key by
+// key against four at a time: 2 threads q8_0 2.88-3.01 against 2.43-2.66,
+// q4_0 2.93-3.23 against 2.47-2.76; 1 thread q8_0 5.52-5.85 against
+// 4.54-4.83, q4_0 5.68-5.93 against 4.69-4.99. float32 and bf16 wait on
+// memory, and ran slower four at a time (1 thread, float32 10.5-11.1 against
+// 11.8-12.6 ms): they keep DotRows.
+#undef ATTN_DECODE_FOUR_KEYS
+#if (HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3) || (HWY_ARCH_ARM && HWY_TARGET == HWY_NEON)
+#define ATTN_DECODE_FOUR_KEYS 1
+
+// A vector's lanes in 128-bit blocks added into one block (halving).
+template <class D>
+HWY_INLINE hn::Vec<hn::Full128<float>> BlocksAdded(D d, hn::Vec<D> v) {
+  if constexpr (hn::MaxLanes(D()) * sizeof(float) > 16) {
+    const hn::Half<D> dh;
+    return BlocksAdded(dh, hn::Add(hn::LowerHalf(dh, v), hn::UpperHalf(dh, v)));
+  } else {
+    (void)d;
+    return v;
+  }
+}
+
+// Lane i of the result: the sum of a_i's lanes, added in one fixed tree
+// (lanes two apart within each 128-bit block, then neighbours, then the
+// blocks), so that a sum computed alone, as Sums4(a, 0, 0, 0), has the bits
+// it has among four.
+HWY_INLINE hn::Vec<hn::Full128<float>> Sums4(DF d, VF a0, VF a1, VF a2, VF a3) {
+  const hn::Repartition<uint64_t, DF> d64;
+  const VF a01 = hn::Add(hn::InterleaveLower(d, a0, a1), hn::InterleaveUpper(d, a0, a1));
+  const VF a23 = hn::Add(hn::InterleaveLower(d, a2, a3), hn::InterleaveUpper(d, a2, a3));
+  const auto w01 = hn::BitCast(d64, a01), w23 = hn::BitCast(d64, a23);
+  const VF sums = hn::Add(hn::BitCast(d, hn::InterleaveLower(d64, w01, w23)),
+                          hn::BitCast(d, hn::InterleaveUpper(d64, w01, w23)));
+  return BlocksAdded(d, sums);
+}
+
+// s[r · s_stride + t] = scale · q_r · k_t for r < MR and the KEYS (1 or 4)
+// keys k_t = k + t · k_stride, one accumulator per row and key, summed by
+// Sums4: the same bits whether a key is scored among four or alone.
+template <int MR, int KEYS, class KV>
+HWY_INLINE void DotKeys(DF d, const float* const* q, const KV* k, int64_t k_stride, int64_t D, float scale,
+                        float* s, int64_t s_stride) {
+  static_assert(KEYS == 1 || KEYS == 4, "one key or four");
+  const int64_t N = static_cast<int64_t>(hn::Lanes(d)), full = D / N * N;
+  VF acc[MR][KEYS];
+  for (int r = 0; r < MR; ++r)
+    for (int t = 0; t < KEYS; ++t) acc[r][t] = hn::Zero(d);
+  int64_t c = 0;
+  for (; c + 2 * N <= full; c += 2 * N)
+    for (int t = 0; t < KEYS; ++t) {
+      VF kv, kv2;
+      LoadKVPair(d, k + t * k_stride, c, kv, kv2);
+      for (int r = 0; r < MR; ++r)
+        acc[r][t] = hn::MulAdd(hn::LoadU(d, q[r] + c + N), kv2, hn::MulAdd(hn::LoadU(d, q[r] + c), kv, acc[r][t]));
+    }
+  for (; c < D; c += N)
+    for (int t = 0; t < KEYS; ++t) {
+      const VF kv = LoadKVUpTo(d, k + t * k_stride, c, D);
+      for (int r = 0; r < MR; ++r) acc[r][t] = hn::MulAdd(LoadPart(d, q[r] + c, std::min(N, D - c), 0.0f), kv, acc[r][t]);
+    }
+  const hn::Full128<float> d4;
+  for (int r = 0; r < MR; ++r) {
+    VF a[4] = {hn::Zero(d), hn::Zero(d), hn::Zero(d), hn::Zero(d)};
+    for (int t = 0; t < KEYS; ++t) a[t] = acc[r][t];
+    const auto sums = Sums4(d, a[0], a[1], a[2], a[3]);
+    if constexpr (KEYS == 4) hn::StoreU(hn::Mul(sums, hn::Set(d4, scale)), d4, s + r * s_stride);
+    else s[r * s_stride] = hn::GetLane(sums) * scale;
+  }
+}
+#else
+#define ATTN_DECODE_FOUR_KEYS 0
+#endif  // ATTN_DECODE_FOUR_KEYS
+
+}  // namespace HWY_NAMESPACE
+}  // namespace attn::kernels
+HWY_AFTER_NAMESPACE();
+
+#endif  // ATTN_KERNELS_DECODE_DOTS_INL_H_
