@@ -19,6 +19,8 @@
 #ifndef ATTN_KERNELS_BF16_BLOCKS_INL_H_
 #define ATTN_KERNELS_BF16_BLOCKS_INL_H_
 
+#include "kernels/unroll.hpp"
+
 namespace attn::kernels::bf16_blocks {
 
 // A block of 4 rows × 4 vectors: 16 accumulators, more independent sums
@@ -31,9 +33,12 @@ template <class Isa, int MR, int NV>
 inline void DotPair(typename Isa::Acc (&acc)[MR][NV], const uint32_t* a, int64_t a_stride, const uint32_t* b,
                     int64_t b_stride, int64_t i) {
   typename Isa::Pairs bv[NV];
+  ATTN_UNROLL
   for (int v = 0; v < NV; ++v) bv[v] = Isa::LoadPairs(b + i * b_stride + v * Isa::kLanes);
+  ATTN_UNROLL
   for (int r = 0; r < MR; ++r) {
     const typename Isa::Pairs av = Isa::Broadcast(a[r * a_stride + i]);
+    ATTN_UNROLL
     for (int v = 0; v < NV; ++v) acc[r][v] = Isa::Dot(acc[r][v], av, bv[v]);
   }
 }
@@ -50,15 +55,22 @@ inline void DotPairs(typename Isa::Acc (&acc)[MR][NV], const uint32_t* a, int64_
   int64_t i = 0;
   if constexpr (kSets > 1) {
     typename Isa::Acc more[kSets - 1][MR][NV];
+    ATTN_UNROLL
     for (int k = 0; k < kSets - 1; ++k)
+      ATTN_UNROLL
       for (int r = 0; r < MR; ++r)
+        ATTN_UNROLL
         for (int v = 0; v < NV; ++v) more[k][r][v] = Isa::Zero();
     for (; i + kSets <= pairs; i += kSets) {
       DotPair<Isa>(acc, a, a_stride, b, b_stride, i);
+      ATTN_UNROLL
       for (int k = 0; k < kSets - 1; ++k) DotPair<Isa>(more[k], a, a_stride, b, b_stride, i + 1 + k);
     }
+    ATTN_UNROLL
     for (int k = 0; k < kSets - 1; ++k)
+      ATTN_UNROLL
       for (int r = 0; r < MR; ++r)
+        ATTN_UNROLL
         for (int v = 0; v < NV; ++v) acc[r][v] = Isa::Add(acc[r][v], more[k][r][v]);
   }
   for (; i < pairs; ++i) DotPair<Isa>(acc, a, a_stride, b, b_stride, i);
@@ -70,11 +82,15 @@ template <class Isa, int MR, int NV>
 void ProductBlock(const uint32_t* q, int64_t q_stride, int64_t pairs, const uint32_t* panel, float scale,
                   float* s, int64_t s_stride) {
   typename Isa::Acc acc[MR][NV];
+  ATTN_UNROLL
   for (int r = 0; r < MR; ++r)
+    ATTN_UNROLL
     for (int v = 0; v < NV; ++v) acc[r][v] = Isa::Zero();
   DotPairs<Isa>(acc, q, q_stride, panel, kBlockK, pairs);
   const typename Isa::Acc sc = Isa::Set(scale);
+  ATTN_UNROLL
   for (int r = 0; r < MR; ++r)
+    ATTN_UNROLL
     for (int v = 0; v < NV; ++v) Isa::Store(s + r * s_stride + v * Isa::kLanes, Isa::Mul(acc[r][v], sc));
 }
 
@@ -84,10 +100,14 @@ template <class Isa, int MR, int NV>
 void AccumulateBlock(const uint32_t* pp, int64_t pairs, const uint32_t* v0, int64_t dvp, float* o,
                      int64_t o_stride) {
   typename Isa::Acc acc[MR][NV];
+  ATTN_UNROLL
   for (int r = 0; r < MR; ++r)
+    ATTN_UNROLL
     for (int v = 0; v < NV; ++v) acc[r][v] = Isa::Load(o + r * o_stride + v * Isa::kLanes);
   DotPairs<Isa>(acc, pp, kStepPairs, v0, dvp, pairs);
+  ATTN_UNROLL
   for (int r = 0; r < MR; ++r)
+    ATTN_UNROLL
     for (int v = 0; v < NV; ++v) Isa::Store(o + r * o_stride + v * Isa::kLanes, acc[r][v]);
 }
 

@@ -31,6 +31,8 @@
 #ifndef ATTN_KERNELS_INT8_BLOCKS_INL_H_
 #define ATTN_KERNELS_INT8_BLOCKS_INL_H_
 
+#include "kernels/unroll.hpp"
+
 namespace attn::kernels::int8_blocks {
 
 // A block of 4 rows × 4 vectors: 16 sums, more independent ones than the
@@ -46,21 +48,28 @@ void ProductBlock(const uint8_t* q, int64_t q_stride, int64_t quads, const float
                   const float* q_centers, const int8_t* panel, int64_t keys, float scale, float* s,
                   int64_t s_stride) {
   typename Isa::Sums acc[MR][NV];
+  ATTN_UNROLL
   for (int r = 0; r < MR; ++r)
+    ATTN_UNROLL
     for (int v = 0; v < NV; ++v) acc[r][v] = Isa::Set(0);
   for (int64_t c = 0; c < quads; ++c) {
     typename Isa::Codes k[NV];
+    ATTN_UNROLL
     for (int v = 0; v < NV; ++v) k[v] = Isa::Load(panel + (c * keys + v * Isa::kLanes) * 4);
+    ATTN_UNROLL
     for (int r = 0; r < MR; ++r) {
       uint32_t quad;
       std::memcpy(&quad, q + r * q_stride + 4 * c, 4);
       const typename Isa::Codes qb = Isa::QueryQuad(quad);
+      ATTN_UNROLL
       for (int v = 0; v < NV; ++v) acc[r][v] = Isa::Dot(acc[r][v], qb, k[v]);
     }
   }
   const auto* t = reinterpret_cast<const float*>(panel + quads * keys * 4);
   const auto* offsets = reinterpret_cast<const int32_t*>(t + keys);
+  ATTN_UNROLL
   for (int r = 0; r < MR; ++r)
+    ATTN_UNROLL
     for (int v = 0; v < NV; ++v)
       Isa::StoreScores(s + r * s_stride + v * Isa::kLanes, Isa::LessOffsets(acc[r][v], offsets + v * Isa::kLanes),
                        scale * q_scales[r], t + v * Isa::kLanes, scale * q_centers[r]);
@@ -100,32 +109,44 @@ template <class Isa, int MR, int NV>
 void BlockProductBlock(const uint8_t* q, int64_t q_stride, int64_t blocks, const float* q_scales,
                        const int8_t* panel, int64_t keys, float scale, float* s, int64_t s_stride) {
   typename Isa::Floats out[MR][NV];
+  ATTN_UNROLL
   for (int r = 0; r < MR; ++r)
+    ATTN_UNROLL
     for (int v = 0; v < NV; ++v) out[r][v] = Isa::ZeroF();
   const auto* t = reinterpret_cast<const float*>(panel + blocks * kQ8_0Block * keys);
   const auto* offsets = reinterpret_cast<const int32_t*>(t + blocks * keys);
   for (int64_t b = 0; b < blocks; ++b) {
     typename Isa::Sums acc[MR][NV];
+    ATTN_UNROLL
     for (int r = 0; r < MR; ++r)
+      ATTN_UNROLL
       for (int v = 0; v < NV; ++v) acc[r][v] = Isa::Set(0);
+    ATTN_UNROLL
     for (int64_t c = 8 * b; c < 8 * b + 8; ++c) {
       typename Isa::Codes k[NV];
+      ATTN_UNROLL
       for (int v = 0; v < NV; ++v) k[v] = Isa::Load(panel + (c * keys + v * Isa::kLanes) * 4);
+      ATTN_UNROLL
       for (int r = 0; r < MR; ++r) {
         uint32_t quad;
         std::memcpy(&quad, q + r * q_stride + 4 * c, 4);
         const typename Isa::Codes qb = Isa::QueryQuad(quad);
+        ATTN_UNROLL
         for (int v = 0; v < NV; ++v) acc[r][v] = Isa::Dot(acc[r][v], qb, k[v]);
       }
     }
+    ATTN_UNROLL
     for (int v = 0; v < NV; ++v) {
       const typename Isa::Floats tv = Isa::LoadF(t + b * keys + v * Isa::kLanes);
+      ATTN_UNROLL
       for (int r = 0; r < MR; ++r)
         out[r][v] = Isa::MulAddSums(Isa::LessOffsets(acc[r][v], offsets + b * keys + v * Isa::kLanes), tv,
                                     q_scales[r * blocks + b], out[r][v]);
     }
   }
+  ATTN_UNROLL
   for (int r = 0; r < MR; ++r)
+    ATTN_UNROLL
     for (int v = 0; v < NV; ++v) Isa::StoreF(s + r * s_stride + v * Isa::kLanes, out[r][v], scale);
 }
 
@@ -173,6 +194,7 @@ void PackQ8_0(const block_q8_0* k, int64_t k_stride, int64_t n, int64_t blocks, 
       alignas(64) int32_t sums[L];
       alignas(64) float scales[L];
       Isa::StoreSums(sums, Isa::PackBlocks(part, sizeof(block_q8_0), codes, L * 4, scales));
+      ATTN_UNROLL
       for (int c = 0; c < 8; ++c) std::memcpy(panel + ((8 * b + c) * keys + col + j0) * 4, codes + c * L * 4, m * 4);
       std::memcpy(t + at, scales, m * sizeof(float));
       std::memcpy(offsets + at, sums, m * sizeof(int32_t));
