@@ -98,7 +98,9 @@ TEST(Q4_0, BlocksFollowTheGgufDefinition) {
         const int byte = blocks[b].qs[j % 16], code = j < 16 ? byte & 15 : byte >> 4;
         EXPECT_EQ(code, want) << "block " << b << " value " << j;
         EXPECT_EQ(y[b * 32 + j], fp16_to_float(blocks[b].d.bits) * float(code - 8));
-        if (x[b * 32 + j] == m && amax > 0) EXPECT_EQ(code, 0);  // the extreme is stored as −8 · d = m
+        if (x[b * 32 + j] == m && amax > 0) {
+          EXPECT_EQ(code, 0);  // the extreme is stored as −8 · d = m
+        }
       }
     }
   }

@@ -352,7 +352,9 @@ enum class SoftmaxFor { Float32, BF16, BF16Unit };
 // SoftmaxStep's last part: s[j] = 2^(s[j] - m) and l = alpha · l + Σ_j s[j]
 // (per lane), for a finite running max m (a NaN one makes every s[j] and l
 // NaN). For BF16, s[j] is stored rounded, in the same pass; l always sums
-// it unrounded.
+// it unrounded. (One chain of adds: two, each over every other vector, made
+// prefill 3-5% slower in float32, bf16 and int8 precision alike, n = 4096,
+// 8 heads of 64, 2 threads, AMD EPYC Zen 5.)
 template <SoftmaxFor kFor>
 HWY_INLINE void AddExponentials(DF d, float* s, int64_t n, float m, float* l, float alpha) {
   constexpr bool kForBF16 = kFor != SoftmaxFor::Float32;

@@ -256,8 +256,9 @@ struct ChunkKeys {
   // The same scores of q8_0 keys on the int8 unit, from the rounded
   // queries (the item's rows: `rows` bytes and `scales` on): tile by tile
   // of kBlockK keys, head by head, the tile's codes packed into a block
-  // panel (page run by page run, the columns past the keys zero), then the
-  // unit's products over the head's rows.
+  // panel (page run by page run), then the unit's products over the head's
+  // rows (the scores it writes past the keys, from whatever the panel held
+  // there, BlockSoftmax sets to -inf).
   HWY_INLINE void UnitScores(int64_t from, int64_t to, float* s, int64_t s_stride, int8_t* panel,
                              const Int8Unit& unit, const uint8_t* rows, const float* scales) const {
     const int64_t D = p.d, blocks = D / kQ8_0Block;
@@ -278,7 +279,6 @@ struct ChunkKeys {
           }
           at += run.count;
         }
-        if (tn % 16) unit.pack_q8_0(nullptr, 0, 16 - tn % 16, blocks, panel, kBlockK, tn);
         for (int64_t r0 = 0; r0 < R; r0 += kRows) {
           const int64_t row = hh * R + r0;
           unit.block_products(rows + row * D, D, static_cast<int>(std::min<int64_t>(kRows, R - r0)), blocks,

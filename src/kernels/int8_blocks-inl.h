@@ -170,8 +170,8 @@ void BlockProducts(const uint8_t* q, int64_t q_stride, int rows, int64_t blocks,
 }
 
 // Int8Unit::pack_q8_0: each block of kLanes keys at a time, in place; a
-// last group of fewer keys (or none: zeros) from a copy, through buffers,
-// so that nothing past the group's rows is read, nor past its columns written.
+// last group of fewer keys from a copy, through buffers, so that nothing
+// past the group's rows is read, nor past its columns written.
 template <class Isa>
 void PackQ8_0(const block_q8_0* k, int64_t k_stride, int64_t n, int64_t blocks, int8_t* panel, int64_t keys,
               int64_t col) {
@@ -180,7 +180,7 @@ void PackQ8_0(const block_q8_0* k, int64_t k_stride, int64_t n, int64_t blocks, 
   auto* offsets = reinterpret_cast<int32_t*>(t + blocks * keys);
   for (int64_t j0 = 0; j0 < n; j0 += L) {
     const int64_t m = std::min<int64_t>(L, n - j0);
-    const bool whole = k && m == L;
+    const bool whole = m == L;
     for (int64_t b = 0; b < blocks; ++b) {
       const int64_t at = b * keys + col + j0;  // the group's first scale and offset
       if (whole) {
@@ -189,7 +189,7 @@ void PackQ8_0(const block_q8_0* k, int64_t k_stride, int64_t n, int64_t blocks, 
         continue;
       }
       block_q8_0 part[L] = {};
-      for (int64_t i = 0; k && i < m; ++i) part[i] = k[(j0 + i) * k_stride + b];
+      for (int64_t i = 0; i < m; ++i) part[i] = k[(j0 + i) * k_stride + b];
       alignas(64) int8_t codes[8 * L * 4];
       alignas(64) int32_t sums[L];
       alignas(64) float scales[L];

@@ -21,7 +21,7 @@
 // query rows rounded to q8_0 too, as rows of code + 128 bytes (as above)
 // with one float32 scale per row and block of 32, and
 //   block panel [blocks · 8][keys][4] signed codes (k_j's block b, quad c
-//             at [8b + c][j], zero past the keys packed), then [blocks][keys]
+//             at [8b + c][j]), then [blocks][keys]
 //             float32 scales (the blocks' d), then [blocks][keys] int32
 //             offsets 128 · Σ codes of the block (Int8BlockPanelBytes)
 #pragma once
@@ -57,8 +57,7 @@ struct Int8Unit {
                    const float* q_centers, const int8_t* panel, int64_t keys, float scale, float* s,
                    int64_t s_stride, int64_t cols);
   // Block panel columns col .. col + n - 1 from the q8_0 rows k, k +
-  // k_stride, ... (k_stride in blocks), `blocks` blocks each; with k null,
-  // zeros (no key).
+  // k_stride, ... (k_stride in blocks), `blocks` blocks each.
   void (*pack_q8_0)(const block_q8_0* k, int64_t k_stride, int64_t n, int64_t blocks, int8_t* panel, int64_t keys,
                     int64_t col);
   // s[r · s_stride + j] = scale · Σ_b q_scales[r · blocks + b] · t_bj ·
