@@ -477,7 +477,7 @@ inline constexpr const char* kBatchAttention = R"(batch_attention(q, qo_indptr, 
                 kv_last_page_len=None, layout="NHD", causal=False, window=None,
                 softcap=None, scale=None, alibi_slopes=None, sinks=None,
                 custom_mask=None, packed_custom_mask=None, mask_indptr=None,
-                return_lse=False)
+                return_lse=False, precision="f32")
 
 Attention for a batch of requests of different lengths over paged keys and
 values. q (nnz_q, Hq, head_dim); request r's queries are rows
@@ -492,13 +492,15 @@ bitorder="little") per request padded to whole bytes, with mask_indptr in
 bytes. Returns out (nnz_q, Hq, value_head_dim), and with return_lse the
 log-sum-exp (nnz_q, Hq) in natural log (FlashInfer's is base 2: lse / ln 2).
 A row with no allowed key gives zeros and lse -inf (the sink with sinks).
+precision is attention's: "int8" over q8_0 pages makes decode's q·k integer
+(q rounded to q8_0, its codes against the keys', as llama.cpp's).
 )";
 
 inline constexpr const char* kBatchAttentionPlan = R"(BatchAttentionPlan(qo_indptr, kv_indptr, kv_indices, kv_last_page_len, num_qo_heads,
                    num_kv_heads, head_dim, page_size, *, value_head_dim=None,
                    layout="NHD", causal=False, window=None, softcap=None, scale=None,
                    alibi_slopes=None, sinks=None, custom_mask=None,
-                   packed_custom_mask=None, mask_indptr=None)
+                   packed_custom_mask=None, mask_indptr=None, precision="f32")
 
 batch_attention's metadata validated once (FlashInfer's plan/run): every
 layer of a step calls plan.run(q, kv, return_lse=False), kv a PagedKVCache

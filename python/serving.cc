@@ -134,7 +134,8 @@ struct BatchOptionsArg {
 
   BatchOptionsArg(const py::object& causal, const py::object& window, const py::object& softcap,
                   const py::object& scale, const py::object& alibi_slopes, const py::object& sinks,
-                  const py::object& custom_mask_obj, const py::object& packed_obj, const py::object& mask_indptr_obj) {
+                  const py::object& custom_mask_obj, const py::object& packed_obj, const py::object& mask_indptr_obj,
+                  const py::object& precision) {
     if (!py::isinstance<py::bool_>(causal))
       throw TypeError("causal must be True or False (bottom-right per request), got " + repr_of(causal));
     const AttentionOptions a = attention_options(py::bool_(false), scale, softcap, window);
@@ -144,6 +145,7 @@ struct BatchOptionsArg {
     options.scale = a.scale;
     options.alibi_slopes = per_head_from(alibi_slopes, "alibi_slopes", "slope");
     options.sinks = per_head_from(sinks, "sinks", "logit");
+    options.precision = precision_arg(precision);
     if (!custom_mask_obj.is_none()) {
       const py::array m = as_numeric_array(custom_mask_obj, "custom_mask");
       if (m.dtype().kind() != 'b')
@@ -230,12 +232,13 @@ py::object py_batch_attention(const py::object& q, const py::object& qo_indptr_o
                               const py::object& kv_last_page_len, const std::string& layout, const py::object& causal,
                               const py::object& window, const py::object& softcap, const py::object& scale,
                               const py::object& alibi_slopes, const py::object& sinks, const py::object& custom_mask,
-                              const py::object& packed_custom_mask, const py::object& mask_indptr, bool return_lse) {
+                              const py::object& packed_custom_mask, const py::object& mask_indptr, bool return_lse,
+                              const py::object& precision) {
   const py::array qa = as_numeric_array(q, "q");
   if (qa.ndim() != 3) throw ValueError("batch_attention: q must be (nnz_q, num_qo_heads, head_dim), got " + std::to_string(qa.ndim()) + " axes");
   const std::vector<int32_t> qo_indptr = int32_values(qo_indptr_obj, "qo_indptr");
   const BatchOptionsArg opt(causal, window, softcap, scale, alibi_slopes, sinks, custom_mask, packed_custom_mask,
-                            mask_indptr);
+                            mask_indptr, precision);
   if (py::isinstance<PagedKVCache>(kv)) {
     if (seq_ids.is_none()) throw TypeError("batch_attention over a PagedKVCache needs seq_ids");
     for (const auto* given : {&kv_indptr, &kv_indices, &kv_last_page_len})
@@ -420,7 +423,7 @@ void bind_serving(py::module_& m) {
         arg("window") = py::none(), arg("softcap") = py::none(), arg("scale") = py::none(),
         arg("alibi_slopes") = py::none(), arg("sinks") = py::none(), arg("custom_mask") = py::none(),
         arg("packed_custom_mask") = py::none(), arg("mask_indptr") = py::none(), arg("return_lse") = false,
-        docs::kBatchAttention);
+        arg("precision") = "f32", docs::kBatchAttention);
 
   m.def("sparse_attention_paged", &py_sparse_attention_paged, arg("q"), arg("qo_indptr"), arg("cache"),
         arg("seq_ids"), arg("indices"), py::kw_only(), arg("scale") = py::none(), arg("softcap") = py::none(),
@@ -433,13 +436,14 @@ void bind_serving(py::module_& m) {
                        const py::object& value_head_dim, const std::string& layout, const py::object& causal,
                        const py::object& window, const py::object& softcap, const py::object& scale,
                        const py::object& alibi_slopes, const py::object& sinks, const py::object& custom_mask,
-                       const py::object& packed_custom_mask, const py::object& mask_indptr) {
+                       const py::object& packed_custom_mask, const py::object& mask_indptr,
+                       const py::object& precision) {
              const std::vector<int32_t> qo = int32_values(qo_indptr, "qo_indptr"), ip = int32_values(kv_indptr, "kv_indptr"),
                                         ix = int32_values(kv_indices, "kv_indices"),
                                         last = int32_values(kv_last_page_len, "kv_last_page_len");
              const int64_t heads = int_arg(num_qo_heads, "num_qo_heads");
              const BatchOptionsArg opt(causal, window, softcap, scale, alibi_slopes, sinks, custom_mask,
-                                       packed_custom_mask, mask_indptr);
+                                       packed_custom_mask, mask_indptr, precision);
              PyBatchPlan p;
              p.plan.emplace(view1(qo), view1(ip), view1(ix), view1(last), heads, int_arg(num_kv_heads, "num_kv_heads"),
                             int_arg(head_dim, "head_dim"), int_arg(page_size, "page_size"), opt.options,
@@ -450,7 +454,8 @@ void bind_serving(py::module_& m) {
            arg("num_kv_heads"), arg("head_dim"), arg("page_size"), py::kw_only(), arg("value_head_dim") = py::none(),
            arg("layout") = "NHD", arg("causal") = false, arg("window") = py::none(), arg("softcap") = py::none(),
            arg("scale") = py::none(), arg("alibi_slopes") = py::none(), arg("sinks") = py::none(),
-           arg("custom_mask") = py::none(), arg("packed_custom_mask") = py::none(), arg("mask_indptr") = py::none())
+           arg("custom_mask") = py::none(), arg("packed_custom_mask") = py::none(), arg("mask_indptr") = py::none(),
+           arg("precision") = "f32")
       .def("run", &plan_run, arg("q"), arg("kv"), py::kw_only(), arg("return_lse") = false)
       .def_property_readonly("batch_size", [](const PyBatchPlan& p) { return p.plan->batch_size(); });
 }

@@ -80,7 +80,8 @@ typedef struct {
      float32, on the CPU's bf16 unit where it has one that outruns its
      float32 FMAs; 2 int8, each row of q and of k less the mean of its
      head's keys quantized to int8 with one scale per row for q·kᵀ, then
-     as bf16 (F32 q only; decode stays float32). */
+     as bf16 (F32 q only; decode stays float32, but for int8 over Q8_0 keys:
+     q rounded to Q8_0, its codes against the keys'). */
   int32_t precision;
 } attn_options;
 
@@ -232,8 +233,8 @@ int attn_mla_forward_paged(attn_mla* layer, const attn_tensor* x, attn_paged_cac
    its keys the pages kv_indices[kv_indptr[r] .. kv_indptr[r + 1]] with
    kv_last_page_len[r] tokens in the last (the arrays batch + 1, batch + 1,
    kv_indptr[batch] and batch entries long). options: causal 0 (none) or 1
-   (bottom-right per request), window, softcap, scale, alibi_slopes, sinks;
-   NULL for the defaults. custom_mask: NULL, or BOOL 1-D, every request's
+   (bottom-right per request), window, softcap, scale, alibi_slopes, sinks,
+   precision; NULL for the defaults. custom_mask: NULL, or BOOL 1-D, every request's
    (qo_len, kv_len) block concatenated (1 = may attend). layout as above;
    value_head_dim 0: head_dim. */
 int attn_batch_plan_new(const int32_t* qo_indptr, const int32_t* kv_indptr, const int32_t* kv_indices,

@@ -40,6 +40,10 @@ struct BatchAttentionOptions {
   std::optional<double> scale;   // default 1/sqrt(head_dim)
   std::vector<double> alibi_slopes;  // one per query head, or none
   std::vector<double> sinks;         // one logit per query head, or none
+  // attention()'s (docs/semantics.md "Precision"): bf16 and int8 for the
+  // prefill-sized requests' products; int8 also for decode over q8_0 pages
+  // (Q·K in integers, the queries rounded to q8_0).
+  Precision precision = Precision::Float32;
   // Custom masks, true = may attend (tree masks of speculative decoding):
   // every request's (qo_len, kv_len) block, row-major, concatenated
   // (custom_mask); or packed bits, FlashInfer's packed_custom_mask: each

@@ -69,6 +69,7 @@ BatchAttentionPlan::BatchAttentionPlan(TensorView<const int32_t> qo_indptr, Tens
   options_.scale = options.scale;
   options_.alibi_slopes = options.alibi_slopes;
   options_.sinks = options.sinks;
+  options_.precision = options.precision;
   detail::check_options(options_, heads_q_, true);
 
   // The custom masks, one (qo_len, kv_len) block per request.
@@ -192,6 +193,7 @@ void BatchAttentionPlan::run(TensorView<const float> q, TensorView<const KV> k_p
     p.softcap = options_.softcap;
     p.alibi = options_.alibi_slopes;
     p.sinks = options_.sinks;
+    p.precision = options_.precision;
     decode.push_back(std::move(p));
   }
   std::vector<const core::AttentionProblem<float>*> problems;

@@ -33,11 +33,10 @@ attn::BatchAttentionOptions batch_options(const attn_options* options, const att
   const attn::AttentionOptions a = options_of(options, fn);
   if (a.causal != attn::Causal::None && a.causal != attn::Causal::BottomRight)
     fail(fn, "options", "causal must be 0 (none) or 1 (bottom-right per request)");
-  if (a.precision != attn::Precision::Float32) fail(fn, "options", "precision must be 0 (f32) for batch attention");
   attn::BatchAttentionOptions o;
   o.causal = a.causal == attn::Causal::BottomRight;
   o.window = a.window, o.softcap = a.softcap, o.scale = a.scale;
-  o.alibi_slopes = a.alibi_slopes, o.sinks = a.sinks;
+  o.alibi_slopes = a.alibi_slopes, o.sinks = a.sinks, o.precision = a.precision;
   if (custom_mask) {
     const Layout l = layout_of(custom_mask, fn, "custom_mask");
     if (l.dtype != ATTN_BOOL) unsupported(fn, std::string("custom_mask: dtype ") + dtype_name(l.dtype) + " is not BOOL");

@@ -1040,6 +1040,12 @@ static void test_paged(void) {
       for (c = 0; c < DV; ++c) got[c] = out[(NQ * HQ + h) * DV + c];
       expect_close_f(got, want, DV, 1e-5, __LINE__);
     }
+    /* A precision is taken: int8 changes decode only over Q8_0 pages, so over these F32
+       pages the same bits (tests/python/test_batch_serving.py checks Q8_0's). */
+    options.precision = 2;
+    CHECK(attn_batch_attention(&tq, qo_indptr, 2, cache, seqs, &options, NULL, &traw, NULL) == ATTN_OK);
+    CHECK(memcmp(raw, out, sizeof raw) == 0);
+    options.precision = 0;
     /* The raw form: the pages copied into caller-owned pools, by the cache's table. */
     CHECK(attn_paged_cache_page_table(cache, seqs, 2, kv_indptr, kv_indices, 8, last, &count) == ATTN_OK);
     CHECK(count == 5 && kv_indptr[2] == 5 && last[0] == 1 && last[1] == 1);

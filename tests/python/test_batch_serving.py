@@ -396,6 +396,37 @@ def test_batch_attention_quantized_pages_and_bad_metadata():
         attn.batch_attention(q, qo_indptr, cache, [ids[0], 12345])
 
 
+@pytest.mark.parametrize("layout", ["NHD", "HND"])
+@pytest.mark.parametrize("page_size", [3, 16])
+def test_batch_attention_int8_over_q8_0_pages_rounds_the_queries(layout, page_size):
+    """precision="int8" over q8_0 pages: decode's q·k takes q rounded to q8_0, as
+    attention's does, through page runs of any length: the float64 attention of the
+    rounded queries to float32 rounding, which float32 precision is not."""
+    rng = np.random.default_rng(8)
+    hq, hkv, d = 8, 2, 64
+    qo, kv = [1, 2, 1], [1300, 700, 40]
+    pages = [-(-n // page_size) for n in kv]
+    kv_indptr = np.concatenate([[0], np.cumsum(pages)]).astype(np.int32)
+    kv_indices = rng.permutation(sum(pages)).astype(np.int32)
+    last = np.array([n - (p - 1) * page_size for n, p in zip(kv, pages)], np.int32)
+    shape = (sum(pages), page_size, hkv, d) if layout == "NHD" else (sum(pages), hkv, page_size, d)
+    kq, vq = (attn.quantize(rng.standard_normal(shape).astype(np.float32), "q8_0") for _ in range(2))
+    q = rng.standard_normal((sum(qo), hq, d)).astype(np.float32)
+    qo_indptr = np.concatenate([[0], np.cumsum(qo)]).astype(np.int32)
+    meta = dict(kv_indptr=kv_indptr, kv_indices=kv_indices, kv_last_page_len=last, layout=layout, causal=True)
+    out = attn.batch_attention(q, qo_indptr, (kq, vq), precision="int8", **meta)
+    f32 = attn.batch_attention(q, qo_indptr, (kq, vq), **meta)
+    rounded = attn.quantize(q, "q8_0").dequantize()
+    pools = [x.dequantize() if layout == "NHD" else x.dequantize().transpose(0, 2, 1, 3) for x in (kq, vq)]
+    f32_off = 0.0
+    for r, (a, b) in enumerate(zip(qo_indptr, qo_indptr[1:])):
+        k, v = (x[kv_indices[kv_indptr[r]:kv_indptr[r + 1]]].reshape(-1, hkv, d)[:kv[r]] for x in pools)
+        want = reference_request(rounded[a:b], k, v, causal=True)[0]
+        np.testing.assert_allclose(out[a:b], want, atol=2e-6, err_msg=f"request {r}")
+        f32_off = max(f32_off, np.abs(f32[a:b] - want).max())
+    assert f32_off > 1e-4
+
+
 # ---------------------------------------------------------------------------
 # The layer serving N requests through one paged cache.
 
