@@ -39,20 +39,18 @@ namespace attn::kernels::int8_blocks {
 // instruction's latency × throughput needs.
 constexpr int kRows = 4, kVecs = 4;
 
-// s rows r < MR, vectors v < NV of a tile: each quad of the query's bytes
-// broadcast once per row, each vector of the panel's codes (kLanes keys ×
-// 4) loaded once per quad; the int32 sums become float32 only at the end
-// (exact: |Σ| <= d · 127 · 127 < 2^24 for d <= 1040).
+// acc[r][v] = Σ over quads c in [c0, c1) of row r's quad c (its bytes at
+// q + r · q_stride) · vector v of the panel's quad c: each quad of the
+// query's bytes broadcast once per row, each vector of the panel's codes
+// (kLanes keys × 4) loaded once per quad.
 template <class Isa, int MR, int NV>
-void ProductBlock(const uint8_t* q, int64_t q_stride, int64_t quads, const float* q_scales,
-                  const float* q_centers, const int8_t* panel, int64_t keys, float scale, float* s,
-                  int64_t s_stride) {
-  typename Isa::Sums acc[MR][NV];
+inline void DotQuads(typename Isa::Sums (&acc)[MR][NV], const uint8_t* q, int64_t q_stride, const int8_t* panel,
+                     int64_t keys, int64_t c0, int64_t c1) {
   ATTN_UNROLL
   for (int r = 0; r < MR; ++r)
     ATTN_UNROLL
     for (int v = 0; v < NV; ++v) acc[r][v] = Isa::Set(0);
-  for (int64_t c = 0; c < quads; ++c) {
+  for (int64_t c = c0; c < c1; ++c) {
     typename Isa::Codes k[NV];
     ATTN_UNROLL
     for (int v = 0; v < NV; ++v) k[v] = Isa::Load(panel + (c * keys + v * Isa::kLanes) * 4);
@@ -65,6 +63,16 @@ void ProductBlock(const uint8_t* q, int64_t q_stride, int64_t quads, const float
       for (int v = 0; v < NV; ++v) acc[r][v] = Isa::Dot(acc[r][v], qb, k[v]);
     }
   }
+}
+
+// s rows r < MR, vectors v < NV of a tile: the int32 sums become float32
+// only at the end (exact: |Σ| <= d · 127 · 127 < 2^24 for d <= 1040).
+template <class Isa, int MR, int NV>
+void ProductBlock(const uint8_t* q, int64_t q_stride, int64_t quads, const float* q_scales,
+                  const float* q_centers, const int8_t* panel, int64_t keys, float scale, float* s,
+                  int64_t s_stride) {
+  typename Isa::Sums acc[MR][NV];
+  DotQuads<Isa>(acc, q, q_stride, panel, keys, 0, quads);
   const auto* t = reinterpret_cast<const float*>(panel + quads * keys * 4);
   const auto* offsets = reinterpret_cast<const int32_t*>(t + keys);
   ATTN_UNROLL
@@ -117,24 +125,7 @@ void BlockProductBlock(const uint8_t* q, int64_t q_stride, int64_t blocks, const
   const auto* offsets = reinterpret_cast<const int32_t*>(t + blocks * keys);
   for (int64_t b = 0; b < blocks; ++b) {
     typename Isa::Sums acc[MR][NV];
-    ATTN_UNROLL
-    for (int r = 0; r < MR; ++r)
-      ATTN_UNROLL
-      for (int v = 0; v < NV; ++v) acc[r][v] = Isa::Set(0);
-    ATTN_UNROLL
-    for (int64_t c = 8 * b; c < 8 * b + 8; ++c) {
-      typename Isa::Codes k[NV];
-      ATTN_UNROLL
-      for (int v = 0; v < NV; ++v) k[v] = Isa::Load(panel + (c * keys + v * Isa::kLanes) * 4);
-      ATTN_UNROLL
-      for (int r = 0; r < MR; ++r) {
-        uint32_t quad;
-        std::memcpy(&quad, q + r * q_stride + 4 * c, 4);
-        const typename Isa::Codes qb = Isa::QueryQuad(quad);
-        ATTN_UNROLL
-        for (int v = 0; v < NV; ++v) acc[r][v] = Isa::Dot(acc[r][v], qb, k[v]);
-      }
-    }
+    DotQuads<Isa>(acc, q, q_stride, panel, keys, 8 * b, 8 * b + 8);
     ATTN_UNROLL
     for (int v = 0; v < NV; ++v) {
       const typename Isa::Floats tv = Isa::LoadF(t + b * keys + v * Isa::kLanes);
