@@ -185,7 +185,6 @@ void PackQ8_0(const block_q8_0* k, int64_t k_stride, int64_t n, int64_t blocks, 
       alignas(64) int32_t sums[L];
       alignas(64) float scales[L];
       Isa::StoreSums(sums, Isa::PackBlocks(part, sizeof(block_q8_0), codes, L * 4, scales));
-      ATTN_UNROLL
       for (int c = 0; c < 8; ++c) std::memcpy(panel + ((8 * b + c) * keys + col + j0) * 4, codes + c * L * 4, m * 4);
       std::memcpy(t + at, scales, m * sizeof(float));
       std::memcpy(offsets + at, sums, m * sizeof(int32_t));

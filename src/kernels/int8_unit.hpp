@@ -21,9 +21,9 @@
 // query rows rounded to q8_0 too, as rows of code + 128 bytes (as above)
 // with one float32 scale per row and block of 32, and
 //   block panel [blocks · 8][keys][4] signed codes (k_j's block b, quad c
-//             at [8b + c][j]), then [blocks][keys]
-//             float32 scales (the blocks' d), then [blocks][keys] int32
-//             offsets 128 · Σ codes of the block (Int8BlockPanelBytes)
+//             at [8b + c][j]), then [blocks][keys] float32 scales (the
+//             blocks' d), then [blocks][keys] int32 offsets 128 · Σ codes
+//             of the block (Int8BlockPanelBytes)
 #pragma once
 
 #include <cstdint>

@@ -19,11 +19,9 @@ const Int8Unit* avx512_vnni_unit() { return nullptr; }  // (not an x86 build)
 #include <array>
 #include <cstddef>
 #include <cstdint>
-#include <cstdlib>
 #include <cstring>
 #include <utility>
 
-#include "attn/half.hpp"
 #include "kernels/x86_cpu.hpp"
 
 // Everything from here to the pop is compiled for AVX-512 with VNNI, and
@@ -69,8 +67,8 @@ struct Avx512Vnni {
   // The codes: a 16 × 8 transpose of 32-bit quads, rows i and i + 8 side by
   // side in one vector, an 8 × 8 transpose in each half (two rounds of
   // unpacking within 128-bit blocks, then 64-bit pairs picked across both
-  // vectors); the scales gathered (the 32 bits at each block's start, its
-  // fp16 d first). (Zero-masked forms throughout, as in StoreScores.)
+  // vectors); the scales widened together. (Zero-masked forms throughout,
+  // as in StoreScores.)
   static Sums PackBlocks(const block_q8_0* blocks, int64_t row_bytes, int8_t* out, int64_t stride, float* scales) {
     const __mmask16 all16 = 0xffff;
     const __mmask8 all8 = 0xff;
@@ -102,14 +100,9 @@ struct Avx512Vnni {
       _mm512_storeu_si512(out + (c + 4) * stride, quad4);
       offsets = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(offsets, u128, quad), u128, quad4);
     }
-    if (std::abs(row_bytes) <= INT32_MAX / 16) {
-      const __m512i at = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
-                                            _mm512_set1_epi32(static_cast<int>(row_bytes)));
-      const __m512i words = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), all16, at, base, 1);
-      _mm512_storeu_ps(scales, _mm512_maskz_cvtph_ps(all16, _mm512_maskz_cvtepi32_epi16(all16, words)));
-    } else {
-      for (int i = 0; i < 16; ++i) scales[i] = fp16_to_float(reinterpret_cast<const block_q8_0*>(base + i * row_bytes)->d.bits);
-    }
+    alignas(32) uint16_t bits[16];
+    for (int i = 0; i < 16; ++i) bits[i] = reinterpret_cast<const block_q8_0*>(base + i * row_bytes)->d.bits;
+    _mm512_storeu_ps(scales, _mm512_maskz_cvtph_ps(all16, _mm256_load_si256(reinterpret_cast<const __m256i*>(bits))));
     return offsets;
   }
 
