@@ -495,7 +495,7 @@ int run_sweep(const BenchArgs& base, int threads) {
 int run_bench(const BenchArgs& a) {
   if (a.kind == "decode" && a.page_size > 0) {
     if (a.precision != "f32")
-      throw ValueError("bench decode: --precision goes without --page-size (batch_attention computes in float32)");
+      throw ValueError("bench decode: --precision goes without --page-size (its paged timing is float32 precision's)");
     ServeBenchArgs paged;
     paged.kind = "decode";
     paged.heads = a.heads, paged.kv_heads = a.kv_heads > 0 ? a.kv_heads : a.heads, paged.head_dim = a.head_dim;
