@@ -78,7 +78,7 @@ struct NeonDotprod {
   static void StoreF(float* s, Floats x, float a) { vst1q_f32(s, vmulq_n_f32(x, a)); }
   // The codes: 4 × 4 transposes of 32-bit quads, quads 0-3 of the rows,
   // then 4-7; no offsets (see QueryQuad).
-  static Sums PackBlocks(const block_q8_0* blocks, int64_t row_bytes, int8_t* out, int64_t stride, float* scales) {
+  static Sums PackBlocks(const block_q8_0* blocks, int64_t row_bytes, int8_t* out, int64_t stride) {
     const auto* base = reinterpret_cast<const char*>(blocks);
     const auto block = [&](int i) { return reinterpret_cast<const block_q8_0*>(base + i * row_bytes); };
     for (int half = 0; half < 2; ++half) {
@@ -93,9 +93,10 @@ struct NeonDotprod {
       vst1q_u32(reinterpret_cast<uint32_t*>(o + 3 * stride),
                 vcombine_u32(vget_high_u32(t01.val[1]), vget_high_u32(t23.val[1])));
     }
-    const uint16_t bits[4] = {block(0)->d.bits, block(1)->d.bits, block(2)->d.bits, block(3)->d.bits};
-    vst1q_f32(scales, vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(bits))));
     return Set(0);
+  }
+  static void WidenScales(const uint16_t* fp16, float* out) {
+    vst1q_f32(out, vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(fp16))));
   }
 };
 

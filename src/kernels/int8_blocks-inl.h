@@ -20,10 +20,10 @@
 //     static Floats MulAddSums(Sums x, Floats t, float a, Floats acc);  // x · (a · t) + acc
 //     static void StoreF(float* s, Floats x, float a);                 // a · x
 //     // kLanes q8_0 blocks, row_bytes apart from `blocks`: their codes'
-//     // quads c = 0 .. 7 as vectors at out + c · stride, their scales as
-//     // float32 at `scales`; returns the offsets LessOffsets takes out
-//     static Sums PackBlocks(const block_q8_0* blocks, int64_t row_bytes, int8_t* out, int64_t stride,
-//                            float* scales);
+//     // quads c = 0 .. 7 as vectors at out + c · stride; returns the
+//     // offsets LessOffsets takes out
+//     static Sums PackBlocks(const block_q8_0* blocks, int64_t row_bytes, int8_t* out, int64_t stride);
+//     static void WidenScales(const uint16_t* fp16, float* out);  // kLanes of them
 //   };
 // and includes this file under the pragma that compiles it for the
 // instructions (after every other include: the standard headers' functions
@@ -174,17 +174,20 @@ void PackQ8_0(const block_q8_0* k, int64_t k_stride, int64_t n, int64_t blocks, 
     const bool whole = m == L;
     for (int64_t b = 0; b < blocks; ++b) {
       const int64_t at = b * keys + col + j0;  // the group's first scale and offset
+      uint16_t bits[L] = {};  // the blocks' fp16 scales, widened together
+      for (int64_t i = 0; i < m; ++i) bits[i] = k[(j0 + i) * k_stride + b].d.bits;
+      alignas(64) float scales[L];
+      Isa::WidenScales(bits, whole ? t + at : scales);
       if (whole) {
         Isa::StoreSums(offsets + at, Isa::PackBlocks(k + j0 * k_stride + b, k_stride * int64_t{sizeof(block_q8_0)},
-                                                     panel + (8 * b * keys + col + j0) * 4, keys * 4, t + at));
+                                                     panel + (8 * b * keys + col + j0) * 4, keys * 4));
         continue;
       }
       block_q8_0 part[L] = {};
       for (int64_t i = 0; i < m; ++i) part[i] = k[(j0 + i) * k_stride + b];
       alignas(64) int8_t codes[8 * L * 4];
       alignas(64) int32_t sums[L];
-      alignas(64) float scales[L];
-      Isa::StoreSums(sums, Isa::PackBlocks(part, sizeof(block_q8_0), codes, L * 4, scales));
+      Isa::StoreSums(sums, Isa::PackBlocks(part, sizeof(block_q8_0), codes, L * 4));
       for (int c = 0; c < 8; ++c) std::memcpy(panel + ((8 * b + c) * keys + col + j0) * 4, codes + c * L * 4, m * 4);
       std::memcpy(t + at, scales, m * sizeof(float));
       std::memcpy(offsets + at, sums, m * sizeof(int32_t));

@@ -67,9 +67,8 @@ struct Avx512Vnni {
   // The codes: a 16 × 8 transpose of 32-bit quads, rows i and i + 8 side by
   // side in one vector, an 8 × 8 transpose in each half (two rounds of
   // unpacking within 128-bit blocks, then 64-bit pairs picked across both
-  // vectors); the scales widened together. (Zero-masked forms throughout,
-  // as in StoreScores.)
-  static Sums PackBlocks(const block_q8_0* blocks, int64_t row_bytes, int8_t* out, int64_t stride, float* scales) {
+  // vectors). (Zero-masked forms throughout, as in StoreScores.)
+  static Sums PackBlocks(const block_q8_0* blocks, int64_t row_bytes, int8_t* out, int64_t stride) {
     const __mmask16 all16 = 0xffff;
     const __mmask8 all8 = 0xff;
     const auto* base = reinterpret_cast<const char*>(blocks);
@@ -100,10 +99,10 @@ struct Avx512Vnni {
       _mm512_storeu_si512(out + (c + 4) * stride, quad4);
       offsets = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(offsets, u128, quad), u128, quad4);
     }
-    alignas(32) uint16_t bits[16];
-    for (int i = 0; i < 16; ++i) bits[i] = reinterpret_cast<const block_q8_0*>(base + i * row_bytes)->d.bits;
-    _mm512_storeu_ps(scales, _mm512_maskz_cvtph_ps(all16, _mm256_load_si256(reinterpret_cast<const __m256i*>(bits))));
     return offsets;
+  }
+  static void WidenScales(const uint16_t* fp16, float* out) {
+    _mm512_storeu_ps(out, _mm512_maskz_cvtph_ps(__mmask16(0xffff), _mm256_loadu_si256(reinterpret_cast<const __m256i*>(fp16))));
   }
 
 };
