@@ -353,10 +353,14 @@ inline constexpr const char* kNewCache = R"(new_cache(dtype='f32', *, sink_token
     -> KVCache: an empty key/value cache for forward(..., cache=c).
 
 dtype: how keys and values are stored: 'f32' (the input's own float type),
-'bf16', 'f16', 'q8_0' or 'q4_0' (GGUF's 8- and 4-bit blocks; head_dim a multiple of 32), for
-float32 input. Tokens are converted as they are appended, the chunk's own keys
-and values included, so feeding a sequence chunk by chunk equals one causal
-forward over the same stored keys and values, whatever the chunking.
+'bf16', 'f16', 'q8_0' or 'q4_0' (GGUF's 8- and 4-bit blocks), or 'int4' (KIVI's:
+keys per channel in groups of 32 tokens, values per token; not streaming), for
+float32 input, head_dim a multiple of 32 for the last three. Tokens are
+converted as they are appended, the chunk's own keys and values included, so
+feeding a sequence chunk by chunk equals one causal forward over the same
+stored keys and values, whatever the chunking (int4: its last group of keys,
+kept in float32 until it fills, is quantized again over all its tokens at
+each append, so a chunk sees that group as its tokens so far give it).
 
 sink_tokens=S, window=W: StreamingLLM's cache, which keeps the stream's first
 S tokens and its last W, so a stream of any length runs in bounded memory:

@@ -85,9 +85,14 @@ py::tuple cache_state(const PyKVCache& c) {
       const auto held = k.use("pickle");
       const bool f64 = std::is_same_v<std::decay_t<decltype(k)>, KVCache<double>>;
       return k.visit([&](auto keys, auto values) {
-        return py::make_tuple(options, py::make_tuple(f64, shape_tuple(keys.shape()), shape_tuple(values.shape()),
-                                                      storage_bytes(keys), storage_bytes(values),
-                                                      py::cast(k.positions()), k.seen()));
+        py::tuple held = py::make_tuple(f64, shape_tuple(keys.shape()), shape_tuple(values.shape()), storage_bytes(keys),
+                                        storage_bytes(values), py::cast(k.positions()), k.seen());
+        if (k.dtype() == KVDtype::INT4) {  // and the last group's float32 keys
+          const TensorView<const float> tail = k.key_tail();
+          held = py::make_tuple(held[0], held[1], held[2], held[3], held[4], held[5], held[6], shape_tuple(tail.shape()),
+                                storage_bytes(tail));
+        }
+        return py::make_tuple(options, held);
       });
     }
   }, c.cache);
@@ -121,7 +126,18 @@ PyKVCache cache_from_state(const py::tuple& state) {
     std::vector<S> k(static_cast<size_t>(numel_of(ks))), v(static_cast<size_t>(numel_of(vs)));
     std::memcpy(k.data(), kb.data(), kb.size());
     std::memcpy(v.data(), vb.data(), vb.size());
-    cache.restore(TensorView<const S>(k.data(), ks), TensorView<const S>(v.data(), vs), positions, seen);
+    std::vector<float> tail;
+    Shape tail_shape;
+    if (held.size() == 9) {
+      tail_shape = shape_of(held[7]);
+      const std::string tb = held[8].cast<std::string>();
+      if (tb.size() != static_cast<size_t>(numel_of(tail_shape)) * sizeof(float))
+        throw ValueError("KVCache: a pickled cache's bytes do not fit its shapes");
+      tail.resize(static_cast<size_t>(numel_of(tail_shape)));
+      std::memcpy(tail.data(), tb.data(), tb.size());
+    }
+    cache.restore(TensorView<const S>(k.data(), ks), TensorView<const S>(v.data(), vs), positions, seen,
+                  tail_shape.empty() ? TensorView<const float>() : TensorView<const float>(tail.data(), tail_shape));
   };
   if (held[0].cast<bool>()) {
     restore(*c.get<double>(), double{});
@@ -134,6 +150,7 @@ PyKVCache cache_from_state(const py::tuple& state) {
     case KVDtype::F16: restore(cache, float16{}); break;
     case KVDtype::Q8_0: restore(cache, block_q8_0{}); break;
     case KVDtype::Q4_0: restore(cache, block_q4_0{}); break;
+    case KVDtype::INT4: restore(cache, block_int4{}); break;
   }
   return c;
 }
@@ -401,7 +418,7 @@ void bind_mha(py::module_& m) {
       .def("new_cache", [](const PyMha& self, const py::object& dtype, const py::object& sink_tokens,
                            const py::object& window, const std::string& positions) {
              if (!py::isinstance<py::str>(dtype))
-               throw TypeError("new_cache: dtype must be 'f32', 'bf16', 'f16', 'q8_0' or 'q4_0', got " +
+               throw TypeError("new_cache: dtype must be 'f32', 'bf16', 'f16', 'q8_0', 'q4_0' or 'int4', got " +
                                std::string(py::repr(dtype)));
              const KVDtype d = parse_kv_dtype(dtype.cast<std::string>());
              if (is_block_dtype(d) && self.f32->config().head_dim() % 32 != 0)

@@ -118,6 +118,16 @@ concept AttentionTypes =
       std::same_as<KV, block_q8_0> || std::same_as<KV, block_q4_0>)) ||
     (std::same_as<T, double> && std::same_as<KV, double>);
 
+// What the forward (AttentionPlan, attention()) takes: AttentionTypes, and
+// with T = float KIVI's int4 (block_int4), whose keys are stored per
+// channel in groups of 32 tokens: k (..., ⌈n_k / 32⌉, d) and v
+// (..., n_k, d_v / 32), as quantize_int4_keys and quantize_int4_values give
+// them (attn/quantize.hpp), n_k taken from v. Decode (few query rows, no
+// weights or logits asked for) reads them in place; any other call widens
+// K and V to float32 first, O(n_k · d) beside its O(n_q · n_k · d) of work.
+template <class T, class KV>
+concept ForwardTypes = AttentionTypes<T, KV> || (std::same_as<T, float> && std::same_as<KV, block_int4>);
+
 // Checks options against a call of `query_heads` query heads on inputs of
 // element type T, as every attention call does first: a ValueError naming
 // the option (a scale, softcap or window out of range, alibi_slopes or sinks
@@ -136,7 +146,7 @@ void check_attention_options(const AttentionOptions& options, int64_t query_head
 // q, k, v and the masks stay alive and unchanged. This is the forward into
 // caller memory; attention() below is the allocating one.
 template <class T, class KV = T>
-  requires AttentionTypes<T, KV>
+  requires ForwardTypes<T, KV>
 class AttentionPlan {
  public:
   AttentionPlan(TensorView<const T> q, TensorView<const KV> k, TensorView<const KV> v,
@@ -158,7 +168,7 @@ Shape attention_weights_shape(const Shape& q, const Shape& k, const Shape& v);
 // The output of a plan of these arguments, allocated. (The extras: a plan,
 // with views of the sizes it gives.)
 template <class T, class KV>
-  requires AttentionTypes<T, KV>
+  requires ForwardTypes<T, KV>
 Tensor<T> attention(TensorView<const T> q, TensorView<const KV> k, TensorView<const KV> v,
                     const AttentionOptions& options = {}, const AttentionMasks& masks = {});
 

@@ -1,6 +1,6 @@
 // A key/value cache for incremental decoding: the keys and values of every
 // token seen so far, per batch entry and key/value head, stored as T or, for
-// a float32 cache, compactly (bf16, f16, q8_0 or q4_0: attn/quantize.hpp).
+// a float32 cache, compactly (bf16, f16, q8_0, q4_0 or int4: attn/quantize.hpp).
 #pragma once
 
 #include <atomic>
@@ -76,6 +76,14 @@ class CacheUser {
 // appending is amortised O(chunk). The batch size, head count and head dim
 // are fixed by the first append.
 //
+// int4 (KIVI) stores values so too, and keys per channel in groups of 32
+// tokens, (batch, heads, capacity / 32, head_dim) blocks. The last group's
+// keys are also kept in float32 until it fills (key_tail()), and its blocks
+// quantized again from them at each append: a group's ranges are those of
+// all its tokens, and the cache's keys are always quantize_int4_keys of
+// every key appended. An int4 cache does not stream (it drops tokens one by
+// one, its keys are quantized 32 at a time).
+//
 // One thread at a time: append, evict, clear, bytes, keys, values, visit and
 // the layer's forward with the cache raise RuntimeError ("the cache is in
 // use by another thread") while another thread is inside one of them. (The
@@ -85,8 +93,8 @@ template <class T>
 class KVCache {
  public:
   // dtype: how tokens are stored. F32 stores T itself (float64 for
-  // KVCache<double>, its only storage); BF16, F16, Q8_0 and Q4_0 need T =
-  // float, and Q8_0 and Q4_0 a head_dim that is a multiple of 32.
+  // KVCache<double>, its only storage); BF16, F16, Q8_0, Q4_0 and INT4 need
+  // T = float, and the last three a head_dim that is a multiple of 32.
   explicit KVCache(KVDtype dtype = KVDtype::F32, const StreamingCache& streaming = {});
 
   KVDtype dtype() const { return dtype_; }
@@ -109,17 +117,23 @@ class KVCache {
 
   // f(keys, values) with views (batch, heads, length, head_dim) of
   // everything cached, of the storage type (a block type's last axis counts
-  // blocks, as attention() takes it); valid until the next append.
+  // blocks, as attention() takes it; int4's keys are (batch, heads,
+  // ⌈length / 32⌉, head_dim)); valid until the next append.
   template <class F>
   decltype(auto) visit(F&& f) const {
     const auto held = use("visit");
     return std::visit(
         [&](const auto& k) -> decltype(auto) {
           using S = std::remove_cvref_t<decltype(*k.data())>;
-          return f(view(k), view(std::get<Tensor<S>>(values_)));
+          return f(view(k, std::is_same_v<S, block_int4> ? (length_ + kInt4Group - 1) / kInt4Group : length_),
+                   view(std::get<Tensor<S>>(values_), length_));
         },
         keys_);
   }
+
+  // int4: the keys of the last group, (batch, heads, length % 32, head_dim)
+  // in float32, as they were appended; a ValueError for another dtype.
+  TensorView<const float> key_tail() const;
 
   // The views of a cache that stores T (dtype F32); a ValueError otherwise.
   TensorView<const T> keys() const;
@@ -127,13 +141,15 @@ class KVCache {
 
   // Puts back a cache's content as visit(), positions() and seen() give it
   // (pickling, copies): keys and values (batch, heads, length, row) of the
-  // storage type (S: T for an F32 cache; bfloat16, float16, block_q8_0 or block_q4_0),
-  // the stream position of each token held (ascending, below seen). Replaces
-  // what the cache held; ValueError (TypeError for another storage type)
-  // naming what does not fit, the cache then unchanged.
+  // storage type (S: T for an F32 cache; bfloat16, float16, block_q8_0,
+  // block_q4_0 or block_int4), the stream position of each token held
+  // (ascending, below seen), and for int4 key_tail() (empty: the last
+  // group's keys as its blocks hold them). Replaces what the cache held;
+  // ValueError (TypeError for another storage type) naming what does not
+  // fit, the cache then unchanged.
   template <class S>
   void restore(TensorView<const S> keys, TensorView<const S> values, const std::vector<int64_t>& positions,
-               int64_t seen);
+               int64_t seen, TensorView<const float> key_tail = {});
 
   // A streaming cache: drops every token but the first sink_tokens of the
   // stream and its last `window` (nothing otherwise). The layer calls it
@@ -151,20 +167,23 @@ class KVCache {
   [[nodiscard]] detail::CacheUser::Hold use(const char* who) const { return user_.hold(who); }
 
  private:
-  using Storage = std::variant<Tensor<T>, Tensor<bfloat16>, Tensor<float16>, Tensor<block_q8_0>, Tensor<block_q4_0>>;
+  using Storage = std::variant<Tensor<T>, Tensor<bfloat16>, Tensor<float16>, Tensor<block_q8_0>, Tensor<block_q4_0>,
+                               Tensor<block_int4>>;
+  // The first `rows` rows (tokens; int4's key groups) of each head.
   template <class S>
-  TensorView<const S> view(const Tensor<S>& s) const {
+  static TensorView<const S> view(const Tensor<S>& s, int64_t rows) {
     if (s.rank() != 4) return TensorView<const S>(s.data(), {0, 0, 0, 0});
     const int64_t cap = s.dim(2), row = s.dim(3);
-    return TensorView<const S>(s.data(), {s.dim(0), s.dim(1), length_, row},
-                               {s.dim(1) * cap * row, cap * row, row, 1});
+    return TensorView<const S>(s.data(), {s.dim(0), s.dim(1), rows, row}, {s.dim(1) * cap * row, cap * row, row, 1});
   }
+  void append_int4_keys(TensorView<const T> k);
   TensorView<const T> own_type(const Storage& s, const char* name) const;
   void reserve(int64_t capacity);
 
   KVDtype dtype_;
   StreamingCache streaming_;
   Storage keys_, values_;  // (batch, heads, capacity, row), row in the storage type
+  Tensor<float> key_tail_;  // int4: (batch, heads, 32, head_dim), the last group's keys
   int64_t head_dim_k_ = 0, head_dim_v_ = 0;
   int64_t length_ = 0, seen_ = 0;
   std::vector<int64_t> positions_;

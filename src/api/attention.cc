@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <optional>
 #include <string>
 
 #include "api/prepared_attention.hpp"
@@ -95,6 +96,61 @@ void point_at(core::AttentionProblem<T>& p, TensorView<const T> q, TensorView<co
   }
 }
 
+// k's logical shape (..., n_k, d): for int4 keys, stored (..., ⌈n_k / 32⌉,
+// d), with n_k from v's axis -2 (ValueError when the groups do not match).
+template <class KV>
+Shape key_shape(const TensorView<const KV>& k, const TensorView<const KV>& v) {
+  if constexpr (!std::is_same_v<KV, block_int4>) {
+    return core::logical_shape(k);
+  } else {
+    Shape s = k.shape();
+    if (s.size() < 2 || v.rank() != k.rank()) return s;  // check_shapes names the ranks
+    const int64_t n_k = v.dim(-2);
+    if (s[s.size() - 2] != (n_k + kInt4Group - 1) / kInt4Group)
+      fail("int4 keys are (..., ⌈n_k / 32⌉, d) groups of 32 tokens: v's " + std::to_string(n_k) + " keys need " +
+           std::to_string((n_k + kInt4Group - 1) / kInt4Group) + ", got k (stored) " + shape_str(k.shape()) +
+           ", v (stored) " + shape_str(v.shape()));
+    s[s.size() - 2] = n_k;
+    return s;
+  }
+}
+
+// p's int4 K and V widened to float32, contiguous (batch, heads_kv, n_k, d),
+// and p made to read them: for every call but decode's.
+struct WidenedInt4 {
+  Tensor<float> k, v;
+  explicit WidenedInt4(core::AttentionProblem<float>& p)
+      : k({p.batch, p.heads_kv, p.n_k, p.d}), v({p.batch, p.heads_kv, p.n_k, p.d_v}) {
+    for (int64_t b = 0; b < p.batch; ++b)
+      for (int64_t h = 0; h < p.heads_kv; ++h)
+        for (int64_t j = 0; j < p.n_k; ++j) {
+          const std::byte* key_group = p.k_stored.row(b, h, j / kInt4Group);
+          const std::byte* value_row = p.v_stored.row(b, h, j);
+          float* kr = k.data() + ((b * p.heads_kv + h) * p.n_k + j) * p.d;
+          float* vr = v.data() + ((b * p.heads_kv + h) * p.n_k + j) * p.d_v;
+          for (int64_t c = 0; c < p.d; ++c)
+            kr[c] = int4_value(block_at(key_group, c * p.k_stored.col_stride), j % kInt4Group);
+          for (int64_t c = 0; c < p.d_v; ++c)
+            vr[c] = int4_value(block_at(value_row, c / kInt4Group * p.v_stored.col_stride), c % kInt4Group);
+        }
+    p.kv = core::KVStorage::Native;
+    p.k = operand(k, p.batch);
+    p.v = operand(v, p.batch);
+  }
+  static const block_int4& block_at(const std::byte* row, int64_t offset) {
+    return *reinterpret_cast<const block_int4*>(row + offset);
+  }
+  static core::Operand<const float> operand(const Tensor<float>& t, int64_t batch) {
+    core::Operand<const float> o;
+    o.data = t.data();
+    for (int64_t b = 0; b < batch; ++b) o.batch_offset.push_back(b * t.dim(1) * t.dim(2) * t.dim(3));
+    o.head_stride = t.dim(2) * t.dim(3);
+    o.row_stride = t.dim(3);
+    o.col_stride = 1;
+    return o;
+  }
+};
+
 }  // namespace
 
 void check_options(const AttentionOptions& options, int64_t heads_q, bool float32) {
@@ -131,7 +187,7 @@ template <class T, class KV>
 core::AttentionProblem<T> make_problem(TensorView<const T> q, TensorView<const KV> k,
                                  TensorView<const KV> v, const AttentionOptions& options,
                                  const AttentionMasks& masks) {
-  const Dims s = check_shapes(q.shape(), core::logical_shape(k), core::logical_shape(v));
+  const Dims s = check_shapes(q.shape(), key_shape(k, v), core::logical_shape(v));
   check_options(options, s.heads_q, std::is_same_v<T, float>);
 
   core::AttentionProblem<T> p;
@@ -257,6 +313,8 @@ void PreparedAttention<T, KV>::run(TensorView<T> out, const AttentionExtras<T>& 
     }
     // (Decode computes in float32 whatever the precision, but for int8 over
     // q8_0 keys: docs/semantics.md "Precision".)
+    std::optional<WidenedInt4> widened;
+    if (p.kv == core::KVStorage::Int4 && !kernels::use_decode(p)) widened.emplace(p);
     if (kernels::use_decode(p)) kernels::decode_forward(p);
     else kernels::flash_forward(p);
     if (staged.rank()) copy<float>(staged.view(), out);
@@ -268,6 +326,7 @@ template struct PreparedAttention<float, bfloat16>;
 template struct PreparedAttention<float, float16>;
 template struct PreparedAttention<float, block_q8_0>;
 template struct PreparedAttention<float, block_q4_0>;
+template struct PreparedAttention<float, block_int4>;
 template struct PreparedAttention<double, double>;
 
 }  // namespace detail
@@ -328,44 +387,44 @@ template void check_attention_options<float>(const AttentionOptions&, int64_t);
 template void check_attention_options<double>(const AttentionOptions&, int64_t);
 
 template <class T, class KV>
-  requires AttentionTypes<T, KV>
+  requires ForwardTypes<T, KV>
 struct AttentionPlan<T, KV>::Prepared : detail::PreparedAttention<T, KV> {
   using detail::PreparedAttention<T, KV>::PreparedAttention;
 };
 
 template <class T, class KV>
-  requires AttentionTypes<T, KV>
+  requires ForwardTypes<T, KV>
 AttentionPlan<T, KV>::AttentionPlan(TensorView<const T> q, TensorView<const KV> k,
                                     TensorView<const KV> v, const AttentionOptions& options,
                                     const AttentionMasks& masks)
     : prepared_(std::make_shared<const Prepared>(q, k, v, options, masks)) {}
 
 template <class T, class KV>
-  requires AttentionTypes<T, KV>
+  requires ForwardTypes<T, KV>
 const Shape& AttentionPlan<T, KV>::output_shape() const {
   return prepared_->problem.out_shape;
 }
 
 template <class T, class KV>
-  requires AttentionTypes<T, KV>
+  requires ForwardTypes<T, KV>
 const Shape& AttentionPlan<T, KV>::weights_shape() const {
   return prepared_->problem.weights_shape;
 }
 
 template <class T, class KV>
-  requires AttentionTypes<T, KV>
+  requires ForwardTypes<T, KV>
 const Shape& AttentionPlan<T, KV>::lse_shape() const {
   return prepared_->problem.lse_shape;
 }
 
 template <class T, class KV>
-  requires AttentionTypes<T, KV>
+  requires ForwardTypes<T, KV>
 void AttentionPlan<T, KV>::run(TensorView<T> out, const AttentionExtras<T>& extras) const {
   prepared_->run(out, extras);
 }
 
 template <class T, class KV>
-  requires AttentionTypes<T, KV>
+  requires ForwardTypes<T, KV>
 Tensor<T> attention(TensorView<const T> q, TensorView<const KV> k, TensorView<const KV> v,
                     const AttentionOptions& options, const AttentionMasks& masks) {
   const AttentionPlan<T, KV> plan(q, k, v, options, masks);
@@ -380,6 +439,7 @@ Tensor<T> attention(TensorView<const T> q, TensorView<const KV> k, TensorView<co
   template Tensor<T> attention(TensorView<const T>, TensorView<const KV>, TensorView<const KV>, \
                                const AttentionOptions&, const AttentionMasks&);
 ATTN_FOR_EACH_ATTENTION_TYPE(ATTN_INSTANTIATE)
+ATTN_INSTANTIATE(float, block_int4)
 #undef ATTN_INSTANTIATE
 
 }  // namespace attn

@@ -23,7 +23,7 @@ namespace attn::cli {
 namespace {
 
 // attention() with keys and values stored as `kv_dtype` (f32, bf16, f16,
-// q8_0 or q4_0), converted from the same float32 K and V.
+// q8_0, q4_0 or int4), converted from the same float32 K and V.
 struct Attend {
   const Tensor<float>& q;
   Tensor<float> k, v;
@@ -360,6 +360,9 @@ Measurement bench_varlen(const BenchArgs& a, int threads) {
 // log-sum-exp, with the forward itself in the same turns (and, causal, the
 // non-causal backward).
 Measurement bench_backward(const BenchArgs& a, int threads) {
+  if (a.kv_dtype == "int4")
+    throw ValueError("attn bench backward: --kv-dtype int4 has no backward (attention_backward takes keys stored "
+                     "token by token; int4's are per channel): pass f32, bf16, f16, q8_0 or q4_0");
   const int64_t hkv = a.kv_heads > 0 ? a.kv_heads : a.heads, n_k = keys_of(a);
   const Shape qs{a.batch, a.heads, a.n, a.head_dim}, ks{a.batch, hkv, n_k, a.head_dim};
   const auto q = random_tensor(qs, 1), dout = random_tensor(qs, 4);
@@ -377,9 +380,11 @@ Measurement bench_backward(const BenchArgs& a, int threads) {
   Tensor<float> dq(qs), dk(ks), dv(ks), dsinks({a.heads}), fwd(qs);
   const auto backward = [&](const AttentionOptions& o, const Tensor<float>& o_out, const Tensor<float>& o_lse) {
     attend.with_kv([&](const auto& kx, const auto& vx) {
-      attention_backward(q.view(), kx, vx, dout.view(), dq.view(), dk.view(), dv.view(), o, {},
-                         o.sinks.empty() ? TensorView<float>() : dsinks.view(),
-                         SavedForward<float>{o_out.view(), o_lse.view()});
+      using KV = std::remove_const_t<std::remove_reference_t<decltype(*kx.data())>>;
+      if constexpr (AttentionTypes<float, KV>)  // (int4 is refused above)
+        attention_backward(q.view(), kx, vx, dout.view(), dq.view(), dk.view(), dv.view(), o, {},
+                           o.sinks.empty() ? TensorView<float>() : dsinks.view(),
+                           SavedForward<float>{o_out.view(), o_lse.view()});
     });
   };
   std::vector<std::function<void()>> kernels{[&] { backward(opt, out, lse); }, [&] { attend(fwd, opt); }};

@@ -27,6 +27,7 @@ struct StoredKV {
   Tensor<float16> kh, vh;
   Tensor<block_q8_0> k8, v8;
   Tensor<block_q4_0> k4, v4;
+  Tensor<block_int4> ki, vi;  // KIVI's layouts: keys per channel, values per token
 
   StoredKV() = default;
   StoredKV(const Tensor<float>& k_, const Tensor<float>& v_, KVDtype t) : dtype(t), k(&k_), v(&v_) {
@@ -34,6 +35,7 @@ struct StoredKV {
     if (t == KVDtype::F16) kh = to_float16(k_.view()), vh = to_float16(v_.view());
     if (t == KVDtype::Q8_0) k8 = quantize_q8_0(k_.view()), v8 = quantize_q8_0(v_.view());
     if (t == KVDtype::Q4_0) k4 = quantize_q4_0(k_.view()), v4 = quantize_q4_0(v_.view());
+    if (t == KVDtype::INT4) ki = quantize_int4_keys(k_.view()), vi = quantize_int4_values(v_.view());
   }
   // f(k, v): views of the storage type (as_f32: the float32 tensors').
   template <class F>
@@ -44,10 +46,14 @@ struct StoredKV {
       case KVDtype::F16: return f(kh.view(), vh.view());
       case KVDtype::Q8_0: return f(k8.view(), v8.view());
       case KVDtype::Q4_0: return f(k4.view(), v4.view());
+      case KVDtype::INT4: return f(ki.view(), vi.view());
     }
   }
   // Bytes of K and V in their storage.
-  double bytes() const { return double(kv_dtype_bytes(dtype, k->numel()) + kv_dtype_bytes(dtype, v->numel())); }
+  double bytes() const {
+    if (dtype == KVDtype::INT4) return double((ki.numel() + vi.numel()) * static_cast<int64_t>(sizeof(block_int4)));
+    return double(kv_dtype_bytes(dtype, k->numel()) + kv_dtype_bytes(dtype, v->numel()));
+  }
 };
 
 // One bench's result: the JSON object and the text it prints, its median

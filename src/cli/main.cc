@@ -275,8 +275,9 @@ void add_bench_flags(CLI::App* sub, attn::cli::BenchArgs& args) {
       ->check(integer_in<int64_t>(1, kMaxBenchAxis));
   sub->add_option("--threads", args.threads, "threads (default: all cores)")
       ->check(integer_in<int>(1, attn::max_num_threads()));
-  sub->add_option("--kv-dtype", args.kv_dtype, "key/value storage (q8_0, q4_0: GGUF's 8- and 4-bit blocks)")
-      ->check(CLI::IsMember({"f32", "bf16", "f16", "q8_0", "q4_0"}));
+  sub->add_option("--kv-dtype", args.kv_dtype,
+                  "key/value storage (q8_0, q4_0: GGUF's 8- and 4-bit blocks; int4: KIVI's 4-bit groups)")
+      ->check(CLI::IsMember({"f32", "bf16", "f16", "q8_0", "q4_0", "int4"}));
   sub->add_flag("--alibi", args.alibi,
                 "ALiBi with BLOOM's slopes, timed against the same call without it");
   sub->add_flag("--sinks", args.sinks, "a sink logit per head, timed against the same call without them");

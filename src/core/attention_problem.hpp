@@ -73,8 +73,10 @@ struct MaskOperand {
 };
 
 // How keys and values are stored (float32 problems only): as T, or as
-// bfloat16, fp16, q8_0 or q4_0 blocks (attn/quantize.hpp).
-enum class KVStorage { Native, BF16, F16, Q8_0, Q4_0 };
+// bfloat16, fp16, q8_0, q4_0 or int4 blocks (attn/quantize.hpp). Int4's K
+// rows are groups of 32 tokens, its blocks channels (KIVI's per-channel
+// keys); only decode reads it (the API widens it to float32 for the rest).
+enum class KVStorage { Native, BF16, F16, Q8_0, Q4_0, Int4 };
 
 // The storage tag of a stored type KV (not float).
 template <class KV>
@@ -82,6 +84,7 @@ constexpr KVStorage storage_of() {
   if constexpr (std::is_same_v<KV, bfloat16>) return KVStorage::BF16;
   else if constexpr (std::is_same_v<KV, float16>) return KVStorage::F16;
   else if constexpr (std::is_same_v<KV, block_q8_0>) return KVStorage::Q8_0;
+  else if constexpr (std::is_same_v<KV, block_int4>) return KVStorage::Int4;
   else {
     static_assert(std::is_same_v<KV, block_q4_0>, "a stored K/V type");
     return KVStorage::Q4_0;

@@ -14,18 +14,19 @@ const char* kv_dtype_name(KVDtype dtype) {
     case KVDtype::F16: return "f16";
     case KVDtype::Q8_0: return "q8_0";
     case KVDtype::Q4_0: return "q4_0";
+    case KVDtype::INT4: return "int4";
   }
   return "?";
 }
 
 KVDtype parse_kv_dtype(const std::string& name) {
-  for (KVDtype t : {KVDtype::F32, KVDtype::BF16, KVDtype::F16, KVDtype::Q8_0, KVDtype::Q4_0})
+  for (KVDtype t : {KVDtype::F32, KVDtype::BF16, KVDtype::F16, KVDtype::Q8_0, KVDtype::Q4_0, KVDtype::INT4})
     if (name == kv_dtype_name(t)) return t;
   // NumPy's and PyTorch's names of the same types.
   if (name == "float32") return KVDtype::F32;
   if (name == "bfloat16") return KVDtype::BF16;
   if (name == "float16") return KVDtype::F16;
-  throw ValueError("unknown K/V dtype '" + name + "': expected f32, bf16, f16, q8_0 or q4_0 (or float32, bfloat16, float16)");
+  throw ValueError("unknown K/V dtype '" + name + "': expected f32, bf16, f16, q8_0, q4_0 or int4 (or float32, bfloat16, float16)");
 }
 
 int64_t kv_dtype_bytes(KVDtype dtype, int64_t n) {
@@ -35,6 +36,7 @@ int64_t kv_dtype_bytes(KVDtype dtype, int64_t n) {
     case KVDtype::F16: return 2 * n;
     case KVDtype::Q8_0: return n / kQ8_0Block * static_cast<int64_t>(sizeof(block_q8_0));
     case KVDtype::Q4_0: return n / kQ4_0Block * static_cast<int64_t>(sizeof(block_q4_0));
+    case KVDtype::INT4: return n / kInt4Group * static_cast<int64_t>(sizeof(block_int4));
   }
   return 0;
 }
@@ -109,6 +111,31 @@ void dequantize_row_q8_0(const block_q8_0* x, float* y, int64_t n) {
   }
 }
 
+void quantize_block_int4(const float* x, int64_t stride, int64_t count, block_int4& y) {
+  float lo = x[0], hi = x[0];
+  for (int64_t i = 0; i < count; ++i) {
+    const float v = x[i * stride];
+    if (!std::isfinite(v))
+      throw ValueError("quantize int4: value " + std::to_string(v) + " at index " + std::to_string(i) +
+                       " of its block cannot be stored (int4 holds finite values only)");
+    lo = std::min(lo, v), hi = std::max(hi, v);
+  }
+  const float d = (hi - lo) / 15.0f;
+  const uint16_t d16 = float_to_fp16(d), m16 = float_to_fp16(lo);
+  if ((d16 & 0x7fffu) == 0x7c00u || (m16 & 0x7fffu) == 0x7c00u || !std::isfinite(d))
+    throw ValueError("quantize int4: values from " + std::to_string(lo) + " to " + std::to_string(hi) +
+                     " overflow the block's fp16 scale or minimum (least >= -65504, range <= 65504 · 15)");
+  y.d.bits = d16;
+  y.m.bits = m16;
+  const float id = d != 0.0f ? 1.0f / d : 0.0f;
+  // (x − m) / d + 0.5 lies in [0.5, 15.5 + rounding]: the cast truncates as ggml's does.
+  const auto code = [&](int64_t i) {
+    return i < count ? std::min(15, static_cast<int>((x[i * stride] - lo) * id + 0.5f)) : 0;
+  };
+  constexpr int64_t half = kInt4Group / 2;
+  for (int64_t j = 0; j < half; ++j) y.qs[j] = static_cast<uint8_t>(code(j) | code(j + half) << 4);
+}
+
 namespace {
 
 // Calls row(src, dst) for every row of x (its last axis), in and out
@@ -166,6 +193,69 @@ Tensor<float> from_blocks(TensorView<const Block> x, const char* dtype, void (*r
 
 Tensor<block_q8_0> quantize_q8_0(TensorView<const float> x) { return to_blocks(x, "q8_0", quantize_row_q8_0); }
 Tensor<block_q4_0> quantize_q4_0(TensorView<const float> x) { return to_blocks(x, "q4_0", quantize_row_q4_0); }
+
+Tensor<block_int4> quantize_int4_keys(TensorView<const float> k) {
+  if (k.rank() < 2) throw ValueError("quantize_int4_keys: k must be (..., n, d), got shape " + shape_str(k.shape()));
+  const Tensor<float> c = contiguous(k);
+  const int64_t n = k.dim(-2), d = k.dim(-1), groups = (n + kInt4Group - 1) / kInt4Group;
+  Shape shape = k.shape();
+  shape[shape.size() - 2] = groups;
+  Tensor<block_int4> out(shape);
+  const int64_t heads = n * d == 0 ? 0 : c.numel() / (n * d);
+  for (int64_t h = 0; h < heads; ++h)
+    for (int64_t g = 0; g < groups; ++g)
+      for (int64_t ch = 0; ch < d; ++ch) try {
+          quantize_block_int4(c.data() + (h * n + g * kInt4Group) * d + ch, d, std::min(kInt4Group, n - g * kInt4Group),
+                              out.data()[(h * groups + g) * d + ch]);
+        } catch (const ValueError& e) {
+          throw ValueError(std::string(e.what()) + " (channel " + std::to_string(ch) + " of keys " +
+                           std::to_string(g * kInt4Group) + " .. " + std::to_string(std::min(n, (g + 1) * kInt4Group) - 1) +
+                           ")");
+        }
+  return out;
+}
+
+Tensor<block_int4> quantize_int4_values(TensorView<const float> v) {
+  if (v.rank() == 0 || v.dim(-1) % kInt4Group != 0)
+    throw ValueError("quantize_int4_values: the last axis must be a multiple of 32 (blocks of 32 values), got shape " +
+                     shape_str(v.shape()));
+  return by_rows<block_int4>(v, v.dim(-1) / kInt4Group, [](const float* x, block_int4* y, int64_t n) {
+    for (int64_t b = 0; b < n / kInt4Group; ++b) try {
+        quantize_block_int4(x + b * kInt4Group, 1, kInt4Group, y[b]);
+      } catch (const ValueError& e) {
+        throw ValueError(std::string(e.what()) + " (values " + std::to_string(b * kInt4Group) + " .. " +
+                         std::to_string(b * kInt4Group + 31) + " of a row)");
+      }
+  });
+}
+
+Tensor<float> dequantize_int4_keys(TensorView<const block_int4> k, int64_t n) {
+  const int64_t groups = k.rank() >= 2 ? k.dim(-2) : -1;
+  if (n < 0 || groups != (n + kInt4Group - 1) / kInt4Group)
+    throw ValueError("dequantize_int4_keys: k must be (..., ⌈n / 32⌉, d) blocks for n = " + std::to_string(n) +
+                     " keys, got shape " + shape_str(k.shape()));
+  const Tensor<block_int4> c = contiguous(k);
+  const int64_t d = k.dim(-1);
+  Shape shape = k.shape();
+  shape[shape.size() - 2] = n;
+  Tensor<float> out(shape);
+  const int64_t heads = groups * d == 0 ? 0 : c.numel() / (groups * d);
+  for (int64_t h = 0; h < heads; ++h)
+    for (int64_t j = 0; j < n; ++j)
+      for (int64_t ch = 0; ch < d; ++ch)
+        out.data()[(h * n + j) * d + ch] = int4_value(c.data()[(h * groups + j / kInt4Group) * d + ch], j % kInt4Group);
+  return out;
+}
+
+Tensor<float> dequantize_int4_values(TensorView<const block_int4> v) {
+  if (v.rank() == 0) throw ValueError("dequantize_int4_values: expected blocks along a last axis, got a scalar");
+  Shape shape = v.shape();
+  shape.back() *= kInt4Group;
+  Tensor<float> out(shape);
+  const Tensor<block_int4> c = contiguous(v);
+  for (int64_t i = 0; i < out.numel(); ++i) out.data()[i] = int4_value(c.data()[i / kInt4Group], i % kInt4Group);
+  return out;
+}
 
 Tensor<bfloat16> to_bfloat16(TensorView<const float> x) { return to_half<bfloat16>(x, float_to_bf16); }
 Tensor<float16> to_float16(TensorView<const float> x) { return to_half<float16>(x, float_to_fp16); }

@@ -13,6 +13,7 @@
 
 #include "kernels/attention-inl.h"
 #include "kernels/decode_dots-inl.h"
+#include "kernels/decode_int4-inl.h"
 #include "kernels/flash-inl.h"
 
 #include <algorithm>
@@ -39,6 +40,7 @@ thread_local Scratch<float> tls_decode_scores, tls_decode_sums;
 thread_local Scratch<const float*> tls_decode_queries;
 thread_local Scratch<float> tls_decode_panel;
 thread_local Scratch<int8_t> tls_decode_block_panel;
+thread_local Scratch<float> tls_decode_int4_weights;
 
 // int8 precision over q8_0 keys (docs/semantics.md "Precision"): each query
 // row rounded to q8_0, as llama.cpp's vec_dot_q8_0_q8_0 rounds it, once per
@@ -310,6 +312,34 @@ struct ChunkKeys {
   }
 };
 
+// ChunkKeys's Scores and Values for KIVI's int4: keys j0 .. j0 + jn (j0 a
+// multiple of 32) group by group (decode_int4-inl.h), one kv head (int4 is
+// not paged), the next group's keys and this group's values fetched ahead.
+struct Int4ChunkKeys {
+  const core::AttentionProblem<float>& p;
+  int64_t b, h, R, j0;
+  const float* const* q;
+  float* w;  // kInt4ScratchRows · d floats
+
+  HWY_INLINE void Scores(DF d, int64_t from, int64_t to, float* s, int64_t s_stride) const {
+    const float scale = ScoreScale(p);
+    const int64_t groups = (p.n_k + kInt4Group - 1) / kInt4Group;
+    for (int64_t t = from; t < to; t += kInt4Group) {
+      const int64_t g = (j0 + t) / kInt4Group;
+      if (g + 1 < groups) PrefetchSpan(p.k_stored.row(b, h, g + 1), p.d * static_cast<int64_t>(sizeof(block_int4)));
+      for (int64_t j = t; j < std::min(to, t + kInt4Group); ++j)
+        PrefetchSpan(ValueRow<block_int4>(p, b, h, j0 + j), RowBytes<block_int4>(p.d_v));
+      Int4GroupScores(d, q, R, reinterpret_cast<const block_int4*>(p.k_stored.row(b, h, g)), p.d, scale, w,
+                      s + t - from, s_stride);
+    }
+  }
+  HWY_INLINE void Values(DF d, int64_t from, int64_t to, const float* s, int64_t s_stride, float* o, int64_t dvp) const {
+    AccumulateValues(d, R, s, s_stride, to - from, ValueRow<block_int4>(p, b, h, j0 + from), ValueStride<block_int4>(p),
+                     p.d_v, o, dvp);
+  }
+};
+static_assert(kDecodeChunk % kInt4Group == 0, "int4 chunks are whole groups of keys");
+
 // The online softmax's step over one block of an item's scores s (`rows`
 // rows B apart, `count` keys from key `first`, -inf put past them): softcap,
 // masks (the causal/window range too unless `inside`), then each row's
@@ -371,23 +401,34 @@ void DecodeChunk(DF d, const core::AttentionProblem<float>& p, int64_t b, int64_
     unit_panel = tls_decode_block_panel.get(static_cast<size_t>(Int8BlockPanelBytes(p.d / kQ8_0Block, kBlockK)));
   else if (rounded)
     for (int64_t r = 0; r < rows; ++r) q[r] = rounded->values.data() + (first_row + r) * p.d;
-  const ChunkKeys<KV> keys(p, b, h0, nh, j0, jn, q);
-  float* panel = R >= kDecodePanelRows ? tls_decode_panel.get(static_cast<size_t>(kBlockK * p.d)) : nullptr;
-  for (int64_t from = 0; from < jn; from += B) {
-    const int64_t to = std::min(jn, from + B), count = to - from;
-    if (j0 + from >= last.end || j0 + to <= first.begin) continue;
-    const bool inside = j0 + from >= last.begin && j0 + to <= first.end;
-    if (unit_panel) {
-      if constexpr (std::is_same_v<KV, block_q8_0>)  // (unit_panel is null for other types)
-        keys.UnitScores(from, to, s, B, unit_panel, *rounded->unit, rounded->bytes.data() + first_row * p.d,
-                        rounded->scales.data() + first_row * (p.d / kQ8_0Block));
-    } else if (panel) {
-      keys.PanelScores(d, from, to, s, B, panel);
-    } else {
-      keys.Scores(d, from, to, s, B);
+  // Block by block: scores(from, to), the softmax's step, then P·V.
+  const auto blocks = [&](const auto& keys, const auto& scores) HWY_ATTR {
+    for (int64_t from = 0; from < jn; from += B) {
+      const int64_t to = std::min(jn, from + B), count = to - from;
+      if (j0 + from >= last.end || j0 + to <= first.begin) continue;
+      const bool inside = j0 + from >= last.begin && j0 + to <= first.end;
+      scores(from, to);
+      BlockSoftmax(d, p, b, h0, j0 + from, count, !inside, B, rows, s, m, l_lanes, o, dvp);
+      keys.Values(d, from, to, s, B, o, dvp);
     }
-    BlockSoftmax(d, p, b, h0, j0 + from, count, !inside, B, rows, s, m, l_lanes, o, dvp);
-    keys.Values(d, from, to, s, B, o, dvp);
+  };
+  if constexpr (std::is_same_v<KV, block_int4>) {
+    const Int4ChunkKeys keys{p, b, h0, R, j0, q, tls_decode_int4_weights.get(static_cast<size_t>(kInt4ScratchRows * p.d))};
+    blocks(keys, [&](int64_t from, int64_t to) HWY_ATTR { keys.Scores(d, from, to, s, B); });
+  } else {
+    const ChunkKeys<KV> keys(p, b, h0, nh, j0, jn, q);
+    float* panel = R >= kDecodePanelRows ? tls_decode_panel.get(static_cast<size_t>(kBlockK * p.d)) : nullptr;
+    blocks(keys, [&](int64_t from, int64_t to) HWY_ATTR {
+      if (unit_panel) {
+        if constexpr (std::is_same_v<KV, block_q8_0>)  // (unit_panel is null for other types)
+          keys.UnitScores(from, to, s, B, unit_panel, *rounded->unit, rounded->bytes.data() + first_row * p.d,
+                          rounded->scales.data() + first_row * (p.d / kQ8_0Block));
+      } else if (panel) {
+        keys.PanelScores(d, from, to, s, B, panel);
+      } else {
+        keys.Scores(d, from, to, s, B);
+      }
+    });
   }
   for (int64_t r = 0; r < rows; ++r) l[r] = hn::GetLane(hn::SumOfLanes(d, hn::Load(d, l_lanes + r * N)));
 }
@@ -499,7 +540,9 @@ void DecodeForwardT(const core::AttentionProblem<float>* const* problems, int64_
 }
 
 void DecodeForward(const core::AttentionProblem<float>* const* problems, int64_t count) {
-  if (count > 0) WithKVType(*problems[0], [&](auto kv) HWY_ATTR { DecodeForwardT<decltype(kv)>(problems, count); });
+  if (count == 0) return;
+  if (problems[0]->kv == core::KVStorage::Int4) return DecodeForwardT<block_int4>(problems, count);
+  WithKVType(*problems[0], [&](auto kv) HWY_ATTR { DecodeForwardT<decltype(kv)>(problems, count); });
 }
 
 }  // namespace HWY_NAMESPACE

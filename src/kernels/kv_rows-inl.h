@@ -52,7 +52,8 @@ HWY_INLINE VF PromoteF16(DF d, hn::Vec<D16> h) {
 }
 
 // Keys and values may be stored as float32, bfloat16, fp16, q8_0 or q4_0
-// blocks; arithmetic is float32. A row is read by column: element c of a
+// blocks, values also as int4 blocks (rows as q4_0's, each value d · q +
+// m); arithmetic is float32. A row is read by column: element c of a
 // q8_0 row is code c % 32 of block c / 32 times its scale; of a q4_0 row,
 // the low (c % 32 < 16) or high nibble of byte c % 16, less 8, times it.
 
@@ -71,6 +72,8 @@ HWY_INLINE float KVValue(const KV* row, int64_t c) {
   } else if constexpr (std::is_same_v<KV, block_q4_0>) {
     const block_q4_0& b = row[c / kQ4_0Block];
     return fp16_to_float(b.d.bits) * static_cast<float>(Q4Code(b, c % kQ4_0Block));
+  } else if constexpr (std::is_same_v<KV, block_int4>) {
+    return int4_value(row[c / kInt4Group], c % kInt4Group);
   } else {
     return ToFloat(row[c]);
   }
@@ -85,18 +88,32 @@ HWY_INLINE VF BlockScale(DF d, const Block& b) {
   return PromoteF16<decltype(df16)>(d, hn::BitCast(df16, hn::Set(du16, b.d.bits)));
 }
 
-// Values c .. c + N - 1 of a q4_0 block (c a multiple of N, N <= 16: the
-// lanes lie in one half of the block, one nibble of consecutive bytes),
-// given its scale and −8 · scale: (q − 8) · scale as one FMA, q · scale −
-// 8 · scale, which rounds once, exactly as the scalar (q − 8) · scale.
-HWY_INLINE VF Q4Values(DF d, const block_q4_0& b, int64_t c, VF scale, VF minus_8_scale) {
+// An int4 block's fp16 minimum in every lane.
+HWY_INLINE VF BlockMin(DF d, const block_int4& b) {
+  const hn::Rebind<uint16_t, DF> du16;
+  const hn::Rebind<hwy::float16_t, DF> df16;
+  return PromoteF16<decltype(df16)>(d, hn::BitCast(df16, hn::Set(du16, b.m.bits)));
+}
+
+// Codes c .. c + N - 1 of a q4_0 or int4 block's 32, as float32 (c a
+// multiple of N, N <= 16: the lanes lie in one half of the block, one
+// nibble of consecutive bytes).
+HWY_INLINE VF NibbleCodes(DF d, const uint8_t* qs, int64_t c) {
   const hn::Rebind<uint8_t, DF> d8;
   const hn::Rebind<int32_t, DF> d32;
   constexpr int64_t half = kQ4_0Block / 2;
   // Nibbles taken from 32-bit lanes: byte shifts are emulated on x86.
-  const auto bytes = hn::PromoteTo(d32, hn::LoadU(d8, b.qs + c % half));
-  const auto codes = c < half ? hn::And(bytes, hn::Set(d32, 0x0f)) : hn::ShiftRight<4>(bytes);
-  return hn::MulAdd(hn::ConvertTo(d, codes), scale, minus_8_scale);
+  const auto bytes = hn::PromoteTo(d32, hn::LoadU(d8, qs + c % half));
+  return hn::ConvertTo(d, c < half ? hn::And(bytes, hn::Set(d32, 0x0f)) : hn::ShiftRight<4>(bytes));
+}
+
+// Their values, given the block's scale and offset (q4_0's −8 · scale,
+// int4's minimum): q · scale + offset as one FMA, which rounds once, exactly
+// as the scalar (q − 8) · scale and q · scale + m (q · scale is exact in
+// float32).
+template <class Block>
+HWY_INLINE VF Q4Values(DF d, const Block& b, int64_t c, VF scale, VF offset) {
+  return hn::MulAdd(NibbleCodes(d, b.qs, c), scale, offset);
 }
 
 // Elements c .. c + N - 1 of a row, c a multiple of the lanes N.
@@ -116,6 +133,8 @@ HWY_INLINE VF LoadKV(DF d, const KV* row, int64_t c) {
       const hn::Rebind<int32_t, DF> d32;
       if (N <= kQ8_0Block)
         return hn::Mul(hn::ConvertTo(d, hn::PromoteTo(d32, hn::LoadU(d8, b.qs + c % kQ8_0Block))), BlockScale(d, b));
+    } else if constexpr (std::is_same_v<KV, block_int4>) {
+      if (N <= kInt4Group / 2) return Q4Values(d, b, c % kInt4Group, BlockScale(d, b), BlockMin(d, b));
     } else if (N <= kQ4_0Block / 2) {
       const VF scale = BlockScale(d, b);
       return Q4Values(d, b, c % kQ4_0Block, scale, hn::Mul(scale, hn::Set(d, -8.0f)));
@@ -142,6 +161,14 @@ HWY_INLINE void LoadKVPair(DF d, const KV* row, int64_t c, VF& first, VF& second
       const VF scale = BlockScale(d, b);
       first = hn::Mul(hn::ConvertTo(d, hn::PromoteTo(d32, hn::LoadU(d8, codes))), scale);
       second = hn::Mul(hn::ConvertTo(d, hn::PromoteTo(d32, hn::LoadU(d8, codes + N))), scale);
+      return;
+    }
+  } else if constexpr (std::is_same_v<KV, block_int4>) {
+    if (2 * N <= kInt4Group) {
+      const block_int4& b = row[c / kInt4Group];
+      const VF scale = BlockScale(d, b), min = BlockMin(d, b);
+      first = Q4Values(d, b, c % kInt4Group, scale, min);
+      second = Q4Values(d, b, c % kInt4Group + N, scale, min);
       return;
     }
   } else if constexpr (std::is_same_v<KV, block_q4_0>) {
@@ -217,7 +244,9 @@ HWY_INLINE void WithKVType(const Problem& p, F&& f) {
     case core::KVStorage::Q8_0: return f(block_q8_0());
     case core::KVStorage::Q4_0: return f(block_q4_0());
     case core::KVStorage::Native: return f(0.0f);
+    case core::KVStorage::Int4: break;  // decode's alone (the API widens it for every other kernel)
   }
+  HWY_ABORT("a kernel other than decode was given int4 keys and values");
 }
 
 }  // namespace HWY_NAMESPACE

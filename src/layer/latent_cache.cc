@@ -29,9 +29,9 @@ LatentCache::LatentCache(KVDtype dtype, int64_t kv_lora_rank, int64_t rope_dim)
   if (kv_lora_rank < 1 || rope_dim < 0)
     fail("kv_lora_rank must be >= 1 and rope_dim >= 0, got " + std::to_string(kv_lora_rank) + " and " +
          std::to_string(rope_dim));
-  if (dtype == KVDtype::Q4_0)
-    fail("a latent cache stores f32, bf16, f16 or q8_0, not q4_0 (its 4-bit latents would feed every head's keys "
-         "and values alike; not offered)");
+  if (dtype == KVDtype::Q4_0 || dtype == KVDtype::INT4)
+    fail(std::string("a latent cache stores f32, bf16, f16 or q8_0, not ") + kv_dtype_name(dtype) +
+         " (its 4-bit latents would feed every head's keys and values alike; not offered)");
   if (dtype == KVDtype::Q8_0 && kv_lora_rank % kQ8_0Block != 0)
     fail("q8_0 stores blocks of 32 values, so kv_lora_rank must be a multiple of 32, got " +
          std::to_string(kv_lora_rank));

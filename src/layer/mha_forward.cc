@@ -214,7 +214,7 @@ typename MultiHeadAttention<T>::Activations MultiHeadAttention<T>::forward_activ
   if (!cache) extras.lse = (a.lse = Tensor<T>({B, H, n_q})).view();  // (free: the kernels keep it anyway)
   const auto attend = [&](auto K, auto V) {
     using KV = std::remove_const_t<std::remove_reference_t<decltype(*K.data())>>;
-    if constexpr (AttentionTypes<T, KV>)  // (a float64 cache holds float64 only)
+    if constexpr (ForwardTypes<T, KV>)  // (a float64 cache holds float64 only)
       AttentionPlan<T, KV>(qh, K, V, a.attention, a.masks()).run(ctx_heads(a.ctx, a), extras);
   };
   if (cache) {
@@ -226,7 +226,7 @@ typename MultiHeadAttention<T>::Activations MultiHeadAttention<T>::forward_activ
     const auto run = [&](auto K, auto V) {
       using KV = std::remove_const_t<std::remove_reference_t<decltype(*K.data())>>;
       if (!streaming) return attend(K, V);
-      if constexpr (AttentionTypes<T, KV>)
+      if constexpr (AttentionTypes<T, KV>)  // (an int4 cache does not stream)
         detail::streaming_attention<T, KV>(qh, K, V, a.attention, cache->streaming(), cache->positions(), t0,
                                            ctx_heads(a.ctx, a), extras.weights);
     };

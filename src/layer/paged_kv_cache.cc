@@ -93,6 +93,9 @@ PagedKVCache::PagedKVCache(int64_t num_pages, int64_t page_size, int64_t kv_head
   at_least("head_dim", head_dim, 0);
   at_least("value_head_dim", value_head_dim_, 0);
   if (num_pages > INT32_MAX) fail("PagedKVCache", "num_pages must fit int32 page numbers, got " + std::to_string(num_pages));
+  if (dtype == KVDtype::INT4)
+    fail("PagedKVCache", "int4 pages are not offered yet: int4 keys are quantized per channel over groups of 32 "
+                         "tokens, which pages of rows do not hold (pass q4_0 for 4-bit pages)");
   if (is_block_dtype(dtype) && (head_dim % 32 != 0 || value_head_dim_ % 32 != 0))
     fail("PagedKVCache", std::string("a ") + kv_dtype_name(dtype) + " cache stores rows in blocks of 32: head_dim and "
                          "value_head_dim must be multiples of 32, got " + std::to_string(head_dim) + " and " +
@@ -106,6 +109,7 @@ PagedKVCache::PagedKVCache(int64_t num_pages, int64_t page_size, int64_t kv_head
     case KVDtype::F16: k_ = make(float16{}, head_dim_), v_ = make(float16{}, value_head_dim_); break;
     case KVDtype::Q8_0: k_ = make(block_q8_0{}, head_dim_), v_ = make(block_q8_0{}, value_head_dim_); break;
     case KVDtype::Q4_0: k_ = make(block_q4_0{}, head_dim_), v_ = make(block_q4_0{}, value_head_dim_); break;
+    case KVDtype::INT4: break;  // (refused above)
   }
   refs_.assign(static_cast<size_t>(num_pages), 0);
   for (int64_t p = num_pages - 1; p >= 0; --p) free_list_.push_back(static_cast<int32_t>(p));
@@ -116,9 +120,9 @@ PagedKVCache PagedKVCache::latent(int64_t num_pages, int64_t page_size, int64_t 
   if (kv_lora_rank < 1 || rope_dim < 0)
     fail("latent", "kv_lora_rank must be >= 1 and rope_dim >= 0, got " + std::to_string(kv_lora_rank) + " and " +
                        std::to_string(rope_dim));
-  if (dtype == KVDtype::Q4_0)
-    fail("latent", "a latent cache stores f32, bf16, f16 or q8_0, not q4_0 (its 4-bit latents would feed every head's "
-                   "keys and values alike; not offered)");
+  if (dtype == KVDtype::Q4_0 || dtype == KVDtype::INT4)
+    fail("latent", std::string("a latent cache stores f32, bf16, f16 or q8_0, not ") + kv_dtype_name(dtype) +
+                       " (its 4-bit latents would feed every head's keys and values alike; not offered)");
   if (dtype == KVDtype::Q8_0 && kv_lora_rank % kQ8_0Block != 0)
     fail("latent", "a q8_0 latent cache stores c in blocks of 32: kv_lora_rank must be a multiple of 32, got " +
                        std::to_string(kv_lora_rank));

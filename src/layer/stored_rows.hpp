@@ -1,11 +1,13 @@
 // Internal to the layer room: rows of float32 keys and values in a cache's
-// storage type (float32, bfloat16, fp16, q8_0 or q4_0 blocks), for KVCache and
-// PagedKVCache alike.
+// storage type (float32, bfloat16, fp16, q8_0 or q4_0 blocks, int4's value
+// rows), for KVCache and PagedKVCache alike.
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <type_traits>
 
+#include "attn/error.hpp"
 #include "attn/half.hpp"
 #include "attn/quantize.hpp"
 
@@ -24,6 +26,13 @@ template <class S>
 void store_row(const float* x, S* out, int64_t cols) {
   if constexpr (std::is_same_v<S, block_q8_0>) quantize_row_q8_0(x, out, cols);
   else if constexpr (std::is_same_v<S, block_q4_0>) quantize_row_q4_0(x, out, cols);
+  else if constexpr (std::is_same_v<S, block_int4>)
+    for (int64_t b = 0; b < cols / kInt4Group; ++b) try {
+        quantize_block_int4(x + b * kInt4Group, 1, kInt4Group, out[b]);
+      } catch (const ValueError& e) {
+        throw ValueError(std::string(e.what()) + " (values " + std::to_string(b * kInt4Group) + " .. " +
+                         std::to_string(b * kInt4Group + 31) + " of a row)");
+      }
   else if constexpr (std::is_same_v<S, bfloat16>) for (int64_t c = 0; c < cols; ++c) out[c].bits = float_to_bf16(x[c]);
   else for (int64_t c = 0; c < cols; ++c) out[c].bits = float_to_fp16(x[c]);
 }
@@ -34,6 +43,7 @@ void widen_row(const S* x, float* out, int64_t cols) {
   if constexpr (std::is_same_v<S, float>) for (int64_t c = 0; c < cols; ++c) out[c] = x[c];
   else if constexpr (std::is_same_v<S, block_q8_0>) dequantize_row_q8_0(x, out, cols);
   else if constexpr (std::is_same_v<S, block_q4_0>) dequantize_row_q4_0(x, out, cols);
+  else if constexpr (std::is_same_v<S, block_int4>) for (int64_t c = 0; c < cols; ++c) out[c] = int4_value(x[c / kInt4Group], c % kInt4Group);
   else if constexpr (std::is_same_v<S, bfloat16>) for (int64_t c = 0; c < cols; ++c) out[c] = bf16_to_float(x[c].bits);
   else for (int64_t c = 0; c < cols; ++c) out[c] = fp16_to_float(x[c].bits);
 }

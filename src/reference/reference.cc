@@ -34,7 +34,10 @@ template <class T>
 double element(const core::AttentionProblem<T>& p, const core::Operand<const T>& x,
                const core::Operand<const std::byte>& stored, int64_t b, int64_t h, int64_t j, int64_t c) {
   if constexpr (std::is_same_v<T, float>) {
-    const std::byte* row = p.kv == core::KVStorage::Native ? nullptr : stored.row(b, h, j);
+    // int4 keys lie per channel: block c of group j / 32, value j % 32.
+    const bool channel_blocks = p.kv == core::KVStorage::Int4 && &stored == &p.k_stored;
+    const std::byte* row =
+        p.kv == core::KVStorage::Native ? nullptr : stored.row(b, h, channel_blocks ? j / kInt4Group : j);
     const auto at = [&](auto kind, int64_t col) {
       decltype(kind) e;
       std::memcpy(&e, row + col * stored.col_stride, sizeof e);
@@ -51,6 +54,12 @@ double element(const core::AttentionProblem<T>& p, const core::Operand<const T>&
         const block_q4_0 block = at(block_q4_0{}, c / kQ4_0Block);
         const int64_t i = c % kQ4_0Block, byte = block.qs[i % 16];
         return double(fp16_to_float(block.d.bits)) * double((i < 16 ? byte & 15 : byte >> 4) - 8);
+      }
+      case core::KVStorage::Int4: {  // d · q + m
+        const block_int4 block = at(block_int4{}, channel_blocks ? c : c / kInt4Group);
+        const int64_t i = channel_blocks ? j % kInt4Group : c % kInt4Group, byte = block.qs[i % 16];
+        return double(fp16_to_float(block.d.bits)) * double(i < 16 ? byte & 15 : byte >> 4) +
+               double(fp16_to_float(block.m.bits));
       }
       case core::KVStorage::Native: break;
     }

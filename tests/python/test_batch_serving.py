@@ -203,8 +203,10 @@ def test_cache_ids_dtypes_copies_and_pickles():
         cache.fork(a)
     with pytest.raises(TypeError, match="this cache stores bf16"):
         attn.PagedKVCache(2, 4, 1, 2, dtype="bf16").pages()
-    with pytest.raises(ValueError, match="unknown K/V dtype 'int4'"):
-        attn.PagedKVCache(2, 4, 1, 2, dtype="int4")
+    with pytest.raises(ValueError, match="unknown K/V dtype 'int3'"):
+        attn.PagedKVCache(2, 4, 1, 2, dtype="int3")
+    with pytest.raises(ValueError, match="int4 pages are not offered yet"):
+        attn.PagedKVCache(2, 32, 1, 32, dtype="int4")
     with pytest.raises(ValueError, match="page_size must be >= 1"):
         attn.PagedKVCache(2, 0, 1, 2)
     k_pages, _ = cache.pages()

@@ -1,7 +1,9 @@
 """Keys and values stored compactly from Python: attn.quantize and
 attn.QuantizedTensor (bf16, f16 and GGUF's q8_0 and q4_0) checked against a NumPy
 implementation of their definitions, NumPy float16 read in place, and the
-layer's KV cache in every storage type."""
+layer's KV cache in every storage type (KIVI's int4 too)."""
+import pickle
+
 import numpy as np
 import pytest
 
@@ -271,13 +273,39 @@ def test_layer_cache_in_every_storage_type(dtype):
         assert err > 1e-7  # the cache did store them compactly
 
 
+def test_layer_cache_in_int4():
+    """KIVI's int4: keys per channel in groups of 32 tokens, each group
+    quantized again from its float32 keys until it fills, so a pickled cache
+    (its last keys in float32 with it) decodes on exactly as the original."""
+    rng = np.random.default_rng(6)
+    m = attn.MultiHeadAttention(128, 4, num_kv_heads=2, rope=True)
+    x = rng.standard_normal((2, 45, 128)).astype(np.float32)
+    cache = m.new_cache("int4")
+    parts, at = [], 0
+    for n in (1, 30, 2, 7):
+        parts.append(m(x[:, at:at + n], cache=cache, causal=True)[0])
+        at += n
+    # keys: 2 groups of 32 blocks of 20 bytes and 8 float32 keys of 32; values: 40 rows of a block
+    assert len(cache) == 40 and cache.nbytes == 2 * 2 * (2 * 32 * 20 + 8 * 32 * 4 + 40 * 20)
+    err = rel_err(np.concatenate(parts, axis=1), m(x[:, :40], causal=True)[0])
+    print(f"int4: {err:.3g}")
+    assert 1e-7 < err < 1.5e-1
+    twin = pickle.loads(pickle.dumps(cache))
+    for n in (5, 3):  # past the group's end
+        np.testing.assert_array_equal(m(x[:, at:at + n], cache=twin, causal=True)[0],
+                                      m(x[:, at:at + n], cache=cache, causal=True)[0])
+        at += n
+    with pytest.raises(ValueError, match="cannot stream"):
+        m.new_cache("int4", sink_tokens=0, window=8)
+
+
 def test_cache_dtype_errors():
     m = attn.MultiHeadAttention(40, 2)
     with pytest.raises(ValueError, match="head_dim \\(20\\) must be a multiple of 32"):
         m.new_cache("q8_0")
     with pytest.raises(ValueError, match="head_dim \\(20\\) must be a multiple of 32"):
         m.new_cache("q4_0")
-    with pytest.raises(ValueError, match="f32, bf16, f16, q8_0 or q4_0"):
+    with pytest.raises(ValueError, match="f32, bf16, f16, q8_0, q4_0 or int4"):
         m.new_cache("int8")
     c = m.new_cache("bf16")
     with pytest.raises(TypeError, match="feed it float32 input"):
