@@ -388,6 +388,12 @@ TEST(KVStorage, RestoreGivesTheCacheBackAndRefusesWhatDoesNotFit) {
   EXPECT_EQ(test::max_abs_diff(attend(a), attend(b)), 0.0);
 }
 
+// Tokens from .. from + count of t (batch, heads, n, d).
+TensorView<const float> rows(const Tensor<float>& t, int64_t from, int64_t count) {
+  return TensorView<const float>(t.data() + from * t.dim(3), {t.dim(0), t.dim(1), count, t.dim(3)},
+                                 {t.dim(1) * t.dim(2) * t.dim(3), t.dim(2) * t.dim(3), t.dim(3), 1});
+}
+
 TEST(KVStorage, CacheInEveryStorageTypeEqualsOneCausalCall) {
   std::mt19937 rng(31);
   const int64_t B = 2, Hq = 4, Hkv = 2, n = 70, d = 64;
@@ -396,10 +402,6 @@ TEST(KVStorage, CacheInEveryStorageTypeEqualsOneCausalCall) {
   const auto v = cast<float>(random_tensor({B, Hkv, n, d}, rng));
   AttentionOptions causal;
   causal.causal = Causal::BottomRight;
-  const auto rows = [](const Tensor<float>& t, int64_t from, int64_t count) {
-    return TensorView<const float>(t.data() + from * t.dim(3), {t.dim(0), t.dim(1), count, t.dim(3)},
-                                   {t.dim(1) * t.dim(2) * t.dim(3), t.dim(2) * t.dim(3), t.dim(3), 1});
-  };
   for (KVDtype dtype : {KVDtype::F32, KVDtype::BF16, KVDtype::F16, KVDtype::Q8_0, KVDtype::Q4_0}) {
     Tensor<float> whole;
     if (dtype == KVDtype::F32) whole = attention(q.view(), k.view(), v.view(), causal);
@@ -451,10 +453,6 @@ TEST(KVStorage, Int4CacheQuantizesEveryGroupOverAllItsTokens) {
   const auto v = cast<float>(random_tensor({B, Hkv, n, d}, rng));
   AttentionOptions causal;
   causal.causal = Causal::BottomRight;
-  const auto rows = [](const Tensor<float>& t, int64_t from, int64_t count) {
-    return TensorView<const float>(t.data() + from * t.dim(3), {t.dim(0), t.dim(1), count, t.dim(3)},
-                                   {t.dim(1) * t.dim(2) * t.dim(3), t.dim(2) * t.dim(3), t.dim(3), 1});
-  };
   const auto same_bytes = [](const auto& a, const auto& b) {
     return a.numel() == b.numel() && std::memcmp(a.data(), b.data(), a.numel() * sizeof(*a.data())) == 0;
   };

@@ -107,6 +107,9 @@ void dequantize_row_q4_0(const block_q4_0* x, float* y, int64_t n);
 // a value that is not finite, or a range fp16 cannot hold (the caller adds
 // where, catching it: that costs nothing when nothing is thrown).
 void quantize_block_int4(const float* x, int64_t stride, int64_t count, block_int4& y);
+// n values (a multiple of 32) of a row into n / 32 blocks (int4's values);
+// a ValueError names the block's values.
+void quantize_row_int4(const float* x, block_int4* y, int64_t n);
 // Value i (0 .. 31) of a block: d · q + m (d · q is exact in float32, so this
 // rounds once).
 inline float int4_value(const block_int4& b, int64_t i) {

@@ -136,6 +136,15 @@ void quantize_block_int4(const float* x, int64_t stride, int64_t count, block_in
   for (int64_t j = 0; j < half; ++j) y.qs[j] = static_cast<uint8_t>(code(j) | code(j + half) << 4);
 }
 
+void quantize_row_int4(const float* x, block_int4* y, int64_t n) {
+  for (int64_t b = 0; b < n / kInt4Group; ++b) try {
+      quantize_block_int4(x + b * kInt4Group, 1, kInt4Group, y[b]);
+    } catch (const ValueError& e) {
+      throw ValueError(std::string(e.what()) + " (values " + std::to_string(b * kInt4Group) + " .. " +
+                       std::to_string(b * kInt4Group + 31) + " of a row)");
+    }
+}
+
 namespace {
 
 // Calls row(src, dst) for every row of x (its last axis), in and out
@@ -215,19 +224,7 @@ Tensor<block_int4> quantize_int4_keys(TensorView<const float> k) {
   return out;
 }
 
-Tensor<block_int4> quantize_int4_values(TensorView<const float> v) {
-  if (v.rank() == 0 || v.dim(-1) % kInt4Group != 0)
-    throw ValueError("quantize_int4_values: the last axis must be a multiple of 32 (blocks of 32 values), got shape " +
-                     shape_str(v.shape()));
-  return by_rows<block_int4>(v, v.dim(-1) / kInt4Group, [](const float* x, block_int4* y, int64_t n) {
-    for (int64_t b = 0; b < n / kInt4Group; ++b) try {
-        quantize_block_int4(x + b * kInt4Group, 1, kInt4Group, y[b]);
-      } catch (const ValueError& e) {
-        throw ValueError(std::string(e.what()) + " (values " + std::to_string(b * kInt4Group) + " .. " +
-                         std::to_string(b * kInt4Group + 31) + " of a row)");
-      }
-  });
-}
+Tensor<block_int4> quantize_int4_values(TensorView<const float> v) { return to_blocks(v, "int4", quantize_row_int4); }
 
 Tensor<float> dequantize_int4_keys(TensorView<const block_int4> k, int64_t n) {
   const int64_t groups = k.rank() >= 2 ? k.dim(-2) : -1;

@@ -4,10 +4,8 @@
 #pragma once
 
 #include <cstdint>
-#include <string>
 #include <type_traits>
 
-#include "attn/error.hpp"
 #include "attn/half.hpp"
 #include "attn/quantize.hpp"
 
@@ -26,13 +24,7 @@ template <class S>
 void store_row(const float* x, S* out, int64_t cols) {
   if constexpr (std::is_same_v<S, block_q8_0>) quantize_row_q8_0(x, out, cols);
   else if constexpr (std::is_same_v<S, block_q4_0>) quantize_row_q4_0(x, out, cols);
-  else if constexpr (std::is_same_v<S, block_int4>)
-    for (int64_t b = 0; b < cols / kInt4Group; ++b) try {
-        quantize_block_int4(x + b * kInt4Group, 1, kInt4Group, out[b]);
-      } catch (const ValueError& e) {
-        throw ValueError(std::string(e.what()) + " (values " + std::to_string(b * kInt4Group) + " .. " +
-                         std::to_string(b * kInt4Group + 31) + " of a row)");
-      }
+  else if constexpr (std::is_same_v<S, block_int4>) quantize_row_int4(x, out, cols);
   else if constexpr (std::is_same_v<S, bfloat16>) for (int64_t c = 0; c < cols; ++c) out[c].bits = float_to_bf16(x[c]);
   else for (int64_t c = 0; c < cols; ++c) out[c].bits = float_to_fp16(x[c]);
 }
