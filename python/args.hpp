@@ -40,6 +40,11 @@ inline std::optional<int64_t> optional_int(const py::handle& o, const std::strin
   return int_arg(o, name);
 }
 
+inline std::string str_arg(const py::object& o, const char* name) {
+  if (!py::isinstance<py::str>(o)) throw TypeError(std::string(name) + " must be a str, got " + repr_of(o));
+  return o.cast<std::string>();
+}
+
 // A str, bytes or os.PathLike (pathlib.Path), as os.fspath reads it.
 inline std::string path_arg(const py::handle& o, const std::string& name) {
   // As Python's own functions take them: os.fsencode gives a str's bytes in

@@ -29,11 +29,6 @@ MPI_Comm comm_from(const py::object& comm) {
   return *c;
 }
 
-std::string str_arg(const py::object& o, const char* name) {
-  if (!py::isinstance<py::str>(o)) throw TypeError(std::string(name) + " must be a str, got " + repr_of(o));
-  return o.cast<std::string>();
-}
-
 enum class Strategy { Ring, Ulysses };
 
 const char* name_of(Strategy s) { return s == Strategy::Ring ? "ring_attention" : "ulysses_attention"; }

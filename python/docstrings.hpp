@@ -159,7 +159,7 @@ A query row with no allowed key (including n_k = 0) outputs zeros and zero
 weights, never NaN.
 )";
 
-inline constexpr const char* kQuantize = R"(quantize(x, dtype) -> QuantizedTensor
+inline constexpr const char* kQuantize = R"(quantize(x, dtype, *, per=None) -> QuantizedTensor
 
 x (any shape, converted to float32) stored as dtype: 'bf16' or 'f16' (round
 to nearest even), or 'q8_0', GGUF's 8-bit blocks: each 32 consecutive values
@@ -170,22 +170,31 @@ scale d = m / -8 (m the value of largest magnitude) and 32 4-bit codes
 min(15, trunc(x / d + 8.5)), value d * (code - 8), 18 bytes in all (ggml's
 quantize_row_q4_0_ref). q8_0 and q4_0 hold finite values only: NaN, inf, or a
 block whose scale overflows fp16 (|x| > 65504 * 127, or * 8) is a ValueError.
+Or 'int4', KIVI's 4-bit cache in GGUF's q4_1 blocks: per 32 values an fp16
+scale d = (max - min) / 15 and minimum m = min, codes min(15, trunc((x - m) / d
++ 0.5)), value d * code + m, 20 bytes in all (ggml's quantize_row_q4_1_ref),
+grouped as per says: per='channel' for keys (x of shape (..., n, d), a block
+per channel and group of 32 tokens, so an outlier channel keeps its own
+range), per='token' for values (along the last axis, a multiple of 32).
+attn.attention is the one function that reads int4 keys and values.
 )";
 
-inline constexpr const char* kQuantizedTensor = R"(QuantizedTensor: keys or values stored as bf16, f16, q8_0 or q4_0 (see
+inline constexpr const char* kQuantizedTensor = R"(QuantizedTensor: keys or values stored as bf16, f16, q8_0, q4_0 or int4 (see
 attn.quantize), read-only, for attn.attention(q, k, v). dtype is the name,
-shape the logical shape (values, not blocks), nbytes the bytes stored (q8_0:
-34 per 32 values, q4_0: 18); dequantize() returns the values as a float32 array,
+shape the logical shape (values, not blocks), per int4's grouping ('channel'
+or 'token'; None for the others), nbytes the bytes stored (q8_0: 34 per 32
+values, q4_0: 18, int4: 20); dequantize() returns the values as a float32 array,
 and memoryview(t) its bytes (read-only; q8_0 and q4_0 in GGUF's block layout).
 )";
 
-inline constexpr const char* kFromBuffer = R"(QuantizedTensor.from_buffer(buffer, dtype, shape) -> QuantizedTensor
+inline constexpr const char* kFromBuffer = R"(QuantizedTensor.from_buffer(buffer, dtype, shape, *, per=None) -> QuantizedTensor
 
 Wraps bytes another engine filled (a llama.cpp-style q8_0, q4_0 or fp16 cache, a
 NumPy array, bytes, a memoryview) without copying them: buffer must be
 C-contiguous, 2-byte aligned and hold exactly the bytes of dtype at shape
-(q8_0, q4_0: shape[-1] a multiple of 32, blocks in GGUF's layout). The buffer is
-kept alive, and must not change while attention reads it.
+(q8_0, q4_0: shape[-1] a multiple of 32, blocks in GGUF's layout; int4 with
+per as attn.quantize takes it). The buffer is kept alive, and must not change
+while attention reads it.
 )";
 
 inline constexpr const char* kAttentionBackward = R"(attention_backward(q, k, v, dout, mask=None, *, causal=False, scale=None,

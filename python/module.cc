@@ -132,7 +132,7 @@ py::object py_attention(const py::object& q_obj, const py::object& k_obj,
                       std::string(py::repr(return_logits)));
     returns.logits = parse_logits(return_logits.cast<std::string>());
   }
-  if (auto r = on_quantized_kv("attention", q_obj, k_obj, v_obj, [&](auto k, auto v) {
+  if (auto r = on_quantized_kv<true>("attention", q_obj, k_obj, v_obj, [&](auto k, auto v) {
         using S = std::remove_const_t<std::remove_reference_t<decltype(*k.data())>>;
         return attention_t<float, S>(as_numeric_array(q_obj, "q"), k, v, mask, opt, returns);
       }))

@@ -1,6 +1,6 @@
 // Internal to the Python module: attn.QuantizedTensor, keys or values stored
-// compactly (bf16, f16, q8_0 or q4_0: attn/quantize.hpp), owned or over a buffer
-// another engine filled.
+// compactly (bf16, f16, q8_0, q4_0 or int4: attn/quantize.hpp), owned or over
+// a buffer another engine filled.
 #pragma once
 
 #include <pybind11/numpy.h>
@@ -23,16 +23,33 @@ struct PyQuantizedTensor {
   Shape shape;                   // the logical shape (a block row's values, not its blocks)
   const std::byte* data;         // C-contiguous storage
   std::shared_ptr<const void> owner;  // keeps data alive: a Tensor, or a buffer export
+  bool per_channel = false;      // int4 keys: a block per channel and group of 32 tokens
 
-  int64_t nbytes() const { return kv_dtype_bytes(dtype, numel_of(shape)); }
+  // The shape stored: q8_0, q4_0 and int4 (..., n / 32) blocks; int4 per
+  // channel (..., ⌈n / 32⌉, d).
+  static Shape stored_shape(KVDtype dtype, Shape s, bool per_channel) {
+    if (per_channel) s[s.size() - 2] = (s[s.size() - 2] + kInt4Group - 1) / kInt4Group;
+    else if (is_block_dtype(dtype)) s.back() /= 32;
+    return s;
+  }
+  static int64_t element_bytes(KVDtype dtype) {
+    switch (dtype) {
+      case KVDtype::Q8_0: return sizeof(block_q8_0);
+      case KVDtype::Q4_0: return sizeof(block_q4_0);
+      case KVDtype::INT4: return sizeof(block_int4);
+      default: return 2;
+    }
+  }
+  int64_t nbytes() const { return numel_of(stored_shape(dtype, shape, per_channel)) * element_bytes(dtype); }
 
-  // f(view) with the view of the storage type (q8_0, q4_0: (..., n / 32) blocks).
+  // f(view) with the view of the storage type (stored_shape).
   template <class F>
   decltype(auto) visit(F&& f) const {
     switch (dtype) {
       case KVDtype::BF16: return f(view<bfloat16>());
       case KVDtype::F16: return f(view<float16>());
       case KVDtype::Q4_0: return f(view<block_q4_0>());
+      case KVDtype::INT4: return f(view<block_int4>());
       default: return f(view<block_q8_0>());
     }
   }
@@ -40,9 +57,7 @@ struct PyQuantizedTensor {
  private:
   template <class S>
   TensorView<const S> view() const {
-    Shape s = shape;
-    s.back() /= kBlockValues<S>;
-    return TensorView<const S>(reinterpret_cast<const S*>(data), s);
+    return TensorView<const S>(reinterpret_cast<const S*>(data), stored_shape(dtype, shape, per_channel));
   }
 };
 
@@ -58,7 +73,9 @@ Shape values_shape(const TensorView<const KV>& t) {
 // attn.QuantizedTensor (then both must be, stored alike, with float32 q:
 // TypeError naming `function` otherwise), f(k, v) with views of their
 // storage type (q8_0, q4_0: (..., d / 32) blocks); nullopt when neither is.
-template <class F>
+// int4 only where kTakesInt4 (attention: the one function that reads its
+// per-channel keys), k per channel and v per token.
+template <bool kTakesInt4 = false, class F>
 std::optional<py::object> on_quantized_kv(const char* function, const py::object& q_obj, const py::object& k_obj,
                                           const py::object& v_obj, F&& f) {
   const bool k_quantized = py::isinstance<PyQuantizedTensor>(k_obj), v_quantized = py::isinstance<PyQuantizedTensor>(v_obj);
@@ -71,6 +88,12 @@ std::optional<py::object> on_quantized_kv(const char* function, const py::object
   if (k.dtype != v.dtype)
     throw TypeError(std::string(function) + ": k and v must be stored alike, got k " + kv_dtype_name(k.dtype) +
                     " and v " + kv_dtype_name(v.dtype));
+  if (k.dtype == KVDtype::INT4 && !kTakesInt4)
+    throw TypeError(std::string(function) + ": int4 keys and values are read by attn.attention only (its keys are "
+                    "stored per channel): pass k.dequantize() and v.dequantize(), or another dtype");
+  if (k.dtype == KVDtype::INT4 && (!k.per_channel || v.per_channel))
+    throw TypeError(std::string(function) + ": int4 keys are quantized per='channel' and values per='token', got k "
+                    "per='" + (k.per_channel ? "channel" : "token") + "' and v per='" + (v.per_channel ? "channel" : "token") + "'");
   const py::array q = py::array::ensure(q_obj);
   if (q && q.dtype().is(py::dtype::of<double>()))
     throw TypeError(std::string(function) + ": q is float64, but quantized k and v (" + kv_dtype_name(k.dtype) +
@@ -79,7 +102,7 @@ std::optional<py::object> on_quantized_kv(const char* function, const py::object
     using S = std::remove_const_t<std::remove_reference_t<decltype(*kv.data())>>;
     return v.visit([&](auto vv) -> py::object {
       using SV = std::remove_const_t<std::remove_reference_t<decltype(*vv.data())>>;
-      if constexpr (std::is_same_v<S, SV>) return f(kv, vv);
+      if constexpr (std::is_same_v<S, SV> && (kTakesInt4 || !std::is_same_v<S, block_int4>)) return f(kv, vv);
       else throw TypeError(std::string(function) + ": k and v must be stored alike");  // (checked above)
     });
   });

@@ -38,9 +38,16 @@ typedef enum {
                     scale d then 32 int8 codes (34 bytes; value = d * code).
                     shape is the logical shape (its last axis a multiple of 32),
                     data the blocks, strides count blocks (NULL: C-contiguous) */
-  ATTN_Q4_0 = 6  /* GGUF's q4_0 blocks, as Q8_0's: an fp16 scale d then 16 bytes,
+  ATTN_Q4_0 = 6, /* GGUF's q4_0 blocks, as Q8_0's: an fp16 scale d then 16 bytes,
                     byte j holding code j in its low 4 bits and code j + 16 in
                     its high 4 (18 bytes; value = d * (code - 8)) */
+  ATTN_INT4 = 7  /* KIVI's int4 in GGUF's q4_1 blocks: an fp16 scale d, an fp16
+                    minimum m, then q4_0's 16 bytes of codes (20 bytes; value
+                    = d * code + m). shape is the logical shape; attn_attention's
+                    k holds a block per channel and group of 32 keys, its data
+                    (..., ceil(n / 32), d) blocks, and v a block per 32 values
+                    of a row, as Q4_0's (the last axis a multiple of 32);
+                    strides count blocks */
 } attn_dtype;
 
 /* A strided view of caller memory; never owned by attn. Ranks 0..16. */
@@ -146,8 +153,9 @@ int attn_mha_forward(attn_mha* layer, const attn_tensor* x, attn_cache* cache,
 
 /* An empty KV cache for layer, storing float32 keys and values. */
 int attn_cache_new(const attn_mha* layer, attn_cache** cache);
-/* The same, storing them as dtype: F32, BF16, F16, Q8_0 or Q4_0 (the layer's
-   head_dim a multiple of 32), converted as tokens are appended. */
+/* The same, storing them as dtype: F32, BF16, F16, Q8_0, Q4_0 or INT4 (the
+   layer's head_dim a multiple of 32 for the last three), converted as tokens
+   are appended. */
 int attn_cache_new_dtype(const attn_mha* layer, attn_dtype dtype, attn_cache** cache);
 /* The bytes the cached tokens' keys and values take. */
 int attn_cache_bytes(const attn_cache* cache, int64_t* bytes);

@@ -63,6 +63,7 @@ size_t element_size(attn_dtype dtype) {
     case ATTN_BOOL: return sizeof(bool);
     case ATTN_Q8_0: return sizeof(attn::block_q8_0);  // per block of 32 values
     case ATTN_Q4_0: return sizeof(attn::block_q4_0);
+    case ATTN_INT4: return sizeof(attn::block_int4);
   }
   return 0;
 }
@@ -76,25 +77,31 @@ const char* dtype_name(attn_dtype dtype) {
     case ATTN_BOOL: return "BOOL";
     case ATTN_Q8_0: return "Q8_0";
     case ATTN_Q4_0: return "Q4_0";
+    case ATTN_INT4: return "INT4";
   }
   return "?";
 }
 
-Layout layout_of(const attn_tensor* t, const char* function, const char* name) {
+Layout layout_of(const attn_tensor* t, const char* function, const char* name, bool key_groups) {
   require(t, function, name);
   // Read as the int it is: a C enum may hold any int, which loaded as the
   // C++ enum would be undefined.
   static_assert(sizeof(attn_dtype) == sizeof(int));
   int dtype;
   std::memcpy(&dtype, &t->dtype, sizeof dtype);
-  if (dtype < ATTN_F32 || dtype > ATTN_Q4_0)
+  if (dtype < ATTN_F32 || dtype > ATTN_INT4)
     fail(function, name, "dtype " + std::to_string(dtype) + " is not an attn_dtype");
   if (t->rank < 0 || t->rank > kMaxRank)
     fail(function, name, "rank " + std::to_string(t->rank) + " is not in [0, " +
                              std::to_string(kMaxRank) + "]");
   if (t->rank > 0 && !t->shape) fail(function, name, "shape is NULL at rank " + std::to_string(t->rank));
   Layout l{static_cast<attn_dtype>(dtype), Shape(t->shape, t->shape + t->rank), {}};
-  if (l.dtype == ATTN_Q8_0 || l.dtype == ATTN_Q4_0) {  // the logical shape in, a shape of blocks out
+  if (l.dtype == ATTN_INT4 && key_groups) {  // (..., n, d) keys in, (..., ceil(n / 32), d) blocks out
+    if (l.shape.size() < 2)
+      fail(function, name, "INT4 keys are (..., n, d), got shape " + attn::shape_str(l.shape));
+    int64_t& n = l.shape[l.shape.size() - 2];
+    n = (n + attn::kInt4Group - 1) / attn::kInt4Group;
+  } else if (l.dtype == ATTN_Q8_0 || l.dtype == ATTN_Q4_0 || l.dtype == ATTN_INT4) {  // the logical shape in, a shape of blocks out
     if (l.shape.empty() || l.shape.back() % 32 != 0)
       fail(function, name, std::string(dtype_name(l.dtype)) + " stores blocks of 32 values along the last axis, "
                            "which must be a multiple of 32, got shape " + attn::shape_str(l.shape));
@@ -226,7 +233,8 @@ attn::KVDtype cache_dtype(attn_dtype dtype, const char* fn) {
     case ATTN_F16: return attn::KVDtype::F16;
     case ATTN_Q8_0: return attn::KVDtype::Q8_0;
     case ATTN_Q4_0: return attn::KVDtype::Q4_0;
-    default: unsupported(fn, "dtype " + std::to_string(d) + " is not a cache's: F32, BF16, F16, Q8_0 or Q4_0");
+    case ATTN_INT4: return attn::KVDtype::INT4;
+    default: unsupported(fn, "dtype " + std::to_string(d) + " is not a cache's: F32, BF16, F16, Q8_0, Q4_0 or INT4");
   }
 }
 
@@ -282,23 +290,29 @@ int new_cache(const attn_mha* layer, attn_dtype dtype, attn_cache** cache, const
 int attention_with(const attn_tensor* q, const attn_tensor* k, const attn_tensor* v, const attn_tensor* mask,
                    const attn_options* options, attn_tensor* out, const CExtras& extras, const char* fn) {
   return guarded([&] {
-    const Layout lq = layout_of(q, fn, "q"), lk = layout_of(k, fn, "k"), lv = layout_of(v, fn, "v"),
+    const Layout lq = layout_of(q, fn, "q"), lk = layout_of(k, fn, "k", true), lv = layout_of(v, fn, "v"),
                  lo = layout_of(out, fn, "out");
     const attn::Mask m = mask_of(mask, fn);
     const attn::AttentionOptions o = options_of(options, fn);
     if (lk.dtype != lv.dtype || lo.dtype != lq.dtype ||
         !((lq.dtype == ATTN_F64 && lk.dtype == ATTN_F64) ||
           (lq.dtype == ATTN_F32 && (lk.dtype == ATTN_F32 || lk.dtype == ATTN_BF16 ||
-                                    lk.dtype == ATTN_F16 || lk.dtype == ATTN_Q8_0 || lk.dtype == ATTN_Q4_0))))
+                                    lk.dtype == ATTN_F16 || lk.dtype == ATTN_Q8_0 || lk.dtype == ATTN_Q4_0 ||
+                                    lk.dtype == ATTN_INT4))))
       unsupported(fn, std::string("dtypes q ") + dtype_name(lq.dtype) + ", k " + dtype_name(lk.dtype) +
                           ", v " + dtype_name(lv.dtype) + ", out " + dtype_name(lo.dtype) +
-                          " are not supported: q and out F32 with k and v F32, BF16, F16, Q8_0 or Q4_0, or all F64");
+                          " are not supported: q and out F32 with k and v F32, BF16, F16, Q8_0, Q4_0 or INT4, or all F64");
+    if (lk.dtype == ATTN_INT4 && lv.dtype == ATTN_INT4 && v->rank >= 2 && k->shape[k->rank - 2] != v->shape[v->rank - 2])
+      fail(fn, "k", "INT4 keys and values must hold the same number of keys (axis -2), got k " +
+                        attn::shape_str(Shape(k->shape, k->shape + k->rank)) + ", v " +
+                        attn::shape_str(Shape(v->shape, v->shape + v->rank)));
     switch (lk.dtype) {
       case ATTN_F64: return attention_as<double, double>(q, lq, k, lk, v, lv, m, o, out, lo, extras, fn);
       case ATTN_BF16: return attention_as<float, attn::bfloat16>(q, lq, k, lk, v, lv, m, o, out, lo, extras, fn);
       case ATTN_F16: return attention_as<float, attn::float16>(q, lq, k, lk, v, lv, m, o, out, lo, extras, fn);
       case ATTN_Q8_0: return attention_as<float, attn::block_q8_0>(q, lq, k, lk, v, lv, m, o, out, lo, extras, fn);
       case ATTN_Q4_0: return attention_as<float, attn::block_q4_0>(q, lq, k, lk, v, lv, m, o, out, lo, extras, fn);
+      case ATTN_INT4: return attention_as<float, attn::block_int4>(q, lq, k, lk, v, lv, m, o, out, lo, extras, fn);
       default: return attention_as<float, float>(q, lq, k, lk, v, lv, m, o, out, lo, extras, fn);
     }
   });

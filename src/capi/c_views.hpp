@@ -66,7 +66,7 @@ int guarded(F&& fn) noexcept {
 // "attn_attention: q: <what>"
 [[noreturn]] void fail(const char* function, const char* name, const std::string& what);
 [[noreturn]] void unsupported(const char* function, const std::string& what);
-// A cache's storage type from its attn_dtype: F32, BF16, F16, Q8_0 or Q4_0 (others unsupported).
+// A cache's storage type from its attn_dtype: F32, BF16, F16, Q8_0, Q4_0 or INT4 (others unsupported).
 attn::KVDtype cache_dtype(attn_dtype dtype, const char* fn);
 
 template <class P>
@@ -83,7 +83,9 @@ struct Layout {
   Shape shape;
   Strides strides;
 };
-Layout layout_of(const attn_tensor* t, const char* function, const char* name);
+// key_groups: an INT4 tensor of keys, stored a block per channel and group
+// of 32 keys (attn_attention's k).
+Layout layout_of(const attn_tensor* t, const char* function, const char* name, bool key_groups = false);
 
 // Where a view without elements and without data points: the kernels step
 // row pointers over an empty view too, which from NULL is undefined. Nothing

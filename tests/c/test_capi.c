@@ -272,9 +272,9 @@ static void test_attention_errors(void) {
   EXPECT_ERROR(attn_attention(&tq, &tk, &tv, NULL, NULL, NULL), ATTN_ERROR_INVALID_ARGUMENT,
                "attn_attention: out is NULL");
   bad = tk;
-  bad.dtype = (attn_dtype)7;
+  bad.dtype = (attn_dtype)8;
   EXPECT_ERROR(attn_attention(&tq, &bad, &tv, NULL, NULL, &tout), ATTN_ERROR_INVALID_ARGUMENT,
-               "k: dtype 7 is not an attn_dtype");
+               "k: dtype 8 is not an attn_dtype");
   bad = tk;
   bad.rank = -1;
   EXPECT_ERROR(attn_attention(&tq, &bad, &tv, NULL, NULL, &tout), ATTN_ERROR_INVALID_ARGUMENT,
@@ -513,6 +513,54 @@ static void test_q4_0(void) {
   tv = tensor(vb, ATTN_Q8_0, 2, v_shape);
   tout = tensor(out, ATTN_F32, 2, out_shape);
   EXPECT_ERROR(attn_attention(&tq, &tk, &tv, NULL, NULL, &tout), ATTN_ERROR_UNSUPPORTED, "k Q4_0, v Q8_0");
+}
+
+/* KIVI's int4 in GGUF's q4_1 block: 20 bytes, an fp16 scale d and minimum m,
+   then q4_0's codes; each value d * code + m. Keys take a block per channel
+   and group of 32 keys (their data (ceil(n / 32), d) blocks, any d), values
+   a block per 32 values of a row. Written here from codes and power-of-two
+   scales and minima, exact in fp16 and float. */
+typedef struct {
+  uint16_t d, m; /* fp16 bits */
+  uint8_t qs[16];
+} int4_block;
+
+static void test_int4(void) {
+  enum { N = 40, G = 2, DK = 40, DQ = 32, NQ = 2 }; /* a last group of 8 keys */
+  static int4_block kb[G * DK], vb[N * DQ / 32];
+  static float q[NQ * DK], out[NQ * DQ];
+  static double qd[NQ * DK], kd[N * DK], vd[N * DQ], want[NQ * DQ];
+  const uint16_t scale_bits[] = {0x2400, 0x3400}, min_bits[] = {0xB800, 0x3C00}; /* 2^-6, 2^-2; -0.5, 1 */
+  const double scales[] = {1.0 / 64, 1.0 / 4}, mins[] = {-0.5, 1.0};
+  const int64_t q_shape[] = {NQ, DK}, k_shape[] = {N, DK}, v_shape[] = {N, DQ}, out_shape[] = {NQ, DQ},
+                short_k[] = {N - 1, DK};
+  uint32_t state = 13;
+  int64_t i, b, j;
+  attn_tensor tq, tk, tv, tout;
+  CHECK(sizeof(int4_block) == 20);
+  for (i = 0; i < NQ * DK; ++i) q[i] = (float)(qd[i] = next_value(&state));
+  for (b = 0; b < G * DK + N * DQ / 32; ++b) { /* key blocks (g, c), then value blocks (row, 0) */
+    int4_block* blk = b < G * DK ? &kb[b] : &vb[b - G * DK];
+    int codes[32];
+    blk->d = scale_bits[b % 2];
+    blk->m = min_bits[b % 3 % 2];
+    for (j = 0; j < 32; ++j) {
+      const double value = scales[b % 2] * (codes[j] = (int)((next_value(&state) + 1) * 8) & 15) + mins[b % 3 % 2];
+      if (b < G * DK && (b / DK) * 32 + j < N) kd[((b / DK) * 32 + j) * DK + b % DK] = value;
+      if (b >= G * DK) vd[(b - G * DK) * 32 + j] = value;
+    }
+    for (j = 0; j < 16; ++j) blk->qs[j] = (uint8_t)(codes[j] | codes[j + 16] << 4);
+  }
+  tq = tensor(q, ATTN_F32, 2, q_shape);
+  tk = tensor(kb, ATTN_INT4, 2, k_shape);
+  tv = tensor(vb, ATTN_INT4, 2, v_shape);
+  tout = tensor(out, ATTN_F32, 2, out_shape);
+  reference_head(qd, kd, vd, NQ, N, DK, DQ, NULL, 0, -1, -1, 1 / sqrt((double)DK), 0, 0, want);
+  CHECK(attn_attention(&tq, &tk, &tv, NULL, NULL, &tout) == ATTN_OK);
+  expect_close_f(out, want, NQ * DQ, 1e-5, __LINE__);
+  tk.shape = short_k;
+  EXPECT_ERROR(attn_attention(&tq, &tk, &tv, NULL, NULL, &tout), ATTN_ERROR_INVALID_ARGUMENT,
+               "INT4 keys and values must hold the same number of keys (axis -2), got k (39, 40), v (40, 32)");
 }
 
 static void test_sinusoidal(void) {
@@ -770,6 +818,8 @@ static void test_mha(void) {
                  "attn_cache_new_dtype: dtype: Q8_0 stores blocks of 32 values");
     EXPECT_ERROR(attn_cache_new_dtype(layer, ATTN_Q4_0, &compact), ATTN_ERROR_INVALID_ARGUMENT,
                  "attn_cache_new_dtype: dtype: Q4_0 stores blocks of 32 values");
+    EXPECT_ERROR(attn_cache_new_dtype(layer, ATTN_INT4, &compact), ATTN_ERROR_INVALID_ARGUMENT,
+                 "attn_cache_new_dtype: dtype: INT4 stores blocks of 32 values");
     EXPECT_ERROR(attn_cache_new_dtype(layer, ATTN_F64, &compact), ATTN_ERROR_UNSUPPORTED,
                  "is not a cache's");
   }
@@ -1098,6 +1148,7 @@ int main(void) {
   test_precision();
   test_q8_0();
   test_q4_0();
+  test_int4();
   test_positional();
   test_sinusoidal();
   test_rope();

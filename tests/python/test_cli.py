@@ -770,6 +770,15 @@ def test_bench_reports_consistent_numbers():
     assert r["gbps"] == pytest.approx(2 * heads * L * d // 32 * 18 / r["median_ms"] * 1e-6,
                                       rel=rate_tol(r["median_ms"], r["gbps"]))
     assert 1e-3 < r["error_vs_f64"] < 8e-2 and r["speedup_vs_f32"] > 0
+    # int4 (KIVI's): 20 bytes per 32 values, keys per channel; the same bound.
+    r = json.loads(ok("bench", "decode", "--kv-len", L, "--heads", heads, "--head-dim", d,
+                      "--kv-dtype", "int4", "--threads", 1, "--json").stdout)
+    key_blocks, value_blocks = -(-L // 32) * d, L * d // 32  # (a last group of keys partial)
+    assert r["gbps"] == pytest.approx(heads * (key_blocks + value_blocks) * 20 / r["median_ms"] * 1e-6,
+                                      rel=rate_tol(r["median_ms"], r["gbps"]))
+    assert 1e-3 < r["error_vs_f64"] < 8e-2 and r["speedup_vs_f32"] > 0
+    bad = run("bench", "backward", "--n", 64, "--kv-dtype", "int4")
+    assert bad.returncode != 0 and "int4 has no backward" in bad.stderr
     # int8 precision over q8_0: q rounded to q8_0 too, its error q8_0's and a
     # little more, timed against float32 precision on the unit named; with
     # other caches (computed in float32) or over pages, an error naming both.

@@ -1,5 +1,5 @@
 """Keys and values stored compactly from Python: attn.quantize and
-attn.QuantizedTensor (bf16, f16 and GGUF's q8_0 and q4_0) checked against a NumPy
+attn.QuantizedTensor (bf16, f16, GGUF's q8_0 and q4_0, KIVI's int4) checked against a NumPy
 implementation of their definitions, NumPy float16 read in place, and the
 layer's KV cache in every storage type (KIVI's int4 too)."""
 import pickle
@@ -57,6 +57,72 @@ def test_q4_0_is_ggufs_block(scale):
     np.testing.assert_array_equal(t.dequantize(), (got["d"].astype(np.float32)[:, None] * codes).reshape(x.shape))
 
 
+BLOCK_INT4 = np.dtype([("d", "<f2"), ("m", "<f2"), ("qs", "u1", 16)])  # GGUF's block_q4_1, 20 bytes
+
+
+def int4_numpy(b):
+    """ggml's quantize_row_q4_1_ref in NumPy on rows of 32 values (a last
+    group's missing values NaN): m the least, d = (max - m) / 15 in float32
+    (both stored as fp16), codes min(15, trunc((x - m) * (1 / d) + 0.5)), 0
+    where missing; byte j holds codes j and j + 16."""
+    b = np.asarray(b, np.float32)
+    lo, hi = np.nanmin(b, axis=1), np.nanmax(b, axis=1)
+    d = (hi - lo) / np.float32(15)
+    inv = np.divide(np.float32(1), d, out=np.zeros_like(d), where=d != 0)
+    x0 = np.nan_to_num((b - lo[:, None]) * inv[:, None] + np.float32(0.5), nan=0)
+    codes = np.minimum(15, x0.astype(np.int32)).astype(np.uint8)
+    return d.astype(np.float16), lo.astype(np.float16), codes[:, :16] | (codes[:, 16:] << 4)
+
+
+def test_int4_is_kivis_grouping_in_ggufs_q4_1_block():
+    rng = np.random.default_rng(9)
+    x = rng.standard_normal((2, 3, 70, 64)).astype(np.float32)  # 70 tokens: a last group of 6
+    x[0, 0, :32, 5] = 0.5  # a constant channel of a group: d = 0
+    keys, values = attn.quantize(x, "int4", per="channel"), attn.quantize(x, "int4", per="token")
+    assert (keys.dtype, keys.per, keys.shape, keys.nbytes) == ("int4", "channel", x.shape, 2 * 3 * 3 * 64 * 20)
+    assert (values.per, values.nbytes) == ("token", x.size // 32 * 20)
+    padded = np.concatenate([x, np.full((2, 3, 26, 64), np.nan, np.float32)], axis=2)
+    by_channel = padded.reshape(2, 3, 3, 32, 64).transpose(0, 1, 2, 4, 3).reshape(-1, 32)  # (g, c) blocks of tokens
+    for t, rows in ((keys, by_channel), (values, x.reshape(-1, 32))):
+        got = np.frombuffer(memoryview(t), dtype=BLOCK_INT4)
+        d, m, qs = int4_numpy(rows)
+        np.testing.assert_array_equal(got["d"].view(np.uint16), d.view(np.uint16))
+        np.testing.assert_array_equal(got["m"].view(np.uint16), m.view(np.uint16))
+        np.testing.assert_array_equal(got["qs"], qs)
+    got = np.frombuffer(memoryview(values), dtype=BLOCK_INT4)
+    codes = np.concatenate([got["qs"] & 15, got["qs"] >> 4], axis=1).astype(np.float32)
+    stored = got["d"].astype(np.float32)[:, None] * codes + got["m"].astype(np.float32)[:, None]
+    np.testing.assert_array_equal(values.dequantize(), stored.reshape(x.shape))
+    got = np.frombuffer(memoryview(keys), dtype=BLOCK_INT4)
+    codes = np.concatenate([got["qs"] & 15, got["qs"] >> 4], axis=1).astype(np.float32)
+    stored = got["d"].astype(np.float32)[:, None] * codes + got["m"].astype(np.float32)[:, None]
+    stored = stored.reshape(2, 3, 3, 64, 32).transpose(0, 1, 2, 4, 3).reshape(2, 3, 96, 64)[:, :, :70]
+    np.testing.assert_array_equal(keys.dequantize(), stored)
+    for t in (keys, values):
+        twin = pickle.loads(pickle.dumps(t))
+        assert (twin.per, twin.shape, bytes(memoryview(twin))) == (t.per, t.shape, bytes(memoryview(t)))
+    wrapped = attn.QuantizedTensor.from_buffer(bytes(memoryview(keys)), "int4", x.shape, per="channel")
+    np.testing.assert_array_equal(wrapped.dequantize(), keys.dequantize())
+
+
+def test_int4_errors_say_what_to_pass():
+    k = np.ones((2, 40, 32), np.float32)
+    with pytest.raises(ValueError, match="int4 needs per='channel' \\(keys"):
+        attn.quantize(k, "int4")
+    with pytest.raises(ValueError, match="per applies to int4 only"):
+        attn.quantize(k, "q8_0", per="token")
+    with pytest.raises(ValueError, match="multiple of 32"):
+        attn.quantize(np.ones((4, 20)), "int4", per="token")
+    kq, vq = attn.quantize(k, "int4", per="channel"), attn.quantize(k, "int4", per="token")
+    q = np.ones((2, 1, 32), np.float32)
+    with pytest.raises(TypeError, match="int4 keys are quantized per='channel' and values per='token'"):
+        attn.attention(q, vq, kq)
+    with pytest.raises(TypeError, match="read by attn.attention only"):
+        attn.attention_backward(q, kq, vq, q)
+    with pytest.raises(ValueError, match="takes 1600 bytes, the buffer holds 1620"):
+        attn.QuantizedTensor.from_buffer(bytes(1620), "int4", (2, 40, 32), per="token")
+
+
 @pytest.mark.parametrize("scale", [1e-3, 1.0, 1e4])
 def test_q8_0_is_ggufs_block(scale):
     rng = np.random.default_rng(1)
@@ -101,15 +167,17 @@ def softmax_attention(q, k, v):
     return (w / w.sum(axis=-1, keepdims=True)) @ v
 
 
-# q4_0's bound is issue 50's for N(0, 1) inputs.
-@pytest.mark.parametrize("dtype,bound", [("bf16", 1e-2), ("f16", 2e-3), ("q8_0", 2e-2), ("q4_0", 1.5e-1)])
+# q4_0's and int4's bounds are issue 50's for N(0, 1) inputs.
+@pytest.mark.parametrize("dtype,bound", [("bf16", 1e-2), ("f16", 2e-3), ("q8_0", 2e-2), ("q4_0", 1.5e-1),
+                                         ("int4", 1.5e-1)])
 @pytest.mark.parametrize("n_q", [3, 200])  # decode and prefill
 def test_attention_reads_quantized_kv(dtype, bound, n_q):
     rng = np.random.default_rng(4)
     q = rng.standard_normal((2, 4, n_q, 64)).astype(np.float32)
     k = rng.standard_normal((2, 4, 1100, 64)).astype(np.float32)
     v = rng.standard_normal((2, 4, 1100, 64)).astype(np.float32)
-    kq, vq = attn.quantize(k, dtype), attn.quantize(v, dtype)
+    per = ("channel", "token") if dtype == "int4" else (None, None)
+    kq, vq = attn.quantize(k, dtype, per=per[0]), attn.quantize(v, dtype, per=per[1])
     out = attn.attention(q, kq, vq)
     assert out.dtype == np.float32 and out.shape == q.shape
     # float32 rounding against the values stored, the storage's own against the originals
@@ -139,8 +207,8 @@ def test_bad_compact_input_is_a_clear_error():
         attn.quantize(np.ones((4, 20)), "q8_0")
     with pytest.raises(ValueError, match="finite"):
         attn.quantize(np.float32([np.nan] * 32), "q8_0")
-    with pytest.raises(ValueError, match="'bf16', 'f16', 'q8_0' or 'q4_0'"):
-        attn.quantize(x, "int4")
+    with pytest.raises(ValueError, match="'bf16', 'f16', 'q8_0', 'q4_0' or 'int4'"):
+        attn.quantize(x, "int8")
     with pytest.raises(ValueError, match="q4_0 stores blocks of 32"):
         attn.quantize(np.ones((4, 20)), "q4_0")
     with pytest.raises(ValueError, match="takes 136 bytes, the buffer holds 135"):
