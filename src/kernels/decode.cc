@@ -319,7 +319,8 @@ struct Int4ChunkKeys {
   const core::AttentionProblem<float>& p;
   int64_t b, h, R, j0;
   const float* const* q;
-  float* w;  // kInt4ScratchRows · d floats
+  float* w;               // kInt4ScratchRows · d floats
+  float* values_scratch;  // (2 + kInt4ValueRows) · kDecodeChunk floats (Int4Values)
 
   HWY_INLINE void Scores(DF d, int64_t from, int64_t to, float* s, int64_t s_stride) const {
     const float scale = ScoreScale(p);
@@ -334,8 +335,13 @@ struct Int4ChunkKeys {
     }
   }
   HWY_INLINE void Values(DF d, int64_t from, int64_t to, const float* s, int64_t s_stride, float* o, int64_t dvp) const {
+#if ATTN_INT4_VALUES
+    Int4Values(d, R, s, s_stride, to - from, ValueRow<block_int4>(p, b, h, j0 + from), ValueStride<block_int4>(p), p.d_v,
+               o, dvp, values_scratch);
+#else
     AccumulateValues(d, R, s, s_stride, to - from, ValueRow<block_int4>(p, b, h, j0 + from), ValueStride<block_int4>(p),
                      p.d_v, o, dvp);
+#endif
   }
 };
 static_assert(kDecodeChunk % kInt4Group == 0, "int4 chunks are whole groups of keys");
@@ -413,7 +419,8 @@ void DecodeChunk(DF d, const core::AttentionProblem<float>& p, int64_t b, int64_
     }
   };
   if constexpr (std::is_same_v<KV, block_int4>) {
-    const Int4ChunkKeys keys{p, b, h0, R, j0, q, tls_decode_int4_weights.get(static_cast<size_t>(kInt4ScratchRows * p.d))};
+    float* scratch = tls_decode_int4_weights.get(static_cast<size_t>(kInt4ScratchRows * p.d + 16 + 10 * kDecodeChunk));
+    const Int4ChunkKeys keys{p, b, h0, R, j0, q, scratch, scratch + (kInt4ScratchRows * p.d + 15) / 16 * 16};
     blocks(keys, [&](int64_t from, int64_t to) HWY_ATTR { keys.Scores(d, from, to, s, B); });
   } else {
     const ChunkKeys<KV> keys(p, b, h0, nh, j0, jn, q);

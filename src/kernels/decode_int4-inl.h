@@ -21,6 +21,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 
 #include "attn/quantize.hpp"
 
@@ -28,26 +29,30 @@ HWY_BEFORE_NAMESPACE();
 namespace attn::kernels {
 namespace HWY_NAMESPACE {
 
-// The scales and minima of a group's D channels (blocks side by side) as
-// float32, D a multiple of the lanes: each block's fp16 pair read as one
-// 32-bit word (d low, m high), gathered, split and widened by the vector
-// unit.
-HWY_INLINE void Int4ChannelRanges(DF d, const block_int4* group, int64_t D, float* scales, float* mins) {
+// The scales and minima of `count` blocks, `stride` blocks apart from
+// first, as float32: each block's fp16 pair read as one 32-bit word (d low,
+// m high), gathered N at a time, split and widened by the vector unit; the
+// last count % N one by one.
+HWY_INLINE void Int4Ranges(DF d, const block_int4* first, int64_t stride, int64_t count, float* scales, float* mins) {
   static_assert(sizeof(block_int4) % 4 == 0 && offsetof(block_int4, m) == 2, "d and m: one aligned 32-bit word");
   const hn::RebindToSigned<DF> di;
   const hn::Rebind<uint16_t, DF> d16;
   const hn::Rebind<hwy::float16_t, DF> df16;
   const auto N = static_cast<int64_t>(hn::Lanes(d));
-  const auto* words = reinterpret_cast<const int32_t*>(group);
   constexpr int32_t kWords = sizeof(block_int4) / 4;
-  auto index = hn::Mul(hn::Iota(di, 0), hn::Set(di, kWords));
-  const auto step = hn::Set(di, static_cast<int32_t>(N * kWords)), low = hn::Set(di, 0xffff);
-  for (int64_t c = 0; c < D; c += N, index = hn::Add(index, step)) {
+  // (Gathers take int32 offsets; farther blocks go one by one.)
+  const int64_t whole = std::abs(stride) * kWords * count < (int64_t{1} << 31) ? count / N * N : 0;
+  const auto* words = reinterpret_cast<const int32_t*>(first);
+  auto index = hn::Mul(hn::Iota(di, 0), hn::Set(di, static_cast<int32_t>(stride * kWords)));
+  const auto step = hn::Set(di, static_cast<int32_t>(N * stride * kWords)), low = hn::Set(di, 0xffff);
+  const auto as_f16 = [&](auto bits) HWY_ATTR { return hn::BitCast(df16, hn::DemoteTo(d16, bits)); };
+  for (int64_t c = 0; c < whole; c += N, index = hn::Add(index, step)) {
     const auto pair = hn::GatherIndex(di, words, index);
-    const auto as_f16 = [&](auto bits) HWY_ATTR { return hn::BitCast(df16, hn::DemoteTo(d16, bits)); };
-    hn::Store(PromoteF16<decltype(df16)>(d, as_f16(hn::And(pair, low))), d, scales + c);
-    hn::Store(PromoteF16<decltype(df16)>(d, as_f16(hn::And(hn::ShiftRight<16>(pair), low))), d, mins + c);
+    hn::StoreU(PromoteF16<decltype(df16)>(d, as_f16(hn::And(pair, low))), d, scales + c);
+    hn::StoreU(PromoteF16<decltype(df16)>(d, as_f16(hn::And(hn::ShiftRight<16>(pair), low))), d, mins + c);
   }
+  for (int64_t c = whole; c < count; ++c)
+    scales[c] = fp16_to_float(first[c * stride].d.bits), mins[c] = fp16_to_float(first[c * stride].m.bits);
 }
 
 inline constexpr int64_t kInt4ScratchRows = 8 + 2;  // 8 rows' weights, then the scales and minima
@@ -99,7 +104,7 @@ HWY_INLINE void Int4GroupScores(DF d, const float* const* q, int64_t R, const bl
         }
       continue;
     }
-    if (r0 == 0) Int4ChannelRanges(d, group, D, scales, mins);
+    if (r0 == 0) Int4Ranges(d, group, 1, D, scales, mins);
     for (int64_t r = 0; r < rows; ++r) {
       VF dot = hn::Zero(d);
       const VF vs = hn::Set(d, scale);
@@ -116,6 +121,98 @@ HWY_INLINE void Int4GroupScores(DF d, const float* const* q, int64_t R, const bl
       });
   }
 }
+
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX2
+// P·V over int4 value rows (a block per 32 channels of a token), by
+// linearity, with the codes centred (c_j = q_j − 8, the block's middle
+// m_jb + 8 · d_jb):
+//   Σ_j p_j (d_jb · q_j + m_jb) = Σ_j (p_j · d_jb) · c_j + Σ_j p_j · (m_jb + 8 · d_jb),
+// block by block: the tokens' scales and minima widened N at a time
+// (Int4Ranges), each row's weights p_j · d_jb and its middles' share (a dot
+// product) as vectors, then per token one FMA per row and vector of the
+// block's centred codes, which are widened once for every row. (Uncentred,
+// the two sums cancel where a block's values lie about 0, and the output's
+// rounding error grew past the widened path's bound, 1e-5.) (The row-by-row
+// widening, q · d + m per value, took the scale's and minimum's conversions
+// and an FMA more per vector.) Fixed vectors only: 32 / N per block.
+#undef ATTN_INT4_VALUES  // (defined again for each target)
+#define ATTN_INT4_VALUES 1
+inline constexpr int kInt4BlockVectors = 32 / HWY_LANES(float);
+inline constexpr int kInt4ValueRows = 8 / kInt4BlockVectors;  // accumulators: 8 names
+static_assert(kInt4BlockVectors >= 1 && kInt4ValueRows >= 1, "a block is whole vectors");
+
+// o[r][0 .. 32) += Σ_j w[r · w_stride + j] · (codes_j − 8) for MR rows, the
+// codes of one block of count tokens v_stride apart; keys are dealt round-robin
+// to S sets of accumulators (fewer than 8 chains leave the FMA pipes idle).
+template <int MR>
+HWY_INLINE void Int4ValueBlock(DF d, const float* w, int64_t w_stride, int64_t count, const block_int4* v,
+                               int64_t v_stride, float* o, int64_t o_stride) {
+  constexpr int V = kInt4BlockVectors, S = kInt4ValueRows / MR, RV = MR * V;
+  const auto N = static_cast<int64_t>(hn::Lanes(d));
+  const VF eight = hn::Set(d, 8.0f);
+  VF a0 = hn::Zero(d), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
+  for (int64_t j = 0; j < count; j += S)
+    Unroll<S>([&](auto set) HWY_ATTR {
+      constexpr int s = decltype(set)::value;
+      if (s > 0 && j + s >= count) return;
+      const uint8_t* codes = v[(j + s) * v_stride].qs;
+      Unroll<V>([&](auto vector) HWY_ATTR {
+        const VF c = hn::Sub(NibbleCodes(d, codes, decltype(vector)::value * N), eight);
+        Unroll<MR>([&](auto r) HWY_ATTR {
+          VF& acc = Acc<(s * MR + r) * V + decltype(vector)::value>(a0, a1, a2, a3, a4, a5, a6, a7);
+          acc = hn::MulAdd(hn::Set(d, w[r * w_stride + j + s]), c, acc);
+        });
+      });
+    });
+  Unroll<RV>([&](auto i) HWY_ATTR {
+    VF sum = Acc<i>(a0, a1, a2, a3, a4, a5, a6, a7);
+    Unroll<S - 1>([&](auto set) HWY_ATTR { sum = hn::Add(sum, Acc<(set + 1) * RV + i>(a0, a1, a2, a3, a4, a5, a6, a7)); });
+    AddTo(d, o + (i / V) * o_stride + (i % V) * N, sum);
+  });
+}
+
+// O (R rows, o_stride apart) += P (R rows of count weights, p_stride apart,
+// zero from count to p_stride) · V, the int4 value rows v0 + j · v_stride of
+// d_v values. scratch: 2 + kInt4ValueRows arrays of count rounded up to
+// whole vectors, aligned.
+HWY_INLINE void Int4Values(DF d, int64_t R, const float* p, int64_t p_stride, int64_t count, const block_int4* v0,
+                           int64_t v_stride, int64_t d_v, float* o, int64_t o_stride, float* scratch) {
+  const auto N = static_cast<int64_t>(hn::Lanes(d));
+  const int64_t padded = (count + N - 1) / N * N;
+  float* scales = scratch;
+  float* mins = scales + padded;
+  float* w = mins + padded;  // kInt4ValueRows rows of padded weights
+  for (int64_t b = 0; b < d_v / kInt4Group; ++b) {
+    Int4Ranges(d, v0 + b, v_stride, count, scales, mins);
+    std::fill(scales + count, scales + padded, 0.0f);  // (P is 0 there; so must these be, not NaN)
+    std::fill(mins + count, mins + padded, 0.0f);
+    for (int64_t r0 = 0; r0 < R; r0 += kInt4ValueRows) {
+      const int64_t rows = std::min<int64_t>(kInt4ValueRows, R - r0);
+      float bias[kInt4ValueRows];
+      for (int64_t r = 0; r < rows; ++r) {
+        const float* pr = p + (r0 + r) * p_stride;
+        VF share = hn::Zero(d);
+        const VF eight = hn::Set(d, 8.0f);
+        for (int64_t j = 0; j < padded; j += N) {
+          const VF pj = hn::LoadU(d, pr + j), scale = hn::Load(d, scales + j);
+          hn::Store(hn::Mul(pj, scale), d, w + r * padded + j);
+          share = hn::MulAdd(pj, hn::MulAdd(eight, scale, hn::Load(d, mins + j)), share);
+        }
+        bias[r] = hn::GetLane(hn::SumOfLanes(d, share));
+      }
+      float* ob = o + r0 * o_stride + b * kInt4Group;
+      WithCount<kInt4ValueRows>(rows, [&](auto mr) HWY_ATTR {
+        Int4ValueBlock<decltype(mr)::value>(d, w, padded, count, v0 + b, v_stride, ob, o_stride);
+      });
+      for (int64_t r = 0; r < rows; ++r)
+        for (int64_t c = 0; c < kInt4Group; c += N) AddTo(d, ob + r * o_stride + c, hn::Set(d, bias[r]));
+    }
+  }
+}
+#else
+#undef ATTN_INT4_VALUES
+#define ATTN_INT4_VALUES 0
+#endif
 
 }  // namespace HWY_NAMESPACE
 }  // namespace attn::kernels
