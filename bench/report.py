@@ -92,7 +92,7 @@ def summary_rows(build, s):
                  f"{r['ratio_to_peak']:.2f} of the FMA peak; {r['time_vs_forward']:.2f}× the forward's time"))
     r = decode(build, s)
     rows.append(("decode, float32 K/V", decode_shape, f"{r['ratio_to_peak']:.2f} of the read bandwidth"))
-    for dtype in ("bf16", "q8_0", "q4_0"):
+    for dtype in ("bf16", "q8_0", "q4_0", "int4"):
         r = decode(build, s, "--kv-dtype", dtype)
         rows.append((f"decode, {dtype} K/V", decode_shape, f"{r['speedup_vs_f32']:.2f}× float32 K/V's speed"))
     r = decode(build, s, "--kv-dtype", "q8_0", "--precision", "int8")

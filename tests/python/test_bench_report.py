@@ -74,7 +74,7 @@ def test_the_command_measures_and_writes_every_table(tmp_path):
     assert report.main(["--quick", "--write", "--build", BUILD, "--root", str(tmp_path)]) == 0
     readme = (tmp_path / "README.md").read_text(encoding="utf-8")
     summary = readme.split("<!-- bench-report:summary -->")[1].split("<!-- /bench-report:summary -->")[0]
-    check_rows(summary, 18, r"(\d+\.\d+)(?:×| of the)")
+    check_rows(summary, 19, r"(\d+\.\d+)(?:×| of the)")
     perf = (tmp_path / "docs" / "performance.md").read_text(encoding="utf-8")
     head_dims = perf.split("<!-- bench-report:head-dims -->")[1].split("<!-- /bench-report:head-dims -->")[0]
     assert "| head dim | n = 64 | n = 256 |" in head_dims and re.search(r"\| 16 \| \d\.\d\d \| \d\.\d\d \|", head_dims)
