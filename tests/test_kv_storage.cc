@@ -502,7 +502,7 @@ TEST(KVStorage, Int4CacheQuantizesEveryGroupOverAllItsTokens) {
   Tensor<float> bad({1, 2, 3, 64});
   bad[70] = std::numeric_limits<float>::infinity();
   const int64_t length = cache.length();
-  EXPECT_THROW_MSG(cache.append(bad.view(), Tensor<float>({1, 2, 3, 64}).view()), ValueError, "channel 6 of the keys");
+  EXPECT_THROW_MSG(cache.append(bad.view(), Tensor<float>({1, 2, 3, 64}).view()), ValueError, "channel 6 of keys");
   EXPECT_EQ(cache.length(), length) << "a failed append keeps the tokens that were there";
   EXPECT_TRUE(same_bytes(contiguous(cache.key_tail()), contiguous(rows(k, n / 32 * 32, n % 32))));
 }

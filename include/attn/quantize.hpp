@@ -110,6 +110,10 @@ void quantize_block_int4(const float* x, int64_t stride, int64_t count, block_in
 // n values (a multiple of 32) of a row into n / 32 blocks (int4's values);
 // a ValueError names the block's values.
 void quantize_row_int4(const float* x, block_int4* y, int64_t n);
+// n keys of d channels (contiguous rows; token `first` of their head the
+// first) into ⌈n / 32⌉ groups of d blocks, (groups, d) (int4's keys of one
+// head); a ValueError names the channel and the group's tokens.
+void quantize_int4_key_rows(const float* k, int64_t n, int64_t d, block_int4* y, int64_t first = 0);
 // Value i (0 .. 31) of a block: d · q + m (d · q is exact in float32, so this
 // rounds once).
 inline float int4_value(const block_int4& b, int64_t i) {

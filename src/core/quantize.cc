@@ -211,17 +211,19 @@ Tensor<block_int4> quantize_int4_keys(TensorView<const float> k) {
   shape[shape.size() - 2] = groups;
   Tensor<block_int4> out(shape);
   const int64_t heads = n * d == 0 ? 0 : c.numel() / (n * d);
-  for (int64_t h = 0; h < heads; ++h)
-    for (int64_t g = 0; g < groups; ++g)
-      for (int64_t ch = 0; ch < d; ++ch) try {
-          quantize_block_int4(c.data() + (h * n + g * kInt4Group) * d + ch, d, std::min(kInt4Group, n - g * kInt4Group),
-                              out.data()[(h * groups + g) * d + ch]);
-        } catch (const ValueError& e) {
-          throw ValueError(std::string(e.what()) + " (channel " + std::to_string(ch) + " of keys " +
-                           std::to_string(g * kInt4Group) + " .. " + std::to_string(std::min(n, (g + 1) * kInt4Group) - 1) +
-                           ")");
-        }
+  for (int64_t h = 0; h < heads; ++h) quantize_int4_key_rows(c.data() + h * n * d, n, d, out.data() + h * groups * d);
   return out;
+}
+
+void quantize_int4_key_rows(const float* k, int64_t n, int64_t d, block_int4* y, int64_t first) {
+  for (int64_t g = 0; g * kInt4Group < n; ++g)
+    for (int64_t ch = 0; ch < d; ++ch) try {
+        quantize_block_int4(k + g * kInt4Group * d + ch, d, std::min(kInt4Group, n - g * kInt4Group), y[g * d + ch]);
+      } catch (const ValueError& e) {
+        throw ValueError(std::string(e.what()) + " (channel " + std::to_string(ch) + " of keys " +
+                         std::to_string(first + g * kInt4Group) + " .. " +
+                         std::to_string(first + std::min(n, (g + 1) * kInt4Group) - 1) + ")");
+      }
 }
 
 Tensor<block_int4> quantize_int4_values(TensorView<const float> v) { return to_blocks(v, "int4", quantize_row_int4); }

@@ -205,14 +205,12 @@ void KVCache<T>::append_int4_keys(TensorView<const T> k) {
         std::copy_n(&key_tail_.data()[(b * H + h) * kInt4Group * d], held * d, keys.data());
         for (int64_t t = 0; t < n; ++t)
           for (int64_t c = 0; c < d; ++c) keys[static_cast<size_t>((held + t) * d + c)] = k.at({b, h, t, c});
-        for (int64_t g = 0; g < count; ++g)
-          for (int64_t c = 0; c < d; ++c) try {
-              quantize_block_int4(keys.data() + g * kInt4Group * d + c, d, std::min(kInt4Group, rows - g * kInt4Group),
-                                  groups.data()[((b * H + h) * count + g) * d + c]);
-            } catch (const ValueError& e) {
-              throw ValueError("KVCache.append: " + std::string(e.what()) + " (batch " + std::to_string(b) + ", head " +
-                               std::to_string(h) + ", channel " + std::to_string(c) + " of the keys)");
-            }
+        try {
+          quantize_int4_key_rows(keys.data(), rows, d, groups.data() + (b * H + h) * count * d, first * kInt4Group);
+        } catch (const ValueError& e) {
+          throw ValueError("KVCache.append: " + std::string(e.what()) + " (batch " + std::to_string(b) + ", head " +
+                           std::to_string(h) + ")");
+        }
         std::copy_n(keys.data() + (rows - tail) * d, tail * d, &tails.data()[(b * H + h) * kInt4Group * d]);
       }
     auto& stored = std::get<Tensor<block_int4>>(keys_);
