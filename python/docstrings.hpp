@@ -467,17 +467,22 @@ inline constexpr const char* kPagedKVCache = R"(PagedKVCache(num_pages, page_siz
              dtype="f32", layout="NHD")
 
 One pool of num_pages pages of page_size tokens for many sequences (vLLM's
-PagedAttention, FlashInfer's paged KV cache). dtype: f32, bf16, f16, q8_0 or q4_0
-(or float32, bfloat16, float16); layout NHD: pages (num_pages, page_size,
-kv_heads, D), or HND: (num_pages, kv_heads, page_size, D).
+PagedAttention, FlashInfer's paged KV cache). dtype: f32, bf16, f16, q8_0, q4_0
+(or float32, bfloat16, float16), or int4 (KIVI's: values per token, keys per
+channel in groups of 32 tokens, page_size a multiple of 32; each sequence's
+last partial group also kept in float32 and quantized again at each append);
+layout NHD: pages (num_pages, page_size, kv_heads, D), or HND: (num_pages,
+kv_heads, page_size, D).
 
 add_sequence() -> id; append(seq_ids, k, v, append_indptr) writes the tokens
 append_indptr[i]:append_indptr[i + 1] of k (nnz, kv_heads, head_dim) and v
 (nnz, kv_heads, value_head_dim) to seq_ids[i]; fork(seq) -> id shares seq's
 pages (a shared partial last page is copied when either appends);
-truncate(seq, length); remove(seq). length(seq), positions(seq) (0 ..
-length - 1), pages_in_use(), free_pages(), nbytes (pages in use x page_size
-x bytes per token), page_table(seq_ids) -> (kv_indptr, kv_indices,
+truncate(seq, length) (int4: the group length ends inside is quantized again,
+from its float32 keys or, inside a full group, from its int4 values); remove(seq).
+length(seq), positions(seq) (0 .. length - 1), pages_in_use(), free_pages(),
+nbytes (pages in use x the bytes of a page, and int4's float32 tails),
+page_table(seq_ids) -> (kv_indptr, kv_indices,
 kv_last_page_len) int32, pages() -> read-only views of the float32 pools.
 An unknown id is a KeyError; too few free pages a RuntimeError naming the
 pages needed and free. A refused call changes nothing. Any number of

@@ -308,14 +308,15 @@ py::tuple cache_state(const PagedKVCache& c) {
                         kv_dtype_name(c.dtype()), page_layout_name(c.layout()),
                         py::bytes(reinterpret_cast<const char*>(c.k_bytes().data()), c.k_bytes().size()),
                         py::bytes(reinterpret_cast<const char*>(c.v_bytes().data()), c.v_bytes().size()), st.ids,
-                        st.lengths, st.pages, st.next_id, c.latent_rank());
+                        st.lengths, st.pages, st.next_id, c.latent_rank(), st.key_tails);
 }
 
-// (A state of 13 items, from before latent caches, is a cache of keys and values apart.)
+// (A state of 13 items, from before latent caches, is a cache of keys and
+// values apart; of 14, from before int4 pages, has no key tails.)
 PagedKVCache cache_from_state(const py::tuple& t) {
-  if (t.size() != 13 && t.size() != 14)
-    throw ValueError("PagedKVCache: a pickled state has 14 items, got " + std::to_string(t.size()));
-  const int64_t latent_rank = t.size() == 14 ? t[13].cast<int64_t>() : 0;
+  if (t.size() < 13 || t.size() > 15)
+    throw ValueError("PagedKVCache: a pickled state has 15 items, got " + std::to_string(t.size()));
+  const int64_t latent_rank = t.size() >= 14 ? t[13].cast<int64_t>() : 0;
   const KVDtype dtype = parse_kv_dtype(t[5].cast<std::string>());
   PagedKVCache c = latent_rank > 0
                        ? PagedKVCache::latent(t[0].cast<int64_t>(), t[1].cast<int64_t>(), latent_rank,
@@ -332,6 +333,7 @@ PagedKVCache cache_from_state(const py::tuple& t) {
   st.lengths = t[10].cast<std::vector<int64_t>>();
   st.pages = t[11].cast<std::vector<std::vector<int32_t>>>();
   st.next_id = t[12].cast<int64_t>();
+  if (t.size() == 15) st.key_tails = t[14].cast<std::vector<std::vector<float>>>();
   c.restore(bytes(t[7]), bytes(t[8]), st);
   return c;
 }

@@ -4,8 +4,9 @@
 
 #include <chrono>
 #include <cmath>
-#include <limits>
 #include <cstring>
+#include <limits>
+#include <map>
 #include <numeric>
 #include <random>
 #include <thread>
@@ -338,6 +339,75 @@ TEST(BatchAttention, StorageTypesReadTheirStoredValues) {
   }
 }
 
+// A batch's pools as int4 (KIVI's): keys per channel over each page's
+// groups of 32 slots, values per token; and the float32 pools they hold.
+struct Int4Pools {
+  Tensor<block_int4> k, v;
+  Tensor<float> k_held, v_held;
+};
+Int4Pools int4_pools(const PagedBatch& b) {
+  const int64_t pages = b.k_pool.dim(0), groups = b.page_size / kInt4Group;
+  const bool nhd = b.layout == PageLayout::NHD;
+  Int4Pools p{Tensor<block_int4>(nhd ? Shape{pages, groups, b.hkv, b.d} : Shape{pages, b.hkv, groups, b.d}),
+              quantize_int4_values(b.v_pool.view()), Tensor<float>(b.k_pool.shape()), Tensor<float>()};
+  p.v_held = dequantize_int4_values(p.v.view());
+  const auto slot = [&](auto& pool, int64_t page, int64_t t, int64_t h) {
+    return nhd ? &pool.at({page, t, h, 0}) : &pool.at({page, h, t, 0});
+  };
+  std::vector<float> keys(static_cast<size_t>(kInt4Group * b.d));
+  for (int64_t page = 0; page < pages; ++page)
+    for (int64_t g = 0; g < groups; ++g)
+      for (int64_t h = 0; h < b.hkv; ++h) {
+        for (int64_t t = 0; t < kInt4Group; ++t)
+          std::copy_n(slot(b.k_pool, page, g * kInt4Group + t, h), b.d, keys.data() + t * b.d);
+        block_int4* row = slot(p.k, page, g, h);
+        quantize_int4_key_rows(keys.data(), kInt4Group, b.d, row);
+        for (int64_t t = 0; t < kInt4Group; ++t)
+          for (int64_t c = 0; c < b.d; ++c) slot(p.k_held, page, g * kInt4Group + t, h)[c] = int4_value(row[c], t);
+      }
+  return p;
+}
+
+TEST(BatchAttention, Int4PagesReadTheirStoredValues) {
+  // Pages of 32 and 64 tokens (1 and 2 groups), NHD (every kv head of a
+  // token side by side) and HND; groups of 2 and 4 query heads.
+  struct Case {
+    int64_t page_size, hq, hkv;
+    PageLayout layout;
+  };
+  for (const Case& c : {Case{32, 4, 2, PageLayout::NHD}, Case{64, 8, 2, PageLayout::HND},
+                        Case{64, 4, 1, PageLayout::NHD}}) {
+    const PagedBatch b = make_batch(kQoLens, kKvLens, c.page_size, c.hq, c.hkv, 64, 32, c.layout, 6);
+    const Int4Pools p = int4_pools(b);
+    const Tensor<block_int4> key_pages = quantize_int4_key_pages(b.k_pool.view(), c.layout);
+    ASSERT_EQ(key_pages.shape(), p.k.shape());
+    EXPECT_EQ(std::memcmp(key_pages.data(), p.k.data(), sizeof(block_int4) * p.k.numel()), 0);
+    const std::string what = "int4 page_size " + std::to_string(c.page_size) + " hq " + std::to_string(c.hq) + ":" +
+                             std::to_string(c.hkv) + " " + page_layout_name(c.layout);
+    // The float64 answer on the values the pools hold: accuracy as float32's.
+    expect_matches_reference(b, run_batch(b, p.k.view(), p.v.view(), {}), p.k_held, p.v_held, {}, 2e-5, what);
+    BatchAttentionOptions masked;
+    masked.causal = true, masked.window = {300, -1}, masked.softcap = 3.0;
+    expect_matches_reference(b, run_batch(b, p.k.view(), p.v.view(), masked), p.k_held, p.v_held, masked, 2e-5,
+                             what + " causal, window, softcap");
+  }
+  const PagedBatch b = make_batch(kQoLens, kKvLens, 16, 4, 2, 64, 32, PageLayout::NHD, 6);
+  const Tensor<block_int4> k({b.k_pool.dim(0), 1, 2, 64}), v = quantize_int4_values(b.v_pool.view());
+  EXPECT_THROW_MSG(run_batch(b, k.view(), v.view(), {}), ValueError, "page_size must be a multiple of 32, got 16");
+  EXPECT_THROW_MSG(quantize_int4_key_pages(b.k_pool.view()), ValueError, "page_size must be a multiple of 32, got 16");
+  Tensor<float> bad({2, 32, 2, 8});
+  bad.at({1, 40 % 32, 1, 3}) = std::numeric_limits<float>::infinity();
+  EXPECT_THROW_MSG(quantize_int4_key_pages(bad.view()), ValueError, "(channel 3 of keys 0 .. 31) (page 1, head 1)");
+  const PagedBatch b32 = make_batch(kQoLens, kKvLens, 32, 4, 2, 64, 32, PageLayout::NHD, 6);
+  const BatchAttentionPlan plan(b32.qo_indptr.view(), b32.kv_indptr.view(), b32.kv_indices.view(),
+                                b32.last_page_len.view(), 4, 2, 64, 32, {}, 32);
+  const Tensor<block_int4> per_token = quantize_int4_values(b32.k_pool.view());
+  Tensor<float> out(plan.output_shape());
+  EXPECT_THROW_MSG(plan.run<block_int4>(b32.q.view(), per_token.view(), quantize_int4_values(b32.v_pool.view()).view(),
+                                        out.view()),
+                   ValueError, "k_pages must be int4 key groups (num_pages, page_size / 32, num_kv_heads, head_dim)");
+}
+
 // Decode scores block-stored keys four at a time, or one at a time where a
 // page holds fewer (decode.cc, DotKeys): the same bits either way. One
 // sequence's q8_0 or q4_0 K and V, contiguous (keys by fours, a chunk's last
@@ -653,6 +723,209 @@ TEST(PagedKVCache, ACopySharesNothing) {
   EXPECT_EQ(back.pages_of(a), c.pages_of(a));
   EXPECT_EQ(back.free_pages(), 2);
   EXPECT_EQ(back.add_sequence(), a + 1);
+}
+
+// An int4 cache against a model of what its sequences hold: their float32
+// keys and values (a truncation into a full group keeps that group's keys
+// as its blocks held them, the float32 keys gone).
+class Int4Model {
+ public:
+  explicit Int4Model(const PagedKVCache& c) : c_(c), H_(c.kv_heads()), d_(c.head_dim()), dv_(c.value_head_dim()) {}
+
+  void append(const std::vector<int64_t>& ids, const std::vector<int64_t>& counts, std::mt19937& rng) {
+    std::vector<int64_t> indptr = {0};
+    for (int64_t n : counts) indptr.push_back(indptr.back() + n);
+    const Tensor<float> k = test::cast<float>(random_tensor({indptr.back(), H_, d_}, rng, -2, 2));
+    const Tensor<float> v = test::cast<float>(random_tensor({indptr.back(), H_, dv_}, rng));
+    Tensor<int64_t> at({static_cast<int64_t>(indptr.size())});
+    std::copy(indptr.begin(), indptr.end(), at.data());
+    const_cast<PagedKVCache&>(c_).append(ids, k.view(), v.view(), at.view());
+    for (size_t i = 0; i < ids.size(); ++i) {
+      auto& [keys, values] = held_[ids[i]];
+      keys.insert(keys.end(), k.data() + indptr[i] * H_ * d_, k.data() + indptr[i + 1] * H_ * d_);
+      values.insert(values.end(), v.data() + indptr[i] * H_ * dv_, v.data() + indptr[i + 1] * H_ * dv_);
+    }
+  }
+  void fork(int64_t parent, int64_t child) { held_[child] = held_[parent]; }
+  void truncate(int64_t id, int64_t length) {
+    auto& [keys, values] = held_[id];
+    const int64_t group = length / kInt4Group * kInt4Group, n = length_of(id);
+    if (length % kInt4Group != 0 && group + kInt4Group <= n) {  // into a full group: its values as held
+      const Tensor<float> held = dequantize_int4_keys(want_keys(id).view(), n);
+      for (int64_t t = group; t < length; ++t)
+        for (int64_t h = 0; h < H_; ++h)
+          for (int64_t c = 0; c < d_; ++c) keys[static_cast<size_t>((t * H_ + h) * d_ + c)] = held.at({h, t, c});
+    }
+    keys.resize(static_cast<size_t>(length * H_ * d_));
+    values.resize(static_cast<size_t>(length * H_ * dv_));
+  }
+  int64_t length_of(int64_t id) const { return static_cast<int64_t>(held_.at(id).first.size()) / (H_ * d_); }
+  // (heads, n, ·) float32 of a sequence's keys or values.
+  Tensor<float> heads_first(int64_t id, bool keys) const {
+    const std::vector<float>& x = keys ? held_.at(id).first : held_.at(id).second;
+    const int64_t w = keys ? d_ : dv_, n = length_of(id);
+    Tensor<float> out({H_, n, w});
+    for (int64_t t = 0; t < n; ++t)
+      for (int64_t h = 0; h < H_; ++h) std::copy_n(x.data() + (t * H_ + h) * w, w, &out.at({h, t, 0}));
+    return out;
+  }
+  Tensor<block_int4> want_keys(int64_t id) const { return quantize_int4_keys(heads_first(id, true).view()); }
+
+  // The cache's blocks and tails of every sequence, bitwise, against the model's.
+  void check(const std::string& what) const {
+    const std::vector<uint8_t> kb = c_.k_bytes(), vb = c_.v_bytes();
+    const auto* k_pool = reinterpret_cast<const block_int4*>(kb.data());
+    const auto* v_pool = reinterpret_cast<const block_int4*>(vb.data());
+    const int64_t P = c_.page_size(), G = P / kInt4Group, rows_v = dv_ / kInt4Group;
+    const bool nhd = c_.layout() == PageLayout::NHD;
+    const PagedKVCache::Sequences st = c_.sequences_state();
+    int64_t tails = 0;
+    for (size_t i = 0; i < st.ids.size(); ++i) {
+      const int64_t id = st.ids[i], n = length_of(id);
+      ASSERT_EQ(st.lengths[i], n) << what;
+      const auto pages = c_.pages_of(id);
+      const Tensor<block_int4> keys = want_keys(id), values = quantize_int4_values(heads_first(id, false).view());
+      for (int64_t h = 0; h < H_; ++h) {
+        for (int64_t g = 0; g < keys.dim(1); ++g) {
+          const int64_t page = pages[static_cast<size_t>(g * kInt4Group / P)], slot = g % G;
+          const block_int4* got = k_pool + ((nhd ? (page * G + slot) * H_ + h : (page * H_ + h) * G + slot) * d_);
+          EXPECT_EQ(std::memcmp(got, &keys.at({h, g, 0}), sizeof(block_int4) * d_), 0)
+              << what << ": sequence " << id << " head " << h << " key group " << g;
+        }
+        for (int64_t t = 0; t < n; ++t) {
+          const int64_t page = pages[static_cast<size_t>(t / P)], slot = t % P;
+          const block_int4* got = v_pool + ((nhd ? (page * P + slot) * H_ + h : (page * H_ + h) * P + slot) * rows_v);
+          EXPECT_EQ(std::memcmp(got, &values.at({h, t, 0}), sizeof(block_int4) * rows_v), 0)
+              << what << ": sequence " << id << " head " << h << " value row " << t;
+        }
+      }
+      const auto& keys_held = held_.at(id).first;
+      const std::vector<float> tail(keys_held.end() - n % kInt4Group * H_ * d_, keys_held.end());
+      EXPECT_EQ(st.key_tails[i], tail) << what << ": sequence " << id << "'s key tail";
+      tails += static_cast<int64_t>(tail.size() * sizeof(float));
+    }
+    const int64_t page_bytes = (G * d_ + P * rows_v) * H_ * static_cast<int64_t>(sizeof(block_int4));
+    EXPECT_EQ(c_.nbytes(), c_.pages_in_use() * page_bytes + tails) << what;
+  }
+
+ private:
+  const PagedKVCache& c_;
+  int64_t H_, d_, dv_;
+  std::map<int64_t, std::pair<std::vector<float>, std::vector<float>>> held_;  // (n, heads, ·) rows
+};
+
+TEST(PagedKVCache, Int4SequencesHoldQuantizeInt4KeysOfTheirKeys) {
+  for (const PageLayout layout : {PageLayout::NHD, PageLayout::HND}) {
+    std::mt19937 rng(21);
+    PagedKVCache c(24, 64, 2, 32, 64, KVDtype::INT4, layout);
+    Int4Model m(c);
+    const std::string l = page_layout_name(layout) + ": ";
+    const int64_t a = c.add_sequence(), b = c.add_sequence();
+    m.append({a, b}, {5, 40}, rng);
+    m.check(l + "first appends");
+    m.append({a, b}, {30, 0}, rng);  // a's tail group fills and a new one starts
+    m.check(l + "a across a group");
+    const int64_t f = c.fork(a);  // 35 keys: its tail in the shared partial page
+    m.fork(a, f);
+    m.append({f}, {3}, rng);
+    m.append({a}, {1}, rng);
+    m.check(l + "fork, both appended");
+    c.truncate(b, 36);  // inside its tail group: the tail's first 4 keys
+    m.truncate(b, 36);
+    m.check(l + "truncate inside the tail");
+    c.truncate(a, 20);  // inside a full group, on a page shared with f: copied
+    m.truncate(a, 20);
+    m.check(l + "truncate inside a full group");
+    m.append({a, f}, {50, 70}, rng);
+    c.truncate(f, 64);  // to a group's end: no tail
+    m.truncate(f, 64);
+    m.check(l + "appends past pages, truncate to a group's end");
+
+    // Attention over the cache: the float64 answer on the values it holds.
+    const std::vector<int64_t> ids = {a, b, f}, qo = {1, 20, 3};
+    std::vector<int32_t> qo_indptr = {0};
+    for (int64_t n : qo) qo_indptr.push_back(static_cast<int32_t>(qo_indptr.back() + n));
+    const Tensor<float> q = test::cast<float>(random_tensor({qo_indptr.back(), 4, 32}, rng));
+    BatchAttentionOptions causal;
+    causal.causal = true;
+    const auto got = batch_attention(q.view(), TensorView<const int32_t>(qo_indptr.data(), {4}), c, ids, causal, true);
+    for (size_t r = 0; r < ids.size(); ++r) {
+      const int64_t n = m.length_of(ids[r]), n_q = qo[r];
+      Tensor<double> qr({4, n_q, 32});
+      for (int64_t h = 0; h < 4; ++h)
+        for (int64_t i = 0; i < n_q; ++i)
+          for (int64_t e = 0; e < 32; ++e) qr.at({h, i, e}) = q.at({qo_indptr[r] + i, h, e});
+      const Tensor<float> k = dequantize_int4_keys(m.want_keys(ids[r]).view(), n);
+      const Tensor<float> v = dequantize_int4_values(quantize_int4_values(m.heads_first(ids[r], false).view()).view());
+      AttentionOptions bottom_right;
+      bottom_right.causal = Causal::BottomRight;
+      const auto want = test::forward(qr.view(), test::cast<double>(k).view(), test::cast<double>(v).view(),
+                                      test::Returns{}, bottom_right);
+      double err = 0;
+      for (int64_t h = 0; h < 4; ++h)
+        for (int64_t i = 0; i < n_q; ++i)
+          for (int64_t e = 0; e < 64; ++e)
+            err = std::max(err, std::abs(got.out.at({qo_indptr[r] + i, h, e}) - want.out.at({h, i, e})));
+      EXPECT_LT(err, 2e-5) << l << "request " << r;
+    }
+
+    // restore: the pools, sequences and tails; without tails, the last
+    // group's keys as its blocks hold them.
+    PagedKVCache back(24, 64, 2, 32, 64, KVDtype::INT4, layout);
+    back.restore(c.k_bytes(), c.v_bytes(), c.sequences_state());
+    const auto again = batch_attention(q.view(), TensorView<const int32_t>(qo_indptr.data(), {4}), back, ids, causal);
+    EXPECT_EQ(std::memcmp(again.out.data(), got.out.data(), sizeof(float) * got.out.numel()), 0) << l;
+    EXPECT_EQ(back.sequences_state().key_tails, c.sequences_state().key_tails) << l;
+    PagedKVCache::Sequences no_tails = c.sequences_state();
+    no_tails.key_tails.clear();
+    back.restore(c.k_bytes(), c.v_bytes(), no_tails);
+    const std::vector<float> a_tail = back.sequences_state().key_tails[0];
+    const Tensor<float> a_held = dequantize_int4_keys(m.want_keys(a).view(), m.length_of(a));
+    const int64_t n_a = m.length_of(a);
+    ASSERT_EQ(a_tail.size(), static_cast<size_t>(n_a % 32 * 2 * 32));
+    for (int64_t t = 0; t < n_a % 32; ++t)
+      for (int64_t h = 0; h < 2; ++h)
+        for (int64_t e = 0; e < 32; ++e)
+          EXPECT_EQ(a_tail[static_cast<size_t>((t * 2 + h) * 32 + e)], a_held.at({h, n_a / 32 * 32 + t, e})) << l;
+  }
+}
+
+TEST(PagedKVCache, Int4RefusesWhatItCannotHold) {
+  EXPECT_THROW_MSG(PagedKVCache(4, 16, 1, 32, {}, KVDtype::INT4), ValueError,
+                   "int4 cache's keys are quantized per channel over groups of 32 tokens, whole in a page: "
+                   "page_size must be a multiple of 32, got 16");
+  PagedKVCache c(3, 32, 2, 32, {}, KVDtype::INT4);
+  const int64_t a = c.add_sequence();
+  append_one(c, a, 40, 1);  // two pages
+  const int64_t f = c.fork(a), g = c.add_sequence();
+  append_one(c, g, 1, 9);  // the third
+  const auto state = [&] {
+    return std::make_tuple(c.pages_of(a), c.pages_of(f), c.pages_of(g), c.length(a), c.length(g), c.k_bytes(),
+                           c.v_bytes(), c.sequences_state().key_tails);
+  };
+  const auto before = state();
+  EXPECT_THROW_MSG(c.truncate(a, 35), RuntimeError,
+                   "sequence 0's int4 keys 32 .. 34 are quantized again on a page it shares, and no page is free");
+  EXPECT_EQ(state(), before);
+  Tensor<float> bad = tokens(3, 2, 32, 0);
+  bad[32 + 7] = std::numeric_limits<float>::quiet_NaN();
+  const Tensor<int64_t> three({2}, {0, 3});
+  EXPECT_THROW_MSG(c.append({g}, bad.view(), tokens(3, 2, 32, 0).view(), three.view()), ValueError,
+                   "(channel 7 of keys 0 .. 3) (sequence 2, head 1)");
+  EXPECT_EQ(state(), before);
+  const Tensor<float> q({1, 2, 32});
+  const Tensor<int32_t> qo({2}, {0, 1});
+  const Tensor<int32_t> indices({1, 2, 1});
+  EXPECT_THROW_MSG(sparse_attention(q.view(), qo.view(), c, {a}, indices.view()), TypeError,
+                   "sparse_attention reads keys token by token");
+  EXPECT_THROW_MSG(c.k_pages(), TypeError, "this cache stores int4");
+  PagedKVCache::Sequences st = c.sequences_state();
+  st.key_tails[0].pop_back();
+  EXPECT_THROW_MSG(c.restore(c.k_bytes(), c.v_bytes(), st), ValueError,
+                   "sequence 0's key tail must hold (length % 32, kv_heads, head_dim) = 512 values, got 511");
+  EXPECT_THROW_MSG(PagedKVCache(2, 32, 2, 32).restore(PagedKVCache(2, 32, 2, 32).k_bytes(),
+                                                      PagedKVCache(2, 32, 2, 32).v_bytes(), c.sequences_state()),
+                   ValueError, "key_tails are an int4 cache's; this one stores f32");
 }
 
 }  // namespace

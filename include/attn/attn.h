@@ -196,8 +196,9 @@ typedef struct attn_batch_plan attn_batch_plan;
 
 /* num_pages pages of page_size tokens, each kv_heads x head_dim for keys and
    kv_heads x value_head_dim (0: head_dim) for values, stored as dtype (F32,
-   BF16, F16, Q8_0 or Q4_0); layout 0: NHD pages (page_size, kv_heads, D), 1: HND
-   (kv_heads, page_size, D). */
+   BF16, F16, Q8_0, Q4_0, or INT4 with page_size a multiple of 32: keys per
+   channel in groups of 32 tokens, docs/semantics.md); layout 0: NHD pages
+   (page_size, kv_heads, D), 1: HND (kv_heads, page_size, D). */
 int attn_paged_cache_new(int64_t num_pages, int64_t page_size, int64_t kv_heads, int64_t head_dim,
                          int64_t value_head_dim, attn_dtype dtype, int32_t layout, attn_paged_cache** cache);
 int attn_paged_cache_add_sequence(attn_paged_cache* cache, int64_t* seq);

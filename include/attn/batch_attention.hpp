@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "attn/attention.hpp"
+#include "attn/quantize.hpp"
 #include "attn/tensor.hpp"
 
 namespace attn {
@@ -64,7 +65,7 @@ struct BatchAttentionOptions {
 // share and that merge in a fixed order; each chunk reads its keys and
 // values once for every query row and every query head of a GQA group.
 // Longer requests (prefill) run the prefill kernel's tiles over a gathered
-// copy of their pages.
+// copy of their pages (int4's widened to float32, as attention() does).
 class BatchAttentionPlan {
  public:
   // ValueError naming the argument: qo_indptr, kv_indptr, kv_indices or
@@ -80,14 +81,19 @@ class BatchAttentionPlan {
   // q (nnz_q, num_qo_heads, head_dim); k_pages and v_pages the pools,
   // (num_pages, page_size, num_kv_heads, D) for NHD or (num_pages,
   // num_kv_heads, page_size, D) for HND, D = head_dim for K and
-  // value_head_dim for V, of float32, bfloat16, float16 or q8_0 blocks (a
-  // q8_0 pool's last axis counts blocks); any strides. Writes out (nnz_q,
+  // value_head_dim for V, of float32, bfloat16, float16, or q8_0, q4_0 or
+  // int4 blocks (a block pool's last axis counts blocks); any strides. int4
+  // (KIVI's, attn/quantize.hpp) holds keys per channel in groups of 32
+  // tokens, page_size / 32 groups a page (page_size a multiple of 32):
+  // k_pages (num_pages, page_size / 32, num_kv_heads, head_dim) blocks for
+  // NHD, (num_pages, num_kv_heads, page_size / 32, head_dim) for HND; a
+  // request's last partial group holds its last keys. Writes out (nnz_q,
   // num_qo_heads, value_head_dim) and, unless an empty view, lse (nnz_q,
   // num_qo_heads): the natural log of each row's softmax denominator,
   // FlashInfer's layout (its lse is base 2: lse / ln 2). A row with no
   // allowed key gives zeros and lse −∞ (the sink's logit with sinks).
   template <class KV>
-    requires AttentionTypes<float, KV>
+    requires ForwardTypes<float, KV>
   void run(TensorView<const float> q, TensorView<const KV> k_pages, TensorView<const KV> v_pages,
            TensorView<float> out, TensorView<float> lse = {}) const;
 
@@ -108,13 +114,23 @@ class BatchAttentionPlan {
   AttentionOptions options_;
 };
 
+// A float32 key pool (num_pages, page_size, num_kv_heads, head_dim) for NHD
+// or (num_pages, num_kv_heads, page_size, head_dim) for HND, any strides, as
+// int4 key pages: each page's groups of 32 slots quantized per channel
+// (quantize_int4_keys), (num_pages, page_size / 32, num_kv_heads, head_dim)
+// or (num_pages, num_kv_heads, page_size / 32, head_dim) blocks. Values are
+// per token: quantize_int4_values of their pool. ValueError for a pool that
+// is not 4-D, a page_size that is not a multiple of 32, or a value int4
+// cannot hold (naming its page, head and channel).
+Tensor<block_int4> quantize_int4_key_pages(TensorView<const float> k_pages, PageLayout layout = PageLayout::NHD);
+
 // One call: the plan, run once. out (and lse when return_lse) allocated.
 struct BatchAttentionResult {
   Tensor<float> out;  // (nnz_q, num_qo_heads, value_head_dim)
   Tensor<float> lse;  // (nnz_q, num_qo_heads) with return_lse; empty otherwise
 };
 template <class KV>
-  requires AttentionTypes<float, KV>
+  requires ForwardTypes<float, KV>
 BatchAttentionResult batch_attention(TensorView<const float> q, TensorView<const int32_t> qo_indptr,
                                      TensorView<const KV> k_pages, TensorView<const KV> v_pages,
                                      TensorView<const int32_t> kv_indptr, TensorView<const int32_t> kv_indices,

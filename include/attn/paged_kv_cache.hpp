@@ -8,6 +8,13 @@
 // appends. Keys are stored as given (rotated, as in KVCache: the layer
 // rotates them before appending).
 //
+// int4 (KIVI, attn/quantize.hpp) stores values per token and keys per
+// channel in groups of 32 tokens: a page of page_size tokens (a multiple of
+// 32) holds page_size / 32 groups of keys. As in KVCache, each sequence's
+// last partial group is also kept in float32 (its key tail) and its blocks
+// are quantized again at each append, so a sequence's keys are always
+// quantize_int4_keys of every key it holds.
+//
 // Threading: any number of concurrent readers (length, positions,
 // page_table, pages, batch attention over the cache) or one writer
 // (add_sequence, append, fork, truncate, remove). A call that overlaps a
@@ -72,8 +79,8 @@ class ReadersOrWriter {
 class PagedKVCache {
  public:
   // ValueError for a size below 1 (num_pages, page_size, kv_heads) or below
-  // 0 (the head dims), or a q8_0 or q4_0 head dim that is not a multiple of
-  // 32.
+  // 0 (the head dims), a q8_0, q4_0 or int4 head dim that is not a multiple
+  // of 32, or an int4 page_size that is not.
   PagedKVCache(int64_t num_pages, int64_t page_size, int64_t kv_heads, int64_t head_dim,
                std::optional<int64_t> value_head_dim = {}, KVDtype dtype = KVDtype::F32,
                PageLayout layout = PageLayout::NHD);
@@ -87,7 +94,7 @@ class PagedKVCache {
   // idea), rows of two types that attention reads through latent_rows' float32
   // copy: read_pools, run, the pools and batch_attention refuse them
   // (TypeError). ValueError for a kv_lora_rank below 1, a rope_dim below 0,
-  // q8_0 with a kv_lora_rank that is not a multiple of 32, or q4_0.
+  // q8_0 with a kv_lora_rank that is not a multiple of 32, q4_0 or int4.
   static PagedKVCache latent(int64_t num_pages, int64_t page_size, int64_t kv_lora_rank, int64_t rope_dim,
                              KVDtype dtype = KVDtype::F32);
   // A latent cache's kv_lora_rank; 0 for a cache of keys and values apart.
@@ -118,7 +125,12 @@ class PagedKVCache {
               TensorView<const int64_t> append_indptr);
   // A new sequence holding seq's tokens, sharing its pages.
   int64_t fork(int64_t seq);
-  // Keeps the first `length` tokens (0 <= length <= length(seq)).
+  // Keeps the first `length` tokens (0 <= length <= length(seq)). int4:
+  // the group `length` ends inside becomes the key tail, its keys taken from
+  // the float32 tail when it was the last group already, else as its blocks
+  // hold them (a full group's float32 keys are not kept), and its blocks are
+  // quantized again from them; RuntimeError when that group's page is shared
+  // and no page is free for its copy.
   void truncate(int64_t seq, int64_t length);
 
   int64_t length(int64_t seq) const;
@@ -130,7 +142,8 @@ class PagedKVCache {
   // Distinct pages the live sequences reference, and pages free.
   int64_t pages_in_use() const;
   int64_t free_pages() const;
-  // pages_in_use() × page_size × the bytes of one token's keys and values.
+  // pages_in_use() × the bytes of a page's keys and values, and an int4
+  // cache's key tails (float32).
   int64_t nbytes() const;
   // The pages of seq, in order.
   std::vector<int32_t> pages_of(int64_t seq) const;
@@ -150,8 +163,11 @@ class PagedKVCache {
            TensorView<float> lse = {}) const;
 
   // f(k_pages, v_pages): the pools as views of their storage type (float,
-  // bfloat16, float16, block_q8_0 or block_q4_0, whose last axis counts blocks), for
-  // the kernels over pages; as a reader, the views valid while f runs.
+  // bfloat16, float16, block_q8_0, block_q4_0 or block_int4, whose last axis
+  // counts blocks; int4's keys (num_pages, page_size / 32, kv_heads,
+  // head_dim) for NHD, (num_pages, kv_heads, page_size / 32, head_dim) for
+  // HND), for the kernels over pages; as a reader, the views valid while f
+  // runs.
   // A latent cache's value pool is the first kv_lora_rank columns of its
   // key pool (q8_0's two-type rows: TypeError).
   template <class F>
@@ -166,14 +182,17 @@ class PagedKVCache {
     }, k_);
   }
 
-  // The pools as bytes (pickling); restore_pages puts back pools of the same
-  // size and the sequences (each id's pages and length) with the next id.
-  // restore_pages: ValueError naming what does not fit, the cache then as
-  // before.
+  // The pools as bytes (pickling); restore puts back pools of the same
+  // size and the sequences (each id's pages and length, and an int4
+  // cache's key tails) with the next id. restore: ValueError naming what
+  // does not fit, the cache then as before.
   struct Sequences {
     std::vector<int64_t> ids, lengths;
     std::vector<std::vector<int32_t>> pages;
     int64_t next_id = 0;
+    // int4: each sequence's key tail, (length % 32, kv_heads, head_dim)
+    // float32; none given to restore: the keys as their blocks hold them.
+    std::vector<std::vector<float>> key_tails;
   };
   std::vector<uint8_t> k_bytes() const;
   std::vector<uint8_t> v_bytes() const;
@@ -181,17 +200,19 @@ class PagedKVCache {
   void restore(const std::vector<uint8_t>& k_bytes, const std::vector<uint8_t>& v_bytes, const Sequences& state);
 
  private:
-  using Pool = std::variant<Tensor<float>, Tensor<bfloat16>, Tensor<float16>, Tensor<block_q8_0>, Tensor<block_q4_0>>;
+  using Pool = std::variant<Tensor<float>, Tensor<bfloat16>, Tensor<float16>, Tensor<block_q8_0>, Tensor<block_q4_0>,
+                            Tensor<block_int4>>;
   struct Sequence {
     std::vector<int32_t> pages;
     int64_t length = 0;
+    std::vector<float> key_tail;  // int4: the last partial group's keys, (length % 32, kv_heads, head_dim)
   };
   const Sequence& find(int64_t seq, const char* who) const;
   int32_t take_page();
   void release(int32_t page);
   // Copies every slot of page `from` to page `to`, keys and values.
   void copy_page(int32_t from, int32_t to);
-  int64_t bytes_per_token() const;
+  int64_t bytes_per_page() const;
   // TypeError naming `who` for a q8_0 latent cache (whose rows are two types).
   void refuse_two_type_rows(const char* who) const;
 
@@ -220,7 +241,8 @@ BatchAttentionResult batch_attention(TensorView<const float> q, TensorView<const
 // serving): request r is sequence seq_ids[r], whose queries are rows
 // qo_indptr[r] .. qo_indptr[r + 1] of q (nnz_q, num_qo_heads, head_dim) and
 // whose indices (nnz_q, kv_heads or 1, topk) name positions in that
-// sequence; the pools' form (sparse_attention.hpp) over its pages.
+// sequence; the pools' form (sparse_attention.hpp) over its pages. An
+// int4 cache: TypeError (sparse_attention reads keys token by token).
 SparseAttentionResult<float> sparse_attention(TensorView<const float> q, TensorView<const int32_t> qo_indptr,
                                               const PagedKVCache& cache, const std::vector<int64_t>& seq_ids,
                                               TensorView<const int32_t> indices,

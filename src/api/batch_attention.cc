@@ -108,12 +108,18 @@ BatchAttentionPlan::BatchAttentionPlan(TensorView<const int32_t> qo_indptr, Tens
 }
 
 template <class KV>
-  requires AttentionTypes<float, KV>
+  requires ForwardTypes<float, KV>
 void BatchAttentionPlan::run(TensorView<const float> q, TensorView<const KV> k_pages, TensorView<const KV> v_pages,
                              TensorView<float> out, TensorView<float> lse) const {
   constexpr int64_t kBlock = kBlockValues<KV>;
-  const auto pool_shape = [&](int64_t d) {
-    return detail::pool_shape(layout_, k_pages.rank() == 4 ? k_pages.dim(0) : 0, page_size_, heads_kv_, d);
+  // int4's keys: a row of head_dim blocks per group of 32 tokens.
+  constexpr bool key_groups = std::is_same_v<KV, block_int4>;
+  if (key_groups && page_size_ % kInt4Group != 0)
+    fail("int4 pages hold keys in groups of 32 tokens: page_size must be a multiple of 32, got " +
+         std::to_string(page_size_));
+  const int64_t k_page_rows = key_groups ? page_size_ / kInt4Group : page_size_;
+  const auto pool_shape = [&](int64_t rows, int64_t d) {
+    return detail::pool_shape(layout_, k_pages.rank() == 4 ? k_pages.dim(0) : 0, rows, heads_kv_, d);
   };
   const auto check = [&](const char* name, const Shape& got, const Shape& want, const char* what) {
     if (got != want)
@@ -122,8 +128,13 @@ void BatchAttentionPlan::run(TensorView<const float> q, TensorView<const KV> k_p
   check("q", q.shape(), {nnz_q(), heads_q_, d_}, "(nnz_q, num_qo_heads, head_dim)");
   const char* pool_what = layout_ == PageLayout::NHD ? "(num_pages, page_size, num_kv_heads, D) (NHD)"
                                                      : "(num_pages, num_kv_heads, page_size, D) (HND)";
-  check("k_pages", core::logical_shape(k_pages), pool_shape(d_), pool_what);
-  check("v_pages", core::logical_shape(v_pages), pool_shape(d_v_), pool_what);
+  if constexpr (key_groups)
+    check("k_pages", k_pages.shape(), pool_shape(k_page_rows, d_),
+          layout_ == PageLayout::NHD ? "int4 key groups (num_pages, page_size / 32, num_kv_heads, head_dim) (NHD)"
+                                     : "int4 key groups (num_pages, num_kv_heads, page_size / 32, head_dim) (HND)");
+  else
+    check("k_pages", core::logical_shape(k_pages), pool_shape(page_size_, d_), pool_what);
+  check("v_pages", core::logical_shape(v_pages), pool_shape(page_size_, d_v_), pool_what);
   if (max_page_ >= k_pages.dim(0))
     fail("kv_indices must be below num_pages = " + std::to_string(k_pages.dim(0)) + ", got page " +
          std::to_string(max_page_));
@@ -147,7 +158,7 @@ void BatchAttentionPlan::run(TensorView<const float> q, TensorView<const KV> k_p
     const int64_t n_q = qo_len(r), n_k = kv_len(r), begin = qo_indptr_[r];
     if (n_q == 0) continue;
     const int32_t* pages = kv_indices_.data() + kv_indptr_[r];
-    const core::Operand<const KV> k_op = detail::paged_operand(k_pages, layout_, pages, page_size_);
+    const core::Operand<const KV> k_op = detail::paged_operand(k_pages, layout_, pages, k_page_rows);
     const core::Operand<const KV> v_op = detail::paged_operand(v_pages, layout_, pages, page_size_);
     const TensorView<float> lse_r =
         lse.empty_view() ? TensorView<float>()
@@ -156,7 +167,9 @@ void BatchAttentionPlan::run(TensorView<const float> q, TensorView<const KV> k_p
     const bool* mask = mask_.numel() > 0 ? mask_.data() + mask_offset_[static_cast<size_t>(r)] : nullptr;
     if (!kernels::decode_suits(n_q)) {
       // Prefill: the plan of attention() over the request's pages gathered.
-      const Tensor<KV> k = gather(k_op, heads_kv_, n_k, d_ / kBlock), v = gather(v_op, heads_kv_, n_k, d_v_ / kBlock);
+      const Tensor<KV> k = key_groups ? gather(k_op, heads_kv_, (n_k + kInt4Group - 1) / kInt4Group, d_)
+                                      : gather(k_op, heads_kv_, n_k, d_ / kBlock);
+      const Tensor<KV> v = gather(v_op, heads_kv_, n_k, d_v_ / kBlock);
       AttentionMasks masks;
       if (mask) masks.first = AttentionMask{TensorView<const bool>(mask, {n_q, n_k}), MaskConvention::TrueAllows};
       const AttentionPlan<float, KV> plan(detail::rows_of(q, begin, n_q), k.view(), v.view(), options_, masks);
@@ -202,8 +215,36 @@ void BatchAttentionPlan::run(TensorView<const float> q, TensorView<const KV> k_p
   if (out_staged.numel() > 0) copy<float, float>(out_staged.view(), out_given);
 }
 
+Tensor<block_int4> quantize_int4_key_pages(TensorView<const float> k_pages, PageLayout layout) {
+  const auto refuse = [](const std::string& msg) { throw ValueError("quantize_int4_key_pages: " + msg); };
+  const bool nhd = layout == PageLayout::NHD;
+  if (k_pages.rank() != 4) refuse("k_pages must be a 4-D pool, got shape " + shape_str(k_pages.shape()));
+  const int64_t pages = k_pages.dim(0), size = k_pages.dim(nhd ? 1 : 2), heads = k_pages.dim(nhd ? 2 : 1),
+                d = k_pages.dim(3), groups = size / kInt4Group;
+  if (size % kInt4Group != 0)
+    refuse("int4 pages hold keys in groups of 32 tokens: page_size must be a multiple of 32, got " + std::to_string(size));
+  Tensor<block_int4> out(detail::pool_shape(layout, pages, groups, heads, d));
+  std::vector<float> keys(static_cast<size_t>(kInt4Group * d));
+  for (int64_t p = 0; p < pages; ++p)
+    for (int64_t h = 0; h < heads; ++h)
+      for (int64_t g = 0; g < groups; ++g) {
+        for (int64_t t = 0; t < kInt4Group; ++t)
+          for (int64_t c = 0; c < d; ++c) {
+            const int64_t slot = g * kInt4Group + t;
+            keys[static_cast<size_t>(t * d + c)] = nhd ? k_pages.at({p, slot, h, c}) : k_pages.at({p, h, slot, c});
+          }
+        try {
+          const int64_t row = nhd ? (p * groups + g) * heads + h : (p * heads + h) * groups + g;
+          quantize_int4_key_rows(keys.data(), kInt4Group, d, out.data() + row * d, g * kInt4Group);
+        } catch (const ValueError& e) {
+          refuse(std::string(e.what()) + " (page " + std::to_string(p) + ", head " + std::to_string(h) + ")");
+        }
+      }
+  return out;
+}
+
 template <class KV>
-  requires AttentionTypes<float, KV>
+  requires ForwardTypes<float, KV>
 BatchAttentionResult batch_attention(TensorView<const float> q, TensorView<const int32_t> qo_indptr,
                                      TensorView<const KV> k_pages, TensorView<const KV> v_pages,
                                      TensorView<const int32_t> kv_indptr, TensorView<const int32_t> kv_indices,
@@ -214,9 +255,11 @@ BatchAttentionResult batch_attention(TensorView<const float> q, TensorView<const
     fail("k_pages and v_pages must be 4-D pools, got " + shape_str(core::logical_shape(k_pages)) + " and " +
          shape_str(core::logical_shape(v_pages)));
   const bool nhd = layout == PageLayout::NHD;
+  // (int4's keys: head_dim blocks per group; its values give the page size.)
+  const int64_t head_dim = std::is_same_v<KV, block_int4> ? k_pages.dim(3) : core::logical_shape(k_pages)[3];
   const BatchAttentionPlan plan(qo_indptr, kv_indptr, kv_indices, kv_last_page_len, q.dim(1),
-                                k_pages.dim(nhd ? 2 : 1), core::logical_shape(k_pages)[3],
-                                k_pages.dim(nhd ? 1 : 2), options, core::logical_shape(v_pages)[3], layout);
+                                k_pages.dim(nhd ? 2 : 1), head_dim, v_pages.dim(nhd ? 1 : 2), options,
+                                core::logical_shape(v_pages)[3], layout);
   BatchAttentionResult r{Tensor<float>(plan.output_shape()), return_lse ? Tensor<float>(plan.lse_shape()) : Tensor<float>()};
   plan.run(q, k_pages, v_pages, r.out.view(), return_lse ? r.lse.view() : TensorView<float>());
   return r;
@@ -233,6 +276,7 @@ BatchAttentionResult batch_attention(TensorView<const float> q, TensorView<const
 #define ATTN_BATCH_INSTANTIATE_IF_float(KV) ATTN_BATCH_INSTANTIATE(float, KV)
 #define ATTN_BATCH_INSTANTIATE_IF_double(KV)
 ATTN_FOR_EACH_ATTENTION_TYPE(ATTN_BATCH_INSTANTIATE_FLOAT)
+ATTN_BATCH_INSTANTIATE(float, block_int4)
 #undef ATTN_BATCH_INSTANTIATE_IF_double
 #undef ATTN_BATCH_INSTANTIATE_IF_float
 #undef ATTN_BATCH_INSTANTIATE_FLOAT

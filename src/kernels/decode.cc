@@ -115,7 +115,8 @@ Split SplitOf(const core::AttentionProblem<float>& p) {
   const auto& k = p.kv == core::KVStorage::Native ? p.k.pages : p.k_stored.pages;
   const int64_t head_stride = p.kv == core::KVStorage::Native ? p.k.head_stride : p.k_stored.head_stride;
   const int64_t row_stride = p.kv == core::KVStorage::Native ? p.k.row_stride : p.k_stored.row_stride;
-  if (!k || p.heads_kv == 1 || std::abs(head_stride) >= std::abs(row_stride)) return {1, kDecodeChunk};
+  if (!k || p.heads_kv == 1 || std::abs(head_stride) >= std::abs(row_stride) || p.kv == core::KVStorage::Int4)
+    return {1, kDecodeChunk};  // (Int4ChunkKeys reads one head)
   return {p.heads_kv, std::max<int64_t>(64, kDecodeChunk / p.heads_kv / 64 * 64)};
 }
 
@@ -313,8 +314,10 @@ struct ChunkKeys {
 };
 
 // ChunkKeys's Scores and Values for KIVI's int4: keys j0 .. j0 + jn (j0 a
-// multiple of 32) group by group (decode_int4-inl.h), one kv head (int4 is
-// not paged), the next group's keys and this group's values fetched ahead.
+// multiple of 32) group by group (decode_int4-inl.h), one kv head, the next
+// group's keys and this group's values fetched ahead; paged, a page holds
+// whole groups (its keys' operand counts rows in groups), and P·V goes page
+// run by page run.
 struct Int4ChunkKeys {
   const core::AttentionProblem<float>& p;
   int64_t b, h, R, j0;
@@ -335,13 +338,15 @@ struct Int4ChunkKeys {
     }
   }
   HWY_INLINE void Values(DF d, int64_t from, int64_t to, const float* s, int64_t s_stride, float* o, int64_t dvp) const {
+    for (int64_t j = from, n; j < to; j += n) {
+      n = p.v_stored.rows_in_page(j0 + j, j0 + to);
+      const block_int4* v = ValueRow<block_int4>(p, b, h, j0 + j);
 #if ATTN_INT4_VALUES
-    Int4Values(d, R, s, s_stride, to - from, ValueRow<block_int4>(p, b, h, j0 + from), ValueStride<block_int4>(p), p.d_v,
-               o, dvp, values_scratch);
+      Int4Values(d, R, s + j - from, s_stride, n, v, ValueStride<block_int4>(p), p.d_v, o, dvp, values_scratch);
 #else
-    AccumulateValues(d, R, s, s_stride, to - from, ValueRow<block_int4>(p, b, h, j0 + from), ValueStride<block_int4>(p),
-                     p.d_v, o, dvp);
+      AccumulateValues(d, R, s + j - from, s_stride, n, v, ValueStride<block_int4>(p), p.d_v, o, dvp);
 #endif
+    }
   }
 };
 static_assert(kDecodeChunk % kInt4Group == 0, "int4 chunks are whole groups of keys");

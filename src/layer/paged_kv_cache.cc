@@ -50,9 +50,59 @@ Tensor<S> pool_of(PageLayout layout, int64_t pages, int64_t page_size, int64_t h
 }
 
 // Row (page, slot, head) of a pool.
-template <class S>
-S* row_at(Tensor<S>& pool, PageLayout layout, int64_t page, int64_t slot, int64_t head) {
+template <class P>
+auto* row_at(P& pool, PageLayout layout, int64_t page, int64_t slot, int64_t head) {
   return layout == PageLayout::NHD ? &pool.at({page, slot, head, 0}) : &pool.at({page, head, slot, 0});
+}
+
+// int4: the blocks of key group g (tokens 32g .. 32g + 31) of a sequence's
+// pages, head h: page_size / 32 groups a page.
+template <class P>
+auto* group_at(P& pool, PageLayout layout, const std::vector<int32_t>& pages, int64_t page_size, int64_t g, int64_t h) {
+  const int64_t token = g * kInt4Group;
+  return row_at(pool, layout, pages[static_cast<size_t>(token / page_size)], token % page_size / kInt4Group, h);
+}
+
+// int4: keys t < count of group g as its blocks hold them, (count, heads, d).
+std::vector<float> held_keys(const Tensor<block_int4>& pool, PageLayout layout, const std::vector<int32_t>& pages,
+                             int64_t page_size, int64_t g, int64_t count, int64_t heads, int64_t d) {
+  std::vector<float> keys(static_cast<size_t>(count * heads * d));
+  for (int64_t h = 0; h < heads && count > 0; ++h) {
+    const block_int4* row = group_at(pool, layout, pages, page_size, g, h);
+    for (int64_t t = 0; t < count; ++t)
+      for (int64_t c = 0; c < d; ++c) keys[static_cast<size_t>((t * heads + h) * d + c)] = int4_value(row[c], t);
+  }
+  return keys;
+}
+
+// int4: a sequence's keys from group `first` on, its tail (held tokens,
+// (held, heads, d)) then `n` new keys (n, heads, d), any strides: blocks
+// (heads, groups, d) and the new tail. ValueError naming the sequence and
+// head for a value int4 cannot hold.
+struct Int4Keys {
+  Tensor<block_int4> groups;
+  std::vector<float> tail;
+};
+Int4Keys int4_keys(const std::vector<float>& tail, int64_t held, TensorView<const float> k, int64_t first,
+                   const char* who, int64_t seq) {
+  const int64_t n = k.dim(0), heads = k.dim(1), d = k.dim(2), rows = held + n, kept = rows % kInt4Group;
+  Int4Keys out{Tensor<block_int4>({heads, (rows + kInt4Group - 1) / kInt4Group, d}),
+               std::vector<float>(static_cast<size_t>(kept * heads * d))};
+  std::vector<float> keys(static_cast<size_t>(rows * d));
+  for (int64_t h = 0; h < heads; ++h) {
+    for (int64_t t = 0; t < rows; ++t)
+      for (int64_t c = 0; c < d; ++c)
+        keys[static_cast<size_t>(t * d + c)] = t < held ? tail[static_cast<size_t>((t * heads + h) * d + c)]
+                                                        : k.at({t - held, h, c});
+    try {
+      quantize_int4_key_rows(keys.data(), rows, d, out.groups.data() + h * out.groups.dim(1) * d, first * kInt4Group);
+    } catch (const ValueError& e) {
+      fail(who, std::string(e.what()) + " (sequence " + std::to_string(seq) + ", head " + std::to_string(h) + ")");
+    }
+    for (int64_t t = 0; t < kept; ++t)
+      std::copy_n(keys.data() + (rows - kept + t) * d, d, out.tail.data() + (t * heads + h) * d);
+  }
+  return out;
 }
 
 // The tokens of x (n, heads, cols), any strides, as (n, heads, row) in the
@@ -93,9 +143,9 @@ PagedKVCache::PagedKVCache(int64_t num_pages, int64_t page_size, int64_t kv_head
   at_least("head_dim", head_dim, 0);
   at_least("value_head_dim", value_head_dim_, 0);
   if (num_pages > INT32_MAX) fail("PagedKVCache", "num_pages must fit int32 page numbers, got " + std::to_string(num_pages));
-  if (dtype == KVDtype::INT4)
-    fail("PagedKVCache", "int4 pages are not offered yet: int4 keys are quantized per channel over groups of 32 "
-                         "tokens, which pages of rows do not hold (pass q4_0 for 4-bit pages)");
+  if (dtype == KVDtype::INT4 && page_size % kInt4Group != 0)
+    fail("PagedKVCache", "an int4 cache's keys are quantized per channel over groups of 32 tokens, whole in a page: "
+                         "page_size must be a multiple of 32, got " + std::to_string(page_size));
   if (is_block_dtype(dtype) && (head_dim % 32 != 0 || value_head_dim_ % 32 != 0))
     fail("PagedKVCache", std::string("a ") + kv_dtype_name(dtype) + " cache stores rows in blocks of 32: head_dim and "
                          "value_head_dim must be multiples of 32, got " + std::to_string(head_dim) + " and " +
@@ -109,7 +159,13 @@ PagedKVCache::PagedKVCache(int64_t num_pages, int64_t page_size, int64_t kv_head
     case KVDtype::F16: k_ = make(float16{}, head_dim_), v_ = make(float16{}, value_head_dim_); break;
     case KVDtype::Q8_0: k_ = make(block_q8_0{}, head_dim_), v_ = make(block_q8_0{}, value_head_dim_); break;
     case KVDtype::Q4_0: k_ = make(block_q4_0{}, head_dim_), v_ = make(block_q4_0{}, value_head_dim_); break;
-    case KVDtype::INT4: break;  // (refused above)
+    case KVDtype::INT4: {  // keys: a row of head_dim blocks (one per channel) per group of 32 tokens
+      const int64_t groups = page_size / kInt4Group;
+      k_ = Tensor<block_int4>(layout == PageLayout::NHD ? Shape{num_pages, groups, kv_heads, head_dim_}
+                                                        : Shape{num_pages, kv_heads, groups, head_dim_});
+      v_ = make(block_int4{}, value_head_dim_);
+      break;
+    }
   }
   refs_.assign(static_cast<size_t>(num_pages), 0);
   for (int64_t p = num_pages - 1; p >= 0; --p) free_list_.push_back(static_cast<int32_t>(p));
@@ -190,11 +246,11 @@ void PagedKVCache::copy_page(int32_t from, int32_t to) {
   std::visit(copy, v_);
 }
 
-int64_t PagedKVCache::bytes_per_token() const {
+int64_t PagedKVCache::bytes_per_page() const {
   const auto bytes = [](const Pool& p) {
     return std::visit([](const auto& t) { return t.numel() * static_cast<int64_t>(sizeof(*t.data())); }, p);
   };
-  return (bytes(k_) + bytes(v_)) / (num_pages_ * page_size_);
+  return (bytes(k_) + bytes(v_)) / num_pages_;
 }
 
 int64_t PagedKVCache::add_sequence() {
@@ -226,9 +282,40 @@ void PagedKVCache::truncate(int64_t seq, int64_t length) {
     fail("truncate", "length must be in [0, " + std::to_string(s.length) + "] (sequence " + std::to_string(seq) +
                          "'s length), got " + std::to_string(length));
   const auto keep = static_cast<size_t>((length + page_size_ - 1) / page_size_);
+  // int4: the group `length` ends inside, its keys and blocks (before anything changes).
+  const int64_t group = length / kInt4Group, kept = length % kInt4Group;
+  std::vector<float> tail;
+  Int4Keys blocks;
+  bool copy_last = false;
+  if (dtype_ == KVDtype::INT4 && kept > 0) {
+    const auto& pool = std::get<Tensor<block_int4>>(k_);
+    tail = group == s.length / kInt4Group
+               ? std::vector<float>(s.key_tail.begin(), s.key_tail.begin() + kept * kv_heads_ * head_dim_)
+               : held_keys(pool, layout_, s.pages, page_size_, group, kept, kv_heads_, head_dim_);
+    blocks = int4_keys(tail, kept, TensorView<const float>(nullptr, {0, kv_heads_, head_dim_}), group, "truncate", seq);
+    copy_last = refs_[static_cast<size_t>(s.pages[keep - 1])] > 1;
+    int64_t freed = 0;
+    for (size_t i = keep; i < s.pages.size(); ++i) freed += refs_[static_cast<size_t>(s.pages[i])] == 1;
+    if (copy_last && free_list_.empty() && freed == 0)
+      throw RuntimeError("PagedKVCache.truncate: sequence " + std::to_string(seq) + "'s int4 keys " +
+                         std::to_string(group * kInt4Group) + " .. " + std::to_string(length - 1) +
+                         " are quantized again on a page it shares, and no page is free for its copy; nothing "
+                         "was truncated");
+  }
   for (size_t i = keep; i < s.pages.size(); ++i) release(s.pages[i]);
   s.pages.resize(keep);
   s.length = length;
+  if (dtype_ != KVDtype::INT4) return;
+  if (copy_last) {
+    const int32_t copy = take_page();
+    copy_page(s.pages.back(), copy);
+    release(s.pages.back());
+    s.pages.back() = copy;
+  }
+  auto& pool = std::get<Tensor<block_int4>>(k_);
+  for (int64_t h = 0; h < kv_heads_ && kept > 0; ++h)
+    std::copy_n(blocks.groups.data() + h * head_dim_, head_dim_, group_at(pool, layout_, s.pages, page_size_, group, h));
+  s.key_tail = std::move(tail);
 }
 
 void PagedKVCache::append(const std::vector<int64_t>& seq_ids, TensorView<const float> k, TensorView<const float> v,
@@ -291,7 +378,22 @@ void PagedKVCache::append(const std::vector<int64_t>& seq_ids, TensorView<const 
       [&](auto& k_pool, auto& v_pool) {
         using SK = std::remove_cvref_t<decltype(*k_pool.data())>;
         using SV = std::remove_cvref_t<decltype(*v_pool.data())>;
-        const Tensor<SK> k_rows = staged<SK>(k_part);  // (may refuse a value)
+        constexpr bool key_groups = std::is_same_v<SK, block_int4>;
+        // (Each may refuse a value.) int4's keys: each sequence's groups from its tail's on.
+        const Tensor<SK> k_rows = key_groups ? Tensor<SK>() : staged<SK>(k_part);
+        std::vector<Int4Keys> k_groups;
+        if constexpr (key_groups)
+          for (int64_t i = 0; i < n; ++i) {
+            const int64_t id = seq_ids[static_cast<size_t>(i)];
+            const Sequence& s = sequences_.at(id);
+            if (at(i + 1) == at(i)) {
+              k_groups.emplace_back();
+              continue;
+            }
+            const TensorView<const float> added(k.data() + at(i) * k.stride(0), {at(i + 1) - at(i), kv_heads_, head_dim_},
+                                                k.strides());
+            k_groups.push_back(int4_keys(s.key_tail, s.length % kInt4Group, added, s.length / kInt4Group, who, id));
+          }
         const Tensor<SV> v_rows = staged<SV>(v_part);
         const int64_t k_row = k_pool.dim(3), v_row = v_pool.dim(3);
         for (int64_t i = 0; i < n; ++i) {
@@ -303,13 +405,22 @@ void PagedKVCache::append(const std::vector<int64_t>& seq_ids, TensorView<const 
             release(s.pages.back());
             s.pages.back() = copy;
           }
+          const int64_t first_group = s.length / kInt4Group;
           for (int64_t t = at(i); t < at(i + 1); ++t, ++s.length) {
             if (s.length % page_size_ == 0) s.pages.push_back(take_page());
             const int64_t page = s.pages.back(), slot = s.length % page_size_;
             for (int64_t h = 0; h < kv_heads_; ++h) {
-              std::copy_n(k_rows.data() + (t * kv_heads_ + h) * k_row, k_row, row_at(k_pool, layout_, page, slot, h));
+              if constexpr (!key_groups)
+                std::copy_n(k_rows.data() + (t * kv_heads_ + h) * k_row, k_row, row_at(k_pool, layout_, page, slot, h));
               std::copy_n(v_rows.data() + (t * kv_heads_ + h) * v_row, v_row, row_at(v_pool, layout_, page, slot, h));
             }
+          }
+          if constexpr (key_groups) {
+            Int4Keys& g = k_groups[static_cast<size_t>(i)];
+            for (int64_t h = 0; h < kv_heads_; ++h)
+              for (int64_t j = 0; j < g.groups.dim(1); ++j)
+                std::copy_n(g.groups.data() + (h * g.groups.dim(1) + j) * k_row, k_row, group_at(k_pool, layout_, s.pages, page_size_, first_group + j, h));
+            s.key_tail = std::move(g.tail);
           }
         }
       },
@@ -350,7 +461,12 @@ int64_t PagedKVCache::free_pages() const {
   return static_cast<int64_t>(free_list_.size());
 }
 
-int64_t PagedKVCache::nbytes() const { return pages_in_use() * page_size_ * bytes_per_token(); }
+int64_t PagedKVCache::nbytes() const {
+  const auto held = access_.read("nbytes");
+  int64_t tails = 0;
+  for (const auto& [id, s] : sequences_) tails += static_cast<int64_t>(s.key_tail.size() * sizeof(float));
+  return (num_pages_ - static_cast<int64_t>(free_list_.size())) * bytes_per_page() + tails;
+}
 
 PageTable PagedKVCache::page_table(const std::vector<int64_t>& seq_ids) const {
   const auto held = access_.read("page_table");
@@ -380,41 +496,6 @@ TensorView<const float> PagedKVCache::v_pages() const {
   return std::get<Tensor<float>>(v_).view();
 }
 
-void PagedKVCache::run(const BatchAttentionPlan& plan, TensorView<const float> q, TensorView<float> out,
-                       TensorView<float> lse) const {
-  read_pools("run", [&](auto k, auto v) { plan.run(q, k, v, out, lse); });
-}
-
-BatchAttentionResult batch_attention(TensorView<const float> q, TensorView<const int32_t> qo_indptr,
-                                     const PagedKVCache& cache, const std::vector<int64_t>& seq_ids,
-                                     const BatchAttentionOptions& options, bool return_lse) {
-  if (q.rank() != 3)
-    throw ValueError("batch_attention: q must be (nnz_q, num_qo_heads, head_dim), got shape " + shape_str(q.shape()));
-  // The page table and the pools under one read: no writer between them.
-  return cache.read_pools("batch_attention", [&](auto k, auto v) {
-    const PageTable t = cache.page_table(seq_ids);
-    const BatchAttentionPlan plan(qo_indptr, t.kv_indptr.view(), t.kv_indices.view(), t.kv_last_page_len.view(),
-                                  q.dim(1), cache.kv_heads(), cache.head_dim(), cache.page_size(), options,
-                                  cache.value_head_dim(), cache.layout());
-    BatchAttentionResult r{Tensor<float>(plan.output_shape()),
-                           return_lse ? Tensor<float>(plan.lse_shape()) : Tensor<float>()};
-    plan.run(q, k, v, r.out.view(), return_lse ? r.lse.view() : TensorView<float>());
-    return r;
-  });
-}
-
-SparseAttentionResult<float> sparse_attention(TensorView<const float> q, TensorView<const int32_t> qo_indptr,
-                                              const PagedKVCache& cache, const std::vector<int64_t>& seq_ids,
-                                              TensorView<const int32_t> indices,
-                                              const SparseAttentionOptions& options) {
-  // The page table and the pools under one read: no writer between them.
-  return cache.read_pools("sparse_attention", [&](auto k, auto v) {
-    const PageTable t = cache.page_table(seq_ids);
-    return sparse_attention(q, qo_indptr, k, v, t.kv_indptr.view(), t.kv_indices.view(), t.kv_last_page_len.view(),
-                            indices, options, cache.layout());
-  });
-}
-
 namespace {
 template <class Pool>
 std::vector<uint8_t> bytes_of(const Pool& pool) {
@@ -441,6 +522,7 @@ PagedKVCache::Sequences PagedKVCache::sequences_state() const {
     st.ids.push_back(id);
     st.lengths.push_back(s.length);
     st.pages.push_back(s.pages);
+    if (dtype_ == KVDtype::INT4) st.key_tails.push_back(s.key_tail);
   }
   st.next_id = next_id_;
   return st;
@@ -458,11 +540,15 @@ void PagedKVCache::restore(const std::vector<uint8_t>& k_bytes, const std::vecto
                   " bytes, got " + std::to_string(k_bytes.size()) + " and " + std::to_string(v_bytes.size()));
   if (st.lengths.size() != st.ids.size() || st.pages.size() != st.ids.size())
     fail(who, "ids, lengths and pages must be as many");
+  const bool tails = !st.key_tails.empty();
+  if (tails && (dtype_ != KVDtype::INT4 || st.key_tails.size() != st.ids.size()))
+    fail(who, dtype_ == KVDtype::INT4 ? "key_tails must be none or one per sequence"
+                                      : "key_tails are an int4 cache's; this one stores " + std::string(kv_dtype_name(dtype_)));
   std::vector<int32_t> refs(static_cast<size_t>(num_pages_), 0);
   std::map<int64_t, Sequence> sequences;
   for (size_t i = 0; i < st.ids.size(); ++i) {
     const int64_t id = st.ids[i], length = st.lengths[i];
-    if (id < 0 || id >= st.next_id || !sequences.emplace(id, Sequence{st.pages[i], length}).second)
+    if (id < 0 || id >= st.next_id || !sequences.emplace(id, Sequence{st.pages[i], length, {}}).second)
       fail(who, "sequence ids must be distinct, in [0, next_id), got " + std::to_string(id));
     if (length < 0 || static_cast<int64_t>(st.pages[i].size()) != (length + page_size_ - 1) / page_size_)
       fail(who, "sequence " + std::to_string(id) + " of length " + std::to_string(length) + " cannot hold " +
@@ -471,12 +557,23 @@ void PagedKVCache::restore(const std::vector<uint8_t>& k_bytes, const std::vecto
       if (p < 0 || p >= num_pages_) fail(who, "page " + std::to_string(p) + " is not in the pool");
       ++refs[static_cast<size_t>(p)];
     }
+    const auto tail_size = static_cast<size_t>(length % kInt4Group * kv_heads_ * head_dim_);
+    if (tails && st.key_tails[i].size() != tail_size)
+      fail(who, "sequence " + std::to_string(id) + "'s key tail must hold (length % 32, kv_heads, head_dim) = " +
+                    std::to_string(tail_size) + " values, got " + std::to_string(st.key_tails[i].size()));
   }
   const auto put = [](Pool& pool, const std::vector<uint8_t>& bytes) {
     std::visit([&](auto& t) { std::memcpy(static_cast<void*>(t.data()), bytes.data(), bytes.size()); }, pool);
   };
   put(k_, k_bytes);
   put(v_, v_bytes);
+  if (dtype_ == KVDtype::INT4)
+    for (size_t i = 0; i < st.ids.size(); ++i) {
+      Sequence& s = sequences.at(st.ids[i]);
+      s.key_tail = tails ? st.key_tails[i]
+                         : held_keys(std::get<Tensor<block_int4>>(k_), layout_, s.pages, page_size_,
+                                     s.length / kInt4Group, s.length % kInt4Group, kv_heads_, head_dim_);
+    }
   sequences_ = std::move(sequences);
   refs_ = std::move(refs);
   free_list_.clear();

@@ -1141,6 +1141,58 @@ static void test_paged(void) {
   attn_paged_cache_free(cache);
 }
 
+/* An INT4 paged cache over keys and values int4 holds exactly (on a grid of
+   0.25 from -2, each group of 32 and each tail of 16 or more reaching both
+   ends of its range): its attention is the F32 cache's over the same tokens. */
+static void test_paged_int4(void) {
+  enum { PN = 80, PH = 2, PD = 32, PQ = 3 };
+  attn_paged_cache *exact = NULL, *packed = NULL;
+  static float k[PN * PH * PD], v[PN * PH * PD], q[PQ * 2 * PH * PD], got[PQ * 2 * PH * PD];
+  static double want[PQ * 2 * PH * PD];
+  const int64_t kv_shape[] = {48, PH, PD}, more_shape[] = {PN - 48, PH, PD}, q_shape[] = {PQ, 2 * PH, PD};
+  const int64_t indptr[] = {0, 48}, more_indptr[] = {0, PN - 48};
+  const int32_t qo_indptr[] = {0, 1, PQ};
+  int64_t a = -1, b = -1, i, t, h, c;
+  attn_tensor tk, tv, tq, tout;
+  attn_options options;
+  for (t = 0; t < PN; ++t)
+    for (h = 0; h < PH; ++h)
+      for (c = 0; c < PD; ++c) {
+        k[(t * PH + h) * PD + c] = 0.25f * (float)((t * 7 + c * 3 + h) % 16) - 2.0f;
+        v[(t * PH + h) * PD + c] = 0.25f * (float)((c * 7 + t * 3 + h) % 16) - 2.0f;
+      }
+  for (i = 0; i < PQ * 2 * PH * PD; ++i) q[i] = (float)sin(0.37 * (double)i);
+  attn_options_init(&options);
+  options.causal = 1;
+  tq = tensor(q, ATTN_F32, 3, q_shape);
+  CHECK(attn_paged_cache_new(8, 32, PH, PD, 0, ATTN_F32, 1, &exact) == ATTN_OK);
+  CHECK(attn_paged_cache_new(8, 32, PH, PD, 0, ATTN_INT4, 1, &packed) == ATTN_OK);
+  for (i = 0; i < 2; ++i) {
+    attn_paged_cache* cache = i == 0 ? exact : packed;
+    int64_t seqs[2];
+    CHECK(attn_paged_cache_add_sequence(cache, &a) == ATTN_OK && attn_paged_cache_add_sequence(cache, &b) == ATTN_OK);
+    tk = tensor(k, ATTN_F32, 3, kv_shape);
+    tv = tensor(v, ATTN_F32, 3, kv_shape);
+    CHECK(attn_paged_cache_append(cache, &a, 1, &tk, &tv, indptr) == ATTN_OK); /* a group and a tail of 16 */
+    CHECK(attn_paged_cache_append(cache, &b, 1, &tk, &tv, indptr) == ATTN_OK);
+    tk = tensor(k + 48 * PH * PD, ATTN_F32, 3, more_shape);
+    tv = tensor(v + 48 * PH * PD, ATTN_F32, 3, more_shape);
+    CHECK(attn_paged_cache_append(cache, &b, 1, &tk, &tv, more_indptr) == ATTN_OK); /* 80: a tail of 16 */
+    seqs[0] = a, seqs[1] = b;
+    tout = tensor(got, ATTN_F32, 3, q_shape);
+    CHECK(attn_batch_attention(&tq, qo_indptr, 2, cache, seqs, &options, NULL, &tout, NULL) == ATTN_OK);
+    if (i == 0)
+      for (t = 0; t < PQ * 2 * PH * PD; ++t) want[t] = got[t];
+    else
+      expect_close_f(got, want, PQ * 2 * PH * PD, 1e-5, __LINE__);
+  }
+  attn_paged_cache_free(exact);
+  attn_paged_cache_free(packed);
+  packed = NULL;
+  EXPECT_ERROR(attn_paged_cache_new(8, 16, PH, PD, 0, ATTN_INT4, 0, &packed), ATTN_ERROR_INVALID_ARGUMENT,
+               "page_size must be a multiple of 32, got 16");
+}
+
 int main(void) {
   test_attention();
   test_attention_errors();
@@ -1157,6 +1209,7 @@ int main(void) {
   test_fork();
   test_misc();
   test_paged();
+  test_paged_int4();
   if (failures) fprintf(stderr, "%d failures\n", failures);
   else printf("test_capi: all checks passed (attn %s)\n", attn_version());
   return failures ? 1 : 0;

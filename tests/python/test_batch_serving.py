@@ -205,8 +205,8 @@ def test_cache_ids_dtypes_copies_and_pickles():
         attn.PagedKVCache(2, 4, 1, 2, dtype="bf16").pages()
     with pytest.raises(ValueError, match="unknown K/V dtype 'int3'"):
         attn.PagedKVCache(2, 4, 1, 2, dtype="int3")
-    with pytest.raises(ValueError, match="int4 pages are not offered yet"):
-        attn.PagedKVCache(2, 32, 1, 32, dtype="int4")
+    with pytest.raises(ValueError, match="page_size must be a multiple of 32, got 16"):
+        attn.PagedKVCache(2, 16, 1, 32, dtype="int4")
     with pytest.raises(ValueError, match="page_size must be >= 1"):
         attn.PagedKVCache(2, 0, 1, 2)
     k_pages, _ = cache.pages()
@@ -497,3 +497,29 @@ def test_cascade_equals_dense():
     dense, dense_lse = attn.batch_attention(q, qo_indptr, cache, wholes, causal=True, return_lse=True)
     np.testing.assert_allclose(out, dense, atol=2e-6)
     np.testing.assert_allclose(lse, dense_lse, atol=2e-6)
+
+
+def test_int4_cache_serves_the_values_it_holds_and_pickles_its_tails():
+    import pickle
+    rng = np.random.default_rng(12)
+    cache = attn.PagedKVCache(16, 32, 2, 32, dtype="int4", layout="HND")
+    a, b = cache.add_sequence(), cache.add_sequence()
+    keys = {a: rng.standard_normal((45, 2, 32)), b: rng.standard_normal((7, 2, 32))}
+    values = {s: rng.standard_normal(k.shape) for s, k in keys.items()}
+    cache.append([a, b], np.concatenate([keys[a], keys[b]]), np.concatenate([values[a], values[b]]), [0, 45, 52])
+    q = rng.standard_normal((13, 4, 32)).astype(np.float32)
+    got = attn.batch_attention(q, [0, 1, 13], cache, [a, b], causal=True)
+    for s, rows in ((a, slice(0, 1)), (b, slice(1, 13))):
+        # What int4 holds: attn.quantize's blocks, checked against NumPy's q4_1 in test_kv_storage.
+        held = [attn.quantize(np.float32(x).transpose(1, 0, 2), "int4", per=per).dequantize().transpose(1, 0, 2)
+                for x, per in ((keys[s], "channel"), (values[s], "token"))]
+        np.testing.assert_allclose(got[rows], reference_request(q[rows], *held, causal=True)[0], atol=2e-5)
+    assert cache.nbytes == 3 * (32 // 32 * 32 + 32 * 32 // 32) * 2 * 20 + (13 + 7) * 2 * 32 * 4
+    clone = pickle.loads(pickle.dumps(cache))  # with b's float32 tail: its next append quantizes the same group
+    more = rng.standard_normal((3, 2, 32))
+    for c in (cache, clone):
+        c.append([b], more, more, [0, 3])
+    np.testing.assert_array_equal(attn.batch_attention(q, [0, 1, 13], clone, [a, b]),
+                                  attn.batch_attention(q, [0, 1, 13], cache, [a, b]))
+    with pytest.raises(TypeError, match="sparse_attention reads keys token by token"):
+        attn.sparse_attention(q[:1], [0, 1], cache, [a], np.zeros((1, 2, 1), np.int32))
