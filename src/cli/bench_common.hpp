@@ -13,6 +13,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "attn/batch_attention.hpp"
 #include "attn/quantize.hpp"
 #include "attn/tensor.hpp"
 #include "cli/commands.hpp"
@@ -30,12 +31,15 @@ struct StoredKV {
   Tensor<block_int4> ki, vi;  // KIVI's layouts: keys per channel, values per token
 
   StoredKV() = default;
-  StoredKV(const Tensor<float>& k_, const Tensor<float>& v_, KVDtype t) : dtype(t), k(&k_), v(&v_) {
+  // k_ and v_ (..., n, d), or pools of NHD pages (key_pages: int4's keys by page).
+  StoredKV(const Tensor<float>& k_, const Tensor<float>& v_, KVDtype t, bool key_pages = false)
+      : dtype(t), k(&k_), v(&v_) {
     if (t == KVDtype::BF16) kb = to_bfloat16(k_.view()), vb = to_bfloat16(v_.view());
     if (t == KVDtype::F16) kh = to_float16(k_.view()), vh = to_float16(v_.view());
     if (t == KVDtype::Q8_0) k8 = quantize_q8_0(k_.view()), v8 = quantize_q8_0(v_.view());
     if (t == KVDtype::Q4_0) k4 = quantize_q4_0(k_.view()), v4 = quantize_q4_0(v_.view());
-    if (t == KVDtype::INT4) ki = quantize_int4_keys(k_.view()), vi = quantize_int4_values(v_.view());
+    if (t == KVDtype::INT4)
+      ki = key_pages ? quantize_int4_key_pages(k_.view()) : quantize_int4_keys(k_.view()), vi = quantize_int4_values(v_.view());
   }
   // f(k, v): views of the storage type (as_f32: the float32 tensors').
   template <class F>

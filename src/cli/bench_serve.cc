@@ -21,11 +21,6 @@
 namespace attn::cli {
 namespace {
 
-// Whether pages of this storage type are served (the CLI offers no int4 here:
-// int4's keys are per channel, not per token).
-template <class View>
-inline constexpr bool kPagedType = AttentionTypes<float, std::remove_cvref_t<decltype(*std::declval<View>().data())>>;
-
 using json = nlohmann::ordered_json;
 
 // Requests' keys and values in one pool of pages (NHD, pages in a shuffled
@@ -65,7 +60,7 @@ struct Pool {
       k_seq.push_back(std::move(ks));
       v_seq.push_back(std::move(vs));
     }
-    stored = StoredKV(k, v, dtype);
+    stored = StoredKV(k, v, dtype, true);
     for (size_t r = 0; r < k_seq.size(); ++r) seq_stored.emplace_back(k_seq[r], v_seq[r], dtype);
   }
 
@@ -95,9 +90,7 @@ struct Pool {
     return BatchAttentionPlan(view(qo), view(indptr), view(indices), view(last), heads, hkv, d, page_size, options);
   }
   void run(const BatchAttentionPlan& plan, const Tensor<float>& q, Tensor<float>& out) const {
-    stored.with([&](auto k_pages, auto v_pages) {
-      if constexpr (kPagedType<decltype(k_pages)>) plan.run(q.view(), k_pages, v_pages, out.view());
-    });
+    stored.with([&](auto k_pages, auto v_pages) { plan.run(q.view(), k_pages, v_pages, out.view()); });
   }
   // attention() of q (1, heads, n_q, d) over request r's contiguous copy.
   void attend(size_t r, const Tensor<float>& q, Tensor<float>& out, const AttentionOptions& o,
@@ -270,9 +263,7 @@ int mixed(const ServeBenchArgs& a, int threads) {
   const TensorView<const float> q_decode(q.data() + qo.front() * a.heads * a.head_dim, {nnz - qo.front(), a.heads, a.head_dim});
   Tensor<float> out_prefill({qo.front(), a.heads, a.head_dim}), out_decode({nnz - qo.front(), a.heads, a.head_dim});
   const auto run = [&](const BatchAttentionPlan& p, TensorView<const float> qv, Tensor<float>& o) {
-    pool.stored.with([&](auto k, auto v) {
-      if constexpr (kPagedType<decltype(k)>) p.run(qv, k, v, o.view());
-    });
+    pool.stored.with([&](auto k, auto v) { p.run(qv, k, v, o.view()); });
   };
   const std::vector<std::function<void()>> kernels{[&] { run(whole, q.view(), out); },
                                                    [&] { run(prefill, q_prefill, out_prefill); },

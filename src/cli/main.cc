@@ -294,8 +294,8 @@ void add_serve_benches(CLI::App* bench, Command& chosen) {
         ->check(integer_in<int64_t>(1, kMaxBenchAxis))->capture_default_str();
     sub->add_option("--page-size", a.page_size, "tokens per page")
         ->check(integer_in<int64_t>(1, 1 << 20))->capture_default_str();
-    sub->add_option("--kv-dtype", a.kv_dtype, "key/value storage")
-        ->check(CLI::IsMember({"f32", "bf16", "f16", "q8_0", "q4_0"}))->capture_default_str();
+    sub->add_option("--kv-dtype", a.kv_dtype, "key/value storage (int4: --page-size a multiple of 32)")
+        ->check(CLI::IsMember({"f32", "bf16", "f16", "q8_0", "q4_0", "int4"}))->capture_default_str();
     sub->add_option("--threads", a.threads, "threads (default: all cores)")
         ->check(integer_in<int>(1, attn::max_num_threads()));
     sub->add_flag("--json", a.json, "print one JSON object");

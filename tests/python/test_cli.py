@@ -779,6 +779,12 @@ def test_bench_reports_consistent_numbers():
     assert 1e-3 < r["error_vs_f64"] < 8e-2 and r["speedup_vs_f32"] > 0
     bad = run("bench", "backward", "--n", 64, "--kv-dtype", "int4")
     assert bad.returncode != 0 and "int4 has no backward" in bad.stderr
+    # Over int4 pages: whole groups of keys in a page.
+    r = json.loads(ok("bench", "decode", "--kv-len", L, "--heads", heads, "--head-dim", d, "--kv-dtype", "int4",
+                      "--page-size", 32, "--threads", 1, "--json").stdout)
+    assert (r["kv_dtype"], r["page_size"]) == ("int4", 32) and r["ratio_to_contiguous"] > 0
+    bad = run("bench", "decode", "--kv-len", L, "--kv-dtype", "int4", "--page-size", 16)
+    assert bad.returncode != 0 and "page_size must be a multiple of 32, got 16" in bad.stderr
     # int8 precision over q8_0: q rounded to q8_0 too, its error q8_0's and a
     # little more, timed against float32 precision on the unit named; with
     # other caches (computed in float32) or over pages, an error naming both.
