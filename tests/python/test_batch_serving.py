@@ -460,6 +460,22 @@ def test_layer_serves_requests_as_each_alone(config):
                                                                           (ids[0], ids[2], ids[3]))
 
 
+def test_layer_serves_int4_pages_as_each_sequence_over_its_own_int4_cache():
+    rng = np.random.default_rng(9)
+    m = attn.MultiHeadAttention(128, 4, num_kv_heads=2, rope=True, seed=1)
+    cache = attn.PagedKVCache(32, 32, 2, 32, dtype="int4", layout="HND")
+    prompts = [rng.standard_normal((n, 128)).astype(np.float32) for n in (40, 1, 33)]
+    ids = [cache.add_sequence() for _ in prompts]
+    alone = [m.new_cache(dtype="int4") for _ in prompts]
+    for step in range(4):  # the prompts, then decode steps across groups' ends
+        chunks = [p if step == 0 else rng.standard_normal((1, 128)).astype(np.float32) for p in prompts]
+        cu = np.concatenate([[0], np.cumsum([len(c) for c in chunks])])
+        out, _ = m(np.concatenate(chunks), cache=cache, seq_ids=ids, cu_seqlens=cu, causal=True, need_weights=False)
+        for i, (c, a, b) in enumerate(zip(chunks, cu, cu[1:])):
+            want, _ = m(c, cache=alone[i], causal=True, need_weights=False)
+            np.testing.assert_allclose(out[a:b], want, atol=2e-5, err_msg=f"step {step} request {i}")
+
+
 def test_layer_serving_refuses():
     m = attn.MultiHeadAttention(16, 2)
     cache = attn.PagedKVCache(4, 4, 2, 8)
