@@ -144,11 +144,12 @@ bench-ort: build
 	node bench/ort_compare.mjs --attn $(BUILD)/bin/attn --ort $(BUILD)/ort/node_modules/onnxruntime-node
 
 # The figures of the README and docs/performance.md, measured again and
-# written between their markers (bench/report.py), peers as for `make bench`.
+# written between their markers (bench/report.py), peers as for `make bench`;
+# ONLY=summary,head-dims,peers,serving (some of them): those blocks alone.
 bench-report: test-deps
 	$(MAKE) build
 	env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE ATEN_CPU_CAPABILITY=avx512 \
-	    $(PYTHON) bench/report.py --build $(BUILD) --write
+	    $(PYTHON) bench/report.py --build $(BUILD) --write $(if $(ONLY),--only $(ONLY))
 
 # Arm (aarch64): the library, the CLI and the C++ tests cross-built with
 # Debian's toolchain against Debian's arm64 packages (multiarch; tools/

@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """Measure attn's headline figures and write them into the README and docs/performance.md.
 
-    bench/report.py [--build BUILD] [--root ROOT] [--write] [--quick]
+    bench/report.py [--build BUILD] [--root ROOT] [--write] [--quick] [--only BLOCK,...]
 
 Runs `BUILD/bin/attn bench ... --json` for each shape below and bench/compare.py's
 peers (the article's NumPy code, PyTorch), and prints the tables. With --write it
@@ -15,7 +15,9 @@ compare.py: PyTorch on its AVX-512 kernels, OpenBLAS detecting the CPU itself.
 Every figure is a ratio measured in one process: to the machine's own ceiling (`attn
 bench` times the FMA peak or the read bandwidth in turns with the kernel) or to another
 path in the same turns, so figures from a noisy shared machine still compare. --quick
-runs small shapes, to check that the command works; its figures mean nothing.
+runs small shapes, to check that the command works; its figures mean nothing. --only
+measures and writes the blocks named (summary, head-dims, peers, serving), each of which
+states its own date: after a change to one path, its tables alone, not the half hour of all.
 """
 import argparse
 import datetime
@@ -137,9 +139,10 @@ def serving_rows(build, s):
     r = bench(build, "mixed", "--prefill-len", str(s.prefill_len), "--max-len", str(s.max_len), *s.serve_shape)
     rows.append(("mixed batch", f"a {s.prefill_len}-token prefill, 31 decodes, 8 drafts; {heads}",
                  f"ratio_to_parts {r['ratio_to_parts']:.2f}", "≤ 1.05"))
-    for dtype in ("f32", "bf16", "f16", "q8_0"):
-        r = bench(build, "serve", "--requests", str(s.serve_requests), *s.serve_shape, "--kv-dtype", dtype)
-        rows.append((f"serve, {dtype}", f"{s.serve_requests} requests, seed 1, {heads}",
+    for dtype in ("f32", "bf16", "f16", "q8_0", "int4"):
+        pages = ["--page-size", "32"] if dtype == "int4" else []  # (whole groups of 32 keys in a page)
+        r = bench(build, "serve", "--requests", str(s.serve_requests), *s.serve_shape, "--kv-dtype", dtype, *pages)
+        rows.append((f"serve, {dtype}" + (", pages of 32" if pages else ""), f"{s.serve_requests} requests, seed 1, {heads}",
                      f"{r['tokens_per_s']:.0f} tokens/s, step p50 {r['p50_ms']:.2f} ms, p99 {r['p99_ms']:.2f} ms; "
                      f"KV {r['kv_bytes'] / 2**20:.1f} MiB against {r['kv_bytes_contiguous'] / 2**20:.1f} "
                      "contiguous", ""))
@@ -175,26 +178,34 @@ def machine():
     return f"{cpu}, {os.cpu_count()} threads"
 
 
+BLOCKS = ("summary", "head-dims", "peers", "serving")
+
+
 def tables(summary, peers, by_head_dim, serving, s, where):
-    """The Markdown of each block, by name."""
+    """The Markdown of each block, by name: those whose measurements were taken (not None)."""
     measured = f"Measured by `make bench-report` on {where}, {datetime.date.today().isoformat()}."
-    lines = ["| Path | Shape | attn |", "|---|---|---|"]
-    lines += [f"| {what} | {shape} | {figure} |" for what, shape, figure in summary]
-    lines += [f"| {what} | against {peer} | {peer_s / attn_s:.1f}× as fast |"
-              for what, peer, attn_s, peer_s in peers]
-    out = {"summary": measured + "\n\n" + "\n".join(lines)}
-    head = "| head dim | " + " | ".join(f"n = {n}" for n in s.grid_n) + " |"
-    rule = "|---:|" + "---:|" * len(s.grid_n)
-    rows = [f"| {d} | " + " | ".join(f"{by_head_dim[(n, d)]:.2f}" for n in s.grid_n) + " |" for d in s.grid_d]
-    out["head-dims"] = (measured + f" Prefill, float32, {s.heads} heads, non-causal: ratio to the FMA peak.\n\n"
-                        + "\n".join([head, rule] + rows))
-    peer_lines = ["| attn | peer | attn ms | peer ms | attn speedup |", "|---|---|---:|---:|---:|"]
-    peer_lines += [f"| {what} | {peer} | {a * 1e3:.1f} | {p * 1e3:.1f} | {p / a:.1f}× |"
-                   for what, peer, a, p in peers]
-    out["peers"] = measured + "\n\n" + "\n".join(peer_lines)
-    serving_lines = ["| Path | Shape | attn | target |", "|---|---|---|---|"]
-    serving_lines += [f"| {what} | {shape} | {figure} | {target} |" for what, shape, figure, target in serving]
-    out["serving"] = measured + "\n\n" + "\n".join(serving_lines)
+    out = {}
+    if summary is not None:
+        lines = ["| Path | Shape | attn |", "|---|---|---|"]
+        lines += [f"| {what} | {shape} | {figure} |" for what, shape, figure in summary]
+        lines += [f"| {what} | against {peer} | {peer_s / attn_s:.1f}× as fast |"
+                  for what, peer, attn_s, peer_s in peers]
+        out["summary"] = measured + "\n\n" + "\n".join(lines)
+    if by_head_dim is not None:
+        head = "| head dim | " + " | ".join(f"n = {n}" for n in s.grid_n) + " |"
+        rule = "|---:|" + "---:|" * len(s.grid_n)
+        rows = [f"| {d} | " + " | ".join(f"{by_head_dim[(n, d)]:.2f}" for n in s.grid_n) + " |" for d in s.grid_d]
+        out["head-dims"] = (measured + f" Prefill, float32, {s.heads} heads, non-causal: ratio to the FMA peak.\n\n"
+                            + "\n".join([head, rule] + rows))
+    if peers is not None:
+        peer_lines = ["| attn | peer | attn ms | peer ms | attn speedup |", "|---|---|---:|---:|---:|"]
+        peer_lines += [f"| {what} | {peer} | {a * 1e3:.1f} | {p * 1e3:.1f} | {p / a:.1f}× |"
+                       for what, peer, a, p in peers]
+        out["peers"] = measured + "\n\n" + "\n".join(peer_lines)
+    if serving is not None:
+        serving_lines = ["| Path | Shape | attn | target |", "|---|---|---|---|"]
+        serving_lines += [f"| {what} | {shape} | {figure} | {target} |" for what, shape, figure, target in serving]
+        out["serving"] = measured + "\n\n" + "\n".join(serving_lines)
     return out
 
 
@@ -212,14 +223,15 @@ TARGETS = {"README.md": ["summary"],
 
 
 def write(root, blocks):
-    """Replace the blocks in every target file: all checked first, then each renamed into place."""
+    """Replace the blocks given in every target file: all checked first, then each renamed into place."""
     new = {}
     for relative, names in TARGETS.items():
         path = os.path.join(root, relative)
         with open(path, encoding="utf-8") as f:
             text = f.read()
         for name in names:
-            text = replaced(text, name, blocks[name], path)
+            if name in blocks:
+                text = replaced(text, name, blocks[name], path)
         new[path] = text
     for path, text in new.items():
         fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".bench-report-")
@@ -239,11 +251,21 @@ def main(argv=None):
     p.add_argument("--root", default=REPO, help="the checkout whose docs --write rewrites")
     p.add_argument("--write", action="store_true", help="rewrite the blocks of README.md and docs/performance.md")
     p.add_argument("--quick", action="store_true", help="small shapes: checks the command, not the machine")
+    p.add_argument("--only", default=",".join(BLOCKS),
+                   help="the blocks to measure and write, comma-separated (default: all: %(default)s)")
     args = p.parse_args(argv)
+    only = args.only.split(",")
+    unknown = [b for b in only if b not in BLOCKS]
+    if unknown:
+        p.error(f"--only: unknown block {unknown[0]!r}: expected some of {', '.join(BLOCKS)}")
     os.environ.setdefault("ATTN_PYTHONPATH", os.path.join(os.path.abspath(args.build), "python"))
     s = Shapes(args.quick)
-    blocks = tables(summary_rows(args.build, s), peer_rows(s), grid(args.build, s), serving_rows(args.build, s), s,
-                    machine())
+    summary = summary_rows(args.build, s) if "summary" in only else None
+    peers = peer_rows(s) if "summary" in only or "peers" in only else None  # (the summary's last rows)
+    by_head_dim = grid(args.build, s) if "head-dims" in only else None
+    serving = serving_rows(args.build, s) if "serving" in only else None
+    blocks = {name: block for name, block in tables(summary, peers, by_head_dim, serving, s, machine()).items()
+              if name in only}
     for name, block in blocks.items():
         print(f"## {name}\n\n{block}\n")
     if args.write:

@@ -79,9 +79,27 @@ def test_the_command_measures_and_writes_every_table(tmp_path):
     head_dims = perf.split("<!-- bench-report:head-dims -->")[1].split("<!-- /bench-report:head-dims -->")[0]
     assert "| head dim | n = 64 | n = 256 |" in head_dims and re.search(r"\| 16 \| \d\.\d\d \| \d\.\d\d \|", head_dims)
     serving = perf.split("<!-- bench-report:serving -->")[1].split("<!-- /bench-report:serving -->")[0]
-    check_rows(serving, 9, r"(?:ratio_to_\w+|speedup_vs_separate|p50|p99) (\d+\.\d+)")
+    check_rows(serving, 10, r"(?:ratio_to_\w+|speedup_vs_separate|p50|p99) (\d+\.\d+)")
     # Outside the blocks, nothing changed.
     with open(os.path.join(REPO, "README.md"), encoding="utf-8") as f:
         original = f.read()
     strip = lambda t: re.sub(r"<!-- bench-report:(\S+) -->.*?<!-- /bench-report:\1 -->", "", t, flags=re.S)
     assert strip(readme) == strip(original)
+
+
+def test_only_the_blocks_named_are_measured_and_written(tmp_path, monkeypatch):
+    fake_checkout(tmp_path)
+
+    def not_asked(*args):
+        raise AssertionError("a block not named was measured")
+    for name in ("summary_rows", "grid", "serving_rows"):
+        monkeypatch.setattr(report, name, not_asked)
+    monkeypatch.setattr(report, "peer_rows", lambda s: [("a", "p", 1.0, 2.0)])
+    assert report.main(["--quick", "--write", "--only", "peers", "--build", BUILD, "--root", str(tmp_path)]) == 0
+    perf = (tmp_path / "docs" / "performance.md").read_text(encoding="utf-8")
+    assert "| a | p | 1000.0 | 2000.0 | 2.0× |" in perf
+    for name in ("summary", "head-dims", "serving"):
+        assert f"<!-- bench-report:{name} -->\nold {name}\n" in perf
+    assert "old\n" in (tmp_path / "README.md").read_text(encoding="utf-8")
+    with pytest.raises(SystemExit):
+        report.main(["--only", "summary,tables", "--root", str(tmp_path)])
