@@ -120,11 +120,17 @@ Split SplitOf(const core::AttentionProblem<float>& p) {
   return {p.heads_kv, std::max<int64_t>(64, kDecodeChunk / p.heads_kv / 64 * 64)};
 }
 
-// Fetches every cache line of `bytes` bytes from x. Always inlined: out of
-// line, GCC 12 finds it free of side effects and drops its calls.
+// Fetches every cache line of `bytes` bytes from x, into L1 or, kToL2,
+// into L2 alone (GCC's builtin: Highway's Prefetch fetches into L1 only).
+// Always inlined: out of line, GCC 12 finds it free of side effects and
+// drops its calls.
+template <bool kToL2 = false>
 HWY_INLINE void PrefetchSpan(const void* x, int64_t bytes) {
   const auto first = reinterpret_cast<uintptr_t>(x), end = first + static_cast<uintptr_t>(bytes);
-  for (uintptr_t line = first & ~uintptr_t{63}; line < end; line += 64) hwy::Prefetch(reinterpret_cast<const char*>(line));
+  for (uintptr_t line = first & ~uintptr_t{63}; line < end; line += 64) {
+    if constexpr (kToL2) __builtin_prefetch(reinterpret_cast<const char*>(line), 0, 2);
+    else hwy::Prefetch(reinterpret_cast<const char*>(line));
+  }
 }
 
 // The prefill's micro-kernel over a tile's panel, compiled once for every
@@ -183,11 +189,21 @@ struct ChunkKeys {
   // And K's row kDecodePrefetchRows ahead, in this run or the next (past
   // `to` too; pages shorter than the distance ahead go without): the
   // hardware's prefetcher alone leaves K's reads waiting (config.hpp).
+  // float32's rows, twice bf16's lines, go into L2 alone: into L1 they fill
+  // its miss buffers and the fetches themselves wait (perf: half the score
+  // loop's samples on them). 32768 keys, AMD EPYC, ms, L2 against L1: 32
+  // query and 8 KV heads of 128, 2 threads 11.6-13.1 against 12.9-13.9
+  // (pages of 16: 14.1-14.8 against 15.1-15.3), 1 thread 18.6-20.1 against
+  // 19.3-21.5; 8 heads of 128, 2 threads 9.1-10.0 against 9.8-10.5. The
+  // other types stay in L1: into L2, bf16 (8 heads of 128) took 4.27-4.41
+  // against 4.08-4.23, q8_0 (8 of 64) 2.28-2.31 against 2.15-2.16, f16 and
+  // int4 the same.
   HWY_INLINE void FetchAhead(const Run& run, int64_t j) const {
-    PrefetchSpan(run.v + j * v_stride, v_span);
+    constexpr bool kToL2 = std::is_same_v<KV, float>;
+    PrefetchSpan<kToL2>(run.v + j * v_stride, v_span);
     const int64_t a = j + kDecodePrefetchRows;
     if (a < run.count || a - run.count < run.next_count)
-      PrefetchSpan(a < run.count ? run.k + a * k_stride : run.next_k + (a - run.count) * k_stride, k_span);
+      PrefetchSpan<kToL2>(a < run.count ? run.k + a * k_stride : run.next_k + (a - run.count) * k_stride, k_span);
   }
 
   // s[(hh·R + r)·s_stride + j - from] = the scores of keys from .. to (run by
