@@ -281,6 +281,7 @@ void PagedKVCache::truncate(int64_t seq, int64_t length) {
   if (length < 0 || length > s.length)
     fail("truncate", "length must be in [0, " + std::to_string(s.length) + "] (sequence " + std::to_string(seq) +
                          "'s length), got " + std::to_string(length));
+  if (length == s.length) return;  // (int4 would quantize its last group again: on a shared page, for nothing)
   const auto keep = static_cast<size_t>((length + page_size_ - 1) / page_size_);
   // int4: the group `length` ends inside, its keys and blocks (before anything changes).
   const int64_t group = length / kInt4Group, kept = length % kInt4Group;
@@ -314,7 +315,8 @@ void PagedKVCache::truncate(int64_t seq, int64_t length) {
   }
   auto& pool = std::get<Tensor<block_int4>>(k_);
   for (int64_t h = 0; h < kv_heads_ && kept > 0; ++h)
-    std::copy_n(blocks.groups.data() + h * head_dim_, head_dim_, group_at(pool, layout_, s.pages, page_size_, group, h));
+    std::copy_n(blocks.groups.data() + h * head_dim_, head_dim_,
+                group_at(pool, layout_, s.pages, page_size_, group, h));
   s.key_tail = std::move(tail);
 }
 
@@ -390,8 +392,8 @@ void PagedKVCache::append(const std::vector<int64_t>& seq_ids, TensorView<const 
               k_groups.emplace_back();
               continue;
             }
-            const TensorView<const float> added(k.data() + at(i) * k.stride(0), {at(i + 1) - at(i), kv_heads_, head_dim_},
-                                                k.strides());
+            const TensorView<const float> added(k.data() + at(i) * k.stride(0),
+                                                {at(i + 1) - at(i), kv_heads_, head_dim_}, k.strides());
             k_groups.push_back(int4_keys(s.key_tail, s.length % kInt4Group, added, s.length / kInt4Group, who, id));
           }
         const Tensor<SV> v_rows = staged<SV>(v_part);
@@ -419,7 +421,8 @@ void PagedKVCache::append(const std::vector<int64_t>& seq_ids, TensorView<const 
             Int4Keys& g = k_groups[static_cast<size_t>(i)];
             for (int64_t h = 0; h < kv_heads_; ++h)
               for (int64_t j = 0; j < g.groups.dim(1); ++j)
-                std::copy_n(g.groups.data() + (h * g.groups.dim(1) + j) * k_row, k_row, group_at(k_pool, layout_, s.pages, page_size_, first_group + j, h));
+                std::copy_n(g.groups.data() + (h * g.groups.dim(1) + j) * k_row, k_row,
+                            group_at(k_pool, layout_, s.pages, page_size_, first_group + j, h));
             s.key_tail = std::move(g.tail);
           }
         }
@@ -542,8 +545,9 @@ void PagedKVCache::restore(const std::vector<uint8_t>& k_bytes, const std::vecto
     fail(who, "ids, lengths and pages must be as many");
   const bool tails = !st.key_tails.empty();
   if (tails && (dtype_ != KVDtype::INT4 || st.key_tails.size() != st.ids.size()))
-    fail(who, dtype_ == KVDtype::INT4 ? "key_tails must be none or one per sequence"
-                                      : "key_tails are an int4 cache's; this one stores " + std::string(kv_dtype_name(dtype_)));
+    fail(who, dtype_ == KVDtype::INT4
+                  ? "key_tails must be none or one per sequence"
+                  : "key_tails are an int4 cache's; this one stores " + std::string(kv_dtype_name(dtype_)));
   std::vector<int32_t> refs(static_cast<size_t>(num_pages_), 0);
   std::map<int64_t, Sequence> sequences;
   for (size_t i = 0; i < st.ids.size(); ++i) {
