@@ -222,7 +222,8 @@ Tensor<block_int4> quantize_int4_key_pages(TensorView<const float> k_pages, Page
   const int64_t pages = k_pages.dim(0), size = k_pages.dim(nhd ? 1 : 2), heads = k_pages.dim(nhd ? 2 : 1),
                 d = k_pages.dim(3), groups = size / kInt4Group;
   if (size % kInt4Group != 0)
-    refuse("int4 pages hold keys in groups of 32 tokens: page_size must be a multiple of 32, got " + std::to_string(size));
+    refuse("int4 pages hold keys in groups of 32 tokens: page_size must be a multiple of 32, got " +
+           std::to_string(size));
   Tensor<block_int4> out(detail::pool_shape(layout, pages, groups, heads, d));
   std::vector<float> keys(static_cast<size_t>(kInt4Group * d));
   for (int64_t p = 0; p < pages; ++p)

@@ -38,8 +38,10 @@ struct StoredKV {
     if (t == KVDtype::F16) kh = to_float16(k_.view()), vh = to_float16(v_.view());
     if (t == KVDtype::Q8_0) k8 = quantize_q8_0(k_.view()), v8 = quantize_q8_0(v_.view());
     if (t == KVDtype::Q4_0) k4 = quantize_q4_0(k_.view()), v4 = quantize_q4_0(v_.view());
-    if (t == KVDtype::INT4)
-      ki = key_pages ? quantize_int4_key_pages(k_.view()) : quantize_int4_keys(k_.view()), vi = quantize_int4_values(v_.view());
+    if (t == KVDtype::INT4) {
+      ki = key_pages ? quantize_int4_key_pages(k_.view()) : quantize_int4_keys(k_.view());
+      vi = quantize_int4_values(v_.view());
+    }
   }
   // f(k, v): views of the storage type (as_f32: the float32 tensors').
   template <class F>
