@@ -142,7 +142,8 @@ def serving_rows(build, s):
     for dtype in ("f32", "bf16", "f16", "q8_0", "int4"):
         pages = ["--page-size", "32"] if dtype == "int4" else []  # (whole groups of 32 keys in a page)
         r = bench(build, "serve", "--requests", str(s.serve_requests), *s.serve_shape, "--kv-dtype", dtype, *pages)
-        rows.append((f"serve, {dtype}" + (", pages of 32" if pages else ""), f"{s.serve_requests} requests, seed 1, {heads}",
+        rows.append((f"serve, {dtype}" + (", pages of 32" if pages else ""),
+                     f"{s.serve_requests} requests, seed 1, {heads}",
                      f"{r['tokens_per_s']:.0f} tokens/s, step p50 {r['p50_ms']:.2f} ms, p99 {r['p99_ms']:.2f} ms; "
                      f"KV {r['kv_bytes'] / 2**20:.1f} MiB against {r['kv_bytes_contiguous'] / 2**20:.1f} "
                      "contiguous", ""))
@@ -168,13 +169,18 @@ def grid(build, s):
 
 
 def machine():
-    cpu = "unknown CPU"
+    """The CPU as lscpu names it, with its family and model where the name alone is
+    generic (a VM's "AMD EPYC" is a Zen 4 at family 25, a Zen 5 at 26), and the threads."""
+    fields = {}
     try:
         for line in subprocess.run(["lscpu"], capture_output=True, text=True).stdout.splitlines():
-            if line.startswith("Model name:"):
-                cpu = line.split(":", 1)[1].strip()
+            key, _, value = line.partition(":")
+            fields.setdefault(key.strip(), value.strip())
     except OSError:
         pass
+    cpu = fields.get("Model name", "unknown CPU")
+    if "CPU family" in fields and "Model" in fields:
+        cpu += f" (family {fields['CPU family']}, model {fields['Model']})"
     return f"{cpu}, {os.cpu_count()} threads"
 
 

@@ -103,3 +103,9 @@ def test_only_the_blocks_named_are_measured_and_written(tmp_path, monkeypatch):
     assert "old\n" in (tmp_path / "README.md").read_text(encoding="utf-8")
     with pytest.raises(SystemExit):
         report.main(["--only", "summary,tables", "--root", str(tmp_path)])
+
+
+def test_the_machine_names_a_generic_cpus_family_and_model(monkeypatch):
+    lscpu = "Architecture: x86_64\nCPU family: 25\nModel name: AMD EPYC\nModel: 17\n"
+    monkeypatch.setattr(report.subprocess, "run", lambda *a, **k: type("R", (), {"stdout": lscpu})())
+    assert report.machine() == f"AMD EPYC (family 25, model 17), {os.cpu_count()} threads"
