@@ -252,7 +252,9 @@ int attn_batch_plan_new(const int32_t* qo_indptr, const int32_t* kv_indptr, cons
                         int32_t layout, const attn_options* options, const attn_tensor* custom_mask,
                         attn_batch_plan** plan);
 /* q (nnz_q, num_qo_heads, head_dim) F32 over pools k_pages and v_pages
-   (num_pages, ...) by layout, F32, BF16, F16, Q8_0 or Q4_0, into out (nnz_q,
+   (num_pages, ...) by layout, F32, BF16, F16, Q8_0, Q4_0 or INT4 (k_pages' shape
+   the logical pool's, page_size a multiple of 32, its pages' keys stored a
+   block per channel and group of 32), into out (nnz_q,
    num_qo_heads, value_head_dim) F32 and lse (nnz_q, num_qo_heads) F32, the
    natural log (NULL: not wanted). */
 int attn_batch_plan_run(const attn_batch_plan* plan, const attn_tensor* q, const attn_tensor* k_pages,

@@ -82,7 +82,7 @@ const char* dtype_name(attn_dtype dtype) {
   return "?";
 }
 
-Layout layout_of(const attn_tensor* t, const char* function, const char* name, bool key_groups) {
+Layout layout_of(const attn_tensor* t, const char* function, const char* name, std::optional<int> key_axis) {
   require(t, function, name);
   // Read as the int it is: a C enum may hold any int, which loaded as the
   // C++ enum would be undefined.
@@ -96,10 +96,12 @@ Layout layout_of(const attn_tensor* t, const char* function, const char* name, b
                              std::to_string(kMaxRank) + "]");
   if (t->rank > 0 && !t->shape) fail(function, name, "shape is NULL at rank " + std::to_string(t->rank));
   Layout l{static_cast<attn_dtype>(dtype), Shape(t->shape, t->shape + t->rank), {}};
-  if (l.dtype == ATTN_INT4 && key_groups) {  // (..., n, d) keys in, (..., ceil(n / 32), d) blocks out
-    if (l.shape.size() < 2)
-      fail(function, name, "INT4 keys are (..., n, d), got shape " + attn::shape_str(l.shape));
-    int64_t& n = l.shape[l.shape.size() - 2];
+  if (l.dtype == ATTN_INT4 && key_axis) {  // n keys along the axis in, ceil(n / 32) groups out
+    const int axis = *key_axis < 0 ? static_cast<int>(l.shape.size()) + *key_axis : *key_axis;
+    if (l.shape.size() < 2 || axis < 0 || axis >= static_cast<int>(l.shape.size()) - 1)
+      fail(function, name, std::string("INT4 keys are ") + (*key_axis == -2 ? "(..., n, d)" : "a 4-D pool") +
+                               ", got shape " + attn::shape_str(l.shape));
+    int64_t& n = l.shape[static_cast<size_t>(axis)];
     n = (n + attn::kInt4Group - 1) / attn::kInt4Group;
   } else if (l.dtype == ATTN_Q8_0 || l.dtype == ATTN_Q4_0 || l.dtype == ATTN_INT4) {  // the logical shape in, a shape of blocks out
     if (l.shape.empty() || l.shape.back() % 32 != 0)
@@ -290,7 +292,7 @@ int new_cache(const attn_mha* layer, attn_dtype dtype, attn_cache** cache, const
 int attention_with(const attn_tensor* q, const attn_tensor* k, const attn_tensor* v, const attn_tensor* mask,
                    const attn_options* options, attn_tensor* out, const CExtras& extras, const char* fn) {
   return guarded([&] {
-    const Layout lq = layout_of(q, fn, "q"), lk = layout_of(k, fn, "k", true), lv = layout_of(v, fn, "v"),
+    const Layout lq = layout_of(q, fn, "q"), lk = layout_of(k, fn, "k", -2), lv = layout_of(v, fn, "v"),
                  lo = layout_of(out, fn, "out");
     const attn::Mask m = mask_of(mask, fn);
     const attn::AttentionOptions o = options_of(options, fn);

@@ -5,6 +5,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -83,9 +84,10 @@ struct Layout {
   Shape shape;
   Strides strides;
 };
-// key_groups: an INT4 tensor of keys, stored a block per channel and group
-// of 32 keys (attn_attention's k).
-Layout layout_of(const attn_tensor* t, const char* function, const char* name, bool key_groups = false);
+// key_axis: the axis along which an INT4 tensor of keys counts its keys
+// (negative: from the end), stored a block per channel and group of 32 keys
+// along it (attn_attention's k: -2; a pool of NHD pages: 1).
+Layout layout_of(const attn_tensor* t, const char* function, const char* name, std::optional<int> key_axis = {});
 
 // Where a view without elements and without data points: the kernels step
 // row pointers over an empty view too, which from NULL is undefined. Nothing

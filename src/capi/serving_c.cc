@@ -16,6 +16,7 @@ struct attn_paged_cache {
 };
 struct attn_batch_plan {
   attn::BatchAttentionPlan plan;
+  attn::PageLayout layout;  // (where INT4 key pools count their keys)
 };
 
 namespace {
@@ -178,7 +179,7 @@ int attn_batch_plan_new(const int32_t* qo_indptr, const int32_t* kv_indptr, cons
         ints(qo_indptr, batch + 1, fn, "qo_indptr"), indptr, ints(kv_indices, batch >= 0 ? kv_indptr[batch] : 0, fn, "kv_indices"),
         ints(kv_last_page_len, batch, fn, "kv_last_page_len"), num_qo_heads, num_kv_heads, head_dim, page_size,
         batch_options(options, custom_mask, fn), value_head_dim == 0 ? std::optional<int64_t>() : value_head_dim,
-        layout_arg(layout, fn))};
+        layout_arg(layout, fn)), layout_arg(layout, fn)};
   });
 }
 
@@ -187,7 +188,9 @@ int attn_batch_plan_run(const attn_batch_plan* plan, const attn_tensor* q, const
   constexpr const char* fn = "attn_batch_plan_run";
   return guarded([&] {
     require(plan, fn, "plan");
-    const Layout lk = layout_of(k_pages, fn, "k_pages"), lv = layout_of(v_pages, fn, "v_pages");
+    // (INT4 keys: the logical pool, its page axis stored in groups of 32 keys.)
+    const Layout lk = layout_of(k_pages, fn, "k_pages", plan->layout == attn::PageLayout::NHD ? 1 : -2),
+                 lv = layout_of(v_pages, fn, "v_pages");
     if (lk.dtype != lv.dtype)
       unsupported(fn, std::string("k_pages and v_pages must be stored alike, got ") + dtype_name(lk.dtype) + " and " +
                           dtype_name(lv.dtype));
@@ -202,8 +205,10 @@ int attn_batch_plan_run(const attn_batch_plan* plan, const attn_tensor* q, const
       case ATTN_F16: return run(attn::float16{});
       case ATTN_Q8_0: return run(attn::block_q8_0{});
       case ATTN_Q4_0: return run(attn::block_q4_0{});
+      case ATTN_INT4: return run(attn::block_int4{});
       default:
-        unsupported(fn, std::string("k_pages: dtype ") + dtype_name(lk.dtype) + " is not F32, BF16, F16, Q8_0 or Q4_0");
+        unsupported(fn, std::string("k_pages: dtype ") + dtype_name(lk.dtype) +
+                            " is not F32, BF16, F16, Q8_0, Q4_0 or INT4");
     }
   });
 }

@@ -1186,6 +1186,39 @@ static void test_paged_int4(void) {
     else
       expect_close_f(got, want, PQ * 2 * PH * PD, 1e-5, __LINE__);
   }
+  { /* The same tokens in raw INT4 pools of NHD pages, blocks written here (d 0.25, m -2): a's
+       pages 0 and 1, b's 2, 3 and 4 (its keys' page axis stored as one group of 32 a page). */
+    static int4_block kp[5 * PH * PD], vp[5 * 32 * PH * PD / 32];
+    const int64_t pool_shape[] = {5, 32, PH, PD};
+    const int32_t kv_indptr[] = {0, 2, 5}, kv_indices[] = {0, 1, 2, 3, 4}, last[] = {16, 16};
+    attn_batch_plan* plan = NULL;
+    attn_tensor tkp, tvp;
+    int64_t p, j;
+    for (p = 0; p < 5; ++p)
+      for (h = 0; h < PH; ++h) {
+        const int64_t first = 32 * (p < 2 ? p : p - 2); /* the page's first token */
+        for (c = 0; c < PD; ++c) {
+          int4_block* kb = &kp[(p * PH + h) * PD + c];
+          kb->d = 0x3400, kb->m = 0xC000;
+          for (j = 0; j < 16; ++j)
+            kb->qs[j] = (uint8_t)(((first + j) * 7 + c * 3 + h) % 16 | ((first + j + 16) * 7 + c * 3 + h) % 16 << 4);
+        }
+        for (t = 0; t < 32; ++t) {
+          int4_block* vb = &vp[(p * 32 + t) * PH + h]; /* (PD = 32: one block a row) */
+          vb->d = 0x3400, vb->m = 0xC000;
+          for (j = 0; j < 16; ++j)
+            vb->qs[j] = (uint8_t)((j * 7 + (first + t) * 3 + h) % 16 | ((j + 16) * 7 + (first + t) * 3 + h) % 16 << 4);
+        }
+      }
+    CHECK(attn_batch_plan_new(qo_indptr, kv_indptr, kv_indices, last, 2, 2 * PH, PH, PD, 0, 32, 0, &options, NULL,
+                              &plan) == ATTN_OK);
+    tkp = tensor(kp, ATTN_INT4, 4, pool_shape);
+    tvp = tensor(vp, ATTN_INT4, 4, pool_shape);
+    tout = tensor(got, ATTN_F32, 3, q_shape);
+    CHECK(attn_batch_plan_run(plan, &tq, &tkp, &tvp, &tout, NULL) == ATTN_OK);
+    expect_close_f(got, want, PQ * 2 * PH * PD, 1e-5, __LINE__);
+    attn_batch_plan_free(plan);
+  }
   attn_paged_cache_free(exact);
   attn_paged_cache_free(packed);
   packed = NULL;
