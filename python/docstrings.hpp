@@ -502,8 +502,10 @@ values. q (nnz_q, Hq, head_dim); request r's queries are rows
 qo_indptr[r]:qo_indptr[r + 1], its last qo_len positions (causal is
 bottom-right; window (left, right) and ALiBi measure from i + kv_len -
 qo_len). kv: a PagedKVCache with seq_ids (request r is seq_ids[r]), or a
-pair (k_pages, v_pages) of pools (float32, float16, or attn.QuantizedTensor)
-with FlashInfer's int32 kv_indptr, kv_indices and kv_last_page_len.
+pair (k_pages, v_pages) of pools (float32, float16, or attn.QuantizedTensor;
+int4 in HND pages of a multiple of 32 tokens: attn.quantize(k_pages, "int4",
+per="channel") groups each page's keys) with FlashInfer's int32 kv_indptr,
+kv_indices and kv_last_page_len.
 custom_mask: bool, True = may attend, the requests' (qo_len, kv_len) blocks
 flattened and concatenated; or packed_custom_mask, np.packbits(block.ravel(),
 bitorder="little") per request padded to whole bytes, with mask_indptr in

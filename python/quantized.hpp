@@ -73,7 +73,8 @@ Shape values_shape(const TensorView<const KV>& t) {
 // attn.QuantizedTensor (then both must be, stored alike, with float32 q:
 // TypeError naming `function` otherwise), f(k, v) with views of their
 // storage type (q8_0, q4_0: (..., d / 32) blocks); nullopt when neither is.
-// int4 only where kTakesInt4 (attention: the one function that reads its
+// int4 only where kTakesInt4 (attention, and batch_attention's HND pools,
+// whose page axis is the keys' axis -2: the functions that read its
 // per-channel keys), k per channel and v per token.
 template <bool kTakesInt4 = false, class F>
 std::optional<py::object> on_quantized_kv(const char* function, const py::object& q_obj, const py::object& k_obj,
@@ -89,8 +90,9 @@ std::optional<py::object> on_quantized_kv(const char* function, const py::object
     throw TypeError(std::string(function) + ": k and v must be stored alike, got k " + kv_dtype_name(k.dtype) +
                     " and v " + kv_dtype_name(v.dtype));
   if (k.dtype == KVDtype::INT4 && !kTakesInt4)
-    throw TypeError(std::string(function) + ": int4 keys and values are read by attn.attention only (its keys are "
-                    "stored per channel): pass k.dequantize() and v.dequantize(), or another dtype");
+    throw TypeError(std::string(function) + ": int4 keys and values are read by attn.attention and "
+                    "attn.batch_attention only (its keys are stored per channel): pass k.dequantize() and "
+                    "v.dequantize(), or another dtype");
   if (k.dtype == KVDtype::INT4 && (!k.per_channel || v.per_channel))
     throw TypeError(std::string(function) + ": int4 keys are quantized per='channel' and values per='token', got k "
                     "per='" + (k.per_channel ? "channel" : "token") + "' and v per='" + (v.per_channel ? "channel" : "token") + "'");

@@ -169,10 +169,10 @@ struct BatchOptionsArg {
 
 // k_pages and v_pages as the plan reads them: float32 (other dtypes
 // converted), NumPy float16 in place, or attn.QuantizedTensor (bf16, f16,
-// q8_0, q4_0); f(k, v) with views of their storage type.
+// q8_0, q4_0, int4); f(k, v) with views of their storage type.
 template <class F>
 py::object with_pages(const py::object& k_obj, const py::object& v_obj, F&& f) {
-  if (auto r = on_quantized_kv("batch_attention", py::none(), k_obj, v_obj, f)) return *r;
+  if (auto r = on_quantized_kv<true>("batch_attention", py::none(), k_obj, v_obj, f)) return *r;
   const py::array k = as_numeric_array(k_obj, "k_pages"), v = as_numeric_array(v_obj, "v_pages");
   if (is_float16(k) && is_float16(v)) return f(half_view(k), half_view(v));
   auto k32 = as<float>(k), v32 = as<float>(v);
@@ -265,12 +265,13 @@ py::object py_batch_attention(const py::object& q, const py::object& qo_indptr_o
   const auto [k_obj, v_obj] = pages_pair(kv);
   return with_pages(k_obj, v_obj, [&](auto k, auto v) -> py::object {
     using KV = std::remove_const_t<std::remove_reference_t<decltype(*k.data())>>;
-    const Shape ks = values_shape(k), vs = values_shape(v);
+    // (int4's keys: a block per channel, its last axis the head dim; V's pool gives the page size.)
+    const Shape ks = std::is_same_v<KV, block_int4> ? k.shape() : values_shape(k), vs = values_shape(v);
     if (ks.size() != 4 || vs.size() != 4)
       throw ValueError("batch_attention: k_pages and v_pages must be 4-D pools, got " + shape_str(ks) + " and " + shape_str(vs));
     const bool nhd = pl == PageLayout::NHD;
     const BatchAttentionPlan plan(view1(qo_indptr), view1(indptr), view1(indices), view1(last), qa.shape(1),
-                                  ks[nhd ? 2 : 1], ks[3], ks[nhd ? 1 : 2], opt.options, vs[3], pl);
+                                  ks[nhd ? 2 : 1], ks[3], vs[nhd ? 1 : 2], opt.options, vs[3], pl);
     return run_plan(plan, q, return_lse, [&](auto qv, auto ov, auto lv) { plan.run<KV>(qv, k, v, ov, lv); });
   });
 }

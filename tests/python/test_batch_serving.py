@@ -539,3 +539,31 @@ def test_int4_cache_serves_the_values_it_holds_and_pickles_its_tails():
                                   attn.batch_attention(q, [0, 1, 13], cache, [a, b]))
     with pytest.raises(TypeError, match="sparse_attention reads keys token by token"):
         attn.sparse_attention(q[:1], [0, 1], cache, [a], np.zeros((1, 2, 1), np.int32))
+
+
+def test_int4_pools_in_hnd_pages_are_quantized_per_page_and_read_as_they_hold():
+    rng = np.random.default_rng(13)
+    hq, hkv, d, page = 4, 2, 64, 32
+    kv_lens, qo_lens = [70, 1, 40], [1, 12, 3]
+    kv_indptr = np.concatenate([[0], np.cumsum([-(-n // page) for n in kv_lens])]).astype(np.int32)
+    pages = int(kv_indptr[-1])
+    kv_indices = rng.permutation(pages + 1)[:pages].astype(np.int32)
+    last = np.array([n - (-(-n // page) - 1) * page for n in kv_lens], np.int32)
+    k_pool = rng.standard_normal((pages + 1, hkv, page, d)).astype(np.float32)  # HND
+    v_pool = rng.standard_normal((pages + 1, hkv, page, d)).astype(np.float32)
+    kq, vq = attn.quantize(k_pool, "int4", per="channel"), attn.quantize(v_pool, "int4", per="token")
+    qo_indptr = np.concatenate([[0], np.cumsum(qo_lens)]).astype(np.int32)
+    q = rng.standard_normal((qo_indptr[-1], hq, d)).astype(np.float32)
+    out = attn.batch_attention(q, qo_indptr, (kq, vq), kv_indptr=kv_indptr, kv_indices=kv_indices,
+                               kv_last_page_len=last, layout="HND", causal=True)
+    k_held, v_held = kq.dequantize(), vq.dequantize()  # each page's groups of 32 keys, per channel
+    for r, n in enumerate(kv_lens):
+        rows = kv_indices[kv_indptr[r]:kv_indptr[r + 1]]
+        k = np.concatenate([k_held[p].transpose(1, 0, 2) for p in rows])[:n]
+        v = np.concatenate([v_held[p].transpose(1, 0, 2) for p in rows])[:n]
+        want = reference_request(q[qo_indptr[r]:qo_indptr[r + 1]], k, v, causal=True)[0]
+        np.testing.assert_allclose(out[qo_indptr[r]:qo_indptr[r + 1]], want, atol=2e-5, err_msg=f"request {r}")
+    with pytest.raises(ValueError, match=r"k_pages must be int4 key groups \(num_pages, page_size / 32"):
+        attn.batch_attention(q, qo_indptr, (attn.quantize(k_pool.transpose(0, 2, 1, 3), "int4", per="channel"),
+                                            attn.quantize(v_pool.transpose(0, 2, 1, 3), "int4", per="token")),
+                             kv_indptr=kv_indptr, kv_indices=kv_indices, kv_last_page_len=last, layout="NHD")

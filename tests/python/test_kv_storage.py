@@ -117,7 +117,7 @@ def test_int4_errors_say_what_to_pass():
     q = np.ones((2, 1, 32), np.float32)
     with pytest.raises(TypeError, match="int4 keys are quantized per='channel' and values per='token'"):
         attn.attention(q, vq, kq)
-    with pytest.raises(TypeError, match="read by attn.attention only"):
+    with pytest.raises(TypeError, match="read by attn.attention and attn.batch_attention only"):
         attn.attention_backward(q, kq, vq, q)
     with pytest.raises(ValueError, match="takes 1600 bytes, the buffer holds 1620"):
         attn.QuantizedTensor.from_buffer(bytes(1620), "int4", (2, 40, 32), per="token")
