@@ -28,43 +28,55 @@ bool in_range(const core::AttentionProblem<T>& p, int64_t i, int64_t j) {
   return true;
 }
 
-// Element (j, c) of head (b, h) of K or V (x, or its stored bytes in a
-// float32 problem) as a double, whatever its storage.
+// Column c of a stored row of K or V (bfloat16, fp16, q8_0, q4_0 or int4)
+// as a double. Int4 keys lie per channel (`channel_blocks`): the row is the
+// group of token j, its block c, value j % 32.
+double stored_element(core::KVStorage kv, const std::byte* row, int64_t col_stride, bool channel_blocks, int64_t j,
+                      int64_t c) {
+  const auto at = [&](auto kind, int64_t col) {
+    decltype(kind) e;
+    std::memcpy(&e, row + col * col_stride, sizeof e);
+    return e;
+  };
+  switch (kv) {
+    case core::KVStorage::BF16: return bf16_to_float(at(uint16_t{}, c));
+    case core::KVStorage::F16: return fp16_to_float(at(uint16_t{}, c));
+    case core::KVStorage::Q8_0: {
+      const block_q8_0 block = at(block_q8_0{}, c / kQ8_0Block);
+      return double(fp16_to_float(block.d.bits)) * block.qs[c % kQ8_0Block];
+    }
+    case core::KVStorage::Q4_0: {  // low nibbles hold values 0 .. 15, high ones 16 .. 31
+      const block_q4_0 block = at(block_q4_0{}, c / kQ4_0Block);
+      const int64_t i = c % kQ4_0Block, byte = block.qs[i % 16];
+      return double(fp16_to_float(block.d.bits)) * double((i < 16 ? byte & 15 : byte >> 4) - 8);
+    }
+    case core::KVStorage::Int4: {  // d · q + m
+      const block_int4 block = at(block_int4{}, channel_blocks ? c : c / kInt4Group);
+      const int64_t i = channel_blocks ? j % kInt4Group : c % kInt4Group, byte = block.qs[i % 16];
+      return double(fp16_to_float(block.d.bits)) * double(i < 16 ? byte & 15 : byte >> 4) +
+             double(fp16_to_float(block.m.bits));
+    }
+    case core::KVStorage::Native: break;
+  }
+  return std::numeric_limits<double>::quiet_NaN();  // (Native rows are read as T)
+}
+
+// Row j of head (b, h) of K or V (x, or its stored bytes in a float32
+// problem) as doubles, whatever its storage: its `cols` columns into `out`.
 template <class T>
-double element(const core::AttentionProblem<T>& p, const core::Operand<const T>& x,
-               const core::Operand<const std::byte>& stored, int64_t b, int64_t h, int64_t j, int64_t c) {
+void widen_row(const core::AttentionProblem<T>& p, const core::Operand<const T>& x,
+               const core::Operand<const std::byte>& stored, int64_t b, int64_t h, int64_t j, int64_t cols,
+               double* out) {
   if constexpr (std::is_same_v<T, float>) {
-    // int4 keys lie per channel: block c of group j / 32, value j % 32.
-    const bool channel_blocks = p.kv == core::KVStorage::Int4 && &stored == &p.k_stored;
-    const std::byte* row =
-        p.kv == core::KVStorage::Native ? nullptr : stored.row(b, h, channel_blocks ? j / kInt4Group : j);
-    const auto at = [&](auto kind, int64_t col) {
-      decltype(kind) e;
-      std::memcpy(&e, row + col * stored.col_stride, sizeof e);
-      return e;
-    };
-    switch (p.kv) {
-      case core::KVStorage::BF16: return bf16_to_float(at(uint16_t{}, c));
-      case core::KVStorage::F16: return fp16_to_float(at(uint16_t{}, c));
-      case core::KVStorage::Q8_0: {
-        const block_q8_0 block = at(block_q8_0{}, c / kQ8_0Block);
-        return double(fp16_to_float(block.d.bits)) * block.qs[c % kQ8_0Block];
-      }
-      case core::KVStorage::Q4_0: {  // low nibbles hold values 0 .. 15, high ones 16 .. 31
-        const block_q4_0 block = at(block_q4_0{}, c / kQ4_0Block);
-        const int64_t i = c % kQ4_0Block, byte = block.qs[i % 16];
-        return double(fp16_to_float(block.d.bits)) * double((i < 16 ? byte & 15 : byte >> 4) - 8);
-      }
-      case core::KVStorage::Int4: {  // d · q + m
-        const block_int4 block = at(block_int4{}, channel_blocks ? c : c / kInt4Group);
-        const int64_t i = channel_blocks ? j % kInt4Group : c % kInt4Group, byte = block.qs[i % 16];
-        return double(fp16_to_float(block.d.bits)) * double(i < 16 ? byte & 15 : byte >> 4) +
-               double(fp16_to_float(block.m.bits));
-      }
-      case core::KVStorage::Native: break;
+    if (p.kv != core::KVStorage::Native) {
+      const bool channel_blocks = p.kv == core::KVStorage::Int4 && &stored == &p.k_stored;
+      const std::byte* row = stored.row(b, h, channel_blocks ? j / kInt4Group : j);
+      for (int64_t c = 0; c < cols; ++c) out[c] = stored_element(p.kv, row, stored.col_stride, channel_blocks, j, c);
+      return;
     }
   }
-  return x.row(b, h, j)[c * x.col_stride];
+  const T* row = x.row(b, h, j);
+  for (int64_t c = 0; c < cols; ++c) out[c] = row[c * x.col_stride];
 }
 
 // Row (b, h, i) of the attention weights into w (n_k), returning the row's
@@ -80,10 +92,11 @@ double row_weights(const core::AttentionProblem<T>& p, int64_t b, int64_t h, int
                    std::vector<double>* logits = nullptr) {
   const T* q = p.q.row(b, h, i);
   const int64_t hkv = h / p.group(), pos = i + p.causal.position(p.n_q, p.n_k);
+  std::vector<double> k(static_cast<size_t>(p.d));
   for (int64_t j = 0; j < p.n_k; ++j) {
+    widen_row(p, p.k, p.k_stored, b, hkv, j, p.d, k.data());
     double dot = 0;
-    for (int64_t c = 0; c < p.d; ++c)
-      dot += double(q[c * p.q.col_stride]) * element(p, p.k, p.k_stored, b, hkv, j, c);
+    for (int64_t c = 0; c < p.d; ++c) dot += double(q[c * p.q.col_stride]) * k[c];
     s[j] = dot * p.scale;
     const double logit = p.softcap > 0 ? p.softcap * std::tanh(s[j] / p.softcap) : s[j];
     part[j] = in_range(p, i, j) && p.mask.allows(b, h, i, j);
@@ -102,12 +115,13 @@ template <class T, class Out>
 void row_output(const core::AttentionProblem<T>& p, int64_t b, int64_t h, const std::vector<double>& w,
                 const std::vector<char>& part, Out* out, int64_t out_stride) {
   const int64_t hkv = h / p.group();
-  for (int64_t c = 0; c < p.d_v; ++c) {
-    double acc = 0;
-    for (int64_t j = 0; j < p.n_k; ++j)
-      if (part[j]) acc += w[j] * element(p, p.v, p.v_stored, b, hkv, j, c);
-    out[c * out_stride] = static_cast<Out>(acc);
+  std::vector<double> acc(static_cast<size_t>(p.d_v)), v(static_cast<size_t>(p.d_v));
+  for (int64_t j = 0; j < p.n_k; ++j) {
+    if (!part[j]) continue;
+    widen_row(p, p.v, p.v_stored, b, hkv, j, p.d_v, v.data());
+    for (int64_t c = 0; c < p.d_v; ++c) acc[c] += w[j] * v[c];
   }
+  for (int64_t c = 0; c < p.d_v; ++c) out[c * out_stride] = static_cast<Out>(acc[c]);
 }
 
 void zero(const core::Operand<double>& t, int64_t batch, int64_t heads, int64_t rows, int64_t cols) {
