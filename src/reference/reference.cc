@@ -62,21 +62,23 @@ double stored_element(core::KVStorage kv, const std::byte* row, int64_t col_stri
 }
 
 // Row j of head (b, h) of K or V (x, or its stored bytes in a float32
-// problem) as doubles, whatever its storage: its `cols` columns into `out`.
+// problem) as `cols` doubles, whatever its storage: the row itself where it
+// is contiguous doubles, else its values widened into `scratch`.
 template <class T>
-void widen_row(const core::AttentionProblem<T>& p, const core::Operand<const T>& x,
-               const core::Operand<const std::byte>& stored, int64_t b, int64_t h, int64_t j, int64_t cols,
-               double* out) {
-  if constexpr (std::is_same_v<T, float>) {
-    if (p.kv != core::KVStorage::Native) {
-      const bool channel_blocks = p.kv == core::KVStorage::Int4 && &stored == &p.k_stored;
-      const std::byte* row = stored.row(b, h, channel_blocks ? j / kInt4Group : j);
-      for (int64_t c = 0; c < cols; ++c) out[c] = stored_element(p.kv, row, stored.col_stride, channel_blocks, j, c);
-      return;
-    }
+const double* row_as_double(const core::AttentionProblem<T>& p, const core::Operand<const T>& x,
+                            const core::Operand<const std::byte>& stored, int64_t b, int64_t h, int64_t j,
+                            int64_t cols, double* scratch) {
+  if constexpr (std::is_same_v<T, double>) {
+    if (x.col_stride == 1) return x.row(b, h, j);
+  } else if (p.kv != core::KVStorage::Native) {
+    const bool channel_blocks = p.kv == core::KVStorage::Int4 && &stored == &p.k_stored;
+    const std::byte* row = stored.row(b, h, channel_blocks ? j / kInt4Group : j);
+    for (int64_t c = 0; c < cols; ++c) scratch[c] = stored_element(p.kv, row, stored.col_stride, channel_blocks, j, c);
+    return scratch;
   }
   const T* row = x.row(b, h, j);
-  for (int64_t c = 0; c < cols; ++c) out[c] = row[c * x.col_stride];
+  for (int64_t c = 0; c < cols; ++c) scratch[c] = row[c * x.col_stride];
+  return scratch;
 }
 
 // Row (b, h, i) of the attention weights into w (n_k), returning the row's
@@ -92,9 +94,9 @@ double row_weights(const core::AttentionProblem<T>& p, int64_t b, int64_t h, int
                    std::vector<double>* logits = nullptr) {
   const T* q = p.q.row(b, h, i);
   const int64_t hkv = h / p.group(), pos = i + p.causal.position(p.n_q, p.n_k);
-  std::vector<double> k(static_cast<size_t>(p.d));
+  std::vector<double> scratch(static_cast<size_t>(p.d));
   for (int64_t j = 0; j < p.n_k; ++j) {
-    widen_row(p, p.k, p.k_stored, b, hkv, j, p.d, k.data());
+    const double* k = row_as_double(p, p.k, p.k_stored, b, hkv, j, p.d, scratch.data());
     double dot = 0;
     for (int64_t c = 0; c < p.d; ++c) dot += double(q[c * p.q.col_stride]) * k[c];
     s[j] = dot * p.scale;
@@ -115,10 +117,10 @@ template <class T, class Out>
 void row_output(const core::AttentionProblem<T>& p, int64_t b, int64_t h, const std::vector<double>& w,
                 const std::vector<char>& part, Out* out, int64_t out_stride) {
   const int64_t hkv = h / p.group();
-  std::vector<double> acc(static_cast<size_t>(p.d_v)), v(static_cast<size_t>(p.d_v));
+  std::vector<double> acc(static_cast<size_t>(p.d_v)), scratch(static_cast<size_t>(p.d_v));
   for (int64_t j = 0; j < p.n_k; ++j) {
     if (!part[j]) continue;
-    widen_row(p, p.v, p.v_stored, b, hkv, j, p.d_v, v.data());
+    const double* v = row_as_double(p, p.v, p.v_stored, b, hkv, j, p.d_v, scratch.data());
     for (int64_t c = 0; c < p.d_v; ++c) acc[c] += w[j] * v[c];
   }
   for (int64_t c = 0; c < p.d_v; ++c) out[c * out_stride] = static_cast<Out>(acc[c]);
