@@ -676,7 +676,11 @@ def test_bench_reports_consistent_numbers():
         return 5e-5 / ms + 5e-3 / rate + 1e-6
 
     def time_ratio(a_ms, b_ms):  # a / b as printed (4 decimals), from times printed to 4 decimals
-        return pytest.approx(a_ms / b_ms, rel=5e-5 / a_ms + 5e-5 / b_ms + 1e-6, abs=5e-5)
+        # Each time's rounding moves a / b by up to its relative half-unit, and the
+        # ratio's own rounding adds one more half-unit: the bound is their sum
+        # (pytest.approx takes the larger of rel and abs, not the sum).
+        ratio = a_ms / b_ms
+        return pytest.approx(ratio, rel=0, abs=ratio * (5e-5 / a_ms + 5e-5 / b_ms + 1e-6) + 5e-5)
 
     def check_ceiling(r, d, qk, pv, softmax_ops):
         """docs/performance.md's ceiling: 4d FLOPs per pair over Q·Kᵀ's and P·V's 2d on their
