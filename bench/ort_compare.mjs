@@ -15,10 +15,12 @@
 import { execFileSync } from "node:child_process";
 import { readFileSync } from "node:fs";
 import { createRequire } from "node:module";
+import { resolve } from "node:path";
 
 const args = Object.fromEntries(process.argv.slice(2).flatMap((a, i, all) => (a.startsWith("--") ? [[a.slice(2), all[i + 1]]] : [])));
 if (!args.attn || !args.ort) throw new Error("usage: node bench/ort_compare.mjs --attn <attn CLI> --ort <onnxruntime-node dir>");
-const ort = createRequire(import.meta.url)(args.ort);
+// A path, never a package name: require() takes "build/ort/..." for a package.
+const ort = createRequire(import.meta.url)(resolve(args.ort));
 const threads = Number(args.threads ?? execFileSync("nproc").toString().trim());
 
 // ---- A few protobuf messages of onnx.proto, written by hand (no onnx package here).
