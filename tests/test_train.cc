@@ -6,6 +6,8 @@
 #include <algorithm>
 #include <cmath>
 #include <ostream>
+#include <utility>
+#include <vector>
 
 #include "companion/adam.hpp"
 #include "companion/embedding.hpp"
@@ -187,6 +189,23 @@ TEST(Experiments, AlibiLearnsOrderWithSteepSlopes) {
   o.variants = {Positional::Alibi};
   const auto r = run_order_experiment(o);
   EXPECT_GE(r.variants.at(0).accuracy, 0.75);
+}
+
+// The web page's progress bar: steps done out of all variants' steps, in
+// order, ending at the total (two trainings at once share the count).
+TEST(Experiments, OrderReportsItsProgress) {
+  OrderExperimentOptions o;
+  o.steps = 50;
+  o.variants = {Positional::None, Positional::Sinusoidal};
+  std::vector<std::pair<int64_t, int64_t>> calls;
+  o.on_progress = [&](int64_t done, int64_t total) { calls.emplace_back(done, total); };
+  run_order_experiment(o);
+  ASSERT_GE(calls.size(), 10u);
+  EXPECT_EQ(calls.back(), (std::pair<int64_t, int64_t>{100, 100}));
+  for (size_t i = 0; i < calls.size(); ++i) {
+    EXPECT_EQ(calls[i].second, 100);
+    if (i > 0) EXPECT_GT(calls[i].first, calls[i - 1].first);
+  }
 }
 
 TEST(Experiments, HeadsShareTheWorkAtEqualParameterBudgets) {

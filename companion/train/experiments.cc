@@ -132,7 +132,7 @@ OrderExperimentResult run_order_experiment(const OrderExperimentOptions& o) {
     return sentences(rows);
   };
 
-  Progress progress("order", o.steps * static_cast<int64_t>(o.variants.size()));
+  Progress progress("order", o.steps * static_cast<int64_t>(o.variants.size()), o.on_progress);
   result.variants = train_models<OrderVariantResult>(static_cast<int64_t>(o.variants.size()), [&](int64_t i) {
     const Positional pos = o.variants[i];
     ClassifierConfig c;

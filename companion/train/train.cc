@@ -10,18 +10,20 @@
 #include "companion/train.hpp"
 
 namespace attn {
-Progress::Progress(std::string label, int64_t total_steps)
-    : label_(std::move(label)), total_(total_steps), on_(isatty(STDERR_FILENO) == 1) {}
+Progress::Progress(std::string label, int64_t total_steps, Observer observer)
+    : label_(std::move(label)), observer_(std::move(observer)), total_(total_steps), on_(isatty(STDERR_FILENO) == 1) {}
 
 Progress::~Progress() {
   if (on_ && drawn_) std::fputs("\r\033[K", stderr);
 }
 
 void Progress::step(double loss) {
-  if (!on_) return;
+  if (!on_ && !observer_) return;
   std::lock_guard lock(mutex_);
   const int64_t done = ++done_, every = total_ / 100 + 1;
   if (done % every != 0 && done != total_) return;
+  if (observer_) observer_(done, total_);
+  if (!on_) return;
   constexpr int kWidth = 30;
   const int filled = static_cast<int>(kWidth * std::min(done, total_) / (total_ ? total_ : 1));
   std::fprintf(stderr, "\r%-20s [%.*s%.*s] %6lld/%lld  loss %.4f", label_.c_str(), filled,

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -24,6 +25,9 @@ struct OrderExperimentOptions {
   Dtype dtype = Dtype::Float32;  // of the models: f32 (the fast kernels) or f64
   std::vector<Positional> variants{Positional::None, Positional::Sinusoidal, Positional::Learned,
                                    Positional::Rope, Positional::Alibi};
+  // Called as training goes (each hundredth of it, and at the end) with the
+  // steps done and the steps of all variants: the web page's progress bar.
+  std::function<void(int64_t done, int64_t total)> on_progress;
 };
 
 struct OrderVariantResult {

@@ -92,9 +92,12 @@ extern template class Classifier<double>;
 // A progress bar on stderr, redrawn in place while stderr is a terminal
 // (logs and pipes stay clean): "heads  [######.....]  2400/6000  loss 0.41".
 // Trainings that run at once may share one: each step adds one to it.
+// An observer, where given, is called at the same steps (terminal or not)
+// with the steps done and in all.
 class Progress {
  public:
-  Progress(std::string label, int64_t total_steps);
+  using Observer = std::function<void(int64_t done, int64_t total)>;
+  Progress(std::string label, int64_t total_steps, Observer observer = {});
   ~Progress();  // clears the line
   Progress(const Progress&) = delete;
   Progress& operator=(const Progress&) = delete;
@@ -103,6 +106,7 @@ class Progress {
  private:
   std::mutex mutex_;
   std::string label_;
+  Observer observer_;
   int64_t total_, done_ = 0;
   bool on_, drawn_ = false;
 };
