@@ -13,6 +13,7 @@
 
 #include <algorithm>
 #include <string>
+#include <type_traits>
 
 #include "kernels/matmul-inl.h"
 #include "kernels/scratch.hpp"
@@ -46,6 +47,19 @@ void PanelProduct(const TensorView<const T>& a, const T* packed, const T* bias, 
     for (int64_t r0 = r_begin; r0 < r_end; r0 += kRows) {
       const int mr = static_cast<int>(std::min<int64_t>(kRows, r_end - r0));
       for (int r = 0; r < mr; ++r) rows_of_a[r] = a.data() + (r0 + r) * a.stride(0);
+#if !HWY_HAVE_FLOAT64
+      // Targets without float64 vectors (Highway 1.0.3's WebAssembly, for
+      // the web page) sum float64 in scalar code, each element over k in order.
+      if constexpr (std::is_same_v<T, double>) {
+        const T* panel = packed + p * K * kPanel;
+        for (int r = 0; r < mr; ++r)
+          for (int64_t j = 0; j < n; ++j) {
+            T sum = 0;
+            for (int64_t k = 0; k < K; ++k) sum += rows_of_a[r][k] * panel[k * kPanel + j];
+            tile[r * kPanel + j] = sum;
+          }
+      } else
+#endif
       MatmulPanel(d, rows_of_a, mr, K, packed + p * K * kPanel, T(1), tile, kPanel, Plain(), n);
       for (int r = 0; r < mr; ++r) {
         T* cr = c.data() + (r0 + r) * c.stride(0) + col0;
