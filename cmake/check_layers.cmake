@@ -1,4 +1,4 @@
-# Checks every #include of src/, include/, companion/ and python/ under ROOT
+# Checks every #include of src/, include/, companion/, python/ and web/ under ROOT
 # against the rooms' table (cmake/layers.cmake): a file may include its own
 # room, the rooms its room may include (through their door, where they have
 # one; through include/attn/ only, for a room on the public API only), and
@@ -33,8 +33,8 @@ function(room_of path out)
     if(CMAKE_MATCH_2 IN_LIST candidates)
       set(room ${CMAKE_MATCH_2})
     endif()
-  elseif(path MATCHES "^python/")
-    set(room python)
+  elseif(path MATCHES "^(python|web)/")
+    set(room ${CMAKE_MATCH_1})
   endif()
   set(${out} "${room}" PARENT_SCOPE)
 endfunction()
@@ -85,7 +85,7 @@ macro(refuse file line message_text)
 endmacro()
 
 file(GLOB_RECURSE files RELATIVE ${ROOT}
-     ${ROOT}/src/* ${ROOT}/include/* ${ROOT}/companion/* ${ROOT}/python/*)
+     ${ROOT}/src/* ${ROOT}/include/* ${ROOT}/companion/* ${ROOT}/python/* ${ROOT}/web/*)
 list(FILTER files INCLUDE REGEX "\\.(cc|hpp|h)$")
 list(SORT files)
 foreach(file IN LISTS files)

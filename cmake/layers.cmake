@@ -10,7 +10,7 @@
 # library's public API; then the programs built on them.
 set(ATTN_LIBRARY_ROOMS core reference kernels api io layer onnx capi)
 set(ATTN_COMPANION_ROOMS picture train machine)
-set(ATTN_ROOMS ${ATTN_LIBRARY_ROOMS} ${ATTN_COMPANION_ROOMS} dist cli python)
+set(ATTN_ROOMS ${ATTN_LIBRARY_ROOMS} ${ATTN_COMPANION_ROOMS} dist cli python web)
 
 # Where a file lives: src/<room>/, companion/<room>/ and python/ are rooms by
 # folder; the public headers (include/attn/, one flat folder for users; the
@@ -62,6 +62,8 @@ set(ATTN_MAY_INCLUDE_machine core hwy)
 set(ATTN_MAY_INCLUDE_dist core)
 set(ATTN_MAY_INCLUDE_cli core layer io picture train machine json dist)
 set(ATTN_MAY_INCLUDE_python core layer onnx io dist)
+# web: the page's bindings (web/), over the public API and the companion.
+set(ATTN_MAY_INCLUDE_web core layer picture train json)
 
 # A room's door: the only files of it that other rooms may include (every
 # file, for a room without one). The rest of the kernels (-inl.h pieces,
@@ -76,7 +78,7 @@ set(ATTN_NAMESPACE_ROOMS core kernels reference)
 
 # The rooms built on the library's public API only: of the library's rooms
 # they may include the public headers (include/attn/) and nothing else.
-set(ATTN_PUBLIC_API_ONLY ${ATTN_COMPANION_ROOMS} dist cli python)
+set(ATTN_PUBLIC_API_ONLY ${ATTN_COMPANION_ROOMS} dist cli python web)
 
 # External headers, by how their name starts in <...>.
 set(ATTN_EXTERNAL_hwy "hwy/")
