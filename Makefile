@@ -56,7 +56,7 @@ SANITIZER_ENV := ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=prin
 MPI_SANITIZER_ENV := ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:fast_unwind_on_malloc=0 \
                      LSAN_OPTIONS=suppressions=$(CURDIR)/tests/dist/lsan.supp UBSAN_OPTIONS=print_stacktrace=1
 
-.PHONY: all build configure demo test test-add-subdirectory bench bench-ort bench-report arm-build test-arm test-arm-kernels package-arm deps test-deps clean asan fuzz fuzz-build tsan package
+.PHONY: all build configure demo web test-web web-screenshot test test-add-subdirectory bench bench-ort bench-report arm-build test-arm test-arm-kernels package-arm deps test-deps clean asan fuzz fuzz-build tsan package
 
 all: build
 
@@ -76,6 +76,39 @@ build: deps configure
 demo: build
 	$(BUILD)/bin/attn demo
 
+# The article as a page (web/), computed by attn compiled to WebAssembly with
+# Debian's Emscripten, in $(BUILD)/web/: open it from any static server, e.g.
+# python3 -m http.server -d build/web. Its build folder is $(WEB_BUILD)/,
+# with Highway's source (tools/highway-source.sh). Emscripten's tools run
+# under the machine's node, which finds Debian's node packages (acorn) on
+# NODE_PATH.
+WEB_BUILD ?= build-web
+WEB_DEBS  := emscripten dpkg-dev
+WEB_ENV   := NODE_PATH=/usr/share/nodejs
+web:
+	@tools/install-deps.sh $(WEB_DEBS)
+	tools/highway-source.sh $(WEB_BUILD)/deps
+	$(WEB_ENV) emcmake cmake -S . -B $(WEB_BUILD) -DCMAKE_BUILD_TYPE=Release \
+	    -DATTN_HWY_SOURCE_DIR=$(CURDIR)/$(WEB_BUILD)/deps/highway -DATTN_WEB_OUTPUT=$(CURDIR)/$(BUILD)/web >/dev/null
+	$(WEB_ENV) cmake --build $(WEB_BUILD) -j $(JOBS) --target attn_web_page
+
+# The page in a real browser (tests/web/page_test.mjs): Debian's Chromium,
+# headless, driven by npm's puppeteer-core (which downloads no browser),
+# the numbers checked against the Python module of $(BUILD).
+WEB_TEST_DEBS := chromium nodejs
+PUPPETEER_CORE_VERSION := 25.19.0
+test-web: web
+	@tools/install-deps.sh $(WEB_TEST_DEBS)
+	@command -v npm >/dev/null || tools/install-deps.sh npm
+	npm install --prefix $(BUILD)/web-test --no-audit --no-fund --ignore-scripts \
+	    puppeteer-core@$(PUPPETEER_CORE_VERSION) >/dev/null
+	ATTN_PYTHONPATH=$(CURDIR)/$(BUILD)/python node tests/web/page_test.mjs --page $(BUILD)/web \
+	    --puppeteer $(BUILD)/web-test --out $(BUILD)/web-test
+
+# The README's picture of the page, as the browser test took it.
+web-screenshot: test-web
+	cp $(BUILD)/web-test/page.png docs/web_page.png
+
 # Debian packages in $(BUILD)/: libattn0, libattn-dev, attn (cmake/packaging.cmake).
 package: build
 	@tools/install-deps.sh dpkg-dev
@@ -84,6 +117,7 @@ package: build
 test: test-deps configure
 	cmake --build $(BUILD) -j $(JOBS)
 	ctest --test-dir $(BUILD) --output-on-failure -j $(JOBS) -LE source_build
+	$(MAKE) test-web
 	$(MAKE) asan
 	tools/run-fuzzers.sh $(ASAN_BUILD) $(TEST_FUZZ_SECONDS) 1 $(JOBS)
 	$(MAKE) tsan
@@ -211,4 +245,4 @@ package-arm: arm-build
 	cd $(ARM_BUILD) && DEB_HOST_ARCH=arm64 cpack -G DEB
 
 clean:
-	rm -rf $(BUILD) $(ASAN_BUILD) $(TSAN_BUILD) $(ARM_BUILD) $(ARM_TEST_BUILD)
+	rm -rf $(BUILD) $(ASAN_BUILD) $(TSAN_BUILD) $(ARM_BUILD) $(ARM_TEST_BUILD) $(WEB_BUILD)
