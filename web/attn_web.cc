@@ -141,28 +141,27 @@ json nested(const attn::Tensor<float>& t) {
 }
 
 // One sentence through multi_head with the chosen encoding: its tokens, the
-// vectors that go in, the outputs and every head's weights (heads, n, n).
+// outputs and every head's weights (heads, n, n).
 struct Sentence {
   std::vector<std::string> tokens;
-  attn::Tensor<float> x, out, weights;
+  attn::Tensor<float> out, weights;
 };
 
 Sentence run_sentence(const std::string& text, const std::string& what, int64_t heads, const std::string& encoding) {
   Sentence s;
   s.tokens = tokenize(text, what);
   const auto n = static_cast<int64_t>(s.tokens.size());
-  s.x = attn::Tensor<float>({n, kDim});
+  attn::Tensor<float> x({n, kDim});
   for (int64_t t = 0; t < n; ++t) {
     const auto v = token_vector(s.tokens[t]);
-    for (int64_t c = 0; c < kDim; ++c) s.x[t * kDim + c] = v[c];
+    for (int64_t c = 0; c < kDim; ++c) x[t * kDim + c] = v[c];
   }
   attn::AttentionOptions options;
-  attn::Tensor<float> x = s.x;
   if (encoding == "sinusoidal") {
     const auto table = attn::sinusoidal_encoding<float>(n, kDim);
     for (int64_t i = 0; i < x.numel(); ++i) x[i] += table[i];
   } else if (encoding == "rope") {
-    x = attn::apply_rope_per_head(s.x.view(), heads);
+    x = attn::apply_rope_per_head(x.view(), heads);
   } else if (encoding == "alibi") {
     options.alibi_slopes = attn::alibi_slopes(heads);
   } else if (encoding != "none") {
@@ -230,7 +229,6 @@ emscripten::val compare(const std::string& a, const std::string& b, int heads, c
     const auto sentence = [](const Sentence& s) {
       val v = val::object();
       v.set("tokens", val::array(s.tokens.begin(), s.tokens.end()));
-      v.set("x", floats(s.x));
       v.set("out", floats(s.out));
       v.set("weights", floats(s.weights));
       return v;
