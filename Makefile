@@ -93,10 +93,11 @@ web:
 	$(WEB_ENV) cmake --build $(WEB_BUILD) -j $(JOBS) --target attn_web_page
 
 # The page in a real browser (tests/web/page_test.mjs): Debian's Chromium,
-# headless, driven by npm's puppeteer-core (which downloads no browser),
-# the numbers checked against the Python module of $(BUILD).
+# headless, driven by npm's puppeteer-core (which downloads no browser; 24.x,
+# the last line that supports the machine's Node.js 20), the numbers checked
+# against the Python module of $(BUILD).
 WEB_TEST_DEBS := chromium nodejs
-PUPPETEER_CORE_VERSION := 25.19.0
+PUPPETEER_CORE_VERSION := 24.43.1
 test-web: web
 	@tools/install-deps.sh $(WEB_TEST_DEBS)
 	@command -v npm >/dev/null || tools/install-deps.sh npm
