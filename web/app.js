@@ -61,8 +61,9 @@ function legend(map, lo, hi, title) {
 }
 
 // A heat map of values (rows × cols) on `map` over [lo, hi], with token
-// labels where given; `highlight` outlines one row.
-function heatMap({ title, values, rows, cols, map = 'viridis', lo, hi, highlight = -1, className = '' }) {
+// labels where given; `highlight` outlines one row, `groups` draws a line
+// between every `groups` columns (the heads' slices).
+function heatMap({ title, values, rows, cols, map = 'viridis', lo, hi, highlight = -1, groups = 0, className = '' }) {
   const n = values.length, m = values[0].length;
   const cell = Math.max(4, Math.min(40, Math.floor(320 / Math.max(n, m))));
   const labelled = rows && m <= 32 && n <= 32;
@@ -91,6 +92,16 @@ function heatMap({ title, values, rows, cols, map = 'viridis', lo, hi, highlight
     g.textBaseline = 'middle';
     rows.forEach((t, i) => g.fillText(t.slice(0, 3), margin / 2, margin + (i + 0.5) * cell));
     cols.forEach((t, j) => g.fillText(t.slice(0, 3), margin + (j + 0.5) * cell, margin / 2));
+  }
+  if (groups > 0) {
+    g.strokeStyle = '#fff';
+    g.lineWidth = 2;
+    for (let j = groups; j < m; j += groups) {
+      g.beginPath();
+      g.moveTo(margin + j * cell, margin);
+      g.lineTo(margin + j * cell, margin + n * cell);
+      g.stroke();
+    }
   }
   if (highlight >= 0) {
     g.strokeStyle = '#e4007c';
@@ -146,7 +157,8 @@ function drawSentences() {
   const [olo, ohi] = range([a.out]);
   $('output-map').replaceChildren(
     heatMap({ title: `${a.tokens.length} × ${r.dim}, ${heads} × ${r.dim / heads}`, values: a.out, rows: a.tokens,
-              cols: Array.from({ length: r.dim }, (_, c) => String(c)), lo: olo, hi: ohi, className: 'output-map' }),
+              cols: Array.from({ length: r.dim }, (_, c) => String(c)), lo: olo, hi: ohi, groups: r.dim / heads,
+              className: 'output-map' }),
     legend('viridis', olo, ohi, '输出 output'));
 
   // 3: the two sentences' maps, and A's weights less B's, word for word.
