@@ -81,9 +81,11 @@ demo: build
 # python3 -m http.server -d build/web. Its build folder is $(WEB_BUILD)/,
 # with Highway's source (tools/highway-source.sh). Emscripten's tools run
 # under the machine's node, which finds Debian's node packages (acorn) on
-# NODE_PATH.
+# NODE_PATH. Its Debian packages: Emscripten; dpkg-dev, which unpacks
+# Highway's source; the headers it takes from the host (nlohmann-json, stb)
+# and libhwy-dev, whose version names the source.
 WEB_BUILD ?= build-web
-WEB_DEBS  := emscripten dpkg-dev
+WEB_DEBS  := emscripten dpkg-dev cmake make libhwy-dev nlohmann-json3-dev libstb-dev
 WEB_ENV   := NODE_PATH=/usr/share/nodejs
 web:
 	@tools/install-deps.sh $(WEB_DEBS)
@@ -95,10 +97,10 @@ web:
 # The page in a real browser (tests/web/page_test.mjs): Debian's Chromium,
 # headless, driven by npm's puppeteer-core (which downloads no browser; 24.x,
 # the last line that supports the machine's Node.js 20), the numbers checked
-# against the Python module of $(BUILD).
+# against the Python module of $(BUILD) (built first).
 WEB_TEST_DEBS := chromium nodejs
 PUPPETEER_CORE_VERSION := 24.43.1
-test-web: web
+test-web: build web
 	@tools/install-deps.sh $(WEB_TEST_DEBS)
 	@command -v npm >/dev/null || tools/install-deps.sh npm
 	npm install --prefix $(BUILD)/web-test --no-audit --no-fund --ignore-scripts \
