@@ -227,8 +227,13 @@ std::optional<NpyDtype> parse_npy_dtype(const std::string& descr) {
 template <class T>
 T npy_element(const char* raw, int64_t i, NpyDtype dtype) {
   char bytes[8];
-  std::memcpy(bytes, raw + static_cast<size_t>(i) * dtype.size, dtype.size);
-  if (dtype.big_endian) std::reverse(bytes, bytes + dtype.size);
+  const char* element = raw + static_cast<size_t>(i) * dtype.size;
+  // Big-endian bytes copied in reverse order (not std::reverse in place,
+  // whose inlined swaps GCC 12 for aarch64 takes for writes past bytes).
+  if (dtype.big_endian)
+    for (size_t k = 0; k < dtype.size; ++k) bytes[k] = element[dtype.size - 1 - k];
+  else
+    std::memcpy(bytes, element, dtype.size);
   if (dtype.size == 2) {
     uint16_t h;
     std::memcpy(&h, bytes, 2);
