@@ -204,7 +204,9 @@ TEST(Experiments, OrderReportsItsProgress) {
   EXPECT_EQ(calls.back(), (std::pair<int64_t, int64_t>{100, 100}));
   for (size_t i = 0; i < calls.size(); ++i) {
     EXPECT_EQ(calls[i].second, 100);
-    if (i > 0) EXPECT_GT(calls[i].first, calls[i - 1].first);
+    if (i > 0) {
+      EXPECT_GT(calls[i].first, calls[i - 1].first);
+    }
   }
 }
 
