@@ -45,7 +45,7 @@ constexpr bool sanitized() { return ATTN_SANITIZED; }
 // two 32-bit words, the second times 2^32, over 2^64), without the logl it
 // computes at every draw for the engine's range: under the sanitizers that
 // took about a sixth of the heaviest kernel tests' time. Test
-// Helpers.UniformIsTheStandardLibrarys keeps the two equal.
+// Kernels.TestInputsAreTheStandardLibrarysUniformDraws keeps the two equal.
 inline double uniform(std::mt19937& rng, double lo, double hi) {
   double sum = static_cast<double>(rng());
   sum += static_cast<double>(rng()) * 4294967296.0;

@@ -533,5 +533,20 @@ TEST(Kernels, SixteenBitValuesOfExcludedKeysTakeNoPart) {
   });
 }
 
+// The tests' random inputs (random_tensor) are what std::uniform_real_distribution
+// draws, bit for bit, from the same engine, on every platform the kernel tests
+// run on (Arm's under qemu too): helpers.hpp's uniform() only spares its
+// per-draw logarithm.
+TEST(Kernels, TestInputsAreTheStandardLibrarysUniformDraws) {
+  for (const auto& [lo, hi] : {std::pair{-1.0, 1.0}, {-2.0, 1.0}, {0.0, 1.0}, {-0.5, 0.5}}) {
+    std::mt19937 ours(7), theirs(7);
+    std::uniform_real_distribution<double> u(lo, hi);
+    for (int i = 0; i < 100000; ++i) {
+      const double a = test::uniform(ours, lo, hi), b = u(theirs);
+      ASSERT_EQ(std::memcmp(&a, &b, sizeof a), 0) << "draw " << i << " on [" << lo << ", " << hi << "): " << a << " vs " << b;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace attn

@@ -3,10 +3,8 @@
 #include <bitset>
 #include <cmath>
 #include <cstdint>
-#include <cstring>
 #include <limits>
 #include <random>
-#include <utility>
 
 #include "attn/random.hpp"
 #include "helpers.hpp"
@@ -231,20 +229,6 @@ TEST(RandomTensors, AreTheirClosedFormsOfTheStandardGenerator) {
     const double x = 1 - static_cast<double>(b() >> 11) / 9007199254740992.0;
     const double y = static_cast<double>(b() >> 11) / 9007199254740992.0;
     EXPECT_EQ(g[i], 2.0 * std::sqrt(-2 * std::log(x)) * std::cos(2 * M_PI * y));
-  }
-}
-
-// The tests' random inputs (random_tensor) are what std::uniform_real_distribution
-// draws, bit for bit, from the same engine: helpers.hpp's uniform() only
-// spares its per-draw logarithm.
-TEST(Helpers, UniformIsTheStandardLibrarys) {
-  for (const auto& [lo, hi] : {std::pair{-1.0, 1.0}, {-2.0, 1.0}, {0.0, 1.0}, {-0.5, 0.5}}) {
-    std::mt19937 ours(7), theirs(7);
-    std::uniform_real_distribution<double> u(lo, hi);
-    for (int i = 0; i < 100000; ++i) {
-      const double a = test::uniform(ours, lo, hi), b = u(theirs);
-      ASSERT_EQ(std::memcmp(&a, &b, sizeof a), 0) << "draw " << i << " on [" << lo << ", " << hi << "): " << a << " vs " << b;
-    }
   }
 }
 
