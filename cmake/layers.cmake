@@ -23,7 +23,7 @@ set(ATTN_PUBLIC_onnx onnx.hpp)
 set(ATTN_PUBLIC_io io.hpp file.hpp)
 set(ATTN_PUBLIC_capi attn.h)
 set(ATTN_PUBLIC_dist dist.hpp)
-set(ATTN_PUBLIC_picture picture.hpp)
+set(ATTN_PUBLIC_picture picture.hpp utf8.hpp)
 set(ATTN_PUBLIC_train adam.hpp embedding.hpp experiments.hpp train.hpp)
 set(ATTN_PUBLIC_machine machine.hpp)
 
