@@ -8,6 +8,7 @@ let attn = null;          // the module (createAttn)
 let colourMaps = null;    // attn's viridis and blue_white_red, 256 steps each
 let selectedQuery = 0;    // section 1's query token
 let sinusoidalRow = 10;   // section 4's position
+let sinusoidalTable = [];  // the table attn gave section 4
 let encodingsDrawn = '';  // what section 4 was drawn for
 let sentenceTokens = [];  // sentence A's tokens, as attn split them
 
@@ -189,18 +190,8 @@ function drawEncodings() {
   const tokens = sentenceTokens.slice(0, 16);
   const e = ask('encodings', 64, 64, Number($('rope-position').value), Number($('rope-base').value),
                 ropeScaling(), heads, tokens.length);
-  const table = e.sinusoidal;
-  sinusoidalRow = Math.min(sinusoidalRow, table.length - 1);
-  const map = heatMap({ title: '64 位置 positions × 64 维 dims', values: table, lo: -1, hi: 1, highlight: sinusoidalRow,
-                        className: 'sinusoidal' });
-  const canvas = map.querySelector('canvas');
-  canvas.addEventListener('mousemove', (event) => {
-    const box = canvas.getBoundingClientRect();
-    const row = Math.floor((event.clientY - box.top - 4) / ((box.height - 4) / table.length));
-    if (row >= 0 && row < table.length && row !== sinusoidalRow) { sinusoidalRow = row; drawEncodings(); }
-  });
-  $('sinusoidal-map').replaceChildren(map, legend('viridis', -1, 1, '值 value'));
-  drawWaves(table[sinusoidalRow]);
+  sinusoidalTable = e.sinusoidal;
+  drawTable();
 
   $('rope-pairs').replaceChildren(...e.rope.angles.map((angle, k) => {
     const x = 20 + 16 * Math.cos(angle), y = 20 - 16 * Math.sin(angle);
@@ -218,6 +209,23 @@ function drawEncodings() {
                                                values: w, rows: tokens, cols: tokens, lo: blo, hi: bhi,
                                                className: 'alibi-map' })),
     legend('viridis', blo, bhi, '偏置 bias'));
+}
+
+// The sinusoidal table, its chosen row outlined and drawn as waves (the
+// table attn gave drawEncodings: a new row asks for nothing again).
+function drawTable() {
+  const table = sinusoidalTable;
+  sinusoidalRow = Math.min(sinusoidalRow, table.length - 1);
+  const map = heatMap({ title: '64 位置 positions × 64 维 dims', values: table, lo: -1, hi: 1, highlight: sinusoidalRow,
+                        className: 'sinusoidal' });
+  const canvas = map.querySelector('canvas');
+  canvas.addEventListener('mousemove', (event) => {
+    const box = canvas.getBoundingClientRect();
+    const row = Math.floor((event.clientY - box.top - 4) / ((box.height - 4) / table.length));
+    if (row >= 0 && row < table.length && row !== sinusoidalRow) { sinusoidalRow = row; drawTable(); }
+  });
+  $('sinusoidal-map').replaceChildren(map, legend('viridis', -1, 1, '值 value'));
+  drawWaves(table[sinusoidalRow]);
 }
 
 // One position's row of the table as waves: its sines (even dimensions)
@@ -312,7 +320,7 @@ createAttn().then((module) => {
     if (!step) return;
     event.preventDefault();
     sinusoidalRow = Math.max(0, Math.min(63, sinusoidalRow + step));
-    drawEncodings();
+    drawTable();
   });
   $('run-experiment').addEventListener('click', runExperiment);
   update();
