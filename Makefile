@@ -90,6 +90,9 @@ WEB_ENV   := NODE_PATH=/usr/share/nodejs
 web:
 	@tools/install-deps.sh $(WEB_DEBS)
 	tools/highway-source.sh $(WEB_BUILD)/deps
+	@# Release (-O3): with -Os (MinSizeRel) the module took 0.74 MB against 1.27
+	@# and built in 58 s against 69, but the page's experiment took 3.5 s
+	@# against 1.6 (AMD EPYC Zen 4, Chromium 156).
 	$(WEB_ENV) emcmake cmake -S . -B $(WEB_BUILD) -DCMAKE_BUILD_TYPE=Release \
 	    -DATTN_HWY_SOURCE_DIR=$(CURDIR)/$(WEB_BUILD)/deps/highway -DATTN_WEB_OUTPUT=$(CURDIR)/$(BUILD)/web >/dev/null
 	$(WEB_ENV) cmake --build $(WEB_BUILD) -j $(JOBS) --target attn_web_page
