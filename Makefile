@@ -9,7 +9,7 @@ PYTHON := /usr/bin/python3
 # nlohmann-json (safetensors headers), stb (PNG pictures; found with pkg-config),
 # and WenQuanYi Micro Hei, the font of PNG text (it covers Chinese; 5 MB, where
 # fonts-noto-cjk takes 90 MB), read at run time.
-BUILD_DEBS := g++ cmake make pkg-config libhwy-dev libcli11-dev nlohmann-json3-dev libstb-dev \
+BUILD_DEBS := g++ cmake make ninja-build pkg-config libhwy-dev libcli11-dev nlohmann-json3-dev libstb-dev \
               fonts-wqy-microhei
 # Python module: pybind11 and NumPy under Debian's /usr/bin/python3; pip,
 # venv, setuptools, wheel and build for installing it as a package.
@@ -60,6 +60,12 @@ MPI_SANITIZER_ENV := ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:fast_unwind_on
 
 all: build
 
+# Each build folder is configured for Ninja: one graph for every target asked,
+# where CMake's Makefiles built the targets of one `cmake --build --target A B`
+# one after another (each fuzzer's link left a core idle). A folder configured
+# before keeps its generator.
+generator = $(if $(wildcard $(1)/CMakeCache.txt),,-G Ninja)
+
 deps:
 	@tools/install-deps.sh $(BUILD_DEBS) $(PY_DEBS)
 
@@ -68,7 +74,7 @@ test-deps:
 
 # Configuring again each time is cheap and picks up packages installed since.
 configure:
-	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release -DPython3_EXECUTABLE=$(PYTHON) >/dev/null
+	cmake $(call generator,$(BUILD)) -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release -DPython3_EXECUTABLE=$(PYTHON) >/dev/null
 
 build: deps configure
 	cmake --build $(BUILD) -j $(JOBS)
@@ -85,7 +91,7 @@ demo: build
 # Highway's source; the headers it takes from the host (nlohmann-json, stb)
 # and libhwy-dev, whose version names the source.
 WEB_BUILD ?= build-web
-WEB_DEBS  := emscripten dpkg-dev cmake make libhwy-dev nlohmann-json3-dev libstb-dev
+WEB_DEBS  := emscripten dpkg-dev cmake make ninja-build libhwy-dev nlohmann-json3-dev libstb-dev
 WEB_ENV   := NODE_PATH=/usr/share/nodejs
 web:
 	@tools/install-deps.sh $(WEB_DEBS)
@@ -93,7 +99,7 @@ web:
 	@# Release (-O3): with -Os (MinSizeRel) the module took 0.74 MB against 1.27
 	@# and built in 58 s against 69, but the page's experiment took 3.5 s
 	@# against 1.6 (AMD EPYC Zen 4, Chromium 156).
-	$(WEB_ENV) emcmake cmake -S . -B $(WEB_BUILD) -DCMAKE_BUILD_TYPE=Release \
+	$(WEB_ENV) emcmake cmake $(call generator,$(WEB_BUILD)) -S . -B $(WEB_BUILD) -DCMAKE_BUILD_TYPE=Release \
 	    -DATTN_HWY_SOURCE_DIR=$(CURDIR)/$(WEB_BUILD)/deps/highway -DATTN_WEB_OUTPUT=$(CURDIR)/$(BUILD)/web >/dev/null
 	$(WEB_ENV) cmake --build $(WEB_BUILD) -j $(JOBS) --target attn_web_page
 
@@ -145,7 +151,7 @@ asan: fuzz-build
 	$(MPI_SANITIZER_ENV) ctest --test-dir $(ASAN_BUILD) -L mpi --output-on-failure -j $(JOBS)
 
 fuzz-build: test-deps
-	cmake -S . -B $(ASAN_BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_COMPILER=clang++-14 -DCMAKE_C_COMPILER=clang-14 \
+	cmake $(call generator,$(ASAN_BUILD)) -S . -B $(ASAN_BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_COMPILER=clang++-14 -DCMAKE_C_COMPILER=clang-14 \
 	    -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="$(SANITIZER_OPT_FLAGS)" -DCMAKE_C_FLAGS_RELWITHDEBINFO="$(SANITIZER_OPT_FLAGS)" \
 	    -DATTN_SANITIZE=address,undefined -DATTN_FUZZ=ON -DATTN_HWY_DISABLED_TARGETS="$(SANITIZER_HWY_DISABLED)" >/dev/null
 	cmake --build $(ASAN_BUILD) -j $(JOBS) --target attn_tests attn_dist_tests fuzz_npy fuzz_safetensors fuzz_attention \
@@ -162,7 +168,7 @@ fuzz: fuzz-build
 # (Not the fork tests: ThreadSanitizer does not follow a multi-threaded
 # process across fork; ASan runs them.)
 tsan: test-deps
-	cmake -S . -B $(TSAN_BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_COMPILER=clang++-14 -DCMAKE_C_COMPILER=clang-14 \
+	cmake $(call generator,$(TSAN_BUILD)) -S . -B $(TSAN_BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_COMPILER=clang++-14 -DCMAKE_C_COMPILER=clang-14 \
 	    -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="$(SANITIZER_OPT_FLAGS)" -DCMAKE_C_FLAGS_RELWITHDEBINFO="$(SANITIZER_OPT_FLAGS)" \
 	    -DATTN_SANITIZE=thread -DATTN_HWY_DISABLED_TARGETS="$(SANITIZER_HWY_DISABLED)" >/dev/null
 	cmake --build $(TSAN_BUILD) -j $(JOBS) --target attn_kernel_tests
@@ -211,12 +217,17 @@ ARM_DEBS      := g++-aarch64-linux-gnu qemu-user libhwy-dev:arm64 libgtest-dev:a
 ARM_CPUS      := cortex-a72/NEON max,sve=off/NEON/neon_bf16/neon_dotprod a64fx/SVE \
                  max,sve128=on/SVE2_128/neon_bf16/neon_dotprod max,sve256=on/SVE_256/neon_bf16/neon_dotprod \
                  max/SVE2/neon_bf16/neon_dotprod
-# make test runs ARM_KERNEL_TESTS on the two NEON CPUs,
-# with and without BFDOT. (SVE under qemu costs minutes per test on some
-# hosts: three of these tests took 390 s on one SVE CPU on a Xeon, where a
-# Zen 5 ran all of them in under 2 minutes; make test-arm runs SVE.)
-ARM_TEST_CPUS := cortex-a72/NEON max,sve=off/NEON/neon_bf16/neon_dotprod
-ARM_KERNEL_TESTS := Kernels.*:EdgeCases.*:KVStorage.*:Q8_0.*:Q4_0.*:Precision.*:SparseAttention.*:LatentAttention.*
+# make test runs ARM_KERNEL_TESTS on a NEON CPU without the bf16 and int8
+# units, and ARM_UNIT_TESTS, the tests whose code takes BFDOT and SDOT where
+# the CPU has them, on a NEON CPU that has them: there the other kernel tests
+# would run the very instructions they ran on the first (one Highway target,
+# NEON, on both). (SVE under qemu costs minutes per test on some hosts: three
+# of these tests took 390 s on one SVE CPU on a Xeon, where a Zen 5 ran all
+# of them in under 2 minutes; make test-arm runs SVE.)
+ARM_TEST_CPU      := cortex-a72/NEON
+ARM_UNIT_TEST_CPU := max,sve=off/NEON/neon_bf16/neon_dotprod
+ARM_KERNEL_TESTS  := Kernels.*:EdgeCases.*:KVStorage.*:Q8_0.*:Q4_0.*:Precision.*:SparseAttention.*:LatentAttention.*
+ARM_UNIT_TESTS    := Precision.*:Kernels.RisingMaxAcrossKeyTiles:Kernels.SimdTargetsOfThisCpu
 
 # ARM_HWY_DISABLED: the Highway targets to leave out (none: every Arm target);
 # ARM_TESTS: the test program (attn_kernel_tests: the kernels' and threads'
@@ -227,7 +238,7 @@ ARM_KERNEL_TESTS := Kernels.*:EdgeCases.*:KVStorage.*:Q8_0.*:Q4_0.*:Precision.*:
 ARM_TESTS ?= attn_tests
 arm-build:
 	@tools/install-deps.sh $(ARM_DEBS)
-	cmake -S . -B $(ARM_BUILD) -DCMAKE_TOOLCHAIN_FILE=cmake/aarch64-linux-gnu.cmake -DCMAKE_BUILD_TYPE=Release \
+	cmake $(call generator,$(ARM_BUILD)) -S . -B $(ARM_BUILD) -DCMAKE_TOOLCHAIN_FILE=cmake/aarch64-linux-gnu.cmake -DCMAKE_BUILD_TYPE=Release \
 	    -DATTN_HWY_DISABLED_TARGETS="$(ARM_HWY_DISABLED)" -DCMAKE_SKIP_INSTALL_ALL_DEPENDENCY=ON >/dev/null
 	cmake --build $(ARM_BUILD) -j $(JOBS) --target $(ARM_TESTS) attn_cli attn_shared attn_static
 
@@ -238,11 +249,13 @@ test-arm: arm-build
 	tests/packages.sh . $(ARM_BUILD) arm64
 
 # make test's part: the kernel tests and the edge cases on NEON, each CPU's
-# best target forced (make test-arm forces all of them, SVE too), and the
-# arm64 packages, from a build of the NEON target alone (its own folder).
+# best target forced (make test-arm forces all of them, SVE too), in as many
+# shards as cores, and the arm64 packages, from a build of the NEON target
+# alone (its own folder).
 test-arm-kernels:
 	$(MAKE) arm-build ARM_BUILD=$(ARM_TEST_BUILD) ARM_HWY_DISABLED="$(ARM_TEST_HWY_DISABLED)" ARM_TESTS=attn_kernel_tests
-	tools/test-arm.sh --best-only $(ARM_TEST_BUILD)/bin/attn_kernel_tests '$(ARM_KERNEL_TESTS)' $(ARM_TEST_CPUS)
+	tools/test-arm.sh --best-only --shards $(JOBS) $(ARM_TEST_BUILD)/bin/attn_kernel_tests '$(ARM_KERNEL_TESTS)' $(ARM_TEST_CPU)
+	tools/test-arm.sh --best-only --shards $(JOBS) $(ARM_TEST_BUILD)/bin/attn_kernel_tests '$(ARM_UNIT_TESTS)' $(ARM_UNIT_TEST_CPU)
 	tests/packages.sh . $(ARM_TEST_BUILD) arm64
 
 # The arm64 Debian packages (libattn0, libattn-dev, attn) in $(ARM_BUILD)/.
