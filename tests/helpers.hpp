@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <optional>
 #include <random>
 #include <sstream>
@@ -39,6 +40,8 @@ namespace attn::test {
 // minutes there run smaller (they check memory, not accuracy, there; the
 // Release build runs them at full size).
 constexpr bool sanitized() { return ATTN_SANITIZED; }
+
+inline constexpr double kInf = std::numeric_limits<double>::infinity();
 
 // A uniform double in [lo, hi), the very value std::uniform_real_distribution
 // <double>(lo, hi) draws from a std::mt19937 in libstdc++ (generate_canonical:

@@ -19,7 +19,7 @@ using test::max_abs_diff;
 using test::random_tensor;
 using test::rel_error;
 
-constexpr double kInf = std::numeric_limits<double>::infinity();
+using test::kInf;
 
 // ---------------------------------------------------------------------------
 // The reference against closed forms.

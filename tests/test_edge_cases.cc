@@ -19,7 +19,7 @@ using test::cast;
 using test::random_tensor;
 using test::rel_error;
 
-constexpr double kInf = std::numeric_limits<double>::infinity();
+using test::kInf;
 constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 
 // Which implementation a case runs.

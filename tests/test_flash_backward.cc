@@ -31,7 +31,7 @@ using test::rel_error;
 // 1e-4 relative (Frobenius), the bound: float32 products over a
 // few hundred keys round at about 1e-6 relative; P recomputed from the
 // saved log-sum-exp carries the rounding of S - lse (about 1e-6 · |S|).
-constexpr double kTol = 1e-4;
+constexpr double kFlashTol = 1e-4;
 
 enum class Storage { F32, BF16, F16, Q8_0, Q4_0 };
 
@@ -122,11 +122,11 @@ AttentionGradients<float> check(const KernelCase& c, uint32_t seed, Storage stor
   const AttentionOptions o = test::options_of(c);
   const auto ref = attention_backward(in.q.view(), in.k.view(), in.v.view(), in.dout.view(), o, in.m64);
   const auto got = float_gradients(in, storage, o);
-  EXPECT_LT(rel_error(got.dq, ref.dq), kTol);
-  EXPECT_LT(rel_error(got.dk, ref.dk), kTol);
-  EXPECT_LT(rel_error(got.dv, ref.dv), kTol);
+  EXPECT_LT(rel_error(got.dq, ref.dq), kFlashTol);
+  EXPECT_LT(rel_error(got.dk, ref.dk), kFlashTol);
+  EXPECT_LT(rel_error(got.dv, ref.dv), kFlashTol);
   if (!o.sinks.empty()) {
-    EXPECT_LT(rel_error(got.dsinks, ref.dsinks), kTol);
+    EXPECT_LT(rel_error(got.dsinks, ref.dsinks), kFlashTol);
   }
   return got;
 }

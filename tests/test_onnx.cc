@@ -22,7 +22,7 @@ using test::max_abs_diff;
 using test::random_tensor;
 using test::rel_error;
 
-constexpr double kInf = std::numeric_limits<double>::infinity();
+using test::kInf;
 
 // (B, H, S, D) as ONNX's 3-D (B, S, H·D), contiguous.
 template <class T>

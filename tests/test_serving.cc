@@ -19,7 +19,7 @@ namespace attn {
 namespace {
 
 using test::random_tensor;
-constexpr double kInf = std::numeric_limits<double>::infinity();
+using test::kInf;
 
 // Attention of q (H, n, d) over keys [begin, end) of k, v (H, n_k, ·) in
 // float64, as a state: v (n, H, d_v) and s (n, H), merge_state's layout.

@@ -8,7 +8,7 @@
 namespace attn {
 namespace {
 
-constexpr double kInf = std::numeric_limits<double>::infinity();
+using test::kInf;
 
 // exp(x - max) / sum in long double: the textbook definition.
 Tensor<double> softmax_ld(const Tensor<double>& a) {

@@ -25,7 +25,7 @@ using test::cast;
 using test::max_abs_diff;
 using test::random_tensor;
 
-constexpr double kInf = std::numeric_limits<double>::infinity();
+using test::kInf;
 
 struct SparseCase {
   Shape lead;
