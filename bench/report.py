@@ -53,9 +53,13 @@ class Shapes:
         self.sparse_len, self.topk, self.sparse_rows = (2048, 256, 2) if quick else (65536, 2048, 16)
 
 
+# --quick: each bench in its 3 turns (--min-time 0), not a second's worth.
+BENCH_OPTIONS = []
+
+
 def bench(build, *args):
     """One `attn bench` run's JSON object."""
-    command = [os.path.join(build, "bin", "attn"), "bench", *args, "--json"]
+    command = [os.path.join(build, "bin", "attn"), "bench", *args, *BENCH_OPTIONS, "--json"]
     run = subprocess.run(command, capture_output=True, text=True)
     if run.returncode != 0:
         raise RuntimeError(f"{' '.join(command)} failed ({run.returncode}): {run.stderr.strip()}")
@@ -266,6 +270,7 @@ def main(argv=None):
         p.error(f"--only: unknown block {unknown[0]!r}: expected some of {', '.join(BLOCKS)}")
     os.environ.setdefault("ATTN_PYTHONPATH", os.path.join(os.path.abspath(args.build), "python"))
     s = Shapes(args.quick)
+    BENCH_OPTIONS[:] = ["--min-time", "0"] if args.quick else []
     summary = summary_rows(args.build, s) if "summary" in only else None
     peers = peer_rows(s) if "summary" in only or "peers" in only else None  # (the summary's last rows)
     by_head_dim = grid(args.build, s) if "head-dims" in only else None

@@ -97,8 +97,8 @@ struct Turns {
 // Runs the kernels and a ceiling measurement in turns, so that a slow spell of
 // this shared machine hits them alike. A turn repeats a fast kernel for about
 // 20 ms (so that a small kernel runs hot, as in a loop, not right after the
-// ceiling's work); at least 3 turns and about a second in all, after a
-// warm-up call of each and a second call of each kernel to size its turn.
+// ceiling's work); at least 3 turns and --min-time in all (at most 50 turns),
+// after a warm-up call of each and a second call of each kernel to size its turn.
 inline Turns run_in_turns(const std::vector<std::function<void()>>& kernels,
                    const std::function<double()>& ceiling) {
   using Clock = std::chrono::steady_clock;
@@ -116,7 +116,7 @@ inline Turns run_in_turns(const std::vector<std::function<void()>>& kernels,
   std::vector<std::vector<double>> ms(kernels.size());
   std::vector<double> ceilings;
   const auto start = Clock::now();
-  while (ceilings.size() < 3 || (ceilings.size() < 50 && ms_since(start) < 1000)) {
+  while (ceilings.size() < 3 || (ceilings.size() < 50 && ms_since(start) < 1000 * bench_min_time_s)) {
     // Each turn starts with the next kernel: the first of a turn wakes the
     // pool's threads from the ceiling's pause (decode: 10% of a call), and
     // no kernel should always be the one that pays for it.

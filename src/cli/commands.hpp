@@ -40,6 +40,12 @@ struct AttendArgs {
 };
 int run_attend(const AttendArgs& args);
 
+// attn bench --min-time, for every bench: the turns (bench_common.hpp's
+// run_in_turns) last at least this long, in seconds, as Google Benchmark's
+// --benchmark_min_time; 0 leaves the 3 turns alone, for tests that check what
+// the command prints, not the machine.
+inline double bench_min_time_s = 1.0;
+
 struct BenchArgs {
   std::string kind;  // "attention", "backward", "decode", "mla", "sparse" or "varlen"
   int64_t n = 4096, heads = 8, kv_heads = 0, head_dim = 64, batch = 1;

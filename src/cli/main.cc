@@ -343,6 +343,12 @@ void add_serve_benches(CLI::App* bench, Command& chosen) {
 void add_bench(CLI::App& app, Command& chosen) {
   auto* bench = app.add_subcommand("bench", "time the kernels against this machine's ceilings");
   bench->require_subcommand(1);
+  // Its subcommands take it too (they inherit fallthrough).
+  bench->fallthrough();
+  bench->add_option("--min-time", attn::cli::bench_min_time_s,
+                    "seconds of turns at least (at least 3 turns): 0 for a quick check of the output")
+      ->check(CLI::Range(0.0, 3600.0))
+      ->capture_default_str();
   auto* attention = bench->add_subcommand("attention", "prefill: n queries × n keys");
   auto a = on_chosen(attention, chosen, attn::cli::run_bench);
   a->kind = "attention";

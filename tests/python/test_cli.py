@@ -27,6 +27,11 @@ def ok(*args):
     return r
 
 
+def quick_bench(*args):
+    """attn bench ARGS in 3 turns, not a second's worth: its output, not the machine, is checked."""
+    return ok("bench", *args, "--min-time", 0)
+
+
 def png_size(path):
     """Width and height from the PNG signature and IHDR chunk."""
     with open(path, "rb") as f:
@@ -499,9 +504,11 @@ def test_no_subcommand_exits_0_when_standard_output_fails(tmp_path):
                 ["mha", "x.npy", "--weights", "layer.safetensors", "--out", "/dev/stdout"],
                 ["experiment", "order", "--steps", 1, "--json", "--out", "weights"],
                 ["experiment", "heads", "--steps", 1],
-                ["bench", "attention", "--n", 64, "--heads", 1, "--head-dim", 16, "--threads", 1, "--json"],
-                ["bench", "decode", "--kv-len", 64, "--heads", 1, "--head-dim", 16, "--threads", 1],
-                ["bench", "varlen", "--lengths", 16, 8, "--heads", 1, "--head-dim", 16, "--threads", 1]]
+                ["bench", "attention", "--n", 64, "--heads", 1, "--head-dim", 16, "--threads", 1, "--json",
+                 "--min-time", 0],
+                ["bench", "decode", "--kv-len", 64, "--heads", 1, "--head-dim", 16, "--threads", 1, "--min-time", 0],
+                ["bench", "varlen", "--lengths", 16, 8, "--heads", 1, "--head-dim", 16, "--threads", 1,
+                 "--min-time", 0]]
     with open("/dev/full", "w") as full:
         for args in commands:
             r = subprocess.run([CLI, *map(str, args)], cwd=tmp_path, stdout=full, stderr=subprocess.PIPE,
@@ -584,6 +591,7 @@ def bad_cases(tmp):
         (["experiment", "order", "--seed", -1], 2, "--seed: -1 is not in 0..18446744073709551615"),
         (["experiment", "heads", "--seed", "18446744073709551616"], 2, "--seed: 18446744073709551616 is not in"),
         (["bench", "decode", "--queries", 9], 2, "--queries: 9 is not in 1..8"),
+        (["bench", "decode", "--min-time", -1], 2, "--min-time: Value -1 not in range"),
         (["bench", "decode", "--kv-len", 0], 2, "--kv-len: 0 is not in"),
         (["bench", "attention", "--n", 0], 2, "--n: 0 is not in"),
         (["bench", "attention", "--head-dim", 4097], 2, "--head-dim: 4097 is not in 1..4096"),
@@ -691,7 +699,7 @@ def test_bench_reports_consistent_numbers():
         assert r["ratio_to_ceiling"] == pytest.approx(rate / r["ceiling"], rel=2e-3, abs=1e-4)
 
     n, heads, d = 160, 2, 32
-    r = json.loads(ok("bench", "attention", "--n", n, "--heads", heads, "--head-dim", d,
+    r = json.loads(quick_bench("attention", "--n", n, "--heads", heads, "--head-dim", d,
                       "--kv-dtype", "bf16", "--threads", 1, "--json").stdout)
     assert r["n"] == n and r["kv_dtype"] == "bf16" and r["threads"] == 1
     flop = 4 * n * n * d * heads
@@ -701,7 +709,7 @@ def test_bench_reports_consistent_numbers():
     assert r["speedup_vs_f32"] == time_ratio(r["f32_median_ms"], r["median_ms"])
     assert 0.2 < r["speedup_vs_f32"] < 5  # the float32 time of the same kernel, not the ceiling's
     assert 1e-4 < r["error_vs_f64"] < 1e-2  # bf16's rounding, against the float64 reference
-    r = json.loads(ok("bench", "attention", "--n", n, "--heads", heads, "--head-dim", d, "--causal",
+    r = json.loads(quick_bench("attention", "--n", n, "--heads", heads, "--head-dim", d, "--causal",
                       "--threads", 1, "--json").stdout)
     pairs = n * (n + 1) / 2
     assert r["gflops_unmasked"] == pytest.approx(4 * pairs * d * heads / r["median_ms"] * 1e-6,
@@ -713,7 +721,7 @@ def test_bench_reports_consistent_numbers():
     assert "speedup_vs_f32" not in r
     # bf16 precision: the unit that ran it, its error against float64, the
     # float32 precision of the same turns.
-    r = json.loads(ok("bench", "attention", "--n", n, "--heads", heads, "--head-dim", d, "--precision", "bf16",
+    r = json.loads(quick_bench("attention", "--n", n, "--heads", heads, "--head-dim", d, "--precision", "bf16",
                       "--threads", 1, "--json").stdout)
     # (The CLI's process times the CPU's bf16 unit for itself, so its choice
     # is not asserted to be this process's.)
@@ -730,7 +738,7 @@ def test_bench_reports_consistent_numbers():
     check_ceiling(r, d, on_unit, on_unit, 8)
     # int8 precision: on x86's VNNI or Arm's SDOT where the CPU has it, its
     # error the quantization's.
-    r = json.loads(ok("bench", "attention", "--n", n, "--heads", heads, "--head-dim", d, "--precision", "int8",
+    r = json.loads(quick_bench("attention", "--n", n, "--heads", heads, "--head-dim", d, "--precision", "int8",
                       "--threads", 1, "--json").stdout)
     assert r["precision"] == "int8" and r["unit"] in {"highway", "avx512_vnni", "neon_dotprod"}
     assert 1e-3 < r["error_vs_f64"] < 2e-2
@@ -744,7 +752,7 @@ def test_bench_reports_consistent_numbers():
     # A chunk of queries against a longer cache, aligned bottom-right: query i
     # sees keys 0 .. i + (kv_len - n).
     n_q, n_k = 64, 200
-    r = json.loads(ok("bench", "attention", "--n", n_q, "--kv-len", n_k, "--heads", heads, "--head-dim", d,
+    r = json.loads(quick_bench("attention", "--n", n_q, "--kv-len", n_k, "--heads", heads, "--head-dim", d,
                       "--causal", "--threads", 1, "--json").stdout)
     assert (r["n"], r["kv_len"]) == (n_q, n_k)
     pairs = sum(min(i + n_k - n_q + 1, n_k) for i in range(n_q))
@@ -753,7 +761,7 @@ def test_bench_reports_consistent_numbers():
     assert r["gflops_unmasked"] == pytest.approx(4 * pairs * d * heads / r["median_ms"] * 1e-6,
                                                  rel=rate_tol(r["median_ms"], r["gflops_unmasked"]))
     L = 6000
-    r = json.loads(ok("bench", "decode", "--kv-len", L, "--heads", heads, "--head-dim", d,
+    r = json.loads(quick_bench("decode", "--kv-len", L, "--heads", heads, "--head-dim", d,
                       "--threads", 1, "--json").stdout)
     assert r["gbps"] == pytest.approx(2 * heads * L * d * 4 / r["median_ms"] * 1e-6,
                                       rel=rate_tol(r["median_ms"], r["gbps"]))
@@ -761,7 +769,7 @@ def test_bench_reports_consistent_numbers():
     assert r["ceiling"] == r["peak_gbps"] and r["ratio_to_ceiling"] == r["ratio_to_peak"]  # the read bandwidth
     # q8_0 K/V: the bytes counted are q8_0's (34 per 32 values), the error is
     # q8_0's rounding; a head dim that is not whole blocks is an error naming it.
-    r = json.loads(ok("bench", "decode", "--kv-len", L, "--heads", heads, "--head-dim", d,
+    r = json.loads(quick_bench("decode", "--kv-len", L, "--heads", heads, "--head-dim", d,
                       "--kv-dtype", "q8_0", "--threads", 1, "--json").stdout)
     assert r["gbps"] == pytest.approx(2 * heads * L * d // 32 * 34 / r["median_ms"] * 1e-6,
                                       rel=rate_tol(r["median_ms"], r["gbps"]))
@@ -769,13 +777,13 @@ def test_bench_reports_consistent_numbers():
     bad = run("bench", "decode", "--kv-len", L, "--heads", heads, "--head-dim", 20, "--kv-dtype", "q8_0")
     assert bad.returncode != 0 and "multiple of 32" in bad.stderr
     # q4_0: 18 bytes per 32 values; issue 50's bound on its error.
-    r = json.loads(ok("bench", "decode", "--kv-len", L, "--heads", heads, "--head-dim", d,
+    r = json.loads(quick_bench("decode", "--kv-len", L, "--heads", heads, "--head-dim", d,
                       "--kv-dtype", "q4_0", "--threads", 1, "--json").stdout)
     assert r["gbps"] == pytest.approx(2 * heads * L * d // 32 * 18 / r["median_ms"] * 1e-6,
                                       rel=rate_tol(r["median_ms"], r["gbps"]))
     assert 1e-3 < r["error_vs_f64"] < 8e-2 and r["speedup_vs_f32"] > 0
     # int4 (KIVI's): 20 bytes per 32 values, keys per channel; the same bound.
-    r = json.loads(ok("bench", "decode", "--kv-len", L, "--heads", heads, "--head-dim", d,
+    r = json.loads(quick_bench("decode", "--kv-len", L, "--heads", heads, "--head-dim", d,
                       "--kv-dtype", "int4", "--threads", 1, "--json").stdout)
     key_blocks, value_blocks = -(-L // 32) * d, L * d // 32  # (a last group of keys partial)
     assert r["gbps"] == pytest.approx(heads * (key_blocks + value_blocks) * 20 / r["median_ms"] * 1e-6,
@@ -784,7 +792,7 @@ def test_bench_reports_consistent_numbers():
     bad = run("bench", "backward", "--n", 64, "--kv-dtype", "int4")
     assert bad.returncode != 0 and "int4 has no backward" in bad.stderr
     # Over int4 pages: whole groups of keys in a page.
-    r = json.loads(ok("bench", "decode", "--kv-len", L, "--heads", heads, "--head-dim", d, "--kv-dtype", "int4",
+    r = json.loads(quick_bench("decode", "--kv-len", L, "--heads", heads, "--head-dim", d, "--kv-dtype", "int4",
                       "--page-size", 32, "--threads", 1, "--json").stdout)
     assert (r["kv_dtype"], r["page_size"]) == ("int4", 32) and r["ratio_to_contiguous"] > 0
     bad = run("bench", "decode", "--kv-len", L, "--kv-dtype", "int4", "--page-size", 16)
@@ -794,7 +802,7 @@ def test_bench_reports_consistent_numbers():
     # other caches (computed in float32) or over pages, an error naming both.
     f32 = r8 = None
     for precision in ("f32", "int8"):
-        r = json.loads(ok("bench", "decode", "--kv-len", L, "--heads", heads, "--head-dim", d, "--kv-dtype", "q8_0",
+        r = json.loads(quick_bench("decode", "--kv-len", L, "--heads", heads, "--head-dim", d, "--kv-dtype", "q8_0",
                           "--precision", precision, "--threads", 1, "--json").stdout)
         assert r["precision"] == precision
         f32, r8 = (r, r8) if precision == "f32" else (f32, r)
@@ -805,7 +813,7 @@ def test_bench_reports_consistent_numbers():
     bad = run("bench", "decode", "--kv-len", L, "--kv-dtype", "q8_0", "--precision", "int8", "--page-size", 16)
     assert bad.returncode != 0 and "--page-size" in bad.stderr
     # MLA's absorbed decode: 2·H·kv_len·(576 + 512) FLOPs against the FMA peak, on the unit named
-    r = json.loads(ok("bench", "mla", "--kv-len", 700, "--heads", 4, "--kv-dtype", "bf16", "--threads", 1,
+    r = json.loads(quick_bench("mla", "--kv-len", 700, "--heads", 4, "--kv-dtype", "bf16", "--threads", 1,
                       "--json").stdout)
     assert (r["kind"], r["kv_len"], r["heads"], r["kv_dtype"], r["unit"]) == ("mla", 700, 4, "bf16", "highway")
     assert r["gflops"] == pytest.approx(2 * 4 * 700 * (576 + 512) / r["median_ms"] * 1e-6,
