@@ -254,8 +254,8 @@ test-arm: arm-build
 # alone (its own folder).
 test-arm-kernels:
 	$(MAKE) arm-build ARM_BUILD=$(ARM_TEST_BUILD) ARM_HWY_DISABLED="$(ARM_TEST_HWY_DISABLED)" ARM_TESTS=attn_kernel_tests
-	tools/test-arm.sh --best-only --shards $(JOBS) $(ARM_TEST_BUILD)/bin/attn_kernel_tests '$(ARM_KERNEL_TESTS)' $(ARM_TEST_CPU)
-	tools/test-arm.sh --best-only --shards $(JOBS) $(ARM_TEST_BUILD)/bin/attn_kernel_tests '$(ARM_UNIT_TESTS)' $(ARM_UNIT_TEST_CPU)
+	tools/test-arm.sh --best-only --shards $(JOBS) $(ARM_TEST_BUILD)/bin/attn_kernel_tests \
+	    '$(ARM_KERNEL_TESTS)' $(ARM_TEST_CPU) -- '$(ARM_UNIT_TESTS)' $(ARM_UNIT_TEST_CPU)
 	tests/packages.sh . $(ARM_TEST_BUILD) arm64
 
 # The arm64 Debian packages (libattn0, libattn-dev, attn) in $(ARM_BUILD)/.

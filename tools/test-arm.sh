@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Runs the aarch64 C++ test binary under qemu-aarch64 on emulated Arm CPUs.
 #   tools/test-arm.sh [--best-only] [--shards N] BINARY GTEST_FILTER CPU/TARGET[/UNIT[/INT8_UNIT]]...
+#                     [-- GTEST_FILTER CPU/TARGET[/UNIT[/INT8_UNIT]]...]...
+# (each group of CPUs after -- runs the tests of its own filter; each CPU once).
 # CPU is qemu's -cpu value, TARGET the best Highway target it must dispatch to
 # (the test Kernels.SimdTargetsOfThisCpu checks it), UNIT and INT8_UNIT the
 # bf16 and int8 units it must use (default highway; Precision.UnitIsTheCPUs
@@ -9,8 +11,8 @@
 # --best-only, TARGET alone (ATTN_TEST_TARGETS). ATTN_TEST_EMULATED makes the
 # few tests that are impractical under emulation run smaller. With --shards
 # N, each CPU's tests are split into N processes (GoogleTest's sharding), so
-# that one CPU's run keeps every core busy. The processes run ARM_JOBS at a
-# time (default: the number of cores). Prints, per CPU, the targets that ran,
+# that one CPU's run keeps every core busy. The processes of all the CPUs run
+# ARM_JOBS at a time (default: the number of cores), from one queue. Prints, per CPU, the targets that ran,
 # the test counts and the time (of its slowest shard); fails on any failure.
 set -uo pipefail
 best_only=0 shards=1
@@ -21,8 +23,18 @@ while [ $# -gt 0 ]; do
     *) break ;;
   esac
 done
-bin=$1 filter=$2
-shift 2
+bin=$1
+shift
+specs=() filters=()  # each CPU and its filter
+while [ $# -gt 0 ]; do
+  filter=$1
+  shift
+  while [ $# -gt 0 ] && [ "$1" != -- ]; do
+    specs+=("$1") filters+=("$filter")
+    shift
+  done
+  [ $# -gt 0 ] && shift
+done
 logs=$(dirname "$bin")/../test-arm-logs
 mkdir -p "$logs"
 jobs=${ARM_JOBS:-$(nproc)}
@@ -38,30 +50,30 @@ unit_of() { field_of "$1" 2; }
 int8_unit_of() { field_of "$1" 3; }
 log_of() { echo "$logs/$(cpu_of "$1" | tr ',=' '__').shard$2.log"; }
 
-run_one() {  # CPU/TARGET[/UNIT[/INT8_UNIT]] SHARD: the log, then its exit status and seconds in LOG.status
+run_one() {  # CPU/TARGET[/UNIT[/INT8_UNIT]] FILTER SHARD: the log, then its exit status and seconds in LOG.status
   local cpu expected unit int8_unit log only=() start rc
   cpu=$(cpu_of "$1") expected=$(target_of "$1") unit=$(unit_of "$1") int8_unit=$(int8_unit_of "$1")
-  log=$(log_of "$1" "$2")
+  log=$(log_of "$1" "$3")
   [ $best_only = 1 ] && only=(ATTN_TEST_TARGETS="$expected")
   start=$(date +%s)
-  env "${only[@]}" GTEST_TOTAL_SHARDS="$shards" GTEST_SHARD_INDEX="$2" ATTN_TEST_EMULATED=1 \
+  env "${only[@]}" GTEST_TOTAL_SHARDS="$shards" GTEST_SHARD_INDEX="$3" ATTN_TEST_EMULATED=1 \
       ATTN_EXPECT_TARGET="$expected" ATTN_EXPECT_UNIT="$unit" \
       ATTN_EXPECT_INT8_UNIT="$int8_unit" \
-      qemu-aarch64 -cpu "$cpu" "$bin" --gtest_filter="$filter" >"$log" 2>&1
+      qemu-aarch64 -cpu "$cpu" "$bin" --gtest_filter="$2" >"$log" 2>&1
   rc=$?
   echo "$rc $(( $(date +%s) - start ))" >"$log.status"
 }
 
-for spec in "$@"; do
+for i in "${!specs[@]}"; do
   for ((shard = 0; shard < shards; ++shard)); do
     while [ "$(jobs -rp | wc -l)" -ge "$jobs" ]; do wait -n; done
-    run_one "$spec" "$shard" &
+    run_one "${specs[i]}" "${filters[i]}" "$shard" &
   done
 done
 wait
 
 failed=0
-for spec in "$@"; do
+for spec in "${specs[@]}"; do
   passed=0 failures=0 slowest=0 targets=
   for ((shard = 0; shard < shards; ++shard)); do
     log=$(log_of "$spec" "$shard")
