@@ -12,8 +12,9 @@
 # few tests that are impractical under emulation run smaller. With --shards
 # N, each CPU's tests are split into N processes (GoogleTest's sharding), so
 # that one CPU's run keeps every core busy. The processes of all the CPUs run
-# ARM_JOBS at a time (default: the number of cores), from one queue. Prints, per CPU, the targets that ran,
-# the test counts and the time (of its slowest shard); fails on any failure.
+# ARM_JOBS at a time (default: the number of cores), from one queue. Prints,
+# per CPU, the targets that ran, the test counts and the time (of its slowest
+# shard); fails on any failure.
 set -uo pipefail
 best_only=0 shards=1
 while [ $# -gt 0 ]; do
