@@ -4,8 +4,34 @@
 #include <gtest/gtest.h>
 #include <mpi.h>
 
+#if defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define ATTN_DIST_LEAK_CHECK 1
+#endif
+#endif
+#if defined(__SANITIZE_ADDRESS__)
+#define ATTN_DIST_LEAK_CHECK 1
+#endif
+#ifdef ATTN_DIST_LEAK_CHECK
+#include <sanitizer/lsan_interface.h>
+#endif
+
 int main(int argc, char** argv) {
+  // Under ASan, the leak check covers the tests, not Open MPI: its
+  // allocations in MPI_Init are left out, and the check runs before
+  // MPI_Finalize, which drops references to what its components (unloaded
+  // by then, so no stack names them) still hold. What is left are Open MPI's
+  // own threads (tests/dist/lsan.supp), whose stacks reach its libraries
+  // within a few frames: the Makefile's malloc_context_size=8 unwinds no
+  // further, where all 30 frames through Open MPI took 4 ranks 19.8 s
+  // against 13.2 (AMD EPYC Zen 4).
+#ifdef ATTN_DIST_LEAK_CHECK
+  __lsan_disable();
+#endif
   MPI_Init(&argc, &argv);
+#ifdef ATTN_DIST_LEAK_CHECK
+  __lsan_enable();
+#endif
   ::testing::InitGoogleTest(&argc, argv);
   int rank = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
@@ -14,6 +40,9 @@ int main(int argc, char** argv) {
   const int failed = RUN_ALL_TESTS();
   int any = 0;
   MPI_Allreduce(&failed, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+#ifdef ATTN_DIST_LEAK_CHECK
+  __lsan_do_leak_check();  // a leak ends the rank here, and mpirun fails
+#endif
   MPI_Finalize();
   return any;
 }
