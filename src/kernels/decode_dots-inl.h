@@ -122,6 +122,31 @@ HWY_INLINE hn::Vec<hn::Full128<float>> Sums4(DF d, VF a0, VF a1, VF a2, VF a3) {
   return BlocksAdded(d, sums);
 }
 
+#if ATTN_BLOCKS_FOLDED
+// DotKeys's scores of one row and KEYS q8_0 or q4_0 keys: per block, the
+// row's sum over the block's codes (BlockCodes), then times the block's
+// scale, once per block and key, not once per value. The same bits whether
+// a key is scored among four or alone.
+template <int KEYS, class Block>
+HWY_INLINE void BlockDotKeys(DF d, const float* q, const Block* k, int64_t k_stride, int64_t D, float scale, float* s) {
+  constexpr int64_t kHalf = kQ8_0Block / 2;
+  VF acc[4] = {hn::Zero(d), hn::Zero(d), hn::Zero(d), hn::Zero(d)};
+  for (int64_t b = 0; b < D / kQ8_0Block; ++b) {
+    const VF q_first = hn::LoadU(d, q + b * kQ8_0Block), q_last = hn::LoadU(d, q + b * kQ8_0Block + kHalf);
+    for (int t = 0; t < KEYS; ++t) {
+      const Block& block = k[t * k_stride + b];
+      VF first, last;
+      BlockCodes(d, block, first, last);
+      acc[t] = hn::MulAdd(hn::MulAdd(q_last, last, hn::Mul(q_first, first)), BlockScale(d, block), acc[t]);
+    }
+  }
+  const hn::Full128<float> d4;
+  const auto sums = Sums4(d, acc[0], acc[1], acc[2], acc[3]);
+  if constexpr (KEYS == 4) hn::StoreU(hn::Mul(sums, hn::Set(d4, scale)), d4, s);
+  else s[0] = hn::GetLane(sums) * scale;
+}
+#endif
+
 // s[r · s_stride + t] = scale · q_r · k_t for r < MR and the KEYS (1 or 4)
 // keys k_t = k + t · k_stride, one accumulator per row and key, summed by
 // Sums4: the same bits whether a key is scored among four or alone.
@@ -129,6 +154,10 @@ template <int MR, int KEYS, class KV>
 HWY_INLINE void DotKeys(DF d, const float* const* q, const KV* k, int64_t k_stride, int64_t D, float scale,
                         float* s, int64_t s_stride) {
   static_assert(KEYS == 1 || KEYS == 4, "one key or four");
+#if ATTN_BLOCKS_FOLDED
+  if constexpr (MR == 1 && (std::is_same_v<KV, block_q8_0> || std::is_same_v<KV, block_q4_0>))
+    return BlockDotKeys<KEYS>(d, q[0], k, k_stride, D, scale, s);
+#endif
   const int64_t N = static_cast<int64_t>(hn::Lanes(d)), full = D / N * N;
   VF acc[MR][KEYS];
   for (int r = 0; r < MR; ++r)

@@ -188,8 +188,16 @@ HWY_INLINE void Int4ValueBlock(DF d, const float* w, int64_t w_stride, int64_t c
       constexpr int s = decltype(set)::value;
       if (s > 0 && j + s >= count) return;
       const uint8_t* codes = v[(j + s) * v_stride].qs;
+#if ATTN_BLOCKS_FOLDED
+      VF centred[2];  // (16 lanes: V = 2, the low nibbles, then the high ones)
+      CentredNibbles(d, codes, centred[0], centred[1]);
+#endif
       Unroll<V>([&](auto vector) HWY_ATTR {
+#if ATTN_BLOCKS_FOLDED
+        const VF c = centred[decltype(vector)::value];
+#else
         const VF c = hn::Sub(NibbleCodes(d, codes, decltype(vector)::value * N), eight);
+#endif
         Unroll<MR>([&](auto r) HWY_ATTR {
           VF& acc = Acc<(s * MR + r) * V + decltype(vector)::value>(a0, a1, a2, a3, a4, a5, a6, a7);
           acc = hn::MulAdd(hn::Set(d, w[r * w_stride + j + s]), c, acc);
