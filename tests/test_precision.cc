@@ -713,6 +713,21 @@ TEST(Precision, Int8DecodeOverQ8_0RoundsTheQueriesToQ8_0) {
       }
 }
 
+// Decode takes the int8 unit from 8 query rows per KV head (the test above
+// runs 4 and 8 rows, each with the unit on and off); other precisions'
+// decode units are precision_unit's.
+TEST(Precision, Int8DecodeTakesTheUnitFromEightRowsPerKVHead) {
+  for (const int64_t rows : {1, 4, 7}) EXPECT_EQ(decode_precision_unit(Precision::Int8, rows), "highway") << rows;
+  for (const int64_t rows : {8, 32})
+    EXPECT_EQ(decode_precision_unit(Precision::Int8, rows), expected_int8_unit()) << rows;
+  {
+    const Int8UnitOn off(false);
+    EXPECT_EQ(decode_precision_unit(Precision::Int8, 8), "highway");
+  }
+  for (const Precision p : {Precision::Float32, Precision::BF16})
+    EXPECT_EQ(decode_precision_unit(p, 1), precision_unit(p));
+}
+
 // A query q8_0 cannot hold (past 65504 · 127, whose scale's fp16
 // overflows) keeps the call's queries as they are: float32 precision's
 // result, bit for bit.

@@ -53,6 +53,12 @@ std::string precision_name(Precision precision);
 // and Int8). Int8's P·V, being BF16's, runs on what
 // precision_unit(Precision::BF16) names.
 std::string precision_unit(Precision precision);
+// What computes decode's Q·K in that precision (Int8 over q8_0 keys: calls
+// of at most 8 query rows against many keys) at rows_per_kv_head query rows
+// per KV head (GQA group × queries): precision_unit(Int8)'s unit from 8
+// rows up, "highway" below, where the unit's packing costs more than it
+// saves (docs/semantics.md "Precision"); precision_unit's answer otherwise.
+std::string decode_precision_unit(Precision precision, int64_t rows_per_kv_head);
 // A benchmark's ceiling for a precision (what `attn bench` divides a kernel's
 // rate by): `iterations` rounds of independent multiply-adds on registers, on
 // the calling thread, on the unit that computes that precision's products

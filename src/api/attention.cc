@@ -354,6 +354,11 @@ std::string precision_unit(Precision precision) {
   }
 }
 
+std::string decode_precision_unit(Precision precision, int64_t rows_per_kv_head) {
+  if (precision == Precision::Int8 && !kernels::decode_takes_int8_unit(rows_per_kv_head)) return "highway";
+  return precision_unit(precision);
+}
+
 double precision_peak_loop(Precision precision, int64_t iterations, float* sink) {
   switch (precision) {
     case Precision::BF16: return kernels::bf16_peak_loop(iterations, sink);

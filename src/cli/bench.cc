@@ -281,7 +281,7 @@ Measurement bench_decode(const BenchArgs& a, int threads) {
                  {"ratio_to_peak", rounded(gbps / peak, 4)}, {"ceiling", rounded(peak, 2)},
                  {"ratio_to_ceiling", rounded(gbps / peak, 4)}},
                 "", ms, gbps, gbps / peak};
-  if (a.precision != "f32") m.json["unit"] = precision_unit(parse_precision(a.precision));
+  if (a.precision != "f32") m.json["unit"] = decode_precision_unit(parse_precision(a.precision), a.heads / hkv * a.queries);
   m.json.update(timing.json);
   char buf[400];
   std::snprintf(buf, sizeof buf,

@@ -42,6 +42,11 @@ void decode_forward_batch(const std::vector<const core::AttentionProblem<float>*
 // kDecodeMaxQueries: config.hpp).
 bool decode_suits(int64_t n_q);
 
+// Whether decode's Q·K in int8 precision over q8_0 keys runs on the int8
+// unit (int8_unit(), from kDecodeUnitRows query rows per kv head: config.hpp)
+// rather than on the FMAs over the same rounded queries.
+bool decode_takes_int8_unit(int64_t rows_per_kv_head);
+
 // Whether decode_forward is the better kernel for p (n_q <= kDecodeMaxQueries,
 // n_k beyond one chunk, no weights or logits asked for; config.hpp).
 bool use_decode(const core::AttentionProblem<float>& p);

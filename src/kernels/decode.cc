@@ -45,7 +45,8 @@ thread_local Scratch<float> tls_decode_int4_weights;
 // int8 precision over q8_0 keys (docs/semantics.md "Precision"): each query
 // row rounded to q8_0, as llama.cpp's vec_dot_q8_0_q8_0 rounds it, once per
 // call: for the int8 unit as its bytes (code + 128) and a float32 scale per
-// block, or, without one, as float32 values for the float path. Rows in
+// block, or, without one (or below kDecodeUnitRows rows per kv head), as
+// float32 values for the float path. Rows in
 // p.q's order, (batch, query head, query), so a kv head's rows lie together.
 // P·V stays float32: on VNNI's int16 products (each weight times its key's
 // block scale rounded to int16 per row, block and 64-key tile, 6.8e-5 of
@@ -539,7 +540,8 @@ void DecodeForwardT(const core::AttentionProblem<float>* const* problems, int64_
   if constexpr (std::is_same_v<KV, block_q8_0>)
     for (int64_t i = 0; i < count; ++i)
       if (problems[i]->precision == Precision::Int8 && RoundedQueries::Fit(*problems[i]))
-        rounded[static_cast<size_t>(i)] = std::make_unique<RoundedQueries>(*problems[i], int8_unit());
+        rounded[static_cast<size_t>(i)] = std::make_unique<RoundedQueries>(
+            *problems[i], decode_takes_int8_unit(problems[i]->group() * problems[i]->n_q) ? int8_unit() : nullptr);
   // The problem an item (or a problem's merge) belongs to.
   const auto problem_of = [&](const std::vector<int64_t>& firsts, int64_t x) {
     return static_cast<int64_t>(std::upper_bound(firsts.begin(), firsts.end(), x) - firsts.begin()) - 1;
@@ -588,6 +590,7 @@ void decode_forward_batch(const std::vector<const core::AttentionProblem<float>*
   HWY_DYNAMIC_DISPATCH(DecodeForward)(problems.data(), static_cast<int64_t>(problems.size()));
 }
 bool decode_suits(int64_t n_q) { return n_q <= kDecodeMaxQueries; }
+bool decode_takes_int8_unit(int64_t rows_per_kv_head) { return rows_per_kv_head >= kDecodeUnitRows && int8_unit(); }
 bool use_decode(const core::AttentionProblem<float>& p) {
   return !p.weights && !p.logits && p.n_q <= kDecodeMaxQueries && p.n_k > kDecodeChunk;
 }
