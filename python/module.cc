@@ -488,6 +488,15 @@ PYBIND11_MODULE(_core, m) {
         "VPDPBUSD) or 'neon_dotprod' (Arm's SDOT) for the Q·Kᵀ of 'int8' where the CPU has it, or 'highway' "
         "(the float32 FMAs, on bf16-rounded or int8-quantized values). The P·V of 'int8', being bf16's, runs "
         "on what precision_unit('bf16') names.");
+  m.def("decode_precision_unit",
+        [](const py::object& precision, int64_t rows_per_kv_head) {
+          return attn::decode_precision_unit(precision_arg(precision), rows_per_kv_head);
+        },
+        arg("precision"), arg("rows_per_kv_head"),
+        "decode_precision_unit(precision, rows_per_kv_head) -> str: what computes decode's Q·K (at most 8 "
+        "query rows against many keys) in that precision at this many query rows per KV head (GQA group x "
+        "queries): for 'int8' over q8_0 keys, precision_unit('int8') from 8 rows up and 'highway' below them "
+        "(where the unit's packing costs more than it saves); precision_unit(precision) otherwise.");
   bind_quantized(m);
   bind_mha(m);
   bind_mla(m);

@@ -17,8 +17,8 @@ For code written for PyTorch: scaled_dot_product_attention has
 torch.nn.functional's signature, MultiHeadAttention torch.nn.MultiheadAttention's
 (and MultiHeadAttention.from_torch(module) copies a live one).
 """
-from ._core import (KVCache, QuantizedTensor, __version__, max_num_threads,  # noqa: F401
-                    num_threads, precision_unit, quantize, set_num_threads)
+from ._core import (KVCache, QuantizedTensor, __version__, decode_precision_unit,  # noqa: F401
+                    max_num_threads, num_threads, precision_unit, quantize, set_num_threads)
 from .functional import (alibi_slopes, attention, attention_backward, attention_varlen,  # noqa: F401
                          multi_head, positional_encoding, rope, rope_backward, rope_frequencies,
                          latent_attention, scaled_dot_product_attention, softmax, sparse_attention)
@@ -34,4 +34,4 @@ __all__ = ["attention", "attention_backward", "attention_varlen", "sparse_attent
            "alibi_slopes", "MultiHeadAttention", "MultiHeadLatentAttention", "LatentCache", "onnx", "merge_state", "merge_state_in_place", "merge_states",
            "PagedKVCache", "BatchAttentionPlan", "batch_attention",
            "KVCache", "QuantizedTensor", "quantize", "num_threads", "set_num_threads", "max_num_threads",
-           "precision_unit", "__version__"]
+           "precision_unit", "decode_precision_unit", "__version__"]

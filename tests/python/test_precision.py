@@ -98,6 +98,14 @@ def test_refusals(precision):
         assert attn.attention(t, t, t, precision=precision).shape == (2, 3, 8)
 
 
+def test_decode_takes_the_int8_unit_from_eight_rows_per_kv_head():
+    assert attn.decode_precision_unit("int8", 1) == "highway"
+    assert attn.decode_precision_unit("int8", 8) == attn.precision_unit("int8")
+    assert attn.decode_precision_unit("bf16", 1) == attn.precision_unit("bf16")
+    with pytest.raises(ValueError, match="precision must be 'f32', 'bf16' or 'int8', got 'fp8'"):
+        attn.decode_precision_unit("fp8", 8)
+
+
 def test_precision_unit_names_the_units():
     assert attn.precision_unit("f32") == "highway"
     assert attn.precision_unit("bf16") in ("highway", "avx512_bf16", "neon_bf16")
