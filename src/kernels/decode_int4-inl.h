@@ -60,13 +60,13 @@ HWY_INLINE void Int4Ranges(DF d, const block_int4* first, int64_t stride, int64_
 
 inline constexpr int64_t kInt4ScratchRows = 8 + 2;  // 8 rows' weights, then the scales and minima
 
-// The keys' codes c .. c + N - 1 and 16 + c .. 16 + c + N - 1 (c < 16) of a
-// block, its bytes c .. c + N - 1's low and high nibbles, from one load of
-// them: as NibbleCodes(qs, c) and NibbleCodes(qs, 16 + c).
-HWY_INLINE void NibbleHalves(DF d, const uint8_t* qs, int64_t c, VF& low, VF& high) {
+// A block's codes 0 .. 15 and 16 .. 31 at 16 lanes, the low and high
+// nibbles of its 16 bytes, from one load of them: as NibbleCodes(qs, 0)
+// and NibbleCodes(qs, 16).
+HWY_INLINE void NibbleHalves(DF d, const uint8_t* qs, VF& low, VF& high) {
   const hn::Rebind<uint8_t, DF> d8;
   const hn::Rebind<int32_t, DF> d32;
-  const auto bytes = hn::PromoteTo(d32, hn::LoadU(d8, qs + c));
+  const auto bytes = hn::PromoteTo(d32, hn::LoadU(d8, qs));
   low = hn::ConvertTo(d, hn::And(bytes, hn::Set(d32, 0x0f)));
   high = hn::ConvertTo(d, hn::ShiftRight<4>(bytes));
 }
@@ -93,7 +93,7 @@ HWY_INLINE void Int4KeyScores(DF d, const block_int4* group, int64_t D, const fl
   VF a0 = hn::Zero(d), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
   const auto step = [&](int64_t c, auto phase) HWY_ATTR {
     VF codes[H];
-    if constexpr (H == 2) NibbleHalves(d, group[c].qs, 0, codes[0], codes[1]);
+    if constexpr (H == 2) NibbleHalves(d, group[c].qs, codes[0], codes[1]);
     else codes[0] = NibbleCodes(d, group[c].qs, v);  // keys v .. v + N − 1
     Unroll<MR>([&](auto r) HWY_ATTR {
       const VF wr = hn::Set(d, w[r * D + c]);
@@ -181,7 +181,9 @@ HWY_INLINE void Int4ValueBlock(DF d, const float* w, int64_t w_stride, int64_t c
                                int64_t v_stride, float* o, int64_t o_stride) {
   constexpr int V = kInt4BlockVectors, S = kInt4ValueRows / MR, RV = MR * V;
   const auto N = static_cast<int64_t>(hn::Lanes(d));
+#if !ATTN_BLOCKS_FOLDED
   const VF eight = hn::Set(d, 8.0f);
+#endif
   VF a0 = hn::Zero(d), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
   for (int64_t j = 0; j < count; j += S)
     Unroll<S>([&](auto set) HWY_ATTR {
