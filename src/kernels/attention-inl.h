@@ -98,12 +98,12 @@ HWY_INLINE void AddTo(DF d, float* to, VF sum) { hn::Store(hn::Add(hn::Load(d, t
 // the high ones, looked up in a vector of the 16 values, not converted and
 // centred (a q4_0 block's codes, and an int4 block's centred ones).
 HWY_INLINE void CentredNibbles(DF d, const uint8_t* bytes16, VF& low, VF& high) {
-  const hn::RebindToSigned<DF> di;
   alignas(64) static constexpr float kCentred[16] = {-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7};
   const VF centred = hn::Load(d, kCentred);
-  const auto bytes = hn::PromoteTo(di, hn::LoadU(hn::Rebind<uint8_t, DF>(), bytes16));
-  low = hn::TableLookupLanes(centred, hn::IndicesFromVec(d, hn::And(bytes, hn::Set(di, 0x0f))));
-  high = hn::TableLookupLanes(centred, hn::IndicesFromVec(d, hn::ShiftRight<4>(bytes)));
+  hn::Vec<hn::RebindToSigned<DF>> low_codes, high_codes;
+  NibbleLanes(d, bytes16, low_codes, high_codes);
+  low = hn::TableLookupLanes(centred, hn::IndicesFromVec(d, low_codes));
+  high = hn::TableLookupLanes(centred, hn::IndicesFromVec(d, high_codes));
 }
 
 // A block's codes as float32, exactly, its first 16 and its last 16: q8_0's

@@ -60,17 +60,6 @@ HWY_INLINE void Int4Ranges(DF d, const block_int4* first, int64_t stride, int64_
 
 inline constexpr int64_t kInt4ScratchRows = 8 + 2;  // 8 rows' weights, then the scales and minima
 
-// A block's codes 0 .. 15 and 16 .. 31 at 16 lanes, the low and high
-// nibbles of its 16 bytes, from one load of them: as NibbleCodes(qs, 0)
-// and NibbleCodes(qs, 16).
-HWY_INLINE void NibbleHalves(DF d, const uint8_t* qs, VF& low, VF& high) {
-  const hn::Rebind<uint8_t, DF> d8;
-  const hn::Rebind<int32_t, DF> d32;
-  const auto bytes = hn::PromoteTo(d32, hn::LoadU(d8, qs));
-  low = hn::ConvertTo(d, hn::And(bytes, hn::Set(d32, 0x0f)));
-  high = hn::ConvertTo(d, hn::ShiftRight<4>(bytes));
-}
-
 // Halves of a group one Int4KeyScores pass scores for MR rows: both where a
 // half is one vector (N = 16) and the accumulators allow, so that each byte
 // of codes is loaded and widened once, not once per half. (int4 decode, 8
@@ -93,8 +82,13 @@ HWY_INLINE void Int4KeyScores(DF d, const block_int4* group, int64_t D, const fl
   VF a0 = hn::Zero(d), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
   const auto step = [&](int64_t c, auto phase) HWY_ATTR {
     VF codes[H];
-    if constexpr (H == 2) NibbleHalves(d, group[c].qs, codes[0], codes[1]);
-    else codes[0] = NibbleCodes(d, group[c].qs, v);  // keys v .. v + N − 1
+    if constexpr (H == 2) {
+      hn::Vec<hn::RebindToSigned<DF>> low, high;
+      NibbleLanes(d, group[c].qs, low, high);
+      codes[0] = hn::ConvertTo(d, low), codes[1] = hn::ConvertTo(d, high);
+    } else {
+      codes[0] = NibbleCodes(d, group[c].qs, v);  // keys v .. v + N − 1
+    }
     Unroll<MR>([&](auto r) HWY_ATTR {
       const VF wr = hn::Set(d, w[r * D + c]);
       Unroll<H>([&](auto h) HWY_ATTR {

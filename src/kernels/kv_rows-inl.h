@@ -95,6 +95,16 @@ HWY_INLINE VF BlockMin(DF d, const block_int4& b) {
   return PromoteF16<decltype(df16)>(d, hn::BitCast(df16, hn::Set(du16, b.m.bits)));
 }
 
+// The low and the high nibbles of 16 bytes in 32-bit lanes, from one load
+// of them: at 16 lanes, a q4_0 or int4 block's codes 0 .. 15 and 16 .. 31.
+HWY_INLINE void NibbleLanes(DF d, const uint8_t* bytes16, hn::Vec<hn::RebindToSigned<DF>>& low,
+                            hn::Vec<hn::RebindToSigned<DF>>& high) {
+  const hn::RebindToSigned<DF> di;
+  const auto bytes = hn::PromoteTo(di, hn::LoadU(hn::Rebind<uint8_t, DF>(), bytes16));
+  low = hn::And(bytes, hn::Set(di, 0x0f));
+  high = hn::ShiftRight<4>(bytes);
+}
+
 // Codes c .. c + N - 1 of a q4_0 or int4 block's 32, as float32 (c a
 // multiple of N, N <= 16: the lanes lie in one half of the block, one
 // nibble of consecutive bytes).
