@@ -54,7 +54,8 @@ SANITIZER_ENV := ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=prin
 # The attn::dist tests under mpirun: the same, with the allocations of Open
 # MPI's threads suppressed (tests/dist/lsan.supp). Their stacks pass through
 # its libraries, built without frame pointers, so they are unwound from
-# debug info, and only 8 frames deep (tests/dist/main.cc).
+# debug info, and only 8 frames deep, which reach them (tests/dist/main.cc):
+# all 30 frames took 4 ranks 19.8 s against 13.2 (AMD EPYC Zen 4).
 MPI_SANITIZER_ENV := ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:fast_unwind_on_malloc=0:malloc_context_size=8 \
                      LSAN_OPTIONS=suppressions=$(CURDIR)/tests/dist/lsan.supp UBSAN_OPTIONS=print_stacktrace=1
 

@@ -22,9 +22,7 @@ int main(int argc, char** argv) {
   // MPI_Finalize, which drops references to what its components (unloaded
   // by then, so no stack names them) still hold. What is left are Open MPI's
   // own threads (tests/dist/lsan.supp), whose stacks reach its libraries
-  // within a few frames: the Makefile's malloc_context_size=8 unwinds no
-  // further, where all 30 frames through Open MPI took 4 ranks 19.8 s
-  // against 13.2 (AMD EPYC Zen 4).
+  // within a few frames: the Makefile unwinds no further (malloc_context_size).
 #ifdef ATTN_DIST_LEAK_CHECK
   __lsan_disable();
 #endif
