@@ -3,8 +3,12 @@
 #include <bitset>
 #include <cmath>
 #include <cstdint>
+#include <filesystem>
+#include <fstream>
 #include <limits>
 #include <random>
+#include <sstream>
+#include <string>
 
 #include "attn/random.hpp"
 #include "helpers.hpp"
@@ -51,6 +55,43 @@ TEST(Tensor, OverflowingSizeIsRefusedBeforeAllocating) {
 TEST(Tensor, UnallocatableSizeIsAClearError) {
   // 2^44 floats = 64 TiB: representable, but no machine here has it.
   EXPECT_THROW_MSG(Tensor<float>({int64_t{1} << 44}), ValueError, "cannot allocate");
+}
+
+// The VmFlags line of the mapping that holds p (/proc/self/smaps), or "".
+std::string mapping_flags(const void* p) {
+  std::ifstream smaps("/proc/self/smaps");
+  const auto at = reinterpret_cast<uintptr_t>(p);
+  bool inside = false;
+  for (std::string line; std::getline(smaps, line);) {
+    unsigned long long begin = 0, end = 0;
+    char dash = 0;
+    std::istringstream range(line);
+    if (line.find("VmFlags:") == 0) {
+      if (inside) return line;
+    } else if (range >> std::hex >> begin >> dash >> end && dash == '-') {
+      inside = begin <= at && at < end;
+    }
+  }
+  return "";
+}
+
+// From 4 MiB on, a tensor (a KV cache) lies on 2 MiB boundaries, advised for
+// transparent huge pages: the kernel records the advice in the mapping's
+// VmFlags as "hg", whether or not it grants the pages. Smaller ones are
+// aligned to cache lines, without advice.
+TEST(Tensor, LargeTensorsAreAdvisedForHugePages) {
+  const Tensor<float> small({1000}), large({int64_t{1} << 20});  // 4000 B, 4 MiB
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(small.data()) % 64, 0u);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(large.data()) % (uintptr_t{2} << 20), 0u);
+  EXPECT_EQ(large[large.numel() - 1], 0.0f);  // value-initialised to its end
+#ifdef __linux__
+  if (test::emulated()) GTEST_SKIP() << "qemu-user accepts madvise and ignores it";
+  if (!std::filesystem::exists("/sys/kernel/mm/transparent_hugepage"))
+    GTEST_SKIP() << "this kernel has no transparent huge pages";
+  const std::string flags = mapping_flags(large.data());
+  ASSERT_FALSE(flags.empty()) << "no mapping in /proc/self/smaps holds the tensor";
+  EXPECT_NE((flags + " ").find(" hg "), std::string::npos) << flags;
+#endif
 }
 
 TEST(Tensor, BroadcastStrides) {

@@ -127,18 +127,16 @@ double prefill_ceiling_gflops(int64_t head_dim, Precision precision, double fma_
   return 4 * d / time;
 }
 
-// 512 MiB, touched; one spare cache line so that reads can start aligned.
-ReadBandwidth::ReadBandwidth() : buffer_((size_t{128} << 20) + 16, 1.0f) {}
+// 512 MiB, touched (a Tensor: aligned to whole cache lines, on huge pages).
+ReadBandwidth::ReadBandwidth() : buffer_({int64_t{128} << 20}) { std::fill_n(buffer_.data(), buffer_.numel(), 1.0f); }
 
 double ReadBandwidth::measure_gbps(int threads) const {
   threads = std::max(threads, 1);
-  const auto address = reinterpret_cast<uintptr_t>(buffer_.data());
-  const float* start = buffer_.data() + ((64 - address % 64) % 64) / sizeof(float);
-  const size_t part = (buffer_.size() - 16) / threads;
+  const size_t part = static_cast<size_t>(buffer_.numel()) / threads;
   std::vector<float> sink(threads * 16);
   std::vector<size_t> read(threads);
   const double s = timed(threads, [&](int t) {
-    read[t] = machine::read_sum(start + t * part, part, &sink[t * 16]);
+    read[t] = machine::read_sum(buffer_.data() + t * part, part, &sink[t * 16]);
   });
   size_t floats = 0;
   for (size_t r : read) floats += r;

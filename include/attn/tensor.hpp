@@ -36,6 +36,15 @@ std::string shape_str(const Shape& shape);
 // negative or the byte count of `elem_size`-byte elements overflows.
 int64_t checked_numel(const Shape& shape, size_t elem_size, const char* what);
 
+// Memory for a tensor's elements: 64-byte aligned (whole cache lines for
+// SIMD rows: a row split across two lines costs two loads); from 4 MiB on (NumPy's
+// threshold) 2 MiB aligned too and advised for transparent huge pages, as
+// NumPy advises its arrays, so that a large cache is read through 512 times
+// fewer TLB entries (docs/performance.md). Null when the system has no
+// memory. Freed by free_tensor_memory.
+void* allocate_tensor_memory(size_t bytes);
+void free_tensor_memory(void* p) noexcept;
+
 // The number of elements: 0 when any dimension is 0, whatever the others
 // (their product could overflow: an empty shape is not bounded by memory).
 inline int64_t numel_of(const Shape& shape) {
@@ -154,10 +163,8 @@ class Tensor {
   explicit Tensor(Shape shape) : shape_(std::move(shape)) {
     const int64_t n = numel_ = checked_numel(shape_, sizeof(T), "Tensor");
     try {
-      // 64-byte aligned: whole cache lines for SIMD rows (a row split across
-      // two lines costs two loads).
-      data_.reset(static_cast<T*>(::operator new[](static_cast<size_t>(n) * sizeof(T),
-                                                   std::align_val_t{kAlignment})));
+      data_.reset(static_cast<T*>(allocate_tensor_memory(static_cast<size_t>(n) * sizeof(T))));
+      if (!data_) throw std::bad_alloc();
       std::uninitialized_value_construct_n(data_.get(), static_cast<size_t>(n));
     } catch (const std::bad_alloc&) {
       throw ValueError("Tensor: cannot allocate " +
@@ -232,9 +239,8 @@ class Tensor {
   // The elements held: numel_of(shape_), or 0 without data (a default
   // tensor); kept, as loops test numel() once per element.
   int64_t numel_ = 0;
-  static constexpr size_t kAlignment = 64;
   struct Free {
-    void operator()(T* p) const { ::operator delete[](p, std::align_val_t{kAlignment}); }
+    void operator()(T* p) const { free_tensor_memory(p); }
   };
   std::unique_ptr<T[], Free> data_;
 };
