@@ -46,14 +46,13 @@ thread_local Scratch<float> tls_decode_int4_weights;
 // row rounded to q8_0, as llama.cpp's vec_dot_q8_0_q8_0 rounds it, once per
 // call: for the int8 unit as its bytes (code + 128) and a float32 scale per
 // block, or, without one (or below kDecodeUnitRows rows per kv head), as
-// float32 values for the float path. Rows in
-// p.q's order, (batch, query head, query), so a kv head's rows lie together.
-// P·V stays float32: on VNNI's int16 products (each weight times its key's
-// block scale rounded to int16 per row, block and 64-key tile, 6.8e-5 of
-// error added), read in place with each weight as the words (w, 0) and
-// (0, w), it took 5.56 ms against 4.47 (32768 keys, 32 × 8 heads of 128, 1
-// thread, AMD EPYC Zen 5): the broadcasts and products it adds per row
-// outweigh the widening it spares.
+// float32 values for the float path. Rows in p.q's order, (batch, query
+// head, query), so a kv head's rows lie together.
+// P·V stays float32: on VNNI's int16 products (weight × block scale
+// rounded to int16 per row, block and 64-key tile, 6.8e-5 of error added),
+// V read in place, it took 5.56 ms against 4.47 (32768 keys, 32 × 8 heads
+// of 128, 1 thread, Zen 5): its broadcasts and products outweigh the
+// widening it spares.
 struct RoundedQueries {
   const Int8Unit* unit;
   std::vector<uint8_t> bytes;  // rows × d, with the unit
@@ -97,7 +96,6 @@ struct RoundedQueries {
   }
 };
 
-
 // How a problem's keys are split into work items: `heads` consecutive kv
 // heads and kDecodeChunk keys each, taken `block` keys at a time with an
 // online softmax across blocks. One head per item, in one block, unless the
@@ -108,10 +106,10 @@ struct RoundedQueries {
 struct Split {
   int64_t heads, block;
 };
-// (Contiguous heads are one per item: two per item, so that a thread streams
-// four arrays rather than two, measured no faster: float32, 32768 keys, 32 ×
-// 8 heads of 128, 2 threads, Zen 5, 0.77-0.78 of the read bandwidth against
-// 0.76-0.80; four per item were slower.)
+// (Contiguous heads are one per item: two per item, a thread streaming four
+// arrays rather than two, measured no faster: float32, 32768 keys, 32 × 8
+// heads of 128, 2 threads, Zen 5, 0.77-0.78 of the read bandwidth against
+// 0.76-0.80; four were slower.)
 Split SplitOf(const core::AttentionProblem<float>& p) {
   const auto& k = p.kv == core::KVStorage::Native ? p.k.pages : p.k_stored.pages;
   const int64_t head_stride = p.kv == core::KVStorage::Native ? p.k.head_stride : p.k_stored.head_stride;
@@ -151,7 +149,7 @@ struct ChunkKeys {
   const float* const* q;
   float scale;
   int64_t k_stride, v_stride, k_head, v_head, k_span, v_span;
-  bool heads_outer;
+  bool heads_outer, fetch_ahead;
 
   ChunkKeys(const core::AttentionProblem<float>& p_, int64_t b_, int64_t h0_, int64_t nh_, int64_t j0_, int64_t jn_,
             const float* const* q_)
@@ -164,7 +162,9 @@ struct ChunkKeys {
         // Key by key for every head; or, when the item's query rows overflow
         // L1 (kDecodeL1QueryBytes), head by head over each page run, so that
         // a head's rows stay in L1. Either order computes the same scores.
-        heads_outer(nh_ > 1 && nh_ * R * p_.d * static_cast<int64_t>(sizeof(float)) > kDecodeL1QueryBytes) {}
+        heads_outer(nh_ > 1 && nh_ * R * p_.d * static_cast<int64_t>(sizeof(float)) > kDecodeL1QueryBytes),
+        fetch_ahead(!(R == 1 && !kIsBlockType<KV> && !(p_.kv == core::KVStorage::Native ? p_.k.pages
+                                                                                         : p_.k_stored.pages))) {}
 
   // Keys from key j on (below jn) in one page of K and V: all of them
   // unless K and V are paged (K's pages are V's).
@@ -191,14 +191,17 @@ struct ChunkKeys {
   // `to` too; pages shorter than the distance ahead go without): the
   // hardware's prefetcher alone leaves K's reads waiting (config.hpp).
   // float32's rows, twice bf16's lines, go into L2 alone: into L1 they fill
-  // its miss buffers and the fetches themselves wait (perf: half the score
-  // loop's samples on them). 32768 keys, AMD EPYC, ms, L2 against L1: 32
-  // query and 8 KV heads of 128, 2 threads 11.6-13.1 against 12.9-13.9
-  // (pages of 16: 14.1-14.8 against 15.1-15.3), 1 thread 18.6-20.1 against
-  // 19.3-21.5; 8 heads of 128, 2 threads 9.1-10.0 against 9.8-10.5. The
-  // other types stay in L1: into L2, bf16 (8 heads of 128) took 4.27-4.41
-  // against 4.08-4.23, q8_0 (8 of 64) 2.28-2.31 against 2.15-2.16, f16 and
-  // int4 the same.
+  // its miss buffers and the fetches themselves wait. 32768 keys, AMD EPYC,
+  // ms, L2 against L1: 32 query and 8 KV heads of 128, 2 threads 11.6-13.1
+  // against 12.9-13.9 (pages of 16: 14.1-14.8 against 15.1-15.3); 8 heads
+  // of 128, 9.1-10.0 against 9.8-10.5. The other types stay in L1: into L2,
+  // bf16 took 4.27-4.41 against 4.08-4.23, q8_0 (8 of 64) 2.28-2.31 against
+  // 2.15-2.16. None at one query row per KV head over a contiguous cache of
+  // a float type (fetch_ahead): a key's arithmetic is short, and the
+  // hardware's stream prefetcher alone reads faster (8 heads of 128, 2
+  // threads, huge pages, in turns, Zen 4: float32 1.16-1.36x as fast without,
+  // f16 1.10x, bf16 1.03x; at 4 rows 0.84-0.94x). Block types keep it: a
+  // Xeon's q8_0 gained 19% (config.hpp).
   HWY_INLINE void FetchAhead(const Run& run, int64_t j) const {
     constexpr bool kToL2 = std::is_same_v<KV, float>;
     PrefetchSpan<kToL2>(run.v + j * v_stride, v_span);
@@ -217,7 +220,7 @@ struct ChunkKeys {
     const float scale = this->scale;
     const float* const* q = this->q;
     const int64_t k_head = this->k_head, k_stride = this->k_stride, R = this->R, nh = this->nh, D = p.d;
-    const bool heads_outer = this->heads_outer;
+    const bool heads_outer = this->heads_outer, fetch_ahead = this->fetch_ahead;
     for (int64_t at = from; at < to;) {
       const Run run = RunAt(at, to);
       const int64_t passes = heads_outer ? nh : 1;
@@ -225,7 +228,7 @@ struct ChunkKeys {
         for (int64_t j = 0; j < run.count;) {
           const KV* k = run.k + j * k_stride;
           const int64_t keys = ATTN_DECODE_FOUR_KEYS && kIsBlockType<KV> && j + 4 <= run.count ? 4 : 1;
-          if (pass == 0)
+          if (pass == 0 && fetch_ahead)
             for (int64_t t = j; t < j + keys; ++t) FetchAhead(run, t);
           for (int64_t hh = heads_outer ? pass : 0; hh < (heads_outer ? pass + 1 : nh); ++hh)
             for (int64_t r0 = 0; r0 < R; r0 += kRows) {
@@ -333,8 +336,7 @@ struct ChunkKeys {
 // ChunkKeys's Scores and Values for KIVI's int4: keys j0 .. j0 + jn (j0 a
 // multiple of 32) group by group (decode_int4-inl.h), one kv head, the next
 // group's keys and this group's values fetched ahead; paged, a page holds
-// whole groups (its keys' operand counts rows in groups), and P·V goes page
-// run by page run.
+// whole groups (its keys' operand counts rows in groups), P·V by page runs.
 struct Int4ChunkKeys {
   const core::AttentionProblem<float>& p;
   int64_t b, h, R, j0;
