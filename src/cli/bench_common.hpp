@@ -95,10 +95,10 @@ struct Turns {
 };
 
 // Runs the kernels and a ceiling measurement in turns, so that a slow spell of
-// this shared machine hits them alike. A turn repeats a fast kernel for about
-// 20 ms (so that a small kernel runs hot, as in a loop, not right after the
-// ceiling's work); at least 3 turns and --min-time in all (at most 50 turns),
-// after a warm-up call of each and a second call of each kernel to size its turn.
+// this shared machine hits them alike. A turn calls each kernel once untimed,
+// then times it repeated for about 20 ms, so that it runs hot, as in a loop,
+// not right after the ceiling's work; at least 3 turns and --min-time in all
+// (at most 50 turns), after a second call of each kernel to size its turn.
 inline Turns run_in_turns(const std::vector<std::function<void()>>& kernels,
                    const std::function<double()>& ceiling) {
   using Clock = std::chrono::steady_clock;
@@ -117,11 +117,13 @@ inline Turns run_in_turns(const std::vector<std::function<void()>>& kernels,
   std::vector<double> ceilings;
   const auto start = Clock::now();
   while (ceilings.size() < 3 || (ceilings.size() < 50 && ms_since(start) < 1000 * bench_min_time_s)) {
-    // Each turn starts with the next kernel: the first of a turn wakes the
-    // pool's threads from the ceiling's pause (decode: 10% of a call), and
-    // no kernel should always be the one that pays for it.
+    // The untimed call: the first after the ceiling's pass and pause took
+    // 1.12x a warm call's time (decode, 32768 keys, 32 × 8 heads of 128, 2
+    // threads, Zen 4: the pool's threads woken, the caches the ceiling's).
+    // Each turn starts with the next kernel all the same.
     for (size_t t = 0; t < kernels.size(); ++t) {
       const size_t i = (t + ceilings.size()) % kernels.size();
+      kernels[i]();
       const auto t0 = Clock::now();
       for (int r = 0; r < reps[i]; ++r) kernels[i]();
       ms[i].push_back(ms_since(t0) / reps[i]);
