@@ -36,12 +36,12 @@ std::string shape_str(const Shape& shape);
 // negative or the byte count of `elem_size`-byte elements overflows.
 int64_t checked_numel(const Shape& shape, size_t elem_size, const char* what);
 
-// Memory for a tensor's elements: 64-byte aligned (whole cache lines for
-// SIMD rows: a row split across two lines costs two loads); from 4 MiB on (NumPy's
-// threshold) 2 MiB aligned too and advised for transparent huge pages, as
-// NumPy advises its arrays, so that a large cache is read through 512 times
-// fewer TLB entries (docs/performance.md). Null when the system has no
-// memory. Freed by free_tensor_memory.
+// Memory for a tensor's elements: 64-byte aligned (whole cache lines for SIMD
+// rows: a row split across two lines costs two loads); from 4 MiB on, 2 MiB
+// aligned and advised for transparent huge pages, as NumPy advises its arrays
+// from that size, so that a large cache is read through 512 times fewer TLB
+// entries (docs/performance.md). Null when the system has no memory. Freed by
+// free_tensor_memory.
 void* allocate_tensor_memory(size_t bytes);
 void free_tensor_memory(void* p) noexcept;
 
