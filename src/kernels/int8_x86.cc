@@ -47,7 +47,15 @@ struct Avx512Vnni {
   static Codes Broadcast(uint32_t quad) { return _mm512_set1_epi32(static_cast<int>(quad)); }
   // VPDPBUSD's first operand is unsigned: the bytes as they are, code + 128
   static Codes QueryQuad(uint32_t quad) { return Broadcast(quad); }
-  static Sums Dot(Sums acc, Codes q, Codes k) { return _mm512_dpbusd_epi32(acc, q, k); }
+  // In place, as the instruction is: through the intrinsic, GCC 12 copied
+  // each of a block's 16 sums to another register and back around every
+  // VPDPBUSD (32 moves and 2 spills per 16 products), and prefill at int8
+  // precision took 1.03x the time (n = 4096, 8 heads of 64, 1 thread, Zen 4).
+  // (Registers only: the sanitizers check the loads, not an asm's operands.)
+  static Sums Dot(Sums acc, Codes q, Codes k) {
+    __asm__("vpdpbusd %2, %1, %0" : "+v"(acc) : "v"(q), "v"(k));
+    return acc;
+  }
   static Sums LessOffsets(Sums x, const int32_t* offsets) { return _mm512_sub_epi32(x, _mm512_loadu_si512(offsets)); }
   static void StoreScores(float* s, Sums x, float a, const float* t, float b) {
     const __m512 ts = _mm512_mul_ps(_mm512_set1_ps(a), _mm512_loadu_ps(t));
