@@ -127,8 +127,9 @@ double prefill_ceiling_gflops(int64_t head_dim, Precision precision, double fma_
   return 4 * d / time;
 }
 
-// 512 MiB, touched (a Tensor: aligned to whole cache lines, on huge pages).
-ReadBandwidth::ReadBandwidth() : buffer_({int64_t{128} << 20}) { std::fill_n(buffer_.data(), buffer_.numel(), 1.0f); }
+// 512 MiB, touched once: a Tensor's zeros (aligned to whole cache lines, on
+// huge pages).
+ReadBandwidth::ReadBandwidth() : buffer_({int64_t{128} << 20}) {}
 
 double ReadBandwidth::measure_gbps(int threads) const {
   threads = std::max(threads, 1);
