@@ -682,13 +682,16 @@ TEST(Precision, Int8DecodeOverQ8_0RoundsTheQueriesToQ8_0) {
   std::mt19937 rng(2318);
   AttentionOptions int8;
   int8.precision = Precision::Int8;
+  // Query heads and queries: 1, 4, 7 and 8 rows per kv head (one row's
+  // blocks folded, rows 4 at a time and the rest, the unit's panels).
+  const std::pair<int64_t, int64_t> row_counts[] = {{2, 1}, {8, 1}, {14, 1}, {8, 2}};
   for (const int64_t d : {32, 128})
-    for (const int64_t n_q : {1, 2})
+    for (const auto& [heads, n_q] : row_counts)
       for (const bool side_by_side : {false, true}) {
-        SCOPED_TRACE("head dim " + std::to_string(d) + ", " + std::to_string(n_q) + " queries" +
-                     (side_by_side ? ", kv heads side by side" : ""));
+        SCOPED_TRACE("head dim " + std::to_string(d) + ", " + std::to_string(heads) + " query heads, " +
+                     std::to_string(n_q) + " queries" + (side_by_side ? ", kv heads side by side" : ""));
         int8.causal = n_q == 2 ? Causal::BottomRight : Causal::None;
-        const auto q = normal({2, 8, n_q, d}, rng);
+        const auto q = normal({2, heads, n_q, d}, rng);
         // (batch, key, kv head, d) read as (batch, kv head, key, d) when side by side
         const Shape kv_shape = side_by_side ? Shape{2, 1300, 2, d} : Shape{2, 2, 1300, d};
         const auto k = quantize_q8_0(normal(kv_shape, rng).view()), v = quantize_q8_0(normal(kv_shape, rng).view());
@@ -714,8 +717,8 @@ TEST(Precision, Int8DecodeOverQ8_0RoundsTheQueriesToQ8_0) {
 }
 
 // Decode takes the int8 unit from 8 query rows per KV head (the test above
-// runs 4 and 8 rows, each with the unit on and off); other precisions'
-// decode units are precision_unit's.
+// runs 1, 4, 7 and 8 rows, each with the unit on and off); other
+// precisions' decode units are precision_unit's.
 TEST(Precision, Int8DecodeTakesTheUnitFromEightRowsPerKVHead) {
   for (const int64_t rows : {1, 4, 7}) EXPECT_EQ(decode_precision_unit(Precision::Int8, rows), "highway") << rows;
   for (const int64_t rows : {8, 32})
