@@ -151,11 +151,11 @@ constexpr int64_t kDecodePanelRows = 32;
 // precision's time, q8_0, 32768 keys, 2 threads, AMD EPYC Zen 4: 8 heads of
 // 128 (1 row) 1.59×; 32 × 8 heads of 128, 1 query (4 rows) 1.32×, 2
 // queries (8 rows) 1.02×, 8 queries (32 rows) 0.75×. Below it, the unit
-// over the keys in place was slower too (no panel: codes flipped to
+// over the keys in place gained nothing either (no panel: codes flipped to
 // unsigned by one XOR, eight keys' block sums added across lanes, their d
-// gathered; 5.6-6.2 ns per key of 128 in cache): 1.09-1.11× the float
-// path's time at 1 row (8 keys fetched ahead per call; 1.18-1.31× at 16),
-// 8 heads of 128, 32768 keys, 2 threads, Zen 4.
+// gathered): 1 row, 8 heads of 128, 2 threads, Zen 4, against the float
+// path's time, 0.96-0.97× with the cache in L3 (1024, 4096 keys), 1.05-1.11×
+// from memory (32768 keys).
 constexpr int64_t kDecodeUnitRows = 8;
 
 // Decode over NHD pages, key by key: the query rows an item keeps in L1
