@@ -163,8 +163,8 @@ struct ChunkKeys {
         // L1 (kDecodeL1QueryBytes), head by head over each page run, so that
         // a head's rows stay in L1. Either order computes the same scores.
         heads_outer(nh_ > 1 && nh_ * R * p_.d * static_cast<int64_t>(sizeof(float)) > kDecodeL1QueryBytes),
-        fetch_ahead(!(R == 1 && !kIsBlockType<KV> && !(p_.kv == core::KVStorage::Native ? p_.k.pages
-                                                                                         : p_.k_stored.pages))) {}
+        fetch_ahead(R != 1 || kIsBlockType<KV> ||
+                    (p_.kv == core::KVStorage::Native ? p_.k.pages : p_.k_stored.pages) != nullptr) {}
 
   // Keys from key j on (below jn) in one page of K and V: all of them
   // unless K and V are paged (K's pages are V's).
