@@ -190,20 +190,20 @@ struct ChunkKeys {
   // And K's row kDecodePrefetchRows ahead, in this run or the next (past
   // `to` too; pages shorter than the distance ahead go without): the
   // hardware's prefetcher alone leaves K's reads waiting (config.hpp).
-  // float32's rows, twice bf16's lines, go into L2 alone: into L1 they fill
-  // its miss buffers and the fetches themselves wait. 32768 keys, AMD EPYC,
-  // ms, L2 against L1: 32 query and 8 KV heads of 128, 2 threads 11.6-13.1
+  // Rows of float types go into L2 alone: into L1 they fill its miss
+  // buffers and the fetches themselves wait. 32768 keys, AMD EPYC, ms, L2
+  // against L1: float32, 32 query and 8 KV heads of 128, 2 threads 11.6-13.1
   // against 12.9-13.9 (pages of 16: 14.1-14.8 against 15.1-15.3); 8 heads
-  // of 128, 9.1-10.0 against 9.8-10.5. The other types stay in L1: into L2,
-  // bf16 took 4.27-4.41 against 4.08-4.23, q8_0 (8 of 64) 2.28-2.31 against
-  // 2.15-2.16. None at one query row per KV head over a contiguous cache of
-  // a float type (fetch_ahead): a key's arithmetic is short, and the
-  // hardware's stream prefetcher alone reads faster (8 heads of 128, 2
-  // threads, huge pages, in turns, Zen 4: float32 1.16-1.36x as fast without,
-  // f16 1.10x, bf16 1.03x; at 4 rows 0.84-0.94x). Block types keep it: a
-  // Xeon's q8_0 gained 19% (config.hpp).
+  // 9.1-10.0 against 9.8-10.5; bf16 (DotKeys) at 32 and 8 heads 5.71-5.76
+  // against 7.60-8.03 (Zen 4). Blocks stay in L1: into L2, q8_0 (8 of 64)
+  // took 2.28-2.31 against 2.15-2.16. None at one query row per KV head over
+  // a contiguous cache of a float type (fetch_ahead): a key's arithmetic is
+  // short, and the hardware's stream prefetcher alone reads faster (8 heads
+  // of 128, 2 threads, huge pages, in turns, Zen 4: float32 1.16-1.36x as
+  // fast without, f16 1.10x, bf16 1.03x; at 4 rows 0.84-0.94x). Block types
+  // keep it: a Xeon's q8_0 gained 19% (config.hpp).
   HWY_INLINE void FetchAhead(const Run& run, int64_t j) const {
-    constexpr bool kToL2 = std::is_same_v<KV, float>;
+    constexpr bool kToL2 = !kIsBlockType<KV>;
     PrefetchSpan<kToL2>(run.v + j * v_stride, v_span);
     const int64_t a = j + kDecodePrefetchRows;
     if (a < run.count || a - run.count < run.next_count)
@@ -212,9 +212,15 @@ struct ChunkKeys {
 
   // s[(hh·R + r)·s_stride + j - from] = the scores of keys from .. to (run by
   // run: a run's rows are k_stride apart, one run unless K and V are paged,
-  // then one per page), by DotRows, or for block types by DotKeys, four keys
-  // of a run at a time, its last ones alone.
+  // then one per page), by ScoreKeys: four keys of a run at a time where
+  // kDecodeFourKeys and the rows are fetched ahead, its last ones alone.
+  // (Two loops, so that the one key by key holds no DotKeys.)
   HWY_INLINE void Scores(DF d, int64_t from, int64_t to, float* s, int64_t s_stride) const {
+    if (kDecodeFourKeys<KV> && fetch_ahead) return ScoresBy<kDecodeFourKeys<KV>>(d, from, to, s, s_stride);
+    ScoresBy<false>(d, from, to, s, s_stride);
+  }
+  template <bool kFour>
+  HWY_INLINE void ScoresBy(DF d, int64_t from, int64_t to, float* s, int64_t s_stride) const {
     // Locals, not members: a member could be one of the floats the scores'
     // stores reach, so the compiler would load it again after each.
     const float scale = this->scale;
@@ -227,7 +233,7 @@ struct ChunkKeys {
       for (int64_t pass = 0; pass < passes; ++pass)
         for (int64_t j = 0; j < run.count;) {
           const KV* k = run.k + j * k_stride;
-          const int64_t keys = ATTN_DECODE_FOUR_KEYS && kIsBlockType<KV> && j + 4 <= run.count ? 4 : 1;
+          const int64_t keys = kFour && j + 4 <= run.count ? 4 : 1;
           if (pass == 0 && fetch_ahead)
             for (int64_t t = j; t < j + keys; ++t) FetchAhead(run, t);
           for (int64_t hh = heads_outer ? pass : 0; hh < (heads_outer ? pass + 1 : nh); ++hh)
@@ -235,15 +241,7 @@ struct ChunkKeys {
               float* sj = s + (hh * R + r0) * s_stride + at - from + j;
               const float* const* qr = q + hh * R + r0;
               WithCount<kRows>(std::min<int64_t>(kRows, R - r0), [&](auto mr) HWY_ATTR {
-                constexpr int MR = decltype(mr)::value;
-#if ATTN_DECODE_FOUR_KEYS
-                if constexpr (kIsBlockType<KV>) {
-                  if (keys == 4) DotKeys<MR, 4>(d, qr, k + hh * k_head, k_stride, D, scale, sj, s_stride);
-                  else DotKeys<MR, 1>(d, qr, k + hh * k_head, k_stride, D, scale, sj, s_stride);
-                  return;
-                }
-#endif
-                DotRows<MR>(d, qr, k + hh * k_head, D, scale, sj, s_stride);
+                ScoreKeys<decltype(mr)::value, kFour>(d, keys, qr, k + hh * k_head, k_stride, D, scale, sj, s_stride);
               });
             }
           j += keys;

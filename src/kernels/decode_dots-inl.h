@@ -80,8 +80,8 @@ HWY_INLINE void DotRows(DF d, const float* const* q, const KV* k, int64_t D, flo
 #endif
 }
 
-// Keys stored in blocks (q8_0, q4_0), whose widening makes decode wait on
-// arithmetic rather than memory, are scored four at a time on targets with
+// Keys stored in blocks (q8_0, q4_0) or as 16-bit floats, whose widening
+// lengthens a key's arithmetic, are scored four at a time on targets with
 // 32 vector registers for the 16 accumulators (AVX-512, NEON; not SVE's
 // sizeless vectors, which cannot form the arrays): a row's four
 // accumulators are summed together (Sums4), about 4 operations per score
@@ -89,9 +89,16 @@ HWY_INLINE void DotRows(DF d, const float* const* q, const KV* k, int64_t D, flo
 // 32768 keys, 32 query and 8 KV heads of 128, AMD EPYC (Zen 5), ms, key by
 // key against four at a time: 2 threads q8_0 2.88-3.01 against 2.43-2.66,
 // q4_0 2.93-3.23 against 2.47-2.76; 1 thread q8_0 5.52-5.85 against
-// 4.54-4.83, q4_0 5.68-5.93 against 4.69-4.99. float32 and bf16 wait on
-// memory, and ran slower four at a time (1 thread, float32 10.5-11.1 against
-// 11.8-12.6 ms): they keep DotRows.
+// 4.54-4.83, q4_0 5.68-5.93 against 4.69-4.99. bf16 and f16 gain where
+// their rows are fetched ahead into L2 (ChunkKeys::FetchAhead; into L1,
+// four at a time was slower), as speed over float32's in the same turns
+// (2 threads, AMD EPYC Zen 4, alternating builds): bf16 1.51-1.74x key by
+// key against 1.58-1.86x, f16 1.54-1.67x against 1.75-1.85x; at 64 query
+// heads, bf16 1.13-1.34x against 1.33-1.51x. Not where the hardware's
+// prefetcher alone reads them (one row per KV head): four at a time took
+// 4.67-5.23 ms against 3.82-4.45 (bf16, 8 heads of 128). float32 waits on
+// memory alone, and ran slower four at a time (1 thread, 10.5-11.1 against
+// 11.8-12.6 ms): it keeps DotRows.
 #undef ATTN_DECODE_FOUR_KEYS
 #if (HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3) || (HWY_ARCH_ARM && HWY_TARGET == HWY_NEON)
 #define ATTN_DECODE_FOUR_KEYS 1
@@ -187,6 +194,26 @@ HWY_INLINE void DotKeys(DF d, const float* const* q, const KV* k, int64_t k_stri
 #else
 #define ATTN_DECODE_FOUR_KEYS 0
 #endif  // ATTN_DECODE_FOUR_KEYS
+
+// Whether decode scores keys stored as KV four at a time (DotKeys).
+template <class KV>
+inline constexpr bool kDecodeFourKeys = ATTN_DECODE_FOUR_KEYS && !std::is_same_v<KV, float>;
+
+// The scores of `keys` keys (k_stride apart) for MR rows: with kFour (where
+// kDecodeFourKeys), 1 or 4 by DotKeys, the same bits either way; else one
+// by DotRows.
+template <int MR, bool kFour, class KV>
+HWY_INLINE void ScoreKeys(DF d, int64_t keys, const float* const* q, const KV* k, int64_t k_stride, int64_t D,
+                          float scale, float* s, int64_t s_stride) {
+#if ATTN_DECODE_FOUR_KEYS
+  if constexpr (kFour) {
+    if (keys == 4) return DotKeys<MR, 4>(d, q, k, k_stride, D, scale, s, s_stride);
+    return DotKeys<MR, 1>(d, q, k, k_stride, D, scale, s, s_stride);
+  }
+#endif
+  (void)keys, (void)k_stride;
+  DotRows<MR>(d, q, k, D, scale, s, s_stride);
+}
 
 }  // namespace HWY_NAMESPACE
 }  // namespace attn::kernels
