@@ -408,9 +408,10 @@ TEST(BatchAttention, Int4PagesReadTheirStoredValues) {
                    ValueError, "k_pages must be int4 key groups (num_pages, page_size / 32, num_kv_heads, head_dim)");
 }
 
-// Decode scores block-stored keys four at a time, or one at a time where a
-// page holds fewer (decode.cc, DotKeys): the same bits either way. One
-// sequence's q8_0 or q4_0 K and V, contiguous (keys by fours, a chunk's last
+// Decode scores block-stored and 16-bit keys four at a time where their rows
+// are fetched ahead, or one at a time where a page holds fewer (decode.cc,
+// DotKeys): the same bits either way. One sequence's q8_0, q4_0, bf16 or f16
+// K and V at 4 query rows per kv head, contiguous (keys by fours, a chunk's last
 // ones alone) and in HND pages of 3 (all alone) and 16, whose items are the
 // contiguous call's (one kv head, 512-key chunks, the same softmax blocks):
 // the log-sum-exps, which only the scores reach, are bitwise equal. (P·V
@@ -451,6 +452,8 @@ TEST(BatchAttention, DecodeScoresAKeyTheSameAloneAndAmongFour) {
   };
   check([](TensorView<const float> x) { return quantize_q8_0(x); });
   check([](TensorView<const float> x) { return quantize_q4_0(x); });
+  check([](TensorView<const float> x) { return to_bfloat16(x); });
+  check([](TensorView<const float> x) { return to_float16(x); });
 }
 
 TEST(BatchAttention, BitwiseOneCallSeparateCallsAndAnyThreadCount) {
