@@ -87,7 +87,7 @@ Tensor<float> check(const KernelCase& c, bool weights, uint32_t seed, bool again
 }
 
 std::vector<KernelCase> flash_cases() {
-  // n_q and n_k straddle the 256-row query tiles, their 8-row blocks and the
+  // n_q and n_k straddle the 256-row query tiles, their row blocks and the
   // 64-key tiles.
   std::vector<KernelCase> cases;
   for (Causal causal : {Causal::None, Causal::BottomRight, Causal::TopLeft})

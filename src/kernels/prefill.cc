@@ -28,7 +28,7 @@
 //
 // Loop order: the key tile is outer and the row blocks inner, so the K tile
 // (d·kBlockK·4 = 16 KiB at d = 64) and the V tile stay in cache while all
-// item's rows pass over them, and S is a 2 KiB block, never a whole tile.
+// item's rows pass over them, and S is a block of rows (8 KiB), never a whole tile.
 // (The measurements behind the tile sizes: config.hpp.) Tiles and row blocks
 // wholly outside the causal or window range are skipped; work items start
 // with the most expensive query tiles so the causal triangle balances across
