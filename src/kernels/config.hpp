@@ -90,12 +90,14 @@ constexpr int64_t kBF16StepKeys = kBF16StepTiles * kBlockK;
 // from 63% to 72% of peak (Zen 5, as above), and skipping the 8-row blocks a
 // diagonal tile masks wholly took causal from 0.55× to 0.52× of the
 // non-causal time. Blocks of 32 rows spread each block's fixed costs (the
-// calls into the products, a step's checks) over more rows: n = 4096, 8
-// heads, 2 threads, AMD EPYC Zen 4, two builds in one process, calls in
+// calls into the products, a step's checks) over more rows. n = 4096, 8
+// heads, 2 threads, AMD EPYC Zen 4: two builds in one process, calls in
 // turns (both orders), time at 32 rows over 8: bf16 0.97-0.99 (head dim 64),
-// 0.95-0.97 (128); float32 0.94-0.985 (128), causal 0.97-0.975, non-causal
-// at 64 within noise; int8 0.97-0.98 of 16 rows' time, itself 0.99-0.975 of
-// 8 rows'. The results are the same bits at any block size.
+// 0.95-0.97 (128); float32 0.94-0.985 (128), causal 0.97, non-causal at 64
+// within noise; `attn bench attention`, alternating builds: int8 383 against
+// 357 GFLOP/s. 64 rows, S then L1's size in a bf16 step, against 32: int8
+// 0.96-0.98, bf16 0.98-1.0 at head dim 64 but 1.01-1.02 at 128, float32
+// within noise. The results are the same bits at any block size.
 constexpr int kBlockRows = ATTN_BLOCK_ROWS;
 
 // Backward: query rows per block against one key tile. The block's products
