@@ -49,7 +49,6 @@ HWY_INLINE void Int4Ranges(DF d, const block_int4* first, int64_t stride, int64_
   const auto* words = reinterpret_cast<const int32_t*>(first);
   const auto low = hn::Set(di, 0xffff);
   const auto as_f16 = [&](auto bits) HWY_ATTR { return hn::BitCast(df16, hn::DemoteTo(d16, bits)); };
-  alignas(HWY_MAX_BYTES) int32_t pairs[HWY_MAX_BYTES / sizeof(int32_t)];
   const int64_t whole = count / N * N;
   const auto store = [&](int64_t c, auto pair) HWY_ATTR {
     hn::StoreU(PromoteF16<decltype(df16)>(d, as_f16(hn::And(pair, low))), d, scales + c);
@@ -73,6 +72,7 @@ HWY_INLINE void Int4Ranges(DF d, const block_int4* first, int64_t stride, int64_
       store(c, hn::TableLookupLanes(blend, from));
     }
   } else {
+    alignas(HWY_MAX_BYTES) int32_t pairs[HWY_MAX_BYTES / sizeof(int32_t)];
     for (int64_t c = 0; c < whole; c += N) {
       for (int64_t i = 0; i < N; ++i) pairs[i] = words[(c + i) * stride * kWords];
       store(c, hn::Load(di, pairs));
