@@ -191,7 +191,7 @@ TEST(Precision, BF16WithinItsToleranceOnEveryTarget) { expect_every_case_within(
 // "Precision".)
 TEST(Precision, Int8WithinItsToleranceOnEveryTarget) { expect_every_case_within(2311, Precision::Int8, 2e-2); }
 
-// bf16 and int8 take the online softmax two key tiles at a time (config.hpp's
+// bf16 and int8 take the online softmax four key tiles at a time (config.hpp's
 // kBF16StepTiles), in steps that start at the same keys for every work item.
 // With a sliding window, query tiles start at an odd key tile (rows from 256
 // see keys from 106, tile 1; rows from 512 from 362, tile 5), and several

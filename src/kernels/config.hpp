@@ -26,7 +26,7 @@
 #define ATTN_BLOCK_K 64
 #endif
 #ifndef ATTN_BF16_STEP_TILES
-#define ATTN_BF16_STEP_TILES 2
+#define ATTN_BF16_STEP_TILES 4
 #endif
 #ifndef ATTN_BLOCK_ROWS
 #define ATTN_BLOCK_ROWS 32
@@ -71,21 +71,27 @@ constexpr int64_t kBlockK = ATTN_BLOCK_K;
 // Prefill in bf16 and int8 precision: key tiles per step of the online
 // softmax, whose max P is rounded against (so part of what the precision
 // computes, on a bf16 unit or not). The unit's K panels and V tiles are bf16
-// pairs, half float32's bytes, so two tiles of each take the L1 that one
-// float32 tile does, and a step's fixed costs (the softmax's per-row checks
-// and sum, the rescale of O, the unit's calls, loading and storing O around
-// P·V) are spread over twice the keys. Measured on a Zen 5, n = 4096, 8 × 64,
-// 2 threads, ms over three alternating turns: bf16 on the unit 65.5-66.7 at
-// 2 tiles against 70.0-72.7 at 1, int8 65.6-66.3 against 69.2-71.4, the
-// Highway bf16 path 104 against 104-107. float32 keeps one: two tiles per
-// step gained nothing there (0.76-0.79 of the FMA peak either way), and
-// 128-key tiles (-DATTN_BLOCK_K=128) were no faster on a Xeon or at head dim
-// 64 on a Zen 5, and 5-10% slower at head dims 80-256 on the Zen 5.
+// pairs, half float32's bytes, and a step's fixed costs (the softmax's
+// per-row checks and sum, the rescale of O, the unit's calls, loading and
+// storing O around P·V) are spread over all its keys. Measured on a Zen 5,
+// n = 4096, 8 × 64, 2 threads, ms over three alternating turns: bf16 on the
+// unit 65.5-66.7 at 2 tiles against 70.0-72.7 at 1, int8 65.6-66.3 against
+// 69.2-71.4, the Highway bf16 path 104 against 104-107. 4 tiles against 2
+// (S then 32 KiB per block of kBlockRows), AMD EPYC Zen 4, n = 4096, 8
+// heads, 2 threads, two builds in one process, calls in turns, both orders:
+// bf16 0.96-0.97 of the time at head dim 64 and 0.985-0.996 at 128, int8
+// 0.96-0.98 at 64 and 128, causal bf16 0.99-1.0, the Highway bf16 path (the
+// unit off) 182-186 ms against 195-197; 4 tiles of 16-row blocks were no
+// faster than 2 tiles of 32 rows. float32 keeps one:
+// two tiles per step gained nothing there (0.76-0.79 of the FMA peak either
+// way), and 128-key tiles (-DATTN_BLOCK_K=128) were no faster on a Xeon or
+// at head dim 64 on a Zen 5, and 5-10% slower at head dims 80-256 on the
+// Zen 5.
 constexpr int64_t kBF16StepTiles = ATTN_BF16_STEP_TILES;
 constexpr int64_t kBF16StepKeys = kBF16StepTiles * kBlockK;
 
 // Prefill: query rows per block of the inner loop, so the score block S is
-// kBlockRows · kBlockK · 4 B = 8 KiB (a bf16 step's two tiles 16 KiB), never
+// kBlockRows · kBlockK · 4 B = 8 KiB (a bf16 step's four tiles 32 KiB), never
 // a whole tile. Key tiles outer and 8-row blocks inner took 256-row items
 // from 63% to 72% of peak (Zen 5, as above), and skipping the 8-row blocks a
 // diagonal tile masks wholly took causal from 0.55× to 0.52× of the
