@@ -76,17 +76,18 @@ constexpr int64_t kBlockK = ATTN_BLOCK_K;
 // storing O around P·V) are spread over all its keys. Measured on a Zen 5,
 // n = 4096, 8 × 64, 2 threads, ms over three alternating turns: bf16 on the
 // unit 65.5-66.7 at 2 tiles against 70.0-72.7 at 1, int8 65.6-66.3 against
-// 69.2-71.4, the Highway bf16 path 104 against 104-107. 4 tiles against 2
-// (S then 32 KiB per block of kBlockRows), AMD EPYC Zen 4, n = 4096, 8
-// heads, 2 threads, two builds in one process, calls in turns, both orders:
-// bf16 0.96-0.97 of the time at head dim 64 and 0.985-0.996 at 128, int8
-// 0.96-0.98 at 64 and 128, causal bf16 0.99-1.0, the Highway bf16 path (the
-// unit off) 182-186 ms against 195-197; 4 tiles of 16-row blocks were no
-// faster than 2 tiles of 32 rows. float32 keeps one:
-// two tiles per step gained nothing there (0.76-0.79 of the FMA peak either
-// way), and 128-key tiles (-DATTN_BLOCK_K=128) were no faster on a Xeon or
-// at head dim 64 on a Zen 5, and 5-10% slower at head dims 80-256 on the
-// Zen 5.
+// 69.2-71.4, the Highway bf16 path 104 against 104-107. 4 tiles against 2 (S
+// then 32 KiB per block of kBlockRows), AMD EPYC Zen 4, n = 4096, 8 heads, 2
+// threads, two builds in one process, calls in turns, both orders: bf16
+// 0.96-0.97 of the time at head dim 64 and 0.985-0.996 at 128, int8 0.96-0.98
+// at 64 and 128, causal bf16 0.99-1.0, the Highway bf16 path (the unit off)
+// 182-186 ms against 195-197; `attn bench attention` at n = 512 and 1024
+// within noise. 4 tiles of 16-row blocks were no faster than 2 tiles of 32
+// rows, and 8 tiles (S 64 KiB) took 1.17-1.56× 4 tiles' time at n = 1024.
+// float32 keeps one: two tiles per step gained nothing there (0.76-0.79 of
+// the FMA peak either way), and 128-key tiles (-DATTN_BLOCK_K=128) were no
+// faster on a Xeon or at head dim 64 on a Zen 5, and 5-10% slower at head
+// dims 80-256 on the Zen 5.
 constexpr int64_t kBF16StepTiles = ATTN_BF16_STEP_TILES;
 constexpr int64_t kBF16StepKeys = kBF16StepTiles * kBlockK;
 
@@ -101,8 +102,8 @@ constexpr int64_t kBF16StepKeys = kBF16StepTiles * kBlockK;
 // turns (both orders), time at 32 rows over 8: bf16 0.97-0.99 (head dim 64),
 // 0.95-0.97 (128); float32 0.94-0.985 (128), causal 0.97, non-causal at 64
 // within noise; `attn bench attention`, alternating builds: int8 383 against
-// 357 GFLOP/s. 64 rows, S then L1's size in a bf16 step, against 32: int8
-// 0.96-0.98, bf16 0.98-1.0 at head dim 64 but 1.01-1.02 at 128, float32
+// 357 GFLOP/s. 64 rows (S then L1's size in a step of 2 tiles) against 32:
+// int8 0.96-0.98, bf16 0.98-1.0 at head dim 64 but 1.01-1.02 at 128, float32
 // within noise. The results are the same bits at any block size.
 constexpr int kBlockRows = ATTN_BLOCK_ROWS;
 
