@@ -28,12 +28,12 @@
 //
 // Loop order: the key tile is outer and the row blocks inner, so the K tile
 // (d·kBlockK·4 = 16 KiB at d = 64) and the V tile stay in cache while all
-// item's rows pass over them, and S is a block of rows (8 KiB), never a whole tile.
-// (The measurements behind the tile sizes: config.hpp.) Tiles and row blocks
-// wholly outside the causal or window range are skipped; work items start
-// with the most expensive query tiles so the causal triangle balances across
-// threads. Items and the order of arithmetic inside them do not depend on the
-// thread count, so results are bitwise equal for any number of threads.
+// item's rows pass over them, and S is one block of kBlockRows rows, never a
+// whole tile (the measurements behind the tile sizes: config.hpp). Tiles and
+// row blocks wholly outside the causal or window range are skipped; work items
+// start with the most expensive query tiles so the causal triangle balances
+// across threads. Items and the order of arithmetic inside them do not depend
+// on the thread count, so results are bitwise equal for any number of threads.
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "kernels/prefill.cc"
 #include <hwy/foreach_target.h>  // IWYU pragma: keep
