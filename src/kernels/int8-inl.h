@@ -17,6 +17,7 @@
 #include "kernels/flash-inl.h"
 
 #include <algorithm>
+#include <cstring>
 
 #include "kernels/int8_unit.hpp"
 #include "kernels/scratch.hpp"
@@ -94,15 +95,23 @@ bool KeyMean(const core::AttentionProblem<float>& p, int64_t b, int64_t hkv, flo
 
 // Query row x (QuantizeRowInt8's codes, scale s) as the int8 unit's bytes,
 // code + 128, in place (x's floats then hold ceil(d / 4) · 4 bytes, 128 past
-// d), with its center term Σ_c s · code_c · mean_c (int8_unit.hpp).
+// d), with its center term s · Σ_c code_c · mean_c (int8_unit.hpp). A
+// vector's bytes overwrite only floats already read.
 inline void QueryCodes(float* x, int64_t n, float s, const float* mean, float& scale, float& center) {
-  float sum = 0;
-  for (int64_t c = 0; c < n; ++c) sum += s * x[c] * mean[c];
+  const DF d;
+  const hn::RebindToSigned<DF> di;
+  const hn::Rebind<uint8_t, DF> d8;
+  const auto N = static_cast<int64_t>(hn::Lanes(d));
   auto* bytes = reinterpret_cast<uint8_t*>(x);
-  for (int64_t c = 0; c < n; ++c) bytes[c] = static_cast<uint8_t>(static_cast<int>(x[c]) + 128);
+  VF sum = hn::Zero(d);
+  for (int64_t c = 0; c < n; c += N) {
+    const VF code = LoadPart(d, x + c, std::min(N, n - c), 0.0f);
+    sum = hn::MulAdd(code, hn::Load(d, mean + c), sum);
+    hn::StoreU(hn::DemoteTo(d8, hn::Add(hn::ConvertTo(di, code), hn::Set(di, 128))), d8, bytes + c);
+  }
   for (int64_t c = n; c < (n + 3) / 4 * 4; ++c) bytes[c] = 128;
   scale = s;
-  center = sum;
+  center = s * hn::GetLane(hn::SumOfLanes(d, sum));
 }
 
 // Whether every element of Q is within ±kInt8UnitLimit (the int8 unit
@@ -123,7 +132,7 @@ inline bool QueriesWithinUnitLimit(const core::AttentionProblem<float>& p) {
   return true;
 }
 
-inline thread_local Scratch<float> tls_int8_keys;
+inline thread_local Scratch<float> tls_int8_keys, tls_int8_key_codes;
 
 // K tile kt of (b, hkv) quantized (QuantizeRowInt8, less `mean`, KeyMean's):
 // packed as PackK packs it, or with `unit` as its panel of codes, scales and
@@ -148,16 +157,24 @@ void PackKInt8(const core::AttentionProblem<float>& p, int64_t b, int64_t hkv, i
   auto* t = reinterpret_cast<float*>(codes + quads * kBlockK * 4);
   auto* offsets = reinterpret_cast<int32_t*>(t + kBlockK);
   std::fill(codes, codes + quads * kBlockK * 4, int8_t{0});
+  // Each key's codes as bytes (0 past d: its row's padding), then quad by
+  // quad into the panel's columns.
+  const hn::RebindToSigned<DF> di;
+  const hn::Rebind<int8_t, DF> d8;
+  int8_t* key_codes = reinterpret_cast<int8_t*>(tls_int8_key_codes.get(static_cast<size_t>(width)));
+  std::fill(key_codes + width, key_codes + std::max(width, quads * 4), int8_t{0});  // (rows of fewer than 4 lanes)
   for (int64_t j = 0; j < kBlockK; ++j) {  // (keys past count: scale and offset 0)
-    int32_t sum = 0;
-    if (j < count)
-      for (int64_t c = 0; c < p.d; ++c) {
-        const auto code = static_cast<int8_t>(rows[j * width + c]);
-        codes[((c / 4) * kBlockK + j) * 4 + c % 4] = code;
-        sum += code;
+    auto sum = hn::Zero(di);
+    if (j < count) {
+      for (int64_t c = 0; c < width; c += N) {
+        const auto code = hn::ConvertTo(di, hn::Load(d, rows + j * width + c));
+        sum = hn::Add(sum, code);
+        hn::StoreU(hn::DemoteTo(d8, code), d8, key_codes + c);
       }
+      for (int64_t c = 0; c < quads; ++c) std::memcpy(codes + (c * kBlockK + j) * 4, key_codes + 4 * c, 4);
+    }
     t[j] = scales[j];
-    offsets[j] = 128 * sum;
+    offsets[j] = 128 * hn::GetLane(hn::SumOfLanes(di, sum));
   }
 }
 

@@ -75,12 +75,18 @@ void ProductBlock(const uint8_t* q, int64_t q_stride, int64_t quads, const float
   DotQuads<Isa>(acc, q, q_stride, panel, keys, 0, quads);
   const auto* t = reinterpret_cast<const float*>(panel + quads * keys * 4);
   const auto* offsets = reinterpret_cast<const int32_t*>(t + keys);
+  // The rows' factors, read once: s's stores might alias q_scales and
+  // q_centers, which would otherwise be read (and multiplied) again for each
+  // vector.
+  float a[MR], b[MR];
+  ATTN_UNROLL
+  for (int r = 0; r < MR; ++r) a[r] = scale * q_scales[r], b[r] = scale * q_centers[r];
   ATTN_UNROLL
   for (int r = 0; r < MR; ++r)
     ATTN_UNROLL
     for (int v = 0; v < NV; ++v)
       Isa::StoreScores(s + r * s_stride + v * Isa::kLanes, Isa::LessOffsets(acc[r][v], offsets + v * Isa::kLanes),
-                       scale * q_scales[r], t + v * Isa::kLanes, scale * q_centers[r]);
+                       a[r], t + v * Isa::kLanes, b[r]);
 }
 
 // Every (rows, vectors) instantiation of a block, at [(rows - 1) · kVecs +
