@@ -254,9 +254,12 @@ test-arm: arm-build
 # make test's part: the kernel tests and the edge cases on NEON, each CPU's
 # best target forced (make test-arm forces all of them, SVE too), in as many
 # shards as cores, and the arm64 packages, from a build of the NEON target
-# alone (its own folder).
+# alone (its own folder); the Highway sources compiled for SVE as syntax
+# alone (tools/check-sve.sh, seconds), so that code SVE's sizeless vectors
+# cannot take fails here, not only in make test-arm.
 test-arm-kernels:
 	$(MAKE) arm-build ARM_BUILD=$(ARM_TEST_BUILD) ARM_HWY_DISABLED="$(ARM_TEST_HWY_DISABLED)" ARM_TESTS=attn_kernel_tests
+	JOBS=$(JOBS) tools/check-sve.sh
 	tools/test-arm.sh --best-only --shards $(JOBS) $(ARM_TEST_BUILD)/bin/attn_kernel_tests \
 	    '$(ARM_KERNEL_TESTS)' $(ARM_TEST_CPU) -- '$(ARM_UNIT_TESTS)' $(ARM_UNIT_TEST_CPU)
 	tests/packages.sh . $(ARM_TEST_BUILD) arm64

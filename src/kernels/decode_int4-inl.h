@@ -105,19 +105,21 @@ HWY_INLINE void Int4KeyScores(DF d, const block_int4* group, int64_t D, const fl
   static_assert(C >= 1 && (H == 1 || H == 2), "the accumulators fit in eight names");
   VF a0 = hn::Zero(d), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
   const auto step = [&](int64_t c, auto phase) HWY_ATTR {
-    VF codes[H];
+    // The halves' codes, named (SVE's sizeless vectors cannot form an array).
+    VF codes0, codes1;
     if constexpr (H == 2) {
       hn::Vec<hn::RebindToSigned<DF>> low, high;
       NibbleLanes(d, group[c].qs, low, high);
-      codes[0] = hn::ConvertTo(d, low), codes[1] = hn::ConvertTo(d, high);
+      codes0 = hn::ConvertTo(d, low), codes1 = hn::ConvertTo(d, high);
     } else {
-      codes[0] = NibbleCodes(d, group[c].qs, v);  // keys v .. v + N − 1
+      codes0 = NibbleCodes(d, group[c].qs, v);  // keys v .. v + N − 1
     }
     Unroll<MR>([&](auto r) HWY_ATTR {
       const VF wr = hn::Set(d, w[r * D + c]);
       Unroll<H>([&](auto h) HWY_ATTR {
         VF& acc = Acc<(decltype(phase)::value * MR + r) * H + h>(a0, a1, a2, a3, a4, a5, a6, a7);
-        acc = hn::MulAdd(wr, codes[h], acc);
+        if constexpr (decltype(h)::value == 0) acc = hn::MulAdd(wr, codes0, acc);
+        else acc = hn::MulAdd(wr, codes1, acc);
       });
     });
   };
