@@ -162,7 +162,7 @@ void PackKInt8(const core::AttentionProblem<float>& p, int64_t b, int64_t hkv, i
   const hn::RebindToSigned<DF> di;
   const hn::Rebind<int8_t, DF> d8;
   int8_t* key_codes = reinterpret_cast<int8_t*>(tls_int8_key_codes.get(static_cast<size_t>(width)));
-  std::fill(key_codes + width, key_codes + std::max(width, quads * 4), int8_t{0});  // (rows of fewer than 4 lanes)
+  std::fill(key_codes + width, key_codes + std::max(width, quads * 4), int8_t{0});  // (vectors of under 4 lanes)
   for (int64_t j = 0; j < kBlockK; ++j) {  // (keys past count: scale and offset 0)
     auto sum = hn::Zero(di);
     if (j < count) {
