@@ -128,10 +128,19 @@ HWY_INLINE void WithCount(int64_t n, const F& f) {
   f(std::integral_constant<int, Max>());
 }
 
+// The columns MatmulPanel writes for `cols` (at most kPanel): cols rounded
+// up to vectors, or on sizeless vectors to a block of kVecs vectors. A row
+// of C narrower than a panel must be this wide.
+template <class D>
+HWY_INLINE int64_t PanelColumnsWritten(D d, int64_t cols) {
+  const int64_t unit = static_cast<int64_t>(hn::Lanes(d)) * (HWY_HAVE_SCALABLE ? kVecs : 1);
+  return (cols + unit - 1) / unit * unit;
+}
+
 // The first `cols` columns of the panel (at most kPanel) for `rows` rows of
-// A (rows <= kRows), in whole vectors: columns up to cols rounded up to
-// vectors (on sizeless vectors, to a block) are written, the rest left
-// alone. (A tile of 3 keys computes one vector of products, not four.)
+// A (rows <= kRows), in whole vectors: columns up to PanelColumnsWritten
+// are written, the rest left alone. (A tile of 3 keys computes one vector
+// of products, not four.)
 template <class D, class Epilogue = Plain, typename T = hn::TFromD<D>>
 HWY_INLINE void MatmulPanel(D d, const T* const* a, int rows, int64_t K, const T* panel, T scale,
                             T* c, int64_t c_stride, const Epilogue& epilogue = {}, int64_t cols = kPanel) {

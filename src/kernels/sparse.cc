@@ -70,7 +70,9 @@ void GatherPickedValues(const core::SparseProblem<float>& p, int64_t b, int64_t 
 void SparseRow(DF d, const core::SparseProblem<float>& p, const PickedRows& picked, int64_t b, int64_t hkv, int64_t i,
                int64_t g0, int64_t G) {
   const int64_t N = static_cast<int64_t>(hn::Lanes(d));
-  const int64_t TP = (p.topk + N - 1) / N * N;  // a row's scores, whole vectors
+  // A row's scores: whole vectors, as wide as the products write them (its
+  // tiles start at multiples of kBlockK, whole blocks of their writes).
+  const int64_t TP = PanelColumnsWritten(d, p.topk);
   const float ninf = -std::numeric_limits<float>::infinity();
   // Scores in base-2 units (the softmax's): log2(e) folded into the scale,
   // or into softcap's bound (Softcap takes natural units).
