@@ -255,10 +255,15 @@ TEST(KVStorage, KernelsReadEveryStorageTypeOnEveryTarget) {
   for (KVDtype dtype : {KVDtype::BF16, KVDtype::F16, KVDtype::Q8_0, KVDtype::Q4_0, KVDtype::INT4})
     for (const auto& c : storage_cases(!is_block_dtype(dtype))) check_storage(dtype, c, seed++);
   // int4's keys take any head dim (a block per channel), decode's and the
-  // widened path's; a partial last group, in the last chunk and not.
+  // widened path's; a partial last group, in the last chunk and not; decode
+  // over one chunk of keys or less (it reads int4 at every length), fewer
+  // than a group among them.
   for (const KernelCase& c : {KernelCase{1, 4, 2, 2, 700, 40, 64, Causal::None, {}, 0, 1},
                               KernelCase{1, 2, 1, 1, 1040, 8, 32, Causal::BottomRight, {}, 0, 0},
-                              KernelCase{1, 2, 1, 37, 90, 17, 32, Causal::BottomRight, {}, 0, 0}})
+                              KernelCase{1, 2, 1, 37, 90, 17, 32, Causal::BottomRight, {}, 0, 0},
+                              KernelCase{1, 4, 2, 1, 100, 64, 64, Causal::None, {}, 0, 0},
+                              KernelCase{2, 2, 2, 3, 20, 32, 32, Causal::BottomRight, {}, 15.0, 1},
+                              KernelCase{1, 2, 1, 8, 512, 24, 32, Causal::TopLeft, {64, 0}, 0, 2}})
     check_storage(KVDtype::INT4, c, seed++);
 }
 
@@ -562,6 +567,35 @@ TEST(KVStorageMemory, CompactPrefillMakesNoFullSizeCopy) {
   };
   measure("bf16", TensorView<const bfloat16>(kb.view()), TensorView<const bfloat16>(vb.view()));
   measure("q8_0", TensorView<const block_q8_0>(kq.view()), TensorView<const block_q8_0>(vq.view()));
+}
+
+// Decode over int4 K/V reads them in place at every length, one chunk of
+// keys (config.hpp's kDecodeChunk) or less included, as batch_attention's
+// decode does: 16 sequences of 512 keys, 8 heads × 128, one query each,
+// whose K and V widened to float32 would take 64 MiB (10 MiB in int4).
+TEST(KVStorageMemory, Int4DecodeMakesNoFloat32Copy) {
+  if (test::sanitized())
+    GTEST_SKIP() << "a sanitizer's shadow memory makes resident memory no measure of the library's";
+  if (test::emulated()) GTEST_SKIP() << "under an emulator resident memory is the emulator's";
+  ASSERT_TRUE(reset_peak_rss() && status_bytes("VmHWM:") >= 0)
+      << "cannot reset and read this process's peak memory (/proc/self/clear_refs, VmHWM)";
+  const int64_t B = 16, H = 8, n = 512, d = 128;
+  std::mt19937 rng(5);
+  const auto q = cast<float>(random_tensor({B, H, 1, d}, rng));
+  Tensor<float> out({B, H, 1, d});
+  Tensor<block_int4> kq, vq;
+  {
+    const auto k = cast<float>(random_tensor({B, H, n, d}, rng)), v = cast<float>(random_tensor({B, H, n, d}, rng));
+    kq = quantize_int4_keys(k.view()), vq = quantize_int4_values(v.view());
+  }
+  const AttentionPlan<float, block_int4> plan(q.view(), kq.view(), vq.view());
+  ASSERT_TRUE(reset_peak_rss());
+  const int64_t before = status_bytes("VmRSS:");
+  plan.run(out.view());
+  const int64_t growth = status_bytes("VmHWM:") - before;
+  std::printf("int4 decode, %lld sequences of %lld keys, %lld heads x %lld: peak memory grew %.1f MiB\n",
+              (long long)B, (long long)n, (long long)H, (long long)d, growth / 1048576.0);
+  EXPECT_LE(growth, 16 << 20);
 }
 
 }  // namespace

@@ -594,7 +594,8 @@ void decode_forward_batch(const std::vector<const core::AttentionProblem<float>*
 bool decode_suits(int64_t n_q) { return n_q <= kDecodeMaxQueries; }
 bool decode_takes_int8_unit(int64_t rows_per_kv_head) { return rows_per_kv_head >= kDecodeUnitRows && int8_unit(); }
 bool use_decode(const core::AttentionProblem<float>& p) {
-  return !p.weights && !p.logits && p.n_q <= kDecodeMaxQueries && p.n_k > kDecodeChunk;
+  return !p.weights && !p.logits && p.n_q <= kDecodeMaxQueries &&
+         (p.n_k > kDecodeChunk || p.kv == core::KVStorage::Int4);
 }
 }  // namespace attn::kernels
 #endif
