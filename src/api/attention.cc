@@ -121,18 +121,20 @@ struct WidenedInt4 {
   Tensor<float> k, v;
   explicit WidenedInt4(core::AttentionProblem<float>& p)
       : k({p.batch, p.heads_kv, p.n_k, p.d}), v({p.batch, p.heads_kv, p.n_k, p.d_v}) {
+    float tokens[kInt4Group];
     for (int64_t b = 0; b < p.batch; ++b)
-      for (int64_t h = 0; h < p.heads_kv; ++h)
-        for (int64_t j = 0; j < p.n_k; ++j) {
-          const std::byte* key_group = p.k_stored.row(b, h, j / kInt4Group);
-          const std::byte* value_row = p.v_stored.row(b, h, j);
-          float* kr = k.data() + ((b * p.heads_kv + h) * p.n_k + j) * p.d;
-          float* vr = v.data() + ((b * p.heads_kv + h) * p.n_k + j) * p.d_v;
-          for (int64_t c = 0; c < p.d; ++c)
-            kr[c] = int4_value(block_at(key_group, c * p.k_stored.col_stride), j % kInt4Group);
-          for (int64_t c = 0; c < p.d_v; ++c)
-            vr[c] = int4_value(block_at(value_row, c / kInt4Group * p.v_stored.col_stride), c % kInt4Group);
-        }
+      for (int64_t h = 0; h < p.heads_kv; ++h) {
+        float* kh = k.data() + (b * p.heads_kv + h) * p.n_k * p.d;
+        for (int64_t j0 = 0; j0 < p.n_k; j0 += kInt4Group)
+          for (int64_t c = 0; c < p.d; ++c) {
+            dequantize_block_int4(block_at(p.k_stored.row(b, h, j0 / kInt4Group), c * p.k_stored.col_stride), tokens);
+            for (int64_t t = 0; t < std::min(kInt4Group, p.n_k - j0); ++t) kh[(j0 + t) * p.d + c] = tokens[t];
+          }
+        for (int64_t j = 0; j < p.n_k; ++j)
+          for (int64_t c = 0; c < p.d_v; c += kInt4Group)
+            dequantize_block_int4(block_at(p.v_stored.row(b, h, j), c / kInt4Group * p.v_stored.col_stride),
+                                  v.data() + ((b * p.heads_kv + h) * p.n_k + j) * p.d_v + c);
+      }
     p.kv = core::KVStorage::Native;
     p.k = operand(k, p.batch);
     p.v = operand(v, p.batch);

@@ -228,6 +228,14 @@ void quantize_int4_key_rows(const float* k, int64_t n, int64_t d, block_int4* y,
 
 Tensor<block_int4> quantize_int4_values(TensorView<const float> v) { return to_blocks(v, "int4", quantize_row_int4); }
 
+void dequantize_block_int4(const block_int4& b, float* y) {
+  const float d = fp16_to_float(b.d.bits), m = fp16_to_float(b.m.bits);
+  for (int64_t i = 0; i < kInt4Group / 2; ++i) {
+    y[i] = d * static_cast<float>(b.qs[i] & 0x0f) + m;
+    y[i + kInt4Group / 2] = d * static_cast<float>(b.qs[i] >> 4) + m;
+  }
+}
+
 Tensor<float> dequantize_int4_keys(TensorView<const block_int4> k, int64_t n) {
   const int64_t groups = k.rank() >= 2 ? k.dim(-2) : -1;
   if (n < 0 || groups != (n + kInt4Group - 1) / kInt4Group)
@@ -239,10 +247,14 @@ Tensor<float> dequantize_int4_keys(TensorView<const block_int4> k, int64_t n) {
   shape[shape.size() - 2] = n;
   Tensor<float> out(shape);
   const int64_t heads = groups * d == 0 ? 0 : c.numel() / (groups * d);
+  float tokens[kInt4Group];
   for (int64_t h = 0; h < heads; ++h)
-    for (int64_t j = 0; j < n; ++j)
-      for (int64_t ch = 0; ch < d; ++ch)
-        out.data()[(h * n + j) * d + ch] = int4_value(c.data()[(h * groups + j / kInt4Group) * d + ch], j % kInt4Group);
+    for (int64_t g = 0; g < groups; ++g)
+      for (int64_t ch = 0; ch < d; ++ch) {
+        dequantize_block_int4(c.data()[(h * groups + g) * d + ch], tokens);
+        for (int64_t t = 0; t < std::min(kInt4Group, n - g * kInt4Group); ++t)
+          out.data()[(h * n + g * kInt4Group + t) * d + ch] = tokens[t];
+      }
   return out;
 }
 
@@ -252,7 +264,7 @@ Tensor<float> dequantize_int4_values(TensorView<const block_int4> v) {
   shape.back() *= kInt4Group;
   Tensor<float> out(shape);
   const Tensor<block_int4> c = contiguous(v);
-  for (int64_t i = 0; i < out.numel(); ++i) out.data()[i] = int4_value(c.data()[i / kInt4Group], i % kInt4Group);
+  for (int64_t i = 0; i < c.numel(); ++i) dequantize_block_int4(c.data()[i], out.data() + i * kInt4Group);
   return out;
 }
 
