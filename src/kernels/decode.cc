@@ -17,14 +17,12 @@
 #include "kernels/flash-inl.h"
 
 #include <algorithm>
-#include <cmath>
 #include <cstdlib>
 #include <limits>
 #include <memory>
 #include <type_traits>
 #include <vector>
 
-#include "attn/half.hpp"
 #include "attn/quantize.hpp"
 #include "kernels/attention_kernel.hpp"
 #include "kernels/config.hpp"
@@ -41,60 +39,6 @@ thread_local Scratch<const float*> tls_decode_queries;
 thread_local Scratch<float> tls_decode_panel;
 thread_local Scratch<int8_t> tls_decode_block_panel;
 thread_local Scratch<float> tls_decode_int4_weights;
-
-// int8 precision over q8_0 keys (docs/semantics.md "Precision"): each query
-// row rounded to q8_0, as llama.cpp's vec_dot_q8_0_q8_0 rounds it, once per
-// call: for the int8 unit as its bytes (code + 128) and a float32 scale per
-// block, or, without one (or below kDecodeUnitRows rows per kv head), as
-// float32 values for the float path. Rows in p.q's order, (batch, query
-// head, query), so a kv head's rows lie together.
-// P·V stays float32: on VNNI's int16 products (weight × block scale
-// rounded to int16 per row, block and 64-key tile, 6.8e-5 of error added),
-// V read in place, it took 5.56 ms against 4.47 (32768 keys, 32 × 8 heads
-// of 128, 1 thread, Zen 5): its broadcasts and products outweigh the
-// widening it spares.
-struct RoundedQueries {
-  const Int8Unit* unit;
-  std::vector<uint8_t> bytes;  // rows × d, with the unit
-  std::vector<float> scales;   // rows × d / 32, with the unit
-  std::vector<float> values;   // rows × d, without
-
-  RoundedQueries(const core::AttentionProblem<float>& p, const Int8Unit* unit_) : unit(unit_) {
-    const int64_t rows = p.batch * p.heads_q * p.n_q, blocks = p.d / kQ8_0Block;
-    std::vector<block_q8_0> row_blocks(static_cast<size_t>(blocks));
-    if (unit) {
-      bytes.resize(static_cast<size_t>(rows * p.d));
-      scales.resize(static_cast<size_t>(rows * blocks));
-    } else {
-      values.resize(static_cast<size_t>(rows * p.d));
-    }
-    for (int64_t row = 0; row < rows; ++row) {
-      quantize_row_q8_0(p.q.row(row / p.n_q / p.heads_q, row / p.n_q % p.heads_q, row % p.n_q), row_blocks.data(), p.d);
-      if (!unit) {
-        dequantize_row_q8_0(row_blocks.data(), values.data() + row * p.d, p.d);
-        continue;
-      }
-      for (int64_t b = 0; b < blocks; ++b) {
-        scales[static_cast<size_t>(row * blocks + b)] = fp16_to_float(row_blocks[static_cast<size_t>(b)].d.bits);
-        for (int64_t c = 0; c < kQ8_0Block; ++c)
-          bytes[static_cast<size_t>(row * p.d + b * kQ8_0Block + c)] =
-              static_cast<uint8_t>(row_blocks[static_cast<size_t>(b)].qs[c] + 128);
-      }
-    }
-  }
-  // Whether q8_0 holds all of p's queries: a value not finite, or past
-  // 65504 · 127 (its scale's fp16 overflows), keeps them as they are.
-  static bool Fit(const core::AttentionProblem<float>& p) {
-    for (int64_t b = 0; b < p.batch; ++b)
-      for (int64_t h = 0; h < p.heads_q; ++h)
-        for (int64_t i = 0; i < p.n_q; ++i) {
-          const float* row = p.q.row(b, h, i);
-          for (int64_t c = 0; c < p.d; ++c)
-            if (!(std::fabs(row[c]) <= 65504.0f * 127.0f)) return false;
-        }
-    return true;
-  }
-};
 
 // How a problem's keys are split into work items: `heads` consecutive kv
 // heads and kDecodeChunk keys each, taken `block` keys at a time with an
