@@ -131,6 +131,19 @@ constexpr int64_t kDecodeChunk = ATTN_DECODE_CHUNK;
 // several times over.
 constexpr int64_t kDecodeMaxQueries = ATTN_DECODE_MAX_QUERIES;
 
+// Decode also takes float32 precision's calls of one chunk of keys or fewer
+// (from one tile, kBlockK) with at most this many query rows per kv head
+// (GQA group × queries), where the flash kernel's tiles run mostly empty
+// (bf16 and int8 keep the flash kernel, whose arithmetic they name). 8 heads of
+// 128, 2 threads, AMD EPYC Zen 4, medians of 3 alternating runs, ms, flash
+// against decode: 1 row, 64 keys 0.0195 against 0.0088-0.0166, 192 keys
+// 0.057 against 0.018, 512 keys 0.085 against 0.049; 2 rows, 512 keys
+// 0.086 against 0.053; 4 rows, 512 keys 0.097 against 0.073; 32 × 8
+// heads, 1 query (4 rows), 128 keys 0.038 against 0.024. At 8 rows decode
+// was 0.95-1.08x flash's speed (8 queries of 8 heads) or 1.0-1.35x (2 of
+// 32 × 8), at 16 and 32 rows slower; at 16 keys, 0.6-1.5x.
+constexpr int64_t kDecodeShortRows = 4;
+
 // Decode: how many K rows ahead of the row being read the kernel prefetches
 // (V's row is prefetched as its K row is read). Measured on a Xeon (Sapphire
 // Rapids), 2 threads, 32768 keys, 32 heads × 128, ms: q8_0 16.6 without K

@@ -497,16 +497,23 @@ void DecodeForwardT(const core::AttentionProblem<float>* const* problems, int64_
     const auto u = static_cast<size_t>(i);
     const core::AttentionProblem<float>& p = *problems[i];
     const int64_t local = item - items.first_item[u];
-    const int64_t chunks = items.chunks[u], group = local / chunks, groups_per_entry = p.heads_kv / items.split[u].heads;
-    DecodeChunk<KV>(d, p, group / groups_per_entry, group % groups_per_entry * items.split[u].heads, items.split[u],
-                    local % chunks, WholeVectors(p.d_v), rounded[u].get(),
-                    parts + items.first_part[u] + local * items.part_size[u]);
+    const int64_t chunks = items.chunks[u], group = local / chunks, nh = items.split[u].heads;
+    const int64_t groups_per_entry = p.heads_kv / nh;
+    float* part = parts + items.first_part[u] + local * items.part_size[u];
+    DecodeChunk<KV>(d, p, group / groups_per_entry, group % groups_per_entry * nh, items.split[u], local % chunks,
+                    WholeVectors(p.d_v), rounded[u].get(), part);
+    // A problem of one chunk writes its rows here: no pass of its own.
+    const int64_t R = p.group() * p.n_q;
+    if (chunks == 1)
+      for (int64_t hh = 0; hh < nh; ++hh) MergeChunks(d, p, group * nh + hh, 1, items.part_size[u], part, nh * R, hh * R);
   });
+  if (std::all_of(items.chunks.begin(), items.chunks.end(), [](int64_t chunks) { return chunks == 1; })) return;
   std::vector<int64_t> first_head(1, 0);
   for (int64_t i = 0; i < count; ++i) first_head.push_back(first_head.back() + problems[i]->batch * problems[i]->heads_kv);
   parallel_for(first_head.back(), [&](int64_t head) {
     const int64_t i = problem_of(first_head, head);
     const auto u = static_cast<size_t>(i);
+    if (items.chunks[u] == 1) return;
     const core::AttentionProblem<float>& p = *problems[i];
     const int64_t bh = head - first_head[u], nh = items.split[u].heads, group = bh / nh;
     const int64_t R = p.group() * p.n_q;
@@ -538,8 +545,10 @@ void decode_forward_batch(const std::vector<const core::AttentionProblem<float>*
 bool decode_suits(int64_t n_q) { return n_q <= kDecodeMaxQueries; }
 bool decode_takes_int8_unit(int64_t rows_per_kv_head) { return rows_per_kv_head >= kDecodeUnitRows && int8_unit(); }
 bool use_decode(const core::AttentionProblem<float>& p) {
+  const bool short_rows =
+      p.precision == Precision::Float32 && p.n_k >= kBlockK && p.group() * p.n_q <= kDecodeShortRows;
   return !p.weights && !p.logits && p.n_q <= kDecodeMaxQueries &&
-         (p.n_k > kDecodeChunk || p.kv == core::KVStorage::Int4);
+         (p.n_k > kDecodeChunk || short_rows || p.kv == core::KVStorage::Int4);
 }
 }  // namespace attn::kernels
 #endif
