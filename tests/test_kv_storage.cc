@@ -255,9 +255,8 @@ TEST(KVStorage, KernelsReadEveryStorageTypeOnEveryTarget) {
   for (KVDtype dtype : {KVDtype::BF16, KVDtype::F16, KVDtype::Q8_0, KVDtype::Q4_0, KVDtype::INT4})
     for (const auto& c : storage_cases(!is_block_dtype(dtype))) check_storage(dtype, c, seed++);
   // int4's keys take any head dim (a block per channel), decode's and the
-  // widened path's; a partial last group, in the last chunk and not; decode
-  // over one chunk of keys or less (it reads int4 at every length), fewer
-  // than a group among them.
+  // prefill's; a partial last group, in the last chunk and not; one chunk
+  // of keys or less, fewer than a group among them.
   for (const KernelCase& c : {KernelCase{1, 4, 2, 2, 700, 40, 64, Causal::None, {}, 0, 1},
                               KernelCase{1, 2, 1, 1, 1040, 8, 32, Causal::BottomRight, {}, 0, 0},
                               KernelCase{1, 2, 1, 37, 90, 17, 32, Causal::BottomRight, {}, 0, 0},
@@ -527,7 +526,7 @@ bool reset_peak_rss() {
   return clear.good();
 }
 
-// Prefill at n = 32768, 8 heads × 128, with bf16 and q8_0 K/V: the call's
+// Prefill at n = 32768, 8 heads × 128, with bf16, q8_0 and int4 K/V: the call's
 // peak memory (its scratch included) grows by at most 64 MiB, measured in
 // this process around the call: no float32 copy of K or V (128 MiB each
 // here) is made. A causal window keeps the arithmetic short; the copies it
@@ -544,6 +543,7 @@ TEST(KVStorageMemory, CompactPrefillMakesNoFullSizeCopy) {
   Tensor<float> q({1, H, n, d}), out({1, H, n, d});
   Tensor<bfloat16> kb, vb;
   Tensor<block_q8_0> kq, vq;
+  Tensor<block_int4> k4, v4;
   {
     std::mt19937 rng(3);
     std::normal_distribution<float> normal;
@@ -552,6 +552,7 @@ TEST(KVStorageMemory, CompactPrefillMakesNoFullSizeCopy) {
       for (int64_t i = 0; i < t->numel(); ++i) (*t)[i] = normal(rng);
     kb = to_bfloat16(k.view()), vb = to_bfloat16(v.view());
     kq = quantize_q8_0(k.view()), vq = quantize_q8_0(v.view());
+    k4 = quantize_int4_keys(k.view()), v4 = quantize_int4_values(v.view());
   }
   AttentionOptions o;
   o.causal = Causal::BottomRight;
@@ -567,12 +568,13 @@ TEST(KVStorageMemory, CompactPrefillMakesNoFullSizeCopy) {
   };
   measure("bf16", TensorView<const bfloat16>(kb.view()), TensorView<const bfloat16>(vb.view()));
   measure("q8_0", TensorView<const block_q8_0>(kq.view()), TensorView<const block_q8_0>(vq.view()));
+  measure("int4", TensorView<const block_int4>(k4.view()), TensorView<const block_int4>(v4.view()));
 }
 
 // Decode over int4 K/V reads them in place at every length, one chunk of
-// keys (config.hpp's kDecodeChunk) or less included, as batch_attention's
-// decode does: 16 sequences of 512 keys, 8 heads × 128, one query each,
-// whose K and V widened to float32 would take 64 MiB (10 MiB in int4).
+// keys (config.hpp's kDecodeChunk) or less included: 16 sequences of 512
+// keys, 8 heads × 128, one query each, whose K and V widened to float32
+// would take 64 MiB (10 MiB in int4).
 TEST(KVStorageMemory, Int4DecodeMakesNoFloat32Copy) {
   if (test::sanitized())
     GTEST_SKIP() << "a sanitizer's shadow memory makes resident memory no measure of the library's";

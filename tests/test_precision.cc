@@ -10,6 +10,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <limits>
 #include <optional>
 #include <random>
@@ -17,6 +18,7 @@
 #include <sys/auxv.h>
 #endif
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "attn/attention.hpp"
@@ -336,34 +338,45 @@ TEST(Precision, BF16WithAnOutlierChannel) {
   }
 }
 
-// K and V stored in 16 or 8 bits: the same rounding of the values the kernel
-// reads (their float32 widening), against the reference on those values.
-TEST(Precision, BF16WithCompactKV) {
+// K and V stored compactly (int4's keys by channel among them): the same
+// rounding of the values the kernel reads (their float32 widening), against
+// the reference on those values, in bf16 and in int8 (its keys' center and
+// codes taken from the stored values).
+TEST(Precision, BF16AndInt8WithCompactKV) {
   std::mt19937 rng(2303);
   const auto q = normal({1, 4, 200, 64}, rng), k = normal({1, 2, 250, 64}, rng), v = normal({1, 2, 250, 64}, rng);
-  AttentionOptions bf16;
-  bf16.precision = Precision::BF16;
-  bf16.causal = Causal::BottomRight;
-  AttentionOptions exact_options = bf16;
-  exact_options.precision = Precision::Float32;
+  AttentionOptions exact_options;
+  exact_options.causal = Causal::BottomRight;
   // Each storage's check, with its reference taken once (not per unit and target).
-  const auto check_of = [&](auto ks, auto vs) {
-    const auto exact = attention(cast<double>(q).view(), cast<double>(dequantize(ks.view())).view(),
-                                 cast<double>(dequantize(vs.view())).view(), exact_options);
-    return [&q, &bf16, ks, vs, exact] {
-      const auto out = attention(q.view(), ks.view(), vs.view(), bf16);
-      EXPECT_LE(rel_error(out, exact), 4e-3);
-      EXPECT_GT(rel_error(out, exact), 1e-5);
+  const auto check_of = [&](auto ks, auto vs, const Tensor<float>& k_values, const Tensor<float>& v_values) {
+    const auto exact = attention(cast<double>(q).view(), cast<double>(k_values).view(),
+                                 cast<double>(v_values).view(), exact_options);
+    return [&q, &exact_options, ks, vs, exact](Precision precision) {
+      AttentionOptions options = exact_options;
+      options.precision = precision;
+      const auto out = attention(q.view(), ks.view(), vs.view(), options);
+      EXPECT_LE(rel_error(out, exact), precision == Precision::Int8 ? 2e-2 : 4e-3);
+      EXPECT_GT(rel_error(out, exact), precision == Precision::Int8 ? 1e-3 : 1e-5);
     };
   };
-  const auto bf16_kv = check_of(to_bfloat16(k.view()), to_bfloat16(v.view()));
-  const auto f16_kv = check_of(to_float16(k.view()), to_float16(v.view()));
-  const auto q8_0_kv = check_of(quantize_q8_0(k.view()), quantize_q8_0(v.view()));
-  on_every_unit_and_target([&] {
-    bf16_kv();
-    f16_kv();
-    q8_0_kv();
-  });
+  const auto of = [&](auto ks, auto vs) { return check_of(ks, vs, dequantize(ks.view()), dequantize(vs.view())); };
+  const auto int4_k = quantize_int4_keys(k.view()), int4_v = quantize_int4_values(v.view());
+  const std::vector<std::pair<const char*, std::function<void(Precision)>>> checks = {
+      {"bf16", of(to_bfloat16(k.view()), to_bfloat16(v.view()))},
+      {"f16", of(to_float16(k.view()), to_float16(v.view()))},
+      {"q8_0", of(quantize_q8_0(k.view()), quantize_q8_0(v.view()))},
+      {"q4_0", of(quantize_q4_0(k.view()), quantize_q4_0(v.view()))},
+      {"int4", check_of(int4_k, int4_v, dequantize_int4_keys(int4_k.view(), 250), dequantize_int4_values(int4_v.view()))},
+  };
+  for (const Precision precision : {Precision::BF16, Precision::Int8}) {
+    SCOPED_TRACE(precision_name(precision));
+    on_every_unit_and_target([&] {
+      for (const auto& [name, check] : checks) {
+        SCOPED_TRACE(name);
+        check(precision);
+      }
+    }, precision);
+  }
 }
 
 // A closed form: with one key its weight is 1, so each output row is v's

@@ -128,9 +128,8 @@ concept AttentionTypes =
 // with T = float KIVI's int4 (block_int4), whose keys are stored per
 // channel in groups of 32 tokens: k (..., ⌈n_k / 32⌉, d) and v
 // (..., n_k, d_v / 32), as quantize_int4_keys and quantize_int4_values give
-// them (attn/quantize.hpp), n_k taken from v. Decode (few query rows, no
-// weights or logits asked for) reads them in place; any other call widens
-// K and V to float32 first, O(n_k · d) beside its O(n_q · n_k · d) of work.
+// them (attn/quantize.hpp), n_k taken from v; read in place, as the other
+// storage types are.
 template <class T, class KV>
 concept ForwardTypes = AttentionTypes<T, KV> || (std::same_as<T, float> && std::same_as<KV, block_int4>);
 

@@ -6,7 +6,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <optional>
 #include <string>
 
 #include "api/prepared_attention.hpp"
@@ -114,44 +113,6 @@ Shape key_shape(const TensorView<const KV>& k, const TensorView<const KV>& v) {
     return s;
   }
 }
-
-// p's int4 K and V widened to float32, contiguous (batch, heads_kv, n_k, d),
-// and p made to read them: for every call but decode's.
-struct WidenedInt4 {
-  Tensor<float> k, v;
-  explicit WidenedInt4(core::AttentionProblem<float>& p)
-      : k({p.batch, p.heads_kv, p.n_k, p.d}), v({p.batch, p.heads_kv, p.n_k, p.d_v}) {
-    float tokens[kInt4Group];
-    for (int64_t b = 0; b < p.batch; ++b)
-      for (int64_t h = 0; h < p.heads_kv; ++h) {
-        float* kh = k.data() + (b * p.heads_kv + h) * p.n_k * p.d;
-        for (int64_t j0 = 0; j0 < p.n_k; j0 += kInt4Group)
-          for (int64_t c = 0; c < p.d; ++c) {
-            dequantize_block_int4(block_at(p.k_stored.row(b, h, j0 / kInt4Group), c * p.k_stored.col_stride), tokens);
-            for (int64_t t = 0; t < std::min(kInt4Group, p.n_k - j0); ++t) kh[(j0 + t) * p.d + c] = tokens[t];
-          }
-        for (int64_t j = 0; j < p.n_k; ++j)
-          for (int64_t c = 0; c < p.d_v; c += kInt4Group)
-            dequantize_block_int4(block_at(p.v_stored.row(b, h, j), c / kInt4Group * p.v_stored.col_stride),
-                                  v.data() + ((b * p.heads_kv + h) * p.n_k + j) * p.d_v + c);
-      }
-    p.kv = core::KVStorage::Native;
-    p.k = operand(k, p.batch);
-    p.v = operand(v, p.batch);
-  }
-  static const block_int4& block_at(const std::byte* row, int64_t offset) {
-    return *reinterpret_cast<const block_int4*>(row + offset);
-  }
-  static core::Operand<const float> operand(const Tensor<float>& t, int64_t batch) {
-    core::Operand<const float> o;
-    o.data = t.data();
-    for (int64_t b = 0; b < batch; ++b) o.batch_offset.push_back(b * t.dim(1) * t.dim(2) * t.dim(3));
-    o.head_stride = t.dim(2) * t.dim(3);
-    o.row_stride = t.dim(3);
-    o.col_stride = 1;
-    return o;
-  }
-};
 
 }  // namespace
 
@@ -315,8 +276,6 @@ void PreparedAttention<T, KV>::run(TensorView<T> out, const AttentionExtras<T>& 
     }
     // (Decode computes in float32 whatever the precision, but for int8 over
     // q8_0 keys: docs/semantics.md "Precision".)
-    std::optional<WidenedInt4> widened;
-    if (p.kv == core::KVStorage::Int4 && !kernels::use_decode(p)) widened.emplace(p);
     if (kernels::use_decode(p)) kernels::decode_forward(p);
     else kernels::flash_forward(p);
     if (staged.rank()) copy<float>(staged.view(), out);

@@ -47,11 +47,9 @@ bool decode_suits(int64_t n_q);
 // rather than on the FMAs over the same rounded queries.
 bool decode_takes_int8_unit(int64_t rows_per_kv_head);
 
-// Whether decode_forward is the kernel for p: n_q <= kDecodeMaxQueries and no
-// weights or logits asked for (config.hpp), and n_k beyond one chunk or few
-// rows per kv head (kDecodeShortRows), where it is the better kernel, or K
-// and V in int4, which it alone reads in place (the others take them
-// widened to float32 first).
+// Whether decode_forward is the better kernel for p: n_q <= kDecodeMaxQueries,
+// no weights or logits asked for, and n_k beyond one chunk or few rows per
+// kv head (kDecodeShortRows; config.hpp).
 bool use_decode(const core::AttentionProblem<float>& p);
 
 // out[i] = 2^x[i], the kernels' softmax exponential, meant for x <= 8 (the

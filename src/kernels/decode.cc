@@ -548,7 +548,7 @@ bool use_decode(const core::AttentionProblem<float>& p) {
   const bool short_rows =
       p.precision == Precision::Float32 && p.n_k >= kBlockK && p.group() * p.n_q <= kDecodeShortRows;
   return !p.weights && !p.logits && p.n_q <= kDecodeMaxQueries &&
-         (p.n_k > kDecodeChunk || short_rows || p.kv == core::KVStorage::Int4);
+         (p.n_k > kDecodeChunk || short_rows);
 }
 }  // namespace attn::kernels
 #endif

@@ -112,11 +112,35 @@ void PackRows(const KV* row0, int64_t stride, int64_t count, int64_t width, floa
 
 // K tile kt of (b, hkv) as a panel (PackRows), rounded to bf16 with that
 // precision; keys past n_k are zero (their scores are masked anyway).
+// int4's key blocks hold one channel's 32 tokens each: the panel's row c
+// is the tile's two blocks of channel c, widened in place (no transpose).
 template <class KV>
 void PackK(const core::AttentionProblem<float>& p, int64_t b, int64_t hkv, int64_t kt, float* dst) {
-  const int64_t j0 = kt * kBlockK;
-  PackRows(KeyRow<KV>(p, b, hkv, j0), KeyStride<KV>(p), std::min(kBlockK, p.n_k - j0), p.d, dst,
-           p.precision == Precision::BF16);
+  const int64_t j0 = kt * kBlockK, count = std::min(kBlockK, p.n_k - j0);
+  const bool bf16 = p.precision == Precision::BF16;
+  if constexpr (std::is_same_v<KV, block_int4>) {
+    static_assert(kBlockK % kInt4Group == 0, "a tile holds whole groups of keys");
+    const DF d;
+    const auto N = static_cast<int64_t>(hn::Lanes(d));
+    for (int64_t t0 = 0; t0 < count; t0 += kInt4Group) {
+      const std::byte* group = p.k_stored.row(b, hkv, (j0 + t0) / kInt4Group);
+      for (int64_t c = 0; c < p.d; ++c) {
+        const auto& block = *reinterpret_cast<const block_int4*>(group + c * p.k_stored.col_stride);
+        float* out = dst + c * kBlockK + t0;
+        if (N > kInt4Group) {  // (sizeless vectors of over 32 lanes)
+          for (int64_t t = 0; t < kInt4Group; ++t) out[t] = Value(&block, t, bf16);
+          continue;
+        }
+        for (int64_t t = 0; t < kInt4Group; t += N) {
+          const VF x = LoadKV(d, &block, t);
+          hn::StoreU(bf16 ? RoundToBF16(d, x) : x, d, out + t);
+        }
+      }
+    }
+    PadPanel(count, p.d, dst);
+  } else {
+    PackRows(KeyRow<KV>(p, b, hkv, j0), KeyStride<KV>(p), count, p.d, dst, bf16);
+  }
 }
 
 // The bf16 unit (bf16_unit.hpp) on targets whose vectors are whole multiples

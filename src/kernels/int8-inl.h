@@ -77,9 +77,8 @@ bool KeyMean(const core::AttentionProblem<float>& p, int64_t b, int64_t hkv, flo
   const VF limit = hn::Set(d, kInt8UnitLimit);
   auto within = hn::FirstN(d, N);
   for (int64_t j = 0; j < p.n_k; ++j) {
-    const KV* row = KeyRow<KV>(p, b, hkv, j);
     for (int64_t c = 0; c < p.d; c += N) {
-      const VF x = LoadKVUpTo(d, row, c, p.d);
+      const VF x = LoadKey<KV>(d, p, b, hkv, j, c);
       const auto x_finite = hn::IsFinite(x);
       within = hn::And(within, hn::Le(hn::Abs(x), limit));  // (false for NaN)
       hn::Store(hn::Add(hn::Load(d, mean + c), hn::IfThenElseZero(x_finite, x)), d, mean + c);
@@ -146,9 +145,8 @@ void PackKInt8(const core::AttentionProblem<float>& p, int64_t b, int64_t hkv, i
   float* rows = tls_int8_keys.get(static_cast<size_t>(kBlockK * width));
   float scales[kBlockK] = {};
   for (int64_t j = 0; j < count; ++j) {
-    const KV* in = KeyRow<KV>(p, b, hkv, j0 + j);
     float* out = rows + j * width;
-    for (int64_t c = 0; c < p.d; c += N) hn::Store(LoadKVUpTo(d, in, c, p.d), d, out + c);
+    for (int64_t c = 0; c < p.d; c += N) hn::Store(LoadKey<KV>(d, p, b, hkv, j0 + j, c), d, out + c);
     scales[j] = QuantizeRowInt8(out, p.d, mean, unit != nullptr);
   }
   if (!unit) return PackRows(rows, width, count, p.d, dst);

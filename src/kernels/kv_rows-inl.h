@@ -237,6 +237,23 @@ int64_t ValueStride(const Problem& p) {
   else return p.v_stored.row_stride / static_cast<int64_t>(sizeof(KV));
 }
 
+// Elements c .. c + N - 1 of key j of (b, h), zeros past d (LoadKVUpTo of
+// its row), for int4 too, whose key blocks each hold one channel's 32
+// tokens: one value of each of N blocks.
+template <class KV>
+HWY_INLINE VF LoadKey(DF d, const core::AttentionProblem<float>& p, int64_t b, int64_t h, int64_t j, int64_t c) {
+  if constexpr (std::is_same_v<KV, block_int4>) {
+    const auto N = static_cast<int64_t>(hn::Lanes(d));
+    alignas(HWY_MAX_BYTES) float buf[HWY_MAX_BYTES / sizeof(float)] = {};
+    const std::byte* group = p.k_stored.row(b, h, j / kInt4Group);
+    for (int64_t i = 0; i < std::min(N, p.d - c); ++i)
+      buf[i] = int4_value(*reinterpret_cast<const block_int4*>(group + (c + i) * p.k_stored.col_stride), j % kInt4Group);
+    return hn::Load(d, buf);
+  } else {
+    return LoadKVUpTo(d, KeyRow<KV>(p, b, h, j), c, p.d);
+  }
+}
+
 // Bytes of n values of a row.
 template <class KV>
 constexpr int64_t RowBytes(int64_t n) {
@@ -254,9 +271,9 @@ HWY_INLINE void WithKVType(const Problem& p, F&& f) {
     case core::KVStorage::Q8_0: return f(block_q8_0());
     case core::KVStorage::Q4_0: return f(block_q4_0());
     case core::KVStorage::Native: return f(0.0f);
-    case core::KVStorage::Int4: break;  // decode's alone (the API widens it for every other kernel)
+    case core::KVStorage::Int4: break;  // decode and prefill take it before (int4's keys lie by channel)
   }
-  HWY_ABORT("a kernel other than decode was given int4 keys and values");
+  HWY_ABORT("a kernel other than decode and prefill was given int4 keys and values");
 }
 
 }  // namespace HWY_NAMESPACE

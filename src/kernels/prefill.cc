@@ -418,9 +418,9 @@ void FlashTiles(const core::AttentionProblem<float>& p) {
   // Several query tiles share each (batch, kv head)'s packed K: a pass packs
   // it all first, once. A single one packs it inside its item, each tile
   // just before use, while it is in L1, saving short calls a pass of their
-  // own. K stored in 16 or 8 bits is always packed in the items: packed all
-  // at once it would be a float32 copy of K, twice or four times the memory
-  // of K itself.
+  // own. K stored in 16, 8 or 4 bits is always packed in the items: packed
+  // all at once it would be a float32 copy of K, 2 to 7 times the memory of
+  // K itself.
   const bool shared = n_qt > 1 && std::is_same_v<KV, float>;
   const BF16Unit* unit = p.precision != Precision::Float32 ? BF16UnitOfTarget() : nullptr;  // (Item::unit)
   const PackKFn pack_k = &PackKeys<KV>;
@@ -493,6 +493,7 @@ void FlashTiles(const core::AttentionProblem<float>& p) {
 }
 
 void FlashForward(const core::AttentionProblem<float>& p) {
+  if (p.kv == core::KVStorage::Int4) return FlashTiles<block_int4>(p);
   WithKVType(p, [&](auto kv) HWY_ATTR { FlashTiles<decltype(kv)>(p); });
 }
 
