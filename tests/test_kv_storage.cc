@@ -526,6 +526,25 @@ bool reset_peak_rss() {
   return clear.good();
 }
 
+// Why this process's peak resident memory is no measure of the library's
+// here, or null where it is.
+const char* peak_memory_unmeasurable() {
+  if (test::sanitized()) return "a sanitizer's shadow memory makes resident memory no measure of the library's";
+  if (test::emulated()) return "under an emulator resident memory is the emulator's";
+  return nullptr;
+}
+
+// How far call() raises this process's peak resident memory, in bytes.
+// (Linux, which attn's builds target, resets and reports it; -1 where it
+// cannot, a broken measurement, which the tests fail on.)
+template <class F>
+int64_t peak_growth(F&& call) {
+  if (!reset_peak_rss() || status_bytes("VmHWM:") < 0) return -1;
+  const int64_t before = status_bytes("VmRSS:");
+  call();
+  return status_bytes("VmHWM:") - before;
+}
+
 // Prefill at n = 32768, 8 heads × 128, with bf16, q8_0 and int4 K/V: the call's
 // peak memory (its scratch included) grows by at most 64 MiB, measured in
 // this process around the call: no float32 copy of K or V (128 MiB each
@@ -533,12 +552,7 @@ bool reset_peak_rss() {
 // must not make do not depend on it. Each test runs in a process of its own
 // (ctest), so no earlier call's scratch hides what this one takes.
 TEST(KVStorageMemory, CompactPrefillMakesNoFullSizeCopy) {
-  if (test::sanitized())
-    GTEST_SKIP() << "a sanitizer's shadow memory makes resident memory no measure of the library's";
-  if (test::emulated()) GTEST_SKIP() << "under an emulator resident memory is the emulator's";
-  // (Linux, which attn's builds target, has both; a failure here is a broken measurement.)
-  ASSERT_TRUE(reset_peak_rss() && status_bytes("VmHWM:") >= 0)
-      << "cannot reset and read this process's peak memory (/proc/self/clear_refs, VmHWM)";
+  if (const char* why = peak_memory_unmeasurable()) GTEST_SKIP() << why;
   const int64_t n = 32768, H = 8, d = 128;
   Tensor<float> q({1, H, n, d}), out({1, H, n, d});
   Tensor<bfloat16> kb, vb;
@@ -558,10 +572,8 @@ TEST(KVStorageMemory, CompactPrefillMakesNoFullSizeCopy) {
   o.causal = Causal::BottomRight;
   o.window = {64, 0};
   const auto measure = [&](const char* name, auto k, auto v) {
-    ASSERT_TRUE(reset_peak_rss());
-    const int64_t before = status_bytes("VmRSS:");
-    AttentionPlan(q.view(), k, v, o).run(out.view());
-    const int64_t growth = status_bytes("VmHWM:") - before;
+    const int64_t growth = peak_growth([&] { AttentionPlan(q.view(), k, v, o).run(out.view()); });
+    ASSERT_GE(growth, 0) << "cannot reset and read this process's peak memory (/proc/self/clear_refs, VmHWM)";
     std::printf("%s prefill n=%lld, %lld heads x %lld: peak memory grew %.1f MiB\n", name, (long long)n,
                 (long long)H, (long long)d, growth / 1048576.0);
     EXPECT_LE(growth, 64 << 20) << name;
@@ -576,11 +588,7 @@ TEST(KVStorageMemory, CompactPrefillMakesNoFullSizeCopy) {
 // keys, 8 heads × 128, one query each, whose K and V widened to float32
 // would take 64 MiB (10 MiB in int4).
 TEST(KVStorageMemory, Int4DecodeMakesNoFloat32Copy) {
-  if (test::sanitized())
-    GTEST_SKIP() << "a sanitizer's shadow memory makes resident memory no measure of the library's";
-  if (test::emulated()) GTEST_SKIP() << "under an emulator resident memory is the emulator's";
-  ASSERT_TRUE(reset_peak_rss() && status_bytes("VmHWM:") >= 0)
-      << "cannot reset and read this process's peak memory (/proc/self/clear_refs, VmHWM)";
+  if (const char* why = peak_memory_unmeasurable()) GTEST_SKIP() << why;
   const int64_t B = 16, H = 8, n = 512, d = 128;
   std::mt19937 rng(5);
   const auto q = cast<float>(random_tensor({B, H, 1, d}, rng));
@@ -591,10 +599,8 @@ TEST(KVStorageMemory, Int4DecodeMakesNoFloat32Copy) {
     kq = quantize_int4_keys(k.view()), vq = quantize_int4_values(v.view());
   }
   const AttentionPlan<float, block_int4> plan(q.view(), kq.view(), vq.view());
-  ASSERT_TRUE(reset_peak_rss());
-  const int64_t before = status_bytes("VmRSS:");
-  plan.run(out.view());
-  const int64_t growth = status_bytes("VmHWM:") - before;
+  const int64_t growth = peak_growth([&] { plan.run(out.view()); });
+  ASSERT_GE(growth, 0) << "cannot reset and read this process's peak memory (/proc/self/clear_refs, VmHWM)";
   std::printf("int4 decode, %lld sequences of %lld keys, %lld heads x %lld: peak memory grew %.1f MiB\n",
               (long long)B, (long long)n, (long long)H, (long long)d, growth / 1048576.0);
   EXPECT_LE(growth, 16 << 20);

@@ -121,9 +121,6 @@ inline float int4_value(const block_int4& b, int64_t i) {
   const int q = i < kInt4Group / 2 ? byte & 0x0f : byte >> 4;
   return fp16_to_float(b.d.bits) * static_cast<float>(q) + fp16_to_float(b.m.bits);
 }
-// The block's 32 values, int4_value(b, 0 .. 31), its scale and minimum
-// converted from fp16 once.
-void dequantize_block_int4(const block_int4& b, float* y);
 
 // KIVI's layouts of whole tensors (any strides in; C-contiguous out): keys
 // (..., n, d) into (..., ⌈n / 32⌉, d) blocks; values (..., n, d), d a

@@ -228,6 +228,10 @@ void quantize_int4_key_rows(const float* k, int64_t n, int64_t d, block_int4* y,
 
 Tensor<block_int4> quantize_int4_values(TensorView<const float> v) { return to_blocks(v, "int4", quantize_row_int4); }
 
+namespace {
+
+// The block's 32 values, int4_value(b, 0 .. 31), its scale and minimum
+// converted from fp16 once.
 void dequantize_block_int4(const block_int4& b, float* y) {
   const float d = fp16_to_float(b.d.bits), m = fp16_to_float(b.m.bits);
   for (int64_t i = 0; i < kInt4Group / 2; ++i) {
@@ -235,6 +239,8 @@ void dequantize_block_int4(const block_int4& b, float* y) {
     y[i + kInt4Group / 2] = d * static_cast<float>(b.qs[i] >> 4) + m;
   }
 }
+
+}  // namespace
 
 Tensor<float> dequantize_int4_keys(TensorView<const block_int4> k, int64_t n) {
   const int64_t groups = k.rank() >= 2 ? k.dim(-2) : -1;
