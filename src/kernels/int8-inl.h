@@ -144,9 +144,18 @@ void PackKInt8(const core::AttentionProblem<float>& p, int64_t b, int64_t hkv, i
   const int64_t j0 = kt * kBlockK, count = std::min(kBlockK, p.n_k - j0), width = WholeVectors(p.d);
   float* rows = tls_int8_keys.get(static_cast<size_t>(kBlockK * width));
   float scales[kBlockK] = {};
+  // int4's keys lie by channel: its tile is widened as a panel first, in
+  // dst (PackK), then read key by key: n = 4096, 8 heads of 128, causal, 2
+  // threads, AMD EPYC Zen 4, 90 ms, where a gather of each value from its
+  // block (LoadKey) took 112 (q4_0 keys: 79-81).
+  if constexpr (std::is_same_v<KV, block_int4>) PackK<KV>(p, b, hkv, kt, dst);
   for (int64_t j = 0; j < count; ++j) {
     float* out = rows + j * width;
-    for (int64_t c = 0; c < p.d; c += N) hn::Store(LoadKey<KV>(d, p, b, hkv, j0 + j, c), d, out + c);
+    if constexpr (std::is_same_v<KV, block_int4>) {
+      for (int64_t c = 0; c < width; ++c) out[c] = c < p.d ? dst[c * kBlockK + j] : 0.0f;
+    } else {
+      for (int64_t c = 0; c < p.d; c += N) hn::Store(LoadKVUpTo(d, KeyRow<KV>(p, b, hkv, j0 + j), c, p.d), d, out + c);
+    }
     scales[j] = QuantizeRowInt8(out, p.d, mean, unit != nullptr);
   }
   if (!unit) return PackRows(rows, width, count, p.d, dst);
