@@ -242,7 +242,7 @@ TEST(Capi, MlaLoadAndForwardAreTheCppLayer) {
 // options.precision: 1 bf16, 2 int8, as C++'s Precision; others refused.
 TEST(Capi, PrecisionIsTheCppOne) {
   std::mt19937 rng(4);
-  const auto q = cast<float>(random_tensor({1, 2, 20, 16}, rng));  // (past decode's 8 queries)
+  const auto q = cast<float>(random_tensor({1, 2, 20, 16}, rng));  // (past the 8 queries decode takes in bf16 and int8)
   const auto k = cast<float>(random_tensor({1, 2, 30, 16}, rng)), v = cast<float>(random_tensor({1, 2, 30, 16}, rng));
   Tensor<float> got(q.shape());
   const attn_tensor cq = descriptor(q, ATTN_F32), ck = descriptor(k, ATTN_F32), cv = descriptor(v, ATTN_F32);

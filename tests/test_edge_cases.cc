@@ -1,6 +1,6 @@
 // The numeric edge cases of docs/semantics.md "Numeric edge cases": each in float64 (the
 // reference) and float32 through both kernels (prefill: flash tiles; decode:
-// n_q <= 8 against more than one 512-key chunk).
+// n_q <= 32 against more than one 512-key chunk).
 #include <gtest/gtest.h>
 
 #include <sys/resource.h>
@@ -29,7 +29,7 @@ const char* name(Path p) {
 }
 constexpr Path kPaths[] = {Path::Reference, Path::Prefill, Path::Decode};
 
-// Queries and keys for a path: decode needs n_q <= 8 and n_k > 512.
+// Queries and keys for a path: decode needs n_q <= 32 and n_k > 512.
 int64_t queries(Path p) { return p == Path::Decode ? 6 : 40; }
 int64_t keys(Path p) { return p == Path::Decode ? 1100 : 150; }
 

@@ -121,7 +121,7 @@ std::vector<KernelCase> flash_cases() {
 }
 
 std::vector<KernelCase> decode_cases() {
-  // n_q <= 8 and n_k beyond one 512-key chunk: the split-KV path.
+  // n_q <= 32 and n_k beyond one 512-key chunk: the split-KV path.
   return {
       {1, 8, 8, 1, 1500, 128, 128, Causal::None, {}, 0, 0},
       {2, 8, 2, 3, 1025, 64, 64, Causal::BottomRight, {}, 0, 0},
@@ -144,6 +144,11 @@ std::vector<KernelCase> decode_cases() {
       // (kDecodePanelRows), with every option
       {1, 16, 2, 4, 1300, 65, 33, Causal::BottomRight, {}, 20.0, 2, 8.0, 2.0},
       {2, 8, 1, 8, 1030, 13, 7, Causal::offset(-3), {500, 2}, 0, 1},
+      // up to kDecodeMaxQueries queries: a causal row range across chunks,
+      // 9 to 32 rows per kv head key by key, 80 by tiles
+      {1, 4, 4, 9, 1100, 64, 48, Causal::BottomRight, {}, 0, 0},
+      {1, 2, 2, 32, 1300, 40, 40, Causal::offset(-3), {300, 0}, 15.0, 1, 8.0, 2.0},
+      {1, 8, 2, 20, 1030, 64, 64, Causal::TopLeft, {}, 0, 2},
   };
 }
 
@@ -364,7 +369,7 @@ TEST(Kernels, OutputErrorGrowsWithTilesNotKeys) {
     const char* name;
     int64_t n_q, b;
   };
-  for (const Path path : {Path{"prefill", 32, kernels::kBlockK}, Path{"decode", 1, kernels::kDecodeChunk}}) {
+  for (const Path path : {Path{"prefill", kernels::kDecodeMaxQueries + 1, kernels::kBlockK}, Path{"decode", 1, kernels::kDecodeChunk}}) {
     for (const int64_t d_v : {64, 17}) {
       SCOPED_TRACE(std::string(path.name) + ", d_v " + std::to_string(d_v));
       const Tensor<float> q({1, 1, path.n_q, 16}), k({1, 1, n_k, 16});

@@ -195,7 +195,7 @@ void with_storage(KVDtype dtype, const Tensor<float>& k, const Tensor<float>& v,
 }
 
 // Prefill (straddling 64-key tiles and row blocks, several query tiles)
-// and decode (n_q <= 8, several 512-key chunks): GQA, both causal
+// and decode (n_q <= 32, several 512-key chunks): GQA, both causal
 // alignments, windows, softcap and both kinds of mask. Head dims are
 // multiples of 32 (q8_0's blocks); the 16-bit types also take odd ones.
 // Under emulation (SVE in qemu runs this about 300 times slower) and

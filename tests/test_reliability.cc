@@ -77,7 +77,7 @@ AttentionOptions causal() {
   return o;
 }
 
-// Prefill: query tiles × key tiles (flash). Decode: n_q <= 8 against more
+// Prefill: query tiles × key tiles (flash). Decode: n_q <= 32 against more
 // than one 512-key chunk (split-KV). GQA in both.
 Problem prefill_problem() { return Problem({2, 4, 300, 64}, {2, 2, 260, 64}, {2, 2, 260, 48}, 1); }
 Problem decode_problem() { return Problem({1, 8, 2, 64}, {1, 2, 3000, 64}, {1, 2, 3000, 64}, 2); }

@@ -165,7 +165,7 @@ void BatchAttentionPlan::run(TensorView<const float> q, TensorView<const KV> k_p
                          : TensorView<float>(lse.data() + begin * lse.stride(0), {heads_q_, n_q},
                                              {lse.stride(1), lse.stride(0)});
     const bool* mask = mask_.numel() > 0 ? mask_.data() + mask_offset_[static_cast<size_t>(r)] : nullptr;
-    if (!kernels::decode_suits(n_q)) {
+    if (!kernels::decode_suits(n_q, options_.precision)) {
       // Prefill: the plan of attention() over the request's pages gathered.
       const Tensor<KV> k = key_groups ? gather(k_op, heads_kv_, (n_k + kInt4Group - 1) / kInt4Group, d_)
                                       : gather(k_op, heads_kv_, n_k, d_ / kBlock);

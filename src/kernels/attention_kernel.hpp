@@ -38,16 +38,17 @@ void sparse_forward(const std::vector<const core::SparseProblem<float>*>& proble
 // chunks are one set of work items. Any n_k, 0 included. The only kernel
 // that reads paged K and V (core::Operand).
 void decode_forward_batch(const std::vector<const core::AttentionProblem<float>*>& problems);
-// Whether a request of n_q queries suits decode_forward_batch (n_q <=
-// kDecodeMaxQueries: config.hpp).
-bool decode_suits(int64_t n_q);
+// Whether a request of n_q queries in `precision` suits decode_forward_batch
+// (n_q <= kDecodeMaxQueries in float32, kDecodeMaxUnitQueries in bf16 and
+// int8: config.hpp).
+bool decode_suits(int64_t n_q, Precision precision);
 
 // Whether decode's Q·K in int8 precision over q8_0 keys runs on the int8
 // unit (int8_unit(), from kDecodeUnitRows query rows per kv head: config.hpp)
 // rather than on the FMAs over the same rounded queries.
 bool decode_takes_int8_unit(int64_t rows_per_kv_head);
 
-// Whether decode_forward is the better kernel for p: n_q <= kDecodeMaxQueries,
+// Whether decode_forward is the better kernel for p: decode_suits(n_q, precision),
 // no weights or logits asked for, and n_k beyond one chunk or few rows per
 // kv head (kDecodeShortRows; config.hpp).
 bool use_decode(const core::AttentionProblem<float>& p);

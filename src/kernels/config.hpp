@@ -44,7 +44,7 @@
 #define ATTN_DECODE_PREFETCH_ROWS 16
 #endif
 #ifndef ATTN_DECODE_MAX_QUERIES
-#define ATTN_DECODE_MAX_QUERIES 8
+#define ATTN_DECODE_MAX_QUERIES 32
 #endif
 
 namespace attn::kernels {
@@ -124,12 +124,27 @@ constexpr int64_t kBackwardRows = ATTN_BACKWARD_ROWS;
 // stay in L1.
 constexpr int64_t kDecodeChunk = ATTN_DECODE_CHUNK;
 
-// Decode takes calls with at most this many query rows (and more than one
-// chunk of keys, and no weights). Not tuned by a recorded measurement either:
-// decode reads K and V once per chunk for all rows of a GQA group, the flash
-// tiles pay off once there are rows enough to fill their 4-row micro-kernel
-// several times over.
+// Decode takes float32 calls with at most this many query rows (and more
+// than one chunk of keys, and no weights): it reads K and V once per chunk
+// for all rows of a GQA group, fetching them ahead, where the flash kernel
+// reads them once per query head, on the hardware's prefetcher alone, and
+// waits on memory while its tiles have few rows. Its time rose faster with
+// the rows: by 32 the two were even. Causal, head dim 128, 2 threads, AMD
+// EPYC Zen 4, a cache larger than L3 (as a model's layers leave it), ms,
+// flash against decode: 8 heads, 4096 keys, 9 queries 2.71 against 1.40, 16
+// queries 3.24 against 2.07, 32 queries 4.31 against 4.12; 600 keys, 9
+// queries 0.42 against 0.26, 32 queries 0.67 against 0.66; 32 x 8 heads,
+// 4096 keys, 9 queries 5.33 against 4.68, 32 queries 12.30 against 12.25.
+// (With K and V in cache from a previous call, flash was ahead at 12 to 32
+// queries below 2048 keys: 8 heads, 1024 keys, 16 queries 0.44 against 0.56.)
 constexpr int64_t kDecodeMaxQueries = ATTN_DECODE_MAX_QUERIES;
+
+// bf16 and int8 precision's bound: past it their flash kernel, whose
+// products run on a unit (VDPBF16PS, VPDPBUSD), gains on decode's float32
+// arithmetic. 32 x 8 heads of 128, 600 keys, as above, bf16's flash
+// against decode: 16 queries 1.16 against 1.08, 24 queries 1.33 against
+// 1.52; 4096 keys, 16 queries 6.35 against 6.88.
+constexpr int64_t kDecodeMaxUnitQueries = 8;
 
 // Decode also takes float32 precision's calls of one chunk of keys or fewer
 // (from one tile, kBlockK) with at most this many query rows per kv head

@@ -548,12 +548,14 @@ void decode_forward(const core::AttentionProblem<float>& p) {
 void decode_forward_batch(const std::vector<const core::AttentionProblem<float>*>& problems) {
   HWY_DYNAMIC_DISPATCH(DecodeForward)(problems.data(), static_cast<int64_t>(problems.size()));
 }
-bool decode_suits(int64_t n_q) { return n_q <= kDecodeMaxQueries; }
+bool decode_suits(int64_t n_q, Precision precision) {
+  return n_q <= (precision == Precision::Float32 ? kDecodeMaxQueries : kDecodeMaxUnitQueries);
+}
 bool decode_takes_int8_unit(int64_t rows_per_kv_head) { return rows_per_kv_head >= kDecodeUnitRows && int8_unit(); }
 bool use_decode(const core::AttentionProblem<float>& p) {
   const bool short_rows =
       p.precision == Precision::Float32 && p.n_k >= kBlockK && p.group() * p.n_q <= kDecodeShortRows;
-  return !p.weights && !p.logits && p.n_q <= kDecodeMaxQueries &&
+  return !p.weights && !p.logits && decode_suits(p.n_q, p.precision) &&
          (p.n_k > kDecodeChunk || short_rows);
 }
 }  // namespace attn::kernels
