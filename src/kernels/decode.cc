@@ -40,12 +40,29 @@ thread_local Scratch<float> tls_decode_panel;
 thread_local Scratch<int8_t> tls_decode_block_panel;
 thread_local Scratch<float> tls_decode_int4_weights;
 
+// Whether decode fetches p's K and V rows ahead (ChunkKeys::FetchAhead says
+// where and why not): more than one row per kv head, keys in blocks, or pages.
+bool FetchesAhead(const core::AttentionProblem<float>& p) {
+  const bool paged = (p.kv == core::KVStorage::Native ? p.k.pages : p.k_stored.pages) != nullptr;
+  return p.group() * p.n_q != 1 || p.kv == core::KVStorage::Q8_0 || p.kv == core::KVStorage::Q4_0 || paged;
+}
+
+// Whether decode's P·V over a block fetches the next block's K rows
+// (ChunkKeys::Values): rows fetched ahead, of a float type (block types,
+// whose rows go into L1, ran slower so: q8_0, 32 × 8 heads of 128, 32768
+// keys, 2 threads, Zen 4, 4.6-5.0 ms against 5.1-5.8).
+bool FetchesNextBlock(const core::AttentionProblem<float>& p) {
+  return FetchesAhead(p) &&
+         (p.kv == core::KVStorage::Native || p.kv == core::KVStorage::BF16 || p.kv == core::KVStorage::F16);
+}
+
 // How a problem's keys are split into work items: `heads` consecutive kv
 // heads and kDecodeChunk keys each, taken `block` keys at a time with an
-// online softmax across blocks. One head per item, in one block, unless the
-// heads of a token lie side by side in paged memory (NHD pages): then an
-// item takes every head, and so reads whole pages in order, where one
-// head's rows lie a page row apart; its blocks are smaller, so that every
+// online softmax across blocks. One head per item, in one block (blocks of
+// kDecodeFetchBlock where FetchesNextBlock), unless the heads of a token
+// lie side by side in paged memory (NHD pages): then an item takes every
+// head, and so reads whole pages in order, where one head's rows lie a page
+// row apart; its blocks are smaller, so that every
 // head's scores of a block stay in L1 (docs/performance.md). Not where that
 // leaves one item, one thread's work: 512 keys over pages of 16, 2 threads,
 // AMD EPYC Zen 4, 8 heads of 128, 0.10-0.13 ms against 0.058-0.067 one head
@@ -65,7 +82,7 @@ Split SplitOf(const core::AttentionProblem<float>& p) {
   const bool one_item = p.batch == 1 && p.n_k <= kDecodeChunk;
   if (!k || p.heads_kv == 1 || std::abs(head_stride) >= std::abs(row_stride) || one_item ||
       p.kv == core::KVStorage::Int4)
-    return {1, kDecodeChunk};  // (Int4ChunkKeys reads one head)
+    return {1, FetchesNextBlock(p) ? kDecodeFetchBlock : kDecodeChunk};  // (Int4ChunkKeys reads one head)
   return {p.heads_kv, std::max<int64_t>(64, kDecodeChunk / p.heads_kv / 64 * 64)};
 }
 
@@ -99,7 +116,7 @@ struct ChunkKeys {
   const float* const* q;
   float scale;
   int64_t k_stride, v_stride, k_head, v_head, k_span, v_span;
-  bool heads_outer, fetch_ahead;
+  bool heads_outer, fetch_ahead, fetch_next_block;
 
   ChunkKeys(const core::AttentionProblem<float>& p_, int64_t b_, int64_t h0_, int64_t nh_, int64_t j0_, int64_t jn_,
             const float* const* q_)
@@ -113,8 +130,8 @@ struct ChunkKeys {
         // L1 (kDecodeL1QueryBytes), head by head over each page run, so that
         // a head's rows stay in L1. Either order computes the same scores.
         heads_outer(nh_ > 1 && nh_ * R * p_.d * static_cast<int64_t>(sizeof(float)) > kDecodeL1QueryBytes),
-        fetch_ahead(R != 1 || kIsBlockType<KV> ||
-                    (p_.kv == core::KVStorage::Native ? p_.k.pages : p_.k_stored.pages) != nullptr) {}
+        fetch_ahead(FetchesAhead(p_)),
+        fetch_next_block(FetchesNextBlock(p_)) {}
 
   // Keys from key j on (below jn) in one page of K and V: all of them
   // unless K and V are paged (K's pages are V's).
@@ -264,8 +281,12 @@ struct ChunkKeys {
   // side by side (nh > 1), one head's rows lie a token apart, beyond the
   // hardware prefetcher's reach, and a block's V rows (fetched with K's)
   // outgrow L1: the next head's rows of the run are fetched again while this
-  // head's are summed.
+  // head's are summed. Where rows are fetched ahead, the next block's K rows
+  // are fetched kStep keys at a time along the way: memory streams K while
+  // P·V reads V from cache, as it streams V while the scores read K
+  // (kDecodeFetchBlock).
   HWY_INLINE void Values(DF d, int64_t from, int64_t to, const float* s, int64_t s_stride, float* o, int64_t dvp) const {
+    const int64_t ahead_end = fetch_next_block ? std::min(jn, to + (to - from)) : 0;
     for (int64_t run = from; run < to;) {
       const int64_t n = std::min(run_from(run), to - run);
       for (int64_t hh = 0; hh < nh; ++hh) {
@@ -273,12 +294,20 @@ struct ChunkKeys {
           const KV* next_head = ValueRow<KV>(p, b, h0 + hh + 1, j0 + run);
           for (int64_t j = 0; j < n; ++j) PrefetchSpan(next_head + j * v_stride, RowBytes<KV>(p.d_v));
         }
-        AccumulateValues(d, R, s + hh * R * s_stride + run - from, s_stride, n, ValueRow<KV>(p, b, h0 + hh, j0 + run),
-                         v_stride, p.d_v, o + hh * R * dvp, dvp);
+        const int64_t step = ahead_end > to ? kStep : n;
+        for (int64_t j = 0; j < n; j += step) {
+          const int64_t m = std::min(step, n - j);
+          if (hh == 0)
+            for (int64_t x = to + run - from + j; x < std::min(ahead_end, to + run - from + j + m); ++x)
+              PrefetchSpan</*kToL2=*/true>(KeyRow<KV>(p, b, h0, j0 + x), k_span);
+          AccumulateValues(d, R, s + hh * R * s_stride + run - from + j, s_stride, m,
+                           ValueRow<KV>(p, b, h0 + hh, j0 + run + j), v_stride, p.d_v, o + hh * R * dvp, dvp);
+        }
       }
       run += n;
     }
   }
+  static constexpr int64_t kStep = 16;  // (P·V over 16 keys covers the fetches of 16 K rows)
 };
 
 // ChunkKeys's Scores and Values for KIVI's int4: keys j0 .. j0 + jn (j0 a
