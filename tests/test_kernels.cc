@@ -145,7 +145,7 @@ std::vector<KernelCase> decode_cases() {
       {1, 16, 2, 4, 1300, 65, 33, Causal::BottomRight, {}, 20.0, 2, 8.0, 2.0},
       {2, 8, 1, 8, 1030, 13, 7, Causal::offset(-3), {500, 2}, 0, 1},
       // up to kDecodeMaxQueries queries: a causal row range across chunks,
-      // 9 to 32 rows per kv head key by key, 80 by tiles
+      // 9 rows per kv head key by key, 32 and 80 by tiles
       {1, 4, 4, 9, 1100, 64, 48, Causal::BottomRight, {}, 0, 0},
       {1, 2, 2, 32, 1300, 40, 40, Causal::offset(-3), {300, 0}, 15.0, 1, 8.0, 2.0},
       {1, 8, 2, 20, 1030, 64, 64, Causal::TopLeft, {}, 0, 2},
@@ -369,7 +369,8 @@ TEST(Kernels, OutputErrorGrowsWithTilesNotKeys) {
     const char* name;
     int64_t n_q, b;
   };
-  for (const Path path : {Path{"prefill", kernels::kDecodeMaxQueries + 1, kernels::kBlockK}, Path{"decode", 1, kernels::kDecodeChunk}}) {
+  for (const Path path :
+       {Path{"prefill", kernels::kDecodeMaxQueries + 1, kernels::kBlockK}, Path{"decode", 1, kernels::kDecodeChunk}}) {
     for (const int64_t d_v : {64, 17}) {
       SCOPED_TRACE(std::string(path.name) + ", d_v " + std::to_string(d_v));
       const Tensor<float> q({1, 1, path.n_q, 16}), k({1, 1, n_k, 16});

@@ -124,8 +124,8 @@ constexpr int64_t kBackwardRows = ATTN_BACKWARD_ROWS;
 // stay in L1.
 constexpr int64_t kDecodeChunk = ATTN_DECODE_CHUNK;
 
-// Decode's block of keys (scores, softmax step, P·V) where it fetches rows
-// ahead (GQA, block types, pages). A chunk in one block left memory idle
+// Decode's block of keys (scores, softmax step, P·V) where it fetches a
+// float cache's rows ahead (GQA, pages). A chunk in one block left memory idle
 // while P·V summed V from cache; in blocks, P·V fetches the next block's K.
 // float32, 32 × 8 heads of 128, 32768 keys, 2 threads, AMD EPYC Zen 4,
 // alternating runs, ratio to the read-bandwidth ceiling: one block of 512
