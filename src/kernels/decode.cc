@@ -389,6 +389,7 @@ void DecodeChunk(DF d, const core::AttentionProblem<float>& p, int64_t b, int64_
   std::fill(m, m + rows, ninf);
   std::fill(l, l + rows, 0.0f);
   std::fill(o, o + rows * dvp, 0.0f);
+  if (rows == 0) return;  // (n_q = 0: no scores, and no last row to bound them)
   const int64_t j0 = chunk * kDecodeChunk, jn = std::min(kDecodeChunk, p.n_k - j0);
   // The rows' causal/window ranges are monotone in the row: the first row's
   // and the last's bound them all.
