@@ -281,7 +281,7 @@ struct ChunkKeys {
   // side by side (nh > 1), one head's rows lie a token apart, beyond the
   // hardware prefetcher's reach, and a block's V rows (fetched with K's)
   // outgrow L1: the next head's rows of the run are fetched again while this
-  // head's are summed. Where rows are fetched ahead, the next block's K rows
+  // head's are summed. Where FetchesNextBlock, the next block's K rows
   // are fetched kStep keys at a time along the way: memory streams K while
   // P·V reads V from cache, as it streams V while the scores read K
   // (kDecodeFetchBlock).
@@ -297,8 +297,9 @@ struct ChunkKeys {
         const int64_t step = ahead_end > to ? kStep : n;
         for (int64_t j = 0; j < n; j += step) {
           const int64_t m = std::min(step, n - j);
+          const int64_t next = to + run - from + j;  // the same key of the next block
           if (hh == 0)
-            for (int64_t x = to + run - from + j; x < std::min(ahead_end, to + run - from + j + m); ++x)
+            for (int64_t x = next; x < std::min(ahead_end, next + m); ++x)
               PrefetchSpan</*kToL2=*/true>(KeyRow<KV>(p, b, h0, j0 + x), k_span);
           AccumulateValues(d, R, s + hh * R * s_stride + run - from + j, s_stride, m,
                            ValueRow<KV>(p, b, h0 + hh, j0 + run + j), v_stride, p.d_v, o + hh * R * dvp, dvp);
@@ -389,7 +390,6 @@ void DecodeChunk(DF d, const core::AttentionProblem<float>& p, int64_t b, int64_
   std::fill(m, m + rows, ninf);
   std::fill(l, l + rows, 0.0f);
   std::fill(o, o + rows * dvp, 0.0f);
-  if (rows == 0) return;  // (n_q = 0: no scores, and no last row to bound them)
   const int64_t j0 = chunk * kDecodeChunk, jn = std::min(kDecodeChunk, p.n_k - j0);
   // The rows' causal/window ranges are monotone in the row: the first row's
   // and the last's bound them all.
@@ -461,7 +461,9 @@ DecodeItems ItemsOf(DF d, const core::AttentionProblem<float>* const* problems, 
   for (int64_t i = 0; i < count; ++i) {
     const core::AttentionProblem<float>& p = *problems[i];
     const Split split = SplitOf(p);
-    const int64_t chunks = (p.n_k + kDecodeChunk - 1) / kDecodeChunk, groups = p.batch * p.heads_kv / split.heads;
+    // (No query rows, no items: nothing to score, and no last row to bound the keys.)
+    const int64_t chunks = p.n_q == 0 ? 0 : (p.n_k + kDecodeChunk - 1) / kDecodeChunk;
+    const int64_t groups = p.batch * p.heads_kv / split.heads;
     const int64_t rows = split.heads * p.group() * p.n_q;
     const int64_t part_size = (rows * (WholeVectors(p.d_v) + 2) + N - 1) / N * N;  // each O aligned
     items.split.push_back(split);
