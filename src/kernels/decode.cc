@@ -461,8 +461,8 @@ DecodeItems ItemsOf(DF d, const core::AttentionProblem<float>* const* problems, 
   for (int64_t i = 0; i < count; ++i) {
     const core::AttentionProblem<float>& p = *problems[i];
     const Split split = SplitOf(p);
-    // (No query rows, no items: nothing to score, and no last row to bound the keys.)
-    const int64_t chunks = p.n_q == 0 ? 0 : (p.n_k + kDecodeChunk - 1) / kDecodeChunk;
+    // (No query rows, no query heads: no items, nothing to score.)
+    const int64_t chunks = p.group() * p.n_q == 0 ? 0 : (p.n_k + kDecodeChunk - 1) / kDecodeChunk;
     const int64_t groups = p.batch * p.heads_kv / split.heads;
     const int64_t rows = split.heads * p.group() * p.n_q;
     const int64_t part_size = (rows * (WholeVectors(p.d_v) + 2) + N - 1) / N * N;  // each O aligned
