@@ -510,6 +510,76 @@ TEST(BatchAttention, NonContiguousViews) {
   for (int64_t i = 0; i < want.out.numel(); ++i) ASSERT_EQ(out_wide[2 * i], want.out[i]) << i;
 }
 
+// Request r's rows of a pool (keys or values; int4's key groups: pages of
+// page_size / 32 rows) copied side by side: (num_kv_heads, rows, width).
+template <class KV>
+Tensor<KV> request_rows(const PagedBatch& b, const Tensor<KV>& pool, int64_t r, int64_t page_rows, int64_t rows) {
+  const int64_t width = pool.dim(3);
+  Tensor<KV> out({b.hkv, rows, width});
+  for (int64_t h = 0; h < b.hkv; ++h)
+    for (int64_t j = 0; j < rows; ++j) {
+      const int64_t page = b.kv_indices[b.kv_indptr[r] + j / page_rows], slot = j % page_rows;
+      const KV* row = b.layout == PageLayout::NHD ? &pool.at({page, slot, h, 0}) : &pool.at({page, h, slot, 0});
+      std::copy_n(row, width, &out.at({h, j, 0}));
+    }
+  return out;
+}
+
+// Prefill requests read their pages in place, through the same tiles as
+// attention() over one array holding each request's keys and values: the
+// same bits, out and lse, in every storage type, precision and layout, over
+// pages that split the kernel's key tiles anywhere (5 tokens), or hold
+// whole ones, or none (1 token).
+TEST(BatchAttention, PrefillOverPagesIsAttentionOverTheRequestsArrays) {
+  const std::vector<int64_t> qo = {40, 1, 100, 33, 50}, kv = {300, 700, 700, 33, 0};
+  const auto check = [&](const PagedBatch& b, auto k_pool, auto v_pool, int64_t k_page_rows, Precision precision,
+                         const std::string& what) {
+    using KV = std::remove_cvref_t<decltype(*k_pool.data())>;
+    BatchAttentionOptions o;
+    o.causal = true, o.precision = precision;
+    const auto got = run_batch<KV>(b, k_pool.view(), v_pool.view(), o);
+    AttentionOptions a = as_attention_options(o);
+    a.precision = precision;
+    for (int64_t r = 0; r < static_cast<int64_t>(qo.size()); ++r) {
+      if (qo[r] == 1) continue;  // the decode kernel's (the tests above)
+      const int64_t k_rows = k_page_rows == b.page_size ? kv[r] : (kv[r] + kInt4Group - 1) / kInt4Group;
+      const Tensor<KV> k = request_rows(b, k_pool, r, k_page_rows, k_rows);
+      const Tensor<KV> v = request_rows(b, v_pool, r, b.page_size, kv[r]);
+      const int64_t begin = b.qo_indptr[r];
+      const TensorView<const float> q(b.q.data() + begin * b.hq * b.d, {b.hq, qo[r], b.d}, {b.d, b.hq * b.d, 1});
+      Tensor<float> out({b.hq, qo[r], b.d_v}), lse({b.hq, qo[r]});
+      AttentionExtras<float> extras;
+      extras.lse = lse.view();
+      AttentionPlan<float, KV>(q, k.view(), v.view(), a).run(out.view(), extras);
+      for (int64_t h = 0; h < b.hq; ++h)
+        for (int64_t i = 0; i < qo[r]; ++i) {
+          ASSERT_EQ(std::memcmp(&got.out.at({begin + i, h, 0}), &out.at({h, i, 0}), sizeof(float) * b.d_v), 0)
+              << what << ", request " << r << ", head " << h << ", row " << i;
+          ASSERT_EQ(std::memcmp(&got.lse.at({begin + i, h}), &lse.at({h, i}), sizeof(float)), 0)
+              << what << ", request " << r << ", head " << h << ", row " << i;
+        }
+    }
+  };
+  for (const PageLayout layout : {PageLayout::NHD, PageLayout::HND})
+    for (const Precision precision : {Precision::Float32, Precision::BF16, Precision::Int8}) {
+      const std::string at = page_layout_name(layout) + " " + precision_name(precision);
+      for (const int64_t page_size : {1, 5, 64}) {
+        const PagedBatch b = make_batch(qo, kv, page_size, 8, 2, 64, 96, layout, 8);
+        const std::string what = at + ", pages of " + std::to_string(page_size);
+        check(b, b.k_pool, b.v_pool, page_size, precision, what + ", f32");
+        check(b, to_bfloat16(b.k_pool.view()), to_bfloat16(b.v_pool.view()), page_size, precision, what + ", bf16");
+        check(b, to_float16(b.k_pool.view()), to_float16(b.v_pool.view()), page_size, precision, what + ", f16");
+        check(b, quantize_q8_0(b.k_pool.view()), quantize_q8_0(b.v_pool.view()), page_size, precision,
+              what + ", q8_0");
+        check(b, quantize_q4_0(b.k_pool.view()), quantize_q4_0(b.v_pool.view()), page_size, precision,
+              what + ", q4_0");
+      }
+      const PagedBatch b = make_batch(qo, kv, 32, 8, 2, 64, 64, layout, 9);
+      const Int4Pools p = int4_pools(b);
+      check(b, p.k, p.v, 1, precision, at + ", pages of 32, int4");
+    }
+}
+
 TEST(BatchAttention, BadMetadataIsNamed) {
   const PagedBatch b = make_batch({1, 2}, {5, 20}, 16, 2, 1, 8, 8, PageLayout::NHD, 8);
   const auto run = [&](std::vector<int32_t> qo, std::vector<int32_t> kv, std::vector<int32_t> idx,

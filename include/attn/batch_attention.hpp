@@ -64,8 +64,9 @@ struct BatchAttentionOptions {
 // their pages in place, split into fixed chunks of keys that all threads
 // share and that merge in a fixed order; each chunk reads its keys and
 // values once for every query row and every query head of a GQA group.
-// Longer requests (prefill) run the prefill kernel's tiles over a gathered
-// copy of their pages (int4's widened to float32, as attention() does).
+// Longer requests (prefill) run the prefill kernel's tiles, packed from
+// their pages in place as attention() packs them from one array: the same
+// output, bit for bit.
 class BatchAttentionPlan {
  public:
   // ValueError naming the argument: qo_indptr, kv_indptr, kv_indices or

@@ -1,7 +1,7 @@
 // BatchAttentionPlan and batch_attention: the page-table metadata validated
-// once; per run, the decode-sized requests as one batch of the decode
-// kernel over their pages in place, the others through AttentionPlan over a
-// gathered copy of their pages.
+// once; per run, each request's pages read in place: the decode-sized
+// requests as one batch of the decode kernel, the others one by one through
+// the prefill kernel.
 #include "attn/batch_attention.hpp"
 
 #include <algorithm>
@@ -19,19 +19,6 @@ namespace attn {
 namespace {
 
 [[noreturn]] void fail(const std::string& msg) { throw ValueError("batch_attention: " + msg); }
-
-// A request's keys or values gathered from its pages: (heads, kv_len, row).
-template <class KV>
-Tensor<KV> gather(const core::Operand<const KV>& pages, int64_t heads, int64_t n, int64_t row) {
-  Tensor<KV> out({heads, n, row});
-  for (int64_t h = 0; h < heads; ++h)
-    for (int64_t j = 0; j < n; ++j) {
-      const KV* src = pages.row(0, h, j);
-      KV* dst = out.data() + (h * n + j) * row;
-      for (int64_t c = 0; c < row; ++c) dst[c] = src[c * pages.col_stride];
-    }
-  return out;
-}
 
 }  // namespace
 
@@ -111,7 +98,6 @@ template <class KV>
   requires ForwardTypes<float, KV>
 void BatchAttentionPlan::run(TensorView<const float> q, TensorView<const KV> k_pages, TensorView<const KV> v_pages,
                              TensorView<float> out, TensorView<float> lse) const {
-  constexpr int64_t kBlock = kBlockValues<KV>;
   // int4's keys: a row of head_dim blocks per group of 32 tokens.
   constexpr bool key_groups = std::is_same_v<KV, block_int4>;
   if (key_groups && page_size_ % kInt4Group != 0)
@@ -165,19 +151,6 @@ void BatchAttentionPlan::run(TensorView<const float> q, TensorView<const KV> k_p
                          : TensorView<float>(lse.data() + begin * lse.stride(0), {heads_q_, n_q},
                                              {lse.stride(1), lse.stride(0)});
     const bool* mask = mask_.numel() > 0 ? mask_.data() + mask_offset_[static_cast<size_t>(r)] : nullptr;
-    if (!kernels::decode_suits(n_q, options_.precision)) {
-      // Prefill: the plan of attention() over the request's pages gathered.
-      const Tensor<KV> k = key_groups ? gather(k_op, heads_kv_, (n_k + kInt4Group - 1) / kInt4Group, d_)
-                                      : gather(k_op, heads_kv_, n_k, d_ / kBlock);
-      const Tensor<KV> v = gather(v_op, heads_kv_, n_k, d_v_ / kBlock);
-      AttentionMasks masks;
-      if (mask) masks.first = AttentionMask{TensorView<const bool>(mask, {n_q, n_k}), MaskConvention::TrueAllows};
-      const AttentionPlan<float, KV> plan(detail::rows_of(q, begin, n_q), k.view(), v.view(), options_, masks);
-      AttentionExtras<float> extras;
-      extras.lse = lse_r;
-      plan.run(detail::rows_of(out, begin, n_q), extras);
-      continue;
-    }
     core::AttentionProblem<float> p;
     p.heads_q = heads_q_;
     p.heads_kv = heads_kv_;
@@ -207,7 +180,9 @@ void BatchAttentionPlan::run(TensorView<const float> q, TensorView<const KV> k_p
     p.alibi = options_.alibi_slopes;
     p.sinks = options_.sinks;
     p.precision = options_.precision;
-    decode.push_back(std::move(p));
+    // A longer request now, its tiles over every thread; decode's below, all as one set of chunks.
+    if (kernels::decode_suits(n_q, options_.precision)) decode.push_back(std::move(p));
+    else kernels::flash_forward(p);
   }
   std::vector<const core::AttentionProblem<float>*> problems;
   for (const auto& p : decode) problems.push_back(&p);

@@ -12,7 +12,8 @@ namespace attn::kernels {
 // Both require col_stride == 1 for q, k, v and out (PreparedAttention arranges it).
 
 // Tiled online-softmax attention (flash style), any shape; writes the
-// weights, logits and log-sum-exp when asked for.
+// weights, logits and log-sum-exp when asked for. K and V may lie in pages
+// (core::Operand), as batch_attention's do.
 void flash_forward(const core::AttentionProblem<float>& p);
 
 // The gradient of p's attention into g (dq, dk, dv overwritten; dsinks with
@@ -35,8 +36,7 @@ void sparse_forward(const std::vector<const core::SparseProblem<float>*>& proble
 
 // decode_forward for many problems at once (batch attention's requests,
 // each with its own n_q, n_k and options; one K/V storage type): their
-// chunks are one set of work items. Any n_k, 0 included. The only kernel
-// that reads paged K and V (core::Operand).
+// chunks are one set of work items. Any n_k, 0 included.
 void decode_forward_batch(const std::vector<const core::AttentionProblem<float>*>& problems);
 // Whether a request of n_q queries in `precision` suits decode_forward_batch
 // (n_q <= kDecodeMaxQueries in float32, kDecodeMaxUnitQueries in bf16 and

@@ -65,7 +65,7 @@ float Value(const KV* row, int64_t c, bool bf16) {
 // interleaved, are each column's four values side by side, one 16-byte copy
 // per column rather than four scattered element stores. 16-bit and q8_0
 // rows are widened on the way.
-// The same rows wherever they lie: row j at row_at(j) (gathered keys).
+// The same rows wherever they lie: row j at row_at(j) (gathered or paged keys).
 template <class KV, class RowAt>
 void TransposeRowsAt(const RowAt& row_at, int64_t count, int64_t width, float* dst, bool bf16 = false) {
   const DF d;
@@ -138,8 +138,9 @@ void PackK(const core::AttentionProblem<float>& p, int64_t b, int64_t hkv, int64
       }
     }
     PadPanel(count, p.d, dst);
-  } else {
-    PackRows(KeyRow<KV>(p, b, hkv, j0), KeyStride<KV>(p), count, p.d, dst, bf16);
+  } else {  // row by row: paged keys (batch_attention's) lie a page at a time
+    TransposeRowsAt<KV>([&](int64_t j) HWY_ATTR { return KeyRow<KV>(p, b, hkv, j0 + j); }, count, p.d, dst, bf16);
+    PadPanel(count, p.d, dst);
   }
 }
 

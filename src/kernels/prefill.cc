@@ -427,13 +427,13 @@ void FlashTiles(const core::AttentionProblem<float>& p) {
   const WidenValuesFn widen_v = unit ? &WidenValuePairs<KV> : &WidenValues<KV>;
   const auto size = static_cast<size_t>(std::max<int64_t>(shared ? heads * head_pack : head_pack, 1));
   float* kpack = shared ? tls_kpack.get(size) : nullptr;
-  const bool v_in_place = std::is_same_v<KV, float> && p.d_v == dvp && ValueStride<KV>(p) == dvp &&
+  const bool v_in_place = std::is_same_v<KV, float> && !p.v.pages && p.d_v == dvp && ValueStride<KV>(p) == dvp &&
                           p.precision == Precision::Float32;
   // On the bf16 unit, V's pairs are made once for all items when K is packed
   // once, rather than again in each item: a copy of all of V, as K's panels
   // are of K.
   // float32 V that is not read in place (heads sliced from one wide array,
-  // as the layer passes them) is still widened per tile: a full copy there
+  // as the layer passes them, or pages) is still widened per tile: a full copy there
   // cost the layer's calls the memory of V again (test_mha.py's
   // test_padding_mask_costs_no_dense_mask).
   const bool v_shared = shared && unit;
