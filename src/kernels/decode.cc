@@ -86,19 +86,6 @@ Split SplitOf(const core::AttentionProblem<float>& p) {
   return {p.heads_kv, std::max<int64_t>(64, kDecodeChunk / p.heads_kv / 64 * 64)};
 }
 
-// Fetches every cache line of `bytes` bytes from x, into L1 or, kToL2,
-// into L2 alone (GCC's builtin: Highway's Prefetch fetches into L1 only).
-// Always inlined: out of line, GCC 12 finds it free of side effects and
-// drops its calls.
-template <bool kToL2 = false>
-HWY_INLINE void PrefetchSpan(const void* x, int64_t bytes) {
-  const auto first = reinterpret_cast<uintptr_t>(x), end = first + static_cast<uintptr_t>(bytes);
-  for (uintptr_t line = first & ~uintptr_t{63}; line < end; line += 64) {
-    if constexpr (kToL2) __builtin_prefetch(reinterpret_cast<const char*>(line), 0, 2);
-    else hwy::Prefetch(reinterpret_cast<const char*>(line));
-  }
-}
-
 // The prefill's micro-kernel over a tile's panel, compiled once for every
 // storage type (only the panel's packing depends on it).
 HWY_NOINLINE void PanelProducts(DF d, const float* const* q, int rows, int64_t D, const float* panel, float scale,
