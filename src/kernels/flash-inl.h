@@ -142,7 +142,7 @@ void PackK(const core::AttentionProblem<float>& p, int64_t b, int64_t hkv, int64
     const auto row_at = [&](int64_t j) HWY_ATTR { return KeyRow<KV>(p, b, hkv, j0 + j); };
     TransposeRowsAt<KV>(row_at, count, p.d, dst, bf16);
     PadPanel(count, p.d, dst);
-    if (std::is_same_v<KV, float> ? p.k.pages != nullptr : p.k_stored.pages != nullptr)  // (FetchNextValues)
+    if (InPages<KV>(p))  // (FetchNextValues)
       for (int64_t j = kBlockK; j < std::min(2 * kBlockK, p.n_k - j0); ++j)
         PrefetchSpan</*kToL2=*/true>(row_at(j), RowBytes<KV>(p.d));
   }

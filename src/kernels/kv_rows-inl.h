@@ -238,6 +238,13 @@ int64_t ValueStride(const Problem& p) {
   else return p.v_stored.row_stride / static_cast<int64_t>(sizeof(KV));
 }
 
+// Whether K and V lie in pages (batch_attention's: K's pages are V's).
+template <class KV, class Problem>
+bool InPages(const Problem& p) {
+  if constexpr (std::is_same_v<KV, float>) return p.k.pages != nullptr;
+  else return p.k_stored.pages != nullptr;
+}
+
 // Elements c .. c + N - 1 of key j of (b, h), zeros past d (LoadKVUpTo of
 // its row), for int4 too, whose key blocks each hold one channel's 32
 // tokens: one value of each of N blocks.

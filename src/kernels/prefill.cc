@@ -122,7 +122,7 @@ void PackKeys(const core::AttentionProblem<float>& p, int64_t b, int64_t hkv, in
 template <class KV>
 HWY_INLINE void FetchNextValues(const core::AttentionProblem<float>& p, int64_t b, int64_t hkv, int64_t j0,
                                 int64_t count) {
-  if (std::is_same_v<KV, float> ? p.v.pages == nullptr : p.v_stored.pages == nullptr) return;
+  if (!InPages<KV>(p)) return;
   for (int64_t j = count; j < std::min(2 * count, p.n_k - j0); ++j)
     PrefetchSpan</*kToL2=*/true>(ValueRow<KV>(p, b, hkv, j0 + j), RowBytes<KV>(p.d_v));
 }
@@ -444,8 +444,8 @@ void FlashTiles(const core::AttentionProblem<float>& p) {
   const WidenValuesFn widen_v = unit ? &WidenValuePairs<KV> : &WidenValues<KV>;
   const auto size = static_cast<size_t>(std::max<int64_t>(shared ? heads * head_pack : head_pack, 1));
   float* kpack = shared ? tls_kpack.get(size) : nullptr;
-  const bool v_in_place = std::is_same_v<KV, float> && !p.v.pages && p.d_v == dvp && ValueStride<KV>(p) == dvp &&
-                          p.precision == Precision::Float32;
+  const bool v_in_place = std::is_same_v<KV, float> && !InPages<KV>(p) && p.d_v == dvp &&
+                          ValueStride<KV>(p) == dvp && p.precision == Precision::Float32;
   // On the bf16 unit, V's pairs are made once for all items when K is packed
   // once, rather than again in each item: a copy of all of V, as K's panels
   // are of K.
