@@ -158,6 +158,7 @@ void PackKInt8(const core::AttentionProblem<float>& p, int64_t b, int64_t hkv, i
     }
     scales[j] = QuantizeRowInt8(out, p.d, mean, unit != nullptr);
   }
+  if constexpr (!std::is_same_v<KV, block_int4>) FetchNextKeys<KV>(p, b, hkv, j0);  // (int4: rows of 32 keys)
   if (!unit) return PackRows(rows, width, count, p.d, dst);
   const int64_t quads = (p.d + 3) / 4;
   auto* codes = reinterpret_cast<int8_t*>(dst);

@@ -112,21 +112,6 @@ void PackKeys(const core::AttentionProblem<float>& p, int64_t b, int64_t hkv, in
   PackK<KV>(p, b, hkv, kt, dst);
 }
 
-// Paged K and V (batch_attention's) lie a page of rows at a time, far
-// apart, where the hardware's streams stop: PackK fetches the next tile's
-// keys into L2 as it packs one, and the widening of V rows j0 .. j0 +
-// count - 1 the rows after them, while these are summed. (A 64-query
-// request over 32768 keys in NHD pages of 16, 32 x 8 heads of 128, q8_0,
-// AMD EPYC Zen 4, 2 threads: 233-240 ms without, 189-194 with; 210-212 over
-// a contiguous copy.) Always inlined, as PrefetchSpan.
-template <class KV>
-HWY_INLINE void FetchNextValues(const core::AttentionProblem<float>& p, int64_t b, int64_t hkv, int64_t j0,
-                                int64_t count) {
-  if (!InPages<KV>(p)) return;
-  for (int64_t j = count; j < std::min(2 * count, p.n_k - j0); ++j)
-    PrefetchSpan</*kToL2=*/true>(ValueRow<KV>(p, b, hkv, j0 + j), RowBytes<KV>(p.d_v));
-}
-
 // V rows j0 .. j0 + count - 1 of (b, hkv) as float32 rows `width` (d_v
 // rounded up to whole vectors) apart at dst, zeros past d_v, rounded to bf16
 // with bf16 or int8 precision (int8's P·V is bf16's): the tile P·V reads when V's own rows are not float32
