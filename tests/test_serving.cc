@@ -176,10 +176,16 @@ PagedBatch make_batch(std::vector<int64_t> qo_len, std::vector<int64_t> kv_len, 
   return b;
 }
 
+// Row j of request r, head h, from a pool of page_rows rows per page (int4's
+// key groups: page_size / 32).
+template <class KV>
+const KV* pool_row(const PagedBatch& b, const Tensor<KV>& pool, int64_t r, int64_t h, int64_t j, int64_t page_rows) {
+  const int64_t page = b.kv_indices[b.kv_indptr[r] + j / page_rows], slot = j % page_rows;
+  return b.layout == PageLayout::NHD ? &pool.at({page, slot, h, 0}) : &pool.at({page, h, slot, 0});
+}
 // Key (or value) j of request r, head h, from a float pool.
 const float* pool_row(const PagedBatch& b, const Tensor<float>& pool, int64_t r, int64_t h, int64_t j) {
-  const int64_t page = b.kv_indices[b.kv_indptr[r] + j / b.page_size], slot = j % b.page_size;
-  return b.layout == PageLayout::NHD ? &pool.at({page, slot, h, 0}) : &pool.at({page, h, slot, 0});
+  return pool_row(b, pool, r, h, j, b.page_size);
 }
 
 // Request r's (Hq, qo_len, d_v) output and (Hq, qo_len) lse in float64,
@@ -517,11 +523,7 @@ Tensor<KV> request_rows(const PagedBatch& b, const Tensor<KV>& pool, int64_t r, 
   const int64_t width = pool.dim(3);
   Tensor<KV> out({b.hkv, rows, width});
   for (int64_t h = 0; h < b.hkv; ++h)
-    for (int64_t j = 0; j < rows; ++j) {
-      const int64_t page = b.kv_indices[b.kv_indptr[r] + j / page_rows], slot = j % page_rows;
-      const KV* row = b.layout == PageLayout::NHD ? &pool.at({page, slot, h, 0}) : &pool.at({page, h, slot, 0});
-      std::copy_n(row, width, &out.at({h, j, 0}));
-    }
+    for (int64_t j = 0; j < rows; ++j) std::copy_n(pool_row(b, pool, r, h, j, page_rows), width, &out.at({h, j, 0}));
   return out;
 }
 

@@ -43,8 +43,7 @@ thread_local Scratch<float> tls_decode_int4_weights;
 // Whether decode fetches p's K and V rows ahead (ChunkKeys::FetchAhead says
 // where and why not): more than one row per kv head, keys in blocks, or pages.
 bool FetchesAhead(const core::AttentionProblem<float>& p) {
-  const bool paged = (p.kv == core::KVStorage::Native ? p.k.pages : p.k_stored.pages) != nullptr;
-  return p.group() * p.n_q != 1 || p.kv == core::KVStorage::Q8_0 || p.kv == core::KVStorage::Q4_0 || paged;
+  return p.group() * p.n_q != 1 || p.kv == core::KVStorage::Q8_0 || p.kv == core::KVStorage::Q4_0 || InPages(p);
 }
 
 // Whether decode's P·V over a block fetches the next block's K rows
@@ -76,11 +75,10 @@ struct Split {
 // heads of 128, 2 threads, Zen 5, 0.77-0.78 of the read bandwidth against
 // 0.76-0.80; four were slower.)
 Split SplitOf(const core::AttentionProblem<float>& p) {
-  const auto& k = p.kv == core::KVStorage::Native ? p.k.pages : p.k_stored.pages;
   const int64_t head_stride = p.kv == core::KVStorage::Native ? p.k.head_stride : p.k_stored.head_stride;
   const int64_t row_stride = p.kv == core::KVStorage::Native ? p.k.row_stride : p.k_stored.row_stride;
   const bool one_item = p.batch == 1 && p.n_k <= kDecodeChunk;
-  if (!k || p.heads_kv == 1 || std::abs(head_stride) >= std::abs(row_stride) || one_item ||
+  if (!InPages(p) || p.heads_kv == 1 || std::abs(head_stride) >= std::abs(row_stride) || one_item ||
       p.kv == core::KVStorage::Int4)
     return {1, FetchesNextBlock(p) ? kDecodeFetchBlock : kDecodeChunk};  // (Int4ChunkKeys reads one head)
   return {p.heads_kv, std::max<int64_t>(64, kDecodeChunk / p.heads_kv / 64 * 64)};

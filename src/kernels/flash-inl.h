@@ -119,14 +119,14 @@ void PackRows(const KV* row0, int64_t stride, int64_t count, int64_t width, floa
 // 210-212 over a contiguous copy.) Always inlined, as PrefetchSpan.
 template <class KV>
 HWY_INLINE void FetchNextKeys(const core::AttentionProblem<float>& p, int64_t b, int64_t hkv, int64_t j0) {
-  if (!InPages<KV>(p)) return;
+  if (!InPages(p)) return;
   for (int64_t j = j0 + kBlockK; j < std::min(j0 + 2 * kBlockK, p.n_k); ++j)
     PrefetchSpan</*kToL2=*/true>(KeyRow<KV>(p, b, hkv, j), RowBytes<KV>(p.d));
 }
 template <class KV>
 HWY_INLINE void FetchNextValues(const core::AttentionProblem<float>& p, int64_t b, int64_t hkv, int64_t j0,
                                 int64_t count) {
-  if (!InPages<KV>(p)) return;
+  if (!InPages(p)) return;
   for (int64_t j = j0 + count; j < std::min(j0 + 2 * count, p.n_k); ++j)
     PrefetchSpan</*kToL2=*/true>(ValueRow<KV>(p, b, hkv, j), RowBytes<KV>(p.d_v));
 }

@@ -239,10 +239,8 @@ int64_t ValueStride(const Problem& p) {
 }
 
 // Whether K and V lie in pages (batch_attention's: K's pages are V's).
-template <class KV, class Problem>
-bool InPages(const Problem& p) {
-  if constexpr (std::is_same_v<KV, float>) return p.k.pages != nullptr;
-  else return p.k_stored.pages != nullptr;
+inline bool InPages(const core::AttentionProblem<float>& p) {
+  return (p.kv == core::KVStorage::Native ? p.k.pages : p.k_stored.pages) != nullptr;
 }
 
 // Elements c .. c + N - 1 of key j of (b, h), zeros past d (LoadKVUpTo of

@@ -429,7 +429,7 @@ void FlashTiles(const core::AttentionProblem<float>& p) {
   const WidenValuesFn widen_v = unit ? &WidenValuePairs<KV> : &WidenValues<KV>;
   const auto size = static_cast<size_t>(std::max<int64_t>(shared ? heads * head_pack : head_pack, 1));
   float* kpack = shared ? tls_kpack.get(size) : nullptr;
-  const bool v_in_place = std::is_same_v<KV, float> && !InPages<KV>(p) && p.d_v == dvp &&
+  const bool v_in_place = std::is_same_v<KV, float> && !InPages(p) && p.d_v == dvp &&
                           ValueStride<KV>(p) == dvp && p.precision == Precision::Float32;
   // On the bf16 unit, V's pairs are made once for all items when K is packed
   // once, rather than again in each item: a copy of all of V, as K's panels
