@@ -82,18 +82,28 @@ HWY_INLINE float WeightAt(const float* p, int64_t p_stride, int r, int64_t j) {
 // *to += sum: a tile's sum of products, added to the output once (below).
 HWY_INLINE void AddTo(DF d, float* to, VF sum) { hn::Store(hn::Add(hn::Load(d, to), sum), d, to); }
 
-// q8_0 and q4_0 at 16 lanes (AVX-512): a block's half is one vector, and
-// q4_0's 16 codes less 8 fit one vector to look them up in. Decode then
-// folds each block's scale into a row's weight (BlockValueRow) or into its
-// sum (BlockDotKeys, decode_dots-inl.h), and no value is scaled on its own.
+// q8_0 and q4_0 at 8 or 16 lanes (AVX2, AVX-512): a block is kBlockVectors
+// whole vectors. Decode then folds each block's scale into a row's weight
+// (BlockValueRow) or into its sum (BlockDotKeys, decode_dots-inl.h), and no
+// value is scaled on its own.
 // Decode of one query row per KV head, 8 heads of 64, 32768 keys, AMD EPYC
 // Zen 4, alternating builds, 6 pairs, against widening each value first:
 // q8_0 1.18× at 1 thread (1.12-1.22), 1.15× at 2; q4_0 1.19× (1.18-1.28)
 // and 1.18×; int4's values, centred by the same lookup (decode_int4-inl.h),
-// 1.07× and 1.06×. Error against float64 unchanged to 3 digits.
+// 1.07× and 1.06×. Error against float64 unchanged to 3 digits. On AVX2
+// (AMD EPYC Zen 3, the same shape, 3 alternating pairs), with one row's
+// keys four at a time (BlockDotKeys), speed over float32 K/V's in the same
+// turns: q8_0 1.31-1.39× → 2.57-3.01× at 2 threads, 1.09-1.36× → 2.62-2.87×
+// at 1; q4_0 1.07-1.48× → 2.48-2.85× and 1.15-1.21× → 2.08-2.24×.
 #undef ATTN_BLOCKS_FOLDED
-#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
+#undef ATTN_NIBBLE_LOOKUP
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX2
 #define ATTN_BLOCKS_FOLDED 1
+inline constexpr int kBlockVectors = kQ8_0Block / HWY_LANES(float);
+static_assert(kQ8_0Block == kQ4_0Block && kBlockVectors % 2 == 0, "a block's nibbles fill whole vectors");
+
+#if HWY_TARGET <= HWY_AVX3
+#define ATTN_NIBBLE_LOOKUP 1
 // The nibbles of 16 bytes less 8, as float32, exactly: the low ones, then
 // the high ones, looked up in a vector of the 16 values, not converted and
 // centred (a q4_0 block's codes, and an int4 block's centred ones).
@@ -105,33 +115,47 @@ HWY_INLINE void CentredNibbles(DF d, const uint8_t* bytes16, VF& low, VF& high) 
   low = hn::TableLookupLanes(centred, hn::IndicesFromVec(d, low_codes));
   high = hn::TableLookupLanes(centred, hn::IndicesFromVec(d, high_codes));
 }
+#else
+#define ATTN_NIBBLE_LOOKUP 0
+#endif
 
-// A block's codes as float32, exactly, its first 16 and its last 16: q8_0's
-// as they are, q4_0's less 8 (CentredNibbles). The block's values are these
-// times its scale.
+// A block's codes as float32, exactly, vector by vector: q8_0's as they
+// are, q4_0's less 8 (its codes 0 .. 15 are the low nibbles of its 16
+// bytes, 16 .. 31 the high ones). The block's values are these times its
+// scale.
 template <class Block>
-HWY_INLINE void BlockCodes(DF d, const Block& b, VF& first, VF& last) {
-  static_assert(HWY_LANES(float) == kQ8_0Block / 2 && kQ8_0Block == kQ4_0Block, "a block's half is one vector");
+HWY_INLINE void BlockCodes(DF d, const Block& b, VF (&codes)[kBlockVectors]) {
+  const hn::RebindToSigned<DF> di;
+  const auto N = hn::Lanes(d);
   if constexpr (std::is_same_v<Block, block_q8_0>) {
-    const hn::RebindToSigned<DF> di;
     const hn::Rebind<int8_t, DF> d8;
-    first = hn::ConvertTo(d, hn::PromoteTo(di, hn::LoadU(d8, b.qs)));
-    last = hn::ConvertTo(d, hn::PromoteTo(di, hn::LoadU(d8, b.qs + kQ8_0Block / 2)));
+    for (int i = 0; i < kBlockVectors; ++i) codes[i] = hn::ConvertTo(d, hn::PromoteTo(di, hn::LoadU(d8, b.qs + i * N)));
   } else {
     static_assert(std::is_same_v<Block, block_q4_0>, "q8_0 or q4_0");
-    CentredNibbles(d, b.qs, first, last);
+#if ATTN_NIBBLE_LOOKUP
+    CentredNibbles(d, b.qs, codes[0], codes[1]);
+#else
+    constexpr int kHalf = kBlockVectors / 2;
+    for (int i = 0; i < kHalf; ++i) {
+      hn::Vec<decltype(di)> low, high;
+      NibbleLanes(d, b.qs + i * N, low, high);
+      codes[i] = hn::ConvertTo(d, hn::Sub(low, hn::Set(di, 8)));
+      codes[kHalf + i] = hn::ConvertTo(d, hn::Sub(high, hn::Set(di, 8)));
+    }
+#endif
   }
 }
 
 // P·V over q8_0 or q4_0 value rows for one row of weights: each block's
 // scale folded into the weight (p_j · d_jb, one product per block, not one
-// per value; BlockCodes). Columns c0 .. c0 + NV·16 of the rows, c0 a
-// multiple of 32 (ValueRows: of NV·16), so vector v is half v % 2 of block
-// c0 / 32 + v / 2.
+// per value; BlockCodes). Columns c0 .. c0 + NV·N of the rows, c0 a
+// multiple of 32 (ValueRows: of NV·N), so vector v is vector v % V of
+// block c0 / 32 + v / V.
 template <int NV, class Block>
 HWY_INLINE void BlockValueRow(DF d, const float* p, int64_t count, const Block* v0, int64_t v_stride, int64_t c0,
                               float* o) {
-  constexpr int S = NV >= 8 ? 1 : 8 / NV;
+  constexpr int S = NV >= 8 ? 1 : 8 / NV, V = kBlockVectors;
+  const auto N = static_cast<int64_t>(hn::Lanes(d));
   const Block* first = v0 + c0 / kQ8_0Block;
   VF a0 = hn::Zero(d), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
   for (int64_t j = 0; j < count; j += S)
@@ -140,27 +164,29 @@ HWY_INLINE void BlockValueRow(DF d, const float* p, int64_t count, const Block* 
       if (s > 0 && j + s >= count) return;
       const Block* row = first + (j + s) * v_stride;
       const VF w = hn::Set(d, p[j + s]);
-      Unroll<(NV + 1) / 2>([&](auto block) HWY_ATTR {
+      Unroll<(NV + V - 1) / V>([&](auto block) HWY_ATTR {
         constexpr int b = decltype(block)::value;
         const VF wd = hn::Mul(w, BlockScale(d, row[b]));
-        VF codes_first, codes_last;
-        BlockCodes(d, row[b], codes_first, codes_last);
-        VF& acc_first = Acc<s * NV + 2 * b>(a0, a1, a2, a3, a4, a5, a6, a7);
-        acc_first = hn::MulAdd(wd, codes_first, acc_first);
-        if constexpr (2 * b + 1 < NV) {
-          VF& acc_last = Acc<s * NV + 2 * b + 1>(a0, a1, a2, a3, a4, a5, a6, a7);
-          acc_last = hn::MulAdd(wd, codes_last, acc_last);
-        }
+        VF codes[V];
+        BlockCodes(d, row[b], codes);
+        Unroll<V>([&](auto vector) HWY_ATTR {
+          constexpr int v = b * V + decltype(vector)::value;
+          if constexpr (v < NV) {
+            VF& acc = Acc<s * NV + v>(a0, a1, a2, a3, a4, a5, a6, a7);
+            acc = hn::MulAdd(wd, codes[decltype(vector)::value], acc);
+          }
+        });
       });
     });
   Unroll<(S - 1) * NV>([&](auto i) HWY_ATTR {
     VF& to = Acc<i % NV>(a0, a1, a2, a3, a4, a5, a6, a7);
     to = hn::Add(to, Acc<NV + i>(a0, a1, a2, a3, a4, a5, a6, a7));
   });
-  Unroll<NV>([&](auto v) HWY_ATTR { AddTo(d, o + v * 16, Acc<v>(a0, a1, a2, a3, a4, a5, a6, a7)); });
+  Unroll<NV>([&](auto v) HWY_ATTR { AddTo(d, o + v * N, Acc<v>(a0, a1, a2, a3, a4, a5, a6, a7)); });
 }
 #else
 #define ATTN_BLOCKS_FOLDED 0
+#define ATTN_NIBBLE_LOOKUP 0
 #endif
 
 // o[r][0 .. NV·N) += Σ_j p(r, j) · v_j[0 .. NV·N) for r < MR, j < count
@@ -255,8 +281,12 @@ template <int MR, bool kTransposed, class KV>
 HWY_INLINE void ValueRows(DF d, const float* p, int64_t p_stride, int64_t count, const KV* v0,
                           int64_t v_stride, int64_t d_v, float* o, int64_t o_stride) {
   // A single row (decode) has registers for twice the columns: half the
-  // passes over V, twice the independent accumulators per key.
-  constexpr int NV = MR == 1 ? 2 * kVecs : kVecs;
+  // passes over V, twice the independent accumulators per key. Its folded
+  // blocks take 8 vectors on AVX2 too, two blocks in one pass (q8_0, 8
+  // heads of 64, 32768 keys, 1 thread, Zen 3: 2.68× float32's speed
+  // against 2.54-2.56× at 4 vectors).
+  constexpr bool kFolded = ATTN_BLOCKS_FOLDED && (std::is_same_v<KV, block_q8_0> || std::is_same_v<KV, block_q4_0>);
+  constexpr int NV = MR == 1 ? (kFolded ? 8 : 2 * kVecs) : kVecs;
   const int64_t N = static_cast<int64_t>(hn::Lanes(d));
   const int64_t whole = d_v / N;
   int64_t vec = 0;

@@ -198,7 +198,7 @@ constexpr int64_t kDecodePanelRows = 32;
 
 // Decode: the query rows per kv head from which int8 precision's Q·K over
 // q8_0 keys takes the int8 unit (its keys' codes packed into panels); fewer
-// rows score the same rounded queries on the FMAs (BlockDotKeys on AVX-512),
+// rows score the same rounded queries on the FMAs (BlockDotKeys on AVX2 and AVX-512),
 // where packing costs more than the unit saves. int8 against float32
 // precision's time, q8_0, 32768 keys, 2 threads, AMD EPYC Zen 4: 8 heads of
 // 128 (1 row) 1.59×; 32 × 8 heads of 128, 1 query (4 rows) 1.32×, 2

@@ -110,7 +110,11 @@ HWY_INLINE void DotRows(DF d, const float* const* q, const KV* k, int64_t D, flo
 #undef ATTN_DECODE_FOUR_KEYS
 #if (HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3) || (HWY_ARCH_ARM && HWY_TARGET == HWY_NEON)
 #define ATTN_DECODE_FOUR_KEYS 1
+#else
+#define ATTN_DECODE_FOUR_KEYS 0
+#endif  // ATTN_DECODE_FOUR_KEYS
 
+#if ATTN_DECODE_FOUR_KEYS || ATTN_BLOCKS_FOLDED
 // A vector's lanes in 128-bit blocks added into one block (halving).
 template <class D>
 HWY_INLINE hn::Vec<hn::Full128<float>> BlocksAdded(D d, hn::Vec<D> v) {
@@ -136,23 +140,29 @@ HWY_INLINE hn::Vec<hn::Full128<float>> Sums4(DF d, VF a0, VF a1, VF a2, VF a3) {
                           hn::BitCast(d, hn::InterleaveUpper(d64, w01, w23)));
   return BlocksAdded(d, sums);
 }
+#endif
 
 #if ATTN_BLOCKS_FOLDED
-// DotKeys's scores of one row and KEYS q8_0 or q4_0 keys: per block, the
+// The scores of one row and KEYS (1 or 4) q8_0 or q4_0 keys: per block, the
 // row's sum over the block's codes (BlockCodes), then times the block's
 // scale, once per block and key, not once per value. The same bits whether
-// a key is scored among four or alone.
+// a key is scored among four or alone. One row's accumulators fit 16
+// registers, so AVX2 scores four keys at a time here too.
 template <int KEYS, class Block>
 HWY_INLINE void BlockDotKeys(DF d, const float* q, const Block* k, int64_t k_stride, int64_t D, float scale, float* s) {
-  constexpr int64_t kHalf = kQ8_0Block / 2;
+  constexpr int V = kBlockVectors;
+  const auto N = static_cast<int64_t>(hn::Lanes(d));
   VF acc[4] = {hn::Zero(d), hn::Zero(d), hn::Zero(d), hn::Zero(d)};
   for (int64_t b = 0; b < D / kQ8_0Block; ++b) {
-    const VF q_first = hn::LoadU(d, q + b * kQ8_0Block), q_last = hn::LoadU(d, q + b * kQ8_0Block + kHalf);
+    VF qb[V];
+    for (int i = 0; i < V; ++i) qb[i] = hn::LoadU(d, q + b * kQ8_0Block + i * N);
     for (int t = 0; t < KEYS; ++t) {
       const Block& block = k[t * k_stride + b];
-      VF first, last;
-      BlockCodes(d, block, first, last);
-      acc[t] = hn::MulAdd(hn::MulAdd(q_last, last, hn::Mul(q_first, first)), BlockScale(d, block), acc[t]);
+      VF codes[V];
+      BlockCodes(d, block, codes);
+      VF sum = hn::Mul(qb[0], codes[0]);
+      for (int i = 1; i < V; ++i) sum = hn::MulAdd(qb[i], codes[i], sum);
+      acc[t] = hn::MulAdd(sum, BlockScale(d, block), acc[t]);
     }
   }
   const hn::Full128<float> d4;
@@ -162,6 +172,7 @@ HWY_INLINE void BlockDotKeys(DF d, const float* q, const Block* k, int64_t k_str
 }
 #endif
 
+#if ATTN_DECODE_FOUR_KEYS
 // s[r · s_stride + t] = scale · q_r · k_t for r < MR and the KEYS (1 or 4)
 // keys k_t = k + t · k_stride, one accumulator per row and key, summed by
 // Sums4: the same bits whether a key is scored among four or alone.
@@ -169,10 +180,6 @@ template <int MR, int KEYS, class KV>
 HWY_INLINE void DotKeys(DF d, const float* const* q, const KV* k, int64_t k_stride, int64_t D, float scale,
                         float* s, int64_t s_stride) {
   static_assert(KEYS == 1 || KEYS == 4, "one key or four");
-#if ATTN_BLOCKS_FOLDED
-  if constexpr (MR == 1 && (std::is_same_v<KV, block_q8_0> || std::is_same_v<KV, block_q4_0>))
-    return BlockDotKeys<KEYS>(d, q[0], k, k_stride, D, scale, s);
-#endif
   const int64_t N = static_cast<int64_t>(hn::Lanes(d)), full = D / N * N;
   VF acc[MR][KEYS];
   for (int r = 0; r < MR; ++r)
@@ -199,28 +206,38 @@ HWY_INLINE void DotKeys(DF d, const float* const* q, const KV* k, int64_t k_stri
     else s[r * s_stride] = hn::GetLane(sums) * scale;
   }
 }
-#else
-#define ATTN_DECODE_FOUR_KEYS 0
 #endif  // ATTN_DECODE_FOUR_KEYS
 
-// Whether decode scores keys stored as KV four at a time (DotKeys).
+// Whether decode scores keys stored as KV four at a time (DotKeys), for any
+// number of rows.
 template <class KV>
 inline constexpr bool kDecodeFourKeys = ATTN_DECODE_FOUR_KEYS && !std::is_same_v<KV, float>;
 
-// The scores of `keys` keys (k_stride apart) for MR rows: with kFour (where
-// kDecodeFourKeys), 1 or 4 by DotKeys, the same bits either way; else one
-// by DotRows.
+// Whether decode scores one row's q8_0 or q4_0 keys four at a time
+// (BlockDotKeys).
+template <class KV>
+inline constexpr bool kDecodeFourBlockKeys =
+    ATTN_BLOCKS_FOLDED && (std::is_same_v<KV, block_q8_0> || std::is_same_v<KV, block_q4_0>);
+
+// The scores of `keys` keys (k_stride apart) for MR rows: with kFour, 1 or
+// 4 by BlockDotKeys (one row of q8_0 or q4_0 keys) or DotKeys (where
+// kDecodeFourKeys), the same bits either way; else key by key by DotRows.
 template <int MR, bool kFour, class KV>
 HWY_INLINE void ScoreKeys(DF d, int64_t keys, const float* const* q, const KV* k, int64_t k_stride, int64_t D,
                           float scale, float* s, int64_t s_stride) {
+#if ATTN_BLOCKS_FOLDED
+  if constexpr (kFour && MR == 1 && kDecodeFourBlockKeys<KV>) {
+    if (keys == 4) return BlockDotKeys<4>(d, q[0], k, k_stride, D, scale, s);
+    return BlockDotKeys<1>(d, q[0], k, k_stride, D, scale, s);
+  }
+#endif
 #if ATTN_DECODE_FOUR_KEYS
   if constexpr (kFour) {
     if (keys == 4) return DotKeys<MR, 4>(d, q, k, k_stride, D, scale, s, s_stride);
     return DotKeys<MR, 1>(d, q, k, k_stride, D, scale, s, s_stride);
   }
 #endif
-  (void)keys, (void)k_stride;
-  DotRows<MR>(d, q, k, D, scale, s, s_stride);
+  for (int64_t t = 0; t < keys; ++t) DotRows<MR>(d, q, k + t * k_stride, D, scale, s + t, s_stride);
 }
 
 // int8 precision over q8_0 keys (docs/semantics.md "Precision"): each query

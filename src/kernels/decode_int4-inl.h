@@ -201,7 +201,7 @@ HWY_INLINE void Int4ValueBlock(DF d, const float* w, int64_t w_stride, int64_t c
                                int64_t v_stride, float* o, int64_t o_stride) {
   constexpr int V = kInt4BlockVectors, S = kInt4ValueRows / MR, RV = MR * V;
   const auto N = static_cast<int64_t>(hn::Lanes(d));
-#if !ATTN_BLOCKS_FOLDED
+#if !ATTN_NIBBLE_LOOKUP
   const VF eight = hn::Set(d, 8.0f);
 #endif
   VF a0 = hn::Zero(d), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
@@ -210,12 +210,12 @@ HWY_INLINE void Int4ValueBlock(DF d, const float* w, int64_t w_stride, int64_t c
       constexpr int s = decltype(set)::value;
       if (s > 0 && j + s >= count) return;
       const uint8_t* codes = v[(j + s) * v_stride].qs;
-#if ATTN_BLOCKS_FOLDED
+#if ATTN_NIBBLE_LOOKUP
       VF centred[2];  // (16 lanes: V = 2, the low nibbles, then the high ones)
       CentredNibbles(d, codes, centred[0], centred[1]);
 #endif
       Unroll<V>([&](auto vector) HWY_ATTR {
-#if ATTN_BLOCKS_FOLDED
+#if ATTN_NIBBLE_LOOKUP
         const VF c = centred[decltype(vector)::value];
 #else
         const VF c = hn::Sub(NibbleCodes(d, codes, decltype(vector)::value * N), eight);
