@@ -189,6 +189,11 @@ HWY_INLINE void BlockValueRow(DF d, const float* p, int64_t count, const Block* 
 #define ATTN_NIBBLE_LOOKUP 0
 #endif
 
+// Whether KV's blocks have their scales folded (the above).
+template <class KV>
+inline constexpr bool kBlocksFolded =
+    ATTN_BLOCKS_FOLDED && (std::is_same_v<KV, block_q8_0> || std::is_same_v<KV, block_q4_0>);
+
 // o[r][0 .. NV·N) += Σ_j p(r, j) · v_j[0 .. NV·N) for r < MR, j < count
 // (WeightAt). An FMA waits 4 cycles for the one
 // before it in its chain and 2 pipes issue one each per cycle, so fewer than
@@ -203,7 +208,7 @@ template <int MR, int NV, bool kTransposed, class KV>
 HWY_INLINE void ValueBlock(DF d, const float* p, int64_t p_stride, int64_t count,
                            const KV* v0, int64_t v_stride, int64_t c0, float* o, int64_t o_stride) {
 #if ATTN_BLOCKS_FOLDED
-  if constexpr (MR == 1 && !kTransposed && (std::is_same_v<KV, block_q8_0> || std::is_same_v<KV, block_q4_0>))
+  if constexpr (MR == 1 && !kTransposed && kBlocksFolded<KV>)
     return BlockValueRow<NV>(d, p, count, v0, v_stride, c0, o);
 #endif
   const size_t N = hn::Lanes(d);
@@ -285,8 +290,7 @@ HWY_INLINE void ValueRows(DF d, const float* p, int64_t p_stride, int64_t count,
   // blocks take 8 vectors on AVX2 too, two blocks in one pass (q8_0, 8
   // heads of 64, 32768 keys, 1 thread, Zen 3: 2.68× float32's speed
   // against 2.54-2.56× at 4 vectors).
-  constexpr bool kFolded = ATTN_BLOCKS_FOLDED && (std::is_same_v<KV, block_q8_0> || std::is_same_v<KV, block_q4_0>);
-  constexpr int NV = MR == 1 ? (kFolded ? 8 : 2 * kVecs) : kVecs;
+  constexpr int NV = MR == 1 ? (kBlocksFolded<KV> ? 8 : 2 * kVecs) : kVecs;
   const int64_t N = static_cast<int64_t>(hn::Lanes(d));
   const int64_t whole = d_v / N;
   int64_t vec = 0;

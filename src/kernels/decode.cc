@@ -165,12 +165,13 @@ struct ChunkKeys {
   // s[(hh·R + r)·s_stride + j - from] = the scores of keys from .. to (run by
   // run: a run's rows are k_stride apart, one run unless K and V are paged,
   // then one per page), by ScoreKeys: four keys of a run at a time where
-  // kDecodeFourKeys (at one row, kDecodeFourBlockKeys) and the rows are
-  // fetched ahead, its last ones alone.
+  // kDecodeFourKeys and the rows are fetched ahead, or at one row where
+  // kDecodeOneRowFourKeys, its last ones alone.
   // (Two loops: beside DotKeys, key by key took 1.1-1.25x the time.)
   HWY_INLINE void Scores(DF d, int64_t from, int64_t to, float* s, int64_t s_stride) const {
-    if constexpr (kDecodeFourKeys<KV> || kDecodeFourBlockKeys<KV>)
-      if (fetch_ahead && (kDecodeFourKeys<KV> || R == 1)) return ScoresBy<true>(d, from, to, s, s_stride);
+    if constexpr (kDecodeFourKeys<KV> || kDecodeOneRowFourKeys<KV>)
+      if ((kDecodeFourKeys<KV> && fetch_ahead) || (kDecodeOneRowFourKeys<KV> && R == 1))
+        return ScoresBy<true>(d, from, to, s, s_stride);
     ScoresBy<false>(d, from, to, s, s_stride);
   }
   template <bool kFour>

@@ -172,10 +172,11 @@ HWY_INLINE void BlockDotKeys(DF d, const float* q, const Block* k, int64_t k_str
 }
 #endif
 
-#if ATTN_DECODE_FOUR_KEYS
+#if ATTN_DECODE_FOUR_KEYS || ATTN_BLOCKS_FOLDED
 // s[r · s_stride + t] = scale · q_r · k_t for r < MR and the KEYS (1 or 4)
 // keys k_t = k + t · k_stride, one accumulator per row and key, summed by
-// Sums4: the same bits whether a key is scored among four or alone.
+// Sums4: the same bits whether a key is scored among four or alone. (On
+// 16 registers, AVX2's, for one row.)
 template <int MR, int KEYS, class KV>
 HWY_INLINE void DotKeys(DF d, const float* const* q, const KV* k, int64_t k_stride, int64_t D, float scale,
                         float* s, int64_t s_stride) {
@@ -206,33 +207,39 @@ HWY_INLINE void DotKeys(DF d, const float* const* q, const KV* k, int64_t k_stri
     else s[r * s_stride] = hn::GetLane(sums) * scale;
   }
 }
-#endif  // ATTN_DECODE_FOUR_KEYS
+#endif
 
-// Whether decode scores keys stored as KV four at a time (DotKeys), for any
-// number of rows.
+// Whether decode scores keys stored as KV four at a time (DotKeys) for any
+// number of rows, where they are fetched ahead (ChunkKeys::Scores).
 template <class KV>
 inline constexpr bool kDecodeFourKeys = ATTN_DECODE_FOUR_KEYS && !std::is_same_v<KV, float>;
 
-// Whether decode scores one row's q8_0 or q4_0 keys four at a time
-// (BlockDotKeys).
+// Whether decode scores one row's keys stored as KV four at a time, fetched
+// ahead or not: q8_0's and q4_0's (BlockDotKeys) on AVX2 and AVX-512, and on
+// AVX2 bf16's and fp16's too (DotKeys), which AVX-512 scores so only where
+// they are fetched ahead (decode's bench, 8 heads of 64, 32768 keys, bf16,
+// AMD EPYC Zen 3, 6 alternating pairs, speed over float32's in the same
+// turns: 1.36-1.60x key by key against 1.41-1.78x at 2 threads, 1.34-1.39x
+// against 1.59-1.61x at 1).
 template <class KV>
-inline constexpr bool kDecodeFourBlockKeys =
-    ATTN_BLOCKS_FOLDED && (std::is_same_v<KV, block_q8_0> || std::is_same_v<KV, block_q4_0>);
+inline constexpr bool kDecodeOneRowFourKeys =
+    kBlocksFolded<KV> || (ATTN_BLOCKS_FOLDED && HWY_TARGET == HWY_AVX2 && !std::is_same_v<KV, float>);
 
 // The scores of `keys` keys (k_stride apart) for MR rows: with kFour, 1 or
 // 4 by BlockDotKeys (one row of q8_0 or q4_0 keys) or DotKeys (where
-// kDecodeFourKeys), the same bits either way; else key by key by DotRows.
+// kDecodeFourKeys or kDecodeOneRowFourKeys), the same bits either way; else
+// key by key by DotRows.
 template <int MR, bool kFour, class KV>
 HWY_INLINE void ScoreKeys(DF d, int64_t keys, const float* const* q, const KV* k, int64_t k_stride, int64_t D,
                           float scale, float* s, int64_t s_stride) {
 #if ATTN_BLOCKS_FOLDED
-  if constexpr (kFour && MR == 1 && kDecodeFourBlockKeys<KV>) {
+  if constexpr (kFour && MR == 1 && kBlocksFolded<KV>) {
     if (keys == 4) return BlockDotKeys<4>(d, q[0], k, k_stride, D, scale, s);
     return BlockDotKeys<1>(d, q[0], k, k_stride, D, scale, s);
   }
 #endif
-#if ATTN_DECODE_FOUR_KEYS
-  if constexpr (kFour) {
+#if ATTN_DECODE_FOUR_KEYS || ATTN_BLOCKS_FOLDED
+  if constexpr (kFour && (ATTN_DECODE_FOUR_KEYS || MR == 1)) {
     if (keys == 4) return DotKeys<MR, 4>(d, q, k, k_stride, D, scale, s, s_stride);
     return DotKeys<MR, 1>(d, q, k, k_stride, D, scale, s, s_stride);
   }
