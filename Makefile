@@ -35,8 +35,9 @@ FUZZ_SECONDS ?= 60
 TEST_FUZZ_SECONDS ?= 20
 # The Highway targets make test compiles, each once where another build does
 # not: the Release build compiles and tests every x86 target (AVX3, AVX2,
-# SSE4, SSSE3, EMU128: the kernel tests force each in turn). The sanitizer
-# builds keep the two whose memory accesses differ: AVX3 (masked loads and
+# SSE4, SSSE3, EMU128: the kernel tests force each in turn). The ASan build
+# keeps the two whose memory accesses differ (the TSan build, its baseline
+# alone: TSAN_OPT_FLAGS): AVX3 (masked loads and
 # stores, and the bf16 and int8 units' AVX-512 code) and SSE4 (partial
 # vectors through a buffer, the code SSSE3, AVX2 and EMU128 run too:
 # HWY_MEM_OPS_MIGHT_FAULT). SSE4 is their baseline (-msse4.2 -mpclmul -maes,
@@ -49,6 +50,9 @@ SANITIZER_HWY_DISABLED := HWY_SSSE3|HWY_AVX2
 # Reports need files and lines, not variables: line tables only, quicker to
 # build than full debug info for every Highway target (both sanitizer builds).
 SANITIZER_OPT_FLAGS := -O2 -gline-tables-only -DNDEBUG -msse4.2 -mpclmul -maes
+# ThreadSanitizer's tests force no target: the threads of the dispatcher's
+# choice run, so the TSan build compiles one, the baseline (SSE4).
+TSAN_OPT_FLAGS := $(SANITIZER_OPT_FLAGS) -DHWY_COMPILE_ONLY_STATIC
 ARM_TEST_HWY_DISABLED  := HWY_SVE|HWY_SVE2|HWY_SVE_256|HWY_SVE2_128
 SANITIZER_ENV := ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1
 # The attn::dist tests under mpirun: the same, with the allocations of Open
@@ -172,8 +176,8 @@ fuzz: fuzz-build
 # process across fork; ASan runs them.)
 tsan: test-deps
 	cmake $(call generator,$(TSAN_BUILD)) -S . -B $(TSAN_BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_COMPILER=clang++-14 -DCMAKE_C_COMPILER=clang-14 \
-	    -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="$(SANITIZER_OPT_FLAGS)" -DCMAKE_C_FLAGS_RELWITHDEBINFO="$(SANITIZER_OPT_FLAGS)" \
-	    -DATTN_SANITIZE=thread -DATTN_HWY_DISABLED_TARGETS="$(SANITIZER_HWY_DISABLED)" >/dev/null
+	    -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="$(TSAN_OPT_FLAGS)" -DCMAKE_C_FLAGS_RELWITHDEBINFO="$(TSAN_OPT_FLAGS)" \
+	    -DATTN_SANITIZE=thread >/dev/null
 	cmake --build $(TSAN_BUILD) -j $(JOBS) --target attn_kernel_tests
 	TSAN_OPTIONS=halt_on_error=1 $(TSAN_BUILD)/bin/attn_kernel_tests --gtest_filter='Concurrency.*:Determinism.*:Kernels.BitwiseIdenticalForAnyThreadCount'
 
