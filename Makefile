@@ -36,17 +36,21 @@ TEST_FUZZ_SECONDS ?= 20
 # The Highway targets make test compiles, each once where another build does
 # not: the Release build compiles and tests every x86 target (AVX3, AVX2,
 # SSE4, SSSE3, EMU128: the kernel tests force each in turn). The ASan build
-# keeps the two whose memory accesses differ (the TSan build, its baseline
-# alone: TSAN_OPT_FLAGS): AVX3 (masked loads and
-# stores, and the bf16 and int8 units' AVX-512 code) and SSE4 (partial
-# vectors through a buffer, the code SSSE3, AVX2 and EMU128 run too:
-# HWY_MEM_OPS_MIGHT_FAULT). SSE4 is their baseline (-msse4.2 -mpclmul -maes,
+# keeps two (the TSan build, its baseline alone: TSAN_OPT_FLAGS): SSE4
+# (partial vectors through a buffer, the code SSSE3 and EMU128 run too:
+# HWY_MEM_OPS_MIGHT_FAULT) and the widest this CPU runs: AVX3 (masked loads
+# and stores, and the bf16 and int8 units' AVX-512 code), or on a CPU
+# without AVX-512 AVX2 (its own decode paths: q8_0 and q4_0 blocks of four
+# vectors, one row's keys four at a time), where AVX3 compiled would never
+# run. Highway's AVX3 asks AVX-512 F, VL, DQ and BW (hwy/targets.cc). SSE4 is
+# their baseline (-msse4.2 -mpclmul -maes,
 # what Highway's SSE4 target asks), so that they leave out EMU128, the
 # portable fallback compiled below the baseline: under ASan and UBSan its
 # emulated lanes took 70 s of decode.cc's 101 s to compile, against 50 s
 # for AVX3 and SSE4 together. make test's Arm build keeps NEON, the target
 # its emulated CPUs run; make test-arm builds and runs SVE too.
-SANITIZER_HWY_DISABLED := HWY_SSSE3|HWY_AVX2
+CPU_RUNS_AVX3 := $(shell grep -m1 '^flags' /proc/cpuinfo | grep -w avx512f | grep -w avx512vl | grep -w avx512dq | grep -qw avx512bw && echo yes)
+SANITIZER_HWY_DISABLED := HWY_SSSE3|$(if $(CPU_RUNS_AVX3),HWY_AVX2,HWY_AVX3)
 # Reports need files and lines, not variables: line tables only, quicker to
 # build than full debug info for every Highway target (both sanitizer builds).
 SANITIZER_OPT_FLAGS := -O2 -gline-tables-only -DNDEBUG -msse4.2 -mpclmul -maes
