@@ -156,12 +156,18 @@ HWY_INLINE void BlockDotKeys(DF d, const float* q, const Block* k, int64_t k_str
   for (int64_t b = 0; b < D / kQ8_0Block; ++b) {
     VF qb[V];
     for (int i = 0; i < V; ++i) qb[i] = hn::LoadU(d, q + b * kQ8_0Block + i * N);
+    VF offset = hn::Zero(d);  // 8 Σ q over the block, where the codes are not centred
+    if constexpr (!kCodesCentred<Block>) {
+      for (int i = 0; i < V; ++i) offset = hn::Add(offset, qb[i]);
+      offset = hn::Mul(offset, hn::Set(d, 8.0f));
+    }
     for (int t = 0; t < KEYS; ++t) {
       const Block& block = k[t * k_stride + b];
       VF codes[V];
       BlockCodes(d, block, codes);
       VF sum = hn::Mul(qb[0], codes[0]);
       for (int i = 1; i < V; ++i) sum = hn::MulAdd(qb[i], codes[i], sum);
+      if constexpr (!kCodesCentred<Block>) sum = hn::Sub(sum, offset);
       acc[t] = hn::MulAdd(sum, BlockScale(d, block), acc[t]);
     }
   }
