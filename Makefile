@@ -36,13 +36,13 @@ TEST_FUZZ_SECONDS ?= 20
 # The Highway targets make test compiles, each once where another build does
 # not: the Release build compiles and tests every x86 target (AVX3, AVX2,
 # SSE4, SSSE3, EMU128: the kernel tests force each in turn). The ASan build
-# keeps two (the TSan build, its baseline alone: TSAN_OPT_FLAGS): SSE4
-# (partial vectors through a buffer, the code SSSE3 and EMU128 run too:
-# HWY_MEM_OPS_MIGHT_FAULT) and the widest this CPU runs: AVX3 (masked loads
-# and stores, and the bf16 and int8 units' AVX-512 code), or on a CPU
-# without AVX-512 AVX2 (its own decode paths: q8_0 and q4_0 blocks of four
-# vectors, one row's keys four at a time), where AVX3 compiled would never
-# run. Highway's AVX3 asks AVX-512 F, VL, DQ and BW (hwy/targets.cc). SSE4 is
+# keeps two (the TSan build, its baseline alone: TSAN_OPT_FLAGS). SSE4:
+# partial vectors through a buffer, as SSSE3's, AVX2's and EMU128's
+# (HWY_MEM_OPS_MIGHT_FAULT). And the widest target this CPU runs: AVX3
+# (masked loads and stores, the bf16 and int8 units' AVX-512 code), or on a
+# CPU without AVX-512 (Highway's AVX3 asks its F, VL, DQ and BW), where AVX3
+# would never run, AVX2 (its own decode paths: q8_0 and q4_0 blocks of four
+# vectors, one row's keys four at a time). SSE4 is
 # their baseline (-msse4.2 -mpclmul -maes,
 # what Highway's SSE4 target asks), so that they leave out EMU128, the
 # portable fallback compiled below the baseline: under ASan and UBSan its
