@@ -414,11 +414,11 @@ TEST(BatchAttention, Int4PagesReadTheirStoredValues) {
                    ValueError, "k_pages must be int4 key groups (num_pages, page_size / 32, num_kv_heads, head_dim)");
 }
 
-// Decode scores block-stored and 16-bit keys four at a time where their rows
-// are fetched ahead, or one at a time where a page holds fewer (decode.cc,
-// DotKeys): the same bits either way. One sequence's q8_0, q4_0, bf16 or f16
-// K and V at 4 query rows per kv head, contiguous (keys by fours, a chunk's last
-// ones alone) and in HND pages of 3 (all alone) and 16, whose items are the
+// Decode scores block-stored and 16-bit keys four at a time (two on AVX2 at
+// 4 rows) where their rows are fetched ahead, or one at a time where a page
+// holds fewer (decode.cc, DotKeys): the same bits either way. One sequence's
+// q8_0, q4_0, bf16 or f16 K and V at 4 query rows per kv head, contiguous
+// (keys by fours or twos, a chunk's last ones alone) and in HND pages of 3 (all alone) and 16, whose items are the
 // contiguous call's (one kv head, 512-key chunks, the same softmax blocks):
 // the log-sum-exps, which only the scores reach, are bitwise equal. (P·V
 // sums page by page, so the outputs agree to rounding.)

@@ -164,17 +164,17 @@ struct ChunkKeys {
 
   // s[(hh·R + r)·s_stride + j - from] = the scores of keys from .. to (run by
   // run: a run's rows are k_stride apart, one run unless K and V are paged,
-  // then one per page), by ScoreKeys: four keys of a run at a time where
-  // kDecodeFourKeys and the rows are fetched ahead, or at one row where
-  // kDecodeOneRowFourKeys, its last ones alone.
+  // then one per page), by ScoreKeys: KeysAtOnce keys of a run at a time
+  // where kDecodeKeyGroups and the rows are fetched ahead, or at one row
+  // where kDecodeOneRowFourKeys, its last ones alone.
   // (Two loops: beside DotKeys, key by key took 1.1-1.25x the time.)
   HWY_INLINE void Scores(DF d, int64_t from, int64_t to, float* s, int64_t s_stride) const {
-    if constexpr (kDecodeFourKeys<KV> || kDecodeOneRowFourKeys<KV>)
-      if ((kDecodeFourKeys<KV> && fetch_ahead) || (kDecodeOneRowFourKeys<KV> && R == 1))
+    if constexpr (kDecodeKeyGroups<KV> || kDecodeOneRowFourKeys<KV>)
+      if ((kDecodeKeyGroups<KV> && fetch_ahead) || (kDecodeOneRowFourKeys<KV> && R == 1))
         return ScoresBy<true>(d, from, to, s, s_stride);
     ScoresBy<false>(d, from, to, s, s_stride);
   }
-  template <bool kFour>
+  template <bool kGrouped>
   HWY_INLINE void ScoresBy(DF d, int64_t from, int64_t to, float* s, int64_t s_stride) const {
     // Locals, not members: a member could be one of the floats the scores'
     // stores reach, so the compiler would load it again after each.
@@ -182,13 +182,14 @@ struct ChunkKeys {
     const float* const* q = this->q;
     const int64_t k_head = this->k_head, k_stride = this->k_stride, R = this->R, nh = this->nh, D = p.d;
     const bool heads_outer = this->heads_outer, fetch_ahead = this->fetch_ahead;
+    const int64_t group = KeysAtOnce(std::min<int64_t>(R, kRows));  // (the first rows')
     for (int64_t at = from; at < to;) {
       const Run run = RunAt(at, to);
       const int64_t passes = heads_outer ? nh : 1;
       for (int64_t pass = 0; pass < passes; ++pass)
         for (int64_t j = 0; j < run.count;) {
           const KV* k = run.k + j * k_stride;
-          const int64_t keys = kFour && j + 4 <= run.count ? 4 : 1;
+          const int64_t keys = kGrouped && j + group <= run.count ? group : 1;
           if (pass == 0 && fetch_ahead)
             for (int64_t t = j; t < j + keys; ++t) FetchAhead(run, t);
           for (int64_t hh = heads_outer ? pass : 0; hh < (heads_outer ? pass + 1 : nh); ++hh)
@@ -196,7 +197,7 @@ struct ChunkKeys {
               float* sj = s + (hh * R + r0) * s_stride + at - from + j;
               const float* const* qr = q + hh * R + r0;
               WithCount<kRows>(std::min<int64_t>(kRows, R - r0), [&](auto mr) HWY_ATTR {
-                ScoreKeys<decltype(mr)::value, kFour>(d, keys, qr, k + hh * k_head, k_stride, D, scale, sj, s_stride);
+                ScoreKeys<decltype(mr)::value, kGrouped>(d, keys, qr, k + hh * k_head, k_stride, D, scale, sj, s_stride);
               });
             }
           j += keys;

@@ -114,6 +114,17 @@ HWY_INLINE void DotRows(DF d, const float* const* q, const KV* k, int64_t D, flo
 #define ATTN_DECODE_FOUR_KEYS 0
 #endif  // ATTN_DECODE_FOUR_KEYS
 
+// Keys DotKeys scores at once beside `rows` rows: four where 32 registers
+// hold the 16 accumulators of 4 rows; on AVX2's 16, as many as 8
+// accumulators allow, 4 beside 1 or 2 rows and 2 beside 3 or 4. At 4 rows,
+// two at a time against key by key (DotRows), 32768 keys, 32 query and 8
+// KV heads of 128, 2 threads, AMD EPYC Zen 3, 8 alternating pairs of
+// builds, ms, median (least): bf16 7.38 (6.69) against 8.02 (7.11), q4_0
+// 8.83 (7.93) against 10.15 (8.17); f16 7.68 (6.44) against 7.59 (6.49) and
+// q8_0 8.72 (7.68) against 8.60 (7.28), within noise. float32 keeps DotRows
+// (5 pairs: 12.4 (11.8) against 11.2 (10.7)).
+constexpr int64_t KeysAtOnce(int64_t rows) { return ATTN_DECODE_FOUR_KEYS || rows <= 2 ? 4 : 2; }
+
 #if ATTN_DECODE_FOUR_KEYS || ATTN_BLOCKS_FOLDED
 // A vector's lanes in 128-bit blocks added into one block (halving).
 template <class D>
@@ -179,14 +190,14 @@ HWY_INLINE void BlockDotKeys(DF d, const float* q, const Block* k, int64_t k_str
 #endif
 
 #if ATTN_DECODE_FOUR_KEYS || ATTN_BLOCKS_FOLDED
-// s[r · s_stride + t] = scale · q_r · k_t for r < MR and the KEYS (1 or 4)
-// keys k_t = k + t · k_stride, one accumulator per row and key, summed by
-// Sums4: the same bits whether a key is scored among four or alone. (On
-// 16 registers, AVX2's, for one row.)
+// s[r · s_stride + t] = scale · q_r · k_t for r < MR and the KEYS (1, 2 or
+// 4) keys k_t = k + t · k_stride, one accumulator per row and key, summed by
+// Sums4 (two rows' pairs of keys in one): the same bits whether a key is
+// scored among others or alone.
 template <int MR, int KEYS, class KV>
 HWY_INLINE void DotKeys(DF d, const float* const* q, const KV* k, int64_t k_stride, int64_t D, float scale,
                         float* s, int64_t s_stride) {
-  static_assert(KEYS == 1 || KEYS == 4, "one key or four");
+  static_assert(KEYS == 1 || KEYS == 2 || KEYS == 4, "one key, two or four");
   const int64_t N = static_cast<int64_t>(hn::Lanes(d)), full = D / N * N;
   VF acc[MR][KEYS];
   for (int r = 0; r < MR; ++r)
@@ -205,20 +216,30 @@ HWY_INLINE void DotKeys(DF d, const float* const* q, const KV* k, int64_t k_stri
       for (int r = 0; r < MR; ++r) acc[r][t] = hn::MulAdd(LoadPart(d, q[r] + c, std::min(N, D - c), 0.0f), kv, acc[r][t]);
     }
   const hn::Full128<float> d4;
-  for (int r = 0; r < MR; ++r) {
-    VF a[4] = {hn::Zero(d), hn::Zero(d), hn::Zero(d), hn::Zero(d)};
-    for (int t = 0; t < KEYS; ++t) a[t] = acc[r][t];
-    const auto sums = Sums4(d, a[0], a[1], a[2], a[3]);
-    if constexpr (KEYS == 4) hn::StoreU(hn::Mul(sums, hn::Set(d4, scale)), d4, s + r * s_stride);
-    else s[r * s_stride] = hn::GetLane(sums) * scale;
+  const auto at = [&](int r, int t) HWY_ATTR { return r < MR && t < KEYS ? acc[r][t] : hn::Zero(d); };
+  if constexpr (KEYS == 2) {
+    const hn::Full64<float> d2;
+    for (int r = 0; r < MR; r += 2) {
+      const auto sums = hn::Mul(Sums4(d, at(r, 0), at(r, 1), at(r + 1, 0), at(r + 1, 1)), hn::Set(d4, scale));
+      hn::StoreU(hn::LowerHalf(d2, sums), d2, s + r * s_stride);
+      if (r + 1 < MR) hn::StoreU(hn::UpperHalf(d2, sums), d2, s + (r + 1) * s_stride);
+    }
+  } else {
+    for (int r = 0; r < MR; ++r) {
+      const auto sums = Sums4(d, at(r, 0), at(r, 1), at(r, 2), at(r, 3));
+      if constexpr (KEYS == 4) hn::StoreU(hn::Mul(sums, hn::Set(d4, scale)), d4, s + r * s_stride);
+      else s[r * s_stride] = hn::GetLane(sums) * scale;
+    }
   }
 }
 #endif
 
-// Whether decode scores keys stored as KV four at a time (DotKeys) for any
-// number of rows, where they are fetched ahead (ChunkKeys::Scores).
+// Whether decode scores keys stored as KV several at a time (DotKeys,
+// KeysAtOnce) for any number of rows, where they are fetched ahead
+// (ChunkKeys::Scores).
 template <class KV>
-inline constexpr bool kDecodeFourKeys = ATTN_DECODE_FOUR_KEYS && !std::is_same_v<KV, float>;
+inline constexpr bool kDecodeKeyGroups =
+    (ATTN_DECODE_FOUR_KEYS || (ATTN_BLOCKS_FOLDED && HWY_TARGET == HWY_AVX2)) && !std::is_same_v<KV, float>;
 
 // Whether decode scores one row's keys stored as KV four at a time, fetched
 // ahead or not: q8_0's and q4_0's (BlockDotKeys) on AVX2 and AVX-512, and on
@@ -231,23 +252,28 @@ template <class KV>
 inline constexpr bool kDecodeOneRowFourKeys =
     kBlocksFolded<KV> || (ATTN_BLOCKS_FOLDED && HWY_TARGET == HWY_AVX2 && !std::is_same_v<KV, float>);
 
-// The scores of `keys` keys (k_stride apart) for MR rows: with kFour, 1 or
-// 4 by BlockDotKeys (one row of q8_0 or q4_0 keys) or DotKeys (where
-// kDecodeFourKeys or kDecodeOneRowFourKeys), the same bits either way; else
-// key by key by DotRows.
-template <int MR, bool kFour, class KV>
+// The scores of `keys` keys (k_stride apart) for MR rows: with kGrouped,
+// 1, 2 or 4 (KeysAtOnce) by BlockDotKeys (one row of q8_0 or q4_0 keys) or
+// DotKeys (where kDecodeKeyGroups or kDecodeOneRowFourKeys), the same bits
+// either way; else key by key by DotRows.
+template <int MR, bool kGrouped, class KV>
 HWY_INLINE void ScoreKeys(DF d, int64_t keys, const float* const* q, const KV* k, int64_t k_stride, int64_t D,
                           float scale, float* s, int64_t s_stride) {
 #if ATTN_BLOCKS_FOLDED
-  if constexpr (kFour && MR == 1 && kBlocksFolded<KV>) {
+  if constexpr (kGrouped && MR == 1 && kBlocksFolded<KV>) {
     if (keys == 4) return BlockDotKeys<4>(d, q[0], k, k_stride, D, scale, s);
-    return BlockDotKeys<1>(d, q[0], k, k_stride, D, scale, s);
+    for (int64_t t = 0; t < keys; ++t) BlockDotKeys<1>(d, q[0], k + t * k_stride, k_stride, D, scale, s + t);
+    return;
   }
 #endif
 #if ATTN_DECODE_FOUR_KEYS || ATTN_BLOCKS_FOLDED
-  if constexpr (kFour && (ATTN_DECODE_FOUR_KEYS || MR == 1)) {
-    if (keys == 4) return DotKeys<MR, 4>(d, q, k, k_stride, D, scale, s, s_stride);
-    return DotKeys<MR, 1>(d, q, k, k_stride, D, scale, s, s_stride);
+  if constexpr (kGrouped) {
+    if constexpr (KeysAtOnce(MR) == 4)
+      if (keys == 4) return DotKeys<MR, 4>(d, q, k, k_stride, D, scale, s, s_stride);
+    if constexpr (!ATTN_DECODE_FOUR_KEYS)
+      if (keys == 2) return DotKeys<MR, 2>(d, q, k, k_stride, D, scale, s, s_stride);
+    for (int64_t t = 0; t < keys; ++t) DotKeys<MR, 1>(d, q, k + t * k_stride, k_stride, D, scale, s + t, s_stride);
+    return;
   }
 #endif
   for (int64_t t = 0; t < keys; ++t) DotRows<MR>(d, q, k + t * k_stride, D, scale, s + t, s_stride);
