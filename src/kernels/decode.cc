@@ -319,8 +319,15 @@ struct Int4ChunkKeys {
     for (int64_t t = from; t < to; t += kInt4Group) {
       const int64_t g = (j0 + t) / kInt4Group;
       if (g + 1 < groups) PrefetchSpan<true>(p.k_stored.row(b, h, g + 1), p.d * static_cast<int64_t>(sizeof(block_int4)));
-      for (int64_t j = t; j < std::min(to, t + kInt4Group); ++j)
-        PrefetchSpan<true>(ValueRow<block_int4>(p, b, h, j0 + j), RowBytes<block_int4>(p.d_v));
+      // The group's V rows as one span where they lie side by side, not row
+      // by row (8 heads of 64, 32768 keys, AMD EPYC Zen 3, alternating builds,
+      // ms, median (least): 2 threads 2.00 (1.97) against 2.34 (2.18), 8
+      // pairs; 1 thread 3.09 (2.85) against 3.32 (3.11), 6 pairs).
+      const int64_t n = std::min(to, t + kInt4Group) - t, row = RowBytes<block_int4>(p.d_v);
+      if (p.v_stored.row_stride == row && p.v_stored.rows_in_page(j0 + t, j0 + t + n) == n)
+        PrefetchSpan<true>(ValueRow<block_int4>(p, b, h, j0 + t), n * row);
+      else
+        for (int64_t j = t; j < t + n; ++j) PrefetchSpan<true>(ValueRow<block_int4>(p, b, h, j0 + j), row);
       Int4GroupScores(d, q, R, reinterpret_cast<const block_int4*>(p.k_stored.row(b, h, g)), p.d, scale, w,
                       s + t - from, s_stride);
     }
