@@ -414,27 +414,39 @@ TEST(BatchAttention, Int4PagesReadTheirStoredValues) {
                    ValueError, "k_pages must be int4 key groups (num_pages, page_size / 32, num_kv_heads, head_dim)");
 }
 
-// Decode scores block-stored and 16-bit keys four at a time (two on AVX2 at
-// 4 rows) where their rows are fetched ahead, or one at a time where a page
-// holds fewer (decode.cc, DotKeys): the same bits either way. One sequence's
-// q8_0, q4_0, bf16 or f16 K and V at 4 query rows per kv head, contiguous
-// (keys by fours or twos, a chunk's last ones alone) and in HND pages of 3 (all alone) and 16, whose items are the
-// contiguous call's (one kv head, 512-key chunks, the same softmax blocks):
-// the log-sum-exps, which only the scores reach, are bitwise equal. (P·V
-// sums page by page, so the outputs agree to rounding.)
-TEST(BatchAttention, DecodeScoresAKeyTheSameAloneAndAmongFour) {
+// Decode scores block-stored and 16-bit keys several at a time (DotKeys:
+// four, two on AVX2 at 4 rows; one row's blocks: kBlockKeysAtOnce, eight on
+// AVX2, by BlockDotKeys, or CodeDotKeys at int8 precision) where their rows
+// are fetched ahead, or one at a time where a page holds fewer: the same
+// bits either way. One sequence's q8_0, q4_0, bf16 or f16 K and V at 4
+// query rows per kv head, and q8_0 (at int8 precision too) and q4_0 at 1
+// (16-bit keys at one row take other softmax blocks in pages than
+// contiguous: SplitOf), contiguous
+// (keys by groups, a chunk's last ones alone) and in HND pages of 3 (all
+// alone) and 16, whose items are the contiguous call's (one kv head,
+// 512-key chunks, the same softmax blocks): the log-sum-exps, which only
+// the scores reach, are bitwise equal. (A scale of 1 spreads the scores,
+// so that the log-sum-exp follows its largest ones to their last bit: at
+// 1/sqrt(d) one key's sum taken in another order went unseen. P·V sums
+// page by page, so the outputs agree to rounding.)
+TEST(BatchAttention, DecodeScoresAKeyTheSameAloneAndAmongOthers) {
   std::mt19937 rng(17);
-  const int64_t hq = 8, hkv = 2, d = 64, n = 1100;
-  const auto q = test::cast<float>(random_tensor({1, hq, d}, rng));
+  const int64_t hkv = 2, d = 64, n = 1100;
   const auto k = test::cast<float>(random_tensor({hkv, n, d}, rng)), v = test::cast<float>(random_tensor({hkv, n, d}, rng));
-  const auto check = [&](auto quantize) {
+  const auto check = [&](auto quantize, int64_t hq, Precision precision) {
+    SCOPED_TRACE(std::to_string(hq / hkv) + " rows per kv head" + (precision == Precision::Int8 ? ", int8" : ""));
+    const auto q = test::cast<float>(random_tensor({1, hq, d}, rng));
     const auto kq = quantize(k.view()), vq = quantize(v.view());
     using Block = std::remove_cvref_t<decltype(*kq.data())>;
     const Tensor<float> q4 = contiguous(TensorView<const float>(q.view()).transpose(0, 1));  // (hq, 1, d)
     Tensor<float> whole({hq, 1, d}), whole_lse({hq, 1});
     AttentionExtras<float> extras;
     extras.lse = whole_lse.view();
-    AttentionPlan(q4.view(), TensorView<const Block>(kq.view()), TensorView<const Block>(vq.view())).run(whole.view(), extras);
+    AttentionOptions options;
+    options.precision = precision;
+    options.scale = 1.0;
+    AttentionPlan(q4.view(), TensorView<const Block>(kq.view()), TensorView<const Block>(vq.view()), options)
+        .run(whole.view(), extras);
     for (const int64_t page_size : {3, 16}) {
       const int64_t pages = (n + page_size - 1) / page_size;
       Tensor<float> kp({pages, hkv, page_size, d}), vp({pages, hkv, page_size, d});
@@ -448,18 +460,24 @@ TEST(BatchAttention, DecodeScoresAKeyTheSameAloneAndAmongFour) {
       last[0] = static_cast<int32_t>(n - (pages - 1) * page_size);
       const Tensor<int32_t> qo({2}, {0, 1});
       const auto kpq = quantize(kp.view()), vpq = quantize(vp.view());
+      BatchAttentionOptions batch_options;
+      batch_options.precision = precision;
+      batch_options.scale = 1.0;
       const auto got = batch_attention<Block>(q.view(), qo.view(), kpq.view(), vpq.view(), indptr.view(), indices.view(),
-                                              last.view(), {}, PageLayout::HND, true);
+                                              last.view(), batch_options, PageLayout::HND, true);
       for (int64_t h = 0; h < hq; ++h) {
         EXPECT_EQ(got.lse.at({0, h}), whole_lse.at({h, 0})) << "pages of " << page_size << ", head " << h;
         for (int64_t c = 0; c < d; ++c) EXPECT_NEAR(got.out.at({0, h, c}), whole.at({h, 0, c}), 1e-6);
       }
     }
   };
-  check([](TensorView<const float> x) { return quantize_q8_0(x); });
-  check([](TensorView<const float> x) { return quantize_q4_0(x); });
-  check([](TensorView<const float> x) { return to_bfloat16(x); });
-  check([](TensorView<const float> x) { return to_float16(x); });
+  for (const int64_t hq : {8, 2}) {
+    check([](TensorView<const float> x) { return quantize_q8_0(x); }, hq, Precision::Float32);
+    check([](TensorView<const float> x) { return quantize_q4_0(x); }, hq, Precision::Float32);
+  }
+  check([](TensorView<const float> x) { return quantize_q8_0(x); }, 2, Precision::Int8);
+  check([](TensorView<const float> x) { return to_bfloat16(x); }, 8, Precision::Float32);
+  check([](TensorView<const float> x) { return to_float16(x); }, 8, Precision::Float32);
 }
 
 TEST(BatchAttention, BitwiseOneCallSeparateCallsAndAnyThreadCount) {

@@ -99,13 +99,16 @@ struct ChunkKeys {
   const core::AttentionProblem<float>& p;
   int64_t b, h0, nh, R, j0, jn;
   const float* const* q;
+  const int16_t* codes;      // int8 precision's rounded rows as codes (R = 1), or null (RoundedQueries)
+  const float* code_scales;  // their blocks' scales
   float scale;
   int64_t k_stride, v_stride, k_head, v_head, k_span, v_span;
   bool heads_outer, fetch_ahead, fetch_next_block;
 
   ChunkKeys(const core::AttentionProblem<float>& p_, int64_t b_, int64_t h0_, int64_t nh_, int64_t j0_, int64_t jn_,
-            const float* const* q_)
-      : p(p_), b(b_), h0(h0_), nh(nh_), R(p_.group() * p_.n_q), j0(j0_), jn(jn_), q(q_), scale(ScoreScale(p_)),
+            const float* const* q_, const int16_t* codes_ = nullptr, const float* code_scales_ = nullptr)
+      : p(p_), b(b_), h0(h0_), nh(nh_), R(p_.group() * p_.n_q), j0(j0_), jn(jn_), q(q_), codes(codes_),
+        code_scales(code_scales_), scale(ScoreScale(p_)),
         k_stride(KeyStride<KV>(p_)), v_stride(ValueStride<KV>(p_)),
         k_head(nh_ == 1 ? 0 : KeyRow<KV>(p_, b_, h0_ + 1, j0_) - KeyRow<KV>(p_, b_, h0_, j0_)),
         v_head(nh_ == 1 ? 0 : ValueRow<KV>(p_, b_, h0_ + 1, j0_) - ValueRow<KV>(p_, b_, h0_, j0_)),
@@ -193,9 +196,12 @@ struct ChunkKeys {
     // stores reach, so the compiler would load it again after each.
     const float scale = this->scale;
     const float* const* q = this->q;
+    const int16_t* const codes = this->codes;
+    const float* const code_scales = this->code_scales;
     const int64_t k_head = this->k_head, k_stride = this->k_stride, R = this->R, nh = this->nh, D = p.d;
     const bool heads_outer = this->heads_outer, fetch_ahead = this->fetch_ahead;
-    const int64_t group = KeysAtOnce(std::min<int64_t>(R, kRows));  // (the first rows')
+    // Keys scored at once (KeysAtOnce: the first rows').
+    const int64_t group = R == 1 && kBlocksFolded<KV> ? kBlockKeysAtOnce : KeysAtOnce(std::min<int64_t>(R, kRows));
     for (int64_t at = from; at < to;) {
       const Run run = RunAt(at, to);
       const int64_t passes = heads_outer ? nh : 1;
@@ -210,7 +216,9 @@ struct ChunkKeys {
               float* sj = s + (hh * R + r0) * s_stride + at - from + j;
               const float* const* qr = q + hh * R + r0;
               WithCount<kRows>(std::min<int64_t>(kRows, R - r0), [&](auto mr) HWY_ATTR {
-                ScoreKeys<decltype(mr)::value, kGrouped>(d, keys, qr, k + hh * k_head, k_stride, D, scale, sj, s_stride);
+                ScoreKeys<decltype(mr)::value, kGrouped>(d, keys, qr, k + hh * k_head, k_stride, D, scale, sj, s_stride,
+                                                         codes ? codes + hh * D : nullptr,
+                                                         codes ? code_scales + hh * (D / kQ8_0Block) : nullptr);
               });
             }
           j += keys;
@@ -388,7 +396,9 @@ void DecodeChunk(DF d, const core::AttentionProblem<float>& p, int64_t b, int64_
     const Int4ChunkKeys keys{p, b, h0, R, j0, q, scratch, scratch + (kInt4ScratchRows * p.d + 15) / 16 * 16};
     blocks(keys, [&](int64_t from, int64_t to) HWY_ATTR { keys.Scores(d, from, to, s, B); });
   } else {
-    const ChunkKeys<KV> keys(p, b, h0, nh, j0, jn, q);
+    const bool coded = rounded && !rounded->codes.empty();
+    const ChunkKeys<KV> keys(p, b, h0, nh, j0, jn, q, coded ? rounded->codes.data() + first_row * p.d : nullptr,
+                             coded ? rounded->scales.data() + first_row * (p.d / kQ8_0Block) : nullptr);
     float* panel = R >= kDecodePanelRows ? tls_decode_panel.get(static_cast<size_t>(kBlockK * p.d)) : nullptr;
     blocks(keys, [&](int64_t from, int64_t to) HWY_ATTR {
       if (unit_panel) {

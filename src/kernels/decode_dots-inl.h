@@ -125,6 +125,24 @@ HWY_INLINE void DotRows(DF d, const float* const* q, const KV* k, int64_t D, flo
 // (5 pairs: 12.4 (11.8) against 11.2 (10.7)).
 constexpr int64_t KeysAtOnce(int64_t rows) { return ATTN_DECODE_FOUR_KEYS || rows <= 2 ? 4 : 2; }
 
+// Keys one row of q8_0 or q4_0 keys has scored at once (BlockDotKeys,
+// CodeDotKeys): 8 on AVX2, where four keys' chains of products left its
+// pipes idle; 4 on AVX-512, as measured there. 8 heads, a cache in L3, 1
+// thread, AMD EPYC Zen 3, 20 alternating runs, ns per key and head, least
+// (median), eight against four: q8_0 at head dim 64 11.3 (12.1) against
+// 12.7 (14.4); int8 precision 9.9 (10.8) against 11.4 (13.6). (16-bit
+// keys keep four: bf16 at head dim 128, 2 threads, took 7.5 ms against
+// 6.7.)
+inline constexpr int kBlockKeysAtOnce = HWY_TARGET == HWY_AVX2 ? 8 : 4;
+
+// Whether int8 precision's one row per kv head of q8_0 keys takes its
+// codes' int16 products (CodeDotKeys): on AVX2 (8 heads of 64, a cache in
+// L3, 1 thread, AMD EPYC Zen 3, 20 alternating runs, ns per key and head,
+// least (median): 11.8 (14.6) against 12.9 (16.6) through the rounded
+// values in float32, four keys at a time either way). AVX-512 keeps the
+// float32 path it was measured with.
+inline constexpr bool kDecodeCodeDots = HWY_TARGET == HWY_AVX2;
+
 #if ATTN_DECODE_FOUR_KEYS || ATTN_BLOCKS_FOLDED
 // A vector's lanes in 128-bit blocks added into one block (halving).
 template <class D>
@@ -154,16 +172,29 @@ HWY_INLINE hn::Vec<hn::Full128<float>> Sums4(DF d, VF a0, VF a1, VF a2, VF a3) {
 #endif
 
 #if ATTN_BLOCKS_FOLDED
-// The scores of one row and KEYS (1 or 4) q8_0 or q4_0 keys: per block, the
-// row's sum over the block's codes (BlockCodes), then times the block's
-// scale, once per block and key, not once per value. The same bits whether
-// a key is scored among four or alone. One row's accumulators fit 16
-// registers, so AVX2 scores four keys at a time here too.
+// s[0 .. KEYS) = scale · the sums of acc[0 .. KEYS)'s lanes, four at a time
+// (Sums4; one alone beside zeros).
+template <int KEYS>
+HWY_INLINE void StoreKeySums(DF d, const VF* acc, float scale, float* s) {
+  const hn::Full128<float> d4;
+  if constexpr (KEYS == 1) {
+    s[0] = hn::GetLane(Sums4(d, acc[0], hn::Zero(d), hn::Zero(d), hn::Zero(d))) * scale;
+  } else {
+    for (int t = 0; t < KEYS; t += 4)
+      hn::StoreU(hn::Mul(Sums4(d, acc[t], acc[t + 1], acc[t + 2], acc[t + 3]), hn::Set(d4, scale)), d4, s + t);
+  }
+}
+
+// The scores of one row and KEYS (1 or kBlockKeysAtOnce) q8_0 or q4_0
+// keys: per block, the row's sum over the block's codes (BlockCodes), then
+// times the block's scale, once per block and key, not once per value. The
+// same bits whether a key is scored among others or alone.
 template <int KEYS, class Block>
 HWY_INLINE void BlockDotKeys(DF d, const float* q, const Block* k, int64_t k_stride, int64_t D, float scale, float* s) {
   constexpr int V = kBlockVectors;
   const auto N = static_cast<int64_t>(hn::Lanes(d));
-  VF acc[4] = {hn::Zero(d), hn::Zero(d), hn::Zero(d), hn::Zero(d)};
+  VF acc[KEYS];
+  for (VF& a : acc) a = hn::Zero(d);
   for (int64_t b = 0; b < D / kQ8_0Block; ++b) {
     VF qb[V];
     for (int i = 0; i < V; ++i) qb[i] = hn::LoadU(d, q + b * kQ8_0Block + i * N);
@@ -182,10 +213,40 @@ HWY_INLINE void BlockDotKeys(DF d, const float* q, const Block* k, int64_t k_str
       acc[t] = hn::MulAdd(sum, BlockScale(d, block), acc[t]);
     }
   }
-  const hn::Full128<float> d4;
-  const auto sums = Sums4(d, acc[0], acc[1], acc[2], acc[3]);
-  if constexpr (KEYS == 4) hn::StoreU(hn::Mul(sums, hn::Set(d4, scale)), d4, s);
-  else s[0] = hn::GetLane(sums) * scale;
+  StoreKeySums<KEYS>(d, acc, scale, s);
+}
+
+// int8 precision's scores of one row and KEYS (1 or kBlockKeysAtOnce) q8_0
+// keys, as llama.cpp's vec_dot_q8_0_q8_0: per block, the row's codes (q,
+// rounded as RoundedQueries rounds them, widened to int16 once per call)
+// times the key's, summed exactly in int32 (ReorderWidenMulAccumulate:
+// VPMADDWD, 16 products per instruction, where float32 widens each code
+// and takes 8), then times the two blocks' scales (q_scales[b] and the
+// key's). The same bits whether a key is scored among others or alone.
+template <int KEYS>
+HWY_INLINE void CodeDotKeys(DF d, const int16_t* q, const float* q_scales, const block_q8_0* k, int64_t k_stride,
+                            int64_t D, float scale, float* s) {
+  const hn::RebindToSigned<DF> di;
+  const hn::Repartition<int16_t, DF> d16;
+  const hn::Rebind<int8_t, decltype(d16)> d8;
+  constexpr int L = static_cast<int>(hn::MaxLanes(d16)), W = kQ8_0Block / L;
+  static_assert(W * L == kQ8_0Block, "a block fills whole vectors of int16");
+  VF acc[KEYS];
+  for (VF& a : acc) a = hn::Zero(d);
+  for (int64_t b = 0; b < D / kQ8_0Block; ++b) {
+    hn::Vec<decltype(d16)> qb[W];
+    for (int w = 0; w < W; ++w) qb[w] = hn::LoadU(d16, q + b * kQ8_0Block + w * L);
+    const VF q_scale = hn::Set(d, q_scales[b]);
+    for (int t = 0; t < KEYS; ++t) {
+      const block_q8_0& block = k[t * k_stride + b];
+      auto sum = hn::Zero(di), odd = sum;
+      for (int w = 0; w < W; ++w)
+        sum = hn::ReorderWidenMulAccumulate(di, hn::PromoteTo(d16, hn::LoadU(d8, block.qs + w * L)), qb[w], sum, odd);
+      acc[t] = hn::MulAdd(hn::ConvertTo(d, hn::RearrangeToOddPlusEven(sum, odd)),
+                          hn::Mul(BlockScale(d, block), q_scale), acc[t]);
+    }
+  }
+  StoreKeySums<KEYS>(d, acc, scale, s);
 }
 #endif
 
@@ -253,15 +314,25 @@ inline constexpr bool kDecodeOneRowFourKeys =
     kBlocksFolded<KV> || (ATTN_BLOCKS_FOLDED && HWY_TARGET == HWY_AVX2 && !std::is_same_v<KV, float>);
 
 // The scores of `keys` keys (k_stride apart) for MR rows: with kGrouped,
-// 1, 2 or 4 (KeysAtOnce) by BlockDotKeys (one row of q8_0 or q4_0 keys) or
-// DotKeys (where kDecodeKeyGroups or kDecodeOneRowFourKeys), the same bits
-// either way; else key by key by DotRows.
+// several at a time, the same bits as alone: one row of q8_0 or q4_0 keys
+// by BlockDotKeys (or CodeDotKeys, given the row's q8_0 codes and their
+// scales), 1 or kBlockKeysAtOnce keys; else 1, 2 or 4 (KeysAtOnce) by
+// DotKeys (where kDecodeKeyGroups or kDecodeOneRowFourKeys). Else key by
+// key by DotRows.
 template <int MR, bool kGrouped, class KV>
 HWY_INLINE void ScoreKeys(DF d, int64_t keys, const float* const* q, const KV* k, int64_t k_stride, int64_t D,
-                          float scale, float* s, int64_t s_stride) {
+                          float scale, float* s, int64_t s_stride, const int16_t* codes = nullptr,
+                          const float* code_scales = nullptr) {
 #if ATTN_BLOCKS_FOLDED
   if constexpr (kGrouped && MR == 1 && kBlocksFolded<KV>) {
-    if (keys == 4) return BlockDotKeys<4>(d, q[0], k, k_stride, D, scale, s);
+    constexpr int G = kBlockKeysAtOnce;
+    if constexpr (kDecodeCodeDots && std::is_same_v<KV, block_q8_0>)
+      if (codes) {
+        if (keys == G) return CodeDotKeys<G>(d, codes, code_scales, k, k_stride, D, scale, s);
+        for (int64_t t = 0; t < keys; ++t) CodeDotKeys<1>(d, codes, code_scales, k + t * k_stride, k_stride, D, scale, s + t);
+        return;
+      }
+    if (keys == G) return BlockDotKeys<G>(d, q[0], k, k_stride, D, scale, s);
     for (int64_t t = 0; t < keys; ++t) BlockDotKeys<1>(d, q[0], k + t * k_stride, k_stride, D, scale, s + t);
     return;
   }
@@ -281,9 +352,10 @@ HWY_INLINE void ScoreKeys(DF d, int64_t keys, const float* const* q, const KV* k
 
 // int8 precision over q8_0 keys (docs/semantics.md "Precision"): each query
 // row rounded to q8_0, as llama.cpp's vec_dot_q8_0_q8_0 rounds it, once per
-// call: for the int8 unit as its bytes (code + 128) and a float32 scale per
-// block, or, without one (or below kDecodeUnitRows rows per kv head), as
-// float32 values for the float path. Rows in p.q's order, (batch, query
+// call, with a float32 scale per block: for the int8 unit as its bytes
+// (code + 128); without one (or below kDecodeUnitRows rows per kv head) as
+// float32 values for the float path, and at one row per kv head where
+// kDecodeCodeDots as int16 codes too. Rows in p.q's order, (batch, query
 // head, query), so a kv head's rows lie together.
 // P·V stays float32: on VNNI's int16 products (weight × block scale
 // rounded to int16 per row, block and 64-key tile, 6.8e-5 of error added),
@@ -293,29 +365,31 @@ HWY_INLINE void ScoreKeys(DF d, int64_t keys, const float* const* q, const KV* k
 struct RoundedQueries {
   const Int8Unit* unit;
   std::vector<uint8_t> bytes;  // rows × d, with the unit
-  std::vector<float> scales;   // rows × d / 32, with the unit
+  std::vector<float> scales;   // rows × d / 32
   std::vector<float> values;   // rows × d, without
+  std::vector<int16_t> codes;  // rows × d, where CodeDotKeys takes them
 
   RoundedQueries(const core::AttentionProblem<float>& p, const Int8Unit* unit_) : unit(unit_) {
     const int64_t rows = p.batch * p.heads_q * p.n_q, blocks = p.d / kQ8_0Block;
     std::vector<block_q8_0> row_blocks(static_cast<size_t>(blocks));
+    scales.resize(static_cast<size_t>(rows * blocks));
     if (unit) {
       bytes.resize(static_cast<size_t>(rows * p.d));
-      scales.resize(static_cast<size_t>(rows * blocks));
     } else {
       values.resize(static_cast<size_t>(rows * p.d));
+      if (kDecodeCodeDots && p.group() * p.n_q == 1) codes.resize(static_cast<size_t>(rows * p.d));
     }
     for (int64_t row = 0; row < rows; ++row) {
       quantize_row_q8_0(p.q.row(row / p.n_q / p.heads_q, row / p.n_q % p.heads_q, row % p.n_q), row_blocks.data(), p.d);
-      if (!unit) {
-        dequantize_row_q8_0(row_blocks.data(), values.data() + row * p.d, p.d);
-        continue;
-      }
+      if (!unit) dequantize_row_q8_0(row_blocks.data(), values.data() + row * p.d, p.d);
       for (int64_t b = 0; b < blocks; ++b) {
-        scales[static_cast<size_t>(row * blocks + b)] = fp16_to_float(row_blocks[static_cast<size_t>(b)].d.bits);
-        for (int64_t c = 0; c < kQ8_0Block; ++c)
-          bytes[static_cast<size_t>(row * p.d + b * kQ8_0Block + c)] =
-              static_cast<uint8_t>(row_blocks[static_cast<size_t>(b)].qs[c] + 128);
+        const block_q8_0& block = row_blocks[static_cast<size_t>(b)];
+        scales[static_cast<size_t>(row * blocks + b)] = fp16_to_float(block.d.bits);
+        for (int64_t c = 0; c < kQ8_0Block; ++c) {
+          const auto at = static_cast<size_t>(row * p.d + b * kQ8_0Block + c);
+          if (unit) bytes[at] = static_cast<uint8_t>(block.qs[c] + 128);
+          else if (!codes.empty()) codes[at] = block.qs[c];
+        }
       }
     }
   }
