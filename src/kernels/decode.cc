@@ -164,18 +164,12 @@ struct ChunkKeys {
   HWY_INLINE void FetchAhead(const Run& run, int64_t j, int64_t n) const {
     constexpr bool kToL2 = !kIsBlockType<KV>;
     constexpr auto kSize = static_cast<int64_t>(sizeof(KV));
+    PrefetchRows<kToL2>(run.v + j * v_stride, v_stride * kSize, v_span, n);
     const int64_t a = j + kDecodePrefetchRows;
-    if (n > 1 && v_stride * kSize == v_span && k_stride * kSize == k_span && a + n <= run.count) {
-      PrefetchSpan<kToL2>(run.v + j * v_stride, n * v_span);
-      PrefetchSpan<kToL2>(run.k + a * k_stride, n * k_span);
-      return;
-    }
-    for (int64_t t = j; t < j + n; ++t) {
-      PrefetchSpan<kToL2>(run.v + t * v_stride, v_span);
-      const int64_t at = t + kDecodePrefetchRows;
+    if (a + n <= run.count) return PrefetchRows<kToL2>(run.k + a * k_stride, k_stride * kSize, k_span, n);
+    for (int64_t at = a; at < a + n; ++at)
       if (at < run.count || at - run.count < run.next_count)
         PrefetchSpan<kToL2>(at < run.count ? run.k + at * k_stride : run.next_k + (at - run.count) * k_stride, k_span);
-    }
   }
 
   // s[(hh·R + r)·s_stride + j - from] = the scores of keys from .. to (run by
@@ -300,7 +294,7 @@ struct ChunkKeys {
       for (int64_t hh = 0; hh < nh; ++hh) {
         if (hh + 1 < nh) {
           const KV* next_head = ValueRow<KV>(p, b, h0 + hh + 1, j0 + run);
-          for (int64_t j = 0; j < n; ++j) PrefetchSpan(next_head + j * v_stride, RowBytes<KV>(p.d_v));
+          PrefetchRows(next_head, v_stride * static_cast<int64_t>(sizeof(KV)), RowBytes<KV>(p.d_v), n);
         }
         const int64_t step = ahead_end > to ? kStep : n;
         for (int64_t j = 0; j < n; j += step) {

@@ -294,12 +294,12 @@ HWY_INLINE void Int4Values(DF d, int64_t R, const float* p, int64_t p_stride, in
 #define ATTN_INT4_VALUES 0
 #endif
 
-// decode.cc's ChunkKeys's Scores and Values for KIVI's int4: keys j0 .. j0 + jn (j0 a
-// multiple of 32) group by group (decode_int4-inl.h), one kv head, the next
-// group's keys and this group's values fetched ahead into L2 (into L1, their
-// 100-odd fetches filled its miss buffers: 3.69 ms against 2.60, 8 heads of 128,
-// Zen 4); paged, a page holds whole groups (its keys' operand counts rows in
-// groups), P·V by page runs.
+// decode.cc's ChunkKeys's Scores and Values for KIVI's int4: keys j0 ..
+// j0 + jn (j0 a multiple of 32) group by group (Int4GroupScores), one kv
+// head, the next group's keys and this group's values fetched ahead into
+// L2 (into L1, their 100-odd fetches filled its miss buffers: 3.69 ms
+// against 2.60, 8 heads of 128, Zen 4); paged, a page holds whole groups
+// (its keys' operand counts rows in groups), P·V by page runs.
 struct Int4ChunkKeys {
   const core::AttentionProblem<float>& p;
   int64_t b, h, R, j0;
@@ -318,8 +318,8 @@ struct Int4ChunkKeys {
       // ms, median (least): 2 threads 2.00 (1.97) against 2.34 (2.18), 8
       // pairs; 1 thread 3.09 (2.85) against 3.32 (3.11), 6 pairs).
       const int64_t n = std::min(to, t + kInt4Group) - t, row = RowBytes<block_int4>(p.d_v);
-      if (p.v_stored.row_stride == row && p.v_stored.rows_in_page(j0 + t, j0 + t + n) == n)
-        PrefetchSpan<true>(ValueRow<block_int4>(p, b, h, j0 + t), n * row);
+      if (p.v_stored.rows_in_page(j0 + t, j0 + t + n) == n)
+        PrefetchRows<true>(ValueRow<block_int4>(p, b, h, j0 + t), p.v_stored.row_stride, row, n);
       else
         for (int64_t j = t; j < t + n; ++j) PrefetchSpan<true>(ValueRow<block_int4>(p, b, h, j0 + j), row);
       Int4GroupScores(d, q, R, reinterpret_cast<const block_int4*>(p.k_stored.row(b, h, g)), p.d, scale, w,

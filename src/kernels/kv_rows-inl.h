@@ -273,6 +273,15 @@ HWY_INLINE void PrefetchSpan(const void* x, int64_t bytes) {
   }
 }
 
+// The same over n rows of `bytes` bytes, `stride` bytes apart: as one span
+// where they lie side by side (stride = bytes), so that a line two rows
+// share is fetched once, else row by row.
+template <bool kToL2 = false>
+HWY_INLINE void PrefetchRows(const void* first, int64_t stride, int64_t bytes, int64_t n) {
+  if (stride == bytes) return PrefetchSpan<kToL2>(first, n * bytes);
+  for (int64_t j = 0; j < n; ++j) PrefetchSpan<kToL2>(static_cast<const char*>(first) + j * stride, bytes);
+}
+
 // Bytes of n values of a row.
 template <class KV>
 constexpr int64_t RowBytes(int64_t n) {
